@@ -1,0 +1,72 @@
+// The delta block codec: how one block of a tensor is stored at a version.
+//
+// A tensor's data is cut into blocks of a fixed number of bytes (the last
+// one shorter); each block of each version is stored as one record of a
+// BlockKind. The grammar of the payloads is documented in
+// docs/formats/delta-block.md and at the top of delta_codec.cc.
+//
+//   kSame       no payload: the block equals the parent version's block.
+//   kDenseRaw   payload is the block's bytes.
+//   kDenseZstd  payload is one zstd frame of the block's bytes.
+//   kSparse     payload encodes (element index, new value) for every element
+//               whose bits differ from the parent's block; values are stored
+//               as the wrapping integer difference from the parent element
+//               (zigzag varint), indices as gaps; both streams zstd-compressed.
+//               Decoding applies it onto the parent block's bytes.
+//
+// Thread-safety: pure functions; scratch objects are per thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "store/status.h"
+
+namespace dte {
+
+inline constexpr uint32_t kDeltaFormatVersion = 1;
+
+enum class BlockKind : uint8_t { kSame = 0, kDenseRaw = 1, kDenseZstd = 2, kSparse = 3 };
+
+const char* BlockKindName(BlockKind kind);
+
+struct EncodedBlock {
+  BlockKind kind = BlockKind::kSame;
+  std::string payload;
+  uint32_t changed = 0;  // elements whose bits differ from the parent
+};
+
+// Reusable buffers so the hot path does not allocate per block.
+struct CodecScratch {
+  std::vector<uint32_t> idx;
+  std::vector<uint8_t> vals;
+  std::string a, b;
+};
+
+// Encodes the block `new_data` (len bytes, a multiple of width) against the
+// parent block `old_data` (same length). Picks the smallest of kSame (no
+// change), kSparse, kDenseZstd and kDenseRaw. With old_data == nullptr
+// (no parent) the result is dense.
+EncodedBlock EncodeBlock(const uint8_t* old_data, const uint8_t* new_data, size_t len, int width,
+                         CodecScratch* scratch);
+
+// Applies a record to dst (len bytes). For kSparse, dst must hold the parent
+// block and is patched in place; for dense kinds it is overwritten; kSame is
+// a no-op. Never reads or writes outside dst and payload: a malformed payload
+// (bad varint, index out of range or not increasing, wrong sizes, zstd error)
+// returns Corruption naming `what` (the caller's description of the block).
+// `changed_out`, if not null, receives the number of elements the record sets.
+Status DecodeBlock(BlockKind kind, std::string_view payload, int width, uint8_t* dst, size_t len,
+                   CodecScratch* scratch, const std::string& what,
+                   uint32_t* changed_out = nullptr);
+
+// Decodes only the element indices a kSparse record changes (for apply and
+// statistics), as block-relative element indices.
+Status DecodeSparseIndices(std::string_view payload, size_t len, int width,
+                           std::vector<uint32_t>* idx_out, CodecScratch* scratch,
+                           const std::string& what);
+
+}  // namespace dte

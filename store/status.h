@@ -1,0 +1,107 @@
+// Status and Result<T>: the error model of every dte module above kernels.
+//
+// No exceptions cross a module boundary. A function that can fail returns a
+// [[nodiscard]] Status (or Result<T>), whose message names the file, tensor,
+// version, blob or key involved so the user knows what to fix.
+//
+// Thread-safety: values; safe to copy between threads.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <variant>
+
+namespace dte {
+
+enum class Code {
+  kOk = 0,
+  kInvalidArgument,  // bad user input (a malformed checkpoint, a bad flag)
+  kNotFound,         // missing version, file, blob, store
+  kAlreadyExists,    // version number taken (a racing publisher won)
+  kCorruption,       // stored bytes do not match their hash or grammar
+  kIOError,          // the operating system or a remote store failed
+  kBusy,             // a lock is held by another process
+  kUnimplemented,
+  kInternal,
+};
+
+const char* CodeName(Code code);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status Ok() { return Status(); }
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "message" for errors, "OK" otherwise.
+  std::string ToString() const { return ok() ? "OK" : message_; }
+
+  // Returns a copy whose message is "context: message".
+  Status WithContext(const std::string& context) const {
+    if (ok()) return *this;
+    return Status(code_, context + ": " + message_);
+  }
+  void IgnoreError() const {}
+
+ private:
+  Code code_ = Code::kOk;
+  std::string message_;
+};
+
+inline Status InvalidArgument(std::string m) { return {Code::kInvalidArgument, std::move(m)}; }
+inline Status NotFound(std::string m) { return {Code::kNotFound, std::move(m)}; }
+inline Status AlreadyExists(std::string m) { return {Code::kAlreadyExists, std::move(m)}; }
+inline Status Corruption(std::string m) { return {Code::kCorruption, std::move(m)}; }
+inline Status IOError(std::string m) { return {Code::kIOError, std::move(m)}; }
+inline Status Busy(std::string m) { return {Code::kBusy, std::move(m)}; }
+inline Status Internal(std::string m) { return {Code::kInternal, std::move(m)}; }
+inline Status Unimplemented(std::string m) { return {Code::kUnimplemented, std::move(m)}; }
+
+// Converts errno into a Status in exactly one place: "what: strerror(err)".
+Status ErrnoStatus(const std::string& what, int err);
+
+// Holds either a T or a non-OK Status.
+template <typename T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT: must be non-OK
+
+  bool ok() const { return std::holds_alternative<T>(v_); }
+  const Status& status() const {
+    static const Status kOk;
+    return ok() ? kOk : std::get<Status>(v_);
+  }
+  T& value() & { return std::get<T>(v_); }
+  const T& value() const& { return std::get<T>(v_); }
+  T&& value() && { return std::get<T>(std::move(v_)); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+
+ private:
+  std::variant<T, Status> v_;
+};
+
+}  // namespace dte
+
+#define DTE_CONCAT_INNER(a, b) a##b
+#define DTE_CONCAT(a, b) DTE_CONCAT_INNER(a, b)
+
+#define RETURN_IF_ERROR(expr)                   \
+  do {                                          \
+    ::dte::Status dte_status_ = (expr);         \
+    if (!dte_status_.ok()) return dte_status_;  \
+  } while (0)
+
+#define ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                          \
+  if (!tmp.ok()) return tmp.status();         \
+  lhs = std::move(tmp).value()
+
+#define ASSIGN_OR_RETURN(lhs, expr) \
+  ASSIGN_OR_RETURN_IMPL(DTE_CONCAT(dte_result_, __LINE__), lhs, expr)
