@@ -1,9 +1,334 @@
 #include "sync/commit.h"
 
-namespace dte {
+#include <fcntl.h>
+#include <unistd.h>
 
-Result<CommitResult> CommitDirectory(Store&, const std::string&, const CommitOptions&, bool) {
-  return Unimplemented("commit");
+#include <atomic>
+#include <vector>
+
+#include "kernels/parallel.h"
+#include "store/materialize.h"
+#include "store/store.h"
+#include "sync/internal/blob_sink.h"
+#include "sync/internal/scan.h"
+
+namespace dte {
+namespace {
+
+using internal::BlobSink;
+using internal::InputFile;
+using internal::Spool;
+
+constexpr uint32_t kBlocksPerChunk = 64;
+
+// Reads exactly len bytes at offset.
+Status PreadAll(int fd, uint64_t offset, uint64_t len, uint8_t* dst, const std::string& path) {
+  while (len > 0) {
+    ssize_t n = ::pread(fd, dst, len, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus("cannot read " + path, errno);
+    if (n == 0) return InvalidArgument(path + " is shorter than its header says (truncated?)");
+    dst += n;
+    offset += static_cast<uint64_t>(n);
+    len -= static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// Builds one version: shared state of the file and tensor loops.
+class Committer {
+ public:
+  Committer(Store* store, const CommitOptions& options)
+      : store_(store), options_(options), sink_(&store->objects()), reader_(store) {}
+
+  Result<CommitResult> Run(const std::string& dir);
+
+ private:
+  Status Plan(const std::vector<InputFile>& files);
+  Status StoreRawFile(const InputFile& in, FileEntry* entry);
+  Status StoreSafetensors(const InputFile& in, FileEntry* entry, const FileEntry* parent);
+  Status StoreTensor(int fd, const InputFile& in, FileEntry* entry, TensorEntry* t,
+                     const FileEntry* parent, Spool* spool, uint32_t blob_index);
+  Status EncodeChunk(const FileEntry& entry, const TensorEntry& t, const FileEntry* parent,
+                     uint32_t first, uint32_t count, const uint8_t* data, Spool* spool,
+                     uint32_t blob_index);
+  Status Publish();
+  void Progress(uint64_t bytes);
+
+  Store* store_;
+  const CommitOptions& options_;
+  BlobSink sink_;
+  Materializer reader_;
+  Manifest manifest_;
+  std::vector<BlockRecord> records_;
+  std::shared_ptr<const Version> parent_;
+  std::optional<uint64_t> latest_;
+  std::unique_ptr<Spool> delta_spool_;  // all sparse payloads of a delta version
+  std::string anchor_reason_;
+  uint64_t total_bytes_ = 0, done_bytes_ = 0;
+  std::vector<uint8_t> chunk_, old_chunk_;
+  std::vector<EncodedBlock> encoded_;
+};
+
+Status Committer::Plan(const std::vector<InputFile>& files) {
+  ASSIGN_OR_RETURN(latest_, store_->Latest());
+  uint64_t version = latest_ ? *latest_ + 1 : 0;
+  if (options_.version) {
+    if (latest_ && *options_.version <= *latest_) {
+      return InvalidArgument("version " + std::to_string(*options_.version) +
+                             " must be greater than the latest version " +
+                             std::to_string(*latest_));
+    }
+    version = *options_.version;
+  }
+  manifest_.version = version;
+  manifest_.created = NowRfc3339();
+  manifest_.block_bytes = kDefaultBlockBytes;
+  manifest_.files = internal::LayoutEntries(files, manifest_.block_bytes);
+  for (const auto& f : files) total_bytes_ += f.size;
+  if (!latest_) {
+    anchor_reason_ = "first version";
+  } else if (options_.force_anchor) {
+    anchor_reason_ = "anchor requested";
+  } else {
+    ASSIGN_OR_RETURN(parent_, store_->GetVersion(*latest_));
+    if (!SameTensorLayout(parent_->manifest, manifest_.files)) {
+      anchor_reason_ = "tensor layout differs from " + VersionName(*latest_);
+      parent_.reset();
+    } else {
+      manifest_.parent = *latest_;
+    }
+  }
+  size_t blocks = 0;
+  for (const auto& f : manifest_.files) {
+    for (const auto& t : f.tensors) blocks += t.blocks;
+  }
+  records_.resize(blocks);
+  return Status::Ok();
+}
+
+void Committer::Progress(uint64_t bytes) {
+  done_bytes_ += bytes;
+  if (options_.progress) options_.progress(done_bytes_, total_bytes_);
+}
+
+Status Committer::StoreRawFile(const InputFile& in, FileEntry* entry) {
+  FileDescriptor fd(::open(in.path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoStatus("cannot open " + in.path, errno);
+  ASSIGN_OR_RETURN(auto spool, sink_.NewSpool());
+  std::vector<uint8_t> buf(std::min<uint64_t>(in.size, 8 << 20));
+  for (uint64_t off = 0; off < in.size; off += buf.size()) {
+    uint64_t n = std::min<uint64_t>(buf.size(), in.size - off);
+    RETURN_IF_ERROR(PreadAll(fd.get(), off, n, buf.data(), in.path));
+    RETURN_IF_ERROR(spool->Append(buf.data(), n));
+    Progress(n);
+  }
+  ASSIGN_OR_RETURN(BlobRef ref, sink_.Finish(std::move(spool)));
+  entry->blob = ref.hash;
+  return Status::Ok();
+}
+
+Status Committer::EncodeChunk(const FileEntry& entry, const TensorEntry& t,
+                              const FileEntry* parent, uint32_t first, uint32_t count,
+                              const uint8_t* data, Spool* spool, uint32_t blob_index) {
+  const uint64_t bb = manifest_.block_bytes;
+  const int width = DTypeWidth(t.dtype);
+  auto blen = [&](uint32_t b) { return std::min<uint64_t>(bb, t.bytes() - uint64_t{b} * bb); };
+  std::vector<Status> errors(count);
+  encoded_.assign(count, EncodedBlock{});
+  old_chunk_.resize(size_t{count} * bb);
+  kernels::ParallelFor(count, 1, [&](size_t lo, size_t hi) {
+    thread_local CodecScratch scratch;
+    for (size_t i = lo; i < hi; ++i) {
+      uint32_t b = first + static_cast<uint32_t>(i);
+      const uint8_t* now = data + i * bb;
+      BlockRecord& rec = records_[t.first_block + b];
+      rec.hash = HashBlock(now, blen(b));
+      if (!parent) continue;
+      uint8_t* old = old_chunk_.data() + i * bb;
+      const TensorEntry& pt = parent->tensors[&t - entry.tensors.data()];
+      errors[i] = reader_.ReadBlock(parent_, *parent, pt, b, old);
+      if (errors[i].ok()) encoded_[i] = EncodeBlock(old, now, blen(b), width, &scratch);
+    }
+  });
+  for (uint32_t i = 0; i < count; ++i) {
+    RETURN_IF_ERROR(errors[i]);
+    BlockRecord& rec = records_[t.first_block + first + i];
+    if (!parent) {  // an anchor: the data blob is the file's data section
+      rec.kind = BlockKind::kDenseRaw;
+      rec.blob = blob_index;
+      rec.offset = t.begin + uint64_t{first + i} * bb;
+      rec.length = static_cast<uint32_t>(blen(first + i));
+      continue;
+    }
+    EncodedBlock& e = encoded_[i];
+    rec.kind = e.kind;
+    rec.changed = e.changed;
+    if (e.kind == BlockKind::kSame) continue;
+    rec.blob = blob_index;
+    rec.offset = spool->size();
+    rec.length = static_cast<uint32_t>(e.payload.size());
+    RETURN_IF_ERROR(spool->Append(e.payload.data(), e.payload.size()));
+  }
+  return Status::Ok();
+}
+
+Status Committer::StoreTensor(int fd, const InputFile& in, FileEntry* entry, TensorEntry* t,
+                              const FileEntry* parent, Spool* spool, uint32_t blob_index) {
+  const uint64_t bb = manifest_.block_bytes;
+  Hasher128 hasher;
+  for (uint32_t first = 0; first < t->blocks; first += kBlocksPerChunk) {
+    uint32_t count = std::min(kBlocksPerChunk, t->blocks - first);
+    uint64_t off = uint64_t{first} * bb;
+    uint64_t len = std::min<uint64_t>(uint64_t{count} * bb, t->bytes() - off);
+    chunk_.resize(len);
+    RETURN_IF_ERROR(PreadAll(fd, in.header.data_offset + t->begin + off, len, chunk_.data(),
+                             in.path));
+    hasher.Update(chunk_.data(), len);
+    if (!parent) RETURN_IF_ERROR(spool->Append(chunk_.data(), len));
+    RETURN_IF_ERROR(EncodeChunk(*entry, *t, parent, first, count, chunk_.data(), spool,
+                                blob_index));
+    Progress(len);
+  }
+  t->hash = hasher.Finish();
+  t->changed = t->elements();
+  if (parent) {
+    t->changed = 0;
+    for (uint32_t b = 0; b < t->blocks; ++b) t->changed += records_[t->first_block + b].changed;
+  }
+  return Status::Ok();
+}
+
+Status Committer::StoreSafetensors(const InputFile& in, FileEntry* entry,
+                                   const FileEntry* parent) {
+  ASSIGN_OR_RETURN(BlobRef header, sink_.PutBytes(in.header_bytes));
+  entry->header_blob = header.hash;
+  Progress(in.header_bytes.size());
+  FileDescriptor fd(::open(in.path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoStatus("cannot open " + in.path, errno);
+  std::unique_ptr<Spool> data_spool;
+  Spool* spool = delta_spool_.get();
+  uint32_t blob_index = 0;  // the delta blob is blobs[0]
+  if (!parent) {
+    ASSIGN_OR_RETURN(data_spool, sink_.NewSpool());
+    spool = data_spool.get();
+    blob_index = static_cast<uint32_t>(manifest_.blobs.size());
+  }
+  for (auto& t : entry->tensors) {
+    RETURN_IF_ERROR(StoreTensor(fd.get(), in, entry, &t, parent, spool, blob_index));
+  }
+  if (!parent) {
+    ASSIGN_OR_RETURN(BlobRef data, sink_.Finish(std::move(data_spool)));
+    manifest_.blobs.push_back(data);
+  }
+  return Status::Ok();
+}
+
+Status Committer::Publish() {
+  ASSIGN_OR_RETURN(BlobRef table, sink_.PutBytes(EncodeBlockTable(records_)));
+  manifest_.block_table = table;
+  VersionStats& s = manifest_.stats;
+  for (const auto& f : manifest_.files) {
+    for (const auto& t : f.tensors) {
+      s.tensors++;
+      s.elements += t.elements();
+      s.changed_elements += t.changed;
+      s.dense_bytes += t.bytes();
+    }
+  }
+  s.stored_bytes = sink_.added_bytes();
+  std::string text = EncodeManifest(manifest_);
+  // The last check before the point of no return: a publisher that committed
+  // meanwhile makes this delta's parent stale.
+  ASSIGN_OR_RETURN(auto latest, store_->Latest());
+  if (latest != latest_) {
+    return AlreadyExists("the store's latest version changed (now " +
+                         (latest ? VersionName(*latest) : std::string("none")) +
+                         ") while " +
+                         VersionName(manifest_.version) +
+                         " was being built by this publisher; retry the commit");
+  }
+  Status created = store_->objects().CreateExclusive(ManifestKey(manifest_.version, 0), text);
+  if (created.code() == Code::kAlreadyExists) {
+    return AlreadyExists("version " + std::to_string(manifest_.version) +
+                         " already exists in store " + store_->uri() +
+                         " (another publisher committed it first)");
+  }
+  RETURN_IF_ERROR(created);
+  auto v = std::make_shared<Version>();
+  v->key = ManifestKey(manifest_.version, 0);
+  v->manifest_bytes = std::move(text);
+  v->manifest = manifest_;
+  v->records = records_;
+  return store_->Remember(std::move(v));
+}
+
+Result<CommitResult> Committer::Run(const std::string& dir) {
+  ASSIGN_OR_RETURN(auto files, internal::ScanCheckpoint(dir));
+  RETURN_IF_ERROR(Plan(files));
+  Status s = [&]() -> Status {
+    if (parent_) {
+      ASSIGN_OR_RETURN(delta_spool_, sink_.NewSpool());
+      manifest_.blobs.push_back(BlobRef{});
+    }
+    for (size_t i = 0; i < files.size(); ++i) {
+      FileEntry* entry = &manifest_.files[i];
+      const FileEntry* pf = nullptr;
+      if (parent_) {
+        for (const auto& f : parent_->manifest.files) {
+          if (f.name == entry->name) pf = &f;
+        }
+      }
+      if (files[i].safetensors) {
+        RETURN_IF_ERROR(StoreSafetensors(files[i], entry, pf));
+      } else {
+        RETURN_IF_ERROR(StoreRawFile(files[i], entry));
+      }
+    }
+    if (parent_) {
+      if (delta_spool_->size() == 0) {
+        manifest_.blobs.clear();  // nothing changed: no delta blob at all
+      } else {
+        ASSIGN_OR_RETURN(manifest_.blobs[0], sink_.Finish(std::move(delta_spool_)));
+      }
+    }
+    return Publish();
+  }();
+  if (!s.ok()) {
+    if (s.code() != Code::kAlreadyExists) sink_.Rollback();
+    return s;
+  }
+  CommitResult r;
+  r.version = manifest_.version;
+  r.parent = manifest_.parent;
+  r.anchor_reason = anchor_reason_;
+  r.tensors = manifest_.stats.tensors;
+  r.elements = manifest_.stats.elements;
+  r.changed_elements = manifest_.stats.changed_elements;
+  r.stored_bytes = manifest_.stats.stored_bytes;
+  r.dense_bytes = manifest_.stats.dense_bytes;
+  r.input_bytes = total_bytes_;
+  return r;
+}
+
+}  // namespace
+
+Result<CommitResult> CommitDirectory(Store& store, const std::string& dir,
+                                     const CommitOptions& options) {
+  Committer committer(&store, options);
+  return committer.Run(dir);
 }
 
 }  // namespace dte

@@ -1,4 +1,15 @@
 // Committing a Hugging Face checkpoint directory as a new store version.
+//
+// The directory is scanned and validated first; nothing is written to the
+// store until every header, the shard index and every file size check out.
+// Then blobs are written (durable on return), the block table, and last the
+// manifest, created exclusively: the version exists exactly when its
+// manifest does. A publisher that loses a race for the version number gets
+// AlreadyExists naming the version. A version is a sparse delta against the
+// latest version when its tensor layout matches, otherwise an anchor.
+//
+// Thread-safety: CommitDirectory may run concurrently with readers and with
+// other publishers (in this or other processes) on the same store.
 #pragma once
 
 #include <cstdint>
@@ -15,15 +26,14 @@ class Store;
 struct CommitOptions {
   std::optional<uint64_t> version;  // default: latest + 1, or 0 for an empty store
   bool force_anchor = false;        // store full weights even if a delta is possible
-  int threads = 0;                  // 0: hardware concurrency
-  // Called with (bytes done, bytes total) as tensor data is processed.
+  // Called with (bytes done, bytes total) as files are processed.
   std::function<void(uint64_t, uint64_t)> progress;
 };
 
 struct CommitResult {
   uint64_t version = 0;
   std::optional<uint64_t> parent;
-  bool anchor = false;
+  std::string anchor_reason;  // why a version became an anchor ("" for a delta)
   uint64_t tensors = 0;
   uint64_t elements = 0;
   uint64_t changed_elements = 0;
@@ -32,8 +42,7 @@ struct CommitResult {
   uint64_t input_bytes = 0;   // bytes of all files read from the directory
 };
 
-// Commits `dir` to `store`. `import_only` requires an empty store (dtectl import).
 Result<CommitResult> CommitDirectory(Store& store, const std::string& dir,
-                                     const CommitOptions& options, bool import_only);
+                                     const CommitOptions& options);
 
 }  // namespace dte

@@ -1,1 +1,94 @@
-int main() { return 0; }
+// dtectl: import, commit, log, export, verify, gc and reindex dte stores.
+#include <cstdlib>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "tools/dtectl/commands.h"
+
+namespace {
+
+using dte::cli::Common;
+
+const char* EnvOr(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+void AddCommon(CLI::App* cmd, Common* c, bool json) {
+  cmd->add_option("--store", c->store, "Store: a directory or s3://bucket/prefix (env DTE_STORE)");
+  cmd->add_option("--cache-dir", c->cache_dir,
+                  "Host-local index and caches (env DTE_CACHE_DIR, default ~/.cache/dte)");
+  cmd->add_flag("-q,--quiet", c->quiet, "No progress output");
+  if (json) cmd->add_flag("--json", c->json, "Print the result as JSON");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dtectl: every version of a policy as checkpoint files"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every command");
+  Common c;
+  c.store = EnvOr("DTE_STORE", "");
+  c.cache_dir = EnvOr("DTE_CACHE_DIR", "");
+
+  dte::cli::CommitArgs ca;
+  auto add_commit = [&](const char* name, const char* help) {
+    CLI::App* cmd = app.add_subcommand(name, help);
+    AddCommon(cmd, &c, true);
+    cmd->add_option("DIR", ca.dir, "Hugging Face checkpoint directory")->required();
+    cmd->add_option("--version", ca.version, "Version number (default: latest + 1)");
+    return cmd;
+  };
+  CLI::App* import = add_commit("import", "Store a checkpoint as a full (anchor) version");
+  CLI::App* commit = add_commit("commit", "Store a checkpoint as a delta against the latest");
+  commit->add_flag("--anchor", ca.anchor, "Store full weights instead of a delta");
+
+  CLI::App* log = app.add_subcommand("log", "List versions");
+  AddCommon(log, &c, true);
+
+  std::string export_version, out;
+  CLI::App* exp = app.add_subcommand("export", "Write a version as a plain model directory");
+  AddCommon(exp, &c, true);
+  exp->add_option("--version", export_version, "Version number or 'latest'")->required();
+  exp->add_option("OUT_DIR", out, "Output directory (must not exist or be empty)")->required();
+
+  std::optional<uint64_t> verify_version;
+  CLI::App* verify = app.add_subcommand("verify", "Check every blob, chain and tensor hash");
+  AddCommon(verify, &c, true);
+  verify->add_option("--version", verify_version, "Only this version (and its chain)");
+
+  uint64_t keep_last = 8;
+  int64_t grace = 600;
+  bool dry_run = false;
+  CLI::App* gc = app.add_subcommand("gc", "Keep the newest versions, reclaim the rest");
+  AddCommon(gc, &c, true);
+  gc->add_option("--keep-last", keep_last, "Versions to keep")->required();
+  gc->add_option("--grace-seconds", grace,
+                 "Never delete unreferenced blobs younger than this (commits in flight)");
+  gc->add_flag("--dry-run", dry_run, "Only report what would be removed");
+
+  CLI::App* reindex = app.add_subcommand("reindex", "Rebuild the local index from the store");
+  AddCommon(reindex, &c, true);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  if (c.store.empty()) {
+    std::cerr << "dtectl: error: no store given (use --store or set DTE_STORE)\n";
+    return 2;
+  }
+  if (c.cache_dir.empty()) c.cache_dir = dte::cli::DefaultCacheDir();
+  if (*import) return dte::cli::RunCommit(c, ca, true);
+  if (*commit) return dte::cli::RunCommit(c, ca, false);
+  if (*log) return dte::cli::RunLog(c);
+  if (*exp) return dte::cli::RunExport(c, export_version, out);
+  if (*verify) return dte::cli::RunVerify(c, verify_version);
+  if (*gc) return dte::cli::RunGc(c, keep_last, grace, dry_run);
+  if (*reindex) return dte::cli::RunReindex(c);
+  return 2;
+}

@@ -1,0 +1,179 @@
+// RocksDB-backed Index. Key schema (big-endian version numbers, so byte order
+// is numeric order):
+//   'v' ver:be64                      -> manifest key
+//   'm' ver:be64                      -> manifest bytes
+//   'k' ver:be64                      -> block table bytes
+//   'f' ver:be64 file                 -> file size (decimal) and kind
+//   't' ver:be64 file '\0' tensor     -> first_block:be32 blocks:be32
+//   'c' key                           -> cache entry
+#include "store/index.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+namespace dte {
+namespace {
+
+std::string Be64(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 7; i >= 0; --i, v >>= 8) s[i] = static_cast<char>(v & 0xff);
+  return s;
+}
+
+std::string Be32(uint32_t v) { return Be64(v).substr(4); }
+
+uint64_t ReadBe(std::string_view s) {
+  uint64_t v = 0;
+  for (char c : s) v = (v << 8) | static_cast<uint8_t>(c);
+  return v;
+}
+
+std::string Key(char tag, uint64_t version, std::string_view rest = {}) {
+  std::string k(1, tag);
+  k += Be64(version);
+  k.append(rest);
+  return k;
+}
+
+// The one place rocksdb::Status becomes a dte Status.
+Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return Status::Ok();
+  if (s.IsNotFound()) return NotFound(what + ": " + s.ToString());
+  if (s.IsCorruption()) return Corruption(what + ": " + s.ToString());
+  return IOError(what + ": " + s.ToString());
+}
+
+class RocksIndex final : public Index {
+ public:
+  RocksIndex(std::unique_ptr<rocksdb::DB> db, std::string dir)
+      : db_(std::move(db)), dir_(std::move(dir)) {}
+  ~RocksIndex() override { Close().IgnoreError(); }
+
+  Status PutVersion(const Manifest& m, const Entry& e) override {
+    rocksdb::WriteBatch batch;
+    RETURN_IF_ERROR(DeleteRanges(m.version, &batch));
+    batch.Put(Key('v', m.version), e.manifest_key);
+    batch.Put(Key('m', m.version), e.manifest);
+    batch.Put(Key('k', m.version), e.block_table);
+    for (const auto& f : m.files) {
+      batch.Put(Key('f', m.version, f.name),
+                std::to_string(f.size) + (f.safetensors ? " safetensors" : " raw"));
+      for (const auto& t : f.tensors) {
+        batch.Put(Key('t', m.version, f.name + '\0' + t.name),
+                  Be32(t.first_block) + Be32(t.blocks));
+      }
+    }
+    return Write(&batch, "recording " + VersionName(m.version));
+  }
+
+  Status DeleteVersion(uint64_t version) override {
+    rocksdb::WriteBatch batch;
+    RETURN_IF_ERROR(DeleteRanges(version, &batch));
+    return Write(&batch, "dropping " + VersionName(version));
+  }
+
+  Result<std::optional<Entry>> GetVersion(uint64_t version) override {
+    // One snapshot so the three keys come from the same logical update.
+    rocksdb::ReadOptions ro;
+    ro.snapshot = db_->GetSnapshot();
+    Entry e;
+    rocksdb::Status s = db_->Get(ro, Key('v', version), &e.manifest_key);
+    if (s.ok()) s = db_->Get(ro, Key('m', version), &e.manifest);
+    if (s.ok()) s = db_->Get(ro, Key('k', version), &e.block_table);
+    db_->ReleaseSnapshot(ro.snapshot);
+    if (s.IsNotFound()) return std::optional<Entry>();
+    RETURN_IF_ERROR(FromRocks(s, "index " + dir_ + ": reading " + VersionName(version)));
+    return std::optional<Entry>(std::move(e));
+  }
+
+  Result<std::map<uint64_t, std::string>> ListVersions() override {
+    std::map<uint64_t, std::string> out;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    for (it->Seek("v"); it->Valid() && it->key().starts_with("v"); it->Next()) {
+      if (it->key().size() != 9) continue;
+      out[ReadBe(it->key().ToStringView().substr(1))] = it->value().ToString();
+    }
+    RETURN_IF_ERROR(FromRocks(it->status(), "index " + dir_ + ": listing versions"));
+    return out;
+  }
+
+  Result<std::optional<std::pair<uint32_t, uint32_t>>> FindTensor(
+      uint64_t version, const std::string& file, const std::string& tensor) override {
+    std::string v;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), Key('t', version, file + '\0' + tensor), &v);
+    if (s.IsNotFound()) return std::optional<std::pair<uint32_t, uint32_t>>();
+    RETURN_IF_ERROR(FromRocks(s, "index " + dir_ + ": tensor " + tensor));
+    if (v.size() != 8) return Corruption("index " + dir_ + ": bad tensor entry for " + tensor);
+    return std::optional(std::make_pair(static_cast<uint32_t>(ReadBe(v.substr(0, 4))),
+                                        static_cast<uint32_t>(ReadBe(v.substr(4)))));
+  }
+
+  Status PutCacheEntry(std::string_view key, std::string_view value) override {
+    return FromRocks(db_->Put(rocksdb::WriteOptions(), "c" + std::string(key), value),
+                     "index " + dir_ + ": cache entry");
+  }
+
+  Result<std::optional<std::string>> GetCacheEntry(std::string_view key) override {
+    std::string v;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), "c" + std::string(key), &v);
+    if (s.IsNotFound()) return std::optional<std::string>();
+    RETURN_IF_ERROR(FromRocks(s, "index " + dir_ + ": cache entry"));
+    return std::optional<std::string>(std::move(v));
+  }
+
+  Status Clear() override {
+    rocksdb::WriteBatch batch;
+    batch.DeleteRange(std::string(1, '\0'), std::string(1, '\xff'));
+    return Write(&batch, "clearing");
+  }
+
+  Status Close() override {
+    if (!db_) return Status::Ok();
+    Status s = FromRocks(db_->Close(), "closing index " + dir_);
+    db_.reset();
+    return s;
+  }
+
+ private:
+  Status DeleteRanges(uint64_t version, rocksdb::WriteBatch* batch) {
+    for (char tag : {'v', 'm', 'k', 'f', 't'}) {
+      rocksdb::Status s = batch->DeleteRange(Key(tag, version), Key(tag, version + 1));
+      RETURN_IF_ERROR(FromRocks(s, "index " + dir_));
+    }
+    return Status::Ok();
+  }
+
+  Status Write(rocksdb::WriteBatch* batch, const std::string& what) {
+    rocksdb::WriteOptions wo;
+    return FromRocks(db_->Write(wo, batch), "index " + dir_ + ": " + what);
+  }
+
+  std::unique_ptr<rocksdb::DB> db_;
+  std::string dir_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Index>> Index::Open(const std::string& dir) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.create_missing_column_families = true;
+  options.max_open_files = 64;
+  options.keep_log_file_num = 2;
+  options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(options, dir, &raw);
+  if (!s.ok()) {
+    std::string msg = s.ToString();
+    if (msg.find("lock") != std::string::npos || msg.find("Resource temporarily") != std::string::npos) {
+      return Busy("cache index " + dir +
+                  " is in use by another dte process (a running dtefs or dtectl); "
+                  "wait for it or use another --cache-dir");
+    }
+    return FromRocks(s, "opening cache index " + dir);
+  }
+  return std::unique_ptr<Index>(new RocksIndex(std::unique_ptr<rocksdb::DB>(raw), dir));
+}
+
+}  // namespace dte

@@ -1,0 +1,116 @@
+// Manifests and block tables: what a committed version is.
+//
+// A version is one immutable manifest object, "manifests/vNNNNNNNN.json"
+// (or "vNNNNNNNN.rK.json", a later revision of the same version written by
+// gc when it rebases a version onto a fresh anchor; same content hashes).
+// The manifest lists the version's files; each safetensors file's tensors
+// point at a range of records in the version's block table, a binary blob
+// with one 32-byte record per block of tensor data. Formats are specified in
+// docs/formats/manifest.md and docs/formats/block-table.md.
+//
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "store/delta_codec.h"
+#include "store/dtype.h"
+#include "store/hash.h"
+#include "store/status.h"
+
+namespace dte {
+
+inline constexpr uint32_t kManifestFormatVersion = 1;
+inline constexpr uint32_t kBlockTableFormatVersion = 1;
+inline constexpr uint64_t kDefaultBlockBytes = 256 * 1024;
+
+struct BlockRecord {
+  BlockKind kind = BlockKind::kSame;
+  uint32_t blob = 0;     // index into Manifest::blobs (unused for kSame)
+  uint64_t offset = 0;   // payload bytes [offset, offset + length) of that blob
+  uint32_t length = 0;
+  uint32_t changed = 0;  // elements that differ from the parent's block
+  uint64_t hash = 0;     // XXH3-64 of the block's full content at this version
+};
+
+struct TensorEntry {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // data_offsets within the file's data section
+  Hash128 hash;                 // XXH3-128 of the tensor's bytes at this version
+  uint64_t changed = 0;         // elements changed vs the parent (all, for an anchor)
+  uint32_t first_block = 0;     // first record in the block table
+  uint32_t blocks = 0;          // number of records
+  uint64_t elements() const;
+  uint64_t bytes() const { return end - begin; }
+};
+
+struct FileEntry {
+  std::string name;  // a plain file name: no '/', "..", NUL
+  uint64_t size = 0;
+  bool safetensors = false;
+  Hash128 blob;         // raw files: the blob holding the content (its hash)
+  Hash128 header_blob;  // safetensors: the prefix + JSON header bytes
+  uint64_t header_size = 0;
+  std::vector<TensorEntry> tensors;  // sorted by begin; contiguous
+};
+
+struct BlobRef {
+  Hash128 hash;
+  uint64_t size = 0;
+  bool added = false;  // first stored by this version (counts in stored_bytes)
+};
+
+struct VersionStats {
+  uint64_t tensors = 0, elements = 0, changed_elements = 0;
+  uint64_t stored_bytes = 0, dense_bytes = 0;
+};
+
+struct Manifest {
+  uint64_t version = 0;
+  uint32_t revision = 0;
+  std::optional<uint64_t> parent;  // nullopt: an anchor
+  std::string created;             // RFC 3339, UTC
+  uint64_t block_bytes = kDefaultBlockBytes;
+  BlobRef block_table;
+  std::vector<BlobRef> blobs;      // payload blobs that block records point into
+  std::vector<FileEntry> files;    // sorted by name
+  VersionStats stats;
+  bool anchor() const { return !parent.has_value(); }
+};
+
+// Serializes to the JSON stored in the manifest object.
+std::string EncodeManifest(const Manifest& m);
+// Parses and validates (format version, names, tensor layout, block ranges).
+// `what` names the object in errors.
+Result<Manifest> DecodeManifest(std::string_view json, const std::string& what);
+
+// Block tables: one record per block, in manifest order.
+std::string EncodeBlockTable(const std::vector<BlockRecord>& records);
+Result<std::vector<BlockRecord>> DecodeBlockTable(std::string_view bytes, const std::string& what);
+
+// Object keys.
+std::string BlobKey(const Hash128& hash);  // "blobs/ab/ab12..."
+std::string ManifestKey(uint64_t version, uint32_t revision);
+// Parses "manifests/v00000012.json" / "manifests/v00000012.r3.json".
+std::optional<std::pair<uint64_t, uint32_t>> ParseManifestKey(std::string_view key);
+std::string VersionName(uint64_t version);  // "v00000012"
+
+// True for a plain file name safe to create inside a directory.
+bool IsPlainFileName(std::string_view name);
+
+// Current time as RFC 3339 UTC ("2026-11-22T01:02:03Z").
+std::string NowRfc3339();
+
+// True if the safetensors files of the two have the same layout (file names,
+// tensor names, dtypes, shapes, offsets), so one can be a delta of the other:
+// their block tables then have the same records in the same order. Other
+// files are stored whole and do not matter.
+bool SameTensorLayout(const Manifest& a, const std::vector<FileEntry>& b);
+
+}  // namespace dte

@@ -1,0 +1,73 @@
+// Materializer: any byte range of any file of any version.
+//
+// Bytes of a safetensors file come from its header blob and, for the data
+// section, from blocks: a block at version v is its nearest dense record
+// back along the parent chain with every later sparse record applied in
+// order. Only the blocks overlapping the requested range are decoded, and
+// every block is checked against its XXH3-64 from the version's block table
+// before a byte of it is returned: a mismatch is Corruption, never wrong
+// bytes.
+//
+// Thread-safety: all methods may be called concurrently.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "store/store.h"
+
+namespace dte {
+
+struct ReadCounters {
+  std::atomic<uint64_t> blocks{0};          // blocks materialized
+  std::atomic<uint64_t> records{0};         // dense or sparse records decoded
+  std::atomic<uint64_t> payload_bytes{0};   // record bytes read from blobs
+  std::atomic<uint64_t> hash_failures{0};   // blocks whose content hash did not match
+};
+
+class Materializer {
+ public:
+  explicit Materializer(Store* store) : store_(store) {}
+
+  // Reads [offset, offset + len) of `file` (a file of version v) into dst.
+  // The range must lie within the file.
+  Status ReadFile(const std::shared_ptr<const Version>& v, const FileEntry& file, uint64_t offset,
+                  uint64_t len, uint8_t* dst);
+
+  // The full content of block `block` of tensor `tensor` of `file` into dst
+  // (the block's length: block_bytes, or less for a tensor's last block).
+  Status ReadBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,
+                   const TensorEntry& tensor, uint32_t block, uint8_t* dst);
+
+  // The content of a raw file or a safetensors header, verified against its
+  // hash.
+  Result<std::string> ReadWholeBlob(const Hash128& blob, uint64_t size, const std::string& what);
+
+  // Streams the whole file in order to `sink(file_offset, data, len)`: a
+  // safetensors file's header as one piece, then its data section in chunks
+  // whose blocks are materialized in parallel. Besides every block hash, each
+  // tensor's XXH3-128 (and a raw file's) is checked. A block that fails is
+  // never passed on; a tensor hash mismatch fails on the tensor's last chunk,
+  // so callers that must not expose a partial result write to a temp place.
+  using Sink = std::function<Status(uint64_t, const uint8_t*, size_t)>;
+  Status StreamFile(const std::shared_ptr<const Version>& v, const FileEntry& file,
+                    const Sink& sink);
+
+  ReadCounters& counters() { return counters_; }
+
+ private:
+  Status ReadData(const std::shared_ptr<const Version>& v, const FileEntry& file, uint64_t offset,
+                  uint64_t len, uint8_t* dst);
+  Status StreamTensor(const std::shared_ptr<const Version>& v, const FileEntry& file,
+                      const TensorEntry& t, const Sink& sink);
+  Status ReadRecord(const Version& v, const BlockRecord& rec, std::string* out,
+                    const std::string& what);
+
+  Store* store_;
+  ReadCounters counters_;
+};
+
+}  // namespace dte

@@ -1,0 +1,100 @@
+// Store: a dte store opened for reading and writing versions.
+//
+// Wraps the ObjectStore (where the bytes are), the optional host-local
+// Index (a RocksDB cache of the catalog), and an in-memory cache of parsed
+// versions. Every version it returns has been validated: its manifest parses,
+// names its own version number, and its block table matches its hash and
+// its manifest's tensors.
+//
+// Thread-safety: all methods may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "store/index.h"
+#include "store/manifest.h"
+#include "store/object_store.h"
+#include "store/status.h"
+#include "store/thread_annotations.h"
+
+namespace dte {
+
+struct StoreOptions {
+  std::string uri;        // local directory or s3://bucket/prefix
+  std::string cache_dir;  // host-local index and caches; empty: no index
+  bool create = false;    // create the store if it does not exist
+  // If the index is held by another process, go on without it (true) or fail
+  // with Busy (false).
+  bool index_optional = false;
+};
+
+// A validated, parsed version.
+struct Version {
+  std::string key;  // manifest object key
+  std::string manifest_bytes;
+  Manifest manifest;
+  std::vector<BlockRecord> records;
+};
+
+class Store {
+ public:
+  static Result<std::unique_ptr<Store>> Open(const StoreOptions& options);
+  ~Store();
+
+  ObjectStore& objects() { return *objects_; }
+  const std::string& uri() const { return options_.uri; }
+  const std::string& store_id() const { return store_id_; }
+  Index* index() { return index_.get(); }  // null when running without one
+
+  // Committed versions (version -> key of its newest manifest revision),
+  // listed fresh from the object store.
+  Result<std::map<uint64_t, std::string>> ListVersions();
+  Result<std::optional<uint64_t>> Latest();
+
+  // A version, from memory, the index, or the object store (in that order).
+  // NotFound naming the version if it is not committed.
+  Result<std::shared_ptr<const Version>> GetVersion(uint64_t version);
+  // Same, for a manifest key already listed.
+  Result<std::shared_ptr<const Version>> GetVersionAt(uint64_t version, const std::string& key);
+
+  // Brings the index in line with the store's manifests: drops versions
+  // that are gone, adds the missing ones. With `rebuild`, clears it first.
+  Status SyncIndex(bool rebuild);
+
+  // Records a just-committed version in the index and memory cache.
+  Status Remember(std::shared_ptr<const Version> v);
+  // Forgets cached state of a version, in memory and in the index (after gc
+  // removed or rebased it).
+  void Forget(uint64_t version);
+
+  // The cache subdirectory for this store (cache_dir/<store_id>), or "".
+  std::string CachePath() const;
+
+ private:
+  explicit Store(StoreOptions options) : options_(std::move(options)) {}
+  Status Init();
+  Result<std::shared_ptr<const Version>> Load(uint64_t version, const std::string& key);
+  Result<std::shared_ptr<const Version>> Parse(uint64_t version, const std::string& key,
+                                               std::string manifest, std::string table);
+
+  StoreOptions options_;
+  std::unique_ptr<ObjectStore> objects_;
+  std::unique_ptr<Index> index_;
+  std::string store_id_;
+  Mutex mu_;
+  std::map<uint64_t, std::shared_ptr<const Version>> cache_ GUARDED_BY(mu_);
+};
+
+// The store marker object, created on first import.
+inline constexpr char kStoreMarkerKey[] = "dte-store.json";
+
+// Validates a version's block table against its manifest.
+Status CheckBlockTable(const Manifest& m, const std::vector<BlockRecord>& records,
+                       const std::string& what);
+
+}  // namespace dte

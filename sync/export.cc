@@ -1,0 +1,91 @@
+#include "sync/export.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "store/materialize.h"
+#include "store/store.h"
+
+namespace dte {
+namespace {
+
+namespace fs = std::filesystem;
+
+Status WriteAll(int fd, const uint8_t* data, size_t len, const std::string& path) {
+  while (len > 0) {
+    ssize_t n = ::write(fd, data, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus("cannot write " + path, errno);
+    data += n;
+    len -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status CheckOutputDir(const std::string& out_dir) {
+  std::error_code ec;
+  if (!fs::exists(out_dir, ec)) return Status::Ok();
+  if (!fs::is_directory(out_dir, ec) || !fs::is_empty(out_dir, ec)) {
+    return InvalidArgument("output directory " + out_dir + " exists and is not empty");
+  }
+  return Status::Ok();
+}
+
+Status ExportFile(Materializer& reader, const std::shared_ptr<const Version>& v,
+                  const FileEntry& f, const std::string& dir, uint64_t* done, uint64_t total,
+                  const std::function<void(uint64_t, uint64_t)>& progress) {
+  std::string path = dir + "/" + f.name;
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus("cannot create " + path, errno);
+  Status s = reader.StreamFile(v, f, [&](uint64_t, const uint8_t* data, size_t len) {
+    *done += len;
+    if (progress) progress(*done, total);
+    return WriteAll(fd, data, len, path);
+  });
+  if (s.ok() && ::fsync(fd) != 0) s = ErrnoStatus("cannot sync " + path, errno);
+  if (::close(fd) != 0 && s.ok()) s = ErrnoStatus("cannot close " + path, errno);
+  return s;
+}
+
+}  // namespace
+
+Result<ExportResult> ExportVersion(Store& store, uint64_t version, const std::string& out_dir,
+                                   const std::function<void(uint64_t, uint64_t)>& progress) {
+  RETURN_IF_ERROR(CheckOutputDir(out_dir));
+  ASSIGN_OR_RETURN(auto v, store.GetVersion(version));
+  fs::path out = fs::absolute(out_dir).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();
+  std::string tmp = out.string() + ".dte-export-" + std::to_string(::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directories(tmp, ec)) {
+    return IOError("cannot create " + tmp + ": " + ec.message());
+  }
+  Materializer reader(&store);
+  ExportResult r;
+  r.version = version;
+  uint64_t total = 0;
+  for (const auto& f : v->manifest.files) total += f.size;
+  Status s;
+  for (const auto& f : v->manifest.files) {
+    s = ExportFile(reader, v, f, tmp, &r.bytes, total, progress);
+    if (!s.ok()) break;
+    r.files++;
+  }
+  if (s.ok()) {
+    fs::remove(out, ec);  // an empty directory, checked above
+    if (::rename(tmp.c_str(), out.c_str()) != 0) {
+      s = ErrnoStatus("cannot move " + tmp + " to " + out.string(), errno);
+    }
+  }
+  if (!s.ok()) {
+    fs::remove_all(tmp, ec);
+    return s;
+  }
+  return r;
+}
+
+}  // namespace dte

@@ -1,0 +1,120 @@
+#include "sync/gc.h"
+
+#include <ctime>
+#include <set>
+
+#include "store/materialize.h"
+#include "store/store.h"
+#include "sync/internal/blob_sink.h"
+
+namespace dte {
+namespace {
+
+void Reachable(const Manifest& m, std::set<std::string>* keys) {
+  keys->insert(BlobKey(m.block_table.hash));
+  for (const auto& b : m.blobs) keys->insert(BlobKey(b.hash));
+  for (const auto& f : m.files) keys->insert(BlobKey(f.safetensors ? f.header_blob : f.blob));
+}
+
+// Writes version v again as an anchor, under the next manifest revision.
+Status Rebase(Store& store, const std::shared_ptr<const Version>& v,
+              const std::function<void(uint64_t, uint64_t)>& progress) {
+  Manifest m = v->manifest;
+  std::vector<BlockRecord> records = v->records;
+  internal::BlobSink sink(&store.objects());
+  Materializer reader(&store);
+  m.parent.reset();
+  m.revision++;
+  m.blobs.clear();
+  uint64_t total = 0, done = 0;
+  for (const auto& f : m.files) total += f.size;
+  Status s = [&]() -> Status {
+    for (const auto& f : m.files) {
+      if (!f.safetensors) continue;
+      ASSIGN_OR_RETURN(auto spool, sink.NewSpool());
+      RETURN_IF_ERROR(reader.StreamFile(v, f, [&](uint64_t off, const uint8_t* d, size_t n) {
+        done += n;
+        if (progress) progress(done, total);
+        return off < f.header_size ? Status::Ok() : spool->Append(d, n);
+      }));
+      uint32_t blob = static_cast<uint32_t>(m.blobs.size());
+      ASSIGN_OR_RETURN(BlobRef ref, sink.Finish(std::move(spool)));
+      m.blobs.push_back(ref);
+      for (const auto& t : f.tensors) {
+        for (uint32_t b = 0; b < t.blocks; ++b) {
+          BlockRecord& r = records[t.first_block + b];
+          r.kind = BlockKind::kDenseRaw;
+          r.blob = blob;
+          r.offset = t.begin + uint64_t{b} * m.block_bytes;
+          r.length = static_cast<uint32_t>(std::min<uint64_t>(m.block_bytes,
+                                                              t.bytes() - r.offset + t.begin));
+          r.changed = 0;
+        }
+      }
+    }
+    ASSIGN_OR_RETURN(m.block_table, sink.PutBytes(EncodeBlockTable(records)));
+    m.stats.stored_bytes = sink.added_bytes();
+    return store.objects().CreateExclusive(ManifestKey(m.version, m.revision), EncodeManifest(m));
+  }();
+  if (!s.ok()) sink.Rollback();
+  return s;
+}
+
+}  // namespace
+
+Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
+                                const std::function<void(uint64_t, uint64_t)>& progress) {
+  if (options.keep_last == 0) return InvalidArgument("--keep-last must be at least 1");
+  GcResult r;
+  ASSIGN_OR_RETURN(auto versions, store.ListVersions());
+  std::set<uint64_t> keep;
+  for (auto it = versions.rbegin(); it != versions.rend() && keep.size() < options.keep_last; ++it) {
+    keep.insert(it->first);
+  }
+  r.versions_kept = keep.size();
+  r.versions_removed = versions.size() - keep.size();
+  if (options.dry_run) return r;
+  // 1. Make every kept version's chain stay inside the kept set.
+  for (uint64_t k : keep) {
+    ASSIGN_OR_RETURN(auto v, store.GetVersion(k));
+    if (v->manifest.parent && !keep.count(*v->manifest.parent)) {
+      RETURN_IF_ERROR(Rebase(store, v, progress).WithContext("rebasing " + VersionName(k)));
+      store.Forget(k);
+      r.versions_rebased++;
+    }
+  }
+  // 2. Drop manifests of removed versions and superseded revisions.
+  ASSIGN_OR_RETURN(auto keys, store.objects().List("manifests/"));
+  ASSIGN_OR_RETURN(versions, store.ListVersions());
+  for (const auto& key : keys) {
+    auto parsed = ParseManifestKey(key);
+    if (!parsed) continue;
+    bool current = keep.count(parsed->first) && versions[parsed->first] == key;
+    if (!current) {
+      RETURN_IF_ERROR(store.objects().Delete(key));
+      store.Forget(parsed->first);
+    }
+  }
+  // 3. Sweep blobs no kept version reaches.
+  std::set<std::string> live;
+  ASSIGN_OR_RETURN(versions, store.ListVersions());
+  for (const auto& [k, key] : versions) {
+    ASSIGN_OR_RETURN(auto v, store.GetVersionAt(k, key));
+    Reachable(v->manifest, &live);
+  }
+  ASSIGN_OR_RETURN(auto blobs, store.objects().List("blobs/"));
+  const int64_t cutoff = static_cast<int64_t>(std::time(nullptr)) - options.grace_seconds;
+  for (const auto& key : blobs) {
+    if (live.count(key)) continue;
+    ASSIGN_OR_RETURN(int64_t mtime, store.objects().ModifiedTime(key));
+    if (mtime > cutoff) continue;
+    ASSIGN_OR_RETURN(auto size, store.objects().Size(key));
+    RETURN_IF_ERROR(store.objects().Delete(key));
+    r.blobs_deleted++;
+    r.bytes_freed += size.value_or(0);
+  }
+  RETURN_IF_ERROR(store.SyncIndex(false));
+  return r;
+}
+
+}  // namespace dte

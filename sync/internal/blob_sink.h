@@ -1,0 +1,63 @@
+// BlobSink: the content-addressed blobs one commit writes.
+//
+// Small blobs are put from memory; large ones are spooled to a temp file
+// while being hashed, then moved into place under their hash. A blob that
+// already exists is not written again (it is touched, so gc's grace window
+// protects it until the manifest that reuses it exists).
+//
+// Thread-safety: not thread-safe; one per commit, used by its writer thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "store/hash.h"
+#include "store/manifest.h"
+#include "store/object_store.h"
+#include "store/status.h"
+
+namespace dte::internal {
+
+class Spool {
+ public:
+  ~Spool();
+  Status Append(const void* data, size_t len);
+  uint64_t size() const { return size_; }
+
+ private:
+  friend class BlobSink;
+  Spool(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  Status Flush();
+
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  Hasher128 hasher_;
+  std::string buf_;
+};
+
+class BlobSink {
+ public:
+  explicit BlobSink(ObjectStore* objects) : objects_(objects) {}
+
+  Result<BlobRef> PutBytes(std::string_view data);
+  Result<std::unique_ptr<Spool>> NewSpool();
+  // Closes the spool and stores it under its hash.
+  Result<BlobRef> Finish(std::unique_ptr<Spool> spool);
+
+  // Deletes the blobs this sink added (after a failed commit).
+  void Rollback();
+  const std::vector<BlobRef>& added() const { return added_; }
+  uint64_t added_bytes() const;
+
+ private:
+  Result<BlobRef> Adopt(const Hash128& hash, uint64_t size, const std::string* data,
+                        const std::string* path);
+
+  ObjectStore* objects_;
+  std::vector<BlobRef> added_;
+};
+
+}  // namespace dte::internal

@@ -1,0 +1,250 @@
+#include "tools/dtectl/commands.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "store/store.h"
+#include "sync/commit.h"
+#include "sync/export.h"
+#include "sync/gc.h"
+#include "sync/verify.h"
+#include "tools/dtectl/progress.h"
+
+namespace dte::cli {
+namespace {
+
+using nlohmann::json;
+
+int Fail(const char* cmd, const Status& s) {
+  std::cerr << "dtectl " << cmd << ": error: " << s.message() << "\n";
+  if (s.code() == Code::kAlreadyExists) return 3;
+  if (s.code() == Code::kCorruption) return 4;
+  return 1;
+}
+
+Result<std::unique_ptr<Store>> OpenStore(const Common& c, bool create) {
+  StoreOptions o;
+  o.uri = c.store;
+  o.cache_dir = c.cache_dir;
+  o.create = create;
+  // Commands work from the store itself when another process holds the
+  // index; only reindex insists on it.
+  o.index_optional = true;
+  return Store::Open(o);
+}
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f%%",
+                whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0);
+  return buf;
+}
+
+std::string Rate(uint64_t bytes, double secs) {
+  return HumanBytes(secs > 0 ? static_cast<double>(bytes) / secs : 0) + "/s";
+}
+
+json VersionJson(const Manifest& m) {
+  return json{{"version", m.version},
+              {"parent", m.parent ? json(*m.parent) : json(nullptr)},
+              {"kind", m.anchor() ? "anchor" : "delta"},
+              {"revision", m.revision},
+              {"tensors", m.stats.tensors},
+              {"elements", m.stats.elements},
+              {"changed_elements", m.stats.changed_elements},
+              {"stored_bytes", m.stats.stored_bytes},
+              {"dense_bytes", m.stats.dense_bytes},
+              {"files", m.files.size()},
+              {"created", m.created}};
+}
+
+Result<uint64_t> ParseVersionArg(Store& store, const std::string& arg) {
+  if (arg == "latest") {
+    ASSIGN_OR_RETURN(auto latest, store.Latest());
+    if (!latest) return NotFound("store " + store.uri() + " has no versions");
+    return *latest;
+  }
+  std::string digits = arg.size() > 1 && arg[0] == 'v' ? arg.substr(1) : arg;
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+      digits.size() > 12) {
+    return InvalidArgument("bad version \"" + arg + "\" (a number, vNNNNNNNN or latest)");
+  }
+  return std::stoull(digits);
+}
+
+}  // namespace
+
+std::string DefaultCacheDir() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/dte";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/dte";
+  return "/tmp/dte-cache-" + std::to_string(::getuid());
+}
+
+int RunCommit(const Common& c, const CommitArgs& a, bool import) {
+  const char* cmd = import ? "import" : "commit";
+  auto store = OpenStore(c, import);
+  if (!store.ok()) return Fail(cmd, store.status());
+  Progress progress(cmd, c.quiet);
+  CommitOptions o;
+  o.version = a.version;
+  o.force_anchor = import || a.anchor;
+  o.progress = progress.Callback();
+  auto r = CommitDirectory(**store, a.dir, o);
+  double secs = progress.Finish();
+  if (!r.ok()) return Fail(cmd, r.status());
+  if (c.json) {
+    json j{{"version", r->version},
+           {"parent", r->parent ? json(*r->parent) : json(nullptr)},
+           {"kind", r->parent ? "delta" : "anchor"},
+           {"anchor_reason", r->anchor_reason},
+           {"tensors", r->tensors},
+           {"elements", r->elements},
+           {"changed_elements", r->changed_elements},
+           {"stored_bytes", r->stored_bytes},
+           {"dense_bytes", r->dense_bytes},
+           {"input_bytes", r->input_bytes},
+           {"seconds", secs}};
+    std::cout << j.dump() << "\n";
+    return 0;
+  }
+  std::cout << r->version << "\n";
+  std::string kind = r->parent ? "delta of " + VersionName(*r->parent)
+                               : "anchor: " + r->anchor_reason;
+  std::cerr << cmd << ": " << VersionName(r->version) << " (" << kind << "), "
+            << Percent(r->changed_elements, r->elements) << " of " << r->elements
+            << " elements changed, stored " << HumanBytes(static_cast<double>(r->stored_bytes))
+            << " (" << Percent(r->stored_bytes, r->dense_bytes) << " of dense "
+            << HumanBytes(static_cast<double>(r->dense_bytes)) << "), read "
+            << HumanBytes(static_cast<double>(r->input_bytes)) << " in " << secs << " s ("
+            << Rate(r->input_bytes, secs) << ")\n";
+  return 0;
+}
+
+int RunLog(const Common& c) {
+  auto store = OpenStore(c, false);
+  if (!store.ok()) return Fail("log", store.status());
+  auto versions = (*store)->ListVersions();
+  if (!versions.ok()) return Fail("log", versions.status());
+  json out = json::array();
+  if (!c.json) {
+    std::printf("%-10s %-10s %-6s %8s %14s %10s %12s %12s %8s  %s\n", "VERSION", "PARENT",
+                "KIND", "TENSORS", "ELEMENTS", "CHANGED", "STORED", "DENSE", "RATIO",
+                "CREATED");
+  }
+  for (const auto& [num, key] : *versions) {
+    auto v = (*store)->GetVersionAt(num, key);
+    if (!v.ok()) return Fail("log", v.status());
+    const Manifest& m = (*v)->manifest;
+    if (c.json) {
+      out.push_back(VersionJson(m));
+      continue;
+    }
+    char ratio[32];
+    std::snprintf(ratio, sizeof(ratio), "%.1fx",
+                  m.stats.stored_bytes ? static_cast<double>(m.stats.dense_bytes) /
+                                             static_cast<double>(m.stats.stored_bytes)
+                                       : 0.0);
+    std::printf("%-10s %-10s %-6s %8llu %14llu %10s %12s %12s %8s  %s\n",
+                VersionName(num).c_str(), m.parent ? VersionName(*m.parent).c_str() : "-",
+                m.anchor() ? "anchor" : "delta", static_cast<unsigned long long>(m.stats.tensors),
+                static_cast<unsigned long long>(m.stats.elements),
+                Percent(m.stats.changed_elements, m.stats.elements).c_str(),
+                HumanBytes(static_cast<double>(m.stats.stored_bytes)).c_str(),
+                HumanBytes(static_cast<double>(m.stats.dense_bytes)).c_str(), ratio,
+                m.created.c_str());
+  }
+  if (c.json) std::cout << out.dump(1) << "\n";
+  return 0;
+}
+
+int RunExport(const Common& c, const std::string& version, const std::string& out) {
+  auto store = OpenStore(c, false);
+  if (!store.ok()) return Fail("export", store.status());
+  auto num = ParseVersionArg(**store, version);
+  if (!num.ok()) return Fail("export", num.status());
+  Progress progress("export", c.quiet);
+  auto r = ExportVersion(**store, *num, out, progress.Callback());
+  double secs = progress.Finish();
+  if (!r.ok()) return Fail("export", r.status());
+  if (c.json) {
+    std::cout << json{{"version", r->version}, {"files", r->files}, {"bytes", r->bytes},
+                      {"seconds", secs}, {"out", out}}.dump()
+              << "\n";
+  } else {
+    std::cout << "export: " << VersionName(r->version) << " -> " << out << ", " << r->files
+              << " files, " << HumanBytes(static_cast<double>(r->bytes)) << " in " << secs
+              << " s (" << Rate(r->bytes, secs) << ")\n";
+  }
+  return 0;
+}
+
+int RunVerify(const Common& c, std::optional<uint64_t> version) {
+  auto store = OpenStore(c, false);
+  if (!store.ok()) return Fail("verify", store.status());
+  Progress progress("verify", c.quiet);
+  auto r = VerifyStore(**store, version, progress.Callback());
+  double secs = progress.Finish();
+  if (!r.ok()) return Fail("verify", r.status());
+  for (const auto& p : r->problems) std::cerr << "dtectl verify: problem: " << p << "\n";
+  if (c.json) {
+    std::cout << json{{"ok", r->ok()},         {"versions", r->versions},
+                      {"blobs", r->blobs},     {"blob_bytes", r->blob_bytes},
+                      {"files", r->files},     {"tensors", r->tensors},
+                      {"problems", r->problems}, {"seconds", secs}}.dump()
+              << "\n";
+  } else {
+    std::cout << "verify: " << (r->ok() ? "ok" : "FAILED") << ", " << r->versions
+              << " versions, " << r->files << " files, " << r->tensors << " tensors, "
+              << r->blobs << " blobs (" << HumanBytes(static_cast<double>(r->blob_bytes))
+              << "), " << r->problems.size() << " problems, " << secs << " s\n";
+  }
+  return r->ok() ? 0 : 4;
+}
+
+int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_run) {
+  auto store = OpenStore(c, false);
+  if (!store.ok()) return Fail("gc", store.status());
+  Progress progress("gc", c.quiet);
+  GcOptions o{keep_last, grace_seconds, dry_run};
+  auto r = CollectGarbage(**store, o, progress.Callback());
+  double secs = progress.Finish();
+  if (!r.ok()) return Fail("gc", r.status());
+  if (c.json) {
+    std::cout << json{{"kept", r->versions_kept},       {"removed", r->versions_removed},
+                      {"rebased", r->versions_rebased}, {"blobs_deleted", r->blobs_deleted},
+                      {"bytes_freed", r->bytes_freed},  {"dry_run", dry_run},
+                      {"seconds", secs}}.dump()
+              << "\n";
+  } else {
+    std::cout << "gc: " << (dry_run ? "would keep " : "kept ") << r->versions_kept
+              << " versions, removed " << r->versions_removed << ", rebased "
+              << r->versions_rebased << ", deleted " << r->blobs_deleted << " blobs ("
+              << HumanBytes(static_cast<double>(r->bytes_freed)) << ") in " << secs << " s\n";
+  }
+  return 0;
+}
+
+int RunReindex(const Common& c) {
+  StoreOptions o;
+  o.uri = c.store;
+  o.cache_dir = c.cache_dir;
+  auto store = Store::Open(o);
+  if (!store.ok()) return Fail("reindex", store.status());
+  Status s = (*store)->SyncIndex(true);
+  if (!s.ok()) return Fail("reindex", s);
+  auto versions = (*store)->ListVersions();
+  if (!versions.ok()) return Fail("reindex", versions.status());
+  if (c.json) {
+    std::cout << json{{"versions", versions->size()}, {"index", (*store)->CachePath()}}.dump()
+              << "\n";
+  } else {
+    std::cout << "reindex: " << versions->size() << " versions indexed in "
+              << (*store)->CachePath() << "/index\n";
+  }
+  return 0;
+}
+
+}  // namespace dte::cli

@@ -1,0 +1,34 @@
+// dtectl subcommands. Each returns the process exit status:
+//   0 success, 1 error, 2 usage, 3 version conflict, 4 verification failed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace dte::cli {
+
+struct Common {
+  std::string store;      // --store, or $DTE_STORE
+  std::string cache_dir;  // --cache-dir, or $DTE_CACHE_DIR, or ~/.cache/dte
+  bool quiet = false;
+  bool json = false;
+};
+
+struct CommitArgs {
+  std::string dir;
+  std::optional<uint64_t> version;
+  bool anchor = false;
+};
+
+int RunCommit(const Common& c, const CommitArgs& a, bool import);
+int RunLog(const Common& c);
+int RunExport(const Common& c, const std::string& version, const std::string& out);
+int RunVerify(const Common& c, std::optional<uint64_t> version);
+int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_run);
+int RunReindex(const Common& c);
+
+// The per-user default cache directory.
+std::string DefaultCacheDir();
+
+}  // namespace dte::cli

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs every dependency dte needs on Debian 12 (run as root) and builds it.
+# Usage: tools/setup.sh [BUILD_DIR]   (default: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${1:-build}
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  librocksdb-dev libzstd-dev zstd libfuse3-dev fuse3 libcurl4-openssl-dev
+  libcli11-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev
+  clang libclang-rt-14-dev clang-format
+  python3 python3-pip python3-numpy python3-torch python3-pytest
+  time
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Python packages the tests read mounted and exported files with; Debian's
+# python3 (where python3-torch lives) is the interpreter the project uses.
+PY=/usr/bin/python3
+if ! "$PY" -c 'import safetensors, xxhash' 2>/dev/null; then
+  echo "setup: installing python packages (safetensors, xxhash)"
+  "$PY" -m pip install -q --break-system-packages --root-user-action=ignore safetensors xxhash
+fi
+
+if [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "setup: note: no CUDA toolkit at /usr/local/cuda; the CUDA backend is not built"
+fi
+
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTE_WERROR=ON >/dev/null
+ninja -C "$BUILD_DIR" -j "$(nproc)"
