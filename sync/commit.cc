@@ -61,9 +61,13 @@ class Committer {
   Status StoreSafetensors(const InputFile& in, FileEntry* entry, const FileEntry* parent);
   Status StoreTensor(int fd, const InputFile& in, FileEntry* entry, TensorEntry* t,
                      const FileEntry* parent, Spool* spool, uint32_t blob_index);
-  Status EncodeChunk(const FileEntry& entry, const TensorEntry& t, const FileEntry* parent,
-                     uint32_t first, uint32_t count, const uint8_t* data, Spool* spool,
-                     uint32_t blob_index);
+  // Reads, hashes and (for a delta) encodes blocks [first, first+count) of t
+  // into chunk_ and encoded_, on the thread pool.
+  Status ProcessChunk(int fd, const InputFile& in, const FileEntry& entry, const TensorEntry& t,
+                      const FileEntry* parent, uint32_t first, uint32_t count);
+  // Fills the chunk's block records, appending payloads to the spool.
+  Status AppendChunk(const TensorEntry& t, bool anchor, uint32_t first, uint32_t count,
+                     Spool* spool, uint32_t blob_index);
   Status Publish();
   void Progress(uint64_t bytes);
 
@@ -140,22 +144,25 @@ Status Committer::StoreRawFile(const InputFile& in, FileEntry* entry) {
   return Status::Ok();
 }
 
-Status Committer::EncodeChunk(const FileEntry& entry, const TensorEntry& t,
-                              const FileEntry* parent, uint32_t first, uint32_t count,
-                              const uint8_t* data, Spool* spool, uint32_t blob_index) {
+Status Committer::ProcessChunk(int fd, const InputFile& in, const FileEntry& entry,
+                               const TensorEntry& t, const FileEntry* parent, uint32_t first,
+                               uint32_t count) {
   const uint64_t bb = manifest_.block_bytes;
   const int width = DTypeWidth(t.dtype);
   auto blen = [&](uint32_t b) { return std::min<uint64_t>(bb, t.bytes() - uint64_t{b} * bb); };
   std::vector<Status> errors(count);
   encoded_.assign(count, EncodedBlock{});
-  old_chunk_.resize(size_t{count} * bb);
+  if (parent) old_chunk_.resize(size_t{count} * bb);
+  // Each worker reads its own blocks, so reading overlaps hashing and coding.
   kernels::ParallelFor(count, 1, [&](size_t lo, size_t hi) {
     thread_local CodecScratch scratch;
-    for (size_t i = lo; i < hi; ++i) {
+    for (size_t i = lo; i < hi && errors[i].ok(); ++i) {
       uint32_t b = first + static_cast<uint32_t>(i);
-      const uint8_t* now = data + i * bb;
-      BlockRecord& rec = records_[t.first_block + b];
-      rec.hash = HashBlock(now, blen(b));
+      uint8_t* now = chunk_.data() + i * bb;
+      errors[i] = PreadAll(fd, in.header.data_offset + t.begin + uint64_t{b} * bb, blen(b), now,
+                           in.path);
+      if (!errors[i].ok()) break;
+      records_[t.first_block + b].hash = HashBlock(now, blen(b));
       if (!parent) continue;
       uint8_t* old = old_chunk_.data() + i * bb;
       const TensorEntry& pt = parent->tensors[&t - entry.tensors.data()];
@@ -163,14 +170,21 @@ Status Committer::EncodeChunk(const FileEntry& entry, const TensorEntry& t,
       if (errors[i].ok()) encoded_[i] = EncodeBlock(old, now, blen(b), width, &scratch);
     }
   });
+  for (const auto& e : errors) RETURN_IF_ERROR(e);
+  return Status::Ok();
+}
+
+Status Committer::AppendChunk(const TensorEntry& t, bool anchor, uint32_t first, uint32_t count,
+                              Spool* spool, uint32_t blob_index) {
+  const uint64_t bb = manifest_.block_bytes;
   for (uint32_t i = 0; i < count; ++i) {
-    RETURN_IF_ERROR(errors[i]);
-    BlockRecord& rec = records_[t.first_block + first + i];
-    if (!parent) {  // an anchor: the data blob is the file's data section
+    uint32_t b = first + i;
+    BlockRecord& rec = records_[t.first_block + b];
+    if (anchor) {  // the data blob is the file's data section, verbatim
       rec.kind = BlockKind::kDenseRaw;
       rec.blob = blob_index;
-      rec.offset = t.begin + uint64_t{first + i} * bb;
-      rec.length = static_cast<uint32_t>(blen(first + i));
+      rec.offset = t.begin + uint64_t{b} * bb;
+      rec.length = static_cast<uint32_t>(std::min<uint64_t>(bb, t.bytes() - uint64_t{b} * bb));
       continue;
     }
     EncodedBlock& e = encoded_[i];
@@ -194,12 +208,10 @@ Status Committer::StoreTensor(int fd, const InputFile& in, FileEntry* entry, Ten
     uint64_t off = uint64_t{first} * bb;
     uint64_t len = std::min<uint64_t>(uint64_t{count} * bb, t->bytes() - off);
     chunk_.resize(len);
-    RETURN_IF_ERROR(PreadAll(fd, in.header.data_offset + t->begin + off, len, chunk_.data(),
-                             in.path));
+    RETURN_IF_ERROR(ProcessChunk(fd, in, *entry, *t, parent, first, count));
     hasher.Update(chunk_.data(), len);
     if (!parent) RETURN_IF_ERROR(spool->Append(chunk_.data(), len));
-    RETURN_IF_ERROR(EncodeChunk(*entry, *t, parent, first, count, chunk_.data(), spool,
-                                blob_index));
+    RETURN_IF_ERROR(AppendChunk(*t, parent == nullptr, first, count, spool, blob_index));
     Progress(len);
   }
   t->hash = hasher.Finish();

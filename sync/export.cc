@@ -45,7 +45,6 @@ Status ExportFile(Materializer& reader, const std::shared_ptr<const Version>& v,
     if (progress) progress(*done, total);
     return WriteAll(fd, data, len, path);
   });
-  if (s.ok() && ::fsync(fd) != 0) s = ErrnoStatus("cannot sync " + path, errno);
   if (::close(fd) != 0 && s.ok()) s = ErrnoStatus("cannot close " + path, errno);
   return s;
 }

@@ -4,6 +4,8 @@
 // each tensor's and raw file's content hash) before the directory appears:
 // the export is built in a sibling temp directory that is renamed to the
 // output path only when complete, so a failed export leaves nothing behind.
+// Like cp, it leaves flushing to the kernel (no fsync): an export is a copy
+// that can be made again, not the store's durable state.
 //
 // Thread-safety: may run concurrently with commits and other readers.
 #pragma once
