@@ -1,0 +1,44 @@
+// Index remapping between tensor layouts on the CPU backend (multi-threaded).
+//
+// A delta lists changed elements by flat index in the publisher's tensor; a
+// receiver may hold a different tensor (a TP shard, a fused qkv or gate_up
+// buffer) that overlaps it in a hyperrectangle. RemapIndices keeps the changed
+// elements inside the overlap and turns their indices into the receiver's
+// flat indices. The element math is in kernels/remap_math.h.
+//
+// Thread-safety: pure functions over caller-owned buffers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/remap_math.h"
+
+namespace dte::kernels {
+
+// One overlap, all vectors of the same length ndim in [1, kRemapMaxDims],
+// outermost dimension first, row-major tensors.
+struct RemapSpec {
+  std::vector<uint64_t> src_shape;
+  std::vector<uint64_t> rect_start;   // box start in source coordinates
+  std::vector<uint64_t> rect_extent;  // box size (zero extents allowed)
+  std::vector<uint64_t> dst_shape;
+  std::vector<uint64_t> dst_start;  // where rect_start lands in the destination
+};
+
+// Validates spec and fills *plan. Returns an empty string on success, else a
+// message naming the offending dimension (the plan is then untouched). Checks:
+// equal lengths, 1..8 dims, box within both tensors, element counts < 2^64.
+std::string MakeRemapPlan(const RemapSpec& spec, RemapPlan* plan);
+
+// src_idx[0 .. n) are flat source indices sorted ascending (duplicates
+// allowed). For each k in order whose index lies in the box, writes its flat
+// destination index to dst_idx_out[j] and, when pos_out is not null, k to
+// pos_out[j], j counting from 0. Returns the number j of kept indices.
+// Outputs need room for n entries in the worst case.
+size_t RemapIndices(const RemapPlan& plan, const uint64_t* src_idx, size_t n, uint64_t* dst_idx_out,
+                    uint64_t* pos_out);
+
+}  // namespace dte::kernels
