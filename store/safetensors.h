@@ -33,10 +33,10 @@ struct TensorInfo {
 };
 
 struct SafetensorsHeader {
-  uint64_t header_len = 0;           // N, the JSON length from the prefix
-  uint64_t data_offset = 0;          // 8 + N: where the data section starts
-  uint64_t data_size = 0;            // bytes of the data section
-  std::vector<TensorInfo> tensors;   // sorted by data offset
+  uint64_t header_len = 0;                      // N, the JSON length from the prefix
+  uint64_t data_offset = 0;                     // 8 + N: where the data section starts
+  uint64_t data_size = 0;                       // bytes of the data section
+  std::vector<TensorInfo> tensors;              // sorted by data offset
   std::map<std::string, std::string> metadata;  // "__metadata__", if any
 };
 
@@ -48,17 +48,33 @@ struct SafetensorsHeader {
 Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view json, uint64_t file_size,
                                                  const std::string& file);
 
+// Validates a whole file held in memory: the 8-byte prefix, the header and
+// the size of the data section (its bytes are not looked at).
+Result<SafetensorsHeader> ParseSafetensorsFile(std::string_view bytes, const std::string& file);
+
 // Reads the prefix and header of the file at `path` and validates them
-// (truncated file, N over kMaxSafetensorsHeader, N beyond the file).
+// (truncated file, N over kMaxSafetensorsHeader, N beyond the file). Never
+// reads the data section.
 Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path);
 
+// As above, and also stores the raw header bytes (prefix included) in
+// `*header_bytes`, so a caller that keeps them verbatim reads the file once.
+Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path, std::string* header_bytes);
+
 // Returns the raw header bytes (prefix included) of the file at `path`.
+// Checks the prefix (file long enough, N within limits) but not the JSON.
 Result<std::string> ReadSafetensorsHeaderBytes(const std::string& path);
 
 // Serializes a header for `tensors` (their begin/end must already be laid
 // out contiguously from 0) in the layout the Python writer produces: JSON
 // with "__metadata__" first if present, then tensors in order, padded with
 // spaces to a multiple of 8 bytes. Returns prefix + JSON.
+//
+// The bytes equal the Python writer's for the same tensors in the same order
+// when `metadata` has at most one key: that writer emits metadata keys in hash
+// order, this function in sorted order. An empty map writes no "__metadata__"
+// (the Python writer writes "__metadata__":{} when handed an empty dict).
+// Names and metadata must be valid UTF-8, or the result will not parse.
 std::string BuildSafetensorsHeader(const std::vector<TensorInfo>& tensors,
                                    const std::map<std::string, std::string>& metadata);
 
@@ -68,8 +84,10 @@ struct SafetensorsIndex {
   std::vector<std::string> shards;  // distinct shard names, sorted
 };
 
-// Parses an index file's bytes; `file` names it in errors. Shard names must
-// be plain file names (no '/', "..", NUL).
+// Parses an index file's bytes; `file` names it in errors. Rejects invalid
+// JSON, a missing or non-object "weight_map", non-string shard names,
+// duplicate keys, and shard names that are not plain file names (empty,
+// leading '.', or containing '/', '\\', "..", NUL).
 Result<SafetensorsIndex> ParseSafetensorsIndex(std::string_view json, const std::string& file);
 
 }  // namespace dte

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs each libFuzzer target for a bounded time, starting from its checked-in
+# seed corpus, and exits non-zero if any target crashes, leaks, times out or
+# is missing.
+#
+#   tests/fuzz/run_fuzzers.sh BUILD_DIR SECONDS [TARGET...]
+#
+# BUILD_DIR is a build configured with -DDTE_FUZZ=ON and clang, with the
+# targets built (see docs/formats/safetensors.md, "Fuzzing"). New inputs go
+# to a scratch corpus, never into the source tree; crash reproducers are
+# written to BUILD_DIR/fuzz-artifacts/TARGET/.
+set -u -o pipefail
+
+if [[ $# -lt 2 || ! "$2" =~ ^[0-9]+$ ]]; then
+  echo "usage: $0 BUILD_DIR SECONDS [TARGET...]" >&2
+  exit 2
+fi
+build_dir=$(cd "$1" && pwd) || exit 2
+seconds=$2
+shift 2
+here=$(cd "$(dirname "$0")" && pwd)
+targets=("$@")
+if [[ ${#targets[@]} -eq 0 ]]; then
+  targets=(safetensors_header_fuzz delta_block_fuzz)
+fi
+
+# Longest input per target: headers stay small; codec inputs must reach a
+# 256 KiB block of raw payload.
+declare -A max_len=([safetensors_header_fuzz]=65536 [delta_block_fuzz]=266000)
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+failed=()
+for target in "${targets[@]}"; do
+  bin="$build_dir/tests/fuzz/$target"
+  if [[ ! -x "$bin" ]]; then
+    echo "== $target: $bin not built" >&2
+    failed+=("$target")
+    continue
+  fi
+  artifacts="$build_dir/fuzz-artifacts/$target"
+  mkdir -p "$artifacts" "$scratch/$target"
+  args=(-max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048
+        -max_len="${max_len[$target]:-65536}" -print_final_stats=1
+        -artifact_prefix="$artifacts/")
+  [[ -f "$here/$target.dict" ]] && args+=(-dict="$here/$target.dict")
+  echo "== $target: ${seconds}s"
+  if "$bin" "${args[@]}" "$scratch/$target" "$here/corpus/$target"; then
+    echo "== $target: ok"
+  else
+    echo "== $target: FAILED (reproducers in $artifacts)" >&2
+    failed+=("$target")
+  fi
+done
+
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "fuzzing failed: ${failed[*]}" >&2
+  exit 1
+fi
+echo "fuzzing passed: ${targets[*]}"
