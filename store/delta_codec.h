@@ -10,8 +10,10 @@
 //   kDenseZstd  payload is one zstd frame of the block's bytes.
 //   kSparse     payload encodes (element index, new value) for every element
 //               whose bits differ from the parent's block; values are stored
-//               as the wrapping integer difference from the parent element
-//               (zigzag varint), indices as gaps; both streams zstd-compressed.
+//               as the wrapping integer difference from the parent element,
+//               indices as gaps: one token byte per element (gap class and
+//               difference class, zstd-compressed) plus a bit stream with the
+//               gaps' low bits and the rare large differences.
 //               Decoding applies it onto the parent block's bytes.
 //
 // Thread-safety: pure functions; scratch objects are per thread.
@@ -39,17 +41,27 @@ struct EncodedBlock {
   uint32_t changed = 0;  // elements whose bits differ from the parent
 };
 
-// Reusable buffers so the hot path does not allocate per block.
+// Reusable buffers so the hot path does not allocate per block. The codec
+// functions accept a null scratch and then use one owned by the calling
+// thread. zstd contexts are per thread inside the codec.
 struct CodecScratch {
   std::vector<uint32_t> idx;
   std::vector<uint8_t> vals;
   std::string a, b;
+  std::vector<uint8_t> old_vals;  // parent elements at the changed indices
+  std::string frame;              // a zstd frame being built
 };
 
 // Encodes the block `new_data` (len bytes, a multiple of width) against the
 // parent block `old_data` (same length). Picks the smallest of kSame (no
 // change), kSparse, kDenseZstd and kDenseRaw. With old_data == nullptr
-// (no parent) the result is dense.
+// (no parent) the result is dense. Two rules trade size for speed: kDenseZstd
+// must be at least 1/8 smaller than the raw block (its decode costs far more
+// than a copy), and it is not tried at all while the sparse payload is at
+// most 1/8 of the block (such a payload is the common case and compressing
+// the whole block would dominate the encode time).
+// width must be 1, 2, 4 or 8 and len / width < 2^32; other inputs are stored
+// dense (valid, but never sparse).
 EncodedBlock EncodeBlock(const uint8_t* old_data, const uint8_t* new_data, size_t len, int width,
                          CodecScratch* scratch);
 
@@ -58,13 +70,15 @@ EncodedBlock EncodeBlock(const uint8_t* old_data, const uint8_t* new_data, size_
 // a no-op. Never reads or writes outside dst and payload: a malformed payload
 // (bad varint, index out of range or not increasing, wrong sizes, zstd error)
 // returns Corruption naming `what` (the caller's description of the block).
-// `changed_out`, if not null, receives the number of elements the record sets.
+// `changed_out`, if not null, receives the number of elements the record sets
+// (all of them for dense kinds). On error a kSame or kSparse record has not
+// modified dst; a dense one may have overwritten part of it.
 Status DecodeBlock(BlockKind kind, std::string_view payload, int width, uint8_t* dst, size_t len,
-                   CodecScratch* scratch, const std::string& what,
-                   uint32_t* changed_out = nullptr);
+                   CodecScratch* scratch, const std::string& what, uint32_t* changed_out = nullptr);
 
 // Decodes only the element indices a kSparse record changes (for apply and
-// statistics), as block-relative element indices.
+// statistics), as block-relative element indices in increasing order;
+// *idx_out is replaced. Validates the payload as DecodeBlock does.
 Status DecodeSparseIndices(std::string_view payload, size_t len, int width,
                            std::vector<uint32_t>* idx_out, CodecScratch* scratch,
                            const std::string& what);

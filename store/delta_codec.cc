@@ -1,0 +1,620 @@
+// Delta block codec. Record payloads, format version kDeltaFormatVersion (1);
+// docs/formats/delta-block.md gives the reasoning and the measurements.
+//
+//   kSame        := (empty)
+//   kDenseRaw    := byte[len]
+//   kDenseZstd   := one zstd frame declaring content size len; nothing after it
+//   kSparse      := header tokens bits
+//   header       := version:u8          == kDeltaFormatVersion
+//                   flags:u8            bit 0 set: tokens are a zstd frame; bits 1-7 zero
+//                   count:varint32      changed elements, 1 <= count <= len / width
+//                   esc_order:u8        exp-Golomb order k of escapes, k <= 8 * width - 2
+//                   tokens_size:varint32
+//                   bits_size:varint32  header + tokens_size + bits_size == payload size
+//   tokens       := byte[tokens_size]   the count tokens, stored raw (tokens_size == count)
+//                                       or as one zstd frame declaring content size count
+//   token        := gap_class << 2 | value_class     one per changed element, in index order
+//   bits         := byte[bits_size]     per changed element in order: gap_extra, then escape
+//                                       if value_class >= 2; least significant bit first,
+//                                       zero-padded to a byte boundary, no further bytes
+//   step         := index - previous index, >= 1 (the first element's previous index is -1)
+//   gap_class    := 0 if step == 1; else 2 * e - 1 + b, where e = floor(log2(step)) and
+//                   b is bit e - 1 of step; gap_class <= 62
+//   gap_extra    := the low e - 1 bits of step (nothing for gap_class 0)
+//   delta        := new - old element bits as a wrapping signed (8 * width)-bit integer, != 0
+//   value_class  := 0: delta == -1;  1: delta == +1;  2: delta <= -2;  3: delta >= +2
+//   escape       := exp-Golomb code of order k of m = |delta| - 2: with q = (m >> k) + 1 and
+//                   L = floor(log2(q)), L zero bits, a one bit, the low L bits of q, then
+//                   the low k bits of m
+//   varint32     := little-endian base-128, 7 bits a byte, high bit = more; at most 5 bytes
+//
+// An n-bit field in `bits` stores its value least significant bit first.
+
+#include "store/delta_codec.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <type_traits>
+
+#include "kernels/change_detect.h"
+
+namespace dte {
+namespace {
+
+constexpr uint8_t kFlagTokensZstd = 1;
+constexpr int kMaxGapClass = 62;
+constexpr int kZstdLevel = 1;  // higher levels gain nothing on tokens and little on blocks
+constexpr size_t kMaxSparseHeader = 2 + 5 + 1 + 5 + 5;
+
+// zstd contexts are reused by every call on a thread.
+struct ZstdContexts {
+  std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)> cctx{ZSTD_createCCtx(), ZSTD_freeCCtx};
+  std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> dctx{ZSTD_createDCtx(), ZSTD_freeDCtx};
+};
+
+ZstdContexts& ThreadZstd() {
+  thread_local ZstdContexts contexts;
+  return contexts;
+}
+
+CodecScratch& ScratchOrThread(CodecScratch* scratch) {
+  thread_local CodecScratch own;
+  return scratch != nullptr ? *scratch : own;
+}
+
+// Concatenates strings and numbers, for error messages.
+template <typename... Args>
+std::string Cat(const Args&... args) {
+  std::string out;
+  auto append = [&out](const auto& a) {
+    if constexpr (std::is_arithmetic_v<std::decay_t<decltype(a)>>) {
+      out += std::to_string(a);
+    } else {
+      out += a;
+    }
+  };
+  (append(args), ...);
+  return out;
+}
+
+int BitWidth(uint64_t v) { return static_cast<int>(std::bit_width(v)); }
+
+bool ValidWidth(int width) { return width == 1 || width == 2 || width == 4 || width == 8; }
+
+// Calls f(T{}) with T the unsigned integer type of `width` bytes.
+template <typename F>
+decltype(auto) WithElementType(int width, F&& f) {
+  switch (width) {
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    default:
+      return f(uint64_t{});
+  }
+}
+
+void PutVarint32(std::string* out, uint32_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+bool GetVarint32(std::string_view* in, uint32_t* v) {
+  uint32_t result = 0;
+  for (int i = 0; i < 5 && static_cast<size_t>(i) < in->size(); ++i) {
+    uint32_t byte = static_cast<uint8_t>((*in)[i]);
+    if (i == 4 && byte > 0x0f) return false;  // more than 32 bits
+    result |= (byte & 0x7f) << (7 * i);
+    if (byte < 0x80) {
+      in->remove_prefix(i + 1);
+      *v = result;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool GetByte(std::string_view* in, uint8_t* v) {
+  if (in->empty()) return false;
+  *v = static_cast<uint8_t>(in->front());
+  in->remove_prefix(1);
+  return true;
+}
+
+// Appends bit fields, least significant bit first.
+class BitWriter {
+ public:
+  explicit BitWriter(std::string* out) : out_(out) { out_->clear(); }
+
+  void Put(uint64_t v, int n) {  // the low n <= 64 bits of v
+    if (n > 32) {
+      Put32(v & 0xFFFFFFFF, 32);
+      v >>= 32;
+      n -= 32;
+    }
+    Put32(v & ((uint64_t{1} << n) - 1), n);
+  }
+  void Finish() {
+    if (used_ > 0) out_->push_back(static_cast<char>(acc_));
+    acc_ = 0;
+    used_ = 0;
+  }
+
+ private:
+  void Put32(uint64_t v, int n) {  // v < 2^n, n <= 32
+    acc_ |= v << used_;
+    for (used_ += n; used_ >= 8; used_ -= 8) {
+      out_->push_back(static_cast<char>(acc_));
+      acc_ >>= 8;
+    }
+  }
+
+  std::string* out_;
+  uint64_t acc_ = 0;
+  int used_ = 0;
+};
+
+// Reads what BitWriter wrote. Every read fails, rather than reading past the
+// end, when the stream is too short. Bits of buf_ above avail_ are zero.
+class BitReader {
+ public:
+  BitReader(const uint8_t* data, size_t size) : p_(data), end_(data + size) {}
+
+  bool Read(int n, uint64_t* v) {  // n <= 64
+    if (n <= 32) return Read32(n, v);
+    uint64_t low = 0, high = 0;
+    if (!Read32(32, &low) || !Read32(n - 32, &high)) return false;
+    *v = low | high << 32;
+    return true;
+  }
+  // Consumes zero bits up to and including the next one bit; fails when more
+  // than max_zeros zeros come first.
+  bool ReadZeroRun(int max_zeros, int* zeros) {
+    int z = 0;
+    while (true) {
+      if (avail_ == 0) Refill();
+      if (avail_ == 0) return false;
+      if (buf_ == 0) {
+        z += avail_;
+        avail_ = 0;
+        if (z > max_zeros) return false;
+        continue;
+      }
+      int t = std::countr_zero(buf_);
+      z += t;
+      if (z > max_zeros) return false;
+      buf_ = (buf_ >> t) >> 1;
+      avail_ -= t + 1;
+      *zeros = z;
+      return true;
+    }
+  }
+  // True when only zero padding of the last byte remains.
+  bool AtCleanEnd() const { return p_ == end_ && avail_ < 8 && buf_ == 0; }
+
+ private:
+  bool Read32(int n, uint64_t* v) {
+    if (avail_ < n) Refill();
+    if (avail_ < n) return false;
+    *v = buf_ & ((uint64_t{1} << n) - 1);
+    buf_ >>= n;
+    avail_ -= n;
+    return true;
+  }
+  void Refill() {
+    if (std::endian::native == std::endian::little && end_ - p_ >= 8) {
+      uint64_t word;
+      std::memcpy(&word, p_, 8);
+      int bytes = (63 - avail_) >> 3;
+      buf_ |= word << avail_;
+      p_ += bytes;
+      avail_ += bytes * 8;
+      buf_ &= (uint64_t{1} << avail_) - 1;  // avail_ <= 63: drop the bytes not taken
+      return;
+    }
+    while (avail_ <= 56 && p_ < end_) {
+      buf_ |= uint64_t{*p_++} << avail_;
+      avail_ += 8;
+    }
+  }
+
+  const uint8_t* p_;
+  const uint8_t* end_;
+  uint64_t buf_ = 0;
+  int avail_ = 0;
+};
+
+// ---------------------------------------------------------------- encoding
+
+// |delta| for a delta of the signed type matching T.
+template <typename T>
+uint64_t Magnitude(T delta) {
+  auto s = static_cast<std::make_signed_t<T>>(delta);
+  return s < 0 ? uint64_t{0} - static_cast<uint64_t>(static_cast<int64_t>(s))
+               : static_cast<uint64_t>(s);
+}
+
+template <typename T>
+int ValueClass(T delta) {
+  auto s = static_cast<std::make_signed_t<T>>(delta);
+  if (s == -1) return 0;
+  if (s == 1) return 1;
+  return s < 0 ? 2 : 3;
+}
+
+// The exp-Golomb order that (nearly) minimizes the escapes' total size.
+template <typename T>
+int ChooseEscapeOrder(const T* nv, const T* ov, size_t count) {
+  size_t by_length[65] = {};  // escapes by bit length of |delta| - 2
+  for (size_t i = 0; i < count; ++i) {
+    T delta = static_cast<T>(nv[i] - ov[i]);
+    if (ValueClass(delta) >= 2) ++by_length[BitWidth(Magnitude(delta) - 2)];
+  }
+  constexpr int kMaxOrder = 8 * sizeof(T) - 2;
+  int best = 0;
+  uint64_t best_bits = std::numeric_limits<uint64_t>::max();
+  for (int k = 0; k <= kMaxOrder; ++k) {
+    uint64_t bits = 0;
+    for (int len = 0; len <= 64; ++len) {
+      bits += by_length[len] * static_cast<uint64_t>(k + 1 + 2 * std::max(len - k, 0));
+    }
+    if (bits < best_bits) {
+      best = k;
+      best_bits = bits;
+    }
+  }
+  return best;
+}
+
+inline void PutStep(uint32_t step, uint8_t* gap_class, BitWriter* bits) {
+  if (step == 1) {
+    *gap_class = 0;
+    return;
+  }
+  int e = BitWidth(step) - 1;
+  uint32_t b = (step >> (e - 1)) & 1;
+  *gap_class = static_cast<uint8_t>(2 * e - 1 + b);
+  bits->Put(step & ((uint32_t{1} << (e - 1)) - 1), e - 1);
+}
+
+void PutEscape(uint64_t m, int k, BitWriter* bits) {
+  uint64_t q = (m >> k) + 1;
+  int l = BitWidth(q) - 1;
+  for (int z = l; z > 0; z -= 32) bits->Put(0, std::min(z, 32));
+  bits->Put(1, 1);
+  bits->Put(q, l);
+  bits->Put(m, k);
+}
+
+// Writes the tokens into scratch->a and the bit stream into scratch->b;
+// returns the escape order.
+template <typename T>
+int BuildStreams(size_t count, CodecScratch* s) {
+  const uint32_t* idx = s->idx.data();
+  const T* nv = reinterpret_cast<const T*>(s->vals.data());
+  const T* ov = reinterpret_cast<const T*>(s->old_vals.data());
+  int k = ChooseEscapeOrder(nv, ov, count);
+  s->a.resize(count);
+  BitWriter bits(&s->b);
+  uint32_t next = 0;  // smallest index the next element may have
+  for (size_t i = 0; i < count; ++i) {
+    uint8_t gap_class;
+    PutStep(idx[i] - next + 1, &gap_class, &bits);
+    next = idx[i] + 1;
+    T delta = static_cast<T>(nv[i] - ov[i]);
+    int value_class = ValueClass(delta);
+    if (value_class >= 2) PutEscape(Magnitude(delta) - 2, k, &bits);
+    s->a[i] = static_cast<char>(gap_class << 2 | value_class);
+  }
+  bits.Finish();
+  return k;
+}
+
+// Compresses src into out if the frame is at most max_size bytes.
+bool CompressAtMost(std::string_view src, size_t max_size, std::string* out) {
+  ZSTD_CCtx* cctx = ThreadZstd().cctx.get();
+  if (cctx == nullptr || max_size == 0) return false;
+  out->resize(max_size);
+  size_t n = ZSTD_compressCCtx(cctx, out->data(), max_size, src.data(), src.size(), kZstdLevel);
+  if (ZSTD_isError(n)) return false;
+  out->resize(n);
+  return true;
+}
+
+std::string AssembleSparse(uint32_t count, int esc_order, CodecScratch* s) {
+  bool zstd = CompressAtMost(s->a, count - 1, &s->frame);
+  const std::string& tokens = zstd ? s->frame : s->a;
+  std::string out;
+  out.reserve(kMaxSparseHeader + tokens.size() + s->b.size());
+  out.push_back(static_cast<char>(kDeltaFormatVersion));
+  out.push_back(static_cast<char>(zstd ? kFlagTokensZstd : 0));
+  PutVarint32(&out, count);
+  out.push_back(static_cast<char>(esc_order));
+  PutVarint32(&out, static_cast<uint32_t>(tokens.size()));
+  PutVarint32(&out, static_cast<uint32_t>(s->b.size()));
+  out += tokens;
+  out += s->b;
+  return out;
+}
+
+// kDenseZstd if its frame fits in max_zstd bytes, else kDenseRaw.
+EncodedBlock EncodeDense(const uint8_t* data, size_t len, size_t max_zstd, uint32_t changed,
+                         CodecScratch* s) {
+  std::string_view block(reinterpret_cast<const char*>(data), len);
+  if (CompressAtMost(block, max_zstd, &s->frame)) {
+    return {BlockKind::kDenseZstd, s->frame, changed};
+  }
+  return {BlockKind::kDenseRaw, std::string(block), changed};
+}
+
+// ---------------------------------------------------------------- decoding
+
+Status SparseCorruption(const std::string& what, const std::string& detail) {
+  return Corruption(what + ": corrupt sparse delta: " + detail);
+}
+
+struct SparseHeader {
+  uint8_t version = 0, flags = 0, esc_order = 0;
+  uint32_t count = 0, tokens_size = 0, bits_size = 0;
+  std::string_view tokens, bits;  // the sections
+};
+
+Status CheckSparseHeader(const SparseHeader& h, size_t elements, int width, size_t rest,
+                         const std::string& what) {
+  if (h.version != kDeltaFormatVersion) {
+    return SparseCorruption(
+        what, Cat("format version ", h.version, " is not the supported ", kDeltaFormatVersion));
+  }
+  if ((h.flags & ~kFlagTokensZstd) != 0) {
+    return SparseCorruption(what, Cat("unknown flags ", h.flags));
+  }
+  if (h.count == 0 || h.count > elements) {
+    return SparseCorruption(what, Cat("count ", h.count, " not in [1, ", elements, "]"));
+  }
+  if (h.esc_order > 8 * width - 2) {
+    return SparseCorruption(
+        what, Cat("escape order ", h.esc_order, " too large for ", width, "-byte elements"));
+  }
+  if (uint64_t{h.tokens_size} + h.bits_size != rest) {
+    return SparseCorruption(what, Cat("section sizes ", h.tokens_size, " + ", h.bits_size,
+                                      " do not match the ", rest, " bytes after the header"));
+  }
+  if (!(h.flags & kFlagTokensZstd) && h.tokens_size != h.count) {
+    return SparseCorruption(
+        what, Cat("raw token section holds ", h.tokens_size, " bytes for ", h.count, " elements"));
+  }
+  return Status::Ok();
+}
+
+Status ParseSparseHeader(std::string_view in, size_t elements, int width, const std::string& what,
+                         SparseHeader* h) {
+  if (!GetByte(&in, &h->version) || !GetByte(&in, &h->flags) || !GetVarint32(&in, &h->count) ||
+      !GetByte(&in, &h->esc_order) || !GetVarint32(&in, &h->tokens_size) ||
+      !GetVarint32(&in, &h->bits_size)) {
+    return SparseCorruption(what, "header truncated or malformed");
+  }
+  RETURN_IF_ERROR(CheckSparseHeader(*h, elements, width, in.size(), what));
+  h->tokens = in.substr(0, h->tokens_size);
+  h->bits = in.substr(h->tokens_size);
+  return Status::Ok();
+}
+
+// Decompresses exactly one frame that must produce exactly `size` bytes.
+Status DecompressExact(std::string_view frame, uint8_t* dst, size_t size, const char* section,
+                       const std::string& what) {
+  auto fail = [&](const std::string& detail) {
+    return Corruption(what + ": corrupt zstd " + section + ": " + detail);
+  };
+  unsigned long long declared = ZSTD_getFrameContentSize(frame.data(), frame.size());
+  if (declared != size) {
+    return fail(Cat("frame does not declare the expected ", size, " bytes"));
+  }
+  size_t frame_size = ZSTD_findFrameCompressedSize(frame.data(), frame.size());
+  if (ZSTD_isError(frame_size) || frame_size != frame.size()) {
+    return fail("frame does not span the section exactly");
+  }
+  ZSTD_DCtx* dctx = ThreadZstd().dctx.get();
+  if (dctx == nullptr) return Internal(what + ": cannot allocate a zstd context");
+  size_t n = ZSTD_decompressDCtx(dctx, dst, size, frame.data(), frame.size());
+  if (ZSTD_isError(n)) return fail(ZSTD_getErrorName(n));
+  if (n != size) return fail(Cat("decoded ", n, " of ", size));
+  return Status::Ok();
+}
+
+// Reads the step of one element; nullptr on success, else what is wrong.
+inline const char* ReadStep(int gap_class, BitReader* bits, uint64_t* step) {
+  if (gap_class == 0) {
+    *step = 1;
+    return nullptr;
+  }
+  if (gap_class > kMaxGapClass) return "gap class out of range";
+  int e = (gap_class + 1) >> 1;
+  uint64_t low = 0;
+  if (!bits->Read(e - 1, &low)) return "bit stream ends inside a gap";
+  *step = ((uint64_t{2} | ((gap_class + 1) & 1)) << (e - 1)) | low;
+  return nullptr;
+}
+
+template <typename T>
+const char* ReadDelta(int value_class, int k, BitReader* bits, T* delta) {
+  if (value_class < 2) {
+    *delta = value_class == 0 ? static_cast<T>(~T{0}) : T{1};
+    return nullptr;
+  }
+  int l = 0;
+  uint64_t q_low = 0, m_low = 0;
+  if (!bits->ReadZeroRun(63 - k, &l) || !bits->Read(l, &q_low) || !bits->Read(k, &m_low)) {
+    return "escape truncated or too long";
+  }
+  uint64_t m = (((uint64_t{1} << l) | q_low) - 1) << k | m_low;
+  constexpr uint64_t kHalf = uint64_t{1} << (8 * sizeof(T) - 1);
+  uint64_t max_magnitude = value_class == 2 ? kHalf : kHalf - 1;
+  if (m > max_magnitude - 2) return "escape larger than the element width allows";
+  *delta = value_class == 2 ? static_cast<T>(uint64_t{0} - (m + 2)) : static_cast<T>(m + 2);
+  return nullptr;
+}
+
+// Decodes indices into idx (count entries) and wrapping deltas into deltas.
+template <typename T>
+Status DecodeEntries(const SparseHeader& h, const uint8_t* tokens, size_t elements, uint32_t* idx,
+                     T* deltas, const std::string& what) {
+  BitReader bits(reinterpret_cast<const uint8_t*>(h.bits.data()), h.bits.size());
+  uint64_t next = 0;  // smallest index the next element may have
+  for (uint32_t i = 0; i < h.count; ++i) {
+    uint64_t step = 0;
+    const char* error = ReadStep(tokens[i] >> 2, &bits, &step);
+    if (error == nullptr && next + step - 1 >= elements) error = "index beyond the block";
+    if (error == nullptr) error = ReadDelta(tokens[i] & 3, h.esc_order, &bits, &deltas[i]);
+    if (error != nullptr) {
+      return SparseCorruption(what, Cat(error, " at changed element ", i, " of ", h.count,
+                                        " (block of ", elements, ")"));
+    }
+    idx[i] = static_cast<uint32_t>(next + step - 1);
+    next += step;
+  }
+  if (!bits.AtCleanEnd()) return SparseCorruption(what, "bytes or set bits after the last field");
+  return Status::Ok();
+}
+
+// Validates a kSparse payload and decodes it into *idx and scratch->vals.
+Status DecodeSparse(std::string_view payload, size_t len, int width, std::vector<uint32_t>* idx,
+                    CodecScratch* s, const std::string& what, uint32_t* count) {
+  if (!ValidWidth(width) || len % width != 0 || len / width > UINT32_MAX) {
+    return InvalidArgument(Cat(what, ": a sparse delta needs width 1, 2, 4 or 8 dividing len ", len,
+                               " (width ", width, ")"));
+  }
+  size_t elements = len / width;
+  SparseHeader h;
+  RETURN_IF_ERROR(ParseSparseHeader(payload, elements, width, what, &h));
+  const uint8_t* tokens = reinterpret_cast<const uint8_t*>(h.tokens.data());
+  if (h.flags & kFlagTokensZstd) {
+    s->a.resize(h.count);
+    auto* out = reinterpret_cast<uint8_t*>(s->a.data());
+    RETURN_IF_ERROR(DecompressExact(h.tokens, out, h.count, "token section", what));
+    tokens = out;
+  }
+  idx->resize(h.count);
+  s->vals.resize(size_t{h.count} * width);
+  *count = h.count;
+  return WithElementType(width, [&](auto tag) {
+    using T = decltype(tag);
+    auto* deltas = reinterpret_cast<T*>(s->vals.data());
+    return DecodeEntries<T>(h, tokens, elements, idx->data(), deltas, what);
+  });
+}
+
+// dst[idx[i]] += deltas[i] (wrapping), through the change-detect kernels.
+void ApplyDeltas(uint8_t* dst, int width, uint32_t count, CodecScratch* s) {
+  s->old_vals.resize(size_t{count} * width);
+  kernels::Gather(dst, width, s->idx.data(), count, s->old_vals.data());
+  WithElementType(width, [&](auto tag) {
+    using T = decltype(tag);
+    auto* vals = reinterpret_cast<T*>(s->old_vals.data());
+    const auto* deltas = reinterpret_cast<const T*>(s->vals.data());
+    for (uint32_t i = 0; i < count; ++i) vals[i] = static_cast<T>(vals[i] + deltas[i]);
+  });
+  kernels::Scatter(dst, width, s->idx.data(), s->old_vals.data(), count);
+}
+
+Status DecodeDense(BlockKind kind, std::string_view payload, uint8_t* dst, size_t len,
+                   const std::string& what) {
+  if (kind == BlockKind::kDenseZstd) return DecompressExact(payload, dst, len, "block", what);
+  if (payload.size() != len) {
+    return Corruption(Cat(what, ": raw block holds ", payload.size(), " bytes, expected ", len));
+  }
+  if (len > 0) std::memcpy(dst, payload.data(), len);
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* BlockKindName(BlockKind kind) {
+  switch (kind) {
+    case BlockKind::kSame:
+      return "same";
+    case BlockKind::kDenseRaw:
+      return "dense-raw";
+    case BlockKind::kDenseZstd:
+      return "dense-zstd";
+    case BlockKind::kSparse:
+      return "sparse";
+  }
+  return "unknown";
+}
+
+EncodedBlock EncodeBlock(const uint8_t* old_data, const uint8_t* new_data, size_t len, int width,
+                         CodecScratch* scratch) {
+  CodecScratch& s = ScratchOrThread(scratch);
+  bool valid = ValidWidth(width) && len % width == 0 && len / width <= UINT32_MAX;
+  size_t elements = valid ? len / width : len;
+  size_t dense_margin = len - len / 8;
+  if (old_data == nullptr || !valid) {
+    auto all = static_cast<uint32_t>(std::min<size_t>(elements, UINT32_MAX));
+    return EncodeDense(new_data, len, dense_margin, all, &s);
+  }
+  s.idx.resize(elements);
+  s.vals.resize(len);
+  auto count = static_cast<uint32_t>(
+      kernels::DetectChanges(old_data, new_data, elements, width, s.idx.data(), s.vals.data()));
+  if (count == 0) return {BlockKind::kSame, std::string(), 0};
+  s.old_vals.resize(size_t{count} * width);
+  kernels::Gather(old_data, width, s.idx.data(), count, s.old_vals.data());
+  int esc_order =
+      WithElementType(width, [&](auto tag) { return BuildStreams<decltype(tag)>(count, &s); });
+  std::string sparse = AssembleSparse(count, esc_order, &s);
+  if (sparse.size() <= len / 8) return {BlockKind::kSparse, std::move(sparse), count};
+  EncodedBlock dense =
+      EncodeDense(new_data, len, std::min(dense_margin, sparse.size() - 1), count, &s);
+  if (dense.kind == BlockKind::kDenseRaw && sparse.size() < len) {
+    return {BlockKind::kSparse, std::move(sparse), count};
+  }
+  return dense;
+}
+
+Status DecodeBlock(BlockKind kind, std::string_view payload, int width, uint8_t* dst, size_t len,
+                   CodecScratch* scratch, const std::string& what, uint32_t* changed_out) {
+  if (dst == nullptr && len > 0) return InvalidArgument(what + ": null destination");
+  uint32_t changed = 0;
+  switch (kind) {
+    case BlockKind::kSame:
+      if (!payload.empty()) {
+        return Corruption(
+            Cat(what, ": unchanged block carries ", payload.size(), " payload bytes"));
+      }
+      break;
+    case BlockKind::kDenseRaw:
+    case BlockKind::kDenseZstd:
+      RETURN_IF_ERROR(DecodeDense(kind, payload, dst, len, what));
+      changed = static_cast<uint32_t>(ValidWidth(width) ? len / width : len);
+      break;
+    case BlockKind::kSparse: {
+      CodecScratch& s = ScratchOrThread(scratch);
+      RETURN_IF_ERROR(DecodeSparse(payload, len, width, &s.idx, &s, what, &changed));
+      ApplyDeltas(dst, width, changed, &s);
+      break;
+    }
+    default:
+      return Corruption(Cat(what, ": unknown block kind ", static_cast<int>(kind)));
+  }
+  if (changed_out != nullptr) *changed_out = changed;
+  return Status::Ok();
+}
+
+Status DecodeSparseIndices(std::string_view payload, size_t len, int width,
+                           std::vector<uint32_t>* idx_out, CodecScratch* scratch,
+                           const std::string& what) {
+  uint32_t count = 0;
+  return DecodeSparse(payload, len, width, idx_out, &ScratchOrThread(scratch), what, &count);
+}
+
+}  // namespace dte
