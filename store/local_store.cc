@@ -279,8 +279,8 @@ Result<std::unique_ptr<LocalStore>> LocalStore::Open(const std::string& root,
     return ErrnoStatus("store " + dir, errno);
   }
   if (!S_ISDIR(st.st_mode)) return InvalidArgument("store " + dir + " is not a directory");
-  // Best effort, so that read-only stores open; writers recreate it on demand.
-  ::mkdir((dir + "/tmp").c_str(), 0755);
+  // ROOT/tmp is made by the first write, so opening a directory to read it
+  // (or to find out it is not a store) changes nothing.
   return std::unique_ptr<LocalStore>(new LocalStore(std::move(dir), options.max_open_fds));
 }
 

@@ -94,6 +94,9 @@ class LocalStore final : public ObjectStore {
   // crashed writers, or spool files never handed to PutFile). Returns how
   // many were removed. Pick an age longer than any write in flight.
   Result<uint64_t> RemoveStaleTempFiles(int64_t min_age_seconds);
+  Result<uint64_t> RemoveStaleTemp(int64_t min_age_seconds) override {
+    return RemoveStaleTempFiles(min_age_seconds);
+  }
 
   // Descriptor cache introspection, for tests and statistics.
   size_t CachedFdCount() const;

@@ -70,6 +70,14 @@ class ObjectStore {
   // A fresh local path where a large object can be spooled before PutFile
   // (inside the store for a local directory, so PutFile is a rename).
   virtual Result<std::string> NewTempPath() = 0;
+
+  // Deletes spool and temp files older than `min_age_seconds` left behind by
+  // writers that died. Returns how many were removed; stores without a temp
+  // area return 0.
+  virtual Result<uint64_t> RemoveStaleTemp(int64_t min_age_seconds) {
+    (void)min_age_seconds;
+    return uint64_t{0};
+  }
 };
 
 // Opens the store at `uri`: a local directory path, or s3://bucket/prefix.

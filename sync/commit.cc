@@ -20,6 +20,9 @@ using internal::InputFile;
 using internal::Spool;
 
 constexpr uint32_t kBlocksPerChunk = 64;
+// Manifest keys spell versions with at most 12 digits (ParseManifestKey); a
+// larger version's manifest would be written but never listed.
+constexpr uint64_t kMaxVersion = 999'999'999'999;
 
 // Reads exactly len bytes at offset.
 Status PreadAll(int fd, uint64_t offset, uint64_t len, uint8_t* dst, const std::string& path) {
@@ -91,11 +94,21 @@ Status Committer::Plan(const std::vector<InputFile>& files) {
   uint64_t version = latest_ ? *latest_ + 1 : 0;
   if (options_.version) {
     if (latest_ && *options_.version <= *latest_) {
+      ASSIGN_OR_RETURN(auto versions, store_->ListVersions());
+      if (versions.count(*options_.version)) {
+        return AlreadyExists("version " + std::to_string(*options_.version) +
+                             " already exists in store " + store_->uri() + " (latest is " +
+                             std::to_string(*latest_) + ")");
+      }
       return InvalidArgument("version " + std::to_string(*options_.version) +
                              " must be greater than the latest version " +
                              std::to_string(*latest_));
     }
     version = *options_.version;
+  }
+  if (version > kMaxVersion) {
+    return InvalidArgument("version " + std::to_string(version) + " is beyond the largest " +
+                           "version a store can hold, " + std::to_string(kMaxVersion));
   }
   manifest_.version = version;
   manifest_.created = NowRfc3339();
@@ -284,7 +297,11 @@ Status Committer::Publish() {
   v->manifest_bytes = std::move(text);
   v->manifest = manifest_;
   v->records = records_;
-  return store_->Remember(std::move(v));
+  // The version exists now: an error here must neither fail the commit (a
+  // retry would publish it twice) nor roll back the blobs it references. The
+  // index is only a cache, re-synced from the manifests on the next open.
+  store_->Remember(std::move(v)).IgnoreError();
+  return Status::Ok();
 }
 
 Result<CommitResult> Committer::Run(const std::string& dir) {

@@ -60,6 +60,13 @@ Result<ExportResult> ExportVersion(Store& store, uint64_t version, const std::st
   std::string tmp = out.string() + ".dte-export-" + std::to_string(::getpid());
   std::error_code ec;
   fs::remove_all(tmp, ec);
+  // The topmost ancestor this export creates, removed again on failure.
+  fs::path created = out.parent_path();
+  while (!created.empty() && !fs::exists(created.parent_path(), ec) &&
+         created.parent_path() != created) {
+    created = created.parent_path();
+  }
+  if (fs::exists(created, ec)) created.clear();
   if (!fs::create_directories(tmp, ec)) {
     return IOError("cannot create " + tmp + ": " + ec.message());
   }
@@ -81,7 +88,7 @@ Result<ExportResult> ExportVersion(Store& store, uint64_t version, const std::st
     }
   }
   if (!s.ok()) {
-    fs::remove_all(tmp, ec);
+    fs::remove_all(created.empty() ? fs::path(tmp) : created, ec);
     return s;
   }
   return r;

@@ -1,5 +1,6 @@
 #include "sync/gc.h"
 
+#include <algorithm>
 #include <ctime>
 #include <set>
 
@@ -52,6 +53,11 @@ Status Rebase(Store& store, const std::shared_ptr<const Version>& v,
         }
       }
     }
+    // An anchor's every element is new, as for a first import.
+    m.stats.changed_elements = m.stats.elements;
+    for (auto& f : m.files) {
+      for (auto& t : f.tensors) t.changed = t.elements();
+    }
     ASSIGN_OR_RETURN(m.block_table, sink.PutBytes(EncodeBlockTable(records)));
     m.stats.stored_bytes = sink.added_bytes();
     return store.objects().CreateExclusive(ManifestKey(m.version, m.revision), EncodeManifest(m));
@@ -83,9 +89,16 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
       r.versions_rebased++;
     }
   }
-  // 2. Drop manifests of removed versions and superseded revisions.
+  // 2. Drop manifests of removed versions and superseded revisions, newest
+  // first, so a crash in between never leaves a listed version whose parent
+  // manifest is already gone.
   ASSIGN_OR_RETURN(auto keys, store.objects().List("manifests/"));
   ASSIGN_OR_RETURN(versions, store.ListVersions());
+  std::sort(keys.begin(), keys.end(), [](const std::string& a, const std::string& b) {
+    auto pa = ParseManifestKey(a), pb = ParseManifestKey(b);
+    if (!pa || !pb) return a > b;
+    return *pa > *pb;
+  });
   for (const auto& key : keys) {
     auto parsed = ParseManifestKey(key);
     if (!parsed) continue;
@@ -113,6 +126,9 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
     r.blobs_deleted++;
     r.bytes_freed += size.value_or(0);
   }
+  // 4. Spool files of commits that died before handing them over.
+  ASSIGN_OR_RETURN(r.temp_files_deleted, store.objects().RemoveStaleTemp(
+                                             std::max<int64_t>(options.grace_seconds, 0)));
   RETURN_IF_ERROR(store.SyncIndex(false));
   return r;
 }

@@ -37,6 +37,7 @@ struct GcResult {
   uint64_t versions_rebased = 0;
   uint64_t blobs_deleted = 0;
   uint64_t bytes_freed = 0;
+  uint64_t temp_files_deleted = 0;  // stale spool files of dead commits
 };
 
 Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,

@@ -44,6 +44,19 @@ Status CheckBlob(ObjectStore& objects, const Hash128& hash, uint64_t size) {
   return Status::Ok();
 }
 
+// The index and the in-memory cache keep copies of manifests, so a version
+// loaded through them can look fine while the store's own manifest object is
+// damaged: compare it with the loaded bytes.
+Status CheckManifestObject(Store& store, const Version& v) {
+  const std::string what = store.uri() + "/" + v.key;
+  auto bytes = store.objects().Get(v.key);
+  if (!bytes.ok()) return bytes.status();
+  if (*bytes == v.manifest_bytes) return Status::Ok();
+  auto parsed = DecodeManifest(*bytes, what);
+  if (!parsed.ok()) return parsed.status();
+  return Corruption(what + ": differs from the copy this host has cached (manifests are immutable)");
+}
+
 }  // namespace
 
 Result<VerifyReport> VerifyStore(Store& store, std::optional<uint64_t> only,
@@ -67,6 +80,8 @@ Result<VerifyReport> VerifyStore(Store& store, std::optional<uint64_t> only,
         report.problems.push_back(v.status().message());
         break;
       }
+      Status object = CheckManifestObject(store, **v);
+      if (!object.ok()) report.problems.push_back(object.message());
       CollectBlobs(**v, &blobs);
       if (*cur == num) loaded.push_back(*v);
       cur = (*v)->manifest.parent;
@@ -99,6 +114,13 @@ Result<VerifyReport> VerifyStore(Store& store, std::optional<uint64_t> only,
                                 VersionName(*v->manifest.parent) + " is missing");
     }
   }
+  // The same damage can surface through several versions; report it once.
+  std::set<std::string> seen;
+  std::vector<std::string> unique;
+  for (auto& p : report.problems) {
+    if (seen.insert(p).second) unique.push_back(std::move(p));
+  }
+  report.problems = std::move(unique);
   return report;
 }
 

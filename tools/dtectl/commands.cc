@@ -129,6 +129,7 @@ int RunLog(const Common& c) {
   auto versions = (*store)->ListVersions();
   if (!versions.ok()) return Fail("log", versions.status());
   json out = json::array();
+  int worst = 0;
   if (!c.json) {
     std::printf("%-10s %-10s %-6s %8s %14s %10s %12s %12s %8s  %s\n", "VERSION", "PARENT",
                 "KIND", "TENSORS", "ELEMENTS", "CHANGED", "STORED", "DENSE", "RATIO",
@@ -136,7 +137,10 @@ int RunLog(const Common& c) {
   }
   for (const auto& [num, key] : *versions) {
     auto v = (*store)->GetVersionAt(num, key);
-    if (!v.ok()) return Fail("log", v.status());
+    if (!v.ok()) {  // show the others; the exit status reports the damage
+      worst = Fail("log", v.status());
+      continue;
+    }
     const Manifest& m = (*v)->manifest;
     if (c.json) {
       out.push_back(VersionJson(m));
@@ -157,7 +161,7 @@ int RunLog(const Common& c) {
                 m.created.c_str());
   }
   if (c.json) std::cout << out.dump(1) << "\n";
-  return 0;
+  return worst;
 }
 
 int RunExport(const Common& c, const std::string& version, const std::string& out) {
@@ -216,13 +220,15 @@ int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_r
     std::cout << json{{"kept", r->versions_kept},       {"removed", r->versions_removed},
                       {"rebased", r->versions_rebased}, {"blobs_deleted", r->blobs_deleted},
                       {"bytes_freed", r->bytes_freed},  {"dry_run", dry_run},
+                      {"temp_files_deleted", r->temp_files_deleted},
                       {"seconds", secs}}.dump()
               << "\n";
   } else {
     std::cout << "gc: " << (dry_run ? "would keep " : "kept ") << r->versions_kept
               << " versions, removed " << r->versions_removed << ", rebased "
               << r->versions_rebased << ", deleted " << r->blobs_deleted << " blobs ("
-              << HumanBytes(static_cast<double>(r->bytes_freed)) << ") in " << secs << " s\n";
+              << HumanBytes(static_cast<double>(r->bytes_freed)) << "), "
+              << r->temp_files_deleted << " stale temp files, in " << secs << " s\n";
   }
   return 0;
 }

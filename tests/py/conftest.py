@@ -1,0 +1,33 @@
+"""Shared fixtures for the dtectl end-to-end tests.
+
+Binaries come from $DTE_BUILD_DIR (default /work/main/build). Every test gets
+its own store and cache directory under pytest's tmp_path; checkpoint
+sequences are generated once per session and only read by the tests.
+"""
+
+import pytest
+
+from ckpt_util import CheckpointSequence
+from dtectl_util import Dtectl
+
+
+@pytest.fixture(scope="session")
+def ckpts(tmp_path_factory):
+    """The shared checkpoint sequence: step 0 is the initial policy."""
+    return CheckpointSequence(tmp_path_factory.mktemp("ckpts"))
+
+
+@pytest.fixture
+def dte(tmp_path):
+    """dtectl on an empty per-test store and cache."""
+    return Dtectl(tmp_path / "store", tmp_path / "cache")
+
+
+@pytest.fixture(scope="session")
+def base_store(tmp_path_factory, ckpts):
+    """A store holding steps 0 (anchor) and 1 (delta). Copy it before writing."""
+    root = tmp_path_factory.mktemp("base")
+    d = Dtectl(root / "store", root / "cache")
+    d.ok("import", ckpts.dir(0))
+    d.ok("commit", ckpts.dir(1))
+    return d
