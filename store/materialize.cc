@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <vector>
 
 namespace dte {
@@ -148,40 +149,110 @@ Status Materializer::ReadFile(const std::shared_ptr<const Version>& v, const Fil
   return ReadData(v, file, offset - file.header_size, len, dst);
 }
 
-Status Materializer::StreamTensor(const std::shared_ptr<const Version>& v, const FileEntry& file,
-                                  const TensorEntry& t, const Sink& sink) {
-  constexpr uint32_t kChunkBlocks = 64;
+namespace {
+
+constexpr uint64_t kStreamChunk = 16 << 20;
+
+struct ChunkItem {
+  const TensorEntry* tensor;
+  uint32_t block;
+  uint64_t at;  // offset in the chunk buffer
+};
+
+// Checks tensor hashes as consecutive data arrives, tensor by tensor.
+class TensorHashChecker {
+ public:
+  TensorHashChecker(const Version& v, const FileEntry& f) : v_(v), f_(f) {}
+
+  // Feeds bytes [offset, offset+len) of the data section.
+  Status Feed(uint64_t offset, const uint8_t* data, uint64_t len) {
+    while (next_ < f_.tensors.size() && (len > 0 || f_.tensors[next_].bytes() == 0)) {
+      const TensorEntry& t = f_.tensors[next_];
+      uint64_t n = std::min(len, t.end - offset);
+      hasher_.Update(data, n);
+      data += n;
+      offset += n;
+      len -= n;
+      if (offset < t.end) break;
+      if (hasher_.Finish() != t.hash) {
+        return Corruption(VersionName(v_.manifest.version) + "/" + f_.name + " tensor \"" +
+                          t.name + "\": content does not match the tensor hash");
+      }
+      hasher_ = Hasher128();
+      ++next_;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  const Version& v_;
+  const FileEntry& f_;
+  size_t next_ = 0;
+  Hasher128 hasher_;
+};
+
+}  // namespace
+
+Status Materializer::StreamData(const std::shared_ptr<const Version>& v, const FileEntry& file,
+                                const Sink& sink, bool check_tensor_hashes) {
   const uint64_t bb = v->manifest.block_bytes;
-  std::vector<uint8_t> chunk;
-  Hasher128 hasher;
-  for (uint32_t first = 0; first < t.blocks; first += kChunkBlocks) {
-    uint32_t count = std::min(kChunkBlocks, t.blocks - first);
-    uint64_t off = uint64_t{first} * bb;
-    uint64_t len = std::min<uint64_t>(uint64_t{count} * bb, t.bytes() - off);
+  // Two buffers: the sink consumes one chunk (on its own thread) while the
+  // pool materializes the next into the other.
+  std::vector<uint8_t> bufs[2];
+  int cur = 0;
+  std::future<Status> pending;
+  auto drain = [&]() { return pending.valid() ? pending.get() : Status::Ok(); };
+  std::vector<ChunkItem> items;
+  TensorHashChecker checker(*v, file);
+  size_t t = 0;
+  uint32_t b = 0;
+  uint64_t pos = 0;
+  Status s;
+  while (s.ok()) {
+    // Gather whole blocks, across tensors, until the chunk is full.
+    items.clear();
+    uint64_t len = 0;
+    for (; t < file.tensors.size(); ++t, b = 0) {
+      const TensorEntry& te = file.tensors[t];
+      for (; b < te.blocks; ++b) {
+        uint64_t blen = std::min(bb, te.bytes() - uint64_t{b} * bb);
+        if (len > 0 && len + blen > kStreamChunk) break;
+        items.push_back({&te, b, len});
+        len += blen;
+      }
+      if (b < te.blocks) break;
+    }
+    if (items.empty()) break;
+    std::vector<uint8_t>& chunk = bufs[cur];
     chunk.resize(len);
-    std::vector<Status> errors(count);
-    kernels::ParallelFor(count, 1, [&](size_t lo, size_t hi) {
+    std::vector<Status> errors(items.size());
+    kernels::ParallelFor(items.size(), 1, [&](size_t lo, size_t hi) {
       for (size_t i = lo; i < hi; ++i) {
-        errors[i] = ReadBlock(v, file, t, first + static_cast<uint32_t>(i), chunk.data() + i * bb);
+        errors[i] = ReadBlock(v, file, *items[i].tensor, items[i].block, chunk.data() + items[i].at);
       }
     });
-    for (const auto& e : errors) RETURN_IF_ERROR(e);
-    hasher.Update(chunk.data(), len);
-    if (first + count == t.blocks && hasher.Finish() != t.hash) {
-      return Corruption(VersionName(v->manifest.version) + "/" + file.name + " tensor \"" +
-                        t.name + "\": content does not match the tensor hash");
+    for (const auto& e : errors) {
+      if (s.ok()) s = e;
     }
-    RETURN_IF_ERROR(sink(file.header_size + t.begin + off, chunk.data(), len));
+    if (s.ok() && check_tensor_hashes) s = checker.Feed(pos, chunk.data(), len);
+    Status previous = drain();
+    if (s.ok()) s = previous;
+    if (!s.ok()) break;
+    const uint64_t at = file.header_size + pos;
+    pending = std::async(std::launch::async,
+                         [&sink, &chunk, at, len]() { return sink(at, chunk.data(), len); });
+    pos += len;
+    cur ^= 1;
   }
-  if (t.blocks == 0 && HashBytes(nullptr, 0) != t.hash) {
-    return Corruption(VersionName(v->manifest.version) + "/" + file.name + " tensor \"" + t.name +
-                      "\": empty tensor does not match the tensor hash");
-  }
-  return Status::Ok();
+  Status last = drain();  // never leave the sink running on our buffers
+  RETURN_IF_ERROR(s);
+  RETURN_IF_ERROR(last);
+  // Zero-size tensors at the end have hashes too.
+  return check_tensor_hashes ? checker.Feed(pos, nullptr, 0) : Status::Ok();
 }
 
 Status Materializer::StreamFile(const std::shared_ptr<const Version>& v, const FileEntry& file,
-                                const Sink& sink) {
+                                const Sink& sink, bool check_tensor_hashes) {
   std::string what = VersionName(v->manifest.version) + "/" + file.name;
   if (!file.safetensors) {
     ASSIGN_OR_RETURN(std::string bytes, ReadWholeBlob(file.blob, file.size, what));
@@ -190,8 +261,7 @@ Status Materializer::StreamFile(const std::shared_ptr<const Version>& v, const F
   ASSIGN_OR_RETURN(std::string header,
                    ReadWholeBlob(file.header_blob, file.header_size, what + " header"));
   RETURN_IF_ERROR(sink(0, reinterpret_cast<const uint8_t*>(header.data()), header.size()));
-  for (const auto& t : file.tensors) RETURN_IF_ERROR(StreamTensor(v, file, t, sink));
-  return Status::Ok();
+  return StreamData(v, file, sink, check_tensor_hashes);
 }
 
 }  // namespace dte

@@ -48,21 +48,24 @@ class Materializer {
 
   // Streams the whole file in order to `sink(file_offset, data, len)`: a
   // safetensors file's header as one piece, then its data section in chunks
-  // whose blocks are materialized in parallel. Besides every block hash, each
-  // tensor's XXH3-128 (and a raw file's) is checked. A block that fails is
-  // never passed on; a tensor hash mismatch fails on the tensor's last chunk,
-  // so callers that must not expose a partial result write to a temp place.
+  // of up to 16 MiB (across tensor boundaries) whose blocks are materialized
+  // in parallel; `sink` runs on a helper thread, one call at a time, while
+  // the next chunk is materialized. Every block is checked against its hash before it is passed
+  // on, and a raw file against its blob hash. With `check_tensor_hashes`
+  // each tensor's XXH3-128 is checked too; a mismatch fails on the chunk
+  // that ends the tensor, so callers that must not expose a partial result
+  // write to a temp place.
   using Sink = std::function<Status(uint64_t, const uint8_t*, size_t)>;
   Status StreamFile(const std::shared_ptr<const Version>& v, const FileEntry& file,
-                    const Sink& sink);
+                    const Sink& sink, bool check_tensor_hashes = true);
 
   ReadCounters& counters() { return counters_; }
 
  private:
   Status ReadData(const std::shared_ptr<const Version>& v, const FileEntry& file, uint64_t offset,
                   uint64_t len, uint8_t* dst);
-  Status StreamTensor(const std::shared_ptr<const Version>& v, const FileEntry& file,
-                      const TensorEntry& t, const Sink& sink);
+  Status StreamData(const std::shared_ptr<const Version>& v, const FileEntry& file,
+                    const Sink& sink, bool check_tensor_hashes);
   Status ReadRecord(const Version& v, const BlockRecord& rec, std::string* out,
                     const std::string& what);
 

@@ -10,6 +10,7 @@ tools/setup.sh build
 if [ -x tests/fuzz/run_fuzzers.sh ]; then
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTE_FUZZ=ON \
     -DDTE_CUDA=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+  ninja -C build-fuzz -j "$(nproc)" safetensors_header_fuzz delta_block_fuzz
   tests/fuzz/run_fuzzers.sh build-fuzz "${FUZZ_SECONDS:-30}"
 fi
 
