@@ -12,8 +12,21 @@
 namespace dte {
 
 enum class DType : uint8_t {
-  kBool, kU8, kI8, kF8E4M3, kF8E5M2, kU16, kI16, kF16, kBF16,
-  kU32, kI32, kF32, kU64, kI64, kF64,
+  kBool,
+  kU8,
+  kI8,
+  kF8E4M3,
+  kF8E5M2,
+  kU16,
+  kI16,
+  kF16,
+  kBF16,
+  kU32,
+  kI32,
+  kF32,
+  kU64,
+  kI64,
+  kF64,
 };
 
 // The safetensors spelling ("BF16", "F8_E4M3", ...), or nullopt if unknown.

@@ -43,9 +43,12 @@ std::optional<uint64_t> FromHex64(std::string_view hex) {
   uint64_t v = 0;
   for (char c : hex) {
     int d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return std::nullopt;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else
+      return std::nullopt;
     v = (v << 4) | static_cast<uint64_t>(d);
   }
   return v;

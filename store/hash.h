@@ -24,7 +24,7 @@ struct Hash128 {
 
 uint64_t HashBlock(const void* data, size_t len);  // XXH3-64, seed 0
 Hash128 HashBytes(const void* data, size_t len);   // XXH3-128, seed 0
-std::string Hex64(uint64_t h);                      // 16 hex digits
+std::string Hex64(uint64_t h);                     // 16 hex digits
 std::optional<uint64_t> FromHex64(std::string_view hex);
 
 // Streaming XXH3-128: Update() over consecutive pieces gives HashBytes() of

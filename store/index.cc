@@ -101,7 +101,8 @@ class RocksIndex final : public Index {
   Result<std::optional<std::pair<uint32_t, uint32_t>>> FindTensor(
       uint64_t version, const std::string& file, const std::string& tensor) override {
     std::string v;
-    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), Key('t', version, file + '\0' + tensor), &v);
+    rocksdb::Status s =
+        db_->Get(rocksdb::ReadOptions(), Key('t', version, file + '\0' + tensor), &v);
     if (s.IsNotFound()) return std::optional<std::pair<uint32_t, uint32_t>>();
     RETURN_IF_ERROR(FromRocks(s, "index " + dir_ + ": tensor " + tensor));
     if (v.size() != 8) return Corruption("index " + dir_ + ": bad tensor entry for " + tensor);
@@ -138,7 +139,10 @@ class RocksIndex final : public Index {
  private:
   Status DeleteRanges(uint64_t version, rocksdb::WriteBatch* batch) {
     for (char tag : {'v', 'm', 'k', 'f', 't'}) {
-      rocksdb::Status s = batch->DeleteRange(Key(tag, version), Key(tag, version + 1));
+      // The end of the last version's range is the next tag (version + 1 wraps).
+      std::string end = version == UINT64_MAX ? std::string(1, static_cast<char>(tag + 1))
+                                              : Key(tag, version + 1);
+      rocksdb::Status s = batch->DeleteRange(Key(tag, version), end);
       RETURN_IF_ERROR(FromRocks(s, "index " + dir_));
     }
     return Status::Ok();
@@ -165,8 +169,12 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& dir) {
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(options, dir, &raw);
   if (!s.ok()) {
+    // RocksDB says "lock" only in its message; take the path out first, so a
+    // directory such as /data/blockstore is not mistaken for a held lock.
     std::string msg = s.ToString();
-    if (msg.find("lock") != std::string::npos || msg.find("Resource temporarily") != std::string::npos) {
+    for (size_t at; (at = msg.find(dir)) != std::string::npos;) msg.erase(at, dir.size());
+    if (s.IsIOError() && (msg.find("lock") != std::string::npos ||
+                          msg.find("Resource temporarily") != std::string::npos)) {
       return Busy("cache index " + dir +
                   " is in use by another dte process (a running dtefs or dtectl); "
                   "wait for it or use another --cache-dir");

@@ -27,9 +27,9 @@ namespace dte {
 class Index {
  public:
   struct Entry {
-    std::string manifest_key;   // e.g. "manifests/v00000003.json"
-    std::string manifest;       // its bytes
-    std::string block_table;    // the block table blob's bytes
+    std::string manifest_key;  // e.g. "manifests/v00000003.json"
+    std::string manifest;      // its bytes
+    std::string block_table;   // the block table blob's bytes
   };
 
   // Opens (creating) the index in `dir`.

@@ -6,11 +6,12 @@
 //   record := kind:u8 pad:u8[3] blob:u32 offset:u64 length:u32 changed:u32 hash:u64
 #include "store/manifest.h"
 
-#include <ctime>
 #include <cstring>
-#include <set>
-
+#include <ctime>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <type_traits>
 
 namespace dte {
 namespace {
@@ -39,10 +40,14 @@ json BlobJson(const BlobRef& b) {
 }
 
 json TensorJson(const TensorEntry& t) {
-  return json{{"name", t.name},         {"dtype", DTypeName(t.dtype)},
-              {"shape", t.shape},       {"offsets", {t.begin, t.end}},
-              {"hash", t.hash.Hex()},   {"changed", t.changed},
-              {"first_block", t.first_block}, {"blocks", t.blocks}};
+  return json{{"name", t.name},
+              {"dtype", DTypeName(t.dtype)},
+              {"shape", t.shape},
+              {"offsets", {t.begin, t.end}},
+              {"hash", t.hash.Hex()},
+              {"changed", t.changed},
+              {"first_block", t.first_block},
+              {"blocks", t.blocks}};
 }
 
 json FileJson(const FileEntry& f) {
@@ -59,11 +64,40 @@ json FileJson(const FileEntry& f) {
   return j;
 }
 
+template <typename T>
+struct IsVector : std::false_type {};
+template <typename U>
+struct IsVector<std::vector<U>> : std::true_type {};
+
+// True if v is a JSON value of T's kind whose value T holds exactly. get<>()
+// alone would turn -1 into 2^64-1, 2^32+1 into 1 for a uint32_t, 1.5 into 1.
+template <typename T>
+bool Representable(const json& v) {
+  if constexpr (IsVector<T>::value) {
+    if (!v.is_array()) return false;
+    for (const auto& e : v) {
+      if (!Representable<typename T::value_type>(e)) return false;
+    }
+    return true;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return v.is_boolean();
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!v.is_number_integer()) return false;
+    if (!v.is_number_unsigned()) return std::is_signed_v<T>;  // a negative number
+    return v.template get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  } else {
+    return true;  // strings: get<>() checks the type
+  }
+}
+
 // Reads j[key] as T, or fails naming the key.
 template <typename T>
 Status Field(const json& j, const char* key, T* out, const std::string& what) {
   auto it = j.find(key);
   if (it == j.end()) return Corruption(what + ": missing field \"" + key + "\"");
+  if (!Representable<T>(*it)) {
+    return Corruption(what + ": field \"" + key + "\" has the wrong type or is out of range");
+  }
   try {
     *out = it->get<T>();
   } catch (const json::exception&) {
@@ -294,9 +328,9 @@ Result<std::vector<BlockRecord>> DecodeBlockTable(std::string_view b, const std:
     if (kind > static_cast<uint8_t>(BlockKind::kSparse)) {
       return Corruption(what + ": record " + std::to_string(i) + " has an unknown kind");
     }
-    out[i] = BlockRecord{static_cast<BlockKind>(kind), GetLE<uint32_t>(p + 4),
-                         GetLE<uint64_t>(p + 8),      GetLE<uint32_t>(p + 16),
-                         GetLE<uint32_t>(p + 20),     GetLE<uint64_t>(p + 24)};
+    out[i] =
+        BlockRecord{static_cast<BlockKind>(kind), GetLE<uint32_t>(p + 4),  GetLE<uint64_t>(p + 8),
+                    GetLE<uint32_t>(p + 16),      GetLE<uint32_t>(p + 20), GetLE<uint64_t>(p + 24)};
   }
   return out;
 }
@@ -341,7 +375,8 @@ std::optional<std::pair<uint64_t, uint32_t>> ParseManifestKey(std::string_view k
   if (dot != std::string_view::npos && (!digits(key.substr(dot + 2), &revision) || revision == 0)) {
     return std::nullopt;
   }
-  if (ManifestKey(version, static_cast<uint32_t>(revision)) != "manifests/v" + std::string(key) + ".json") {
+  if (ManifestKey(version, static_cast<uint32_t>(revision)) !=
+      "manifests/v" + std::string(key) + ".json") {
     return std::nullopt;  // non-canonical spelling, e.g. leading zeros in the revision
   }
   return std::make_pair(version, static_cast<uint32_t>(revision));

@@ -30,8 +30,8 @@ inline constexpr uint64_t kDefaultBlockBytes = 256 * 1024;
 
 struct BlockRecord {
   BlockKind kind = BlockKind::kSame;
-  uint32_t blob = 0;     // index into Manifest::blobs (unused for kSame)
-  uint64_t offset = 0;   // payload bytes [offset, offset + length) of that blob
+  uint32_t blob = 0;    // index into Manifest::blobs (unused for kSame)
+  uint64_t offset = 0;  // payload bytes [offset, offset + length) of that blob
   uint32_t length = 0;
   uint32_t changed = 0;  // elements that differ from the parent's block
   uint64_t hash = 0;     // XXH3-64 of the block's full content at this version
@@ -78,8 +78,8 @@ struct Manifest {
   std::string created;             // RFC 3339, UTC
   uint64_t block_bytes = kDefaultBlockBytes;
   BlobRef block_table;
-  std::vector<BlobRef> blobs;      // payload blobs that block records point into
-  std::vector<FileEntry> files;    // sorted by name
+  std::vector<BlobRef> blobs;    // payload blobs that block records point into
+  std::vector<FileEntry> files;  // sorted by name
   VersionStats stats;
   bool anchor() const { return !parent.has_value(); }
 };

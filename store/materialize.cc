@@ -1,11 +1,11 @@
 #include "store/materialize.h"
 
-#include "kernels/parallel.h"
-
 #include <algorithm>
 #include <cstring>
 #include <future>
 #include <vector>
+
+#include "kernels/parallel.h"
 
 namespace dte {
 namespace {
@@ -28,8 +28,8 @@ Result<std::string> Materializer::ReadWholeBlob(const Hash128& blob, uint64_t si
   if (!bytes.ok()) return bytes.status().WithContext(what);
   if (bytes->size() != size || HashBytes(bytes->data(), bytes->size()) != blob) {
     return Corruption(what + ": blob " + blob.Hex() + " does not match its hash (" +
-                      std::to_string(bytes->size()) + " bytes, expected " +
-                      std::to_string(size) + ")");
+                      std::to_string(bytes->size()) + " bytes, expected " + std::to_string(size) +
+                      ")");
   }
   return bytes;
 }
@@ -137,8 +137,8 @@ Status Materializer::ReadFile(const std::shared_ptr<const Version>& v, const Fil
     return Status::Ok();
   }
   if (offset < file.header_size) {
-    ASSIGN_OR_RETURN(std::string header, ReadWholeBlob(file.header_blob, file.header_size,
-                                                       what + " header"));
+    ASSIGN_OR_RETURN(std::string header,
+                     ReadWholeBlob(file.header_blob, file.header_size, what + " header"));
     uint64_t n = std::min(len, file.header_size - offset);
     std::memcpy(dst, header.data() + offset, n);
     offset += n;
@@ -175,8 +175,8 @@ class TensorHashChecker {
       len -= n;
       if (offset < t.end) break;
       if (hasher_.Finish() != t.hash) {
-        return Corruption(VersionName(v_.manifest.version) + "/" + f_.name + " tensor \"" +
-                          t.name + "\": content does not match the tensor hash");
+        return Corruption(VersionName(v_.manifest.version) + "/" + f_.name + " tensor \"" + t.name +
+                          "\": content does not match the tensor hash");
       }
       hasher_ = Hasher128();
       ++next_;
@@ -228,7 +228,8 @@ Status Materializer::StreamData(const std::shared_ptr<const Version>& v, const F
     std::vector<Status> errors(items.size());
     kernels::ParallelFor(items.size(), 1, [&](size_t lo, size_t hi) {
       for (size_t i = lo; i < hi; ++i) {
-        errors[i] = ReadBlock(v, file, *items[i].tensor, items[i].block, chunk.data() + items[i].at);
+        errors[i] =
+            ReadBlock(v, file, *items[i].tensor, items[i].block, chunk.data() + items[i].at);
       }
     });
     for (const auto& e : errors) {

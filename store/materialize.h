@@ -22,10 +22,10 @@
 namespace dte {
 
 struct ReadCounters {
-  std::atomic<uint64_t> blocks{0};          // blocks materialized
-  std::atomic<uint64_t> records{0};         // dense or sparse records decoded
-  std::atomic<uint64_t> payload_bytes{0};   // record bytes read from blobs
-  std::atomic<uint64_t> hash_failures{0};   // blocks whose content hash did not match
+  std::atomic<uint64_t> blocks{0};         // blocks materialized
+  std::atomic<uint64_t> records{0};        // dense or sparse records decoded
+  std::atomic<uint64_t> payload_bytes{0};  // record bytes read from blobs
+  std::atomic<uint64_t> hash_failures{0};  // blocks whose content hash did not match
 };
 
 class Materializer {

@@ -6,15 +6,24 @@ namespace dte {
 
 const char* CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "OK";
-    case Code::kInvalidArgument: return "invalid argument";
-    case Code::kNotFound: return "not found";
-    case Code::kAlreadyExists: return "already exists";
-    case Code::kCorruption: return "corruption";
-    case Code::kIOError: return "I/O error";
-    case Code::kBusy: return "busy";
-    case Code::kUnimplemented: return "unimplemented";
-    case Code::kInternal: return "internal error";
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidArgument:
+      return "invalid argument";
+    case Code::kNotFound:
+      return "not found";
+    case Code::kAlreadyExists:
+      return "already exists";
+    case Code::kCorruption:
+      return "corruption";
+    case Code::kIOError:
+      return "I/O error";
+    case Code::kBusy:
+      return "busy";
+    case Code::kUnimplemented:
+      return "unimplemented";
+    case Code::kInternal:
+      return "internal error";
   }
   return "unknown";
 }

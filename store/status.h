@@ -67,7 +67,7 @@ Status ErrnoStatus(const std::string& what, int err);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {}  // NOLINT: must be non-OK
 
   bool ok() const { return std::holds_alternative<T>(v_); }
@@ -92,10 +92,10 @@ class [[nodiscard]] Result {
 #define DTE_CONCAT_INNER(a, b) a##b
 #define DTE_CONCAT(a, b) DTE_CONCAT_INNER(a, b)
 
-#define RETURN_IF_ERROR(expr)                   \
-  do {                                          \
-    ::dte::Status dte_status_ = (expr);         \
-    if (!dte_status_.ok()) return dte_status_;  \
+#define RETURN_IF_ERROR(expr)                  \
+  do {                                         \
+    ::dte::Status dte_status_ = (expr);        \
+    if (!dte_status_.ok()) return dte_status_; \
   } while (0)
 
 #define ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-
 #include <nlohmann/json.hpp>
 
 namespace dte {
@@ -50,8 +49,8 @@ Status CheckBlockTable(const Manifest& m, const std::vector<BlockRecord>& record
         if (r >= records.size()) return Corruption(what + ": block table is too short");
         const BlockRecord& rec = records[r];
         uint64_t len = std::min<uint64_t>(m.block_bytes, t.bytes() - uint64_t{b} * m.block_bytes);
-        std::string where = what + ": " + f.name + " tensor \"" + t.name + "\" block " +
-                            std::to_string(b);
+        std::string where =
+            what + ": " + f.name + " tensor \"" + t.name + "\" block " + std::to_string(b);
         if (m.anchor() && (rec.kind == BlockKind::kSame || rec.kind == BlockKind::kSparse)) {
           return Corruption(where + " refers to a parent, but the version is an anchor");
         }
@@ -88,7 +87,9 @@ Status Store::Init() {
       return NotFound("store " + options_.uri + " is not a dte store (no " + kStoreMarkerKey +
                       "; create one with dtectl import)");
     }
-    nlohmann::json j{{"format", "dte-store"}, {"format_version", 1}, {"store_id", RandomId()},
+    nlohmann::json j{{"format", "dte-store"},
+                     {"format_version", 1},
+                     {"store_id", RandomId()},
                      {"created", NowRfc3339()}};
     Status s = objects_->CreateExclusive(kStoreMarkerKey, j.dump(1) + "\n");
     if (!s.ok() && s.code() != Code::kAlreadyExists) return s;

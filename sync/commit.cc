@@ -172,8 +172,8 @@ Status Committer::ProcessChunk(int fd, const InputFile& in, const FileEntry& ent
     for (size_t i = lo; i < hi && errors[i].ok(); ++i) {
       uint32_t b = first + static_cast<uint32_t>(i);
       uint8_t* now = chunk_.data() + i * bb;
-      errors[i] = PreadAll(fd, in.header.data_offset + t.begin + uint64_t{b} * bb, blen(b), now,
-                           in.path);
+      errors[i] =
+          PreadAll(fd, in.header.data_offset + t.begin + uint64_t{b} * bb, blen(b), now, in.path);
       if (!errors[i].ok()) break;
       records_[t.first_block + b].hash = HashBlock(now, blen(b));
       if (!parent) continue;
@@ -236,8 +236,7 @@ Status Committer::StoreTensor(int fd, const InputFile& in, FileEntry* entry, Ten
   return Status::Ok();
 }
 
-Status Committer::StoreSafetensors(const InputFile& in, FileEntry* entry,
-                                   const FileEntry* parent) {
+Status Committer::StoreSafetensors(const InputFile& in, FileEntry* entry, const FileEntry* parent) {
   ASSIGN_OR_RETURN(BlobRef header, sink_.PutBytes(in.header_bytes));
   entry->header_blob = header.hash;
   Progress(in.header_bytes.size());
@@ -280,8 +279,7 @@ Status Committer::Publish() {
   ASSIGN_OR_RETURN(auto latest, store_->Latest());
   if (latest != latest_) {
     return AlreadyExists("the store's latest version changed (now " +
-                         (latest ? VersionName(*latest) : std::string("none")) +
-                         ") while " +
+                         (latest ? VersionName(*latest) : std::string("none")) + ") while " +
                          VersionName(manifest_.version) +
                          " was being built by this publisher; retry the commit");
   }

@@ -34,8 +34,8 @@ Status CheckOutputDir(const std::string& out_dir) {
   return Status::Ok();
 }
 
-Status ExportFile(Materializer& reader, const std::shared_ptr<const Version>& v,
-                  const FileEntry& f, const std::string& dir, uint64_t* done, uint64_t total,
+Status ExportFile(Materializer& reader, const std::shared_ptr<const Version>& v, const FileEntry& f,
+                  const std::string& dir, uint64_t* done, uint64_t total,
                   const std::function<void(uint64_t, uint64_t)>& progress) {
   std::string path = dir + "/" + f.name;
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);

@@ -47,8 +47,8 @@ Status Rebase(Store& store, const std::shared_ptr<const Version>& v,
           r.kind = BlockKind::kDenseRaw;
           r.blob = blob;
           r.offset = t.begin + uint64_t{b} * m.block_bytes;
-          r.length = static_cast<uint32_t>(std::min<uint64_t>(m.block_bytes,
-                                                              t.bytes() - r.offset + t.begin));
+          r.length = static_cast<uint32_t>(
+              std::min<uint64_t>(m.block_bytes, t.bytes() - r.offset + t.begin));
           r.changed = 0;
         }
       }
@@ -74,7 +74,8 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
   GcResult r;
   ASSIGN_OR_RETURN(auto versions, store.ListVersions());
   std::set<uint64_t> keep;
-  for (auto it = versions.rbegin(); it != versions.rend() && keep.size() < options.keep_last; ++it) {
+  for (auto it = versions.rbegin(); it != versions.rend() && keep.size() < options.keep_last;
+       ++it) {
     keep.insert(it->first);
   }
   r.versions_kept = keep.size();
@@ -127,8 +128,8 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
     r.bytes_freed += size.value_or(0);
   }
   // 4. Spool files of commits that died before handing them over.
-  ASSIGN_OR_RETURN(r.temp_files_deleted, store.objects().RemoveStaleTemp(
-                                             std::max<int64_t>(options.grace_seconds, 0)));
+  ASSIGN_OR_RETURN(r.temp_files_deleted,
+                   store.objects().RemoveStaleTemp(std::max<int64_t>(options.grace_seconds, 0)));
   RETURN_IF_ERROR(store.SyncIndex(false));
   return r;
 }

@@ -54,7 +54,8 @@ Status CheckManifestObject(Store& store, const Version& v) {
   if (*bytes == v.manifest_bytes) return Status::Ok();
   auto parsed = DecodeManifest(*bytes, what);
   if (!parsed.ok()) return parsed.status();
-  return Corruption(what + ": differs from the copy this host has cached (manifests are immutable)");
+  return Corruption(what +
+                    ": differs from the copy this host has cached (manifests are immutable)");
 }
 
 }  // namespace
@@ -73,7 +74,7 @@ Result<VerifyReport> VerifyStore(Store& store, std::optional<uint64_t> only,
   for (const auto& [num, key] : versions) {
     if (only && num != *only) continue;
     // With one version selected, its whole parent chain is checked too.
-    for (std::optional<uint64_t> cur = num; cur; ) {
+    for (std::optional<uint64_t> cur = num; cur;) {
       if (!chain.insert(*cur).second) break;
       auto v = store.GetVersion(*cur);
       if (!v.ok()) {
@@ -102,9 +103,8 @@ Result<VerifyReport> VerifyStore(Store& store, std::optional<uint64_t> only,
   for (const auto& v : loaded) {
     report.versions++;
     for (const auto& f : v->manifest.files) {
-      Status s = reader.StreamFile(v, f, [](uint64_t, const uint8_t*, size_t) {
-        return Status::Ok();
-      });
+      Status s =
+          reader.StreamFile(v, f, [](uint64_t, const uint8_t*, size_t) { return Status::Ok(); });
       if (!s.ok()) report.problems.push_back(s.message());
       report.files++;
       report.tensors += f.tensors.size();

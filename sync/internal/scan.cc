@@ -14,7 +14,8 @@ namespace {
 constexpr char kIndexName[] = "model.safetensors.index.json";
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 Result<std::string> ReadSmallFile(const std::string& path) {

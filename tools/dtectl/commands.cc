@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-
 #include <nlohmann/json.hpp>
 
 #include "store/store.h"
@@ -111,8 +110,8 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
     return 0;
   }
   std::cout << r->version << "\n";
-  std::string kind = r->parent ? "delta of " + VersionName(*r->parent)
-                               : "anchor: " + r->anchor_reason;
+  std::string kind =
+      r->parent ? "delta of " + VersionName(*r->parent) : "anchor: " + r->anchor_reason;
   std::cerr << cmd << ": " << VersionName(r->version) << " (" << kind << "), "
             << Percent(r->changed_elements, r->elements) << " of " << r->elements
             << " elements changed, stored " << HumanBytes(static_cast<double>(r->stored_bytes))
@@ -131,9 +130,8 @@ int RunLog(const Common& c) {
   json out = json::array();
   int worst = 0;
   if (!c.json) {
-    std::printf("%-10s %-10s %-6s %8s %14s %10s %12s %12s %8s  %s\n", "VERSION", "PARENT",
-                "KIND", "TENSORS", "ELEMENTS", "CHANGED", "STORED", "DENSE", "RATIO",
-                "CREATED");
+    std::printf("%-10s %-10s %-6s %8s %14s %10s %12s %12s %8s  %s\n", "VERSION", "PARENT", "KIND",
+                "TENSORS", "ELEMENTS", "CHANGED", "STORED", "DENSE", "RATIO", "CREATED");
   }
   for (const auto& [num, key] : *versions) {
     auto v = (*store)->GetVersionAt(num, key);
@@ -151,9 +149,9 @@ int RunLog(const Common& c) {
                   m.stats.stored_bytes ? static_cast<double>(m.stats.dense_bytes) /
                                              static_cast<double>(m.stats.stored_bytes)
                                        : 0.0);
-    std::printf("%-10s %-10s %-6s %8llu %14llu %10s %12s %12s %8s  %s\n",
-                VersionName(num).c_str(), m.parent ? VersionName(*m.parent).c_str() : "-",
-                m.anchor() ? "anchor" : "delta", static_cast<unsigned long long>(m.stats.tensors),
+    std::printf("%-10s %-10s %-6s %8llu %14llu %10s %12s %12s %8s  %s\n", VersionName(num).c_str(),
+                m.parent ? VersionName(*m.parent).c_str() : "-", m.anchor() ? "anchor" : "delta",
+                static_cast<unsigned long long>(m.stats.tensors),
                 static_cast<unsigned long long>(m.stats.elements),
                 Percent(m.stats.changed_elements, m.stats.elements).c_str(),
                 HumanBytes(static_cast<double>(m.stats.stored_bytes)).c_str(),
@@ -174,13 +172,17 @@ int RunExport(const Common& c, const std::string& version, const std::string& ou
   double secs = progress.Finish();
   if (!r.ok()) return Fail("export", r.status());
   if (c.json) {
-    std::cout << json{{"version", r->version}, {"files", r->files}, {"bytes", r->bytes},
-                      {"seconds", secs}, {"out", out}}.dump()
+    std::cout << json{{"version", r->version},
+                      {"files", r->files},
+                      {"bytes", r->bytes},
+                      {"seconds", secs},
+                      {"out", out}}
+                     .dump()
               << "\n";
   } else {
     std::cout << "export: " << VersionName(r->version) << " -> " << out << ", " << r->files
-              << " files, " << HumanBytes(static_cast<double>(r->bytes)) << " in " << secs
-              << " s (" << Rate(r->bytes, secs) << ")\n";
+              << " files, " << HumanBytes(static_cast<double>(r->bytes)) << " in " << secs << " s ("
+              << Rate(r->bytes, secs) << ")\n";
   }
   return 0;
 }
@@ -194,16 +196,17 @@ int RunVerify(const Common& c, std::optional<uint64_t> version) {
   if (!r.ok()) return Fail("verify", r.status());
   for (const auto& p : r->problems) std::cerr << "dtectl verify: problem: " << p << "\n";
   if (c.json) {
-    std::cout << json{{"ok", r->ok()},         {"versions", r->versions},
-                      {"blobs", r->blobs},     {"blob_bytes", r->blob_bytes},
-                      {"files", r->files},     {"tensors", r->tensors},
-                      {"problems", r->problems}, {"seconds", secs}}.dump()
+    std::cout << json{{"ok", r->ok()},           {"versions", r->versions},
+                      {"blobs", r->blobs},       {"blob_bytes", r->blob_bytes},
+                      {"files", r->files},       {"tensors", r->tensors},
+                      {"problems", r->problems}, {"seconds", secs}}
+                     .dump()
               << "\n";
   } else {
-    std::cout << "verify: " << (r->ok() ? "ok" : "FAILED") << ", " << r->versions
-              << " versions, " << r->files << " files, " << r->tensors << " tensors, "
-              << r->blobs << " blobs (" << HumanBytes(static_cast<double>(r->blob_bytes))
-              << "), " << r->problems.size() << " problems, " << secs << " s\n";
+    std::cout << "verify: " << (r->ok() ? "ok" : "FAILED") << ", " << r->versions << " versions, "
+              << r->files << " files, " << r->tensors << " tensors, " << r->blobs << " blobs ("
+              << HumanBytes(static_cast<double>(r->blob_bytes)) << "), " << r->problems.size()
+              << " problems, " << secs << " s\n";
   }
   return r->ok() ? 0 : 4;
 }
@@ -217,18 +220,22 @@ int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_r
   double secs = progress.Finish();
   if (!r.ok()) return Fail("gc", r.status());
   if (c.json) {
-    std::cout << json{{"kept", r->versions_kept},       {"removed", r->versions_removed},
-                      {"rebased", r->versions_rebased}, {"blobs_deleted", r->blobs_deleted},
-                      {"bytes_freed", r->bytes_freed},  {"dry_run", dry_run},
+    std::cout << json{{"kept", r->versions_kept},
+                      {"removed", r->versions_removed},
+                      {"rebased", r->versions_rebased},
+                      {"blobs_deleted", r->blobs_deleted},
+                      {"bytes_freed", r->bytes_freed},
+                      {"dry_run", dry_run},
                       {"temp_files_deleted", r->temp_files_deleted},
-                      {"seconds", secs}}.dump()
+                      {"seconds", secs}}
+                     .dump()
               << "\n";
   } else {
     std::cout << "gc: " << (dry_run ? "would keep " : "kept ") << r->versions_kept
-              << " versions, removed " << r->versions_removed << ", rebased "
-              << r->versions_rebased << ", deleted " << r->blobs_deleted << " blobs ("
-              << HumanBytes(static_cast<double>(r->bytes_freed)) << "), "
-              << r->temp_files_deleted << " stale temp files, in " << secs << " s\n";
+              << " versions, removed " << r->versions_removed << ", rebased " << r->versions_rebased
+              << ", deleted " << r->blobs_deleted << " blobs ("
+              << HumanBytes(static_cast<double>(r->bytes_freed)) << "), " << r->temp_files_deleted
+              << " stale temp files, in " << secs << " s\n";
   }
   return 0;
 }
@@ -247,8 +254,8 @@ int RunReindex(const Common& c) {
     std::cout << json{{"versions", versions->size()}, {"index", (*store)->CachePath()}}.dump()
               << "\n";
   } else {
-    std::cout << "reindex: " << versions->size() << " versions indexed in "
-              << (*store)->CachePath() << "/index\n";
+    std::cout << "reindex: " << versions->size() << " versions indexed in " << (*store)->CachePath()
+              << "/index\n";
   }
   return 0;
 }

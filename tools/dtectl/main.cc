@@ -1,8 +1,7 @@
 // dtectl: import, commit, log, export, verify, gc and reindex dte stores.
+#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
-
-#include <CLI/CLI.hpp>
 
 #include "tools/dtectl/commands.h"
 
