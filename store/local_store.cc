@@ -86,7 +86,9 @@ Result<ScopedFd> CreateTempFile(const std::string& path, const std::string& tmp_
 
 Status WriteAll(int fd, const char* data, size_t len, const std::string& path) {
   while (len > 0) {
-    ssize_t n = ::write(fd, data, len);
+    // At most 1 MiB per write(2): larger single writes into the page cache
+    // are much slower here (see sync/export.cc).
+    ssize_t n = ::write(fd, data, std::min<size_t>(len, 1 << 20));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoStatus("write " + path, errno);
     data += n;

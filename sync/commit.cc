@@ -333,10 +333,10 @@ Result<CommitResult> Committer::Run(const std::string& dir) {
     }
     return Publish();
   }();
-  if (!s.ok()) {
-    if (s.code() != Code::kAlreadyExists) sink_.Rollback();
-    return s;
-  }
+  // A failed commit leaves the blobs it added: another publisher may have
+  // found and reused one meanwhile, so deleting them could break its
+  // version. gc removes them once they are older than its grace window.
+  if (!s.ok()) return s;
   CommitResult r;
   r.version = manifest_.version;
   r.parent = manifest_.parent;

@@ -62,8 +62,7 @@ Status Rebase(Store& store, const std::shared_ptr<const Version>& v,
     m.stats.stored_bytes = sink.added_bytes();
     return store.objects().CreateExclusive(ManifestKey(m.version, m.revision), EncodeManifest(m));
   }();
-  if (!s.ok()) sink.Rollback();
-  return s;
+  return s;  // on failure, what it added is swept like any unreferenced blob
 }
 
 }  // namespace
@@ -127,9 +126,11 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
     r.blobs_deleted++;
     r.bytes_freed += size.value_or(0);
   }
-  // 4. Spool files of commits that died before handing them over.
-  ASSIGN_OR_RETURN(r.temp_files_deleted,
-                   store.objects().RemoveStaleTemp(std::max<int64_t>(options.grace_seconds, 0)));
+  // 4. Spool files of commits that died before handing them over. A live
+  // commit may leave its spool untouched for a long time (small deltas are
+  // written in one piece at the end), so these get at least an hour.
+  ASSIGN_OR_RETURN(r.temp_files_deleted, store.objects().RemoveStaleTemp(std::max<int64_t>(
+                                             options.grace_seconds, kMinTempAgeSeconds)));
   RETURN_IF_ERROR(store.SyncIndex(false));
   return r;
 }

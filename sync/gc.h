@@ -25,6 +25,9 @@ namespace dte {
 
 class Store;
 
+// Spool files in a local store's tmp/ are removed once at least this old.
+inline constexpr int64_t kMinTempAgeSeconds = 3600;
+
 struct GcOptions {
   uint64_t keep_last = 8;
   int64_t grace_seconds = 600;

@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 namespace dte::internal {
 namespace {
 constexpr size_t kSpoolBuffer = 8 << 20;
@@ -24,7 +26,9 @@ Status Spool::Append(const void* data, size_t len) {
 Status Spool::Flush() {
   size_t done = 0;
   while (done < buf_.size()) {
-    ssize_t n = ::write(fd_, buf_.data() + done, buf_.size() - done);
+    // At most 1 MiB per write(2): larger single writes into the page cache
+    // are much slower here (see sync/export.cc).
+    ssize_t n = ::write(fd_, buf_.data() + done, std::min<size_t>(buf_.size() - done, 1 << 20));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoStatus("cannot write spool file " + path_, errno);
     done += static_cast<size_t>(n);
@@ -76,11 +80,6 @@ Result<BlobRef> BlobSink::Adopt(const Hash128& hash, uint64_t size, const std::s
   BlobRef ref{hash, size, true};
   added_.push_back(ref);
   return ref;
-}
-
-void BlobSink::Rollback() {
-  for (const auto& b : added_) objects_->Delete(BlobKey(b.hash)).IgnoreError();
-  added_.clear();
 }
 
 uint64_t BlobSink::added_bytes() const {

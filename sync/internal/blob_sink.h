@@ -47,8 +47,6 @@ class BlobSink {
   // Closes the spool and stores it under its hash.
   Result<BlobRef> Finish(std::unique_ptr<Spool> spool);
 
-  // Deletes the blobs this sink added (after a failed commit).
-  void Rollback();
   const std::vector<BlobRef>& added() const { return added_; }
   uint64_t added_bytes() const;
 

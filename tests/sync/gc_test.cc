@@ -1,0 +1,230 @@
+// Retention: keep-last-K with rebasing, blob sweeping under a grace window,
+// and dry runs.
+#include "sync/gc.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "store/materialize.h"
+#include "store/store.h"
+#include "sync/commit.h"
+#include "sync/verify.h"
+#include "tests/testutil/checkpoint.h"
+#include "tests/testutil/memory_store.h"
+
+namespace dte {
+namespace {
+
+using test::TestCheckpoint;
+
+constexpr uint64_t kVersions = 6;
+
+// A chain v0 (anchor) .. v5 (deltas) and every version's expected files.
+class GcTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = Open();
+    ASSERT_NE(store_, nullptr);
+    TestCheckpoint c;
+    c.safetensors.push_back(
+        {"model.safetensors",
+         {test::Bf16Tensor("w", {1024, 400}, 1), test::Bf16Tensor("v", {333, 3}, 2)},
+         {}});
+    for (uint64_t v = 0; v < kVersions; ++v) {
+      if (v > 0) {
+        test::PerturbElements(&c.tensor("w").data, 2, 200, v);
+        test::PerturbElements(&c.tensor("v").data, 2, 2, 50 + v);
+      }
+      c.raw_files["config.json"] = "{\"step\": " + std::to_string(v) + "}";
+      std::string dir = tmp_.path() + "/in" + std::to_string(v);
+      ASSERT_TRUE(test::WriteCheckpoint(c, dir).ok());
+      auto r = CommitDirectory(*store_, dir, {});
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      files_[v] = {{"config.json", c.raw_files["config.json"]},
+                   {"model.safetensors", test::SafetensorsBytes(c.safetensors[0])}};
+      hashes_[v] = TensorHashes(v);
+    }
+  }
+
+  std::unique_ptr<Store> Open(const std::string& cache = "") {
+    StoreOptions o;
+    o.uri = tmp_.path() + "/store";
+    o.cache_dir = cache;
+    o.create = true;
+    auto s = Store::Open(o);
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+
+  std::vector<Hash128> TensorHashes(uint64_t v) {
+    std::vector<Hash128> out;
+    auto ver = store_->GetVersion(v);
+    EXPECT_TRUE(ver.ok()) << ver.status().message();
+    if (!ver.ok()) return out;
+    for (const auto& f : (*ver)->manifest.files) {
+      for (const auto& t : f.tensors) out.push_back(t.hash);
+    }
+    return out;
+  }
+
+  std::set<std::string> Keys(const std::string& prefix) {
+    auto k = store_->objects().List(prefix);
+    EXPECT_TRUE(k.ok());
+    return k.ok() ? std::set<std::string>(k->begin(), k->end()) : std::set<std::string>{};
+  }
+
+  // Every blob key a committed version's manifest names.
+  std::set<std::string> ReachableBlobs(Store& store) {
+    std::set<std::string> out;
+    auto versions = store.ListVersions();
+    EXPECT_TRUE(versions.ok());
+    if (!versions.ok()) return out;
+    for (const auto& [v, key] : *versions) {
+      const Manifest& m = store.GetVersionAt(v, key).value()->manifest;
+      out.insert(BlobKey(m.block_table.hash));
+      for (const auto& b : m.blobs) out.insert(BlobKey(b.hash));
+      for (const auto& f : m.files) out.insert(BlobKey(f.safetensors ? f.header_blob : f.blob));
+    }
+    return out;
+  }
+
+  void ExpectMaterializes(Store& store, uint64_t v) {
+    SCOPED_TRACE(VersionName(v));
+    auto ver = store.GetVersion(v);
+    ASSERT_TRUE(ver.ok()) << ver.status().message();
+    Materializer reader(&store);
+    for (const auto& f : (*ver)->manifest.files) {
+      std::string got;
+      Status s = reader.StreamFile(*ver, f, [&](uint64_t, const uint8_t* d, size_t n) {
+        got.append(reinterpret_cast<const char*>(d), n);
+        return Status::Ok();
+      });
+      ASSERT_TRUE(s.ok()) << s.message();
+      EXPECT_TRUE(got == files_[v][f.name]) << f.name << " differs";
+    }
+  }
+
+  test::ScopedTempDir tmp_;
+  std::unique_ptr<Store> store_;
+  std::map<uint64_t, std::map<std::string, std::string>> files_;
+  std::map<uint64_t, std::vector<Hash128>> hashes_;
+};
+
+TEST_F(GcTest, KeepLastRebasesTheOldestKeptAndSweepsTheRest) {
+  GcOptions o;
+  o.keep_last = 3;
+  o.grace_seconds = 0;
+  auto r = CollectGarbage(*store_, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->versions_kept, 3u);
+  EXPECT_EQ(r->versions_removed, 3u);
+  EXPECT_EQ(r->versions_rebased, 1u);
+  EXPECT_GT(r->blobs_deleted, 0u);
+  EXPECT_GT(r->bytes_freed, 0u);
+  EXPECT_EQ(Keys("manifests/"),
+            (std::set<std::string>{ManifestKey(3, 1), ManifestKey(4, 0), ManifestKey(5, 0)}));
+  auto fresh = Open();
+  ASSERT_NE(fresh, nullptr);
+  for (Store* store : {store_.get(), fresh.get()}) {  // this one, and a fresh one
+    auto v3 = store->GetVersion(3);
+    ASSERT_TRUE(v3.ok()) << v3.status().message();
+    EXPECT_TRUE((*v3)->manifest.anchor());
+    EXPECT_EQ((*v3)->manifest.revision, 1u);
+    EXPECT_EQ(store->GetVersion(4).value()->manifest.parent, std::optional<uint64_t>(3));
+    for (uint64_t v = 0; v < 3; ++v) {
+      EXPECT_EQ(store->GetVersion(v).status().code(), Code::kNotFound) << v;
+    }
+  }
+  for (uint64_t v = 3; v < kVersions; ++v) {
+    ExpectMaterializes(*fresh, v);
+    EXPECT_EQ(TensorHashes(v), hashes_[v]) << "rebase changed content hashes";
+  }
+  EXPECT_EQ(Keys("blobs/"), ReachableBlobs(*fresh)) << "unreachable blobs were kept";
+  auto verified = VerifyStore(*fresh, std::nullopt, nullptr);
+  ASSERT_TRUE(verified.ok());
+  EXPECT_TRUE(verified->ok()) << verified->problems.front();
+}
+
+TEST_F(GcTest, LargeGraceKeepsUnreachableBlobs) {
+  const auto blobs_before = Keys("blobs/");
+  GcOptions o;
+  o.keep_last = 2;
+  o.grace_seconds = 3600;
+  auto r = CollectGarbage(*store_, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->blobs_deleted, 0u);
+  EXPECT_EQ(r->versions_removed, 4u);
+  auto after = Keys("blobs/");
+  for (const auto& k : blobs_before) EXPECT_EQ(after.count(k), 1u) << k << " deleted in grace";
+  EXPECT_EQ(Keys("manifests/").size(), 2u) << "manifests are not protected by the grace";
+  auto fresh = Open();
+  for (uint64_t v = 4; v < kVersions; ++v) ExpectMaterializes(*fresh, v);
+}
+
+TEST_F(GcTest, DryRunChangesNothing) {
+  auto snapshot = [&] {
+    std::map<std::string, std::string> all;
+    for (const auto& k : Keys("")) all[k] = store_->objects().Get(k).value();
+    return all;
+  };
+  const auto before = snapshot();
+  GcOptions o;
+  o.keep_last = 2;
+  o.grace_seconds = 0;
+  o.dry_run = true;
+  auto r = CollectGarbage(*store_, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->versions_kept, 2u);
+  EXPECT_EQ(r->versions_removed, 4u);
+  EXPECT_TRUE(snapshot() == before) << "a dry run modified the store";
+}
+
+TEST_F(GcTest, NothingToRemoveKeepsTheChainAsIs) {
+  const auto before = Keys("");
+  GcOptions o;
+  o.keep_last = kVersions + 3;
+  o.grace_seconds = 0;
+  auto r = CollectGarbage(*store_, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->versions_removed, 0u);
+  EXPECT_EQ(r->versions_rebased, 0u);
+  EXPECT_EQ(r->blobs_deleted, 0u);
+  EXPECT_EQ(Keys(""), before);
+}
+
+TEST_F(GcTest, KeepLastZeroIsRefused) {
+  GcOptions o;
+  o.keep_last = 0;
+  EXPECT_EQ(CollectGarbage(*store_, o, nullptr).status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(GcTest, GcWithAnIndexThenCommitAndReopen) {
+  store_.reset();
+  const std::string cache = tmp_.path() + "/cache";
+  auto store = Open(cache);
+  ASSERT_NE(store, nullptr);
+  GcOptions o;
+  o.keep_last = 2;
+  o.grace_seconds = 0;
+  ASSERT_TRUE(CollectGarbage(*store, o, nullptr).ok());
+  EXPECT_EQ(store->index()->ListVersions().value(), store->ListVersions().value());
+  TestCheckpoint c;
+  c.safetensors.push_back({"model.safetensors", {test::Bf16Tensor("w", {1024, 400}, 1)}, {}});
+  ASSERT_TRUE(test::WriteCheckpoint(c, tmp_.path() + "/next").ok());
+  auto r = CommitDirectory(*store, tmp_.path() + "/next", {});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->version, kVersions);
+  store.reset();
+  store = Open(cache);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->index()->ListVersions().value(), store->ListVersions().value());
+  for (uint64_t v = 4; v < kVersions; ++v) ExpectMaterializes(*store, v);
+}
+
+}  // namespace
+}  // namespace dte
