@@ -42,9 +42,16 @@
 #include <type_traits>
 
 #include "kernels/change_detect.h"
+#include "store/internal/bit_io.h"
 
 namespace dte {
 namespace {
+
+using internal::BitReader;
+using internal::BitWriter;
+using internal::GetByte;
+using internal::GetVarint32;
+using internal::PutVarint32;
 
 constexpr uint8_t kFlagTokensZstd = 1;
 constexpr int kMaxGapClass = 62;
@@ -100,139 +107,6 @@ decltype(auto) WithElementType(int width, F&& f) {
       return f(uint64_t{});
   }
 }
-
-void PutVarint32(std::string* out, uint32_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-bool GetVarint32(std::string_view* in, uint32_t* v) {
-  uint32_t result = 0;
-  for (int i = 0; i < 5 && static_cast<size_t>(i) < in->size(); ++i) {
-    uint32_t byte = static_cast<uint8_t>((*in)[i]);
-    if (i == 4 && byte > 0x0f) return false;  // more than 32 bits
-    result |= (byte & 0x7f) << (7 * i);
-    if (byte < 0x80) {
-      in->remove_prefix(i + 1);
-      *v = result;
-      return true;
-    }
-  }
-  return false;
-}
-
-bool GetByte(std::string_view* in, uint8_t* v) {
-  if (in->empty()) return false;
-  *v = static_cast<uint8_t>(in->front());
-  in->remove_prefix(1);
-  return true;
-}
-
-// Appends bit fields, least significant bit first.
-class BitWriter {
- public:
-  explicit BitWriter(std::string* out) : out_(out) { out_->clear(); }
-
-  void Put(uint64_t v, int n) {  // the low n <= 64 bits of v
-    if (n > 32) {
-      Put32(v & 0xFFFFFFFF, 32);
-      v >>= 32;
-      n -= 32;
-    }
-    Put32(v & ((uint64_t{1} << n) - 1), n);
-  }
-  void Finish() {
-    if (used_ > 0) out_->push_back(static_cast<char>(acc_));
-    acc_ = 0;
-    used_ = 0;
-  }
-
- private:
-  void Put32(uint64_t v, int n) {  // v < 2^n, n <= 32
-    acc_ |= v << used_;
-    for (used_ += n; used_ >= 8; used_ -= 8) {
-      out_->push_back(static_cast<char>(acc_));
-      acc_ >>= 8;
-    }
-  }
-
-  std::string* out_;
-  uint64_t acc_ = 0;
-  int used_ = 0;
-};
-
-// Reads what BitWriter wrote. Every read fails, rather than reading past the
-// end, when the stream is too short. Bits of buf_ above avail_ are zero.
-class BitReader {
- public:
-  BitReader(const uint8_t* data, size_t size) : p_(data), end_(data + size) {}
-
-  bool Read(int n, uint64_t* v) {  // n <= 64
-    if (n <= 32) return Read32(n, v);
-    uint64_t low = 0, high = 0;
-    if (!Read32(32, &low) || !Read32(n - 32, &high)) return false;
-    *v = low | high << 32;
-    return true;
-  }
-  // Consumes zero bits up to and including the next one bit; fails when more
-  // than max_zeros zeros come first.
-  bool ReadZeroRun(int max_zeros, int* zeros) {
-    int z = 0;
-    while (true) {
-      if (avail_ == 0) Refill();
-      if (avail_ == 0) return false;
-      if (buf_ == 0) {
-        z += avail_;
-        avail_ = 0;
-        if (z > max_zeros) return false;
-        continue;
-      }
-      int t = std::countr_zero(buf_);
-      z += t;
-      if (z > max_zeros) return false;
-      buf_ = (buf_ >> t) >> 1;
-      avail_ -= t + 1;
-      *zeros = z;
-      return true;
-    }
-  }
-  // True when only zero padding of the last byte remains.
-  bool AtCleanEnd() const { return p_ == end_ && avail_ < 8 && buf_ == 0; }
-
- private:
-  bool Read32(int n, uint64_t* v) {
-    if (avail_ < n) Refill();
-    if (avail_ < n) return false;
-    *v = buf_ & ((uint64_t{1} << n) - 1);
-    buf_ >>= n;
-    avail_ -= n;
-    return true;
-  }
-  void Refill() {
-    if (std::endian::native == std::endian::little && end_ - p_ >= 8) {
-      uint64_t word;
-      std::memcpy(&word, p_, 8);
-      int bytes = (63 - avail_) >> 3;
-      buf_ |= word << avail_;
-      p_ += bytes;
-      avail_ += bytes * 8;
-      buf_ &= (uint64_t{1} << avail_) - 1;  // avail_ <= 63: drop the bytes not taken
-      return;
-    }
-    while (avail_ <= 56 && p_ < end_) {
-      buf_ |= uint64_t{*p_++} << avail_;
-      avail_ += 8;
-    }
-  }
-
-  const uint8_t* p_;
-  const uint8_t* end_;
-  uint64_t buf_ = 0;
-  int avail_ = 0;
-};
 
 // ---------------------------------------------------------------- encoding
 

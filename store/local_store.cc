@@ -8,38 +8,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <ctime>
-#include <list>
 #include <random>
-#include <unordered_map>
 #include <utility>
 
 #include "store/hash.h"
-#include "store/thread_annotations.h"
+#include "store/internal/fd_cache.h"
+#include "store/posix_file.h"
 
 namespace dte {
 namespace {
-
-// Owns one file descriptor.
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd = -1) : fd_(fd) {}
-  ScopedFd(ScopedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  ScopedFd& operator=(ScopedFd&&) = delete;
-  ~ScopedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
-  // Closes now and reports close(2)'s error, which can carry a failed write
-  // on network filesystems.
-  Status Close(const std::string& path) {
-    if (::close(std::exchange(fd_, -1)) != 0) return ErrnoStatus("close " + path, errno);
-    return Status::Ok();
-  }
-
- private:
-  int fd_;
-};
 
 struct DirCloser {
   void operator()(DIR* dir) const { ::closedir(dir); }
@@ -61,54 +38,16 @@ class TempFileGuard {
   std::string path_;
 };
 
-// open(2); on failure the errno goes to `*err` too, if given.
-Result<ScopedFd> OpenFd(const std::string& path, int flags, mode_t mode = 0, int* err = nullptr) {
-  int fd;
-  do {
-    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-  } while (fd < 0 && errno == EINTR);
-  if (fd >= 0) return ScopedFd(fd);
-  if (err != nullptr) *err = errno;
-  return ErrnoStatus("open " + path, errno);
-}
-
 // Creates the new file `path` in `tmp_dir`, and `tmp_dir` itself if it went
 // missing.
 Result<ScopedFd> CreateTempFile(const std::string& path, const std::string& tmp_dir) {
   int err = 0;
-  auto fd = OpenFd(path, O_WRONLY | O_CREAT | O_EXCL, 0644, &err);
+  auto fd = OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, 0644, &err);
   if (err != ENOENT) return fd;
   if (::mkdir(tmp_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return ErrnoStatus("mkdir " + tmp_dir, errno);
   }
-  return OpenFd(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
-}
-
-Status WriteAll(int fd, const char* data, size_t len, const std::string& path) {
-  while (len > 0) {
-    // At most 1 MiB per write(2): larger single writes into the page cache
-    // are much slower here (see sync/export.cc).
-    ssize_t n = ::write(fd, data, std::min<size_t>(len, 1 << 20));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus("write " + path, errno);
-    data += n;
-    len -= static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
-
-// Reads up to `len` bytes at `offset`; fewer only at end of file.
-Result<uint64_t> PreadFull(int fd, char* dst, uint64_t len, uint64_t offset,
-                           const std::string& path) {
-  uint64_t done = 0;
-  while (done < len) {
-    ssize_t n = ::pread(fd, dst + done, len - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus("read " + path, errno);
-    if (n == 0) break;
-    done += static_cast<uint64_t>(n);
-  }
-  return done;
+  return OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
 }
 
 Status FsyncFd(int fd, const std::string& path) {
@@ -117,7 +56,7 @@ Status FsyncFd(int fd, const std::string& path) {
 }
 
 Status FsyncDir(const std::string& dir) {
-  ASSIGN_OR_RETURN(ScopedFd fd, OpenFd(dir, O_RDONLY | O_DIRECTORY));
+  ASSIGN_OR_RETURN(ScopedFd fd, OpenFile(dir, O_RDONLY | O_DIRECTORY));
   RETURN_IF_ERROR(FsyncFd(fd.get(), dir));
   return fd.Close(dir);
 }
@@ -178,84 +117,6 @@ unsigned char EntryType(DIR* dir, const dirent& entry) {
 bool IsTempArea(std::string_view rel) { return rel == "tmp" || rel.starts_with("tmp/"); }
 
 }  // namespace
-
-// An open object: read-only descriptor plus its size, which never changes
-// because objects are replaced by rename, not rewritten.
-struct LocalStore::OpenFile {
-  ScopedFd fd;
-  uint64_t size = 0;
-};
-
-// A bounded LRU map from object path to open file. Entries are shared, so
-// evicting one never closes a descriptor a reader is still using (its number
-// cannot be reused under the reader). Eviction bumps an epoch; a file opened
-// before an eviction is not inserted, since it may be the evicted object.
-//
-// Thread-safety: thread-safe. mu_ is a leaf lock held for map operations
-// only; dropped entries are destroyed (closed) after it is released.
-class LocalStore::FdCache {
- public:
-  explicit FdCache(size_t capacity) : capacity_(capacity) {}
-
-  OpenFilePtr Lookup(const std::string& path) EXCLUDES(mu_) {
-    MutexLock lock(&mu_);
-    auto it = index_.find(path);
-    if (it == index_.end()) return nullptr;
-    lru_.splice(lru_.begin(), lru_, it->second);
-    return it->second->file;
-  }
-
-  uint64_t Epoch() const EXCLUDES(mu_) {
-    MutexLock lock(&mu_);
-    return epoch_;
-  }
-
-  void Insert(const std::string& path, OpenFilePtr file, uint64_t epoch) EXCLUDES(mu_) {
-    OpenFilePtr dropped;  // destroyed after `lock`
-    MutexLock lock(&mu_);
-    if (capacity_ == 0 || epoch != epoch_ || index_.count(path) > 0) return;
-    lru_.push_front(Entry{path, std::move(file)});
-    index_[path] = lru_.begin();
-    if (lru_.size() > capacity_) {
-      dropped = std::move(lru_.back().file);
-      index_.erase(lru_.back().path);
-      lru_.pop_back();
-    }
-  }
-
-  void Evict(const std::string& path) EXCLUDES(mu_) {
-    OpenFilePtr dropped;  // destroyed after `lock`
-    MutexLock lock(&mu_);
-    ++epoch_;
-    auto it = index_.find(path);
-    if (it == index_.end()) return;
-    dropped = std::move(it->second->file);
-    lru_.erase(it->second);
-    index_.erase(it);
-  }
-
-  size_t Count() const EXCLUDES(mu_) {
-    MutexLock lock(&mu_);
-    return lru_.size();
-  }
-
-  bool Contains(const std::string& path) const EXCLUDES(mu_) {
-    MutexLock lock(&mu_);
-    return index_.count(path) > 0;
-  }
-
- private:
-  struct Entry {
-    std::string path;
-    OpenFilePtr file;
-  };
-
-  const size_t capacity_;
-  mutable Mutex mu_;
-  std::list<Entry> lru_ GUARDED_BY(mu_);  // most recently used first
-  std::unordered_map<std::string, std::list<Entry>::iterator> index_ GUARDED_BY(mu_);
-  uint64_t epoch_ GUARDED_BY(mu_) = 0;
-};
 
 LocalStore::LocalStore(std::string root, size_t max_open_fds)
     : root_(std::move(root)),
@@ -320,13 +181,13 @@ Result<std::string> LocalStore::WriteTempFile(std::string_view data) {
 }
 
 Result<std::string> LocalStore::CopyToTempFile(const std::string& src) {
-  ASSIGN_OR_RETURN(ScopedFd in, OpenFd(src, O_RDONLY));
+  ASSIGN_OR_RETURN(ScopedFd in, dte::OpenFile(src, O_RDONLY));
   const std::string tmp = TempName();
   ASSIGN_OR_RETURN(ScopedFd out, CreateTempFile(tmp, tmp_dir_));
   TempFileGuard guard(tmp);
   std::vector<char> buf(1 << 20);
   for (uint64_t offset = 0;;) {
-    ASSIGN_OR_RETURN(uint64_t n, PreadFull(in.get(), buf.data(), buf.size(), offset, src));
+    ASSIGN_OR_RETURN(uint64_t n, PreadUpTo(in.get(), buf.data(), buf.size(), offset, src));
     if (n == 0) break;
     RETURN_IF_ERROR(WriteAll(out.get(), buf.data(), n, tmp));
     offset += n;
@@ -341,7 +202,7 @@ Result<std::string> LocalStore::CopyToTempFile(const std::string& src) {
 // filesystems.
 Result<bool> LocalStore::MoveSyncedFile(const std::string& src, const std::string& dst) {
   {
-    ASSIGN_OR_RETURN(ScopedFd fd, OpenFd(src, O_RDONLY));
+    ASSIGN_OR_RETURN(ScopedFd fd, dte::OpenFile(src, O_RDONLY));
     RETURN_IF_ERROR(FsyncFd(fd.get(), src));
   }
   if (::rename(src.c_str(), dst.c_str()) == 0) return true;
@@ -431,7 +292,8 @@ Status LocalStore::LinkExclusive(const std::string& tmp, const std::string& key)
 Result<LocalStore::OpenFilePtr> LocalStore::OpenObject(const std::string& key) const {
   const std::string path = PathOf(key);
   int err = 0;
-  auto fd = OpenFd(path, O_RDONLY, 0, &err);
+  // dte::OpenFile is the function; plain OpenFile here names the struct.
+  auto fd = dte::OpenFile(path, O_RDONLY, 0, &err);
   if (err == ENOENT || err == ENOTDIR) {
     return NotFound("object " + key + " not found in store " + root_);
   }
@@ -452,12 +314,9 @@ Status LocalStore::TooShort(const std::string& key, uint64_t offset, uint64_t le
 
 Status LocalStore::ReadOpenFile(const OpenFile& file, const std::string& key, uint64_t offset,
                                 uint64_t len, void* dst) const {
-  const std::string path = PathOf(key);
-  ASSIGN_OR_RETURN(uint64_t n,
-                   PreadFull(file.fd.get(), static_cast<char*>(dst), len, offset, path));
   // Objects are never rewritten in place; a shorter file was truncated behind our back.
-  if (n < len) return TooShort(key, offset, len, offset + n);
-  return Status::Ok();
+  return PreadExact(file.fd.get(), dst, len, offset, PathOf(key),
+                    [&](uint64_t n) { return TooShort(key, offset, len, offset + n); });
 }
 
 Result<std::string> LocalStore::Get(const std::string& key) {

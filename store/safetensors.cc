@@ -20,7 +20,6 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -28,6 +27,7 @@
 #include <utility>
 
 #include "store/internal/safetensors_json.h"
+#include "store/posix_file.h"
 
 namespace dte {
 namespace {
@@ -131,45 +131,10 @@ Status CheckLayout(std::vector<TensorInfo>* tensors, uint64_t data_size, const s
   return Status::Ok();
 }
 
-// Owns a file descriptor. Not thread-safe.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-Status PreadFull(int fd, char* buf, size_t n, uint64_t offset, const std::string& path) {
-  while (n > 0) {
-    ssize_t r = ::pread(fd, buf, n, static_cast<off_t>(offset));
-    if (r < 0) {
-      int err = errno;
-      if (err == EINTR) continue;
-      return ErrnoStatus("read " + path, err);
-    }
-    if (r == 0) return IOError(path + ": file shrank while its header was read");
-    buf += r;
-    n -= static_cast<size_t>(r);
-    offset += static_cast<uint64_t>(r);
-  }
-  return Status::Ok();
-}
-
 // Reads prefix + header of `path` after checking the prefix; stores the
 // file's size in `*file_size`.
 Result<std::string> ReadRawHeader(const std::string& path, uint64_t* file_size) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    int err = errno;
-    return ErrnoStatus("open " + path, err);
-  }
+  ASSIGN_OR_RETURN(ScopedFd fd, OpenFile(path, O_RDONLY));
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) {
     int err = errno;
@@ -179,11 +144,12 @@ Result<std::string> ReadRawHeader(const std::string& path, uint64_t* file_size) 
   *file_size = static_cast<uint64_t>(st.st_size);
   std::string bytes(kPrefixBytes, '\0');
   if (*file_size < kPrefixBytes) return CheckHeaderLength(0, *file_size, path);
-  RETURN_IF_ERROR(PreadFull(fd.get(), bytes.data(), kPrefixBytes, 0, path));
+  auto shrank = [&](uint64_t) { return IOError(path + ": file shrank while its header was read"); };
+  RETURN_IF_ERROR(PreadExact(fd.get(), bytes.data(), kPrefixBytes, 0, path, shrank));
   const uint64_t n = LoadLe64(bytes.data());
   RETURN_IF_ERROR(CheckHeaderLength(n, *file_size, path));
   bytes.resize(kPrefixBytes + n);
-  RETURN_IF_ERROR(PreadFull(fd.get(), bytes.data() + kPrefixBytes, n, kPrefixBytes, path));
+  RETURN_IF_ERROR(PreadExact(fd.get(), bytes.data() + kPrefixBytes, n, kPrefixBytes, path, shrank));
   return bytes;
 }
 

@@ -1,13 +1,13 @@
 #include "sync/commit.h"
 
 #include <fcntl.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <vector>
 
 #include "kernels/parallel.h"
 #include "store/materialize.h"
+#include "store/posix_file.h"
 #include "store/store.h"
 #include "sync/internal/blob_sink.h"
 #include "sync/internal/scan.h"
@@ -24,31 +24,12 @@ constexpr uint32_t kBlocksPerChunk = 64;
 // larger version's manifest would be written but never listed.
 constexpr uint64_t kMaxVersion = 999'999'999'999;
 
-// Reads exactly len bytes at offset.
-Status PreadAll(int fd, uint64_t offset, uint64_t len, uint8_t* dst, const std::string& path) {
-  while (len > 0) {
-    ssize_t n = ::pread(fd, dst, len, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus("cannot read " + path, errno);
-    if (n == 0) return InvalidArgument(path + " is shorter than its header says (truncated?)");
-    dst += n;
-    offset += static_cast<uint64_t>(n);
-    len -= static_cast<uint64_t>(n);
-  }
+// Reads exactly len bytes of an input file at offset.
+Status ReadInput(int fd, uint64_t offset, uint64_t len, uint8_t* dst, const std::string& path) {
+  ASSIGN_OR_RETURN(uint64_t n, CannotWording(PreadUpTo(fd, dst, len, offset, path)));
+  if (n < len) return InvalidArgument(path + " is shorter than its header says (truncated?)");
   return Status::Ok();
 }
-
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 // Builds one version: shared state of the file and tensor loops.
 class Committer {
@@ -142,13 +123,12 @@ void Committer::Progress(uint64_t bytes) {
 }
 
 Status Committer::StoreRawFile(const InputFile& in, FileEntry* entry) {
-  FileDescriptor fd(::open(in.path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return ErrnoStatus("cannot open " + in.path, errno);
+  ASSIGN_OR_RETURN(ScopedFd fd, CannotWording(OpenFile(in.path, O_RDONLY)));
   ASSIGN_OR_RETURN(auto spool, sink_.NewSpool());
   std::vector<uint8_t> buf(std::min<uint64_t>(in.size, 8 << 20));
   for (uint64_t off = 0; off < in.size; off += buf.size()) {
     uint64_t n = std::min<uint64_t>(buf.size(), in.size - off);
-    RETURN_IF_ERROR(PreadAll(fd.get(), off, n, buf.data(), in.path));
+    RETURN_IF_ERROR(ReadInput(fd.get(), off, n, buf.data(), in.path));
     RETURN_IF_ERROR(spool->Append(buf.data(), n));
     Progress(n);
   }
@@ -173,7 +153,7 @@ Status Committer::ProcessChunk(int fd, const InputFile& in, const FileEntry& ent
       uint32_t b = first + static_cast<uint32_t>(i);
       uint8_t* now = chunk_.data() + i * bb;
       errors[i] =
-          PreadAll(fd, in.header.data_offset + t.begin + uint64_t{b} * bb, blen(b), now, in.path);
+          ReadInput(fd, in.header.data_offset + t.begin + uint64_t{b} * bb, blen(b), now, in.path);
       if (!errors[i].ok()) break;
       records_[t.first_block + b].hash = HashBlock(now, blen(b));
       if (!parent) continue;
@@ -240,8 +220,7 @@ Status Committer::StoreSafetensors(const InputFile& in, FileEntry* entry, const 
   ASSIGN_OR_RETURN(BlobRef header, sink_.PutBytes(in.header_bytes));
   entry->header_blob = header.hash;
   Progress(in.header_bytes.size());
-  FileDescriptor fd(::open(in.path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return ErrnoStatus("cannot open " + in.path, errno);
+  ASSIGN_OR_RETURN(ScopedFd fd, CannotWording(OpenFile(in.path, O_RDONLY)));
   std::unique_ptr<Spool> data_spool;
   Spool* spool = delta_spool_.get();
   uint32_t blob_index = 0;  // the delta blob is blobs[0]

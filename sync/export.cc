@@ -1,35 +1,18 @@
 #include "sync/export.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <filesystem>
 
 #include "store/materialize.h"
+#include "store/posix_file.h"
 #include "store/store.h"
 
 namespace dte {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Writes in pieces of at most 1 MiB: on this kernel a single write(2) of
-// many MiB into the page cache runs several times slower than the same bytes
-// in 1-4 MiB pieces (tools/bench measures it).
-constexpr size_t kMaxWrite = 1 << 20;
-
-Status WriteAll(int fd, const uint8_t* data, size_t len, const std::string& path) {
-  while (len > 0) {
-    ssize_t n = ::write(fd, data, std::min(len, kMaxWrite));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus("cannot write " + path, errno);
-    data += n;
-    len -= static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
 
 Status CheckOutputDir(const std::string& out_dir) {
   std::error_code ec;
@@ -44,19 +27,20 @@ Status ExportFile(Materializer& reader, const std::shared_ptr<const Version>& v,
                   const std::string& dir, uint64_t* done, uint64_t total,
                   const std::function<void(uint64_t, uint64_t)>& progress) {
   std::string path = dir + "/" + f.name;
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus("cannot create " + path, errno);
+  int err = 0;
+  Result<ScopedFd> fd = OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, 0644, &err);
+  if (!fd.ok()) return ErrnoStatus("cannot create " + path, err);
   // Block hashes cover every byte written; the tensor hashes are verify's.
   Status s = reader.StreamFile(
       v, f,
       [&](uint64_t, const uint8_t* data, size_t len) {
         *done += len;
         if (progress) progress(*done, total);
-        return WriteAll(fd, data, len, path);
+        return CannotWording(WriteAll(fd->get(), data, len, path));
       },
       /*check_tensor_hashes=*/false);
-  if (::close(fd) != 0 && s.ok()) s = ErrnoStatus("cannot close " + path, errno);
-  return s;
+  Status closed = CannotWording(fd->Close(path));
+  return s.ok() ? closed : s;
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <algorithm>
+#include <utility>
+
+#include "store/posix_file.h"
 
 namespace dte::internal {
 namespace {
@@ -24,15 +26,7 @@ Status Spool::Append(const void* data, size_t len) {
 }
 
 Status Spool::Flush() {
-  size_t done = 0;
-  while (done < buf_.size()) {
-    // At most 1 MiB per write(2): larger single writes into the page cache
-    // are much slower here (see sync/export.cc).
-    ssize_t n = ::write(fd_, buf_.data() + done, std::min<size_t>(buf_.size() - done, 1 << 20));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus("cannot write spool file " + path_, errno);
-    done += static_cast<size_t>(n);
-  }
+  RETURN_IF_ERROR(CannotWording(WriteAll(fd_, buf_.data(), buf_.size(), "spool file " + path_)));
   buf_.clear();
   return Status::Ok();
 }
@@ -44,18 +38,16 @@ Result<BlobRef> BlobSink::PutBytes(std::string_view data) {
 
 Result<std::unique_ptr<Spool>> BlobSink::NewSpool() {
   ASSIGN_OR_RETURN(std::string path, objects_->NewTempPath());
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus("cannot create spool file " + path, errno);
-  return std::unique_ptr<Spool>(new Spool(path, fd));
+  int err = 0;
+  Result<ScopedFd> fd = OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, &err);
+  if (!fd.ok()) return ErrnoStatus("cannot create spool file " + path, err);
+  return std::unique_ptr<Spool>(new Spool(path, fd->release()));
 }
 
 Result<BlobRef> BlobSink::Finish(std::unique_ptr<Spool> spool) {
   RETURN_IF_ERROR(spool->Flush());
-  if (::close(spool->fd_) != 0) {
-    spool->fd_ = -1;
-    return ErrnoStatus("cannot close spool file " + spool->path_, errno);
-  }
-  spool->fd_ = -1;
+  ScopedFd fd(std::exchange(spool->fd_, -1));
+  RETURN_IF_ERROR(CannotWording(fd.Close("spool file " + spool->path_)));
   auto ref = Adopt(spool->hasher_.Finish(), spool->size_, nullptr, &spool->path_);
   return ref;
 }

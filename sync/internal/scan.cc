@@ -1,12 +1,12 @@
 #include "sync/internal/scan.h"
 
 #include <dirent.h>
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <set>
+
+#include "store/posix_file.h"
 
 namespace dte::internal {
 namespace {
@@ -16,26 +16,6 @@ constexpr char kIndexName[] = "model.safetensors.index.json";
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-Result<std::string> ReadSmallFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("cannot open " + path, errno);
-  std::string out;
-  char buf[1 << 16];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      return ErrnoStatus("cannot read " + path, err);
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return out;
 }
 
 Result<std::vector<InputFile>> ListFiles(const std::string& dir) {
@@ -79,7 +59,7 @@ Status CheckIndex(const std::string& dir, const std::vector<InputFile>& files) {
   auto it = std::find_if(files.begin(), files.end(),
                          [](const InputFile& f) { return f.name == kIndexName; });
   if (it == files.end()) return Status::Ok();
-  ASSIGN_OR_RETURN(std::string text, ReadSmallFile(it->path));
+  ASSIGN_OR_RETURN(std::string text, CannotWording(ReadWholeFile(it->path)));
   ASSIGN_OR_RETURN(SafetensorsIndex index, ParseSafetensorsIndex(text, it->path));
   for (const auto& [tensor, shard] : index.weight_map) {
     auto f = std::find_if(files.begin(), files.end(),

@@ -1,0 +1,135 @@
+// Byte and bit stream primitives of the delta block codec (the varint32 and
+// bit-field rules of the grammar at the top of store/delta_codec.cc).
+//
+// The bit reader and writer sit on the codec's per-element paths, so they
+// are defined here, inline.
+//
+// Thread-safety: the functions are pure; a BitWriter or BitReader belongs to
+// one thread.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace dte::internal {
+
+// Appends `v` as a varint32: little-endian base-128, 7 bits a byte, high bit
+// set on every byte but the last; at most 5 bytes.
+void PutVarint32(std::string* out, uint32_t v);
+
+// Takes a varint32 off the front of `*in`. False, leaving `*in` as it was,
+// when it is truncated, longer than 5 bytes or holds more than 32 bits.
+bool GetVarint32(std::string_view* in, uint32_t* v);
+
+// Takes one byte off the front of `*in`; false if it is empty.
+bool GetByte(std::string_view* in, uint8_t* v);
+
+// Appends bit fields to `*out` (cleared first), least significant bit first;
+// Finish zero-pads the last byte.
+class BitWriter {
+ public:
+  explicit BitWriter(std::string* out) : out_(out) { out_->clear(); }
+
+  void Put(uint64_t v, int n) {  // the low n <= 64 bits of v
+    if (n > 32) {
+      Put32(v & 0xFFFFFFFF, 32);
+      v >>= 32;
+      n -= 32;
+    }
+    Put32(v & ((uint64_t{1} << n) - 1), n);
+  }
+  void Finish() {
+    if (used_ > 0) out_->push_back(static_cast<char>(acc_));
+    acc_ = 0;
+    used_ = 0;
+  }
+
+ private:
+  void Put32(uint64_t v, int n) {  // v < 2^n, n <= 32
+    acc_ |= v << used_;
+    for (used_ += n; used_ >= 8; used_ -= 8) {
+      out_->push_back(static_cast<char>(acc_));
+      acc_ >>= 8;
+    }
+  }
+
+  std::string* out_;
+  uint64_t acc_ = 0;
+  int used_ = 0;
+};
+
+// Reads what BitWriter wrote. Every read fails, rather than reading past the
+// end, when the stream is too short. Bits of buf_ above avail_ are zero.
+class BitReader {
+ public:
+  BitReader(const uint8_t* data, size_t size) : p_(data), end_(data + size) {}
+
+  bool Read(int n, uint64_t* v) {  // n <= 64
+    if (n <= 32) return Read32(n, v);
+    uint64_t low = 0, high = 0;
+    if (!Read32(32, &low) || !Read32(n - 32, &high)) return false;
+    *v = low | high << 32;
+    return true;
+  }
+  // Consumes zero bits up to and including the next one bit; fails when more
+  // than max_zeros zeros come first.
+  bool ReadZeroRun(int max_zeros, int* zeros) {
+    int z = 0;
+    while (true) {
+      if (avail_ == 0) Refill();
+      if (avail_ == 0) return false;
+      if (buf_ == 0) {
+        z += avail_;
+        avail_ = 0;
+        if (z > max_zeros) return false;
+        continue;
+      }
+      int t = std::countr_zero(buf_);
+      z += t;
+      if (z > max_zeros) return false;
+      buf_ = (buf_ >> t) >> 1;
+      avail_ -= t + 1;
+      *zeros = z;
+      return true;
+    }
+  }
+  // True when only zero padding of the last byte remains.
+  bool AtCleanEnd() const { return p_ == end_ && avail_ < 8 && buf_ == 0; }
+
+ private:
+  bool Read32(int n, uint64_t* v) {
+    if (avail_ < n) Refill();
+    if (avail_ < n) return false;
+    *v = buf_ & ((uint64_t{1} << n) - 1);
+    buf_ >>= n;
+    avail_ -= n;
+    return true;
+  }
+  void Refill() {
+    if (std::endian::native == std::endian::little && end_ - p_ >= 8) {
+      uint64_t word;
+      std::memcpy(&word, p_, 8);
+      int bytes = (63 - avail_) >> 3;
+      buf_ |= word << avail_;
+      p_ += bytes;
+      avail_ += bytes * 8;
+      buf_ &= (uint64_t{1} << avail_) - 1;  // avail_ <= 63: drop the bytes not taken
+      return;
+    }
+    while (avail_ <= 56 && p_ < end_) {
+      buf_ |= uint64_t{*p_++} << avail_;
+      avail_ += 8;
+    }
+  }
+
+  const uint8_t* p_;
+  const uint8_t* end_;
+  uint64_t buf_ = 0;
+  int avail_ = 0;
+};
+
+}  // namespace dte::internal
