@@ -45,10 +45,15 @@ for target in "${targets[@]}"; do
         -artifact_prefix="$artifacts/")
   [[ -f "$here/$target.dict" ]] && args+=(-dict="$here/$target.dict")
   echo "== $target: ${seconds}s"
-  if "$bin" "${args[@]}" "$scratch/$target" "$here/corpus/$target"; then
+  # libFuzzer logs every new input; keep that in a file and show its final
+  # statistics, or the whole log when the target fails.
+  log="$build_dir/fuzz-artifacts/$target.log"
+  if "$bin" "${args[@]}" "$scratch/$target" "$here/corpus/$target" >"$log" 2>&1; then
+    grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' "$log" || tail -n 3 "$log"
     echo "== $target: ok"
   else
-    echo "== $target: FAILED (reproducers in $artifacts)" >&2
+    tail -n 60 "$log" >&2
+    echo "== $target: FAILED (reproducers in $artifacts, log $log)" >&2
     failed+=("$target")
   fi
 done
