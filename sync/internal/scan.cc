@@ -61,7 +61,9 @@ Status CheckIndex(const std::string& dir, const std::vector<InputFile>& files) {
   if (it == files.end()) return Status::Ok();
   ASSIGN_OR_RETURN(std::string text, CannotWording(ReadWholeFile(it->path)));
   ASSIGN_OR_RETURN(SafetensorsIndex index, ParseSafetensorsIndex(text, it->path));
-  for (const auto& [tensor, shard] : index.weight_map) {
+  for (const auto& entry : index.weight_map) {
+    const std::string& tensor = entry.first;  // named, not bound: lambdas capture them
+    const std::string& shard = entry.second;
     auto f = std::find_if(files.begin(), files.end(),
                           [&](const InputFile& x) { return x.name == shard; });
     if (f == files.end() || !f->safetensors) {
