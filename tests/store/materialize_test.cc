@@ -22,16 +22,6 @@ using test::VersionWriter;
 constexpr uint64_t kBB = kDefaultBlockBytes;
 constexpr const char* kModel = VersionWriter::kModelFile;
 
-std::unique_ptr<Store> OpenStore(const std::string& uri, const std::string& cache_dir = "") {
-  StoreOptions o;
-  o.uri = uri;
-  o.cache_dir = cache_dir;
-  o.create = true;
-  auto s = Store::Open(o);
-  EXPECT_TRUE(s.ok()) << s.status().message();
-  return s.ok() ? std::move(s).value() : nullptr;
-}
-
 // A model of three BF16 tensors: a small one first (so the big one starts at
 // an unaligned file offset), 8 MiB = 32 full blocks, and 3 blocks with a
 // partial last one.
@@ -54,7 +44,7 @@ std::vector<TestTensor> Step(std::vector<TestTensor> tensors, uint64_t seed) {
 class ChainTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    store_ = OpenStore(dir_.path() + "/store");
+    store_ = test::OpenTestStore(dir_.path() + "/store");
     ASSERT_NE(store_, nullptr);
     builder_ = std::make_unique<VersionWriter>(&store_->objects());
     std::vector<TestTensor> t = Model();
@@ -214,7 +204,7 @@ TEST_F(ChainTest, FlippedAnchorByteIsCorruptionNeverWrongBytes) {
 
 TEST_F(ChainTest, MissingParentInTheChainIsNamed) {
   ASSERT_TRUE(store_->objects().Delete(ManifestKey(1, 0)).ok());
-  auto fresh = OpenStore(store_->uri());
+  auto fresh = test::OpenTestStore(store_->uri());
   ASSERT_NE(fresh, nullptr);
   auto v3 = fresh->GetVersion(3);
   ASSERT_TRUE(v3.ok()) << v3.status().message();
@@ -248,7 +238,7 @@ TEST_F(ChainTest, StreamFileChecksTensorHashesOnRequest) {
 // call at a time, and its first error ends the stream.
 TEST(Materializer, StreamFileAcrossChunksInOrderAndStopsAtASinkError) {
   ScopedTempDir dir;
-  auto store = OpenStore(dir.path());
+  auto store = test::OpenTestStore(dir.path());
   ASSERT_NE(store, nullptr);
   VersionWriter writer(&store->objects());
   std::vector<TestTensor> t = {test::Bf16Tensor("a", {5 << 20}, 1),   // 10 MiB

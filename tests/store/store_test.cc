@@ -25,16 +25,6 @@ using test::VersionWriter;
 constexpr uint64_t kBB = kDefaultBlockBytes;
 constexpr const char* kModel = VersionWriter::kModelFile;
 
-std::unique_ptr<Store> OpenStore(const std::string& uri, const std::string& cache_dir = "") {
-  StoreOptions o;
-  o.uri = uri;
-  o.cache_dir = cache_dir;
-  o.create = true;
-  auto s = Store::Open(o);
-  EXPECT_TRUE(s.ok()) << s.status().message();
-  return s.ok() ? std::move(s).value() : nullptr;
-}
-
 // A small two-tensor model (three blocks) and one sparse step of it.
 std::vector<TestTensor> Model() {
   return {test::Bf16Tensor("w", {300, 600}, 1), test::Bf16Tensor("b", {600}, 2)};
@@ -55,7 +45,7 @@ TEST(Store, OpenNeedsAStoreUnlessCreating) {
   auto unmarked = Store::Open(o);
   EXPECT_EQ(unmarked.status().code(), Code::kNotFound);
   EXPECT_NE(unmarked.status().message().find("not a dte store"), std::string::npos);
-  auto created = OpenStore(dir.path(), dir.path() + "/cache");
+  auto created = test::OpenTestStore(dir.path(), dir.path() + "/cache");
   ASSERT_NE(created, nullptr);
   EXPECT_EQ(created->store_id().size(), 32u);
   EXPECT_EQ(created->CachePath(), dir.path() + "/cache/" + created->store_id());
@@ -67,7 +57,7 @@ TEST(Store, OpenNeedsAStoreUnlessCreating) {
 TEST(Store, GetVersionOfAMissingVersionIsNotFoundNamingIt) {
   ScopedTempDir dir;
   for (const std::string& cache : {std::string(""), dir.path() + "/cache"}) {
-    auto store = OpenStore(dir.path() + "/store", cache);
+    auto store = test::OpenTestStore(dir.path() + "/store", cache);
     ASSERT_NE(store, nullptr);
     auto v = store->GetVersion(7);
     EXPECT_EQ(v.status().code(), Code::kNotFound);
@@ -78,7 +68,7 @@ TEST(Store, GetVersionOfAMissingVersionIsNotFoundNamingIt) {
 
 TEST(Store, ListVersionsPicksTheNewestRevisionAndIgnoresOtherKeys) {
   ScopedTempDir dir;
-  auto store = OpenStore(dir.path());
+  auto store = test::OpenTestStore(dir.path());
   ASSERT_NE(store, nullptr);
   VersionWriter b(&store->objects());
   ASSERT_TRUE(b.Write(0, Model(), true).ok());
@@ -99,7 +89,7 @@ TEST(Store, ListVersionsPicksTheNewestRevisionAndIgnoresOtherKeys) {
 TEST(Store, DeletingTheCacheDirLosesNothing) {
   ScopedTempDir dir;
   const std::string uri = dir.path() + "/store", cache = dir.path() + "/cache";
-  auto store = OpenStore(uri, cache);
+  auto store = test::OpenTestStore(uri, cache);
   ASSERT_NE(store, nullptr);
   VersionWriter b(&store->objects());
   std::vector<TestTensor> t = Model();
@@ -110,7 +100,7 @@ TEST(Store, DeletingTheCacheDirLosesNothing) {
   const std::string cache_path = store->CachePath();
   store.reset();
   fs::remove_all(cache);
-  store = OpenStore(uri, cache);
+  store = test::OpenTestStore(uri, cache);
   ASSERT_NE(store, nullptr);
   ASSERT_NE(store->index(), nullptr);
   EXPECT_TRUE(fs::exists(cache_path + "/index"));
@@ -131,7 +121,7 @@ TEST(Store, DeletingTheCacheDirLosesNothing) {
 TEST(Store, StaleIndexEntriesAreDroppedOnOpen) {
   ScopedTempDir dir;
   const std::string uri = dir.path() + "/store", cache = dir.path() + "/cache";
-  auto store = OpenStore(uri, cache);
+  auto store = test::OpenTestStore(uri, cache);
   ASSERT_NE(store, nullptr);
   VersionWriter b(&store->objects());
   ASSERT_TRUE(b.Write(0, Model(), true).ok());
@@ -140,13 +130,13 @@ TEST(Store, StaleIndexEntriesAreDroppedOnOpen) {
   ASSERT_TRUE(store->SyncIndex(false).ok());
   ASSERT_EQ(store->index()->ListVersions()->size(), 3u);
   store.reset();
-  auto plain = OpenStore(uri);  // no index: removes a version behind the cache's back
+  auto plain = test::OpenTestStore(uri);  // no index: removes a version behind the cache's back
   ASSERT_NE(plain, nullptr);
   ASSERT_TRUE(plain->objects().Delete(ManifestKey(2, 0)).ok());
   Manifest m = DecodeManifest(plain->objects().Get(ManifestKey(1, 0)).value(), "v1").value();
   m.revision = 1;
   ASSERT_TRUE(plain->objects().Put(ManifestKey(1, 1), EncodeManifest(m)).ok());
-  store = OpenStore(uri, cache);
+  store = test::OpenTestStore(uri, cache);
   ASSERT_NE(store, nullptr);
   auto indexed = store->index()->ListVersions();
   ASSERT_TRUE(indexed.ok());
@@ -159,7 +149,7 @@ TEST(Store, StaleIndexEntriesAreDroppedOnOpen) {
 TEST(Store, BadIndexEntryFallsBackToTheStore) {
   ScopedTempDir dir;
   const std::string uri = dir.path() + "/store", cache = dir.path() + "/cache";
-  auto store = OpenStore(uri, cache);
+  auto store = test::OpenTestStore(uri, cache);
   ASSERT_NE(store, nullptr);
   VersionWriter b(&store->objects());
   ASSERT_TRUE(b.Write(0, Model(), true).ok());
@@ -172,7 +162,7 @@ TEST(Store, BadIndexEntryFallsBackToTheStore) {
     ASSERT_TRUE(index.ok()) << index.status().message();
     ASSERT_TRUE((*index)->PutVersion(m, Index::Entry{ManifestKey(0, 0), "{junk", "junk"}).ok());
   }
-  store = OpenStore(uri, cache);
+  store = test::OpenTestStore(uri, cache);
   ASSERT_NE(store, nullptr);
   auto v = store->GetVersion(0);
   ASSERT_TRUE(v.ok()) << v.status().message();
@@ -182,14 +172,14 @@ TEST(Store, BadIndexEntryFallsBackToTheStore) {
 TEST(Store, CorruptBlockTableBlobIsCorruption) {
   ScopedTempDir dir;
   const std::string uri = dir.path() + "/store";
-  auto store = OpenStore(uri);
+  auto store = test::OpenTestStore(uri);
   ASSERT_NE(store, nullptr);
   VersionWriter b(&store->objects());
   ASSERT_TRUE(b.Write(0, Model(), true).ok());
   const Hash128 table = store->GetVersion(0).value()->manifest.block_table.hash;
   ASSERT_TRUE(test::FlipBits(uri + "/" + BlobKey(table), 40).ok());
   for (const std::string& cache : {std::string(""), dir.path() + "/cache"}) {
-    auto fresh = OpenStore(uri, cache);  // a corrupt version stays out of the index
+    auto fresh = test::OpenTestStore(uri, cache);  // a corrupt version stays out of the index
     ASSERT_NE(fresh, nullptr);
     auto v = fresh->GetVersion(0);
     EXPECT_EQ(v.status().code(), Code::kCorruption) << v.status().message();
@@ -200,7 +190,7 @@ TEST(Store, CorruptBlockTableBlobIsCorruption) {
 
 TEST(Store, ManifestDefectsAreCorruptionNamingTheKey) {
   ScopedTempDir dir;
-  auto store = OpenStore(dir.path());
+  auto store = test::OpenTestStore(dir.path());
   ASSERT_NE(store, nullptr);
   VersionWriter b(&store->objects());
   ASSERT_TRUE(b.Write(0, Model(), true).ok());
@@ -219,7 +209,7 @@ TEST(Store, ManifestDefectsAreCorruptionNamingTheKey) {
 
 TEST(Store, ForgetDropsTheIndexEntry) {
   ScopedTempDir dir;
-  auto store = OpenStore(dir.path() + "/s", dir.path() + "/c");
+  auto store = test::OpenTestStore(dir.path() + "/s", dir.path() + "/c");
   ASSERT_NE(store, nullptr);
   VersionWriter b(&store->objects());
   ASSERT_TRUE(b.Write(0, Model(), true).ok());

@@ -1,5 +1,7 @@
 #include "tests/testutil/checkpoint.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -12,6 +14,7 @@
 
 #include "store/delta_codec.h"
 #include "store/hash.h"
+#include "store/posix_file.h"
 #include "store/safetensors.h"
 
 namespace dte::test {
@@ -118,13 +121,17 @@ Status WriteCheckpoint(const TestCheckpoint& ckpt, const std::string& dir) {
   return Status::Ok();
 }
 
-Result<std::string> ReadFileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ErrnoStatus("cannot open " + path, errno);
-  std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return IOError("cannot read " + path);
-  return out;
+std::unique_ptr<Store> OpenTestStore(const std::string& uri, const std::string& cache_dir) {
+  StoreOptions o;
+  o.uri = uri;
+  o.cache_dir = cache_dir;
+  o.create = true;
+  auto s = Store::Open(o);
+  EXPECT_TRUE(s.ok()) << s.status().message();
+  return s.ok() ? std::move(s).value() : nullptr;
 }
+
+Result<std::string> ReadFileBytes(const std::string& path) { return ReadWholeFile(path); }
 
 Status WriteFileBytes(const std::string& path, std::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "store/manifest.h"
 #include "store/object_store.h"
 #include "store/status.h"
+#include "store/store.h"
 
 namespace dte::test {
 
@@ -80,6 +82,10 @@ std::string SafetensorsBytes(const TestSafetensors& file);
 
 // Writes every file of `ckpt` into `dir`, which is created if missing.
 Status WriteCheckpoint(const TestCheckpoint& ckpt, const std::string& dir);
+
+// Opens the store at `uri`, creating it, with its index in `cache_dir` if
+// that is not empty. A failure fails the current test and returns null.
+std::unique_ptr<Store> OpenTestStore(const std::string& uri, const std::string& cache_dir = "");
 
 // A file's whole content (NotFound / IOError naming the path).
 Result<std::string> ReadFileBytes(const std::string& path);
