@@ -399,7 +399,8 @@ std::string NowRfc3339() {
   return buf;
 }
 
-bool SameTensorLayout(const Manifest& a, const std::vector<FileEntry>& b) {
+bool SameTensorLayout(const Manifest& a, const std::vector<FileEntry>& b, uint64_t block_bytes) {
+  if (a.block_bytes != block_bytes) return false;
   auto safetensors = [](const std::vector<FileEntry>& files) {
     std::vector<const FileEntry*> out;
     for (const auto& f : files) {

@@ -110,7 +110,8 @@ std::string NowRfc3339();
 // True if the safetensors files of the two have the same layout (file names,
 // tensor names, dtypes, shapes, offsets), so one can be a delta of the other:
 // their block tables then have the same records in the same order. Other
-// files are stored whole and do not matter.
-bool SameTensorLayout(const Manifest& a, const std::vector<FileEntry>& b);
+// files are stored whole and do not matter. `block_bytes` is b's block size,
+// which must equal a's.
+bool SameTensorLayout(const Manifest& a, const std::vector<FileEntry>& b, uint64_t block_bytes);
 
 }  // namespace dte

@@ -46,16 +46,22 @@ Status Materializer::ReadRecord(const Version& v, const BlockRecord& rec, std::s
 Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,
                                const TensorEntry& tensor, uint32_t block, uint8_t* dst) {
   const uint64_t bb = v->manifest.block_bytes;
+  const size_t r = size_t{tensor.first_block} + block;
+  if (block >= tensor.blocks || r >= v->records.size()) {
+    return InvalidArgument(BlockWhat(*v, file, tensor, block) + ": no such block");
+  }
   const uint64_t len = std::min<uint64_t>(bb, tensor.bytes() - uint64_t{block} * bb);
   const int width = DTypeWidth(tensor.dtype);
-  const size_t r = size_t{tensor.first_block} + block;
   // Walk back to the nearest dense record, remembering sparse ones.
   std::vector<ChainLink> sparse;
   std::shared_ptr<const Version> cur = v;
   thread_local CodecScratch scratch;
   thread_local std::string payload;
   while (true) {
-    if (cur->records.size() != v->records.size()) {
+    // Stores are untrusted: a parent must cut its data into the same blocks,
+    // and no record may fill more than the block it stands for.
+    if (cur->records.size() != v->records.size() ||
+        cur->manifest.block_bytes != v->manifest.block_bytes) {
       return Corruption(BlockWhat(*v, file, tensor, block) + ": parent " +
                         VersionName(cur->manifest.version) + " has a different layout");
     }
@@ -63,6 +69,7 @@ Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const Fi
     if (rec.kind == BlockKind::kDenseRaw || rec.kind == BlockKind::kDenseZstd) {
       std::string what = BlockWhat(*cur, file, tensor, block);
       if (rec.kind == BlockKind::kDenseRaw) {
+        if (rec.length != len) return Corruption(what + ": dense record has the wrong length");
         const BlobRef& blob = cur->manifest.blobs[rec.blob];
         RETURN_IF_ERROR(store_->objects()
                             .ReadRange(BlobKey(blob.hash), rec.offset, rec.length, dst)

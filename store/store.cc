@@ -62,6 +62,9 @@ Status CheckBlockTable(const Manifest& m, const std::vector<BlockRecord>& record
         if (rec.kind == BlockKind::kDenseRaw && rec.length != len) {
           return Corruption(where + " has the wrong length");
         }
+        // The encoder never writes a payload larger than its block (it
+        // would have stored the block raw); bound what a reader allocates.
+        if (rec.length > 2 * len + 1024) return Corruption(where + " has an oversized payload");
       }
     }
   }

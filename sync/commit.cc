@@ -102,7 +102,7 @@ Status Committer::Plan(const std::vector<InputFile>& files) {
     anchor_reason_ = "anchor requested";
   } else {
     ASSIGN_OR_RETURN(parent_, store_->GetVersion(*latest_));
-    if (!SameTensorLayout(parent_->manifest, manifest_.files)) {
+    if (!SameTensorLayout(parent_->manifest, manifest_.files, manifest_.block_bytes)) {
       anchor_reason_ = "tensor layout differs from " + VersionName(*latest_);
       parent_.reset();
     } else {
@@ -253,6 +253,7 @@ Status Committer::Publish() {
   }
   s.stored_bytes = sink_.added_bytes();
   std::string text = EncodeManifest(manifest_);
+  RETURN_IF_ERROR(sink_.Refresh());
   // The last check before the point of no return: a publisher that committed
   // meanwhile makes this delta's parent stale.
   ASSIGN_OR_RETURN(auto latest, store_->Latest());

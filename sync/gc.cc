@@ -80,6 +80,9 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
   r.versions_kept = keep.size();
   r.versions_removed = versions.size() - keep.size();
   if (options.dry_run) return r;
+  // Versions committed while gc runs are newer than every kept one; gc
+  // neither removes nor sweeps anything of theirs.
+  const uint64_t oldest_kept = *keep.begin();
   // 1. Make every kept version's chain stay inside the kept set.
   for (uint64_t k : keep) {
     ASSIGN_OR_RETURN(auto v, store.GetVersion(k));
@@ -99,15 +102,19 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
     if (!pa || !pb) return a > b;
     return *pa > *pb;
   });
+  std::set<uint64_t> removed;
   for (const auto& key : keys) {
     auto parsed = ParseManifestKey(key);
     if (!parsed) continue;
-    bool current = keep.count(parsed->first) && versions[parsed->first] == key;
-    if (!current) {
+    const uint64_t v = parsed->first;
+    bool superseded = keep.count(v) && versions.count(v) && versions[v] != key;
+    if (v < oldest_kept || superseded) {
       RETURN_IF_ERROR(store.objects().Delete(key));
-      store.Forget(parsed->first);
+      store.Forget(v);
+      if (v < oldest_kept) removed.insert(v);
     }
   }
+  r.versions_removed = removed.size();
   // 3. Sweep blobs no kept version reaches.
   std::set<std::string> live;
   ASSIGN_OR_RETURN(versions, store.ListVersions());

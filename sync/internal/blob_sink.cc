@@ -55,13 +55,14 @@ Result<BlobRef> BlobSink::Finish(std::unique_ptr<Spool> spool) {
 Result<BlobRef> BlobSink::Adopt(const Hash128& hash, uint64_t size, const std::string* data,
                                 const std::string* path) {
   std::string key = BlobKey(hash);
-  for (const auto& b : added_) {
+  for (const auto& b : used_) {
     if (b.hash == hash) return BlobRef{hash, size, false};
   }
   ASSIGN_OR_RETURN(auto existing, objects_->Size(key));
   if (existing && *existing == size) {
     RETURN_IF_ERROR(objects_->Touch(key));
-    return BlobRef{hash, size, false};
+    used_.push_back(BlobRef{hash, size, false});
+    return used_.back();
   }
   // Missing, or a damaged copy of the wrong size: (re)write it.
   if (data) {
@@ -71,7 +72,22 @@ Result<BlobRef> BlobSink::Adopt(const Hash128& hash, uint64_t size, const std::s
   }
   BlobRef ref{hash, size, true};
   added_.push_back(ref);
+  used_.push_back(ref);
   return ref;
+}
+
+Status BlobSink::Refresh() {
+  for (const auto& b : used_) {
+    std::string key = BlobKey(b.hash);
+    ASSIGN_OR_RETURN(auto size, objects_->Size(key));
+    if (size != b.size) {
+      return NotFound("blob " + key + " written by this commit has gone before its manifest " +
+                      "was created (a gc whose grace window is shorter than the commit?); " +
+                      "retry the commit");
+    }
+    RETURN_IF_ERROR(objects_->Touch(key));
+  }
+  return Status::Ok();
 }
 
 uint64_t BlobSink::added_bytes() const {

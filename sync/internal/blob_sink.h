@@ -50,12 +50,19 @@ class BlobSink {
   const std::vector<BlobRef>& added() const { return added_; }
   uint64_t added_bytes() const;
 
+  // Touches every blob this sink wrote or reused and checks it is still
+  // there, right before the manifest naming them is created: gc spares
+  // blobs younger than its grace window, and a long commit's early blobs may
+  // have aged past it. NotFound naming the blob if one has gone.
+  Status Refresh();
+
  private:
   Result<BlobRef> Adopt(const Hash128& hash, uint64_t size, const std::string* data,
                         const std::string* path);
 
   ObjectStore* objects_;
   std::vector<BlobRef> added_;
+  std::vector<BlobRef> used_;  // added or reused
 };
 
 }  // namespace dte::internal

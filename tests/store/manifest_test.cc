@@ -363,11 +363,12 @@ TEST(Manifest, SameTensorLayoutComparesOnlySafetensorsLayout) {
   files[1].tensors[0].changed = 0;
   files[0].size = 12345;  // raw files do not matter
   files[0].name = "generation_config.json";
-  EXPECT_TRUE(SameTensorLayout(m, files));
+  EXPECT_TRUE(SameTensorLayout(m, files, m.block_bytes));
+  EXPECT_FALSE(SameTensorLayout(m, files, m.block_bytes * 2));  // blocks cut differently
   auto differs = [&](const std::function<void(std::vector<FileEntry>&)>& edit) {
     std::vector<FileEntry> f = m.files;
     edit(f);
-    return !SameTensorLayout(m, f);
+    return !SameTensorLayout(m, f, m.block_bytes);
   };
   EXPECT_TRUE(differs([](auto& f) { f[1].tensors[1].name = "b.other"; }));
   EXPECT_TRUE(differs([](auto& f) { f[1].tensors[1].dtype = DType::kI32; }));
