@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -224,6 +225,60 @@ TEST_F(GcTest, GcWithAnIndexThenCommitAndReopen) {
   ASSERT_NE(store, nullptr);
   EXPECT_EQ(store->index()->ListVersions().value(), store->ListVersions().value());
   for (uint64_t v = 4; v < kVersions; ++v) ExpectMaterializes(*store, v);
+}
+
+// repro_gc_deletes_new_version.sh, deterministically: another publisher (its
+// own Store, as another process) commits v6 while gc is rebasing v5, from
+// the rebase's progress callback. gc must neither delete v6's manifest (it
+// did: v6 was not in its keep set) nor sweep v6's blobs, even with no grace.
+TEST_F(GcTest, VersionCommittedDuringTheRebaseSurvives) {
+  TestCheckpoint c;
+  c.safetensors.push_back(
+      {"model.safetensors",
+       {test::Bf16Tensor("w", {1024, 400}, 1), test::Bf16Tensor("v", {333, 3}, 2)},
+       {}});
+  for (uint64_t v = 1; v <= kVersions; ++v) {  // v6 = v5 plus one more step
+    test::PerturbElements(&c.tensor("w").data, 2, 200, v);
+    test::PerturbElements(&c.tensor("v").data, 2, 2, 50 + v);
+  }
+  c.raw_files["config.json"] = "{\"step\": 6}";
+  ASSERT_FALSE(test::SafetensorsBytes(c.safetensors[0]) ==
+               files_[kVersions - 1]["model.safetensors"]);
+  const std::string dir = tmp_.path() + "/in6";
+  ASSERT_TRUE(test::WriteCheckpoint(c, dir).ok());
+  files_[kVersions] = {{"config.json", c.raw_files["config.json"]},
+                       {"model.safetensors", test::SafetensorsBytes(c.safetensors[0])}};
+  auto publisher = Open();
+  ASSERT_NE(publisher, nullptr);
+  int calls = 0;
+  std::optional<Result<CommitResult>> committed;
+  GcOptions o;
+  o.keep_last = 1;
+  o.grace_seconds = 0;
+  auto r = CollectGarbage(*store_, o, [&](uint64_t, uint64_t) {
+    if (calls++ == 0) committed = CommitDirectory(*publisher, dir, {});
+  });
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_TRUE(committed.has_value()) << "the rebase reported no progress";
+  ASSERT_TRUE(committed->ok()) << committed->status().message();
+  EXPECT_EQ((*committed)->version, kVersions);
+  EXPECT_EQ((*committed)->parent, std::optional<uint64_t>(kVersions - 1)) << "not a delta";
+  EXPECT_EQ(r->versions_rebased, 1u);
+  EXPECT_EQ(r->versions_removed, kVersions - 1) << "v6 counted as removed";
+  EXPECT_EQ(Keys("manifests/"),
+            (std::set<std::string>{ManifestKey(kVersions - 1, 1), ManifestKey(kVersions, 0)}));
+  auto fresh = Open();
+  ASSERT_NE(fresh, nullptr);
+  for (uint64_t v = kVersions - 1; v <= kVersions; ++v) ExpectMaterializes(*fresh, v);
+  EXPECT_EQ(Keys("blobs/"), ReachableBlobs(*fresh));
+  auto verified = VerifyStore(*fresh, std::nullopt, nullptr);
+  ASSERT_TRUE(verified.ok()) << verified.status().message();
+  EXPECT_TRUE(verified->ok()) << verified->problems.front();
+  // A second gc sees v6 as the newest version and keeps it alone.
+  auto again = CollectGarbage(*fresh, o, nullptr);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->versions_removed, 1u);
+  ExpectMaterializes(*fresh, kVersions);
 }
 
 }  // namespace
