@@ -1,0 +1,189 @@
+#include "fs/dtefs.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "fs/filesystem.h"
+#include "fs/internal/fuse_ops.h"
+
+namespace dte::fs {
+namespace {
+
+// Options of mount(8) and fstab lines that the fuse3 mount helper passes on
+// and that have no meaning for (or are overridden in) a read-only mount.
+bool IgnoredMountOption(const std::string& o) {
+  static const char* const kIgnored[] = {"rw",     "ro",     "dev",     "nodev",    "suid",
+                                         "nosuid", "exec",   "noexec",  "auto",     "noauto",
+                                         "user",   "nouser", "users",   "_netdev",  "nofail",
+                                         "async",  "atime",  "noatime", "relatime", "defaults"};
+  return std::find(std::begin(kIgnored), std::end(kIgnored), o) != std::end(kIgnored) ||
+         o.rfind("x-", 0) == 0;
+}
+
+// A FUSE session with signal handlers; unmounted and destroyed with the object.
+class Session {
+ public:
+  ~Session() {
+    if (!se_) return;
+    Unmount();
+    fuse_session_destroy(se_);
+  }
+
+  // Restores the signal handlers and unmounts (if still mounted).
+  void Unmount() {
+    if (handlers_) fuse_remove_signal_handlers(se_);
+    if (mounted_) fuse_session_unmount(se_);
+    handlers_ = mounted_ = false;
+  }
+
+  Status Mount(const MountOptions& o, MountState* state) {
+    std::vector<std::string> args = {"dtefs"};
+    if (o.debug) args.push_back("-d");
+    std::string joined;
+    for (const std::string& opt : EffectiveMountOptions(o))
+      joined += (joined.empty() ? "" : ",") + opt;
+    args.insert(args.end(), {"-o", joined});
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    fuse_args fa = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+    const fuse_lowlevel_ops& ops = FilesystemOps();
+    se_ = fuse_session_new(&fa, &ops, sizeof(ops), state);
+    fuse_opt_free_args(&fa);
+    if (!se_) return InvalidArgument("dtefs: bad mount options \"" + joined + "\"");
+    if (fuse_set_signal_handlers(se_) != 0) return Internal("dtefs: cannot set signal handlers");
+    handlers_ = true;
+    if (fuse_session_mount(se_, o.mountpoint.c_str()) != 0) {
+      return IOError("dtefs: cannot mount at " + o.mountpoint);
+    }
+    mounted_ = true;
+    return Status::Ok();
+  }
+
+  Status Loop() {
+    fuse_loop_config config = {};
+    config.clone_fd = 0;
+    config.max_idle_threads = 16;
+    // 0: unmounted; > 0: the number of the signal (SIGTERM, SIGINT, SIGHUP)
+    // that ended the loop, a normal shutdown too; < 0: -errno.
+    int rc = fuse_session_loop_mt(se_, &config);
+    return rc >= 0 ? Status::Ok() : ErrnoStatus("dtefs: request loop", -rc);
+  }
+
+ private:
+  fuse_session* se_ = nullptr;
+  bool handlers_ = false, mounted_ = false;
+};
+
+// Polls the store for new and removed versions until stopped. Refresh() is
+// the slow metadata work (listing, loading manifests and block tables), so it
+// runs here and never on a request thread.
+//
+// Thread-safety: owns one thread; construct and destroy from one thread.
+class Poller {
+ public:
+  Poller(Filesystem* fs, uint32_t period_ms)
+      : thread_([this, fs, period_ms] { Run(fs, period_ms); }) {}
+  ~Poller() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  void Run(Filesystem* fs, uint32_t period_ms) {
+    constexpr auto kTick = std::chrono::milliseconds(20);
+    auto next = std::chrono::steady_clock::now();
+    std::string last_error;
+    while (!stop_) {
+      std::this_thread::sleep_for(kTick);
+      if (std::chrono::steady_clock::now() < next) continue;
+      next = std::chrono::steady_clock::now() + std::chrono::milliseconds(period_ms);
+      // A store that cannot be listed is reported once per distinct error,
+      // not every period; the last good version set stays mounted meanwhile.
+      Status s = fs->Refresh();
+      if (!s.ok() && s.message() != last_error) {
+        std::cerr << "dtefs: listing versions: " << s.message() << std::endl;
+      }
+      last_error = s.ok() ? "" : s.message();
+    }
+  }
+
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Blocks SIGTERM, SIGINT and SIGHUP in this thread (and so in every thread
+// it starts) until Release() or destruction. libfuse's handlers end the
+// request loop by interrupting the wait of the thread that runs it, so that
+// thread must be the one the signal is delivered to, not the poller's or
+// the store's; libfuse's own workers block all signals.
+//
+// Thread-safety: belongs to the thread that created it.
+class ShutdownSignalsBlocked {
+ public:
+  ShutdownSignalsBlocked() {
+    sigemptyset(&set_);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set_, sig);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+  }
+  ~ShutdownSignalsBlocked() { Release(); }
+  void Release() {
+    if (blocked_) pthread_sigmask(SIG_UNBLOCK, &set_, nullptr);
+    blocked_ = false;
+  }
+
+ private:
+  sigset_t set_;
+  bool blocked_ = true;
+};
+
+Result<std::unique_ptr<Store>> OpenStore(const MountOptions& o, bool with_index) {
+  StoreOptions so;
+  so.uri = o.store;
+  so.cache_dir = with_index ? o.cache_dir : "";
+  so.index_optional = true;
+  return Store::Open(so);
+}
+
+}  // namespace
+
+std::vector<std::string> EffectiveMountOptions(const MountOptions& options) {
+  std::vector<std::string> out = {"ro", "fsname=dtefs", "subtype=dtefs", "max_read=1048576"};
+  for (const std::string& o : options.fuse_options) {
+    if (!o.empty() && !IgnoredMountOption(o)) out.push_back(o);
+  }
+  return out;
+}
+
+Status Serve(const MountOptions& o) {
+  {
+    // Check the store before mounting so errors reach the caller's terminal.
+    // Without the index: RocksDB's threads would not survive the daemon fork.
+    ASSIGN_OR_RETURN(auto probe, OpenStore(o, false));
+    RETURN_IF_ERROR(probe->ListVersions().status());
+  }
+  Session session;
+  MountState state;  // requests only reach it once the loop runs
+  RETURN_IF_ERROR(session.Mount(o, &state));
+  if (fuse_daemonize(o.foreground ? 1 : 0) != 0) return Internal("dtefs: cannot daemonize");
+  Status s;
+  {
+    ShutdownSignalsBlocked blocked;  // a signal now stays pending until Release()
+    ASSIGN_OR_RETURN(state.store, OpenStore(o, true));
+    state.fs = std::make_unique<Filesystem>(state.store.get(), o.cache_bytes);
+    RETURN_IF_ERROR(state.fs->Refresh());
+    Poller poller(state.fs.get(), o.poll_ms);
+    blocked.Release();
+    s = session.Loop();
+  }
+  session.Unmount();  // before the store closes, so no request waits on it
+  return s;
+}
+
+}  // namespace dte::fs

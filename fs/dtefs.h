@@ -1,0 +1,40 @@
+// dtefs: mount a dte store as a read-only tree of checkpoint directories.
+//
+// Serve() mounts the store at a directory (see fs/filesystem.h for the tree)
+// and answers requests until the mount goes away: `fusermount3 -u`, SIGTERM
+// or SIGINT. It then unmounts, stops the poller and closes the store.
+//
+// Thread-safety: Serve() is a blocking call; run one per mount point.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "store/status.h"
+
+namespace dte::fs {
+
+struct MountOptions {
+  std::string store;                           // local directory or s3://bucket/prefix
+  std::string mountpoint;                      // an existing directory
+  std::string cache_dir;                       // host-local index; empty: run without one
+  uint64_t cache_bytes = uint64_t{256} << 20;  // block cache capacity
+  uint32_t poll_ms = 500;                      // how often new versions are looked for
+  bool foreground = false;                     // false: daemonize once mounted
+  bool debug = false;                          // libfuse request tracing
+  // Extra mount options (-o), already split at commas. Options that make no
+  // sense for a read-only store mount (rw, dev, suid, ...) are dropped.
+  std::vector<std::string> fuse_options;
+};
+
+// Returns when unmounted. Errors before the mount exists are returned (and,
+// without `foreground`, happen before daemonizing, so the caller can print
+// them).
+Status Serve(const MountOptions& options);
+
+// The mount options dtefs passes to libfuse: always read-only with 1 MiB
+// reads, plus the user's options minus the ignored mount(8) generics.
+std::vector<std::string> EffectiveMountOptions(const MountOptions& options);
+
+}  // namespace dte::fs

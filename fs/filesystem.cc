@@ -1,0 +1,281 @@
+#include "fs/filesystem.h"
+
+#include <fcntl.h>
+
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+namespace dte::fs {
+namespace {
+
+constexpr size_t kMaxErrors = 32;  // recent errors kept for .dte/status
+
+// "v00000012" -> 12; nullopt for anything else.
+std::optional<uint64_t> ParseVersionName(std::string_view name) {
+  if (name.size() < 9 || name.size() > 13 || name[0] != 'v') return std::nullopt;
+  uint64_t n = 0;
+  for (char c : name.substr(1)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (VersionName(n) != name) return std::nullopt;
+  return n;
+}
+
+}  // namespace
+
+Status ReadOnlyError(const std::string& what) {
+  return Status(Code::kUnimplemented, what + ": the dtefs mount is read-only");
+}
+
+int64_t ParseRfc3339(const std::string& text) {
+  std::tm tm{};
+  if (std::sscanf(text.c_str(), "%d-%d-%dT%d:%d:%d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec) != 6) {
+    return 0;
+  }
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return static_cast<int64_t>(timegm(&tm));
+}
+
+Filesystem::Filesystem(Store* store, uint64_t cache_bytes)
+    : store_(store), reader_(store, cache_bytes) {
+  root_mtime_ = static_cast<int64_t>(std::time(nullptr));
+}
+
+Status Filesystem::Refresh() {
+  ASSIGN_OR_RETURN(auto listed, store_->ListVersions());
+  std::map<uint64_t, std::shared_ptr<const Version>> current;
+  {
+    MutexLock lock(&mu_);
+    current = versions_;
+  }
+  std::map<uint64_t, std::shared_ptr<const Version>> next;
+  for (const auto& [version, key] : listed) {
+    auto it = current.find(version);
+    if (it != current.end() && it->second->key == key) {
+      next.emplace(version, it->second);
+      continue;
+    }
+    auto v = store_->GetVersionAt(version, key);
+    if (v.ok()) {
+      next.emplace(version, *v);
+      continue;
+    }
+    MutexLock lock(&mu_);
+    if (failed_keys_.insert(key).second) {
+      std::cerr << "dtefs: skipping " << VersionName(version) << ": " << v.status().message()
+                << "\n";
+      errors_.push_back(v.status().message());
+      if (errors_.size() > kMaxErrors) errors_.pop_front();
+    }
+    if (it != current.end()) next.emplace(version, it->second);
+  }
+  Install(std::move(next));
+  return Status::Ok();
+}
+
+void Filesystem::Install(std::map<uint64_t, std::shared_ptr<const Version>> next) {
+  std::vector<uint64_t> removed;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [version, v] : versions_) {
+      if (!next.count(version)) removed.push_back(version);
+    }
+    bool changed = !removed.empty() || next.size() != versions_.size();
+    for (const auto& [version, v] : next) {
+      auto it = versions_.find(version);
+      changed = changed || it == versions_.end() || it->second != v;
+    }
+    if (changed) root_mtime_ = static_cast<int64_t>(std::time(nullptr));
+    versions_ = std::move(next);
+  }
+  for (uint64_t version : removed) {
+    // Open files keep their Version alive; the parsed copy and the cached
+    // blocks of a version that left the store are not needed by anyone new.
+    store_->Forget(version);
+    reader_.cache().DropVersion(version);
+  }
+}
+
+Result<std::shared_ptr<const Version>> Filesystem::VersionOf(uint64_t version) {
+  MutexLock lock(&mu_);
+  auto it = versions_.find(version);
+  if (it == versions_.end()) return NotFound(VersionName(version) + " is not in the store");
+  return it->second;
+}
+
+NodeAttr Filesystem::VersionDirAttr(const Version& v) {
+  NodeAttr a;
+  a.ino = inodes_.Intern(v.manifest.version, kDirFile);
+  a.type = NodeType::kDirectory;
+  a.mtime = ParseRfc3339(v.manifest.created);
+  a.immutable = true;
+  return a;
+}
+
+NodeAttr Filesystem::FileAttr(const Version& v, uint32_t file) {
+  NodeAttr a;
+  a.ino = inodes_.Intern(v.manifest.version, file);
+  a.type = NodeType::kRegular;
+  a.size = v.manifest.files[file].size;
+  a.mtime = ParseRfc3339(v.manifest.created);
+  a.immutable = true;
+  return a;
+}
+
+NodeAttr Filesystem::RootAttr() {
+  MutexLock lock(&mu_);
+  NodeAttr a;
+  a.ino = kRootIno;
+  a.type = NodeType::kDirectory;
+  a.mtime = root_mtime_;
+  return a;
+}
+
+Result<NodeAttr> Filesystem::GetAttr(uint64_t ino) {
+  switch (ino) {
+    case kRootIno:
+      return RootAttr();
+    case kLatestIno: {
+      ASSIGN_OR_RETURN(std::string target, ReadLink(ino));
+      NodeAttr a = RootAttr();
+      a.ino = kLatestIno;
+      a.type = NodeType::kSymlink;
+      a.size = target.size();
+      return a;
+    }
+    case kDteDirIno: {
+      NodeAttr a = RootAttr();
+      a.ino = kDteDirIno;
+      return a;
+    }
+    case kStatusIno: {
+      NodeAttr a;
+      a.ino = kStatusIno;
+      a.size = StatusJson().size();
+      a.mtime = static_cast<int64_t>(std::time(nullptr));
+      return a;
+    }
+  }
+  std::optional<InodeKey> key = inodes_.Find(ino);
+  if (!key) return NotFound("inode " + std::to_string(ino));
+  ASSIGN_OR_RETURN(auto v, VersionOf(key->version));
+  return key->file == kDirFile ? VersionDirAttr(*v) : FileAttr(*v, key->file);
+}
+
+Result<NodeAttr> Filesystem::Lookup(uint64_t parent, std::string_view name) {
+  if (parent == kRootIno) {
+    if (name == "latest") return GetAttr(kLatestIno);
+    if (name == ".dte") return GetAttr(kDteDirIno);
+    std::optional<uint64_t> version = ParseVersionName(name);
+    if (!version) return NotFound(std::string(name));
+    ASSIGN_OR_RETURN(auto v, VersionOf(*version));
+    return VersionDirAttr(*v);
+  }
+  if (parent == kDteDirIno) {
+    if (name == "status") return GetAttr(kStatusIno);
+    return NotFound(".dte/" + std::string(name));
+  }
+  std::optional<InodeKey> key = inodes_.Find(parent);
+  if (!key || key->file != kDirFile) return NotFound("inode " + std::to_string(parent));
+  ASSIGN_OR_RETURN(auto v, VersionOf(key->version));
+  const auto& files = v->manifest.files;
+  for (uint32_t i = 0; i < files.size(); ++i) {
+    if (files[i].name == name) return FileAttr(*v, i);
+  }
+  return NotFound(VersionName(key->version) + "/" + std::string(name));
+}
+
+Result<std::vector<DirEntry>> Filesystem::RootEntries() {
+  std::vector<DirEntry> out;
+  std::map<uint64_t, std::shared_ptr<const Version>> versions;
+  {
+    MutexLock lock(&mu_);
+    versions = versions_;
+  }
+  for (const auto& [version, v] : versions)
+    out.push_back({VersionName(version), VersionDirAttr(*v)});
+  if (!versions.empty()) {
+    ASSIGN_OR_RETURN(NodeAttr latest, GetAttr(kLatestIno));
+    out.push_back({"latest", latest});
+  }
+  ASSIGN_OR_RETURN(NodeAttr dte, GetAttr(kDteDirIno));
+  out.push_back({".dte", dte});
+  return out;
+}
+
+Result<std::vector<DirEntry>> Filesystem::ReadDir(uint64_t ino) {
+  if (ino == kRootIno) return RootEntries();
+  if (ino == kDteDirIno) {
+    ASSIGN_OR_RETURN(NodeAttr status, GetAttr(kStatusIno));
+    return std::vector<DirEntry>{{"status", status}};
+  }
+  std::optional<InodeKey> key = inodes_.Find(ino);
+  if (!key) return NotFound("inode " + std::to_string(ino));
+  if (key->file != kDirFile) return InvalidArgument("inode " + std::to_string(ino) + " is a file");
+  ASSIGN_OR_RETURN(auto v, VersionOf(key->version));
+  std::vector<DirEntry> out;
+  for (uint32_t i = 0; i < v->manifest.files.size(); ++i) {
+    out.push_back({v->manifest.files[i].name, FileAttr(*v, i)});
+  }
+  return out;
+}
+
+Result<std::string> Filesystem::ReadLink(uint64_t ino) {
+  if (ino != kLatestIno) return InvalidArgument("inode " + std::to_string(ino) + " is no symlink");
+  MutexLock lock(&mu_);
+  if (versions_.empty()) return NotFound("latest: the store has no versions");
+  return VersionName(versions_.rbegin()->first);
+}
+
+Result<std::unique_ptr<OpenFile>> Filesystem::Open(uint64_t ino, int flags) {
+  if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC)) {
+    return ReadOnlyError("open for writing of inode " + std::to_string(ino));
+  }
+  auto f = std::make_unique<OpenFile>();
+  if (ino == kStatusIno) {
+    f->snapshot = StatusJson();
+    return f;
+  }
+  std::optional<InodeKey> key = inodes_.Find(ino);
+  if (!key) return NotFound("inode " + std::to_string(ino));
+  if (key->file == kDirFile) return InvalidArgument(VersionName(key->version) + " is a directory");
+  ASSIGN_OR_RETURN(f->version, VersionOf(key->version));
+  f->file_index = key->file;
+  return f;
+}
+
+Status Filesystem::Read(const OpenFile& f, uint64_t offset, uint64_t len, std::string* out) {
+  reads_++;
+  if (!f.version) {
+    *out = offset < f.snapshot.size() ? f.snapshot.substr(offset, len) : std::string();
+    return Status::Ok();
+  }
+  const uint64_t size = f.version->manifest.files[f.file_index].size;
+  len = offset >= size ? 0 : std::min(len, size - offset);
+  out->resize(len);
+  Status s =
+      reader_.Read(f.version, f.file_index, offset, len, reinterpret_cast<uint8_t*>(out->data()));
+  if (!s.ok()) {
+    read_errors_++;
+    RecordError(*f.version, f.file_index, s);
+    return s;
+  }
+  bytes_served_ += len;
+  return Status::Ok();
+}
+
+void Filesystem::RecordError(const Version& v, uint32_t file, const Status& s) {
+  MutexLock lock(&mu_);
+  if (!logged_.insert({v.manifest.version, file}).second) return;
+  // The message names the blob, version, file and tensor (Materializer's contract).
+  std::cerr << "dtefs: read of " << VersionName(v.manifest.version) << "/"
+            << v.manifest.files[file].name << " failed: " << s.message() << std::endl;
+  errors_.push_back(s.message());
+  if (errors_.size() > kMaxErrors) errors_.pop_front();
+}
+
+}  // namespace dte::fs

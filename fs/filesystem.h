@@ -1,0 +1,115 @@
+// Filesystem: the FUSE-free logic of dtefs — namespace, attributes, reads.
+//
+// The tree a mount shows:
+//   /                     one directory per committed version, plus
+//   /vNNNNNNNN/<file>     exactly the files of that version (read-only)
+//   /latest               symlink to the newest version's directory
+//   /.dte/status          JSON: versions, counters, cache, recent errors
+// Every operation returns a Status or Result; the FUSE adapter
+// (fs/internal/) turns them into exactly one reply, and errno mapping lives
+// in one place there. Refresh() is the only slow metadata operation (it
+// loads manifests and block tables) and runs on the poller thread, never on
+// a request thread; lookups and listings only read the in-memory version set.
+//
+// Thread-safety: all methods may be called concurrently. Lock order: mu_
+// before any lock inside InodeTable or BlockCache (never the reverse).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fs/inode_table.h"
+#include "fs/read_path.h"
+#include "store/store.h"
+#include "store/thread_annotations.h"
+
+namespace dte::fs {
+
+inline constexpr uint64_t kRootIno = 1;
+inline constexpr uint64_t kLatestIno = 2;
+inline constexpr uint64_t kDteDirIno = 3;
+inline constexpr uint64_t kStatusIno = 4;
+
+enum class NodeType { kDirectory, kRegular, kSymlink };
+
+struct NodeAttr {
+  uint64_t ino = 0;
+  NodeType type = NodeType::kRegular;
+  uint64_t size = 0;
+  int64_t mtime = 0;       // seconds since the epoch
+  bool immutable = false;  // never changes while mounted: the kernel may cache it
+};
+
+struct DirEntry {
+  std::string name;
+  NodeAttr attr;
+};
+
+// An open file. Holds its version, so a version removed from the store keeps
+// reading until the file is released.
+struct OpenFile {
+  std::shared_ptr<const Version> version;  // null for .dte/status
+  uint32_t file_index = 0;
+  std::string snapshot;  // .dte/status content as of open
+};
+
+class Filesystem {
+ public:
+  Filesystem(Store* store, uint64_t cache_bytes);
+  Filesystem(const Filesystem&) = delete;
+  Filesystem& operator=(const Filesystem&) = delete;
+
+  // Brings the version set in line with the store: loads new versions and
+  // drops removed ones. A version that fails to load is logged and skipped.
+  Status Refresh() EXCLUDES(mu_);
+
+  Result<NodeAttr> Lookup(uint64_t parent, std::string_view name) EXCLUDES(mu_);
+  Result<NodeAttr> GetAttr(uint64_t ino) EXCLUDES(mu_);
+  Result<std::vector<DirEntry>> ReadDir(uint64_t ino) EXCLUDES(mu_);
+  Result<std::string> ReadLink(uint64_t ino) EXCLUDES(mu_);
+  // `flags` are open(2) flags; anything but read-only access is refused.
+  Result<std::unique_ptr<OpenFile>> Open(uint64_t ino, int flags) EXCLUDES(mu_);
+  // Up to `len` bytes at `offset` into *out (short or empty at end of file).
+  Status Read(const OpenFile& f, uint64_t offset, uint64_t len, std::string* out) EXCLUDES(mu_);
+
+  std::string StatusJson() EXCLUDES(mu_);
+
+ private:
+  Result<std::shared_ptr<const Version>> VersionOf(uint64_t version) EXCLUDES(mu_);
+  NodeAttr VersionDirAttr(const Version& v);
+  NodeAttr FileAttr(const Version& v, uint32_t file);
+  NodeAttr RootAttr() EXCLUDES(mu_);
+  Result<std::vector<DirEntry>> RootEntries() EXCLUDES(mu_);
+  void RecordError(const Version& v, uint32_t file, const Status& s) EXCLUDES(mu_);
+  void Install(std::map<uint64_t, std::shared_ptr<const Version>> next) EXCLUDES(mu_);
+
+  Store* const store_;
+  ReadPath reader_;
+  InodeTable inodes_;
+  std::atomic<uint64_t> bytes_served_{0}, reads_{0}, read_errors_{0};
+
+  Mutex mu_;
+  std::map<uint64_t, std::shared_ptr<const Version>> versions_ GUARDED_BY(mu_);
+  int64_t root_mtime_ GUARDED_BY(mu_) = 0;
+  std::set<std::pair<uint64_t, uint32_t>> logged_ GUARDED_BY(mu_);  // (version, file)
+  std::set<std::string> failed_keys_ GUARDED_BY(mu_);               // manifests that did not load
+  std::deque<std::string> errors_ GUARDED_BY(mu_);                  // most recent last
+};
+
+// The error of every operation that would modify the mount. Its code is
+// kUnimplemented, which the FUSE adapter maps to EROFS: the only operations
+// this filesystem leaves unimplemented are the ones that would modify it.
+Status ReadOnlyError(const std::string& what);
+
+// Seconds since the epoch of an RFC 3339 UTC time ("2026-11-22T01:02:03Z");
+// 0 if it does not parse.
+int64_t ParseRfc3339(const std::string& text);
+
+}  // namespace dte::fs

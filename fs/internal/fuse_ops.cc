@@ -1,0 +1,237 @@
+#include "fs/internal/fuse_ops.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dte::fs {
+namespace {
+
+// Version directories and files never change while mounted: the kernel may
+// keep their attributes and names for long. The root, `latest` and
+// .dte/status change as versions come and go, so they are never cached.
+constexpr double kImmutableTimeout = 3600.0;
+// A version directory can still disappear (gc): its name is re-checked soon.
+constexpr double kVersionDirEntryTimeout = 1.0;
+
+// Largest read request; EffectiveMountOptions() passes the same as -o max_read.
+constexpr unsigned kMaxRead = 1 << 20;
+
+Filesystem* Fs(fuse_req_t req) {
+  return static_cast<MountState*>(fuse_req_userdata(req))->fs.get();
+}
+
+struct stat ToStat(const NodeAttr& a) {
+  struct stat st = {};
+  st.st_ino = a.ino;
+  switch (a.type) {
+    case NodeType::kDirectory:
+      st.st_mode = S_IFDIR | 0555;
+      st.st_nlink = 2;
+      break;
+    case NodeType::kRegular:
+      st.st_mode = S_IFREG | 0444;
+      st.st_nlink = 1;
+      break;
+    case NodeType::kSymlink:
+      st.st_mode = S_IFLNK | 0777;
+      st.st_nlink = 1;
+      break;
+  }
+  st.st_uid = getuid();
+  st.st_gid = getgid();
+  st.st_size = static_cast<off_t>(a.size);
+  st.st_blksize = 256 * 1024;
+  st.st_blocks = static_cast<blkcnt_t>((a.size + 511) / 512);
+  st.st_mtim.tv_sec = st.st_ctim.tv_sec = st.st_atim.tv_sec = a.mtime;
+  return st;
+}
+
+double AttrTimeout(const NodeAttr& a) { return a.immutable ? kImmutableTimeout : 0.0; }
+
+void ReplyError(fuse_req_t req, const Status& s) { fuse_reply_err(req, ErrnoOf(s)); }
+
+void ReplyEntry(fuse_req_t req, const Result<NodeAttr>& a) {
+  if (!a.ok()) return ReplyError(req, a.status());
+  fuse_entry_param e = {};
+  e.ino = a->ino;
+  e.attr = ToStat(*a);
+  e.attr_timeout = AttrTimeout(*a);
+  e.entry_timeout = !a->immutable                     ? 0.0
+                    : a->type == NodeType::kDirectory ? kVersionDirEntryTimeout
+                                                      : kImmutableTimeout;
+  fuse_reply_entry(req, &e);
+}
+
+// --- read-only namespace ------------------------------------------------------
+
+void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  ReplyEntry(req, Fs(req)->Lookup(parent, name));
+}
+
+void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  Result<NodeAttr> a = Fs(req)->GetAttr(ino);
+  if (!a.ok()) return ReplyError(req, a.status());
+  struct stat st = ToStat(*a);
+  fuse_reply_attr(req, &st, AttrTimeout(*a));
+}
+
+void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
+  Result<std::string> target = Fs(req)->ReadLink(ino);
+  if (!target.ok()) return ReplyError(req, target.status());
+  fuse_reply_readlink(req, target->c_str());
+}
+
+// A directory listing is taken once at opendir, so a reader paging through
+// it sees one consistent set of versions.
+void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Result<std::vector<DirEntry>> entries = Fs(req)->ReadDir(ino);
+  if (!entries.ok()) return ReplyError(req, entries.status());
+  auto listing = std::make_unique<std::vector<DirEntry>>(std::move(entries).value());
+  fi->fh = reinterpret_cast<uint64_t>(listing.get());
+  if (fuse_reply_open(req, fi) == 0) listing.release();
+}
+
+void OpReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  const auto& listing = *reinterpret_cast<const std::vector<DirEntry>*>(fi->fh);
+  std::string buf(size, '\0');
+  size_t used = 0;
+  for (size_t i = static_cast<size_t>(off); i < listing.size(); ++i) {
+    struct stat st = ToStat(listing[i].attr);
+    size_t n = fuse_add_direntry(req, buf.data() + used, size - used, listing[i].name.c_str(), &st,
+                                 static_cast<off_t>(i + 1));
+    if (n > size - used) break;
+    used += n;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  delete reinterpret_cast<std::vector<DirEntry>*>(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+// --- files ------------------------------------------------------------------------
+
+void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Result<std::unique_ptr<OpenFile>> f = Fs(req)->Open(ino, fi->flags);
+  if (!f.ok()) return ReplyError(req, f.status());
+  // Version files are immutable: keep their page cache across opens, and no
+  // direct I/O so mmap works. The status file changes on every read.
+  const bool is_status = (*f)->version == nullptr;
+  fi->keep_cache = !is_status;
+  fi->direct_io = is_status;
+  fi->fh = reinterpret_cast<uint64_t>(f->get());
+  if (fuse_reply_open(req, fi) == 0) f->release();
+}
+
+void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  const auto& f = *reinterpret_cast<const OpenFile*>(fi->fh);
+  std::string out;
+  Status s = Fs(req)->Read(f, static_cast<uint64_t>(off), size, &out);
+  if (!s.ok()) return ReplyError(req, s);
+  fuse_reply_buf(req, out.data(), out.size());
+}
+
+void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  delete reinterpret_cast<OpenFile*>(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+// --- modifications: all refused -------------------------------------------------
+
+void ReplyReadOnly(fuse_req_t req, const char* op) { ReplyError(req, ReadOnlyError(op)); }
+
+void OpSetattr(fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) {
+  ReplyReadOnly(req, "setattr");
+}
+void OpMknod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) {
+  ReplyReadOnly(req, "mknod");
+}
+void OpMkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t) { ReplyReadOnly(req, "mkdir"); }
+void OpUnlink(fuse_req_t req, fuse_ino_t, const char*) { ReplyReadOnly(req, "unlink"); }
+void OpRmdir(fuse_req_t req, fuse_ino_t, const char*) { ReplyReadOnly(req, "rmdir"); }
+void OpSymlink(fuse_req_t req, const char*, fuse_ino_t, const char*) {
+  ReplyReadOnly(req, "symlink");
+}
+void OpRename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned int) {
+  ReplyReadOnly(req, "rename");
+}
+void OpLink(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { ReplyReadOnly(req, "link"); }
+void OpWrite(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) {
+  ReplyReadOnly(req, "write");
+}
+void OpCreate(fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) {
+  ReplyReadOnly(req, "create");
+}
+
+// --- session ------------------------------------------------------------------------
+
+void OpInit(void*, fuse_conn_info* conn) {
+  // Large requests: the kernel may send reads of up to 1 MiB (with -o
+  // max_read) and read ahead as far.
+  // libfuse requires init to repeat the session's max_read.
+  conn->max_read = kMaxRead;
+  conn->max_readahead = kMaxRead;
+  if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
+}
+
+fuse_lowlevel_ops MakeOps() {
+  fuse_lowlevel_ops ops = {};
+  ops.init = OpInit;
+  ops.lookup = OpLookup;
+  ops.getattr = OpGetattr;
+  ops.readlink = OpReadlink;
+  ops.opendir = OpOpendir;
+  ops.readdir = OpReaddir;
+  ops.releasedir = OpReleasedir;
+  ops.open = OpOpen;
+  ops.read = OpRead;
+  ops.release = OpRelease;
+  ops.setattr = OpSetattr;
+  ops.mknod = OpMknod;
+  ops.mkdir = OpMkdir;
+  ops.unlink = OpUnlink;
+  ops.rmdir = OpRmdir;
+  ops.symlink = OpSymlink;
+  ops.rename = OpRename;
+  ops.link = OpLink;
+  ops.write = OpWrite;
+  ops.create = OpCreate;
+  return ops;
+}
+
+}  // namespace
+
+int ErrnoOf(const Status& s) {
+  switch (s.code()) {
+    case Code::kOk:
+      return 0;
+    case Code::kNotFound:
+      return ENOENT;
+    case Code::kInvalidArgument:
+      return EINVAL;
+    case Code::kAlreadyExists:
+      return EEXIST;
+    case Code::kBusy:
+      return EBUSY;
+    case Code::kUnimplemented:
+      return EROFS;  // see ReadOnlyError()
+    case Code::kCorruption:
+    case Code::kIOError:
+    case Code::kInternal:
+      return EIO;
+  }
+  return EIO;
+}
+
+const fuse_lowlevel_ops& FilesystemOps() {
+  static const fuse_lowlevel_ops ops = MakeOps();
+  return ops;
+}
+
+}  // namespace dte::fs

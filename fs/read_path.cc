@@ -1,0 +1,104 @@
+#include "fs/read_path.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace dte::fs {
+namespace {
+
+// The blobs a block of v is built from (its record and every record back to
+// the dense one), so an error names the object an operator must look at.
+std::string ChainBlobs(Store* store, std::shared_ptr<const Version> v, size_t record) {
+  std::string out;
+  while (v && record < v->records.size()) {
+    const BlockRecord& rec = v->records[record];
+    if (rec.kind != BlockKind::kSame) {
+      out += (out.empty() ? "" : ", ") + BlobKey(v->manifest.blobs[rec.blob].hash) + " (" +
+             VersionName(v->manifest.version) + ")";
+    }
+    if (rec.kind == BlockKind::kDenseRaw || rec.kind == BlockKind::kDenseZstd) break;
+    if (!v->manifest.parent) break;
+    auto parent = store->GetVersion(*v->manifest.parent);
+    v = parent.ok() ? *parent : nullptr;
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<BlockCache::Value> ReadPath::WholeBlob(const std::shared_ptr<const Version>& v,
+                                              uint32_t file_index) {
+  const CacheKey key{v->manifest.version, kFileSlotBase + file_index};
+  return cache_.GetOrLoad(key, [&]() -> Result<BlockCache::Value> {
+    const FileEntry& f = v->manifest.files[file_index];
+    const std::string what = VersionName(v->manifest.version) + "/" + f.name;
+    Result<std::string> bytes =
+        f.safetensors ? materializer_.ReadWholeBlob(f.header_blob, f.header_size, what + " header")
+                      : materializer_.ReadWholeBlob(f.blob, f.size, what);
+    if (!bytes.ok()) {
+      const Status& s = bytes.status();
+      return Status(s.code(), s.message() + " [blob: " +
+                                  BlobKey(f.safetensors ? f.header_blob : f.blob) + "]");
+    }
+    return std::make_shared<const std::string>(std::move(bytes).value());
+  });
+}
+
+Result<BlockCache::Value> ReadPath::Block(const std::shared_ptr<const Version>& v,
+                                          const FileEntry& file, const TensorEntry& tensor,
+                                          uint32_t block) {
+  const size_t record = size_t{tensor.first_block} + block;
+  return cache_.GetOrLoad({v->manifest.version, record}, [&]() -> Result<BlockCache::Value> {
+    const uint64_t bb = v->manifest.block_bytes;
+    std::string bytes(std::min<uint64_t>(bb, tensor.bytes() - uint64_t{block} * bb), '\0');
+    Status s =
+        materializer_.ReadBlock(v, file, tensor, block, reinterpret_cast<uint8_t*>(bytes.data()));
+    if (!s.ok()) {
+      return Status(s.code(), s.message() + " [blobs: " + ChainBlobs(store_, v, record) + "]");
+    }
+    return std::make_shared<const std::string>(std::move(bytes));
+  });
+}
+
+Status ReadPath::ReadData(const std::shared_ptr<const Version>& v, const FileEntry& file,
+                          uint64_t offset, uint64_t len, uint8_t* dst) {
+  const uint64_t bb = v->manifest.block_bytes;
+  const uint64_t stop = offset + len;
+  // First tensor ending after offset (tensors are sorted and contiguous).
+  auto it = std::upper_bound(file.tensors.begin(), file.tensors.end(), offset,
+                             [](uint64_t off, const TensorEntry& t) { return off < t.end; });
+  for (; it != file.tensors.end() && it->begin < stop; ++it) {
+    const TensorEntry& t = *it;
+    const uint64_t from = std::max(offset, t.begin) - t.begin;  // tensor-relative
+    const uint64_t to = std::min(stop, t.end) - t.begin;
+    for (uint64_t b = from / bb; b * bb < to; ++b) {
+      ASSIGN_OR_RETURN(BlockCache::Value block, Block(v, file, t, static_cast<uint32_t>(b)));
+      const uint64_t lo = std::max(from, b * bb), hi = std::min(to, b * bb + block->size());
+      std::memcpy(dst + (t.begin + lo - offset), block->data() + (lo - b * bb), hi - lo);
+    }
+  }
+  return Status::Ok();
+}
+
+Status ReadPath::Read(const std::shared_ptr<const Version>& v, uint32_t file_index, uint64_t offset,
+                      uint64_t len, uint8_t* dst) {
+  const FileEntry& f = v->manifest.files[file_index];
+  if (offset > f.size || len > f.size - offset) {
+    return InvalidArgument(VersionName(v->manifest.version) + "/" + f.name +
+                           ": read beyond the end of the file");
+  }
+  if (len == 0) return Status::Ok();
+  const uint64_t whole = f.safetensors ? f.header_size : f.size;
+  if (offset < whole) {
+    ASSIGN_OR_RETURN(BlockCache::Value blob, WholeBlob(v, file_index));
+    const uint64_t n = std::min(len, whole - offset);
+    std::memcpy(dst, blob->data() + offset, n);
+    offset += n;
+    len -= n;
+    dst += n;
+  }
+  if (len == 0) return Status::Ok();
+  return ReadData(v, f, offset - f.header_size, len, dst);
+}
+
+}  // namespace dte::fs

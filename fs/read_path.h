@@ -1,0 +1,50 @@
+// ReadPath: byte ranges of version files, through the block cache.
+//
+// A safetensors file is its header blob followed by its tensors' blocks; a
+// raw file is one blob. Each piece is materialized (and hash-checked) by the
+// Materializer at most once while it stays in the BlockCache, so two 128 KiB
+// kernel reads of one 256 KiB block decode it once. Cache slots: block
+// record r of a version is slot r; the header or raw blob of the version's
+// file i is slot kFileSlotBase + i.
+//
+// Thread-safety: all methods may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "fs/block_cache.h"
+#include "store/materialize.h"
+
+namespace dte::fs {
+
+inline constexpr uint64_t kFileSlotBase = uint64_t{1} << 62;
+
+class ReadPath {
+ public:
+  ReadPath(Store* store, uint64_t cache_bytes)
+      : store_(store), materializer_(store), cache_(cache_bytes) {}
+
+  // Reads [offset, offset + len) of file number `file_index` of v into dst.
+  // The range must lie within the file. Corruption when a block or blob does
+  // not match its hash (the message names the version, file, tensor and the
+  // blobs involved); dst is then unspecified.
+  Status Read(const std::shared_ptr<const Version>& v, uint32_t file_index, uint64_t offset,
+              uint64_t len, uint8_t* dst);
+
+  ReadCounters& counters() { return materializer_.counters(); }
+  BlockCache& cache() { return cache_; }
+
+ private:
+  Result<BlockCache::Value> WholeBlob(const std::shared_ptr<const Version>& v, uint32_t file_index);
+  Result<BlockCache::Value> Block(const std::shared_ptr<const Version>& v, const FileEntry& file,
+                                  const TensorEntry& tensor, uint32_t block);
+  Status ReadData(const std::shared_ptr<const Version>& v, const FileEntry& file, uint64_t offset,
+                  uint64_t len, uint8_t* dst);
+
+  Store* const store_;
+  Materializer materializer_;
+  BlockCache cache_;
+};
+
+}  // namespace dte::fs

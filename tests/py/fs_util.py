@@ -1,0 +1,130 @@
+"""Mounting a store with the built dtefs from tests, and never leaving a mount behind.
+
+Every Mount is registered until it is unmounted; `unmount_all` (called by the
+test fixture's teardown and at interpreter exit) unmounts with
+`fusermount3 -u` and falls back to a lazy `umount -l`, then reaps a
+foreground daemon. Every wait has a deadline.
+"""
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+BUILD_DIR = Path(os.environ.get("DTE_BUILD_DIR", "/work/main/build"))
+BUILT_DTEFS = BUILD_DIR / "tools" / "dtefs"
+MOUNT_TIMEOUT = 20.0
+_binary = None
+_live = []
+
+
+def binary():
+    """A private copy of the built dtefs (a rebuild must not swap it under a test)."""
+    global _binary
+    if _binary is None:
+        if not os.access(BUILT_DTEFS, os.X_OK):
+            pytest.fail(f"{BUILT_DTEFS} is not built (set DTE_BUILD_DIR or build dtefs)")
+        bin_dir = tempfile.mkdtemp(prefix="dtefs-bin-")
+        atexit.register(shutil.rmtree, bin_dir, True)
+        _binary = Path(shutil.copy2(BUILT_DTEFS, os.path.join(bin_dir, "dtefs")))
+    return _binary
+
+
+def wait_for(predicate, timeout, what, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Mount:
+    """One dtefs mount of `store` at `path`."""
+
+    def __init__(self, store, path, cache, args=(), foreground=True, env=None):
+        self.store, self.path, self.cache = str(store), str(path), str(cache)
+        self.args, self.foreground = list(map(str, args)), foreground
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("DTE_")}
+        self.env.update(env or {})
+        self.proc = None
+        self.stderr_path = os.path.join(os.path.dirname(self.path),
+                                        os.path.basename(self.path) + ".stderr")
+
+    def argv(self):
+        return [str(binary()), self.store, self.path, "--cache-dir", self.cache, *self.args]
+
+    def start(self):
+        os.makedirs(self.path, exist_ok=True)
+        _live.append(self)
+        if self.foreground:
+            with open(self.stderr_path, "wb") as err:
+                self.proc = subprocess.Popen(self.argv() + ["-f"], env=self.env,
+                                             stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.DEVNULL, stderr=err)
+            wait_for(lambda: os.path.ismount(self.path) or self.proc.poll() is not None,
+                     MOUNT_TIMEOUT, f"dtefs to mount {self.path}")
+            assert self.proc.poll() is None, f"dtefs exited {self.proc.returncode}: {self.log()}"
+        else:
+            r = subprocess.run(self.argv(), env=self.env, capture_output=True, text=True,
+                               timeout=MOUNT_TIMEOUT)
+            assert r.returncode == 0, f"dtefs exited {r.returncode}: {r.stderr}"
+        wait_for(lambda: os.path.ismount(self.path), MOUNT_TIMEOUT, f"{self.path} mounted")
+        return self
+
+    def log(self):
+        try:
+            with open(self.stderr_path, errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def alive(self):
+        return self.proc is None or self.proc.poll() is None
+
+    def status(self):
+        with open(os.path.join(self.path, ".dte", "status")) as f:
+            return json.load(f)
+
+    def unmount(self):
+        """Unmounts (lazily if it must) and reaps the daemon; safe to repeat."""
+        if os.path.ismount(self.path):
+            r = subprocess.run(["fusermount3", "-u", self.path], capture_output=True, timeout=30)
+            if r.returncode != 0 and os.path.ismount(self.path):
+                subprocess.run(["umount", "-l", self.path], capture_output=True, timeout=30)
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGKILL)
+                self.proc.wait(timeout=15)
+        if self in _live:
+            _live.remove(self)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.unmount()
+
+
+def unmount_all():
+    for m in list(_live):
+        try:
+            m.unmount()
+        except Exception:  # keep going: the others must be unmounted too
+            subprocess.run(["umount", "-l", m.path], capture_output=True, timeout=30)
+            if m in _live:
+                _live.remove(m)
+
+
+atexit.register(unmount_all)
