@@ -76,12 +76,6 @@ Result<uint64_t> ParseVersionArg(Store& store, const std::string& arg) {
 
 }  // namespace
 
-std::string DefaultCacheDir() {
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/dte";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/dte";
-  return "/tmp/dte-cache-" + std::to_string(::getuid());
-}
-
 int RunCommit(const Common& c, const CommitArgs& a, bool import) {
   const char* cmd = import ? "import" : "commit";
   auto store = OpenStore(c, import);

@@ -28,7 +28,4 @@ int RunVerify(const Common& c, std::optional<uint64_t> version);
 int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_run);
 int RunReindex(const Common& c);
 
-// The per-user default cache directory.
-std::string DefaultCacheDir();
-
 }  // namespace dte::cli

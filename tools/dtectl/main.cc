@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "store/units.h"
 #include "tools/dtectl/commands.h"
 
 namespace {
@@ -30,7 +31,6 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Show help for every command");
   Common c;
   c.store = EnvOr("DTE_STORE", "");
-  c.cache_dir = EnvOr("DTE_CACHE_DIR", "");
 
   dte::cli::CommitArgs ca;
   auto add_commit = [&](const char* name, const char* help) {
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     std::cerr << "dtectl: error: no store given (use --store or set DTE_STORE)\n";
     return 2;
   }
-  if (c.cache_dir.empty()) c.cache_dir = dte::cli::DefaultCacheDir();
+  if (c.cache_dir.empty()) c.cache_dir = dte::DefaultCacheDir();
   if (*import) return dte::cli::RunCommit(c, ca, true);
   if (*commit) return dte::cli::RunCommit(c, ca, false);
   if (*log) return dte::cli::RunLog(c);

@@ -4,18 +4,12 @@
 
 #include <cstdio>
 
+#include "store/units.h"
+
 namespace dte::cli {
 
 std::string HumanBytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
-  return buf;
+  return FormatByteSize(bytes > 0 ? static_cast<uint64_t>(bytes) : 0);
 }
 
 Progress::Progress(std::string what, bool quiet)

@@ -9,7 +9,6 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -17,38 +16,15 @@
 #include <vector>
 
 #include "fs/dtefs.h"
+#include "store/units.h"
 
 namespace {
 
-std::string DefaultCacheDir() {
-  if (const char* d = std::getenv("DTE_CACHE_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/dte";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/dte";
-  return "/tmp/dte-cache-" + std::to_string(::getuid());
-}
-
-// A size with an optional K/M/G suffix (powers of 1024; "iB"/"B" allowed).
-bool ParseSize(std::string text, uint64_t* out) {
-  for (const char* tail : {"iB", "B"}) {
-    if (text.size() > 2 && text.ends_with(tail)) text.resize(text.size() - std::strlen(tail));
-  }
-  uint64_t mult = 1;
-  if (!text.empty()) {
-    switch (std::toupper(static_cast<unsigned char>(text.back()))) {
-      case 'K':
-        mult = uint64_t{1} << 10;
-        break;
-      case 'M':
-        mult = uint64_t{1} << 20;
-        break;
-      case 'G':
-        mult = uint64_t{1} << 30;
-        break;
-    }
-    if (mult != 1) text.pop_back();
-  }
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return false;
-  *out = std::stoull(text) * mult;
+// A size such as 64MiB or 64M (see store/units.h).
+bool ParseSize(const std::string& text, uint64_t* out) {
+  auto size = dte::ParseByteSize(text);
+  if (!size.ok()) return false;
+  *out = *size;
   return true;
 }
 
@@ -98,7 +74,7 @@ int main(int argc, char** argv) {
   app.add_option("--poll-ms", o.poll_ms, "How often to look for new versions (default 500)");
   app.add_option("-o", opts, "Mount options, comma-separated (allow_other, ro, ...)");
   CLI11_PARSE(app, argc, argv);
-  if (o.cache_dir.empty()) o.cache_dir = DefaultCacheDir();
+  if (o.cache_dir.empty()) o.cache_dir = dte::DefaultCacheDir();
   if (!TakeMountOptions(opts, &o, &size_text) || !ParseSize(size_text, &o.cache_bytes)) {
     std::cerr << "dtefs: bad --cache-size, cache_size= or poll_ms= value\n";
     return 2;

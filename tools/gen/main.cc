@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "tools/gen/byte_size.h"
+#include "store/units.h"
 #include "tools/gen/generator.h"
 #include "tools/gen/model_spec.h"
 #include "tools/gen/shard_plan.h"
@@ -93,6 +93,9 @@ Status Run(Flags* flags) {
     target = 8ull << 20;
   }
   ASSIGN_OR_RETURN(f.gen.max_shard_bytes, ParseByteSize(f.shard_size));
+  if ((!f.size.empty() && target == 0) || f.gen.max_shard_bytes == 0) {
+    return InvalidArgument("--size and --shard-size must be positive");
+  }
   ASSIGN_OR_RETURN(f.gen.dims, ChooseDims(target, f.gen.dims));
   if (f.gen.threads <= 0) f.gen.threads = std::max(1u, std::thread::hardware_concurrency());
   f.gen.progress = !f.quiet;

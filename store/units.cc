@@ -1,10 +1,13 @@
-#include "tools/gen/byte_size.h"
+#include "store/units.h"
+
+#include <unistd.h>
 
 #include <array>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 
-namespace dte::gen {
+namespace dte {
 namespace {
 
 struct Suffix {
@@ -12,7 +15,7 @@ struct Suffix {
   uint64_t factor;
 };
 
-constexpr std::array<Suffix, 9> kSuffixes = {{
+constexpr std::array<Suffix, 13> kSuffixes = {{
     {"KiB", 1ull << 10},
     {"MiB", 1ull << 20},
     {"GiB", 1ull << 30},
@@ -22,6 +25,10 @@ constexpr std::array<Suffix, 9> kSuffixes = {{
     {"GB", 1'000'000'000ull},
     {"TB", 1'000'000'000'000ull},
     {"B", 1},
+    {"K", 1ull << 10},
+    {"M", 1ull << 20},
+    {"G", 1ull << 30},
+    {"T", 1ull << 40},
 }};
 
 }  // namespace
@@ -38,7 +45,7 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   }
   double value = 0;
   auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
-  if (ec != std::errc() || end != number.data() + number.size() || !(value > 0) ||
+  if (ec != std::errc() || end != number.data() + number.size() || !(value >= 0) ||
       value * static_cast<double>(factor) > 0x1p62) {
     return InvalidArgument("bad byte size \"" + std::string(text) +
                            "\" (expected e.g. 8MiB, 2GiB, 5GB or a byte count)");
@@ -63,4 +70,11 @@ std::string FormatByteSize(uint64_t bytes) {
   return buf;
 }
 
-}  // namespace dte::gen
+std::string DefaultCacheDir() {
+  if (const char* d = std::getenv("DTE_CACHE_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/dte";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/dte";
+  return "/tmp/dte-cache-" + std::to_string(::getuid());
+}
+
+}  // namespace dte
