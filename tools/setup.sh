@@ -27,9 +27,10 @@ fi
 # Python packages the tests read mounted and exported files with; Debian's
 # python3 (where python3-torch lives) is the interpreter the project uses.
 PY=/usr/bin/python3
-if ! "$PY" -c 'import safetensors, xxhash' 2>/dev/null; then
-  echo "setup: installing python packages (safetensors, xxhash)"
-  "$PY" -m pip install -q --break-system-packages --root-user-action=ignore safetensors xxhash
+if ! "$PY" -c 'import safetensors, xxhash, tokenizers' 2>/dev/null; then
+  echo "setup: installing python packages (safetensors, xxhash, tokenizers)"
+  "$PY" -m pip install -q --break-system-packages --root-user-action=ignore \
+    safetensors xxhash tokenizers
 fi
 
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then

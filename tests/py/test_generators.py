@@ -30,9 +30,8 @@ TINY_TORCH = ["--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "
 
 
 def dte_gen_path():
-    build = os.environ.get("DTE_BUILD_DIR")
-    if not build:
-        pytest.skip("DTE_BUILD_DIR is not set (run through ctest)")
+    build = os.environ.get("DTE_BUILD_DIR") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build")
     path = os.path.join(build, "tools", "dte-gen")
     assert os.access(path, os.X_OK), "dte-gen is not built at " + path
     return path
@@ -343,7 +342,7 @@ def test_both_generators_write_the_same_tokenizer(dte_small, torch_small):
 
 
 def test_tokenizer_loads_and_round_trips(dte_small):
-    tokenizers = pytest.importorskip("tokenizers")
+    import tokenizers  # installed by tools/setup.sh
     tok = tokenizers.Tokenizer.from_file(
         os.path.join(str(dte_small[0]), "step-000000", "tokenizer.json"))
     text = "Policy v42: caf\u00e9 \u2713\n"

@@ -169,10 +169,9 @@ TEST(LocalStore, PutFileFromAnotherFilesystemCopies) {
   test::ScopedTempDir dir;
   struct stat shm {};
   struct stat root {};
-  if (::stat("/dev/shm", &shm) != 0 || ::stat(dir.path().c_str(), &root) != 0 ||
-      shm.st_dev == root.st_dev) {
-    GTEST_SKIP() << "needs /dev/shm on a filesystem other than " << dir.path();
-  }
+  ASSERT_EQ(::stat("/dev/shm", &shm), 0);
+  ASSERT_EQ(::stat(dir.path().c_str(), &root), 0);
+  ASSERT_NE(shm.st_dev, root.st_dev) << "needs /dev/shm on a filesystem other than " << dir.path();
   const std::string src = "/dev/shm/dte-local-store-test-" + std::to_string(::getpid());
   const std::string data(3 << 20, 'q');
   WriteFile(src, data);
