@@ -20,6 +20,17 @@ struct ChainLink {
   const BlockRecord* record;
 };
 
+// Per-thread decode buffers, so the hot path does not allocate per block.
+struct ThreadBuffers {
+  CodecScratch scratch;
+  std::string payload;
+};
+
+ThreadBuffers& Buffers() {
+  thread_local ThreadBuffers buffers;
+  return buffers;
+}
+
 }  // namespace
 
 Result<std::string> Materializer::ReadWholeBlob(const Hash128& blob, uint64_t size,
@@ -43,8 +54,38 @@ Status Materializer::ReadRecord(const Version& v, const BlockRecord& rec, std::s
   return s.WithContext(what);
 }
 
+Status Materializer::ReadDense(const Version& v, const BlockRecord& rec, int width, uint8_t* dst,
+                               uint64_t len, const std::string& what) {
+  if (rec.kind == BlockKind::kDenseRaw) {
+    if (rec.length != len) return Corruption(what + ": dense record has the wrong length");
+    const BlobRef& blob = v.manifest.blobs[rec.blob];
+    RETURN_IF_ERROR(store_->objects()
+                        .ReadRange(BlobKey(blob.hash), rec.offset, rec.length, dst)
+                        .WithContext(what));
+    counters_.payload_bytes += rec.length;
+  } else {
+    ThreadBuffers& b = Buffers();
+    RETURN_IF_ERROR(ReadRecord(v, rec, &b.payload, what));
+    RETURN_IF_ERROR(DecodeBlock(rec.kind, b.payload, width, dst, len, &b.scratch, what));
+  }
+  counters_.records++;
+  return Status::Ok();
+}
+
+VersionChain Materializer::ChainOf(std::shared_ptr<const Version> v) {
+  VersionChain chain;
+  while (v) {
+    chain.push_back(v);
+    if (!v->manifest.parent) break;
+    auto parent = store_->GetVersion(*v->manifest.parent);
+    v = parent.ok() ? *parent : nullptr;
+  }
+  return chain;
+}
+
 Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,
-                               const TensorEntry& tensor, uint32_t block, uint8_t* dst) {
+                               const TensorEntry& tensor, uint32_t block, uint8_t* dst,
+                               const VersionChain* chain) {
   const uint64_t bb = v->manifest.block_bytes;
   const size_t r = size_t{tensor.first_block} + block;
   if (block >= tensor.blocks || r >= v->records.size()) {
@@ -52,12 +93,13 @@ Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const Fi
   }
   const uint64_t len = std::min<uint64_t>(bb, tensor.bytes() - uint64_t{block} * bb);
   const int width = DTypeWidth(tensor.dtype);
-  // Walk back to the nearest dense record, remembering sparse ones.
+  BlockBase* const base = base_.load();
+  // Walk back to the nearest version the base holds or that has a dense
+  // record, remembering the sparse records on the way.
   std::vector<ChainLink> sparse;
   std::shared_ptr<const Version> cur = v;
-  thread_local CodecScratch scratch;
-  thread_local std::string payload;
-  while (true) {
+  if (chain && (chain->empty() || chain->front() != v)) chain = nullptr;
+  for (size_t depth = 1;; ++depth) {
     // Stores are untrusted: a parent must cut its data into the same blocks,
     // and no record may fill more than the block it stands for.
     if (cur->records.size() != v->records.size() ||
@@ -65,33 +107,31 @@ Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const Fi
       return Corruption(BlockWhat(*v, file, tensor, block) + ": parent " +
                         VersionName(cur->manifest.version) + " has a different layout");
     }
+    if (base && base->ReadBlock(*cur, r, len, dst)) {
+      counters_.base_blocks++;
+      break;
+    }
     const BlockRecord& rec = cur->records[r];
     if (rec.kind == BlockKind::kDenseRaw || rec.kind == BlockKind::kDenseZstd) {
-      std::string what = BlockWhat(*cur, file, tensor, block);
-      if (rec.kind == BlockKind::kDenseRaw) {
-        if (rec.length != len) return Corruption(what + ": dense record has the wrong length");
-        const BlobRef& blob = cur->manifest.blobs[rec.blob];
-        RETURN_IF_ERROR(store_->objects()
-                            .ReadRange(BlobKey(blob.hash), rec.offset, rec.length, dst)
-                            .WithContext(what));
-        counters_.payload_bytes += rec.length;
-      } else {
-        RETURN_IF_ERROR(ReadRecord(*cur, rec, &payload, what));
-        RETURN_IF_ERROR(DecodeBlock(rec.kind, payload, width, dst, len, &scratch, what));
-      }
-      counters_.records++;
+      RETURN_IF_ERROR(ReadDense(*cur, rec, width, dst, len, BlockWhat(*cur, file, tensor, block)));
       break;
     }
     if (rec.kind == BlockKind::kSparse) sparse.push_back({cur, &rec});
     if (!cur->manifest.parent) {
       return Corruption(BlockWhat(*cur, file, tensor, block) + ": no dense record in its chain");
     }
-    ASSIGN_OR_RETURN(cur, store_->GetVersion(*cur->manifest.parent));
+    if (chain && depth < chain->size() &&
+        (*chain)[depth]->manifest.version == *cur->manifest.parent) {
+      cur = (*chain)[depth];
+    } else {
+      ASSIGN_OR_RETURN(cur, store_->GetVersion(*cur->manifest.parent));
+    }
   }
+  ThreadBuffers& b = Buffers();
   for (auto it = sparse.rbegin(); it != sparse.rend(); ++it) {
     std::string what = BlockWhat(*it->version, file, tensor, block);
-    RETURN_IF_ERROR(ReadRecord(*it->version, *it->record, &payload, what));
-    RETURN_IF_ERROR(DecodeBlock(BlockKind::kSparse, payload, width, dst, len, &scratch, what));
+    RETURN_IF_ERROR(ReadRecord(*it->version, *it->record, &b.payload, what));
+    RETURN_IF_ERROR(DecodeBlock(BlockKind::kSparse, b.payload, width, dst, len, &b.scratch, what));
     counters_.records++;
   }
   counters_.blocks++;

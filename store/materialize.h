@@ -3,10 +3,13 @@
 // Bytes of a safetensors file come from its header blob and, for the data
 // section, from blocks: a block at version v is its nearest dense record
 // back along the parent chain with every later sparse record applied in
-// order. Only the blocks overlapping the requested range are decoded, and
-// every block is checked against its XXH3-64 from the version's block table
-// before a byte of it is returned: a mismatch is Corruption, never wrong
-// bytes.
+// order. With a BlockBase (SetBase), the walk stops earlier: at the first
+// version, starting with v itself, whose block the base holds, so the cost
+// of a block is bounded by the distance to the nearest version the base
+// holds instead of the distance to the anchor. Only the blocks overlapping
+// the requested range are decoded, and every block is checked against its
+// XXH3-64 from the version's block table before a byte of it is returned: a
+// mismatch is Corruption, never wrong bytes.
 //
 // Thread-safety: all methods may be called concurrently.
 #pragma once
@@ -16,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "store/store.h"
 
@@ -26,11 +30,36 @@ struct ReadCounters {
   std::atomic<uint64_t> records{0};        // dense or sparse records decoded
   std::atomic<uint64_t> payload_bytes{0};  // record bytes read from blobs
   std::atomic<uint64_t> hash_failures{0};  // blocks whose content hash did not match
+  std::atomic<uint64_t> base_blocks{0};    // blocks whose walk started from the BlockBase
 };
+
+// Fully materialized blocks of some versions, kept outside the store (see
+// store/snapshot.h), that a Materializer may start a chain walk from.
+//
+// Thread-safety: implementations must allow concurrent calls.
+class BlockBase {
+ public:
+  virtual ~BlockBase() = default;
+
+  // Fills dst with the `len` bytes of block record `record` of v and returns
+  // true if the base holds that block and its content hashes to
+  // v.records[record].hash; false (dst unspecified) otherwise.
+  virtual bool ReadBlock(const Version& v, size_t record, uint64_t len, uint8_t* dst) = 0;
+};
+
+// A version and its ancestors, newest first: chain[i + 1] is the parent of
+// chain[i]. A reader that holds one reads the parents from it rather than
+// from the store, so it keeps reading after they left the store (while gc's
+// grace period keeps their blobs).
+using VersionChain = std::vector<std::shared_ptr<const Version>>;
 
 class Materializer {
  public:
   explicit Materializer(Store* store) : store_(store) {}
+
+  // Blocks are looked up in `base` (not owned; null: none) at every version
+  // of a chain walk. The base must outlive every read that may use it.
+  void SetBase(BlockBase* base) { base_.store(base); }
 
   // Reads [offset, offset + len) of `file` (a file of version v) into dst.
   // The range must lie within the file.
@@ -39,8 +68,14 @@ class Materializer {
 
   // The full content of block `block` of tensor `tensor` of `file` into dst
   // (the block's length: block_bytes, or less for a tensor's last block).
+  // With `chain` (whose first element is v), parents come from it.
   Status ReadBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,
-                   const TensorEntry& tensor, uint32_t block, uint8_t* dst);
+                   const TensorEntry& tensor, uint32_t block, uint8_t* dst,
+                   const VersionChain* chain = nullptr);
+
+  // v and its ancestors back to the anchor, as far as they load from the
+  // store now (a parent that does not load ends the chain early).
+  VersionChain ChainOf(std::shared_ptr<const Version> v);
 
   // The content of a raw file or a safetensors header, verified against its
   // hash.
@@ -68,8 +103,12 @@ class Materializer {
                     const Sink& sink, bool check_tensor_hashes);
   Status ReadRecord(const Version& v, const BlockRecord& rec, std::string* out,
                     const std::string& what);
+  // A dense record's block (len bytes) into dst.
+  Status ReadDense(const Version& v, const BlockRecord& rec, int width, uint8_t* dst, uint64_t len,
+                   const std::string& what);
 
   Store* store_;
+  std::atomic<BlockBase*> base_{nullptr};
   ReadCounters counters_;
 };
 
