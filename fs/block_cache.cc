@@ -34,7 +34,7 @@ Result<BlockCache::Value> BlockCache::GetOrLoad(const CacheKey& key, const Loade
 }
 
 void BlockCache::InsertLocked(const CacheKey& key, Value value) {
-  if (!value || value->size() > capacity_) return;
+  if (!value || capacity_ == 0 || value->size() > capacity_) return;
   if (auto it = index_.find(key); it != index_.end()) EraseLocked(it->second);
   bytes_ += value->size();
   lru_.push_front(Entry{key, std::move(value)});

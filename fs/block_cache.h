@@ -1,10 +1,11 @@
 // BlockCache: a bounded LRU cache of materialized, verified content.
 //
-// Keys are (version, slot): a slot is a block record index of the version's
-// block table, or a per-file slot for a raw file or safetensors header (see
-// fs/read_path.h). Values are immutable byte strings shared with readers, so
-// an entry evicted while a reader copies from it stays alive until that
-// reader drops it. Only content that passed its hash check is ever inserted.
+// Keys are (version, slot, revision): a slot is a block record index of the
+// version's block table, or a per-file slot for a raw file or safetensors
+// header (see fs/read_path.h). Values are immutable byte strings shared with
+// readers, so an entry evicted while a reader copies from it stays alive
+// until that reader drops it. Only content that passed its hash check is
+// ever inserted.
 //
 // Thread-safety: all methods may be called concurrently. Loads are single
 // flight: threads missing on a key that is being loaded wait for that load
@@ -25,10 +26,16 @@
 
 namespace dte::fs {
 
+// Revisions of a version (gc rebases) have the same content, but a load of
+// one can fail where the other's succeeds (its blobs are gone), so loads
+// and entries are per revision; DropVersion drops every revision.
 struct CacheKey {
   uint64_t version = 0;
   uint64_t slot = 0;
-  bool operator==(const CacheKey& o) const { return version == o.version && slot == o.slot; }
+  uint32_t revision = 0;
+  bool operator==(const CacheKey& o) const {
+    return version == o.version && slot == o.slot && revision == o.revision;
+  }
 };
 
 struct CacheStats {
@@ -59,7 +66,8 @@ class BlockCache {
  private:
   struct KeyHash {
     size_t operator()(const CacheKey& k) const {
-      return std::hash<uint64_t>()(k.version * 0x9E3779B97F4A7C15ULL ^ k.slot);
+      return std::hash<uint64_t>()((k.version * 0x9E3779B97F4A7C15ULL ^ k.slot) +
+                                   (uint64_t{k.revision} << 40));
     }
   };
   struct Entry {

@@ -6,12 +6,15 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <thread>
 
 #include "fs/filesystem.h"
 #include "fs/internal/fuse_ops.h"
+#include "fs/readahead.h"
+#include "fs/snapshotter.h"
 
 namespace dte::fs {
 namespace {
@@ -81,39 +84,100 @@ class Session {
   bool handlers_ = false, mounted_ = false;
 };
 
-// Polls the store for new and removed versions until stopped. Refresh() is
-// the slow metadata work (listing, loading manifests and block tables), so it
-// runs here and never on a request thread.
+// Sets the mount's kernel readahead window to `kb` KiB (0: leaves it) and
+// tells the Filesystem where to read back the value in effect. Not being
+// root (or having no sysfs) is logged once and otherwise ignored.
+void SetMountReadahead(Filesystem* fs, const std::string& mountpoint, uint32_t kb) {
+  auto bdi = MountBdi(mountpoint);
+  if (!bdi.ok()) {
+    std::cerr << "dtefs: cannot find the readahead setting of " << mountpoint << ": "
+              << bdi.status().message() << std::endl;
+    return;
+  }
+  fs->SetReadaheadBdi(*bdi);
+  if (kb == 0) return;
+  Status s = WriteReadaheadKb(*bdi, kb);
+  if (!s.ok()) {
+    std::cerr << "dtefs: cannot set the readahead of " << mountpoint << " to " << kb << " KiB ("
+              << s.message() << "); the kernel's window stays" << std::endl;
+  }
+}
+
+// Sets the mount's readahead on its own thread as soon as the first request
+// arrives (see MountState), then releases the requests waiting for it.
+//
+// Thread-safety: owns one thread; construct and destroy from one thread,
+// around the request loop.
+class ReadaheadTuner {
+ public:
+  ReadaheadTuner(MountState* state, std::string mountpoint, uint32_t kb)
+      : state_(state), mountpoint_(std::move(mountpoint)), kb_(kb) {
+    state_->tuned = false;
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ReadaheadTuner() {
+    stop_ = true;
+    state_->serving = true;
+    state_->serving.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void Run() {
+    state_->serving.wait(false);
+    if (!stop_) SetMountReadahead(state_->fs.get(), mountpoint_, kb_);
+    state_->tuned = true;
+    state_->tuned.notify_all();
+  }
+
+  MountState* const state_;
+  const std::string mountpoint_;
+  const uint32_t kb_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Polls the store for new and removed versions until stopped, and wakes the
+// snapshot worker after each refresh. Refresh() is the slow metadata work
+// (listing, loading manifests and block tables), so it runs here and never
+// on a request thread.
 //
 // Thread-safety: owns one thread; construct and destroy from one thread.
 class Poller {
  public:
-  Poller(Filesystem* fs, uint32_t period_ms)
-      : thread_([this, fs, period_ms] { Run(fs, period_ms); }) {}
+  Poller(Filesystem* fs, uint32_t period_ms, Snapshotter* snapshots)
+      : fs_(fs),
+        period_(std::chrono::milliseconds(period_ms)),
+        snapshots_(snapshots),
+        thread_([this] { Run(); }) {}
   ~Poller() {
     stop_ = true;
     thread_.join();
   }
 
  private:
-  void Run(Filesystem* fs, uint32_t period_ms) {
+  void Run() {
     constexpr auto kTick = std::chrono::milliseconds(20);
     auto next = std::chrono::steady_clock::now();
     std::string last_error;
     while (!stop_) {
       std::this_thread::sleep_for(kTick);
       if (std::chrono::steady_clock::now() < next) continue;
-      next = std::chrono::steady_clock::now() + std::chrono::milliseconds(period_ms);
+      next = std::chrono::steady_clock::now() + period_;
       // A store that cannot be listed is reported once per distinct error,
       // not every period; the last good version set stays mounted meanwhile.
-      Status s = fs->Refresh();
+      Status s = fs_->Refresh();
       if (!s.ok() && s.message() != last_error) {
         std::cerr << "dtefs: listing versions: " << s.message() << std::endl;
       }
       last_error = s.ok() ? "" : s.message();
+      if (snapshots_) snapshots_->Wake();
     }
   }
 
+  Filesystem* const fs_;
+  const std::chrono::milliseconds period_;
+  Snapshotter* const snapshots_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -151,6 +215,27 @@ Result<std::unique_ptr<Store>> OpenStore(const MountOptions& o, bool with_index)
   return Store::Open(so);
 }
 
+// The snapshot set in the store's cache directory; null when snapshots are
+// off, there is no cache directory, or it cannot be opened (logged).
+std::unique_ptr<SnapshotSet> OpenSnapshots(const MountOptions& o, const Store& store) {
+  if (o.snapshot_every == 0 || o.max_snapshots == 0 || store.CachePath().empty()) return nullptr;
+  auto set = SnapshotSet::Open(store.CachePath() + "/snapshots");
+  if (!set.ok()) {
+    std::cerr << "dtefs: running without snapshots: " << set.status().message() << std::endl;
+    return nullptr;
+  }
+  return std::move(set).value();
+}
+
+// The mount point with symlinks resolved, as /proc/self/mountinfo will list
+// it. Resolved before mounting: afterwards that would send requests to this
+// very daemon.
+std::string CanonicalMountpoint(const std::string& path) {
+  std::error_code ec;
+  auto canonical = std::filesystem::canonical(path, ec);
+  return ec ? path : canonical.string();
+}
+
 }  // namespace
 
 std::vector<std::string> EffectiveMountOptions(const MountOptions& options) {
@@ -168,17 +253,28 @@ Status Serve(const MountOptions& o) {
     ASSIGN_OR_RETURN(auto probe, OpenStore(o, false));
     RETURN_IF_ERROR(probe->ListVersions().status());
   }
+  const std::string mountpoint = CanonicalMountpoint(o.mountpoint);
   Session session;
   MountState state;  // requests only reach it once the loop runs
+  state.readahead_kb = o.readahead_kb;
   RETURN_IF_ERROR(session.Mount(o, &state));
   if (fuse_daemonize(o.foreground ? 1 : 0) != 0) return Internal("dtefs: cannot daemonize");
   Status s;
   {
     ShutdownSignalsBlocked blocked;  // a signal now stays pending until Release()
     ASSIGN_OR_RETURN(state.store, OpenStore(o, true));
+    state.snapshots = OpenSnapshots(o, *state.store);
     state.fs = std::make_unique<Filesystem>(state.store.get(), o.cache_bytes);
+    state.fs->SetSnapshots(state.snapshots.get());
     RETURN_IF_ERROR(state.fs->Refresh());
-    Poller poller(state.fs.get(), o.poll_ms);
+    std::unique_ptr<Snapshotter> snapshotter;  // stopped after the poller that wakes it
+    if (state.snapshots) {
+      snapshotter =
+          std::make_unique<Snapshotter>(state.store.get(), state.fs.get(), state.snapshots.get(),
+                                        SnapshotPolicy{o.snapshot_every, o.max_snapshots});
+    }
+    Poller poller(state.fs.get(), o.poll_ms, snapshotter.get());
+    ReadaheadTuner tuner(&state, mountpoint, o.readahead_kb);
     blocked.Release();
     s = session.Loop();
   }

@@ -2,7 +2,8 @@
 //
 // Serve() mounts the store at a directory (see fs/filesystem.h for the tree)
 // and answers requests until the mount goes away: `fusermount3 -u`, SIGTERM
-// or SIGINT. It then unmounts, stops the poller and closes the store.
+// or SIGINT. It then unmounts, stops the poller and the snapshot worker
+// (fs/snapshotter.h) and closes the store.
 //
 // Thread-safety: Serve() is a blocking call; run one per mount point.
 #pragma once
@@ -21,8 +22,14 @@ struct MountOptions {
   std::string cache_dir;                       // host-local index; empty: run without one
   uint64_t cache_bytes = uint64_t{256} << 20;  // block cache capacity
   uint32_t poll_ms = 500;                      // how often new versions are looked for
-  bool foreground = false;                     // false: daemonize once mounted
-  bool debug = false;                          // libfuse request tracing
+  // Materialized snapshots in <cache_dir>/<store_id>/snapshots (none without
+  // a cache_dir): one every `snapshot_every` versions along a chain (0: no
+  // snapshots), at most `max_snapshots` of them.
+  uint32_t snapshot_every = 8;
+  uint32_t max_snapshots = 8;
+  uint32_t readahead_kb = 4096;  // the mount's kernel readahead (root only); 0: leave it
+  bool foreground = false;       // false: daemonize once mounted
+  bool debug = false;            // libfuse request tracing
   // Extra mount options (-o), already split at commas. Options that make no
   // sense for a read-only store mount (rw, dev, suid, ...) are dropped.
   std::vector<std::string> fuse_options;

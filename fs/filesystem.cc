@@ -68,8 +68,7 @@ Status Filesystem::Refresh() {
     if (failed_keys_.insert(key).second) {
       std::cerr << "dtefs: skipping " << VersionName(version) << ": " << v.status().message()
                 << "\n";
-      errors_.push_back(v.status().message());
-      if (errors_.size() > kMaxErrors) errors_.pop_front();
+      PushErrorLocked(v.status().message());
     }
     if (it != current.end()) next.emplace(version, it->second);
   }
@@ -244,6 +243,7 @@ Result<std::unique_ptr<OpenFile>> Filesystem::Open(uint64_t ino, int flags) {
   if (!key) return NotFound("inode " + std::to_string(ino));
   if (key->file == kDirFile) return InvalidArgument(VersionName(key->version) + " is a directory");
   ASSIGN_OR_RETURN(f->version, VersionOf(key->version));
+  f->chain = reader_.ChainOf(f->version);
   f->file_index = key->file;
   return f;
 }
@@ -255,10 +255,14 @@ Status Filesystem::Read(const OpenFile& f, uint64_t offset, uint64_t len, std::s
     return Status::Ok();
   }
   const uint64_t size = f.version->manifest.files[f.file_index].size;
-  len = offset >= size ? 0 : std::min(len, size - offset);
+  if (offset >= size || len == 0) {
+    out->clear();
+    return Status::Ok();
+  }
+  len = std::min(len, size - offset);
   out->resize(len);
-  Status s =
-      reader_.Read(f.version, f.file_index, offset, len, reinterpret_cast<uint8_t*>(out->data()));
+  Status s = reader_.Read(f.version, f.file_index, offset, len,
+                          reinterpret_cast<uint8_t*>(out->data()), &f.chain);
   if (!s.ok()) {
     read_errors_++;
     RecordError(*f.version, f.file_index, s);
@@ -274,8 +278,33 @@ void Filesystem::RecordError(const Version& v, uint32_t file, const Status& s) {
   // The message names the blob, version, file and tensor (Materializer's contract).
   std::cerr << "dtefs: read of " << VersionName(v.manifest.version) << "/"
             << v.manifest.files[file].name << " failed: " << s.message() << std::endl;
-  errors_.push_back(s.message());
+  PushErrorLocked(s.message());
+}
+
+void Filesystem::PushErrorLocked(const std::string& message) {
+  errors_.push_back(message);
   if (errors_.size() > kMaxErrors) errors_.pop_front();
+}
+
+void Filesystem::ReportError(const std::string& message) {
+  MutexLock lock(&mu_);
+  std::cerr << "dtefs: " << message << std::endl;
+  PushErrorLocked(message);
+}
+
+std::map<uint64_t, std::shared_ptr<const Version>> Filesystem::Versions() {
+  MutexLock lock(&mu_);
+  return versions_;
+}
+
+void Filesystem::SetSnapshots(SnapshotSet* snapshots) {
+  snapshots_ = snapshots;
+  reader_.SetBase(snapshots);
+}
+
+void Filesystem::SetReadaheadBdi(const std::string& bdi) {
+  MutexLock lock(&mu_);
+  readahead_bdi_ = bdi;
 }
 
 }  // namespace dte::fs

@@ -4,7 +4,8 @@
 //   /                     one directory per committed version, plus
 //   /vNNNNNNNN/<file>     exactly the files of that version (read-only)
 //   /latest               symlink to the newest version's directory
-//   /.dte/status          JSON: versions, counters, cache, recent errors
+//   /.dte/status          JSON: versions, counters, cache, snapshots, readahead,
+//                         recent errors
 // Every operation returns a Status or Result; the FUSE adapter
 // (fs/internal/) turns them into exactly one reply, and errno mapping lives
 // in one place there. Refresh() is the only slow metadata operation (it
@@ -27,6 +28,7 @@
 
 #include "fs/inode_table.h"
 #include "fs/read_path.h"
+#include "store/snapshot.h"
 #include "store/store.h"
 #include "store/thread_annotations.h"
 
@@ -52,10 +54,12 @@ struct DirEntry {
   NodeAttr attr;
 };
 
-// An open file. Holds its version, so a version removed from the store keeps
-// reading until the file is released.
+// An open file. Holds its version and the version's ancestors, so a version
+// removed from the store (or rewritten by gc) keeps reading until the file
+// is released.
 struct OpenFile {
   std::shared_ptr<const Version> version;  // null for .dte/status
+  VersionChain chain;                      // version first, then its parents
   uint32_t file_index = 0;
   std::string snapshot;  // .dte/status content as of open
 };
@@ -81,6 +85,18 @@ class Filesystem {
 
   std::string StatusJson() EXCLUDES(mu_);
 
+  // The versions currently shown (a copy of the map; the versions are shared).
+  std::map<uint64_t, std::shared_ptr<const Version>> Versions() EXCLUDES(mu_);
+
+  // Reads start their chain walks from `snapshots` (not owned; must outlive
+  // the Filesystem's reads), whose state .dte/status reports. Call before
+  // serving requests.
+  void SetSnapshots(SnapshotSet* snapshots);
+  // The mount's bdi directory in sysfs, whose read_ahead_kb .dte/status reports.
+  void SetReadaheadBdi(const std::string& bdi) EXCLUDES(mu_);
+  // Logs a problem of background work (stderr and .dte/status errors).
+  void ReportError(const std::string& message) EXCLUDES(mu_);
+
  private:
   Result<std::shared_ptr<const Version>> VersionOf(uint64_t version) EXCLUDES(mu_);
   NodeAttr VersionDirAttr(const Version& v);
@@ -88,12 +104,14 @@ class Filesystem {
   NodeAttr RootAttr() EXCLUDES(mu_);
   Result<std::vector<DirEntry>> RootEntries() EXCLUDES(mu_);
   void RecordError(const Version& v, uint32_t file, const Status& s) EXCLUDES(mu_);
+  void PushErrorLocked(const std::string& message) REQUIRES(mu_);
   void Install(std::map<uint64_t, std::shared_ptr<const Version>> next) EXCLUDES(mu_);
 
   Store* const store_;
   ReadPath reader_;
   InodeTable inodes_;
   std::atomic<uint64_t> bytes_served_{0}, reads_{0}, read_errors_{0};
+  std::atomic<SnapshotSet*> snapshots_{nullptr};
 
   Mutex mu_;
   std::map<uint64_t, std::shared_ptr<const Version>> versions_ GUARDED_BY(mu_);
@@ -101,6 +119,7 @@ class Filesystem {
   std::set<std::pair<uint64_t, uint32_t>> logged_ GUARDED_BY(mu_);  // (version, file)
   std::set<std::string> failed_keys_ GUARDED_BY(mu_);               // manifests that did not load
   std::deque<std::string> errors_ GUARDED_BY(mu_);                  // most recent last
+  std::string readahead_bdi_ GUARDED_BY(mu_);
 };
 
 // The error of every operation that would modify the mount. Its code is

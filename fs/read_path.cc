@@ -28,7 +28,7 @@ std::string ChainBlobs(Store* store, std::shared_ptr<const Version> v, size_t re
 
 Result<BlockCache::Value> ReadPath::WholeBlob(const std::shared_ptr<const Version>& v,
                                               uint32_t file_index) {
-  const CacheKey key{v->manifest.version, kFileSlotBase + file_index};
+  const CacheKey key{v->manifest.version, kFileSlotBase + file_index, v->manifest.revision};
   return cache_.GetOrLoad(key, [&]() -> Result<BlockCache::Value> {
     const FileEntry& f = v->manifest.files[file_index];
     const std::string what = VersionName(v->manifest.version) + "/" + f.name;
@@ -46,13 +46,14 @@ Result<BlockCache::Value> ReadPath::WholeBlob(const std::shared_ptr<const Versio
 
 Result<BlockCache::Value> ReadPath::Block(const std::shared_ptr<const Version>& v,
                                           const FileEntry& file, const TensorEntry& tensor,
-                                          uint32_t block) {
+                                          uint32_t block, const VersionChain* chain) {
   const size_t record = size_t{tensor.first_block} + block;
-  return cache_.GetOrLoad({v->manifest.version, record}, [&]() -> Result<BlockCache::Value> {
+  const CacheKey key{v->manifest.version, record, v->manifest.revision};
+  return cache_.GetOrLoad(key, [&]() -> Result<BlockCache::Value> {
     const uint64_t bb = v->manifest.block_bytes;
     std::string bytes(std::min<uint64_t>(bb, tensor.bytes() - uint64_t{block} * bb), '\0');
-    Status s =
-        materializer_.ReadBlock(v, file, tensor, block, reinterpret_cast<uint8_t*>(bytes.data()));
+    Status s = materializer_.ReadBlock(v, file, tensor, block,
+                                       reinterpret_cast<uint8_t*>(bytes.data()), chain);
     if (!s.ok()) {
       return Status(s.code(), s.message() + " [blobs: " + ChainBlobs(store_, v, record) + "]");
     }
@@ -61,7 +62,7 @@ Result<BlockCache::Value> ReadPath::Block(const std::shared_ptr<const Version>& 
 }
 
 Status ReadPath::ReadData(const std::shared_ptr<const Version>& v, const FileEntry& file,
-                          uint64_t offset, uint64_t len, uint8_t* dst) {
+                          uint64_t offset, uint64_t len, uint8_t* dst, const VersionChain* chain) {
   const uint64_t bb = v->manifest.block_bytes;
   const uint64_t stop = offset + len;
   // First tensor ending after offset (tensors are sorted and contiguous).
@@ -72,7 +73,7 @@ Status ReadPath::ReadData(const std::shared_ptr<const Version>& v, const FileEnt
     const uint64_t from = std::max(offset, t.begin) - t.begin;  // tensor-relative
     const uint64_t to = std::min(stop, t.end) - t.begin;
     for (uint64_t b = from / bb; b * bb < to; ++b) {
-      ASSIGN_OR_RETURN(BlockCache::Value block, Block(v, file, t, static_cast<uint32_t>(b)));
+      ASSIGN_OR_RETURN(BlockCache::Value block, Block(v, file, t, static_cast<uint32_t>(b), chain));
       const uint64_t lo = std::max(from, b * bb), hi = std::min(to, b * bb + block->size());
       std::memcpy(dst + (t.begin + lo - offset), block->data() + (lo - b * bb), hi - lo);
     }
@@ -81,7 +82,7 @@ Status ReadPath::ReadData(const std::shared_ptr<const Version>& v, const FileEnt
 }
 
 Status ReadPath::Read(const std::shared_ptr<const Version>& v, uint32_t file_index, uint64_t offset,
-                      uint64_t len, uint8_t* dst) {
+                      uint64_t len, uint8_t* dst, const VersionChain* chain) {
   const FileEntry& f = v->manifest.files[file_index];
   if (offset > f.size || len > f.size - offset) {
     return InvalidArgument(VersionName(v->manifest.version) + "/" + f.name +
@@ -98,7 +99,7 @@ Status ReadPath::Read(const std::shared_ptr<const Version>& v, uint32_t file_ind
     dst += n;
   }
   if (len == 0) return Status::Ok();
-  return ReadData(v, f, offset - f.header_size, len, dst);
+  return ReadData(v, f, offset - f.header_size, len, dst, chain);
 }
 
 }  // namespace dte::fs

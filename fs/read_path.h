@@ -28,9 +28,15 @@ class ReadPath {
   // Reads [offset, offset + len) of file number `file_index` of v into dst.
   // The range must lie within the file. Corruption when a block or blob does
   // not match its hash (the message names the version, file, tensor and the
-  // blobs involved); dst is then unspecified.
+  // blobs involved); dst is then unspecified. With `chain` (v and its
+  // ancestors, Materializer::ChainOf), parents come from it, not the store.
   Status Read(const std::shared_ptr<const Version>& v, uint32_t file_index, uint64_t offset,
-              uint64_t len, uint8_t* dst);
+              uint64_t len, uint8_t* dst, const VersionChain* chain = nullptr);
+
+  VersionChain ChainOf(const std::shared_ptr<const Version>& v) { return materializer_.ChainOf(v); }
+
+  // Blocks are looked up in `base` during chain walks (Materializer::SetBase).
+  void SetBase(BlockBase* base) { materializer_.SetBase(base); }
 
   ReadCounters& counters() { return materializer_.counters(); }
   BlockCache& cache() { return cache_; }
@@ -38,9 +44,10 @@ class ReadPath {
  private:
   Result<BlockCache::Value> WholeBlob(const std::shared_ptr<const Version>& v, uint32_t file_index);
   Result<BlockCache::Value> Block(const std::shared_ptr<const Version>& v, const FileEntry& file,
-                                  const TensorEntry& tensor, uint32_t block);
+                                  const TensorEntry& tensor, uint32_t block,
+                                  const VersionChain* chain);
   Status ReadData(const std::shared_ptr<const Version>& v, const FileEntry& file, uint64_t offset,
-                  uint64_t len, uint8_t* dst);
+                  uint64_t len, uint8_t* dst, const VersionChain* chain);
 
   Store* const store_;
   Materializer materializer_;

@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fs/filesystem.h"
+#include "fs/readahead.h"
 
 namespace dte::fs {
 
@@ -9,10 +10,12 @@ std::string Filesystem::StatusJson() {
   nlohmann::json j;
   j["store"] = store_->uri();
   std::vector<uint64_t> versions;
+  std::string bdi;
   {
     MutexLock lock(&mu_);
     for (const auto& [version, v] : versions_) versions.push_back(version);
     j["errors"] = std::vector<std::string>(errors_.begin(), errors_.end());
+    bdi = readahead_bdi_;
   }
   j["versions"] = versions;
   j["latest"] = versions.empty() ? nlohmann::json() : nlohmann::json(versions.back());
@@ -24,6 +27,7 @@ std::string Filesystem::StatusJson() {
   j["records_decoded"] = c.records.load();
   j["payload_bytes"] = c.payload_bytes.load();
   j["hash_failures"] = c.hash_failures.load();
+  j["snapshot_block_reads"] = c.base_blocks.load();
   const CacheStats s = reader_.cache().Stats();
   j["cache"] = {{"capacity_bytes", s.capacity_bytes},
                 {"bytes", s.bytes},
@@ -32,6 +36,26 @@ std::string Filesystem::StatusJson() {
                 {"misses", s.misses},
                 {"evictions", s.evictions}};
   j["inodes"] = inodes_.size();
+  j["snapshots"] = nullptr;
+  if (const SnapshotSet* set = snapshots_.load()) {
+    const SnapshotStats ss = set->Stats();
+    j["snapshots"] = {{"dir", set->dir()},
+                      {"count", ss.count},
+                      {"bytes", ss.bytes},
+                      {"versions", ss.versions},
+                      {"building", ss.building ? nlohmann::json(*ss.building) : nlohmann::json()},
+                      {"building_blocks_done", ss.building_blocks_done},
+                      {"building_blocks", ss.building_blocks},
+                      {"built", ss.built},
+                      {"block_reads", ss.block_reads},
+                      {"hash_failures", ss.hash_failures},
+                      {"last_error", ss.last_error}};
+  }
+  j["readahead_kb"] = nullptr;
+  if (!bdi.empty()) {
+    auto kb = ReadReadaheadKb(bdi);
+    if (kb.ok()) j["readahead_kb"] = *kb;
+  }
   return j.dump(2) + "\n";
 }
 

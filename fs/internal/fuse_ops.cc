@@ -22,7 +22,13 @@ constexpr double kVersionDirEntryTimeout = 1.0;
 constexpr unsigned kMaxRead = 1 << 20;
 
 Filesystem* Fs(fuse_req_t req) {
-  return static_cast<MountState*>(fuse_req_userdata(req))->fs.get();
+  auto* state = static_cast<MountState*>(fuse_req_userdata(req));
+  if (!state->tuned.load(std::memory_order_acquire)) {  // the first requests only
+    state->serving = true;
+    state->serving.notify_all();
+    state->tuned.wait(false);  // a sysfs write away, on the tuning thread
+  }
+  return state->fs.get();
 }
 
 struct stat ToStat(const NodeAttr& a) {
@@ -133,7 +139,7 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
   const auto& f = *reinterpret_cast<const OpenFile*>(fi->fh);
   std::string out;
   Status s = Fs(req)->Read(f, static_cast<uint64_t>(off), size, &out);
-  if (!s.ok()) return ReplyError(req, s);
+  if (!s.ok()) return (void)fuse_reply_err(req, ReadErrnoOf(s));
   fuse_reply_buf(req, out.data(), out.size());
 }
 
@@ -171,12 +177,15 @@ void OpCreate(fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) 
 
 // --- session ------------------------------------------------------------------------
 
-void OpInit(void*, fuse_conn_info* conn) {
+void OpInit(void* userdata, fuse_conn_info* conn) {
   // Large requests: the kernel may send reads of up to 1 MiB (with -o
-  // max_read) and read ahead as far.
+  // max_read) and read ahead as far as asked. The kernel caps max_readahead
+  // at its current window (128 KiB by default); the window itself is raised
+  // through sysfs once INIT is done (fs/readahead.h).
   // libfuse requires init to repeat the session's max_read.
+  const uint32_t readahead_kb = static_cast<MountState*>(userdata)->readahead_kb;
   conn->max_read = kMaxRead;
-  conn->max_readahead = kMaxRead;
+  conn->max_readahead = readahead_kb > 0 ? readahead_kb * 1024 : kMaxRead;
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
 }
 
@@ -227,6 +236,11 @@ int ErrnoOf(const Status& s) {
       return EIO;
   }
   return EIO;
+}
+
+int ReadErrnoOf(const Status& s) {
+  const int e = ErrnoOf(s);
+  return e == ENOENT ? EIO : e;
 }
 
 const fuse_lowlevel_ops& FilesystemOps() {

@@ -12,9 +12,12 @@
 #define FUSE_USE_VERSION 34
 #include <fuse_lowlevel.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 
 #include "fs/filesystem.h"
+#include "store/snapshot.h"
 #include "store/status.h"
 #include "store/store.h"
 
@@ -22,13 +25,29 @@ namespace dte::fs {
 
 // The userdata of a dtefs session. The session exists (and is mounted)
 // before the store is opened, since a daemon opens it after forking; fs is
-// set before the request loop starts and outlives it.
+// set before the request loop starts and outlives it. Members are destroyed
+// in reverse order: fs before the snapshots its reads use, both before the
+// store.
 struct MountState {
   std::unique_ptr<Store> store;
+  std::unique_ptr<SnapshotSet> snapshots;  // null: no snapshots
   std::unique_ptr<Filesystem> fs;
+  uint32_t readahead_kb = 0;  // asked for in INIT (0: the kernel's default)
+  // The readahead handshake. The kernel holds every request until it has
+  // processed the INIT reply, which lowers the mount's readahead window, and
+  // a file takes the window in effect when it is opened. So the first
+  // request sets `serving` and waits for `tuned`, which the thread that sets
+  // the window (dtefs.cc) sets when it is done, before any file is opened.
+  // `tuned` starts true: without that thread, requests do not wait.
+  std::atomic<bool> serving{false};
+  std::atomic<bool> tuned{true};
 };
 
 int ErrnoOf(const Status& s);
+// The errno of a failed read of an open file: as ErrnoOf, except that a
+// missing blob or parent version (NotFound) is an I/O error of that read,
+// not ENOENT (the file itself exists and stays open).
+int ReadErrnoOf(const Status& s);
 const fuse_lowlevel_ops& FilesystemOps();
 
 }  // namespace dte::fs

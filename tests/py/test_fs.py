@@ -339,6 +339,32 @@ def test_corrupt_blob_is_eio_on_affected_reads_only(fs_store, ckpts, mount, tmp_
     assert any(bad_shard in err for err in status["errors"])
 
 
+def test_missing_blob_is_eio_not_enoent(fs_store, ckpts, mount, tmp_path):
+    dte = fs_store.copy_to(tmp_path / "gone")
+    blobs = []
+    for dirpath, _, files in os.walk(os.path.join(dte.store, "blobs")):
+        blobs += [os.path.join(dirpath, f) for f in files]
+    victim = max(blobs, key=os.path.getsize)
+    os.unlink(victim)
+    m = mount(dte.store)
+    results = {}
+    for shard in shard_names(ckpts.state(0)):
+        path = os.path.join(m.path, "v00000000", shard)
+        try:
+            with open(path, "rb") as f:  # the file itself is there
+                data = f.read()
+            with open(os.path.join(ckpts.dir(0), shard), "rb") as f:
+                assert data == f.read(), shard  # never wrong bytes
+            results[shard] = "ok"
+        except OSError as e:
+            results[shard] = e.errno
+    assert sorted(v for v in results.values() if v != "ok") == [errno.EIO], results
+    assert m.alive()
+    status = m.status()
+    assert status["read_errors"] >= 1
+    assert any(os.path.basename(victim) in err for err in status["errors"]), status["errors"]
+
+
 # --- session -----------------------------------------------------------------------
 
 def test_sigterm_unmounts_cleanly(fs_store, mount):

@@ -1,16 +1,20 @@
 // dtefs: mount a dte store; every version is a read-only checkpoint directory.
 //
-//   dtefs STORE MOUNTPOINT [-f] [--cache-dir DIR] [--cache-size N] [--poll-ms N] [-o opts]
+//   dtefs STORE MOUNTPOINT [-f] [--cache-dir DIR] [--cache-size N] [--poll-ms N]
+//         [--snapshot-every N] [--snapshots N] [--readahead-kb N] [-o opts]
 //
 // Also the program the fuse3 mount helper runs for `mount -t fuse.dtefs` and
 // fstab lines: `dtefs STORE MOUNTPOINT -o rw,allow_other,...`; there the
-// dtefs options can be given as cache_dir=DIR, cache_size=N, poll_ms=N.
+// dtefs options can be given as cache_dir=DIR, cache_size=N, poll_ms=N,
+// snapshot_every=N, snapshots=N, readahead_kb=N.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,20 +39,40 @@ std::string Absolute(const std::string& path) {
   return ec ? path : abs.lexically_normal().string();
 }
 
+// A count in [min, max].
+bool ParseCount(const std::string& text, uint64_t min, uint64_t max, uint32_t* out) {
+  uint64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size() || n < min || n > max) return false;
+  *out = static_cast<uint32_t>(n);
+  return true;
+}
+
+constexpr uint64_t kMaxReadaheadKb = 1 << 20;  // 1 GiB
+
 // Splits -o lists at commas and takes out the dtefs options given there.
 bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptions* o,
                       std::string* size_text) {
+  auto value = [](const std::string& opt, const char* name) -> std::optional<std::string> {
+    const std::string prefix = std::string(name) + "=";
+    if (opt.rfind(prefix, 0) != 0) return std::nullopt;
+    return opt.substr(prefix.size());
+  };
   for (const std::string& list : lists) {
     std::stringstream in(list);
     for (std::string opt; std::getline(in, opt, ',');) {
-      if (opt.rfind("cache_dir=", 0) == 0) {
-        o->cache_dir = opt.substr(10);
-      } else if (opt.rfind("cache_size=", 0) == 0) {
-        *size_text = opt.substr(11);
-      } else if (opt.rfind("poll_ms=", 0) == 0) {
-        uint64_t ms = 0;
-        if (!ParseSize(opt.substr(8), &ms) || ms == 0 || ms > UINT32_MAX) return false;
-        o->poll_ms = static_cast<uint32_t>(ms);
+      if (auto v = value(opt, "cache_dir")) {
+        o->cache_dir = *v;
+      } else if (auto v = value(opt, "cache_size")) {
+        *size_text = *v;
+      } else if (auto v = value(opt, "poll_ms")) {
+        if (!ParseCount(*v, 1, UINT32_MAX, &o->poll_ms)) return false;
+      } else if (auto v = value(opt, "snapshot_every")) {
+        if (!ParseCount(*v, 0, UINT32_MAX, &o->snapshot_every)) return false;
+      } else if (auto v = value(opt, "snapshots")) {
+        if (!ParseCount(*v, 0, UINT32_MAX, &o->max_snapshots)) return false;
+      } else if (auto v = value(opt, "readahead_kb")) {
+        if (!ParseCount(*v, 0, kMaxReadaheadKb, &o->readahead_kb)) return false;
       } else if (!opt.empty()) {
         o->fuse_options.push_back(opt);
       }
@@ -72,11 +96,19 @@ int main(int argc, char** argv) {
                  "Host-local index (env DTE_CACHE_DIR, default ~/.cache/dte)");
   app.add_option("--cache-size", size_text, "Block cache size, e.g. 256MiB (default 256MiB)");
   app.add_option("--poll-ms", o.poll_ms, "How often to look for new versions (default 500)");
+  app.add_option("--snapshot-every", o.snapshot_every,
+                 "Snapshot a version this many versions from its anchor or last snapshot "
+                 "(default 8; 0: no snapshots)");
+  app.add_option("--snapshots", o.max_snapshots, "Keep at most this many snapshots (default 8)");
+  app.add_option("--readahead-kb", o.readahead_kb,
+                 "Kernel readahead of the mount in KiB, set when root (default 4096; 0: leave it)")
+      ->check(CLI::Range(uint64_t{0}, kMaxReadaheadKb));
   app.add_option("-o", opts, "Mount options, comma-separated (allow_other, ro, ...)");
   CLI11_PARSE(app, argc, argv);
   if (o.cache_dir.empty()) o.cache_dir = dte::DefaultCacheDir();
   if (!TakeMountOptions(opts, &o, &size_text) || !ParseSize(size_text, &o.cache_bytes)) {
-    std::cerr << "dtefs: bad --cache-size, cache_size= or poll_ms= value\n";
+    std::cerr << "dtefs: bad --cache-size or -o value (cache_size=, poll_ms=, snapshot_every=, "
+                 "snapshots=, readahead_kb=)\n";
     return 2;
   }
   if (o.debug) o.foreground = true;

@@ -1,0 +1,82 @@
+// Snapshotter: decides which versions get a materialized snapshot (see
+// store/snapshot.h) and builds them on a background thread.
+//
+// Policy. A version's distance is the number of parent hops to its nearest
+// ancestor that is an anchor or has a snapshot. Walking the versions in
+// increasing order, every version whose distance reaches `every` gets a
+// snapshot (and so distance 0), so reading any version costs at most
+// `every - 1` sparse records plus one dense record or snapshot block per
+// block. At most `keep` snapshots exist: of the versions that have or would
+// get one, the newest `keep` are kept, the older ones deleted first; so are
+// snapshots of versions that left the store. Snapshots are built in
+// increasing version order, each through a Materializer that starts from
+// the ones before it, so a build decodes at most `every` sparse records per
+// block once the chain is covered.
+//
+// The worker runs one pass after each Wake() (the poller calls it after
+// every refresh; waking never blocks). It never runs on a FUSE request
+// thread, runs at lowered CPU and I/O priority, and writes one block at a
+// time. A build that fails is reported once and not retried for that
+// manifest revision.
+//
+// Thread-safety: Wake() may be called from any thread; construct and
+// destroy from one thread. Destruction cancels a build under way (its
+// temporary file is removed) and joins the worker.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fs/filesystem.h"
+#include "store/materialize.h"
+#include "store/snapshot.h"
+
+namespace dte::fs {
+
+struct SnapshotPolicy {
+  uint32_t every = 8;  // snapshot at this distance; 0: never
+  uint32_t keep = 8;   // at most this many snapshots; 0: none
+};
+
+struct SnapshotPlan {
+  std::vector<uint64_t> build;  // ascending
+  std::vector<uint64_t> drop;
+};
+
+// The plan for `parents` (every listed version -> its parent, nullopt for an
+// anchor) given the versions that have a snapshot. A parent that is not
+// listed counts as an anchor.
+SnapshotPlan PlanSnapshots(const std::map<uint64_t, std::optional<uint64_t>>& parents,
+                           const std::set<uint64_t>& have, const SnapshotPolicy& policy);
+
+class Snapshotter {
+ public:
+  Snapshotter(Store* store, Filesystem* fs, SnapshotSet* set, SnapshotPolicy policy);
+  ~Snapshotter();
+  Snapshotter(const Snapshotter&) = delete;
+  Snapshotter& operator=(const Snapshotter&) = delete;
+
+  void Wake() { wake_ = true; }
+
+ private:
+  void Run();
+  // Plans, drops, and builds at most one snapshot; true if it built (or
+  // tried to build) one, so another pass may have more to do.
+  bool Pass();
+
+  Filesystem* const fs_;
+  SnapshotSet* const set_;
+  const SnapshotPolicy policy_;
+  Materializer reader_;           // its own counters: building is not reading
+  std::set<std::string> failed_;  // manifest keys whose build failed (worker thread only)
+  std::atomic<bool> wake_{true}, stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace dte::fs
