@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds, and runs the whole test suite: a clang build
-# with thread-safety analysis, the libFuzzer targets for a bounded time, then
-# every unit, integration and crash test under CTest (whose summary is the
-# last thing printed).
+# with thread-safety analysis, the libFuzzer targets for a bounded time, the
+# dtefs unit tests under ThreadSanitizer, then every unit, integration and
+# crash test under CTest (whose summary is the last thing printed).
 # Usage: tools/test.sh   (env FUZZ_SECONDS, default 30 per target)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,14 @@ cmake -S . -B build-clang -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTE_WERRO
   -DDTE_FUZZ=ON -DDTE_CUDA=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 ninja -C build-clang -j "$(nproc)" dtectl dte-gen safetensors_header_fuzz delta_block_fuzz
 tests/fuzz/run_fuzzers.sh build-clang "${FUZZ_SECONDS:-30}"
+
+# dtefs's namespace, inode table, block cache and read path under
+# ThreadSanitizer, readers racing commits, Refresh and gc: any data race or
+# lock-order inversion stops the script here.
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTE_WERROR=ON \
+  -DDTE_TSAN=ON -DDTE_CUDA=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+ninja -C build-tsan -j "$(nproc)" fs_test
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/tests/fs_test --gtest_brief=1
 
 cd build
 ctest --output-on-failure -j 2 --timeout 900
