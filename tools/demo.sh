@@ -3,8 +3,9 @@
 # builds, generates a realistic checkpoint sequence (a Llama-style model whose
 # BF16 weights evolve under AdamW at an RL learning rate), imports the first
 # checkpoint into a local directory store, commits the rest as sparse deltas,
-# shows the log, exports the latest version and checks it byte for byte, and
-# verifies the store.
+# shows the log, exports the latest version and checks it byte for byte,
+# verifies the store, then mounts it with dtefs and loads a tensor from the
+# mount with the Python safetensors package.
 # Usage: tools/demo.sh   (env DEMO_DIR, default ./demo; DEMO_SIZE, default 256MiB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,8 +33,68 @@ echo "== log"
 
 echo "== export latest and compare with the committed directory"
 "$DTECTL" export --version latest "$DEMO/export"
-diff -r "$DEMO/export" "$DEMO/ckpt/step-$(printf %06d "$STEPS")" && echo "export: byte-identical"
+diff -r "$DEMO/export" "$DEMO/ckpt/step-$(printf %06d "$STEPS")"  # set -e: a difference stops here
+echo "export: byte-identical"
 
 echo "== verify"
 "$DTECTL" verify
 du -sh "$DEMO/store" "$DEMO/ckpt"
+
+echo "== mount the store with dtefs"
+MNT=$(mktemp -d "${TMPDIR:-/tmp}/dte-demo-mnt.XXXXXX")
+unmount() {
+  if mountpoint -q "$MNT"; then
+    fusermount3 -u "$MNT" || umount -l "$MNT"
+  fi
+  rmdir "$MNT"
+}
+trap unmount EXIT  # also when a step below fails
+"$ROOT/build/tools/dtefs" "$DTE_STORE" "$MNT"  # index in $DTE_CACHE_DIR; daemonizes once mounted
+echo "\$ ls $MNT"
+ls "$MNT"
+echo "\$ ls -l $MNT/latest/"
+ls -l "$MNT/latest/"
+
+echo "== load a tensor from $MNT/latest with safetensors (torch) and compare it with the export"
+/usr/bin/python3 - "$MNT/latest" "$DEMO/export" <<'PY'
+import json, os, sys
+import torch
+from safetensors import safe_open
+
+mounted, exported = sys.argv[1:]
+index = os.path.join(mounted, "model.safetensors.index.json")
+if os.path.exists(index):
+    with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+else:
+    with safe_open(os.path.join(mounted, "model.safetensors"), framework="pt") as f:
+        weight_map = dict.fromkeys(f.keys(), "model.safetensors")
+name = "model.layers.0.self_attn.q_proj.weight"
+name = name if name in weight_map else sorted(weight_map)[0]
+with safe_open(os.path.join(mounted, weight_map[name]), framework="pt") as f:
+    got = f.get_tensor(name)
+with safe_open(os.path.join(exported, weight_map[name]), framework="pt") as f:
+    want = f.get_tensor(name)
+print(f"{name} (from latest/{weight_map[name]}): shape {tuple(got.shape)}, dtype {got.dtype}")
+# Compare the raw bits (an element-wise == would treat NaNs as different).
+assert got.dtype == want.dtype and got.shape == want.shape
+assert torch.equal(got.view(torch.int16), want.view(torch.int16)), name
+print("equal to the same tensor in the exported directory")
+PY
+
+echo "== $MNT/.dte/status"
+/usr/bin/python3 - "$MNT/.dte/status" <<'PY'
+import json, sys
+with open(sys.argv[1]) as f:
+    s = json.load(f)
+print(f"versions {s['versions']}, latest {s['latest']}; {s['reads']} reads, "
+      f"{s['bytes_served']} bytes served, {s['blocks_decoded']} blocks decoded, "
+      f"{s['read_errors']} read errors; cache {s['cache']['bytes']} bytes, "
+      f"{s['cache']['hits']} hits, {s['cache']['misses']} misses")
+PY
+
+echo "== unmount"
+fusermount3 -u "$MNT"
+trap - EXIT
+rmdir "$MNT"
+echo "unmounted $MNT"

@@ -1,12 +1,14 @@
 """Mounting a store with the built dtefs from tests, and never leaving a mount behind.
 
-Every Mount is registered until it is unmounted; `unmount_all` (called by the
-test fixture's teardown and at interpreter exit) unmounts with
-`fusermount3 -u` and falls back to a lazy `umount -l`, then reaps a
-foreground daemon. Every wait has a deadline.
+Every Mount (and HelperMount, a mount made by mount(8)) is registered until
+it is unmounted; `unmount_all` (called by the test fixture's teardown and at
+interpreter exit) unmounts with `fusermount3 -u` (`umount`) and falls back to
+a lazy `umount -l`, then reaps a foreground daemon (ends a helper's). Every
+wait has a deadline.
 """
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -115,6 +117,83 @@ class Mount:
 
     def __exit__(self, *exc):
         self.unmount()
+
+
+class HelperMount:
+    """A dtefs mount made by someone else (mount(8) through the fuse3 helper):
+    registered like a Mount, so that `unmount_all` removes it and ends its
+    daemon (found by its mount point, which is unique to the test)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def register(self):
+        _live.append(self)
+        return self
+
+    def unmount(self):
+        if mounted(self.path):
+            r = subprocess.run(["umount", self.path], capture_output=True, timeout=30)
+            if r.returncode != 0 and mounted(self.path):
+                subprocess.run(["umount", "-l", self.path], capture_output=True, timeout=30)
+        try:
+            wait_for(lambda: not dtefs_pids(self.path), 15.0, f"dtefs of {self.path} to exit")
+        except AssertionError:
+            for pid in dtefs_pids(self.path):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if self in _live:
+            _live.remove(self)
+
+
+def mounted(path):
+    """Whether `path` is a mount point, also when it is a FUSE mount whose
+    daemon died (stat fails there, so os.path.ismount says no)."""
+    path = os.path.abspath(str(path))
+    with open("/proc/self/mounts") as f:
+        targets = [line.split()[1].replace("\\040", " ") for line in f]
+    return path in targets or os.path.ismount(path)
+
+
+def dtefs_pids(mountpoint):
+    """Live (not zombie) dtefs processes with `mountpoint` among their arguments."""
+    mountpoint = os.path.abspath(str(mountpoint))
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:  # exited meanwhile
+            continue
+        if argv and os.path.basename(argv[0]) == "dtefs" and mountpoint in argv[1:]:
+            pids.append(int(entry))
+    return pids
+
+
+@contextlib.contextmanager
+def mounts(root):
+    """Yields start(store, *args, foreground=True) -> a started Mount under `root`;
+    on exit every mount started is unmounted, and none may be left."""
+    made = []
+
+    def start(store, *args, foreground=True):
+        m = Mount(store, os.path.join(root, f"mnt{len(made)}"),
+                  os.path.join(root, f"fscache{len(made)}"), args, foreground)
+        made.append(m)
+        return m.start()
+
+    try:
+        yield start
+    finally:
+        for m in made:
+            m.unmount()
+        unmount_all()
+        left = [m.path for m in made if mounted(m.path)]
+        for path in left:  # e.g. a dead daemon's mount, which os.path.ismount misses
+            subprocess.run(["umount", "-l", path], capture_output=True, timeout=30)
+    assert not left, f"still mounted after unmounting: {left}"
 
 
 def unmount_all():
