@@ -6,6 +6,7 @@
 #include <string>
 
 #include "store/local_store.h"
+#include "store/s3_store.h"
 
 namespace dte {
 namespace {
@@ -79,8 +80,11 @@ Status ValidateObjectKeyPrefix(std::string_view prefix) {
 
 Result<std::unique_ptr<ObjectStore>> OpenObjectStore(const std::string& uri, bool create) {
   if (uri.starts_with("s3://")) {
-    return Unimplemented("S3 stores: " + uri + " cannot be opened, this build supports only " +
-                         "local directories so far");
+    ASSIGN_OR_RETURN(S3Location location, ParseS3Uri(uri));
+    // The endpoint comes from AWS_ENDPOINT_URL (dtectl --endpoint sets it).
+    auto options = S3OptionsFromEnvironment();
+    if (!options.ok()) return options.status().WithContext("store " + uri);
+    return OpenS3Store(location.bucket, location.prefix, *options, create);
   }
   std::string path = uri;
   if (path.starts_with("file://")) path.erase(0, 7);

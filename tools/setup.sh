@@ -7,11 +7,11 @@ BUILD_DIR=${1:-build}
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
-  librocksdb-dev libzstd-dev zstd libfuse3-dev fuse3 libcurl4-openssl-dev
+  librocksdb-dev libzstd-dev zstd libfuse3-dev fuse3 libcurl4-openssl-dev libssl-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev
   clang libclang-rt-14-dev clang-format
   python3 python3-pip python3-numpy python3-torch python3-pytest
-  time
+  time awscli
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -27,10 +27,14 @@ fi
 # Python packages the tests read mounted and exported files with; Debian's
 # python3 (where python3-torch lives) is the interpreter the project uses.
 PY=/usr/bin/python3
-if ! "$PY" -c 'import safetensors, xxhash, tokenizers' 2>/dev/null; then
-  echo "setup: installing python packages (safetensors, xxhash, tokenizers)"
+# moto is the S3-compatible server the S3 tests start on loopback (5.2.5
+# honours `If-None-Match: *` on PutObject). It pulls a cryptography release
+# Debian's python3-openssl cannot load, which Debian's awscli imports:
+# pyOpenSSL>=25 matches it.
+if ! "$PY" -c 'import safetensors, xxhash, tokenizers, moto.server, OpenSSL.SSL' 2>/dev/null; then
+  echo "setup: installing python packages (safetensors, xxhash, tokenizers, moto)"
   "$PY" -m pip install -q --break-system-packages --root-user-action=ignore \
-    safetensors xxhash tokenizers
+    safetensors xxhash tokenizers 'moto[server]==5.2.5' 'pyOpenSSL>=25'
 fi
 
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then

@@ -21,12 +21,12 @@ shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(safetensors_header_fuzz delta_block_fuzz)
+  targets=(safetensors_header_fuzz delta_block_fuzz s3_xml_fuzz)
 fi
 
 # Longest input per target: headers stay small; codec inputs must reach a
 # 256 KiB block of raw payload.
-declare -A max_len=([safetensors_header_fuzz]=65536 [delta_block_fuzz]=266000)
+declare -A max_len=([safetensors_header_fuzz]=65536 [delta_block_fuzz]=266000 [s3_xml_fuzz]=65536)
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT

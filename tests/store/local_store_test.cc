@@ -349,11 +349,5 @@ TEST(LocalStore, OpenRejectsAFileAndUnknownSchemes) {
   EXPECT_TRUE(OpenObjectStore("file://" + dir.path(), false).ok());
 }
 
-TEST(LocalStore, S3UrisAreUnimplementedForNow) {
-  auto s3 = OpenObjectStore("s3://bucket/prefix", /*create=*/false);
-  ASSERT_EQ(s3.status().code(), Code::kUnimplemented);
-  EXPECT_EQ(s3.status().message().rfind("S3 stores: ", 0), 0u) << s3.status().message();
-}
-
 }  // namespace
 }  // namespace dte

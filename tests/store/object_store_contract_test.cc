@@ -1,7 +1,9 @@
 // The contract of store/object_store.h, run against every implementation
-// (LocalStore on a temporary directory, and the test MemoryStore), so the
-// fake stays faithful to the real thing.
+// (LocalStore on a temporary directory, S3Store on a real S3-compatible
+// server on loopback, and the test MemoryStore), so the fake stays faithful
+// to the real thing.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -17,7 +19,9 @@
 
 #include "store/local_store.h"
 #include "store/object_store.h"
+#include "store/s3_store.h"
 #include "tests/testutil/memory_store.h"
+#include "tests/testutil/s3_server.h"
 
 namespace dte {
 namespace {
@@ -28,6 +32,28 @@ struct LocalEnv {
   std::unique_ptr<ObjectStore> store;
   LocalEnv() {
     auto opened = LocalStore::Open(dir.path());
+    EXPECT_TRUE(opened.ok()) << opened.status().ToString();
+    if (opened.ok()) store = std::move(*opened);
+  }
+};
+
+// A fresh prefix of the bucket on moto's signature-checking server. Fails
+// (never skips) when the server cannot be started.
+struct S3Env {
+  static constexpr const char* kName = "S3";
+  test::ScopedTempDir spool;
+  std::unique_ptr<ObjectStore> store;
+  S3Env() {
+    static std::atomic<int> counter{0};
+    auto server = test::S3TestServer::GetSigned();
+    if (!server.ok()) {
+      ADD_FAILURE() << "no S3 test server: " << server.status().ToString();
+      return;
+    }
+    const std::string prefix =
+        "contract/" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    auto opened = OpenS3Store(test::S3TestServer::kSignedBucket, prefix,
+                              (*server)->Options(spool.path()), /*create=*/true);
     EXPECT_TRUE(opened.ok()) << opened.status().ToString();
     if (opened.ok()) store = std::move(*opened);
   }
@@ -54,7 +80,7 @@ class ObjectStoreContract : public ::testing::Test {
   Env env_;
 };
 
-using Envs = ::testing::Types<LocalEnv, MemoryEnv>;
+using Envs = ::testing::Types<LocalEnv, S3Env, MemoryEnv>;
 TYPED_TEST_SUITE(ObjectStoreContract, Envs, EnvName);
 
 // Bytes that are not text, so encodings and NULs are exercised.

@@ -11,6 +11,7 @@ namespace dte::cli {
 struct Common {
   std::string store;      // --store, or $DTE_STORE
   std::string cache_dir;  // --cache-dir, or $DTE_CACHE_DIR, or ~/.cache/dte
+  std::string endpoint;   // --endpoint: S3 endpoint URL for s3:// stores
   bool quiet = false;
   bool json = false;
 };

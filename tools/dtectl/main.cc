@@ -17,6 +17,8 @@ const char* EnvOr(const char* name, const char* fallback) {
 
 void AddCommon(CLI::App* cmd, Common* c, bool json) {
   cmd->add_option("--store", c->store, "Store: a directory or s3://bucket/prefix (env DTE_STORE)");
+  cmd->add_option("--endpoint", c->endpoint,
+                  "S3 endpoint URL for s3:// stores (env AWS_ENDPOINT_URL)");
   cmd->add_option("--cache-dir", c->cache_dir,
                   "Host-local index and caches (env DTE_CACHE_DIR, default ~/.cache/dte)");
   cmd->add_flag("-q,--quiet", c->quiet, "No progress output");
@@ -82,6 +84,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (c.cache_dir.empty()) c.cache_dir = dte::DefaultCacheDir();
+  if (!c.endpoint.empty()) {
+    // S3 stores read their endpoint from the environment; the flag wins
+    // over both variables. No thread runs yet.
+    ::setenv("AWS_ENDPOINT_URL_S3", c.endpoint.c_str(), 1);
+    ::setenv("AWS_ENDPOINT_URL", c.endpoint.c_str(), 1);
+  }
   if (*import) return dte::cli::RunCommit(c, ca, true);
   if (*commit) return dte::cli::RunCommit(c, ca, false);
   if (*log) return dte::cli::RunLog(c);

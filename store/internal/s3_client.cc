@@ -1,0 +1,219 @@
+#include "store/internal/s3_client.h"
+
+#include <algorithm>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "store/internal/s3_retry.h"
+#include "store/internal/s3_xml.h"
+
+namespace dte::internal {
+namespace {
+
+constexpr size_t kMaxMessageBytes = 300;  // of server-provided text quoted in a Status
+
+uint64_t RandomWord() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+std::string BaseUrl(const S3Options& o, const std::string& bucket) {
+  std::string endpoint =
+      o.endpoint.empty() ? "https://s3." + o.region + ".amazonaws.com" : o.endpoint;
+  if (endpoint.find("://") == std::string::npos) endpoint = "https://" + endpoint;
+  while (endpoint.ends_with('/')) endpoint.pop_back();
+  // Virtual-hosted names with dots break TLS wildcard certificates.
+  if (o.path_style || bucket.find('.') != std::string::npos) return endpoint + "/" + bucket;
+  const size_t host = endpoint.find("://") + 3;
+  return endpoint.substr(0, host) + bucket + "." + endpoint.substr(host);
+}
+
+std::optional<uint64_t> ParseUint(const std::string* text) {
+  if (text == nullptr || text->empty() || text->size() > 19) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : *text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+const char* TransportErrorName(TransportError error) {
+  switch (error) {
+    case TransportError::kNone:
+      return "no error";
+    case TransportError::kConnect:
+      return "cannot connect";
+    case TransportError::kTimeout:
+      return "timed out or stalled";
+    case TransportError::kReset:
+      return "connection reset";
+    case TransportError::kBadBody:
+      return "incomplete response body";
+    case TransportError::kFatal:
+      return "request failed";
+  }
+  return "unknown transport error";
+}
+
+const std::string* HttpResponse::Header(std::string_view name) const {
+  const std::string* found = nullptr;
+  for (const auto& [n, v] : headers) {
+    if (n == name) found = &v;
+  }
+  return found;
+}
+
+S3Client::S3Client(S3Options options, std::string bucket, std::string prefix,
+                   std::unique_ptr<HttpTransport> transport)
+    : options_(std::move(options)),
+      bucket_(std::move(bucket)),
+      prefix_(std::move(prefix)),
+      base_url_(BaseUrl(options_, bucket_)),
+      transport_(std::move(transport)) {}
+
+std::string S3Client::Describe() const {
+  return "s3://" + bucket_ + (prefix_.empty() ? "" : "/" + prefix_);
+}
+
+std::string S3Client::ObjectKey(const std::string& key) const {
+  return prefix_.empty() ? key : prefix_ + "/" + key;
+}
+
+std::optional<std::string> S3Client::StoreKey(std::string_view object_key) const {
+  if (prefix_.empty()) return std::string(object_key);
+  if (object_key.size() <= prefix_.size() + 1 || !object_key.starts_with(prefix_) ||
+      object_key[prefix_.size()] != '/') {
+    return std::nullopt;
+  }
+  return std::string(object_key.substr(prefix_.size() + 1));
+}
+
+std::string S3Client::Redact(std::string text) const {
+  return RedactSecrets(std::move(text),
+                       {options_.secret_key, options_.session_token, options_.access_key});
+}
+
+std::string S3Client::Url(const std::string& object_key, const QueryParams& query) const {
+  std::string url = base_url_;
+  if (!object_key.empty()) {
+    url += "/" + UriEncode(object_key, /*keep_slash=*/true);
+  } else if (!options_.path_style && bucket_.find('.') == std::string::npos) {
+    url += "/";
+  }
+  if (!query.empty()) url += "?" + CanonicalQuery(query);
+  return url;
+}
+
+HttpRequest S3Client::BuildRequest(const S3Call& call) const {
+  HttpRequest r;
+  r.method = call.method;
+  r.url = Url(call.key.empty() ? "" : ObjectKey(call.key), call.query);
+  r.headers = call.headers;
+  r.headers.push_back("x-amz-content-sha256: " + Sha256Hex(call.body));
+  if (!options_.session_token.empty()) {
+    r.headers.push_back("x-amz-security-token: " + options_.session_token);
+  }
+  if (call.method == "PUT" || call.method == "POST") {
+    // Without it curl would send a form content type, which some servers
+    // (moto's) then parse as a form instead of storing.
+    bool has_type = false;
+    for (const std::string& h : call.headers) has_type |= h.starts_with("Content-Type:");
+    if (!has_type) r.headers.push_back("Content-Type: application/octet-stream");
+    // No "Expect:" header to turn 100-continue off: libcurl 7.88's signer
+    // would sign it although it is never sent.
+  }
+  r.body = call.body;
+  r.into = call.into;
+  r.into_len = call.into_len;
+  return r;
+}
+
+// Fills in the S3 error of `reply`, and turns a 2xx body shorter than its
+// Content-Length into a kBadBody transport error.
+void S3Client::Interpret(const S3Call& call, S3Reply* reply) const {
+  HttpResponse& http = reply->http;
+  reply->code.clear();
+  reply->message.clear();
+  if (http.error != TransportError::kNone) return;
+  const bool success = http.status >= 200 && http.status < 300;
+  if (success && call.method != "HEAD") {
+    auto length = ParseUint(http.Header("content-length"));
+    if (length && *length != http.body_bytes) {
+      http.error = TransportError::kBadBody;
+      http.error_detail = "received " + std::to_string(http.body_bytes) + " of " +
+                          std::to_string(*length) + " bytes";
+      return;
+    }
+  }
+  if (!success || call.error_in_200) {
+    if (auto error = ParseErrorBody(http.body)) {
+      reply->code = error->code.empty() ? "UnknownError" : error->code;
+      reply->message = error->message;
+    }
+  }
+}
+
+S3Reply S3Client::Call(const S3Call& call) {
+  const HttpRequest request = BuildRequest(call);
+  const int max_attempts = std::max(1, options_.retry.max_attempts);
+  S3Reply reply;
+  for (int attempt = 1;; ++attempt) {
+    requests_.fetch_add(1);
+    reply.http = transport_->Send(request);
+    reply.attempts = attempt;
+    Interpret(call, &reply);
+    if (reply.ok() || attempt >= max_attempts ||
+        !IsRetryable(reply.http.error, reply.http.status, reply.code)) {
+      return reply;
+    }
+    retries_.fetch_add(1);
+    std::this_thread::sleep_for(BackoffDelay(attempt, options_.retry, RandomWord()));
+  }
+}
+
+Status S3Client::NotFoundStatus(const std::string& key) const {
+  return NotFound("object " + key + " not found in store " + Describe());
+}
+
+Status S3Client::AlreadyExistsStatus(const std::string& key) const {
+  return AlreadyExists("object " + key + " already exists in store " + Describe());
+}
+
+Status S3Client::ErrorStatus(const S3Reply& reply, const S3Call& call) const {
+  const HttpResponse& http = reply.http;
+  std::string detail = std::string("S3 ") + call.op + ": ";
+  if (http.error != TransportError::kNone) {
+    detail += std::string(TransportErrorName(http.error)) + " (" +
+              PrintableText(http.error_detail, kMaxMessageBytes) + ")";
+  } else {
+    if (!reply.code.empty()) detail += PrintableText(reply.code, 64) + ", ";
+    detail += "HTTP " + std::to_string(http.status);
+    if (!reply.message.empty()) detail += ": " + PrintableText(reply.message, kMaxMessageBytes);
+  }
+  if (reply.attempts > 1) detail += ", after " + std::to_string(reply.attempts) + " attempts";
+  const std::string what = call.key.empty() ? "bucket " + bucket_ : "object " + call.key;
+  const std::string where = " in store " + Describe() + " (" + detail + ")";
+  Status status;
+  if (http.error != TransportError::kNone) {
+    status = IOError("cannot reach " + what + where);
+  } else if (reply.code == "NoSuchBucket") {
+    status = NotFound("bucket " + bucket_ + " of store " + Describe() + " does not exist (" +
+                      detail + ")");
+  } else if (http.status == 404 && reply.code != "NoSuchUpload") {
+    status = NotFound(what + " not found" + where);
+  } else if (http.status == 412) {
+    status = AlreadyExists(what + " already exists" + where);
+  } else if (http.status == 403) {
+    status = IOError("access denied to " + what + where +
+                     "; check the credentials, the region and the bucket policy");
+  } else {
+    status = IOError(std::string(call.op) + " of " + what + " failed" + where);
+  }
+  return Status(status.code(), Redact(status.message()));
+}
+
+}  // namespace dte::internal

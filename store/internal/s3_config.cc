@@ -1,0 +1,167 @@
+#include "store/internal/s3_config.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+
+#include "store/posix_file.h"
+
+namespace dte {
+namespace internal {
+namespace {
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// The file's sections, or none if it does not exist. Messages name the file
+// only: its content holds secrets.
+Result<IniFile> ReadIni(const std::string& path) {
+  auto text = ReadWholeFile(path);
+  if (!text.ok() && text.status().code() == Code::kNotFound) return IniFile{};
+  if (!text.ok()) return InvalidArgument("cannot read AWS file " + path);
+  return ParseIni(*text);
+}
+
+const std::map<std::string, std::string>* Section(const IniFile& file, const std::string& name) {
+  auto it = file.find(name);
+  return it == file.end() ? nullptr : &it->second;
+}
+
+std::string Get(const std::map<std::string, std::string>* section, const std::string& name) {
+  if (section == nullptr) return "";
+  auto it = section->find(name);
+  return it == section->end() ? "" : it->second;
+}
+
+struct SharedFiles {
+  std::string profile;
+  bool explicit_profile = false;
+  std::string credentials_path, config_path;
+  IniFile credentials, config;
+  const std::map<std::string, std::string>* cred_section = nullptr;
+  const std::map<std::string, std::string>* config_section = nullptr;
+};
+
+Result<SharedFiles> LoadSharedFiles(const EnvLookup& env) {
+  SharedFiles f;
+  auto profile = env("AWS_PROFILE");
+  if (!profile) profile = env("AWS_DEFAULT_PROFILE");
+  f.explicit_profile = profile.has_value();
+  f.profile = profile.value_or("default");
+  const std::string home = env("HOME").value_or("");
+  f.credentials_path = env("AWS_SHARED_CREDENTIALS_FILE").value_or(home + "/.aws/credentials");
+  f.config_path = env("AWS_CONFIG_FILE").value_or(home + "/.aws/config");
+  ASSIGN_OR_RETURN(f.credentials, ReadIni(f.credentials_path));
+  ASSIGN_OR_RETURN(f.config, ReadIni(f.config_path));
+  f.cred_section = Section(f.credentials, f.profile);
+  f.config_section = Section(f.config, f.profile == "default" ? "default" : "profile " + f.profile);
+  if (f.explicit_profile && f.cred_section == nullptr && f.config_section == nullptr) {
+    return InvalidArgument("AWS profile \"" + f.profile + "\" (from AWS_PROFILE) is in neither " +
+                           f.credentials_path + " nor " + f.config_path);
+  }
+  return f;
+}
+
+Status LoadKeys(const EnvLookup& env, const SharedFiles& f, S3Options* o) {
+  auto id = env("AWS_ACCESS_KEY_ID");
+  auto secret = env("AWS_SECRET_ACCESS_KEY");
+  if (id || secret) {
+    if (!id || !secret) {
+      return InvalidArgument(std::string(id ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY") +
+                             " is set but " + (id ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID") +
+                             " is not");
+    }
+    o->access_key = *id;
+    o->secret_key = *secret;
+    o->session_token = env("AWS_SESSION_TOKEN").value_or("");
+    return Status::Ok();
+  }
+  for (const auto& [section, path] : {std::pair{f.cred_section, &f.credentials_path},
+                                      std::pair{f.config_section, &f.config_path}}) {
+    const std::string key_id = Get(section, "aws_access_key_id");
+    const std::string key = Get(section, "aws_secret_access_key");
+    if (key_id.empty() && key.empty()) continue;
+    if (key_id.empty() || key.empty()) {
+      return InvalidArgument("AWS profile \"" + f.profile + "\" in " + *path +
+                             " has only one of aws_access_key_id and aws_secret_access_key");
+    }
+    o->access_key = key_id;
+    o->secret_key = key;
+    o->session_token = Get(section, "aws_session_token");
+    return Status::Ok();
+  }
+  return Status::Ok();  // anonymous
+}
+
+}  // namespace
+
+IniFile ParseIni(std::string_view text) {
+  IniFile file;
+  std::map<std::string, std::string>* section = nullptr;
+  while (!text.empty()) {
+    const size_t eol = text.find('\n');
+    std::string_view line = Trim(text.substr(0, eol));
+    text.remove_prefix(eol == std::string_view::npos ? text.size() : eol + 1);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    if (line.front() == '[') {
+      if (line.back() != ']') continue;
+      section = &file[std::string(Trim(line.substr(1, line.size() - 2)))];
+      continue;
+    }
+    const size_t eq = line.find('=');
+    if (eq == std::string_view::npos || section == nullptr) continue;
+    (*section)[Lower(Trim(line.substr(0, eq)))] = std::string(Trim(line.substr(eq + 1)));
+  }
+  return file;
+}
+
+Result<S3Options> S3OptionsFromEnv(const EnvLookup& env, const std::string& endpoint_override) {
+  S3Options o;
+  ASSIGN_OR_RETURN(SharedFiles files, LoadSharedFiles(env));
+  RETURN_IF_ERROR(LoadKeys(env, files, &o));
+  o.endpoint = endpoint_override;
+  for (const char* name : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"}) {
+    if (o.endpoint.empty()) o.endpoint = env(name).value_or("");
+  }
+  if (o.endpoint.empty()) o.endpoint = Get(files.config_section, "endpoint_url");
+  std::string region = env("AWS_REGION").value_or(env("AWS_DEFAULT_REGION").value_or(""));
+  if (region.empty()) region = Get(files.config_section, "region");
+  if (!region.empty()) o.region = region;
+  for (char c : o.region) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') {
+      return InvalidArgument("AWS region \"" + o.region + "\" is not a region name");
+    }
+  }
+  o.path_style = !o.endpoint.empty();
+  if (auto style = env("DTE_S3_ADDRESSING_STYLE")) {
+    if (*style != "path" && *style != "virtual") {
+      return InvalidArgument("DTE_S3_ADDRESSING_STYLE is \"" + *style + "\"; use path or virtual");
+    }
+    o.path_style = *style == "path";
+  }
+  o.spool_dir = env("DTE_SPOOL_DIR").value_or("");
+  return o;
+}
+
+}  // namespace internal
+
+Result<S3Options> S3OptionsFromEnvironment(const std::string& endpoint_override) {
+  return internal::S3OptionsFromEnv(
+      [](const char* name) -> std::optional<std::string> {
+        const char* v = std::getenv(name);
+        if (v == nullptr || *v == '\0') return std::nullopt;
+        return std::string(v);
+      },
+      endpoint_override);
+}
+
+}  // namespace dte

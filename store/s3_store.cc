@@ -1,0 +1,393 @@
+// S3Store: each ObjectStore method as S3 requests (docs/s3.md has the table).
+#include "store/s3_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <ctime>
+#include <utility>
+
+#include "store/internal/s3_client.h"
+#include "store/internal/s3_multipart.h"
+#include "store/internal/s3_open.h"
+#include "store/internal/s3_spool.h"
+#include "store/internal/s3_xml.h"
+#include "store/local_store.h"
+#include "store/posix_file.h"
+#include "store/units.h"
+
+namespace dte {
+namespace {
+
+using internal::HttpResponse;
+using internal::S3Call;
+using internal::S3Client;
+using internal::S3Reply;
+
+constexpr int kMaxListPages = 1000000;  // a server that never stops paging is broken
+
+std::optional<uint64_t> ParseDecimal(std::string_view text) {
+  if (text.empty() || text.size() > 19) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return v;
+}
+
+// "bytes FIRST-LAST/TOTAL" or "bytes */TOTAL".
+struct ContentRange {
+  std::optional<uint64_t> first;
+  std::optional<uint64_t> total;
+};
+ContentRange ParseContentRange(const std::string* header) {
+  ContentRange r;
+  if (header == nullptr || !header->starts_with("bytes ")) return r;
+  std::string_view v = std::string_view(*header).substr(6);
+  const size_t slash = v.find('/');
+  if (slash == std::string_view::npos) return r;
+  r.total = ParseDecimal(v.substr(slash + 1));
+  const size_t dash = v.find('-');
+  if (dash < slash) r.first = ParseDecimal(v.substr(0, dash));
+  return r;
+}
+
+Status CheckBucket(const std::string& bucket) {
+  bool ok = bucket.size() >= 3 && bucket.size() <= 63;
+  for (char c : bucket)
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-');
+  ok = ok && bucket.front() != '.' && bucket.front() != '-' && bucket.back() != '.' &&
+       bucket.back() != '-';
+  if (!ok) {
+    return InvalidArgument("S3 bucket name \"" + bucket +
+                           "\" is invalid (3-63 characters of a-z, 0-9, '.' and '-')");
+  }
+  return Status::Ok();
+}
+
+class S3Store final : public ObjectStore {
+ public:
+  S3Store(const S3Options& options, const std::string& bucket, const std::string& prefix,
+          std::unique_ptr<internal::HttpTransport> transport)
+      : client_(options, bucket, prefix, std::move(transport)), spool_(options.spool_dir) {}
+
+  std::string Describe() const override { return client_.Describe(); }
+  Status Put(const std::string& key, std::string_view data) override;
+  Status PutFile(const std::string& key, const std::string& path) override;
+  Status CreateExclusive(const std::string& key, std::string_view data) override;
+  Result<std::string> Get(const std::string& key) override;
+  Result<std::string> GetRange(const std::string& key, uint64_t offset, uint64_t len) override;
+  Status ReadRange(const std::string& key, uint64_t offset, uint64_t len, void* dst) override;
+  Result<std::optional<uint64_t>> Size(const std::string& key) override;
+  Result<std::vector<std::string>> List(const std::string& prefix) override;
+  Status Delete(const std::string& key) override;
+  Result<int64_t> ModifiedTime(const std::string& key) override;
+  Status Touch(const std::string& key) override;
+  Result<std::string> NewTempPath() override { return spool_.NewPath(); }
+  Result<uint64_t> RemoveStaleTemp(int64_t min_age_seconds) override;
+
+ private:
+  Status PutObject(const std::string& key, std::string_view data);
+  Status ReadInto(const std::string& key, uint64_t offset, uint64_t len, char* dst);
+  Status CheckRangeReply(const std::string& key, uint64_t offset, uint64_t len,
+                         const S3Reply& reply);
+  // The HEAD answer, or nullopt for a missing object.
+  Result<std::optional<HttpResponse>> Head(const std::string& key);
+  Status TooShort(const std::string& key, uint64_t offset, uint64_t len, uint64_t size) const;
+
+  S3Client client_;
+  internal::SpoolDir spool_;
+};
+
+Status S3Store::PutObject(const std::string& key, std::string_view data) {
+  S3Call call{.op = "PutObject", .method = "PUT", .key = key};
+  call.body = data;
+  S3Reply reply = client_.Call(call);
+  if (!reply.ok()) return client_.ErrorStatus(reply, call);
+  return Status::Ok();
+}
+
+Status S3Store::Put(const std::string& key, std::string_view data) {
+  RETURN_IF_ERROR(ValidateObjectKey(key));
+  if (data.size() <= client_.options().part_size) return PutObject(key, data);
+  return internal::UploadMultipart(
+      client_, key, data.size(),
+      [data](uint64_t offset, uint64_t len, std::string*) -> Result<std::string_view> {
+        return data.substr(offset, len);
+      });
+}
+
+Status S3Store::PutFile(const std::string& key, const std::string& path) {
+  RETURN_IF_ERROR(ValidateObjectKey(key));
+  ASSIGN_OR_RETURN(ScopedFd fd, OpenFile(path, O_RDONLY));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("stat " + path, errno);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  const int raw_fd = fd.get();
+  auto read = [&](uint64_t offset, uint64_t len, std::string* scratch) -> Result<std::string_view> {
+    scratch->resize(len);
+    RETURN_IF_ERROR(PreadExact(raw_fd, scratch->data(), len, offset, path, [&](uint64_t n) {
+      return IOError("spool file " + path + " shrank while uploaded to object " + key + " (" +
+                     std::to_string(offset + n) + " of " + std::to_string(size) + " bytes)");
+    }));
+    return std::string_view(*scratch);
+  };
+  if (size > client_.options().part_size) {
+    RETURN_IF_ERROR(internal::UploadMultipart(client_, key, size, read));
+  } else {
+    std::string scratch;
+    ASSIGN_OR_RETURN(std::string_view data, read(0, size, &scratch));
+    RETURN_IF_ERROR(PutObject(key, data));
+  }
+  RETURN_IF_ERROR(fd.Close(path));
+  if (::unlink(path.c_str()) != 0) return ErrnoStatus("unlink " + path, errno);
+  return Status::Ok();
+}
+
+Status S3Store::CreateExclusive(const std::string& key, std::string_view data) {
+  RETURN_IF_ERROR(ValidateObjectKey(key));
+  S3Call call{.op = "PutObject If-None-Match", .method = "PUT", .key = key};
+  call.headers = {"If-None-Match: *"};
+  call.body = data;
+  S3Reply reply = client_.Call(call);
+  if (reply.ok()) return Status::Ok();
+  if (!reply.status_is(412)) return client_.ErrorStatus(reply, call);
+  if (reply.attempts == 1) return client_.AlreadyExistsStatus(key);
+  // An earlier attempt may have created the object and lost its answer:
+  // the bytes tell whether it was ours.
+  auto existing = Get(key);
+  if (!existing.ok()) {
+    return existing.status().WithContext("create " + key + ": reading back after a retry");
+  }
+  if (*existing == data) return Status::Ok();
+  return client_.AlreadyExistsStatus(key);
+}
+
+Result<std::string> S3Store::Get(const std::string& key) {
+  RETURN_IF_ERROR(ValidateObjectKey(key));
+  S3Call call{.op = "GetObject", .method = "GET", .key = key};
+  S3Reply reply = client_.Call(call);
+  if (!reply.ok()) return client_.ErrorStatus(reply, call);
+  return std::move(reply.http.body);
+}
+
+Status S3Store::TooShort(const std::string& key, uint64_t offset, uint64_t len,
+                         uint64_t size) const {
+  return Corruption("object " + key + " in store " + Describe() + " is " + std::to_string(size) +
+                    " bytes, shorter than the requested range [" + std::to_string(offset) + ", " +
+                    std::to_string(offset + len) + ")");
+}
+
+Status S3Store::ReadInto(const std::string& key, uint64_t offset, uint64_t len, char* dst) {
+  RETURN_IF_ERROR(ValidateObjectKey(key));
+  if (len > UINT64_MAX - offset) {
+    return InvalidArgument("range of object " + key + " overflows: offset " +
+                           std::to_string(offset) + ", length " + std::to_string(len));
+  }
+  if (len == 0) {  // S3 has no empty ranges: check the size instead
+    ASSIGN_OR_RETURN(std::optional<uint64_t> size, Size(key));
+    if (!size) return client_.NotFoundStatus(key);
+    if (*size < offset) return TooShort(key, offset, len, *size);
+    return Status::Ok();
+  }
+  S3Call call{.op = "GetObject Range", .method = "GET", .key = key};
+  call.headers = {"Range: bytes=" + std::to_string(offset) + "-" +
+                  std::to_string(offset + len - 1)};
+  call.into = dst;
+  call.into_len = len;
+  S3Reply reply = client_.Call(call);
+  return CheckRangeReply(key, offset, len, reply);
+}
+
+Status S3Store::CheckRangeReply(const std::string& key, uint64_t offset, uint64_t len,
+                                const S3Reply& reply) {
+  S3Call call{.op = "GetObject Range", .method = "GET", .key = key};
+  const ContentRange range = ParseContentRange(reply.http.Header("content-range"));
+  if (reply.status_is(416)) {  // the range starts at or past the end
+    std::optional<uint64_t> size = range.total;
+    if (!size) {
+      ASSIGN_OR_RETURN(size, Size(key));
+    }
+    if (!size) return client_.NotFoundStatus(key);
+    return TooShort(key, offset, len, *size);
+  }
+  if (!reply.ok()) return client_.ErrorStatus(reply, call);
+  const uint64_t got = reply.http.body_bytes;
+  if (reply.http.status == 200 && offset != 0) {
+    return IOError("S3 GetObject of object " + key + " in store " + Describe() +
+                   " ignored the Range header (HTTP 200)");
+  }
+  if (reply.http.status == 206 && range.first != offset) {
+    return IOError("S3 GetObject of object " + key + " in store " + Describe() +
+                   " answered a different range (Content-Range " +
+                   internal::PrintableText(*reply.http.Header("content-range"), 80) + ")");
+  }
+  if (got == len) return Status::Ok();
+  const uint64_t total = reply.http.status == 200 ? got : range.total.value_or(UINT64_MAX);
+  if (total < offset + len) return TooShort(key, offset, len, total);
+  return IOError("S3 GetObject of object " + key + " in store " + Describe() + " returned " +
+                 std::to_string(got) + " of the " + std::to_string(len) + " bytes requested");
+}
+
+Result<std::string> S3Store::GetRange(const std::string& key, uint64_t offset, uint64_t len) {
+  if (len > UINT64_MAX - offset) return ReadInto(key, offset, len, nullptr);  // the overflow error
+  std::string out(len, '\0');
+  RETURN_IF_ERROR(ReadInto(key, offset, len, out.data()));
+  return out;
+}
+
+Status S3Store::ReadRange(const std::string& key, uint64_t offset, uint64_t len, void* dst) {
+  return ReadInto(key, offset, len, static_cast<char*>(dst));
+}
+
+Result<std::optional<HttpResponse>> S3Store::Head(const std::string& key) {
+  RETURN_IF_ERROR(ValidateObjectKey(key));
+  S3Call call{.op = "HeadObject", .method = "HEAD", .key = key};
+  S3Reply reply = client_.Call(call);
+  if (reply.status_is(404)) return std::optional<HttpResponse>();
+  if (!reply.ok()) return client_.ErrorStatus(reply, call);
+  return std::optional<HttpResponse>(std::move(reply.http));
+}
+
+Result<std::optional<uint64_t>> S3Store::Size(const std::string& key) {
+  ASSIGN_OR_RETURN(std::optional<HttpResponse> head, Head(key));
+  if (!head) return std::optional<uint64_t>();
+  const std::string* length = head->Header("content-length");
+  auto size = length ? ParseDecimal(*length) : std::nullopt;
+  if (!size) {
+    return IOError("S3 HeadObject of object " + key + " in store " + Describe() +
+                   ": no valid Content-Length");
+  }
+  return std::optional<uint64_t>(*size);
+}
+
+Result<int64_t> S3Store::ModifiedTime(const std::string& key) {
+  ASSIGN_OR_RETURN(std::optional<HttpResponse> head, Head(key));
+  if (!head) return client_.NotFoundStatus(key);
+  const std::string* date = head->Header("last-modified");
+  auto seconds = date ? internal::ParseHttpDate(*date) : std::nullopt;
+  if (!seconds) {
+    return IOError("S3 HeadObject of object " + key + " in store " + Describe() +
+                   ": no valid Last-Modified");
+  }
+  return *seconds;
+}
+
+Status S3Store::Touch(const std::string& key) {
+  RETURN_IF_ERROR(ValidateObjectKey(key));
+  S3Call call{.op = "CopyObject", .method = "PUT", .key = key};
+  call.headers = {"x-amz-copy-source: /" + client_.bucket() + "/" +
+                      internal::UriEncode(client_.ObjectKey(key), /*keep_slash=*/true),
+                  "x-amz-metadata-directive: REPLACE"};
+  call.error_in_200 = true;
+  S3Reply reply = client_.Call(call);
+  if (!reply.ok()) return client_.ErrorStatus(reply, call);
+  return internal::CheckResultRoot(reply.http.body, "CopyObjectResult")
+      .WithContext("S3 CopyObject of object " + key + " in store " + Describe());
+}
+
+Status S3Store::Delete(const std::string& key) {
+  RETURN_IF_ERROR(ValidateObjectKey(key));
+  S3Call call{.op = "DeleteObject", .method = "DELETE", .key = key};
+  S3Reply reply = client_.Call(call);
+  if (reply.ok() || (reply.status_is(404) && reply.code != "NoSuchBucket")) return Status::Ok();
+  return client_.ErrorStatus(reply, call);
+}
+
+Result<std::vector<std::string>> S3Store::List(const std::string& prefix) {
+  RETURN_IF_ERROR(ValidateObjectKeyPrefix(prefix));
+  std::vector<std::string> keys;
+  std::string token;
+  for (int page = 0; page < kMaxListPages; ++page) {
+    S3Call call{.op = "ListObjectsV2", .method = "GET"};
+    call.query = {{"list-type", "2"},
+                  {"max-keys", std::to_string(client_.options().list_page_size)},
+                  {"prefix", client_.ObjectKey(prefix)}};
+    if (!token.empty()) call.query.emplace_back("continuation-token", token);
+    S3Reply reply = client_.Call(call);
+    if (!reply.ok()) return client_.ErrorStatus(reply, call);
+    auto list = internal::ParseListObjectsV2(reply.http.body);
+    if (!list.ok()) return list.status().WithContext("list " + Describe());
+    for (const std::string& object : list->keys) {
+      auto key = client_.StoreKey(object);
+      // Keys outside the grammar (console "folder/" markers, foreign
+      // objects) are not part of the store, as on a local directory.
+      if (key && key->starts_with(prefix) && ValidateObjectKey(*key).ok()) {
+        keys.push_back(std::move(*key));
+      }
+    }
+    if (!list->truncated) {
+      std::sort(keys.begin(), keys.end());
+      return keys;
+    }
+    if (list->next_token.empty() || list->next_token == token) {
+      return Corruption("S3 ListObjectsV2 of store " + Describe() +
+                        " is truncated but gives no new continuation token");
+    }
+    token = std::move(list->next_token);
+  }
+  return Corruption("S3 ListObjectsV2 of store " + Describe() + " returned too many pages");
+}
+
+Result<uint64_t> S3Store::RemoveStaleTemp(int64_t min_age_seconds) {
+  ASSIGN_OR_RETURN(uint64_t removed, spool_.RemoveStale(min_age_seconds));
+  if (!client_.options().abort_stale_uploads) return removed;
+  ASSIGN_OR_RETURN(uint64_t aborted,
+                   internal::AbortStaleUploads(client_, min_age_seconds, ::time(nullptr)));
+  return removed + aborted;
+}
+
+}  // namespace
+
+Result<S3Location> ParseS3Uri(const std::string& uri) {
+  if (!uri.starts_with("s3://")) return InvalidArgument("\"" + uri + "\" is not an s3:// URI");
+  std::string rest = uri.substr(5);
+  const size_t slash = rest.find('/');
+  S3Location loc{rest.substr(0, slash), slash == std::string::npos ? "" : rest.substr(slash + 1)};
+  while (loc.prefix.ends_with('/')) loc.prefix.pop_back();
+  RETURN_IF_ERROR(CheckBucket(loc.bucket).WithContext("store " + uri));
+  if (!loc.prefix.empty()) {
+    RETURN_IF_ERROR(ValidateObjectKey(loc.prefix).WithContext("store " + uri + ": prefix"));
+  }
+  return loc;
+}
+
+namespace internal {
+
+Result<std::unique_ptr<ObjectStore>> OpenS3StoreWithTransport(
+    const std::string& bucket, const std::string& prefix, const S3Options& options,
+    std::unique_ptr<HttpTransport> transport) {
+  const std::string uri = "s3://" + bucket + (prefix.empty() ? "" : "/" + prefix);
+  RETURN_IF_ERROR(CheckBucket(bucket).WithContext("store " + uri));
+  if (!prefix.empty()) {
+    RETURN_IF_ERROR(ValidateObjectKey(prefix).WithContext("store " + uri + ": prefix"));
+  }
+  if (options.part_size < kMinPartSize || options.part_size > (uint64_t{5} << 30)) {
+    return InvalidArgument("store " + uri + ": S3 part size " + std::to_string(options.part_size) +
+                           " is outside [5 MiB, 5 GiB]");
+  }
+  if (options.parallel_parts < 1 || options.parallel_parts > 64) {
+    return InvalidArgument("store " + uri + ": parallel parts must be 1 to 64");
+  }
+  if (options.list_page_size < 1 || options.list_page_size > 1000) {
+    return InvalidArgument("store " + uri + ": the list page size must be 1 to 1000");
+  }
+  S3Options o = options;
+  if (o.spool_dir.empty()) o.spool_dir = DefaultCacheDir() + "/spool";
+  return std::unique_ptr<ObjectStore>(new S3Store(o, bucket, prefix, std::move(transport)));
+}
+
+}  // namespace internal
+
+Result<std::unique_ptr<ObjectStore>> OpenS3Store(const std::string& bucket,
+                                                 const std::string& prefix,
+                                                 const S3Options& options, bool create) {
+  (void)create;  // prefixes need no creating, and buckets are not dte's to create
+  return internal::OpenS3StoreWithTransport(bucket, prefix, options,
+                                            internal::NewCurlTransport(options));
+}
+
+}  // namespace dte

@@ -1,0 +1,117 @@
+// S3Store: an ObjectStore in a bucket prefix of any S3-compatible object
+// store (AWS S3, MinIO, Ceph RGW, OSS, moto), spoken to over HTTP(S) with
+// SigV4 through libcurl. docs/s3.md describes configuration and protocol.
+//
+// Layout: the object `key` of the store s3://BUCKET/PREFIX is the S3 object
+// PREFIX/key (or key when PREFIX is empty), so a local store directory
+// copied with `aws s3 sync` is a valid S3 store and the reverse.
+//
+// Atomicity and durability: S3 PUTs replace objects atomically and are
+// durable when acknowledged. CreateExclusive is a PUT with
+// `If-None-Match: *`; the server makes exactly one of racing creators win.
+// When a retried create sees 412 (a lost response to our own successful
+// PUT, or another writer), the object is read back: equal bytes are ours
+// (OK), different bytes are AlreadyExists. Objects larger than
+// part_size are uploaded with multipart uploads (parts in parallel, each
+// part read from the spool file with pread, so memory stays at most
+// parallel_parts * part_size); a failed multipart upload is aborted.
+//
+// Spool files (NewTempPath) live in a local directory, spool_dir (default
+// CACHE_DIR/spool, see store/units.h), shared by every S3 store of the user;
+// PutFile uploads and then deletes them. RemoveStaleTemp deletes old spool
+// files and aborts multipart uploads under the prefix older than the age.
+//
+// Errors: NotFound naming the key (404, NoSuchKey) or the bucket
+// (NoSuchBucket); AlreadyExists naming the key (412 on create); Corruption
+// for ranges past the end of an object; IOError for everything else, the
+// message naming the operation, the key, the S3 error code and the HTTP
+// status. Secrets (secret key, session token, access key id) never appear in
+// a message, and neither do signatures, Authorization headers or URLs with
+// credentials (none are built: requests are signed in headers).
+//
+// Retries: every request is retried with bounded exponential backoff and
+// full jitter on 5xx, SlowDown, RequestTimeout, InternalError, 409
+// ConditionalRequestConflict, connection failures and resets, timeouts,
+// stalls (below low_speed_limit bytes/s for low_speed_time) and bodies
+// shorter than their Content-Length; other 4xx fail at once.
+//
+// Thread-safety: all methods may be called concurrently. Options are copied
+// at open and never change.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "store/object_store.h"
+#include "store/status.h"
+
+namespace dte {
+
+struct S3RetryPolicy {
+  int max_attempts = 6;  // including the first; at least 1
+  std::chrono::milliseconds base_delay{200};
+  std::chrono::milliseconds max_delay{10000};
+};
+
+// Holds credentials: never print one (there is no operator<< on purpose).
+struct S3Options {
+  // "http://127.0.0.1:9000", "https://s3.example.com"; empty: AWS, that is
+  // https://s3.REGION.amazonaws.com. A URL without scheme gets https://.
+  std::string endpoint;
+  std::string region = "us-east-1";
+  // Empty access_key: anonymous, unsigned requests (public buckets).
+  std::string access_key;
+  std::string secret_key;
+  std::string session_token;  // temporary credentials: sent as x-amz-security-token
+  // Path style (ENDPOINT/BUCKET/KEY) or virtual-hosted (BUCKET.HOST/KEY).
+  bool path_style = true;
+
+  S3RetryPolicy retry;
+  uint64_t part_size = uint64_t{16} << 20;  // multipart above this; >= 5 MiB on AWS
+  int parallel_parts = 4;                   // parts in flight per upload
+  int list_page_size = 1000;                // max-keys of ListObjectsV2 (1-1000)
+  // A transfer slower than low_speed_limit bytes/s for low_speed_time is
+  // aborted and retried (a stalled connection).
+  long low_speed_limit = 1024;
+  std::chrono::seconds low_speed_time{30};
+  std::chrono::milliseconds connect_timeout{10000};
+  // Where NewTempPath puts spool files; empty: DefaultCacheDir() + "/spool".
+  std::string spool_dir;
+  // RemoveStaleTemp also aborts stale multipart uploads under the prefix.
+  bool abort_stale_uploads = true;
+};
+
+// Options from the environment, as the AWS CLI reads it:
+//  endpoint  endpoint_override, else $AWS_ENDPOINT_URL_S3, else $AWS_ENDPOINT_URL
+//  region    $AWS_REGION, else $AWS_DEFAULT_REGION, else the profile's
+//            `region` in $AWS_CONFIG_FILE (~/.aws/config), else us-east-1
+//  keys      $AWS_ACCESS_KEY_ID + $AWS_SECRET_ACCESS_KEY (+ $AWS_SESSION_TOKEN),
+//            else the profile in $AWS_SHARED_CREDENTIALS_FILE
+//            (~/.aws/credentials), else none (anonymous)
+//  profile   $AWS_PROFILE, else $AWS_DEFAULT_PROFILE, else "default"
+//  style     path style when an endpoint is given, virtual-hosted for AWS;
+//            $DTE_S3_ADDRESSING_STYLE=path|virtual overrides
+//  spool     $DTE_SPOOL_DIR, else DefaultCacheDir() + "/spool"
+// InvalidArgument naming the variable or file for a bad value, a profile
+// named by AWS_PROFILE that does not exist, or half a key pair.
+Result<S3Options> S3OptionsFromEnvironment(const std::string& endpoint_override = "");
+
+// "s3://bucket/a/b" -> bucket "bucket", prefix "a/b" ("s3://bucket" and
+// "s3://bucket/" have an empty prefix). InvalidArgument for a bad bucket
+// name (3-63 of [a-z0-9.-]) or a prefix outside the key grammar.
+struct S3Location {
+  std::string bucket;
+  std::string prefix;
+};
+Result<S3Location> ParseS3Uri(const std::string& uri);
+
+// Opens the store at s3://bucket/prefix. Sends no request: a missing bucket
+// or bad credentials show in the first operation's error. `create` is
+// accepted for symmetry with local stores; buckets are never created.
+Result<std::unique_ptr<ObjectStore>> OpenS3Store(const std::string& bucket,
+                                                 const std::string& prefix,
+                                                 const S3Options& options, bool create);
+
+}  // namespace dte

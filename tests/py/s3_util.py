@@ -1,0 +1,135 @@
+"""A real S3-compatible server (moto) on loopback for the dtectl S3 tests,
+and the AWS CLI pointed at it.
+
+MotoServer runs tests/testutil/moto_server.py (moto's server with
+conditional writes serialized and every SigV4 signature checked, see there)
+with /usr/bin/python3 on a free 127.0.0.1 port, waits until it is ready, and
+kills it on stop(). A server that cannot start fails the test
+(tools/setup.sh installs moto); S3 tests never skip.
+
+The server makes the credentials: an IAM user's keys (the AWS CLI uses
+them) and an assumed-role session with a token (dtectl uses those, so
+x-amz-security-token is signed too). secrets() lists every one of them for
+tests that grep outputs.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+PYTHON = "/usr/bin/python3"
+SCRIPT = Path(__file__).resolve().parent.parent / "testutil" / "moto_server.py"
+
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MotoServer:
+    def __init__(self, start_timeout=60):
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.dir = tempfile.mkdtemp(prefix="dte-moto-")
+        self.log = open(os.path.join(self.dir, "moto.log"), "wb")
+        creds_file = os.path.join(self.dir, "credentials.json")
+        started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [PYTHON, str(SCRIPT), "-H", "127.0.0.1", "-p", str(self.port),
+             "--check-signatures", creds_file],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"moto's S3 server exited at start (run tools/setup.sh):\n{self._tail()}")
+            if os.path.exists(creds_file):  # written once signatures are checked
+                break
+            if time.monotonic() - started > start_timeout:
+                self.stop()
+                pytest.fail(f"moto's S3 server did not answer within {start_timeout} s:\n"
+                            f"{self._tail()}")
+            time.sleep(0.05)
+        self.start_seconds = time.monotonic() - started
+        with open(creds_file) as f:
+            self.creds = json.load(f)
+
+    def _tail(self):
+        with open(self.log.name, errors="replace") as f:
+            return f.read()[-3000:]
+
+    def secrets(self):
+        s = self.creds["session"]
+        return (self.creds["access_key"], self.creds["secret_key"],
+                s["access_key"], s["secret_key"], s["token"])
+
+    def create_bucket(self, name):
+        aws(self, "s3", "mb", f"s3://{name}")
+        return name
+
+    def env(self, session=True):
+        """The environment dtectl (session credentials) and the AWS CLI (the
+        user's keys) use: this server, and no shared files of the user
+        running the tests."""
+        env = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": "/nonexistent/dte-test-aws-config",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/dte-test-aws-credentials",
+            "AWS_PAGER": "",
+        }
+        c = self.creds["session"] if session else self.creds
+        env["AWS_ACCESS_KEY_ID"] = c["access_key"]
+        env["AWS_SECRET_ACCESS_KEY"] = c["secret_key"]
+        if session:
+            env["AWS_SESSION_TOKEN"] = c["token"]
+        return env
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def aws_binary():
+    """Debian's AWS CLI (tools/setup.sh installs it), else any on PATH."""
+    for candidate in ("/usr/bin/aws", shutil.which("aws")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail("the AWS CLI is not installed (run tools/setup.sh)")
+
+
+def aws(server, *args, check=True):
+    """Runs `aws ARGS --endpoint-url SERVER`; returns the completed process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(server.env(session=False))
+    r = subprocess.run([aws_binary(), *map(str, args), "--endpoint-url", server.endpoint],
+                       env=env, capture_output=True, text=True, timeout=300)
+    if check:
+        assert r.returncode == 0, f"aws {args}: exit {r.returncode}\n{r.stderr}"
+    return r
+
+
+def s3_keys(server, bucket, prefix):
+    """Every object key under s3://bucket/prefix/, relative to it, from the AWS CLI."""
+    out = aws(server, "s3", "ls", "--recursive", f"s3://{bucket}/{prefix}/").stdout
+    keys = []
+    for line in out.splitlines():
+        parts = line.split(None, 3)  # date time size key
+        if len(parts) == 4:
+            keys.append(parts[3][len(prefix) + 1:])
+    return sorted(keys)
