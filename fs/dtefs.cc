@@ -13,6 +13,7 @@
 
 #include "fs/filesystem.h"
 #include "fs/internal/fuse_ops.h"
+#include "fs/prefetcher.h"
 #include "fs/readahead.h"
 #include "fs/snapshotter.h"
 
@@ -138,17 +139,19 @@ class ReadaheadTuner {
 };
 
 // Polls the store for new and removed versions until stopped, and wakes the
-// snapshot worker after each refresh. Refresh() is the slow metadata work
-// (listing, loading manifests and block tables), so it runs here and never
-// on a request thread.
+// snapshot worker and the prefetcher after each poll. Listing and loading
+// manifests and block tables is slow metadata work, so it runs here and
+// never on a request thread. A store that cannot be listed keeps the last
+// good version set mounted; Filesystem::NotePoll reports it once.
 //
 // Thread-safety: owns one thread; construct and destroy from one thread.
 class Poller {
  public:
-  Poller(Filesystem* fs, uint32_t period_ms, Snapshotter* snapshots)
+  Poller(Filesystem* fs, uint32_t period_ms, Snapshotter* snapshots, Prefetcher* prefetcher)
       : fs_(fs),
         period_(std::chrono::milliseconds(period_ms)),
         snapshots_(snapshots),
+        prefetcher_(prefetcher),
         thread_([this] { Run(); }) {}
   ~Poller() {
     stop_ = true;
@@ -158,26 +161,24 @@ class Poller {
  private:
   void Run() {
     constexpr auto kTick = std::chrono::milliseconds(20);
-    auto next = std::chrono::steady_clock::now();
-    std::string last_error;
+    auto next = std::chrono::steady_clock::now() + period_;
+    uint32_t since_full = 0;  // Serve listed everything just before
     while (!stop_) {
       std::this_thread::sleep_for(kTick);
       if (std::chrono::steady_clock::now() < next) continue;
       next = std::chrono::steady_clock::now() + period_;
-      // A store that cannot be listed is reported once per distinct error,
-      // not every period; the last good version set stays mounted meanwhile.
-      Status s = fs_->Refresh();
-      if (!s.ok() && s.message() != last_error) {
-        std::cerr << "dtefs: listing versions: " << s.message() << std::endl;
-      }
-      last_error = s.ok() ? "" : s.message();
+      const bool full = ++since_full >= kFullListEvery || fs_->StoreFailing();
+      if (full) since_full = 0;
+      fs_->NotePoll(full ? fs_->Refresh() : fs_->RefreshNew());
       if (snapshots_) snapshots_->Wake();
+      if (prefetcher_) prefetcher_->Wake();
     }
   }
 
   Filesystem* const fs_;
   const std::chrono::milliseconds period_;
   Snapshotter* const snapshots_;
+  Prefetcher* const prefetcher_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -212,7 +213,29 @@ Result<std::unique_ptr<Store>> OpenStore(const MountOptions& o, bool with_index)
   so.uri = o.store;
   so.cache_dir = with_index ? o.cache_dir : "";
   so.index_optional = true;
+  so.blob_cache_bytes = o.blob_cache_bytes;
+  so.blob_chunk_bytes = o.blob_chunk_bytes;
   return Store::Open(so);
+}
+
+// The prefetcher, when asked for and possible (else logged): null otherwise.
+std::unique_ptr<Prefetcher> StartPrefetcher(const MountOptions& o, MountState* state) {
+  const bool remote = o.store.starts_with("s3://");
+  if (remote && !state->store->blob_cache()) {
+    const char* why = o.blob_cache_bytes == 0 ? "--blob-cache-size 0" : "no usable cache index";
+    std::cerr << "dtefs: running without a blob cache (" << why << "): every read goes to the store"
+              << (o.prefetch_latest ? ", and nothing is prefetched" : "") << std::endl;
+  }
+  if (!o.prefetch_latest) return nullptr;
+  if (!remote) {
+    std::cerr << "dtefs: --prefetch applies to s3:// stores only; ignored" << std::endl;
+    return nullptr;
+  }
+  if (!state->store->blob_cache()) return nullptr;
+  auto prefetcher = std::make_unique<Prefetcher>(
+      state->store.get(), state->fs.get(), state->store->blob_cache(), state->snapshots.get());
+  state->fs->SetPrefetcher(prefetcher.get());
+  return prefetcher;
 }
 
 // The snapshot set in the store's cache directory; null when snapshots are
@@ -273,10 +296,15 @@ Status Serve(const MountOptions& o) {
           std::make_unique<Snapshotter>(state.store.get(), state.fs.get(), state.snapshots.get(),
                                         SnapshotPolicy{o.snapshot_every, o.max_snapshots});
     }
-    Poller poller(state.fs.get(), o.poll_ms, snapshotter.get());
+    std::unique_ptr<Prefetcher> prefetcher = StartPrefetcher(o, &state);
+    Poller poller(state.fs.get(), o.poll_ms, snapshotter.get(), prefetcher.get());
     ReadaheadTuner tuner(&state, mountpoint, o.readahead_kb);
     blocked.Release();
     s = session.Loop();
+    // Unmount before stopping the workers, which may be waiting out the
+    // retries of a store that does not answer: no request waits meanwhile.
+    session.Unmount();
+    state.fs->SetPrefetcher(nullptr);  // the prefetcher goes before the Filesystem
   }
   session.Unmount();  // before the store closes, so no request waits on it
   return s;

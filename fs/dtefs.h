@@ -2,8 +2,14 @@
 //
 // Serve() mounts the store at a directory (see fs/filesystem.h for the tree)
 // and answers requests until the mount goes away: `fusermount3 -u`, SIGTERM
-// or SIGINT. It then unmounts, stops the poller and the snapshot worker
-// (fs/snapshotter.h) and closes the store.
+// or SIGINT. It then unmounts, stops the poller, the prefetcher
+// (fs/prefetcher.h) and the snapshot worker (fs/snapshotter.h) and closes
+// the store.
+//
+// Polling: every poll_ms the poller looks for new versions with one
+// incremental listing (Filesystem::RefreshNew: one request on S3), and every
+// kFullListEvery-th poll, and every poll while the store does not answer,
+// with a full listing (Filesystem::Refresh), which also notices removals.
 //
 // Thread-safety: Serve() is a blocking call; run one per mount point.
 #pragma once
@@ -15,6 +21,8 @@
 #include "store/status.h"
 
 namespace dte::fs {
+
+inline constexpr uint32_t kFullListEvery = 10;
 
 struct MountOptions {
   std::string store;                           // local directory or s3://bucket/prefix
@@ -28,8 +36,14 @@ struct MountOptions {
   uint32_t snapshot_every = 8;
   uint32_t max_snapshots = 8;
   uint32_t readahead_kb = 4096;  // the mount's kernel readahead (root only); 0: leave it
-  bool foreground = false;       // false: daemonize once mounted
-  bool debug = false;            // libfuse request tracing
+  // s3:// stores: the local blob cache in <cache_dir>/<store_id>/blobs
+  // (store/cached_store.h; needs the index; 0: none), fetched and kept in
+  // chunks of blob_chunk_bytes, and whether `latest` is prefetched into it.
+  uint64_t blob_cache_bytes = uint64_t{4} << 30;
+  uint64_t blob_chunk_bytes = uint64_t{4} << 20;
+  bool prefetch_latest = false;
+  bool foreground = false;  // false: daemonize once mounted
+  bool debug = false;       // libfuse request tracing
   // Extra mount options (-o), already split at commas. Options that make no
   // sense for a read-only store mount (rw, dev, suid, ...) are dropped.
   std::vector<std::string> fuse_options;

@@ -45,60 +45,6 @@ Filesystem::Filesystem(Store* store, uint64_t cache_bytes)
   root_mtime_ = static_cast<int64_t>(std::time(nullptr));
 }
 
-Status Filesystem::Refresh() {
-  ASSIGN_OR_RETURN(auto listed, store_->ListVersions());
-  std::map<uint64_t, std::shared_ptr<const Version>> current;
-  {
-    MutexLock lock(&mu_);
-    current = versions_;
-  }
-  std::map<uint64_t, std::shared_ptr<const Version>> next;
-  for (const auto& [version, key] : listed) {
-    auto it = current.find(version);
-    if (it != current.end() && it->second->key == key) {
-      next.emplace(version, it->second);
-      continue;
-    }
-    auto v = store_->GetVersionAt(version, key);
-    if (v.ok()) {
-      next.emplace(version, *v);
-      continue;
-    }
-    MutexLock lock(&mu_);
-    if (failed_keys_.insert(key).second) {
-      std::cerr << "dtefs: skipping " << VersionName(version) << ": " << v.status().message()
-                << "\n";
-      PushErrorLocked(v.status().message());
-    }
-    if (it != current.end()) next.emplace(version, it->second);
-  }
-  Install(std::move(next));
-  return Status::Ok();
-}
-
-void Filesystem::Install(std::map<uint64_t, std::shared_ptr<const Version>> next) {
-  std::vector<uint64_t> removed;
-  {
-    MutexLock lock(&mu_);
-    for (const auto& [version, v] : versions_) {
-      if (!next.count(version)) removed.push_back(version);
-    }
-    bool changed = !removed.empty() || next.size() != versions_.size();
-    for (const auto& [version, v] : next) {
-      auto it = versions_.find(version);
-      changed = changed || it == versions_.end() || it->second != v;
-    }
-    if (changed) root_mtime_ = static_cast<int64_t>(std::time(nullptr));
-    versions_ = std::move(next);
-  }
-  for (uint64_t version : removed) {
-    // Open files keep their Version alive; the parsed copy and the cached
-    // blocks of a version that left the store are not needed by anyone new.
-    store_->Forget(version);
-    reader_.cache().DropVersion(version);
-  }
-}
-
 Result<std::shared_ptr<const Version>> Filesystem::VersionOf(uint64_t version) {
   MutexLock lock(&mu_);
   auto it = versions_.find(version);

@@ -4,13 +4,14 @@
 //   /                     one directory per committed version, plus
 //   /vNNNNNNNN/<file>     exactly the files of that version (read-only)
 //   /latest               symlink to the newest version's directory
-//   /.dte/status          JSON: versions, counters, cache, snapshots, readahead,
-//                         recent errors
+//   /.dte/status          JSON: versions, counters, caches, snapshots, polling,
+//                         prefetch, readahead, recent errors
 // Every operation returns a Status or Result; the FUSE adapter
 // (fs/internal/) turns them into exactly one reply, and errno mapping lives
-// in one place there. Refresh() is the only slow metadata operation (it
-// loads manifests and block tables) and runs on the poller thread, never on
-// a request thread; lookups and listings only read the in-memory version set.
+// in one place there. Refresh() and RefreshNew() are the only slow metadata
+// operations (they list the store and load manifests and block tables) and
+// run on the poller thread, never on a request thread; lookups and listings
+// only read the in-memory version set.
 //
 // Thread-safety: all methods may be called concurrently. Lock order: mu_
 // before any lock inside InodeTable or BlockCache (never the reverse).
@@ -33,6 +34,8 @@
 #include "store/thread_annotations.h"
 
 namespace dte::fs {
+
+class Prefetcher;
 
 inline constexpr uint64_t kRootIno = 1;
 inline constexpr uint64_t kLatestIno = 2;
@@ -70,9 +73,24 @@ class Filesystem {
   Filesystem(const Filesystem&) = delete;
   Filesystem& operator=(const Filesystem&) = delete;
 
-  // Brings the version set in line with the store: loads new versions and
-  // drops removed ones. A version that fails to load is logged and skipped.
+  // Brings the version set in line with the store (one full listing): loads
+  // new versions and drops removed ones. A version that fails to load is
+  // logged once and skipped.
   Status Refresh() EXCLUDES(mu_);
+  // Looks only for manifests whose keys sort after the newest one seen: one
+  // request (PagedLister::ListAfter) on stores that have it, else a full
+  // Refresh. Adds new versions and newer revisions; removals are noticed by
+  // Refresh only. After a load that failed for a reason other than
+  // corruption, the next call is a full Refresh.
+  Status RefreshNew() EXCLUDES(mu_);
+  // Records the outcome of one poll (a Refresh or RefreshNew) for
+  // .dte/status. The first failure after a success is reported once (stderr
+  // and errors); so is the recovery (stderr).
+  void NotePoll(const Status& s) EXCLUDES(mu_);
+  // True while the most recent poll failed (the store is unreachable).
+  bool StoreFailing() EXCLUDES(mu_);
+  // Polls noted so far.
+  uint64_t PollCount() EXCLUDES(mu_);
 
   Result<NodeAttr> Lookup(uint64_t parent, std::string_view name) EXCLUDES(mu_);
   Result<NodeAttr> GetAttr(uint64_t ino) EXCLUDES(mu_);
@@ -87,11 +105,15 @@ class Filesystem {
 
   // The versions currently shown (a copy of the map; the versions are shared).
   std::map<uint64_t, std::shared_ptr<const Version>> Versions() EXCLUDES(mu_);
+  // The newest version shown; null if there is none.
+  std::shared_ptr<const Version> Latest() EXCLUDES(mu_);
 
   // Reads start their chain walks from `snapshots` (not owned; must outlive
   // the Filesystem's reads), whose state .dte/status reports. Call before
   // serving requests.
   void SetSnapshots(SnapshotSet* snapshots);
+  // The prefetcher whose progress .dte/status reports (not owned; null: none).
+  void SetPrefetcher(const Prefetcher* prefetcher) { prefetcher_ = prefetcher; }
   // The mount's bdi directory in sysfs, whose read_ahead_kb .dte/status reports.
   void SetReadaheadBdi(const std::string& bdi) EXCLUDES(mu_);
   // Logs a problem of background work (stderr and .dte/status errors).
@@ -105,13 +127,21 @@ class Filesystem {
   Result<std::vector<DirEntry>> RootEntries() EXCLUDES(mu_);
   void RecordError(const Version& v, uint32_t file, const Status& s) EXCLUDES(mu_);
   void PushErrorLocked(const std::string& message) REQUIRES(mu_);
-  void Install(std::map<uint64_t, std::shared_ptr<const Version>> next) EXCLUDES(mu_);
+  using VersionMap = std::map<uint64_t, std::shared_ptr<const Version>>;
+  void Install(VersionMap next) EXCLUDES(mu_);
+  // Puts version `version` at manifest `key` into *next: the one in
+  // `current` if it has that key, else loaded from the store; on a failure
+  // (logged once per key) the one in `current`, if any. False if the load
+  // failed for a reason other than corruption or absence (worth retrying).
+  bool LoadInto(uint64_t version, const std::string& key, const VersionMap& current,
+                VersionMap* next) EXCLUDES(mu_);
 
   Store* const store_;
   ReadPath reader_;
   InodeTable inodes_;
   std::atomic<uint64_t> bytes_served_{0}, reads_{0}, read_errors_{0};
   std::atomic<SnapshotSet*> snapshots_{nullptr};
+  std::atomic<const Prefetcher*> prefetcher_{nullptr};
 
   Mutex mu_;
   std::map<uint64_t, std::shared_ptr<const Version>> versions_ GUARDED_BY(mu_);
@@ -120,6 +150,13 @@ class Filesystem {
   std::set<std::string> failed_keys_ GUARDED_BY(mu_);               // manifests that did not load
   std::deque<std::string> errors_ GUARDED_BY(mu_);                  // most recent last
   std::string readahead_bdi_ GUARDED_BY(mu_);
+  // Polling: the greatest manifest key listed ("" forces a full listing).
+  std::string newest_key_ GUARDED_BY(mu_);
+  uint64_t polls_ GUARDED_BY(mu_) = 0;
+  uint64_t full_polls_ GUARDED_BY(mu_) = 0;  // Refresh calls (full listings)
+  uint64_t failed_polls_ GUARDED_BY(mu_) = 0;
+  int64_t failing_since_ GUARDED_BY(mu_) = 0;  // seconds since the epoch; 0: not failing
+  std::string poll_error_ GUARDED_BY(mu_);     // of the most recent failed poll
 };
 
 // The error of every operation that would modify the mount. Its code is

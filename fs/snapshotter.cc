@@ -1,25 +1,11 @@
 #include "fs/snapshotter.h"
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 
+#include "fs/internal/thread_priority.h"
+
 namespace dte::fs {
-namespace {
-
-// Background work yields to readers: nice 10 and the lowest best-effort I/O
-// priority, for this thread only (Linux applies both per thread id).
-void LowerThreadPriority() {
-  const auto tid = static_cast<pid_t>(::syscall(SYS_gettid));
-  ::setpriority(PRIO_PROCESS, static_cast<id_t>(tid), 10);
-  constexpr int kWhoProcess = 1, kClassBestEffort = 2, kClassShift = 13, kLowest = 7;
-  ::syscall(SYS_ioprio_set, kWhoProcess, tid, (kClassBestEffort << kClassShift) | kLowest);
-}
-
-}  // namespace
 
 SnapshotPlan PlanSnapshots(const std::map<uint64_t, std::optional<uint64_t>>& parents,
                            const std::set<uint64_t>& have, const SnapshotPolicy& policy) {
@@ -72,6 +58,18 @@ void Snapshotter::Run() {
   }
 }
 
+bool Snapshotter::StoreWentAway(const Status& s) {
+  if (s.code() != Code::kIOError) return false;
+  // Wait for a poll that started after the failure (two more finish) to say
+  // whether the store answers.
+  const uint64_t polls = fs_->PollCount();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!stop_ && fs_->PollCount() < polls + 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return fs_->StoreFailing();
+}
+
 bool Snapshotter::Pass() {
   const std::map<uint64_t, std::shared_ptr<const Version>> versions = fs_->Versions();
   const std::set<uint64_t> have = set_->Retain(versions);
@@ -79,10 +77,14 @@ bool Snapshotter::Pass() {
   for (const auto& [number, v] : versions) parents[number] = v->manifest.parent;
   const SnapshotPlan plan = PlanSnapshots(parents, have, policy_);
   for (uint64_t version : plan.drop) set_->Remove(version);
+  // While the store does not answer, a build would fail on the first block
+  // that is not cached; the next poll that succeeds wakes us again.
+  if (fs_->StoreFailing()) return false;
   for (uint64_t version : plan.build) {
     const std::shared_ptr<const Version>& v = versions.at(version);
     if (failed_.count(v->key)) continue;
     Status s = set_->Build(v, &reader_, stop_);
+    if (!s.ok() && !stop_ && StoreWentAway(s)) return false;  // retried after the outage
     if (!s.ok() && !stop_) {
       failed_.insert(v->key);
       // A version gc removed or rewrote meanwhile is no failure worth a report.

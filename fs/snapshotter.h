@@ -17,7 +17,8 @@
 // every refresh; waking never blocks). It never runs on a FUSE request
 // thread, runs at lowered CPU and I/O priority, and writes one block at a
 // time. A build that fails is reported once and not retried for that
-// manifest revision.
+// manifest revision, unless the store stopped answering meanwhile
+// (Filesystem::StoreFailing): then it is retried after the store is back.
 //
 // Thread-safety: Wake() may be called from any thread; construct and
 // destroy from one thread. Destruction cancels a build under way (its
@@ -69,6 +70,9 @@ class Snapshotter {
   // Plans, drops, and builds at most one snapshot; true if it built (or
   // tried to build) one, so another pass may have more to do.
   bool Pass();
+  // True if the build error `s` came from the store becoming unreachable
+  // (waits for the poller to tell).
+  bool StoreWentAway(const Status& s);
 
   Filesystem* const fs_;
   SnapshotSet* const set_;

@@ -2,7 +2,9 @@
 #include <nlohmann/json.hpp>
 
 #include "fs/filesystem.h"
+#include "fs/prefetcher.h"
 #include "fs/readahead.h"
+#include "store/cached_store.h"
 
 namespace dte::fs {
 
@@ -16,6 +18,12 @@ std::string Filesystem::StatusJson() {
     for (const auto& [version, v] : versions_) versions.push_back(version);
     j["errors"] = std::vector<std::string>(errors_.begin(), errors_.end());
     bdi = readahead_bdi_;
+    j["poll"] = {{"polls", polls_},
+                 {"full_listings", full_polls_},
+                 {"failed", failed_polls_},
+                 {"failing", failing_since_ != 0},
+                 {"failing_since", failing_since_ ? nlohmann::json(failing_since_) : nullptr},
+                 {"last_error", poll_error_}};
   }
   j["versions"] = versions;
   j["latest"] = versions.empty() ? nlohmann::json() : nlohmann::json(versions.back());
@@ -50,6 +58,36 @@ std::string Filesystem::StatusJson() {
                       {"block_reads", ss.block_reads},
                       {"hash_failures", ss.hash_failures},
                       {"last_error", ss.last_error}};
+  }
+  j["blob_cache"] = nullptr;
+  if (CachedStore* cache = store_->blob_cache()) {
+    const BlobCacheStats b = cache->Stats();
+    j["blob_cache"] = {{"dir", cache->dir()},
+                       {"capacity_bytes", b.capacity_bytes},
+                       {"chunk_bytes", b.chunk_bytes},
+                       {"bytes", b.bytes},
+                       {"chunks", b.chunks},
+                       {"hits", b.hits},
+                       {"misses", b.misses},
+                       {"fetches", b.fetches},
+                       {"fetched_bytes", b.fetched_bytes},
+                       {"evictions", b.evictions},
+                       {"dropped", b.dropped},
+                       {"write_errors", b.write_errors},
+                       {"last_error", b.last_error}};
+  }
+  j["prefetch"] = nullptr;
+  if (const Prefetcher* prefetcher = prefetcher_.load()) {
+    const PrefetchStats p = prefetcher->Stats();
+    j["prefetch"] = {{"target", "latest"},
+                     {"version", p.version ? nlohmann::json(*p.version) : nlohmann::json()},
+                     {"chunks", p.chunks},
+                     {"chunks_done", p.chunks_done},
+                     {"bytes", p.bytes},
+                     {"bytes_done", p.bytes_done},
+                     {"done", p.done},
+                     {"versions_done", p.versions_done},
+                     {"last_error", p.last_error}};
   }
   j["readahead_kb"] = nullptr;
   if (!bdi.empty()) {

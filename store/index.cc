@@ -123,6 +123,31 @@ class RocksIndex final : public Index {
     return std::optional<std::string>(std::move(v));
   }
 
+  Result<std::vector<std::pair<std::string, std::string>>> ListCacheEntries(
+      std::string_view prefix) override {
+    const std::string start = "c" + std::string(prefix);
+    std::vector<std::pair<std::string, std::string>> out;
+    rocksdb::ReadOptions ro;
+    ro.snapshot = db_->GetSnapshot();
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+    for (it->Seek(start); it->Valid() && it->key().starts_with(start); it->Next()) {
+      out.emplace_back(it->key().ToString().substr(1), it->value().ToString());
+    }
+    const rocksdb::Status s = it->status();
+    it.reset();  // before its snapshot goes
+    db_->ReleaseSnapshot(ro.snapshot);
+    RETURN_IF_ERROR(FromRocks(s, "index " + dir_ + ": listing cache entries"));
+    return out;
+  }
+
+  Status UpdateCacheEntries(const std::vector<std::pair<std::string, std::string>>& puts,
+                            const std::vector<std::string>& deletes) override {
+    rocksdb::WriteBatch batch;
+    for (const std::string& key : deletes) batch.Delete("c" + key);
+    for (const auto& [key, value] : puts) batch.Put("c" + key, value);
+    return Write(&batch, "cache entries");
+  }
+
   Status Clear() override {
     rocksdb::WriteBatch batch;
     batch.DeleteRange(std::string(1, '\0'), std::string(1, '\xff'));

@@ -18,6 +18,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "store/manifest.h"
 #include "store/status.h"
@@ -51,6 +53,14 @@ class Index {
   // Local cache entries (key -> small value), e.g. cached blob ranges.
   virtual Status PutCacheEntry(std::string_view key, std::string_view value) = 0;
   virtual Result<std::optional<std::string>> GetCacheEntry(std::string_view key) = 0;
+  // Every cache entry whose key starts with `prefix`, in key order, read
+  // under one snapshot.
+  virtual Result<std::vector<std::pair<std::string, std::string>>> ListCacheEntries(
+      std::string_view prefix) = 0;
+  // Puts `puts` and removes `deletes` (missing keys are fine) in one
+  // WriteBatch: a reader sees all of them or none.
+  virtual Status UpdateCacheEntries(const std::vector<std::pair<std::string, std::string>>& puts,
+                                    const std::vector<std::string>& deletes) = 0;
 
   // Drops everything (reindex).
   virtual Status Clear() = 0;

@@ -68,7 +68,7 @@ Status CheckBucket(const std::string& bucket) {
   return Status::Ok();
 }
 
-class S3Store final : public ObjectStore {
+class S3Store final : public ObjectStore, public PagedLister {
  public:
   S3Store(const S3Options& options, const std::string& bucket, const std::string& prefix,
           std::unique_ptr<internal::HttpTransport> transport)
@@ -88,8 +88,15 @@ class S3Store final : public ObjectStore {
   Status Touch(const std::string& key) override;
   Result<std::string> NewTempPath() override { return spool_.NewPath(); }
   Result<uint64_t> RemoveStaleTemp(int64_t min_age_seconds) override;
+  Result<KeyPage> ListAfter(const std::string& prefix, const std::string& start_after,
+                            int max_keys) override;
 
  private:
+  // One ListObjectsV2 page: keys of the store (relative, in the grammar).
+  Result<internal::ListObjectsPage> ListPage(const std::string& prefix, int max_keys,
+                                             const std::string& token,
+                                             const std::string& start_after,
+                                             std::vector<std::string>* keys);
   Status PutObject(const std::string& key, std::string_view data);
   Status ReadInto(const std::string& key, uint64_t offset, uint64_t len, char* dst);
   Status CheckRangeReply(const std::string& key, uint64_t offset, uint64_t len,
@@ -105,6 +112,7 @@ class S3Store final : public ObjectStore {
 Status S3Store::PutObject(const std::string& key, std::string_view data) {
   S3Call call{.op = "PutObject", .method = "PUT", .key = key};
   call.body = data;
+  call.checksum = true;
   S3Reply reply = client_.Call(call);
   if (!reply.ok()) return client_.ErrorStatus(reply, call);
   return Status::Ok();
@@ -152,23 +160,30 @@ Status S3Store::CreateExclusive(const std::string& key, std::string_view data) {
   S3Call call{.op = "PutObject If-None-Match", .method = "PUT", .key = key};
   call.headers = {"If-None-Match: *"};
   call.body = data;
+  call.checksum = true;
   S3Reply reply = client_.Call(call);
   if (reply.ok()) return Status::Ok();
-  if (!reply.status_is(412)) return client_.ErrorStatus(reply, call);
-  if (reply.attempts == 1) return client_.AlreadyExistsStatus(key);
-  // An earlier attempt may have created the object and lost its answer:
-  // the bytes tell whether it was ours.
+  const bool conflict = reply.status_is(412);
+  Status failed = conflict ? client_.AlreadyExistsStatus(key) : client_.ErrorStatus(reply, call);
+  if (reply.attempts == 1) return failed;
+  // An earlier attempt may have created the object and lost its answer, and
+  // the retries then met 412 or kept failing: the bytes tell whether the
+  // object is ours. Reporting a failure for a create that happened would
+  // make the caller publish the same thing twice.
   auto existing = Get(key);
-  if (!existing.ok()) {
+  if (existing.ok()) return *existing == data ? Status::Ok() : client_.AlreadyExistsStatus(key);
+  if (conflict) {
     return existing.status().WithContext("create " + key + ": reading back after a retry");
   }
-  if (*existing == data) return Status::Ok();
-  return client_.AlreadyExistsStatus(key);
+  if (existing.status().code() == Code::kNotFound) return failed;
+  return Status(failed.code(), failed.message() + "; whether it was created is unknown: " +
+                                   existing.status().message());
 }
 
 Result<std::string> S3Store::Get(const std::string& key) {
   RETURN_IF_ERROR(ValidateObjectKey(key));
   S3Call call{.op = "GetObject", .method = "GET", .key = key};
+  call.checksum = true;
   S3Reply reply = client_.Call(call);
   if (!reply.ok()) return client_.ErrorStatus(reply, call);
   return std::move(reply.http.body);
@@ -297,39 +312,63 @@ Status S3Store::Delete(const std::string& key) {
   return client_.ErrorStatus(reply, call);
 }
 
+Result<internal::ListObjectsPage> S3Store::ListPage(const std::string& prefix, int max_keys,
+                                                    const std::string& token,
+                                                    const std::string& start_after,
+                                                    std::vector<std::string>* keys) {
+  S3Call call{.op = "ListObjectsV2", .method = "GET"};
+  call.query = {{"list-type", "2"},
+                {"max-keys", std::to_string(max_keys)},
+                {"prefix", client_.ObjectKey(prefix)}};
+  if (!token.empty()) call.query.emplace_back("continuation-token", token);
+  if (!start_after.empty()) call.query.emplace_back("start-after", client_.ObjectKey(start_after));
+  S3Reply reply = client_.Call(call);
+  if (!reply.ok()) return client_.ErrorStatus(reply, call);
+  auto list = internal::ParseListObjectsV2(reply.http.body);
+  if (!list.ok()) return list.status().WithContext("list " + Describe());
+  for (const std::string& object : list->keys) {
+    auto key = client_.StoreKey(object);
+    // Keys outside the grammar (console "folder/" markers, foreign
+    // objects) are not part of the store, as on a local directory.
+    if (key && key->starts_with(prefix) && ValidateObjectKey(*key).ok()) {
+      keys->push_back(std::move(*key));
+    }
+  }
+  return list;
+}
+
 Result<std::vector<std::string>> S3Store::List(const std::string& prefix) {
   RETURN_IF_ERROR(ValidateObjectKeyPrefix(prefix));
   std::vector<std::string> keys;
   std::string token;
   for (int page = 0; page < kMaxListPages; ++page) {
-    S3Call call{.op = "ListObjectsV2", .method = "GET"};
-    call.query = {{"list-type", "2"},
-                  {"max-keys", std::to_string(client_.options().list_page_size)},
-                  {"prefix", client_.ObjectKey(prefix)}};
-    if (!token.empty()) call.query.emplace_back("continuation-token", token);
-    S3Reply reply = client_.Call(call);
-    if (!reply.ok()) return client_.ErrorStatus(reply, call);
-    auto list = internal::ParseListObjectsV2(reply.http.body);
-    if (!list.ok()) return list.status().WithContext("list " + Describe());
-    for (const std::string& object : list->keys) {
-      auto key = client_.StoreKey(object);
-      // Keys outside the grammar (console "folder/" markers, foreign
-      // objects) are not part of the store, as on a local directory.
-      if (key && key->starts_with(prefix) && ValidateObjectKey(*key).ok()) {
-        keys.push_back(std::move(*key));
-      }
-    }
-    if (!list->truncated) {
+    ASSIGN_OR_RETURN(auto list,
+                     ListPage(prefix, client_.options().list_page_size, token, "", &keys));
+    if (!list.truncated) {
       std::sort(keys.begin(), keys.end());
       return keys;
     }
-    if (list->next_token.empty() || list->next_token == token) {
+    if (list.next_token.empty() || list.next_token == token) {
       return Corruption("S3 ListObjectsV2 of store " + Describe() +
                         " is truncated but gives no new continuation token");
     }
-    token = std::move(list->next_token);
+    token = std::move(list.next_token);
   }
   return Corruption("S3 ListObjectsV2 of store " + Describe() + " returned too many pages");
+}
+
+Result<KeyPage> S3Store::ListAfter(const std::string& prefix, const std::string& start_after,
+                                   int max_keys) {
+  RETURN_IF_ERROR(ValidateObjectKeyPrefix(prefix));
+  if (!start_after.empty()) RETURN_IF_ERROR(ValidateObjectKeyPrefix(start_after));
+  if (max_keys < 1 || max_keys > 1000) {
+    return InvalidArgument("list of store " + Describe() + ": max_keys must be 1 to 1000");
+  }
+  KeyPage page;
+  ASSIGN_OR_RETURN(auto list, ListPage(prefix, max_keys, "", start_after, &page.keys));
+  std::sort(page.keys.begin(), page.keys.end());
+  page.truncated = list.truncated;
+  return page;
 }
 
 Result<uint64_t> S3Store::RemoveStaleTemp(int64_t min_age_seconds) {

@@ -43,11 +43,34 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "store/object_store.h"
 #include "store/status.h"
 
 namespace dte {
+
+// One page of keys after a given key: what a follower polls for new
+// manifests with a single request. S3 stores implement it as one
+// ListObjectsV2 request with `start-after`; decorators of an S3 store
+// (store/cached_store.h) forward it. Callers find it with dynamic_cast on
+// the ObjectStore and fall back to List when it is missing.
+//
+// Thread-safety: as the ObjectStore that implements it.
+struct KeyPage {
+  std::vector<std::string> keys;  // sorted
+  bool truncated = false;         // more keys follow the last one
+};
+class PagedLister {
+ public:
+  // Up to `max_keys` (1-1000) keys starting with `prefix` that sort after
+  // `start_after` (byte order; "" for the first page).
+  virtual Result<KeyPage> ListAfter(const std::string& prefix, const std::string& start_after,
+                                    int max_keys) = 0;
+
+ protected:
+  ~PagedLister() = default;
+};
 
 struct S3RetryPolicy {
   int max_attempts = 6;  // including the first; at least 1
@@ -94,7 +117,12 @@ struct S3Options {
 //  style     path style when an endpoint is given, virtual-hosted for AWS;
 //            $DTE_S3_ADDRESSING_STYLE=path|virtual overrides
 //  spool     $DTE_SPOOL_DIR, else DefaultCacheDir() + "/spool"
-// InvalidArgument naming the variable or file for a bad value, a profile
+//  tuning    $DTE_S3_MAX_ATTEMPTS, $DTE_S3_RETRY_BASE_MS, $DTE_S3_RETRY_MAX_MS,
+//            $DTE_S3_LOW_SPEED_TIME (s), $DTE_S3_LOW_SPEED_LIMIT (bytes/s),
+//            $DTE_S3_CONNECT_TIMEOUT_MS, $DTE_S3_PART_SIZE (a size such as
+//            "8MiB"), $DTE_S3_PARALLEL_PARTS override the defaults above
+// InvalidArgument naming the variable or file for a bad value (a tuning
+// value out of range included), a profile
 // named by AWS_PROFILE that does not exist, or half a key pair.
 Result<S3Options> S3OptionsFromEnvironment(const std::string& endpoint_override = "");
 

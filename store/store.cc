@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "store/cached_store.h"
+
 namespace dte {
 namespace {
 
@@ -79,6 +81,7 @@ Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
 }
 
 Store::~Store() {
+  objects_.reset();  // a blob cache writes its use order to the index
   if (index_) index_->Close().IgnoreError();
 }
 
@@ -110,7 +113,33 @@ Status Store::Init() {
     return index.status();
   }
   index_ = std::move(index).value();
+  RETURN_IF_ERROR(OpenBlobCache());
   return SyncIndex(false);
+}
+
+Status Store::OpenBlobCache() {
+  if (options_.blob_cache_bytes == 0 || !options_.uri.starts_with("s3://")) return Status::Ok();
+  CachedStoreOptions o;
+  o.dir = CachePath() + "/blobs";
+  o.capacity_bytes = options_.blob_cache_bytes;
+  o.chunk_bytes = options_.blob_chunk_bytes;
+  ASSIGN_OR_RETURN(auto cached, CachedStore::Open(std::move(objects_), index_.get(), o));
+  blob_cache_ = cached.get();
+  objects_ = std::move(cached);
+  return Status::Ok();
+}
+
+void Store::NoteBlobSizes(const Manifest& m) {
+  if (!blob_cache_) return;
+  blob_cache_->NoteSize(BlobKey(m.block_table.hash), m.block_table.size);
+  for (const BlobRef& b : m.blobs) blob_cache_->NoteSize(BlobKey(b.hash), b.size);
+  for (const auto& f : m.files) {
+    if (f.safetensors) {
+      blob_cache_->NoteSize(BlobKey(f.header_blob), f.header_size);
+    } else {
+      blob_cache_->NoteSize(BlobKey(f.blob), f.size);
+    }
+  }
 }
 
 std::string Store::CachePath() const {
@@ -152,6 +181,7 @@ Result<std::shared_ptr<const Version>> Store::GetVersion(uint64_t version) {
       auto v = Parse(version, entry->manifest_key, std::move(entry->manifest),
                      std::move(entry->block_table));
       if (v.ok()) {
+        NoteBlobSizes((*v)->manifest);
         MutexLock lock(&mu_);
         cache_[version] = *v;
         return v;
@@ -188,6 +218,7 @@ Result<std::shared_ptr<const Version>> Store::GetVersionAt(uint64_t version,
 Result<std::shared_ptr<const Version>> Store::Load(uint64_t version, const std::string& key) {
   ASSIGN_OR_RETURN(std::string manifest, objects_->Get(key));
   ASSIGN_OR_RETURN(Manifest m, DecodeManifest(manifest, options_.uri + "/" + key));
+  NoteBlobSizes(m);
   std::string table_key = BlobKey(m.block_table.hash);
   ASSIGN_OR_RETURN(std::string table, objects_->Get(table_key));
   return Parse(version, key, std::move(manifest), std::move(table));

@@ -31,6 +31,11 @@ struct StoreOptions {
   // If the index is held by another process, go on without it (true) or fail
   // with Busy (false).
   bool index_optional = false;
+  // s3:// stores with an index: keep blob ranges read from the store on
+  // local disk in cache_dir/<store_id>/blobs, up to this many bytes, in
+  // chunks of blob_chunk_bytes (store/cached_store.h); 0: no blob cache.
+  uint64_t blob_cache_bytes = 0;
+  uint64_t blob_chunk_bytes = uint64_t{4} << 20;
 };
 
 // A validated, parsed version.
@@ -41,6 +46,8 @@ struct Version {
   std::vector<BlockRecord> records;
 };
 
+class CachedStore;
+
 class Store {
  public:
   static Result<std::unique_ptr<Store>> Open(const StoreOptions& options);
@@ -50,6 +57,9 @@ class Store {
   const std::string& uri() const { return options_.uri; }
   const std::string& store_id() const { return store_id_; }
   Index* index() { return index_.get(); }  // null when running without one
+  // The blob cache objects() reads through (StoreOptions::blob_cache_bytes);
+  // null when there is none.
+  CachedStore* blob_cache() { return blob_cache_; }
 
   // Committed versions (version -> key of its newest manifest revision),
   // listed fresh from the object store.
@@ -81,10 +91,14 @@ class Store {
   Result<std::shared_ptr<const Version>> Load(uint64_t version, const std::string& key);
   Result<std::shared_ptr<const Version>> Parse(uint64_t version, const std::string& key,
                                                std::string manifest, std::string table);
+  Status OpenBlobCache();
+  // Tells the blob cache the sizes of m's blobs (saves it a HEAD each).
+  void NoteBlobSizes(const Manifest& m);
 
   StoreOptions options_;
   std::unique_ptr<ObjectStore> objects_;
   std::unique_ptr<Index> index_;
+  CachedStore* blob_cache_ = nullptr;  // objects_ itself, when it is one
   std::string store_id_;
   Mutex mu_;
   std::map<uint64_t, std::shared_ptr<const Version>> cache_ GUARDED_BY(mu_);

@@ -53,6 +53,8 @@ const char* TransportErrorName(TransportError error) {
       return "connection reset";
     case TransportError::kBadBody:
       return "incomplete response body";
+    case TransportError::kChecksum:
+      return "response body damaged in transit";
     case TransportError::kFatal:
       return "request failed";
   }
@@ -113,7 +115,11 @@ HttpRequest S3Client::BuildRequest(const S3Call& call) const {
   r.method = call.method;
   r.url = Url(call.key.empty() ? "" : ObjectKey(call.key), call.query);
   r.headers = call.headers;
-  r.headers.push_back("x-amz-content-sha256: " + Sha256Hex(call.body));
+  const std::string sha256 = Sha256Hex(call.body);
+  r.headers.push_back("x-amz-content-sha256: " + sha256);
+  if (call.checksum && !call.body.empty()) {
+    r.headers.push_back(std::string(kChecksumHeader) + ": " + sha256);
+  }
   if (!options_.session_token.empty()) {
     r.headers.push_back("x-amz-security-token: " + options_.session_token);
   }
@@ -133,7 +139,8 @@ HttpRequest S3Client::BuildRequest(const S3Call& call) const {
 }
 
 // Fills in the S3 error of `reply`, and turns a 2xx body shorter than its
-// Content-Length into a kBadBody transport error.
+// Content-Length into a kBadBody transport error, and one that fails its
+// stored checksum into kChecksum.
 void S3Client::Interpret(const S3Call& call, S3Reply* reply) const {
   HttpResponse& http = reply->http;
   reply->code.clear();
@@ -148,6 +155,13 @@ void S3Client::Interpret(const S3Call& call, S3Reply* reply) const {
                           std::to_string(*length) + " bytes";
       return;
     }
+  }
+  const std::string* stored = http.Header(kChecksumHeader);
+  if (success && call.checksum && call.method == "GET" && call.into == nullptr &&
+      stored != nullptr && Sha256Hex(http.body) != *stored) {
+    http.error = TransportError::kChecksum;
+    http.error_detail = "its SHA-256 differs from the object's " + std::string(kChecksumHeader);
+    return;
   }
   if (!success || call.error_in_200) {
     if (auto error = ParseErrorBody(http.body)) {
@@ -198,7 +212,9 @@ Status S3Client::ErrorStatus(const S3Reply& reply, const S3Call& call) const {
   const std::string what = call.key.empty() ? "bucket " + bucket_ : "object " + call.key;
   const std::string where = " in store " + Describe() + " (" + detail + ")";
   Status status;
-  if (http.error != TransportError::kNone) {
+  if (http.error == TransportError::kChecksum) {
+    status = Corruption(what + " does not match its checksum" + where);
+  } else if (http.error != TransportError::kNone) {
     status = IOError("cannot reach " + what + where);
   } else if (reply.code == "NoSuchBucket") {
     status = NotFound("bucket " + bucket_ + " of store " + Describe() + " does not exist (" +

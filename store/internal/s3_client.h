@@ -39,7 +39,16 @@ struct S3Call {
   // The operation may report failure inside a 200 answer
   // (CompleteMultipartUpload, CopyObject).
   bool error_in_200 = false;
+  // PUT: store the body's SHA-256 as the object's metadata (kChecksumHeader).
+  // GET of a whole object: an answer whose metadata holds a SHA-256 must
+  // match it, else it is retried like a truncated body (kChecksum). S3
+  // checks what it receives (x-amz-content-sha256) but nothing checks what
+  // it sends; manifests, which have no hash of their own, rely on this.
+  bool checksum = false;
 };
+
+// The user metadata header holding a whole object's SHA-256 (hex).
+inline constexpr const char* kChecksumHeader = "x-amz-meta-dte-sha256";
 
 struct S3Reply {
   HttpResponse http;
@@ -65,7 +74,8 @@ class S3Client {
   S3Reply Call(const S3Call& call);
 
   // The status for a failed reply: NotFound naming the key (404) or bucket
-  // (NoSuchBucket), AlreadyExists (412), IOError otherwise; the message
+  // (NoSuchBucket), AlreadyExists (412), Corruption (a body that never
+  // matched its checksum), IOError otherwise; the message
   // names the operation, key, S3 code, HTTP status and attempts, with
   // every secret redacted.
   Status ErrorStatus(const S3Reply& reply, const S3Call& call) const;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "store/posix_file.h"
+#include "store/units.h"
 
 namespace dte {
 namespace internal {
@@ -102,6 +103,55 @@ Status LoadKeys(const EnvLookup& env, const SharedFiles& f, S3Options* o) {
   return Status::Ok();  // anonymous
 }
 
+// The integer in `name`, within [lo, hi]; nullopt when unset. DTE_ values
+// hold no secrets, so a bad one is quoted.
+Result<std::optional<int64_t>> EnvInteger(const EnvLookup& env, const char* name, int64_t lo,
+                                          int64_t hi) {
+  auto text = env(name);
+  if (!text) return std::optional<int64_t>();
+  int64_t v = 0;
+  bool ok = text->size() <= 12;
+  for (char c : *text) {
+    ok = ok && c >= '0' && c <= '9';
+    if (ok) v = v * 10 + (c - '0');
+  }
+  if (!ok || v < lo || v > hi) {
+    return InvalidArgument(std::string(name) + " is \"" + *text + "\"; use an integer from " +
+                           std::to_string(lo) + " to " + std::to_string(hi));
+  }
+  return std::optional<int64_t>(v);
+}
+
+// Retry, stall and multipart settings (docs/s3.md, "Tuning"): for tests that
+// need fast retries and for links that need other limits.
+Status LoadTuning(const EnvLookup& env, S3Options* o) {
+  using std::chrono::milliseconds;
+  using std::chrono::seconds;
+  ASSIGN_OR_RETURN(auto attempts, EnvInteger(env, "DTE_S3_MAX_ATTEMPTS", 1, 100));
+  ASSIGN_OR_RETURN(auto base, EnvInteger(env, "DTE_S3_RETRY_BASE_MS", 0, 60000));
+  ASSIGN_OR_RETURN(auto cap, EnvInteger(env, "DTE_S3_RETRY_MAX_MS", 0, 600000));
+  ASSIGN_OR_RETURN(auto stall, EnvInteger(env, "DTE_S3_LOW_SPEED_TIME", 1, 3600));
+  ASSIGN_OR_RETURN(auto slow, EnvInteger(env, "DTE_S3_LOW_SPEED_LIMIT", 1, int64_t{1} << 30));
+  ASSIGN_OR_RETURN(auto connect, EnvInteger(env, "DTE_S3_CONNECT_TIMEOUT_MS", 1, 600000));
+  ASSIGN_OR_RETURN(auto parallel, EnvInteger(env, "DTE_S3_PARALLEL_PARTS", 1, 64));
+  if (attempts) o->retry.max_attempts = static_cast<int>(*attempts);
+  if (base) o->retry.base_delay = milliseconds(*base);
+  if (cap) o->retry.max_delay = milliseconds(*cap);
+  if (stall) o->low_speed_time = seconds(*stall);
+  if (slow) o->low_speed_limit = static_cast<long>(*slow);
+  if (connect) o->connect_timeout = milliseconds(*connect);
+  if (parallel) o->parallel_parts = static_cast<int>(*parallel);
+  if (auto text = env("DTE_S3_PART_SIZE")) {
+    auto size = ParseByteSize(*text);
+    constexpr uint64_t kMiB = uint64_t{1} << 20;
+    if (!size.ok() || *size < 5 * kMiB || *size > 5 * 1024 * kMiB) {
+      return InvalidArgument("DTE_S3_PART_SIZE is \"" + *text + "\"; use a size from 5MiB to 5GiB");
+    }
+    o->part_size = *size;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 IniFile ParseIni(std::string_view text) {
@@ -149,6 +199,7 @@ Result<S3Options> S3OptionsFromEnv(const EnvLookup& env, const std::string& endp
     o.path_style = *style == "path";
   }
   o.spool_dir = env("DTE_SPOOL_DIR").value_or("");
+  RETURN_IF_ERROR(LoadTuning(env, &o));
   return o;
 }
 

@@ -34,11 +34,12 @@ struct HttpRequest {
 // Why no HTTP status arrived, or the body did not.
 enum class TransportError {
   kNone,
-  kConnect,  // could not resolve or connect
-  kTimeout,  // connect timeout or stalled transfer (low-speed limit)
-  kReset,    // connection reset, closed early, or a send/receive failure
-  kBadBody,  // body shorter than Content-Length, or longer than expected
-  kFatal,    // misconfiguration (bad URL, TLS verification): retrying cannot help
+  kConnect,   // could not resolve or connect
+  kTimeout,   // connect timeout or stalled transfer (low-speed limit)
+  kReset,     // connection reset, closed early, or a send/receive failure
+  kBadBody,   // body shorter than Content-Length, or longer than expected
+  kChecksum,  // body differs from the SHA-256 the object was stored with
+  kFatal,     // misconfiguration (bad URL, TLS verification): retrying cannot help
 };
 const char* TransportErrorName(TransportError error);
 

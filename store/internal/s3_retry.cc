@@ -14,6 +14,7 @@ bool IsRetryable(TransportError error, long http_status, std::string_view s3_cod
     case TransportError::kTimeout:
     case TransportError::kReset:
     case TransportError::kBadBody:
+    case TransportError::kChecksum:
       return true;
   }
   for (std::string_view code : {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable",

@@ -1,7 +1,7 @@
 // Which failed S3 requests are worth retrying, and how long to wait.
 //
 // Retried: no answer (connect failure, reset, timeout or stall, truncated
-// body), HTTP 500, 502, 503, 504, 429 and 408, and the S3 error codes
+// body, a body that fails its stored checksum), HTTP 500, 502, 503, 504, 429 and 408, and the S3 error codes
 // SlowDown, RequestTimeout, InternalError, ServiceUnavailable,
 // ConditionalRequestConflict and OperationAborted whatever their status
 // (CompleteMultipartUpload and CopyObject can fail inside a 200).

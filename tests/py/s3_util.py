@@ -11,6 +11,10 @@ The server makes the credentials: an IAM user's keys (the AWS CLI uses
 them) and an assumed-role session with a token (dtectl uses those, so
 x-amz-security-token is signed too). secrets() lists every one of them for
 tests that grep outputs.
+
+TcpRelay stands between a client and the server and can be cut and
+restored: an outage as the client sees it (connections refused), while the
+server keeps its objects (moto holds them in memory only).
 """
 
 import json
@@ -19,6 +23,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -133,3 +138,119 @@ def s3_keys(server, bucket, prefix):
         if len(parts) == 4:
             keys.append(parts[3][len(prefix) + 1:])
     return sorted(keys)
+
+
+def s3_client(server):
+    """A boto3 S3 client straight to the server (no proxy) with the IAM user's keys."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
+                        aws_access_key_id=server.creds["access_key"],
+                        aws_secret_access_key=server.creds["secret_key"],
+                        config=Config(retries={"max_attempts": 1}))
+
+
+def multipart_uploads(server, bucket, prefix=""):
+    """(key, upload id) of every multipart upload in progress under prefix."""
+    r = s3_client(server).list_multipart_uploads(Bucket=bucket, Prefix=prefix)
+    return sorted((u["Key"], u["UploadId"]) for u in r.get("Uploads", []))
+
+
+def object_keys(server, bucket, prefix):
+    """Every object key under prefix/ (relative to it), straight from the server."""
+    keys, token = [], None
+    client = s3_client(server)
+    while True:
+        kw = {"ContinuationToken": token} if token else {}
+        r = client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/", **kw)
+        keys += [o["Key"][len(prefix) + 1:] for o in r.get("Contents", [])]
+        if not r.get("IsTruncated"):
+            return sorted(keys)
+        token = r["NextContinuationToken"]
+
+
+def copy_prefix(server, bucket, src, dst):
+    """Server-side copies of every object under src/ to dst/ (a store copy)."""
+    client = s3_client(server)
+    for key in object_keys(server, bucket, src):
+        client.copy_object(Bucket=bucket, Key=f"{dst}/{key}",
+                           CopySource={"Bucket": bucket, "Key": f"{src}/{key}"})
+
+
+class TcpRelay:
+    """Forwards connections from a free loopback port (`endpoint`) to
+    127.0.0.1:`target_port`. cut() stops listening and closes every
+    connection, so clients get "connection refused"; restore() listens on the
+    same port again."""
+
+    def __init__(self, target_port):
+        self.target = ("127.0.0.1", target_port)
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._lock = threading.Lock()
+        self._conns = set()
+        self._listener = None
+        self.restore()
+
+    def restore(self):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self._listener = s
+        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+
+    def cut(self):
+        if self._listener is None:
+            return
+        try:  # wakes the accept() of the thread serving it
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        self._listener = None
+        with self._lock:
+            conns, self._conns = self._conns, set()
+        for c in conns:
+            _close(c)
+
+    def _accept(self, listener):
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns.update((client, upstream))
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        _close(src)
+        _close(dst)
+        with self._lock:
+            self._conns.discard(src)
+            self._conns.discard(dst)
+
+
+def _close(sock):
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

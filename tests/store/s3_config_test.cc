@@ -6,6 +6,8 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/testutil/memory_store.h"
 
@@ -166,6 +168,49 @@ TEST(S3Config, RegionEndpointAndAddressingStyle) {
   env.Set("DTE_S3_ADDRESSING_STYLE", "");
   env.Set("AWS_REGION", "us-east-1:evil");
   EXPECT_EQ(env.Options().status().code(), Code::kInvalidArgument);
+}
+
+TEST(S3Config, TuningVariablesOverrideTheDefaults) {
+  Env env;
+  const S3Options defaults = *env.Options();
+  EXPECT_EQ(defaults.retry.max_attempts, S3RetryPolicy{}.max_attempts);
+  EXPECT_EQ(defaults.part_size, S3Options{}.part_size);
+  env.Set("DTE_S3_MAX_ATTEMPTS", "3");
+  env.Set("DTE_S3_RETRY_BASE_MS", "0");
+  env.Set("DTE_S3_RETRY_MAX_MS", "40");
+  env.Set("DTE_S3_LOW_SPEED_TIME", "2");
+  env.Set("DTE_S3_LOW_SPEED_LIMIT", "4096");
+  env.Set("DTE_S3_CONNECT_TIMEOUT_MS", "1500");
+  env.Set("DTE_S3_PART_SIZE", "6MiB");
+  env.Set("DTE_S3_PARALLEL_PARTS", "2");
+  auto o = env.Options();
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->retry.max_attempts, 3);
+  EXPECT_EQ(o->retry.base_delay.count(), 0);
+  EXPECT_EQ(o->retry.max_delay.count(), 40);
+  EXPECT_EQ(o->low_speed_time.count(), 2);
+  EXPECT_EQ(o->low_speed_limit, 4096);
+  EXPECT_EQ(o->connect_timeout.count(), 1500);
+  EXPECT_EQ(o->part_size, uint64_t{6} << 20);
+  EXPECT_EQ(o->parallel_parts, 2);
+}
+
+TEST(S3Config, BadTuningValueNamesTheVariable) {
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, std::string>>{{"DTE_S3_MAX_ATTEMPTS", "0"},
+                                                        {"DTE_S3_MAX_ATTEMPTS", "three"},
+                                                        {"DTE_S3_RETRY_BASE_MS", "-5"},
+                                                        {"DTE_S3_LOW_SPEED_TIME", "99999999999999"},
+                                                        {"DTE_S3_PARALLEL_PARTS", "65"},
+                                                        {"DTE_S3_PART_SIZE", "1MiB"},
+                                                        {"DTE_S3_PART_SIZE", "lots"}}) {
+    Env env;
+    env.Set(name, value);
+    auto o = env.Options();
+    ASSERT_FALSE(o.ok()) << name << "=" << value;
+    EXPECT_EQ(o.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(o.status().message().find(name), std::string::npos) << o.status().message();
+  }
 }
 
 }  // namespace

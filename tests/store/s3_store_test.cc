@@ -14,6 +14,7 @@
 #include <string>
 
 #include "store/internal/s3_open.h"
+#include "store/internal/s3_protocol.h"
 #include "tests/testutil/fake_s3.h"
 #include "tests/testutil/memory_store.h"
 
@@ -245,6 +246,62 @@ TEST_F(S3StoreFake, LostAnswerToOurCreateIsSuccess) {
   EXPECT_EQ(fake_->Objects().at("pre/fix/manifests/v2"), "ours");
   EXPECT_EQ(puts.load(), 2);
   EXPECT_EQ(Count(fake_->Log(), "GET"), 1) << "read back once";
+}
+
+TEST_F(S3StoreFake, LostCreateAnswerThenFailingRetriesIsStillSuccess) {
+  std::atomic<int> puts{0};
+  fake_->before = [&](const HttpRequest& r) -> std::optional<HttpResponse> {
+    if (r.method == "PUT" && puts++ > 0) return FakeS3::Error(503, "SlowDown");
+    return std::nullopt;
+  };
+  fake_->after = [&](const HttpRequest& r, HttpResponse* resp) {
+    if (r.method == "PUT") {  // the first create applied, its answer lost
+      *resp = HttpResponse{};
+      resp->error = TransportError::kReset;
+    }
+  };
+  ASSERT_TRUE(store_->CreateExclusive("manifests/v4", "ours").ok());
+  EXPECT_EQ(puts.load(), 4);
+  EXPECT_EQ(Count(fake_->Log(), "GET"), 1) << "read back once";
+  // Nothing applied: the failure stands, after one read-back finds nothing.
+  fake_->after = nullptr;
+  Status s = store_->CreateExclusive("manifests/v5", "ours");
+  ASSERT_EQ(s.code(), Code::kIOError) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "SlowDown")) << s.message();
+  EXPECT_EQ(fake_->Objects().count("pre/fix/manifests/v5"), 0u);
+  EXPECT_EQ(Count(fake_->Log(), "GET"), 2);
+}
+
+TEST_F(S3StoreFake, BodiesDamagedInTransitAreRetriedAgainstTheStoredChecksum) {
+  std::string stored;  // FakeS3 keeps no metadata: the test plays the server's part
+  fake_->before = [&](const HttpRequest& r) -> std::optional<HttpResponse> {
+    for (const auto& h : r.headers) {
+      if (r.method == "PUT" && h.rfind("x-amz-meta-dte-sha256: ", 0) == 0) stored = h.substr(23);
+    }
+    return std::nullopt;
+  };
+  std::atomic<int> flips{0};
+  fake_->after = [&](const HttpRequest& r, HttpResponse* resp) {
+    if (r.method != "GET") return;
+    resp->headers.emplace_back("x-amz-meta-dte-sha256", stored);
+    if (flips++ < 2) resp->body[3] ^= 0x10;
+  };
+  ASSERT_TRUE(store_->CreateExclusive("manifests/v6", "{\"version\": 6}").ok());
+  ASSERT_EQ(stored, internal::Sha256Hex("{\"version\": 6}"));
+  auto got = store_->Get("manifests/v6");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, "{\"version\": 6}");
+  EXPECT_EQ(flips.load(), 3);
+  flips = -100;  // damaged every time: corruption naming the key, never the bytes
+  auto bad = store_->Get("manifests/v6");
+  ASSERT_EQ(bad.status().code(), Code::kCorruption) << bad.status().ToString();
+  EXPECT_TRUE(Contains(bad.status().message(), "manifests/v6 does not match its checksum"))
+      << bad.status().message();
+  EXPECT_TRUE(Contains(bad.status().message(), "after 4 attempts")) << bad.status().message();
+  // Objects without the metadata (written by other tools) are returned as they are.
+  fake_->SetObject("pre/fix/foreign", "abc");
+  fake_->after = nullptr;
+  EXPECT_EQ(store_->Get("foreign").value(), "abc");
 }
 
 TEST_F(S3StoreFake, RetryThatFindsAnotherWritersObjectIsAlreadyExists) {

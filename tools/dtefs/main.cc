@@ -1,12 +1,15 @@
 // dtefs: mount a dte store; every version is a read-only checkpoint directory.
 //
 //   dtefs STORE MOUNTPOINT [-f] [--cache-dir DIR] [--cache-size N] [--poll-ms N]
-//         [--snapshot-every N] [--snapshots N] [--readahead-kb N] [-o opts]
+//         [--snapshot-every N] [--snapshots N] [--readahead-kb N]
+//         [--endpoint URL] [--blob-cache-size N] [--blob-chunk-size N]
+//         [--prefetch latest] [-o opts]
 //
 // Also the program the fuse3 mount helper runs for `mount -t fuse.dtefs` and
 // fstab lines: `dtefs STORE MOUNTPOINT -o rw,allow_other,...`; there the
 // dtefs options can be given as cache_dir=DIR, cache_size=N, poll_ms=N,
-// snapshot_every=N, snapshots=N, readahead_kb=N.
+// snapshot_every=N, snapshots=N, readahead_kb=N, endpoint=URL,
+// blob_cache_size=N, blob_chunk_size=N, prefetch=latest.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "fs/dtefs.h"
+#include "store/cached_store.h"
 #include "store/units.h"
 
 namespace {
@@ -50,9 +54,19 @@ bool ParseCount(const std::string& text, uint64_t min, uint64_t max, uint32_t* o
 
 constexpr uint64_t kMaxReadaheadKb = 1 << 20;  // 1 GiB
 
+// Size options as text until they are parsed, and the other options that
+// need checking after -o lists are merged in.
+struct TextOptions {
+  std::string cache_size = "256MiB";
+  std::string blob_cache_size = "4GiB";
+  std::string blob_chunk_size = "4MiB";
+  std::string prefetch;
+  std::string endpoint;
+};
+
 // Splits -o lists at commas and takes out the dtefs options given there.
 bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptions* o,
-                      std::string* size_text) {
+                      TextOptions* text) {
   auto value = [](const std::string& opt, const char* name) -> std::optional<std::string> {
     const std::string prefix = std::string(name) + "=";
     if (opt.rfind(prefix, 0) != 0) return std::nullopt;
@@ -64,7 +78,15 @@ bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptio
       if (auto v = value(opt, "cache_dir")) {
         o->cache_dir = *v;
       } else if (auto v = value(opt, "cache_size")) {
-        *size_text = *v;
+        text->cache_size = *v;
+      } else if (auto v = value(opt, "blob_cache_size")) {
+        text->blob_cache_size = *v;
+      } else if (auto v = value(opt, "blob_chunk_size")) {
+        text->blob_chunk_size = *v;
+      } else if (auto v = value(opt, "prefetch")) {
+        text->prefetch = *v;
+      } else if (auto v = value(opt, "endpoint")) {
+        text->endpoint = *v;
       } else if (auto v = value(opt, "poll_ms")) {
         if (!ParseCount(*v, 1, UINT32_MAX, &o->poll_ms)) return false;
       } else if (auto v = value(opt, "snapshot_every")) {
@@ -81,12 +103,40 @@ bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptio
   return true;
 }
 
+// Parses and checks the options given as text; false (after a message) if
+// one is bad.
+bool ParseTextOptions(const TextOptions& text, dte::fs::MountOptions* o) {
+  if (!ParseSize(text.cache_size, &o->cache_bytes)) {
+    std::cerr << "dtefs: bad --cache-size (cache_size=) \"" << text.cache_size << "\"\n";
+    return false;
+  }
+  if (!ParseSize(text.blob_cache_size, &o->blob_cache_bytes)) {
+    std::cerr << "dtefs: bad --blob-cache-size (blob_cache_size=) \"" << text.blob_cache_size
+              << "\"\n";
+    return false;
+  }
+  if (!ParseSize(text.blob_chunk_size, &o->blob_chunk_bytes) ||
+      o->blob_chunk_bytes % dte::kCachePageBytes != 0 || o->blob_chunk_bytes == 0 ||
+      o->blob_chunk_bytes > (uint64_t{1} << 30)) {
+    std::cerr << "dtefs: bad --blob-chunk-size (blob_chunk_size=) \"" << text.blob_chunk_size
+              << "\": a multiple of 64KiB, at most 1GiB\n";
+    return false;
+  }
+  if (!text.prefetch.empty() && text.prefetch != "latest") {
+    std::cerr << "dtefs: bad --prefetch (prefetch=) \"" << text.prefetch
+              << "\": the only target is \"latest\"\n";
+    return false;
+  }
+  o->prefetch_latest = text.prefetch == "latest";
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"dtefs: mount a dte store; every version is a checkpoint directory"};
   dte::fs::MountOptions o;
-  std::string size_text = "256MiB";
+  TextOptions text;
   std::vector<std::string> opts;
   app.add_option("STORE", o.store, "Store: a directory or s3://bucket/prefix")->required();
   app.add_option("MOUNTPOINT", o.mountpoint, "Directory to mount on")->required();
@@ -94,7 +144,7 @@ int main(int argc, char** argv) {
   app.add_flag("-d,--debug", o.debug, "Trace FUSE requests (implies -f)");
   app.add_option("--cache-dir", o.cache_dir,
                  "Host-local index (env DTE_CACHE_DIR, default ~/.cache/dte)");
-  app.add_option("--cache-size", size_text, "Block cache size, e.g. 256MiB (default 256MiB)");
+  app.add_option("--cache-size", text.cache_size, "Block cache size, e.g. 256MiB (default 256MiB)");
   app.add_option("--poll-ms", o.poll_ms, "How often to look for new versions (default 500)");
   app.add_option("--snapshot-every", o.snapshot_every,
                  "Snapshot a version this many versions from its anchor or last snapshot "
@@ -103,13 +153,28 @@ int main(int argc, char** argv) {
   app.add_option("--readahead-kb", o.readahead_kb,
                  "Kernel readahead of the mount in KiB, set when root (default 4096; 0: leave it)")
       ->check(CLI::Range(uint64_t{0}, kMaxReadaheadKb));
+  app.add_option("--endpoint", text.endpoint,
+                 "S3 endpoint URL for s3:// stores (env AWS_ENDPOINT_URL)");
+  app.add_option("--blob-cache-size", text.blob_cache_size,
+                 "s3:// stores: local disk cache of blob ranges (default 4GiB; 0: none)");
+  app.add_option("--blob-chunk-size", text.blob_chunk_size,
+                 "s3:// stores: blobs are fetched and cached in aligned pieces of this size "
+                 "(default 4MiB; a multiple of 64KiB)");
+  app.add_option("--prefetch", text.prefetch,
+                 "s3:// stores: \"latest\" pulls every new latest version into the blob cache");
   app.add_option("-o", opts, "Mount options, comma-separated (allow_other, ro, ...)");
   CLI11_PARSE(app, argc, argv);
   if (o.cache_dir.empty()) o.cache_dir = dte::DefaultCacheDir();
-  if (!TakeMountOptions(opts, &o, &size_text) || !ParseSize(size_text, &o.cache_bytes)) {
-    std::cerr << "dtefs: bad --cache-size or -o value (cache_size=, poll_ms=, snapshot_every=, "
-                 "snapshots=, readahead_kb=)\n";
+  if (!TakeMountOptions(opts, &o, &text)) {
+    std::cerr << "dtefs: bad -o value (poll_ms=, snapshot_every=, snapshots=, readahead_kb=)\n";
     return 2;
+  }
+  if (!ParseTextOptions(text, &o)) return 2;
+  if (!text.endpoint.empty()) {
+    // S3 stores read their endpoint from the environment; the flag wins over
+    // both variables. No thread runs yet.
+    ::setenv("AWS_ENDPOINT_URL_S3", text.endpoint.c_str(), 1);
+    ::setenv("AWS_ENDPOINT_URL", text.endpoint.c_str(), 1);
   }
   if (o.debug) o.foreground = true;
   o.store = Absolute(o.store);
