@@ -54,9 +54,7 @@ class FuseMount:
 
     def cpu_seconds(self):
         """User + system CPU time of the daemon (all its threads) so far."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.proc.pid)
 
     def unmount(self):
         """Unmounts (lazily if it must) and reaps the daemon; safe to repeat."""
