@@ -447,24 +447,7 @@ Status LocalStore::Walk(const std::string& start, const std::string& prefix,
 }
 
 Result<uint64_t> LocalStore::RemoveStaleTempFiles(int64_t min_age_seconds) {
-  ScopedDir d(::opendir(tmp_dir_.c_str()));
-  if (d == nullptr && errno == ENOENT) return uint64_t{0};
-  if (d == nullptr) return ErrnoStatus("list " + tmp_dir_, errno);
-  const int64_t now = ::time(nullptr);
-  uint64_t removed = 0;
-  const dirent* entry;
-  while ((entry = NextEntry(d.get())) != nullptr) {
-    struct stat st {};
-    if (::fstatat(::dirfd(d.get()), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (!S_ISREG(st.st_mode) || now - st.st_mtim.tv_sec < min_age_seconds) continue;
-    if (::unlinkat(::dirfd(d.get()), entry->d_name, 0) == 0) {
-      ++removed;
-    } else if (errno != ENOENT) {
-      return ErrnoStatus("unlink " + tmp_dir_ + "/" + entry->d_name, errno);
-    }
-  }
-  if (errno != 0) return ErrnoStatus("list " + tmp_dir_, errno);
-  return removed;
+  return RemoveFilesOlderThan(tmp_dir_, min_age_seconds);
 }
 
 size_t LocalStore::CachedFdCount() const { return fd_cache_->Count(); }

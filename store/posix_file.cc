@@ -1,10 +1,14 @@
 #include "store/posix_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <ctime>
+#include <memory>
 #include <utility>
 
 namespace dte {
@@ -93,6 +97,32 @@ Result<std::string> ReadWholeFile(const std::string& path) {
 Status CannotWording(const Status& status) {
   if (status.ok()) return status;
   return Status(status.code(), "cannot " + status.message());
+}
+
+Result<uint64_t> RemoveFilesOlderThan(const std::string& dir, int64_t min_age_seconds) {
+  struct DirCloser {
+    void operator()(DIR* d) const { ::closedir(d); }
+  };
+  std::unique_ptr<DIR, DirCloser> d(::opendir(dir.c_str()));
+  if (d == nullptr && errno == ENOENT) return uint64_t{0};
+  if (d == nullptr) return ErrnoStatus("list " + dir, errno);
+  const int64_t now = ::time(nullptr);
+  uint64_t removed = 0;
+  for (;;) {
+    errno = 0;
+    const dirent* entry = ::readdir(d.get());
+    if (entry == nullptr) break;
+    struct stat st {};
+    if (::fstatat(::dirfd(d.get()), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISREG(st.st_mode) || now - st.st_mtim.tv_sec < min_age_seconds) continue;
+    if (::unlinkat(::dirfd(d.get()), entry->d_name, 0) == 0) {
+      ++removed;
+    } else if (errno != ENOENT) {
+      return ErrnoStatus("unlink " + dir + "/" + entry->d_name, errno);
+    }
+  }
+  if (errno != 0) return ErrnoStatus("list " + dir, errno);
+  return removed;
 }
 
 }  // namespace dte

@@ -71,6 +71,11 @@ Status PreadExact(int fd, void* dst, uint64_t len, uint64_t offset, const std::s
 // The whole content of `path`, read until end of file.
 Result<std::string> ReadWholeFile(const std::string& path);
 
+// Deletes the regular files directly in `dir` whose modification time is at
+// least `min_age_seconds` old (spool and temp areas left by writers that
+// died). Returns how many were removed; 0 if `dir` does not exist.
+Result<uint64_t> RemoveFilesOlderThan(const std::string& dir, int64_t min_age_seconds);
+
 // An error of the functions above, "<verb> <path>: <strerror>", reworded as
 // "cannot <verb> <path>: <strerror>" with the same code. OK stays OK.
 Status CannotWording(const Status& status);

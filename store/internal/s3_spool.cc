@@ -1,24 +1,19 @@
 #include "store/internal/s3_spool.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <ctime>
 #include <memory>
 #include <random>
 #include <utility>
 
 #include "store/hash.h"
+#include "store/posix_file.h"
 
 namespace dte::internal {
 namespace {
-
-struct DirCloser {
-  void operator()(DIR* dir) const { ::closedir(dir); }
-};
 
 // mkdir -p with mode 0700 for the directories it creates.
 Status MakeDirs(const std::string& dir) {
@@ -59,26 +54,7 @@ Result<std::string> SpoolDir::NewPath() {
 }
 
 Result<uint64_t> SpoolDir::RemoveStale(int64_t min_age_seconds) {
-  std::unique_ptr<DIR, DirCloser> d(::opendir(dir_.c_str()));
-  if (d == nullptr && errno == ENOENT) return uint64_t{0};
-  if (d == nullptr) return ErrnoStatus("list " + dir_, errno);
-  const int64_t now = ::time(nullptr);
-  uint64_t removed = 0;
-  for (;;) {
-    errno = 0;
-    const dirent* entry = ::readdir(d.get());
-    if (entry == nullptr) break;
-    struct stat st {};
-    if (::fstatat(::dirfd(d.get()), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (!S_ISREG(st.st_mode) || now - st.st_mtim.tv_sec < min_age_seconds) continue;
-    if (::unlinkat(::dirfd(d.get()), entry->d_name, 0) == 0) {
-      ++removed;
-    } else if (errno != ENOENT) {
-      return ErrnoStatus("unlink " + dir_ + "/" + entry->d_name, errno);
-    }
-  }
-  if (errno != 0) return ErrnoStatus("list " + dir_, errno);
-  return removed;
+  return RemoveFilesOlderThan(dir_, min_age_seconds);
 }
 
 }  // namespace dte::internal
