@@ -257,6 +257,7 @@ TEST(Index, OpenWhileAnotherProcessHoldsItIsBusy) {
   pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
+    ::alarm(60);  // a hang fails the test instead of stalling the suite
     ::close(ready[0]);
     ::close(release[1]);  // else the read below never sees the parent's close
     auto held = Index::Open(dir.path());
@@ -284,19 +285,31 @@ TEST(Index, OpenWhileAnotherProcessHoldsItIsBusy) {
 
 TEST(Index, OpenInForkedChildWhileParentHoldsItIsBusy) {
   ScopedTempDir dir;
-  auto held = OpenOrDie(dir.path());
-  ASSERT_NE(held, nullptr);
+  // Fork before the parent opens anything: a child forked from a process
+  // whose RocksDB threads hold locks can block forever inside Open.
+  int opened[2];
+  ASSERT_EQ(::pipe(opened), 0);
   pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
+    ::alarm(60);  // a hang fails the test instead of stalling the suite
+    ::close(opened[1]);
+    char c = 0;
+    if (::read(opened[0], &c, 1) != 1 || c != 'o') ::_exit(2);
     auto r = Index::Open(dir.path());
     bool busy = !r.ok() && r.status().code() == Code::kBusy &&
                 r.status().message().find(dir.path()) != std::string::npos;
     ::_exit(busy ? 0 : 1);
   }
+  ::close(opened[0]);
+  auto held = OpenOrDie(dir.path());
+  const char c = held != nullptr ? 'o' : 'e';
+  ASSERT_EQ(::write(opened[1], &c, 1), 1);
+  ::close(opened[1]);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_NE(held, nullptr);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0) << "the child was not told Busy naming " << dir.path();
 }
 

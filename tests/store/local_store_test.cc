@@ -101,6 +101,7 @@ TEST(LocalStore, FailedPutLeavesNoTempFile) {
 // A child's exit code: 10 + its index if it won, 1 if it lost, 2 on other errors.
 [[noreturn]] void RaceToCreate(const std::string& root, const std::string& key, int index,
                                int go_fd) {
+  ::alarm(60);  // a hang fails the test instead of stalling the suite
   auto store = LocalStore::Open(root);
   char c;
   while (::read(go_fd, &c, 1) < 0 && errno == EINTR) {
