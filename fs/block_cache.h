@@ -14,11 +14,13 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "store/status.h"
@@ -29,6 +31,27 @@ namespace dte::fs {
 // Revisions of a version (gc rebases) have the same content, but a load of
 // one can fail where the other's succeeds (its blobs are gone), so loads
 // and entries are per revision; DropVersion drops every revision.
+// An immutable byte string whose storage is allocated without being
+// zero-filled first: a block is written once by its loader (decoding costs
+// enough without a memset of every block before it).
+class Bytes {
+ public:
+  explicit Bytes(size_t size) : data_(new char[size]), size_(size) {}  // uninitialized
+  explicit Bytes(std::string_view s) : Bytes(s.size()) {
+    if (!s.empty()) std::memcpy(data_.get(), s.data(), s.size());
+  }
+  char* mutable_data() { return data_.get(); }
+  const char* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  std::string_view view() const { return {data_.get(), size_}; }
+  friend bool operator==(const Bytes& a, std::string_view b) { return a.view() == b; }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  size_t size_;
+};
+
 struct CacheKey {
   uint64_t version = 0;
   uint64_t slot = 0;
@@ -45,7 +68,7 @@ struct CacheStats {
 
 class BlockCache {
  public:
-  using Value = std::shared_ptr<const std::string>;
+  using Value = std::shared_ptr<const Bytes>;
 
   // capacity_bytes == 0 disables caching (every Get misses, Put drops).
   explicit BlockCache(uint64_t capacity_bytes) : capacity_(capacity_bytes) {}

@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <iostream>
 
@@ -195,27 +197,36 @@ Result<std::unique_ptr<OpenFile>> Filesystem::Open(uint64_t ino, int flags) {
 }
 
 Status Filesystem::Read(const OpenFile& f, uint64_t offset, uint64_t len, std::string* out) {
+  out->resize(ReadableBytes(f, offset, len));
+  Result<size_t> n = Read(f, offset, out->size(), out->data());
+  if (!n.ok()) return n.status();
+  out->resize(*n);
+  return Status::Ok();
+}
+
+uint64_t Filesystem::ReadableBytes(const OpenFile& f, uint64_t offset, uint64_t len) {
+  const uint64_t size =
+      f.version ? f.version->manifest.files[f.file_index].size : f.snapshot.size();
+  return offset >= size ? 0 : std::min(len, size - offset);
+}
+
+Result<size_t> Filesystem::Read(const OpenFile& f, uint64_t offset, uint64_t len, char* dst) {
   reads_++;
+  len = ReadableBytes(f, offset, len);
+  if (len == 0) return size_t{0};
   if (!f.version) {
-    *out = offset < f.snapshot.size() ? f.snapshot.substr(offset, len) : std::string();
-    return Status::Ok();
+    std::memcpy(dst, f.snapshot.data() + offset, len);
+    return static_cast<size_t>(len);
   }
-  const uint64_t size = f.version->manifest.files[f.file_index].size;
-  if (offset >= size || len == 0) {
-    out->clear();
-    return Status::Ok();
-  }
-  len = std::min(len, size - offset);
-  out->resize(len);
-  Status s = reader_.Read(f.version, f.file_index, offset, len,
-                          reinterpret_cast<uint8_t*>(out->data()), &f.chain);
+  Status s =
+      reader_.Read(f.version, f.file_index, offset, len, reinterpret_cast<uint8_t*>(dst), &f.chain);
   if (!s.ok()) {
     read_errors_++;
     RecordError(*f.version, f.file_index, s);
     return s;
   }
   bytes_served_ += len;
-  return Status::Ok();
+  return static_cast<size_t>(len);
 }
 
 void Filesystem::RecordError(const Version& v, uint32_t file, const Status& s) {

@@ -100,6 +100,9 @@ class Filesystem {
   Result<std::unique_ptr<OpenFile>> Open(uint64_t ino, int flags) EXCLUDES(mu_);
   // Up to `len` bytes at `offset` into *out (short or empty at end of file).
   Status Read(const OpenFile& f, uint64_t offset, uint64_t len, std::string* out) EXCLUDES(mu_);
+  // The same into dst, which has room for `len` bytes; returns the count
+  // written. The FUSE read handler uses this with one buffer per thread.
+  Result<size_t> Read(const OpenFile& f, uint64_t offset, uint64_t len, char* dst) EXCLUDES(mu_);
 
   std::string StatusJson() EXCLUDES(mu_);
 
@@ -120,6 +123,8 @@ class Filesystem {
   void ReportError(const std::string& message) EXCLUDES(mu_);
 
  private:
+  // How many of `len` bytes at `offset` lie inside the file.
+  static uint64_t ReadableBytes(const OpenFile& f, uint64_t offset, uint64_t len);
   Result<std::shared_ptr<const Version>> VersionOf(uint64_t version) EXCLUDES(mu_);
   NodeAttr VersionDirAttr(const Version& v);
   NodeAttr FileAttr(const Version& v, uint32_t file);

@@ -71,7 +71,7 @@ Result<BlockCache::Value> ReadPath::WholeBlob(const std::shared_ptr<const Versio
       return Status(s.code(), s.message() + " [blob: " +
                                   BlobKey(f.safetensors ? f.header_blob : f.blob) + "]");
     }
-    return std::make_shared<const std::string>(std::move(bytes).value());
+    return std::make_shared<const Bytes>(*bytes);
   });
 }
 
@@ -82,8 +82,9 @@ Result<BlockCache::Value> ReadPath::Block(const std::shared_ptr<const Version>& 
   const CacheKey key{v->manifest.version, record, v->manifest.revision};
   return cache_.GetOrLoad(key, [&]() -> Result<BlockCache::Value> {
     const uint64_t bb = v->manifest.block_bytes;
-    std::string bytes(std::min<uint64_t>(bb, tensor.bytes() - uint64_t{block} * bb), '\0');
-    auto* dst = reinterpret_cast<uint8_t*>(bytes.data());
+    auto bytes =
+        std::make_shared<Bytes>(std::min<uint64_t>(bb, tensor.bytes() - uint64_t{block} * bb));
+    auto* dst = reinterpret_cast<uint8_t*>(bytes->mutable_data());
     Status s = materializer_.ReadBlock(v, file, tensor, block, dst, chain);
     if (s.code() == Code::kCorruption && DropChainRecords(store_, v, record, chain)) {
       s = materializer_.ReadBlock(v, file, tensor, block, dst, chain);
@@ -91,7 +92,7 @@ Result<BlockCache::Value> ReadPath::Block(const std::shared_ptr<const Version>& 
     if (!s.ok()) {
       return Status(s.code(), s.message() + " [blobs: " + ChainBlobs(store_, v, record) + "]");
     }
-    return std::make_shared<const std::string>(std::move(bytes));
+    return std::shared_ptr<const Bytes>(std::move(bytes));
   });
 }
 

@@ -15,7 +15,9 @@
 namespace dte::fs {
 namespace {
 
-BlockCache::Value Bytes(size_t n, char c) { return std::make_shared<const std::string>(n, c); }
+BlockCache::Value Filled(size_t n, char c) {
+  return std::make_shared<const Bytes>(std::string(n, c));
+}
 
 // A loader returning `value` that counts its calls.
 BlockCache::Loader Counting(std::atomic<int>* calls, BlockCache::Value value) {
@@ -45,7 +47,7 @@ bool Cached(BlockCache& cache, CacheKey key) {
 TEST(BlockCache, HitReturnsTheCachedValueWithoutLoading) {
   BlockCache cache(1000);
   std::atomic<int> calls{0};
-  auto a = Bytes(10, 'a');
+  auto a = Filled(10, 'a');
   auto first = cache.GetOrLoad({1, 7}, Counting(&calls, a));
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(*first, a);
@@ -54,7 +56,7 @@ TEST(BlockCache, HitReturnsTheCachedValueWithoutLoading) {
   EXPECT_EQ(*second, a);
   EXPECT_EQ(calls.load(), 1);
   // Same slot, other version: another key.
-  auto other = cache.GetOrLoad({2, 7}, Counting(&calls, Bytes(5, 'b')));
+  auto other = cache.GetOrLoad({2, 7}, Counting(&calls, Filled(5, 'b')));
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(**other, "bbbbb");
   const CacheStats s = cache.Stats();
@@ -69,10 +71,10 @@ TEST(BlockCache, HitReturnsTheCachedValueWithoutLoading) {
 TEST(BlockCache, EvictsTheLeastRecentlyUsedBeyondTheCapacityInBytes) {
   BlockCache cache(100);
   std::atomic<int> calls{0};
-  ASSERT_TRUE(cache.GetOrLoad({0, 1}, Counting(&calls, Bytes(40, 'a'))).ok());
-  ASSERT_TRUE(cache.GetOrLoad({0, 2}, Counting(&calls, Bytes(40, 'b'))).ok());
+  ASSERT_TRUE(cache.GetOrLoad({0, 1}, Counting(&calls, Filled(40, 'a'))).ok());
+  ASSERT_TRUE(cache.GetOrLoad({0, 2}, Counting(&calls, Filled(40, 'b'))).ok());
   ASSERT_TRUE(cache.GetOrLoad({0, 1}, Unexpected).ok());  // a is now the most recent
-  ASSERT_TRUE(cache.GetOrLoad({0, 3}, Counting(&calls, Bytes(40, 'c'))).ok());
+  ASSERT_TRUE(cache.GetOrLoad({0, 3}, Counting(&calls, Filled(40, 'c'))).ok());
   EXPECT_TRUE(Cached(cache, {0, 1}));
   EXPECT_FALSE(Cached(cache, {0, 2})) << "b was the least recently used";
   EXPECT_TRUE(Cached(cache, {0, 3}));
@@ -82,11 +84,11 @@ TEST(BlockCache, EvictsTheLeastRecentlyUsedBeyondTheCapacityInBytes) {
   EXPECT_EQ(s.evictions, 1u);
 
   // Order now (most recent first): c, a. Exactly full is not over.
-  ASSERT_TRUE(cache.GetOrLoad({0, 4}, Counting(&calls, Bytes(20, 'd'))).ok());
+  ASSERT_TRUE(cache.GetOrLoad({0, 4}, Counting(&calls, Filled(20, 'd'))).ok());
   EXPECT_EQ(cache.Stats().bytes, 100u);
   EXPECT_EQ(cache.Stats().evictions, 1u);
   // 70 more bytes push out a (40) and c (40): the least recent first.
-  ASSERT_TRUE(cache.GetOrLoad({0, 5}, Counting(&calls, Bytes(70, 'e'))).ok());
+  ASSERT_TRUE(cache.GetOrLoad({0, 5}, Counting(&calls, Filled(70, 'e'))).ok());
   s = cache.Stats();
   EXPECT_EQ(s.bytes, 90u);
   EXPECT_EQ(s.evictions, 3u);
@@ -100,9 +102,9 @@ TEST(BlockCache, EvictsTheLeastRecentlyUsedBeyondTheCapacityInBytes) {
 TEST(BlockCache, EvictedValueStaysValidForItsHolder) {
   BlockCache cache(10);
   std::atomic<int> calls{0};
-  auto held = cache.GetOrLoad({0, 1}, Counting(&calls, Bytes(10, 'x')));
+  auto held = cache.GetOrLoad({0, 1}, Counting(&calls, Filled(10, 'x')));
   ASSERT_TRUE(held.ok());
-  ASSERT_TRUE(cache.GetOrLoad({0, 2}, Counting(&calls, Bytes(10, 'y'))).ok());
+  ASSERT_TRUE(cache.GetOrLoad({0, 2}, Counting(&calls, Filled(10, 'y'))).ok());
   EXPECT_FALSE(Cached(cache, {0, 1}));
   EXPECT_EQ(**held, std::string(10, 'x'));
 }
@@ -110,9 +112,9 @@ TEST(BlockCache, EvictedValueStaysValidForItsHolder) {
 TEST(BlockCache, ValueLargerThanTheCapacityIsReturnedButNotCached) {
   BlockCache cache(10);
   std::atomic<int> calls{0};
-  ASSERT_TRUE(cache.GetOrLoad({0, 1}, Counting(&calls, Bytes(8, 'a'))).ok());
+  ASSERT_TRUE(cache.GetOrLoad({0, 1}, Counting(&calls, Filled(8, 'a'))).ok());
   for (int i = 0; i < 2; ++i) {
-    auto big = cache.GetOrLoad({0, 2}, Counting(&calls, Bytes(11, 'b')));
+    auto big = cache.GetOrLoad({0, 2}, Counting(&calls, Filled(11, 'b')));
     ASSERT_TRUE(big.ok());
     EXPECT_EQ((*big)->size(), 11u);
   }
@@ -126,7 +128,7 @@ TEST(BlockCache, ZeroCapacityCachesNothing) {
   std::atomic<int> calls{0};
   for (size_t size : {size_t{5}, size_t{1}}) {
     for (int i = 0; i < 2; ++i) {
-      auto r = cache.GetOrLoad({3, size}, Counting(&calls, Bytes(size, 'z')));
+      auto r = cache.GetOrLoad({3, size}, Counting(&calls, Filled(size, 'z')));
       ASSERT_TRUE(r.ok());
       EXPECT_EQ((*r)->size(), size);
     }
@@ -143,7 +145,7 @@ TEST(BlockCache, ZeroCapacityCachesNotEvenAnEmptyValue) {
   BlockCache cache(0);
   std::atomic<int> calls{0};
   for (int i = 0; i < 2; ++i) {
-    auto r = cache.GetOrLoad({3, 0}, Counting(&calls, Bytes(0, 'z')));
+    auto r = cache.GetOrLoad({3, 0}, Counting(&calls, Filled(0, 'z')));
     ASSERT_TRUE(r.ok());
     EXPECT_TRUE((*r)->empty());
   }
@@ -155,8 +157,8 @@ TEST(BlockCache, DropVersionRemovesEveryEntryOfThatVersionOnly) {
   BlockCache cache(1000);
   std::atomic<int> calls{0};
   for (uint64_t slot : {0, 1, 2}) {
-    ASSERT_TRUE(cache.GetOrLoad({5, slot}, Counting(&calls, Bytes(10, 'v'))).ok());
-    ASSERT_TRUE(cache.GetOrLoad({6, slot}, Counting(&calls, Bytes(20, 'w'))).ok());
+    ASSERT_TRUE(cache.GetOrLoad({5, slot}, Counting(&calls, Filled(10, 'v'))).ok());
+    ASSERT_TRUE(cache.GetOrLoad({6, slot}, Counting(&calls, Filled(20, 'w'))).ok());
   }
   cache.DropVersion(5);
   cache.DropVersion(99);
@@ -169,7 +171,7 @@ TEST(BlockCache, DropVersionRemovesEveryEntryOfThatVersionOnly) {
     EXPECT_TRUE(Cached(cache, {6, slot}));
   }
   // A dropped key loads again.
-  auto again = cache.GetOrLoad({5, 0}, Counting(&calls, Bytes(10, 'n')));
+  auto again = cache.GetOrLoad({5, 0}, Counting(&calls, Filled(10, 'n')));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(**again, std::string(10, 'n'));
 }
@@ -211,7 +213,7 @@ class SingleFlight : public ::testing::Test {
 
 TEST_F(SingleFlight, ConcurrentMissesOnOneKeyRunTheLoaderOnce) {
   BlockCache cache(1000);
-  auto value = Bytes(100, 'q');
+  auto value = Filled(100, 'q');
   for (const auto& r : Run(cache, value)) {
     ASSERT_TRUE(r.ok()) << r.status().message();
     EXPECT_EQ(*r, value) << "a waiter got another object";
@@ -232,7 +234,7 @@ TEST_F(SingleFlight, ErrorReachesEveryWaiterAndIsNotCached) {
   EXPECT_EQ(calls_.load(), 1);
   EXPECT_EQ(cache.Stats().entries, 0u);
   // The next asker loads again, and this time succeeds.
-  for (const auto& r : Run(cache, Bytes(4, 'k'))) {
+  for (const auto& r : Run(cache, Filled(4, 'k'))) {
     ASSERT_TRUE(r.ok()) << r.status().message();
     EXPECT_EQ(**r, "kkkk");
   }
@@ -263,7 +265,7 @@ TEST(BlockCache, ConcurrentLoadsEvictionsAndDropsStayConsistent) {
         }
         auto r = cache.GetOrLoad(key, [&]() -> Result<BlockCache::Value> {
           loads++;
-          return std::make_shared<const std::string>(content(key));
+          return std::make_shared<const Bytes>(content(key));
         });
         if (!r.ok() || **r != content(key)) wrong++;
       }
