@@ -1,11 +1,16 @@
 #include "fs/dtefs.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -259,6 +264,33 @@ std::string CanonicalMountpoint(const std::string& path) {
   return ec ? path : canonical.string();
 }
 
+// Sends stderr (every message dtefs logs) to the log file: o.log_file, or
+// for a daemon <cache_dir>/dtefs.log. A log that cannot be opened leaves
+// stderr as it is (a daemon's is /dev/null by then).
+void RedirectLog(const MountOptions& o, const std::string& mountpoint) {
+  std::string path = o.log_file;
+  if (path.empty() && !o.foreground && !o.cache_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.cache_dir, ec);  // else open says why
+    path = o.cache_dir + "/dtefs.log";
+  }
+  if (path.empty()) return;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::cerr << "dtefs: cannot open log file " << path << ": " << std::strerror(errno)
+              << std::endl;
+    return;
+  }
+  ::dup2(fd, STDERR_FILENO);
+  ::close(fd);
+  char when[32] = "";
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  if (::gmtime_r(&now, &tm)) std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  std::cerr << "dtefs: " << when << " pid " << ::getpid() << " serving " << o.store << " on "
+            << mountpoint << std::endl;
+}
+
 }  // namespace
 
 std::vector<std::string> EffectiveMountOptions(const MountOptions& options) {
@@ -282,6 +314,7 @@ Status Serve(const MountOptions& o) {
   state.readahead_kb = o.readahead_kb;
   RETURN_IF_ERROR(session.Mount(o, &state));
   if (fuse_daemonize(o.foreground ? 1 : 0) != 0) return Internal("dtefs: cannot daemonize");
+  RedirectLog(o, mountpoint);
   Status s;
   {
     ShutdownSignalsBlocked blocked;  // a signal now stays pending until Release()

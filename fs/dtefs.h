@@ -43,7 +43,11 @@ struct MountOptions {
   uint64_t blob_chunk_bytes = uint64_t{4} << 20;
   bool prefetch_latest = false;
   bool foreground = false;  // false: daemonize once mounted
-  bool debug = false;       // libfuse request tracing
+  // Where messages go (appended) once the mount is up. Empty: stderr in the
+  // foreground; a daemon, whose stderr is gone, writes <cache_dir>/dtefs.log
+  // (nowhere without a cache_dir).
+  std::string log_file;
+  bool debug = false;  // libfuse request tracing
   // Extra mount options (-o), already split at commas. Options that make no
   // sense for a read-only store mount (rw, dev, suid, ...) are dropped.
   std::vector<std::string> fuse_options;

@@ -232,6 +232,8 @@ int ErrnoOf(const Status& s) {
       return EEXIST;
     case Code::kBusy:
       return EBUSY;
+    case Code::kPermissionDenied:
+      return EACCES;
     case Code::kUnimplemented:
       return EROFS;  // see ReadOnlyError()
     case Code::kCorruption:

@@ -302,6 +302,35 @@ def read_tensors(path, ranges):
     return out
 
 
+def test_daemon_logs_read_failures_to_its_log_file(fs_store, ckpts, mount, tmp_path):
+    """A daemonized dtefs has no terminal: its messages go to CACHE_DIR/dtefs.log
+    (or --log-file), each read failure once, naming blob, version and file."""
+    dte = fs_store.copy_to(tmp_path / "bad")
+    blob = corrupt_largest_blob(dte.store)
+    m = mount(dte.store, foreground=False)
+    failures = 0
+    for _ in range(2):
+        for shard in shard_names(ckpts.state(0)):
+            try:
+                with open(os.path.join(m.path, "v00000000", shard), "rb") as f:
+                    f.read()
+            except OSError as e:
+                assert e.errno == errno.EIO
+                failures += 1
+    assert failures == 2  # one shard holds the corrupt blob, read twice
+    with open(os.path.join(m.cache, "dtefs.log")) as f:
+        log = f.read()
+    assert f"serving {dte.store} on {m.path}" in log, log
+    lines = [l for l in log.splitlines() if "failed" in l]
+    assert len(lines) == 1 and blob in lines[0] and "v00000000/" in lines[0], log
+
+    explicit = tmp_path / "explicit.log"
+    m2 = mount(dte.store, "--log-file", explicit, foreground=False)
+    assert os.path.ismount(m2.path)
+    assert f"serving {dte.store} on {m2.path}" in explicit.read_text()
+    assert not os.path.exists(os.path.join(m2.cache, "dtefs.log"))
+
+
 def test_corrupt_blob_is_eio_on_affected_reads_only(fs_store, ckpts, mount, tmp_path):
     dte = fs_store.copy_to(tmp_path / "bad")
     blob = corrupt_largest_blob(dte.store)

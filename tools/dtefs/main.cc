@@ -3,13 +3,13 @@
 //   dtefs STORE MOUNTPOINT [-f] [--cache-dir DIR] [--cache-size N] [--poll-ms N]
 //         [--snapshot-every N] [--snapshots N] [--readahead-kb N]
 //         [--endpoint URL] [--blob-cache-size N] [--blob-chunk-size N]
-//         [--prefetch latest] [-o opts]
+//         [--prefetch latest] [--log-file PATH] [-o opts]
 //
 // Also the program the fuse3 mount helper runs for `mount -t fuse.dtefs` and
 // fstab lines: `dtefs STORE MOUNTPOINT -o rw,allow_other,...`; there the
 // dtefs options can be given as cache_dir=DIR, cache_size=N, poll_ms=N,
 // snapshot_every=N, snapshots=N, readahead_kb=N, endpoint=URL,
-// blob_cache_size=N, blob_chunk_size=N, prefetch=latest.
+// blob_cache_size=N, blob_chunk_size=N, prefetch=latest, log_file=PATH.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -85,6 +85,8 @@ bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptio
         text->blob_chunk_size = *v;
       } else if (auto v = value(opt, "prefetch")) {
         text->prefetch = *v;
+      } else if (auto v = value(opt, "log_file")) {
+        o->log_file = *v;
       } else if (auto v = value(opt, "endpoint")) {
         text->endpoint = *v;
       } else if (auto v = value(opt, "poll_ms")) {
@@ -162,6 +164,9 @@ int main(int argc, char** argv) {
                  "(default 4MiB; a multiple of 64KiB)");
   app.add_option("--prefetch", text.prefetch,
                  "s3:// stores: \"latest\" pulls every new latest version into the blob cache");
+  app.add_option("--log-file", o.log_file,
+                 "Append messages here once mounted (default: stderr in the foreground, "
+                 "CACHE_DIR/dtefs.log for a daemon)");
   app.add_option("-o", opts, "Mount options, comma-separated (allow_other, ro, ...)");
   CLI11_PARSE(app, argc, argv);
   if (o.cache_dir.empty()) o.cache_dir = dte::DefaultCacheDir();
@@ -180,6 +185,7 @@ int main(int argc, char** argv) {
   o.store = Absolute(o.store);
   o.mountpoint = Absolute(o.mountpoint);
   o.cache_dir = Absolute(o.cache_dir);
+  o.log_file = Absolute(o.log_file);
   dte::Status s = dte::fs::Serve(o);
   if (!s.ok()) {
     std::cerr << s.message() << "\n";
