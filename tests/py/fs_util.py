@@ -50,6 +50,32 @@ def wait_for(predicate, timeout, what, interval=0.05):
         time.sleep(interval)
 
 
+def unmount_and_reap(path, proc):
+    """Unmounts the FUSE mount at `path` with `fusermount3 -u`, lazily if it must,
+    then reaps its foreground daemon `proc` (None: none), killing it after 15 s."""
+    if os.path.ismount(path):
+        r = subprocess.run(["fusermount3", "-u", path], capture_output=True, timeout=30)
+        if r.returncode != 0 and os.path.ismount(path):
+            subprocess.run(["umount", "-l", path], capture_output=True, timeout=30)
+    if proc is not None and proc.poll() is None:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=15)
+
+
+def register(mount):
+    """Adds a mount (anything with .path and .unmount()) to those `unmount_all`
+    removes; its unmount() takes it out again."""
+    _live.append(mount)
+
+
+def unregister(mount):
+    if mount in _live:
+        _live.remove(mount)
+
+
 class Mount:
     """One dtefs mount of `store` at `path`."""
 
@@ -67,7 +93,7 @@ class Mount:
 
     def start(self):
         os.makedirs(self.path, exist_ok=True)
-        _live.append(self)
+        register(self)
         if self.foreground:
             with open(self.stderr_path, "wb") as err:
                 self.proc = subprocess.Popen(self.argv() + ["-f"], env=self.env,
@@ -99,18 +125,8 @@ class Mount:
 
     def unmount(self):
         """Unmounts (lazily if it must) and reaps the daemon; safe to repeat."""
-        if os.path.ismount(self.path):
-            r = subprocess.run(["fusermount3", "-u", self.path], capture_output=True, timeout=30)
-            if r.returncode != 0 and os.path.ismount(self.path):
-                subprocess.run(["umount", "-l", self.path], capture_output=True, timeout=30)
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.send_signal(signal.SIGKILL)
-                self.proc.wait(timeout=15)
-        if self in _live:
-            _live.remove(self)
+        unmount_and_reap(self.path, self.proc)
+        unregister(self)
 
     def __enter__(self):
         return self.start()
@@ -128,7 +144,7 @@ class HelperMount:
         self.path = str(path)
 
     def register(self):
-        _live.append(self)
+        register(self)
         return self
 
     def unmount(self):
@@ -142,8 +158,7 @@ class HelperMount:
             for pid in dtefs_pids(self.path):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        if self in _live:
-            _live.remove(self)
+        unregister(self)
 
 
 def mounted(path):

@@ -28,6 +28,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fs_bench_util as fu  # noqa: E402
+from fs_bench_util import wait_for  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("DTE_BUILD_DIR", os.path.join(ROOT, "build"))
 DTECTL = os.path.join(BUILD, "tools", "dtectl")
@@ -39,14 +43,6 @@ BATCH = 16  # steps generated at a time (bounds the disk the plain checkpoints t
 
 def run(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            sys.exit(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def build_store(work, size, steps):
@@ -74,27 +70,18 @@ def build_store(work, size, steps):
     return store
 
 
-class Mount:
+class Mount(fu.FuseMount):
+    """dtefs in the foreground on `path`, stderr in PATH.log; a context manager."""
+
     def __init__(self, store, path, cache, args):
-        self.store, self.path, self.cache, self.args = store, path, cache, list(map(str, args))
-        self.proc = None
+        super().__init__("dtefs", [DTEFS, store, path, "--cache-dir", cache, "-f", *args], path,
+                         path + ".log")
 
     def __enter__(self):
-        os.makedirs(self.path, exist_ok=True)
-        self.log = open(self.path + ".log", "ab")
-        self.proc = subprocess.Popen([DTEFS, self.store, self.path, "--cache-dir", self.cache,
-                                      "-f", *self.args], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=self.log)
-        wait_for(lambda: os.path.ismount(self.path) or self.proc.poll() is not None, 30,
-                 "the mount")
-        if self.proc.poll() is not None:
-            sys.exit(f"dtefs exited {self.proc.returncode}; see {self.path}.log")
-        return self
+        return self.start()
 
     def __exit__(self, *exc):
-        subprocess.run(["fusermount3", "-u", self.path], capture_output=True, timeout=60)
-        self.proc.wait(timeout=60)
-        self.log.close()
+        self.unmount()
 
     def status(self):
         with open(os.path.join(self.path, ".dte", "status")) as f:

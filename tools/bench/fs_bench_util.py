@@ -1,8 +1,9 @@
 """Helpers for tools/bench/fs_bench.py: FUSE mounts that are never left behind,
 kernel readahead of a mount, cold page caches, quiet-machine waits, readers.
 
-Every FuseMount is registered while mounted; `unmount_all` (run at exit and
-on SIGTERM/SIGINT/SIGHUP through the caller's try/finally) unmounts with
+Every FuseMount is registered while mounted with the tests' mount helpers
+(tests/py/fs_util.py); their `unmount_all` (run at exit and on
+SIGTERM/SIGINT/SIGHUP through the caller's try/finally) unmounts with
 `fusermount3 -u`, falls back to a lazy `umount -l`, then reaps the daemon.
 Every wait has a deadline.
 """
@@ -11,27 +12,22 @@ import atexit
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "tests", "py"))
+from fs_util import register, unmount_all, unmount_and_reap, unregister, wait_for  # noqa: E402
+
 MOUNT_TIMEOUT = 20.0
 READ_CHUNK = 1 << 20  # every reader issues 1 MiB read(2) calls
-_live = []
-
-
-def wait_for(predicate, timeout, what, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 class FuseMount:
-    """A foreground FUSE daemon `argv` serving `path`; stderr goes to `log_path`."""
+    """A foreground FUSE daemon `argv` serving `path`; stderr goes to `log_path`.
+    Registered with the tests' mount helpers (tests/py/fs_util.py), so their
+    `unmount_all` removes it."""
 
     def __init__(self, name, argv, path, log_path):
         self.name, self.argv, self.path, self.log_path = name, list(map(str, argv)), path, log_path
@@ -41,7 +37,7 @@ class FuseMount:
         os.makedirs(self.path, exist_ok=True)
         if os.path.ismount(self.path):
             raise RuntimeError(f"{self.path} is already a mount point; unmount it first")
-        _live.append(self)
+        register(self)
         with open(self.log_path, "ab") as err:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=err)
@@ -58,28 +54,8 @@ class FuseMount:
 
     def unmount(self):
         """Unmounts (lazily if it must) and reaps the daemon; safe to repeat."""
-        if os.path.ismount(self.path):
-            r = subprocess.run(["fusermount3", "-u", self.path], capture_output=True, timeout=30)
-            if r.returncode != 0 and os.path.ismount(self.path):
-                subprocess.run(["umount", "-l", self.path], capture_output=True, timeout=30)
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.send_signal(signal.SIGKILL)
-                self.proc.wait(timeout=15)
-        if self in _live:
-            _live.remove(self)
-
-
-def unmount_all():
-    for m in list(_live):
-        try:
-            m.unmount()
-        except Exception:  # keep going: the others must be unmounted too
-            subprocess.run(["umount", "-l", m.path], capture_output=True, timeout=30)
-            if m in _live:
-                _live.remove(m)
+        unmount_and_reap(self.path, self.proc)
+        unregister(self)
 
 
 def _raise_interrupt(signum, frame):
