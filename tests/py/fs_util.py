@@ -189,13 +189,14 @@ def dtefs_pids(mountpoint):
 
 @contextlib.contextmanager
 def mounts(root):
-    """Yields start(store, *args, foreground=True) -> a started Mount under `root`;
-    on exit every mount started is unmounted, and none may be left."""
+    """Yields start(store, *args, foreground=True, cache=None) -> a started Mount
+    under `root` (cache: its --cache-dir, default a fresh one under `root`); on
+    exit every mount started is unmounted, and none may be left."""
     made = []
 
-    def start(store, *args, foreground=True):
+    def start(store, *args, foreground=True, cache=None):
         m = Mount(store, os.path.join(root, f"mnt{len(made)}"),
-                  os.path.join(root, f"fscache{len(made)}"), args, foreground)
+                  cache or os.path.join(root, f"fscache{len(made)}"), args, foreground)
         made.append(m)
         return m.start()
 

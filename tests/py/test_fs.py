@@ -25,7 +25,8 @@ from safetensors.torch import load_file as load_torch
 
 import ckpt_util
 from dtectl_util import Dtectl
-from fs_util import Mount, unmount_all, wait_for
+import fs_util
+from fs_util import wait_for
 
 STEPS = 3  # versions in the shared store
 
@@ -43,21 +44,8 @@ def fs_store(tmp_path_factory, ckpts):
 
 @pytest.fixture
 def mount(tmp_path):
-    """mount(store, *args, foreground=True): a started Mount, unmounted at teardown."""
-    made = []
-
-    def start(store, *args, foreground=True):
-        m = Mount(store, tmp_path / f"mnt{len(made)}", tmp_path / f"fscache{len(made)}", args,
-                  foreground)
-        made.append(m)
-        return m.start()
-
-    yield start
-    for m in made:
-        m.unmount()
-    unmount_all()
-    for m in made:
-        assert not os.path.ismount(m.path)
+    with fs_util.mounts(tmp_path) as start:
+        yield start
 
 
 def tensor_ranges(path):

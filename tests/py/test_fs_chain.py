@@ -14,7 +14,8 @@ import subprocess
 import pytest
 
 from dtectl_util import Dtectl
-from fs_util import BUILD_DIR, Mount, unmount_all, wait_for
+import fs_util
+from fs_util import BUILD_DIR, wait_for
 
 CHAIN = 40  # deltas after the anchor v0
 EXTRA = 4  # further steps generated for commits while mounted
@@ -46,19 +47,8 @@ def chain_store(tmp_path_factory, chain_ckpts):
 
 @pytest.fixture
 def mount(tmp_path):
-    """mount(store, *args, cache=None): a started Mount, unmounted at teardown."""
-    made = []
-
-    def start(store, *args, cache=None):
-        cache = cache or tmp_path / f"fscache{len(made)}"
-        m = Mount(store, tmp_path / f"mnt{len(made)}", cache, args)
-        made.append(m)
-        return m.start()
-
-    yield start
-    for m in made:
-        m.unmount()
-    unmount_all()
+    with fs_util.mounts(tmp_path) as start:
+        yield start
 
 
 def snapshot_dir(store, cache):
