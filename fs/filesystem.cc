@@ -229,6 +229,25 @@ Result<size_t> Filesystem::Read(const OpenFile& f, uint64_t offset, uint64_t len
   return static_cast<size_t>(len);
 }
 
+Status Filesystem::ReadPieces(const OpenFile& f, uint64_t offset, uint64_t len,
+                              std::vector<ReadPath::Piece>* out) {
+  reads_++;
+  len = ReadableBytes(f, offset, len);
+  if (len == 0) return Status::Ok();
+  if (!f.version) {
+    out->push_back({nullptr, f.snapshot.data() + offset, static_cast<size_t>(len)});
+    return Status::Ok();
+  }
+  Status s = reader_.ReadPieces(f.version, f.file_index, offset, len, out, &f.chain);
+  if (!s.ok()) {
+    read_errors_++;
+    RecordError(*f.version, f.file_index, s);
+    return s;
+  }
+  bytes_served_ += len;
+  return Status::Ok();
+}
+
 void Filesystem::RecordError(const Version& v, uint32_t file, const Status& s) {
   MutexLock lock(&mu_);
   if (!logged_.insert({v.manifest.version, file}).second) return;

@@ -103,6 +103,10 @@ class Filesystem {
   // The same into dst, which has room for `len` bytes; returns the count
   // written. The FUSE read handler uses this with one buffer per thread.
   Result<size_t> Read(const OpenFile& f, uint64_t offset, uint64_t len, char* dst) EXCLUDES(mu_);
+  // The same as pieces of cached blocks appended to *out (ReadPath::ReadPieces),
+  // with no copy: the FUSE read handler replies with them.
+  Status ReadPieces(const OpenFile& f, uint64_t offset, uint64_t len,
+                    std::vector<ReadPath::Piece>* out) EXCLUDES(mu_);
 
   std::string StatusJson() EXCLUDES(mu_);
 

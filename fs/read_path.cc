@@ -96,8 +96,9 @@ Result<BlockCache::Value> ReadPath::Block(const std::shared_ptr<const Version>& 
   });
 }
 
-Status ReadPath::ReadData(const std::shared_ptr<const Version>& v, const FileEntry& file,
-                          uint64_t offset, uint64_t len, uint8_t* dst, const VersionChain* chain) {
+Status ReadPath::VisitData(const std::shared_ptr<const Version>& v, const FileEntry& file,
+                           uint64_t offset, uint64_t len, const VersionChain* chain,
+                           const PieceSink& take) {
   const uint64_t bb = v->manifest.block_bytes;
   const uint64_t stop = offset + len;
   // First tensor ending after offset (tensors are sorted and contiguous).
@@ -110,14 +111,15 @@ Status ReadPath::ReadData(const std::shared_ptr<const Version>& v, const FileEnt
     for (uint64_t b = from / bb; b * bb < to; ++b) {
       ASSIGN_OR_RETURN(BlockCache::Value block, Block(v, file, t, static_cast<uint32_t>(b), chain));
       const uint64_t lo = std::max(from, b * bb), hi = std::min(to, b * bb + block->size());
-      std::memcpy(dst + (t.begin + lo - offset), block->data() + (lo - b * bb), hi - lo);
+      take(block, block->data() + (lo - b * bb), hi - lo);
     }
   }
   return Status::Ok();
 }
 
-Status ReadPath::Read(const std::shared_ptr<const Version>& v, uint32_t file_index, uint64_t offset,
-                      uint64_t len, uint8_t* dst, const VersionChain* chain) {
+Status ReadPath::Visit(const std::shared_ptr<const Version>& v, uint32_t file_index,
+                       uint64_t offset, uint64_t len, const VersionChain* chain,
+                       const PieceSink& take) {
   const FileEntry& f = v->manifest.files[file_index];
   if (offset > f.size || len > f.size - offset) {
     return InvalidArgument(VersionName(v->manifest.version) + "/" + f.name +
@@ -128,13 +130,30 @@ Status ReadPath::Read(const std::shared_ptr<const Version>& v, uint32_t file_ind
   if (offset < whole) {
     ASSIGN_OR_RETURN(BlockCache::Value blob, WholeBlob(v, file_index));
     const uint64_t n = std::min(len, whole - offset);
-    std::memcpy(dst, blob->data() + offset, n);
+    take(blob, blob->data() + offset, n);
     offset += n;
     len -= n;
-    dst += n;
   }
   if (len == 0) return Status::Ok();
-  return ReadData(v, f, offset - f.header_size, len, dst, chain);
+  return VisitData(v, f, offset - f.header_size, len, chain, take);
+}
+
+Status ReadPath::Read(const std::shared_ptr<const Version>& v, uint32_t file_index, uint64_t offset,
+                      uint64_t len, uint8_t* dst, const VersionChain* chain) {
+  return Visit(v, file_index, offset, len, chain,
+               [&dst](const BlockCache::Value&, const char* data, size_t n) {
+                 std::memcpy(dst, data, n);
+                 dst += n;
+               });
+}
+
+Status ReadPath::ReadPieces(const std::shared_ptr<const Version>& v, uint32_t file_index,
+                            uint64_t offset, uint64_t len, std::vector<Piece>* out,
+                            const VersionChain* chain) {
+  return Visit(v, file_index, offset, len, chain,
+               [out](const BlockCache::Value& hold, const char* data, size_t n) {
+                 out->push_back(Piece{hold, data, n});
+               });
 }
 
 }  // namespace dte::fs

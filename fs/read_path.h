@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "fs/block_cache.h"
 #include "store/materialize.h"
@@ -33,6 +35,19 @@ class ReadPath {
   Status Read(const std::shared_ptr<const Version>& v, uint32_t file_index, uint64_t offset,
               uint64_t len, uint8_t* dst, const VersionChain* chain = nullptr);
 
+  // One piece of a read: `size` bytes at `data`, kept alive by `hold` (null
+  // for bytes the caller owns).
+  struct Piece {
+    BlockCache::Value hold;
+    const char* data = nullptr;
+    size_t size = 0;
+  };
+  // The same range as Read, appended to *out as pieces of cached blocks and
+  // blobs in file order, without copying them (the FUSE adapter replies with
+  // them as they are). Errors as Read; *out is then unspecified.
+  Status ReadPieces(const std::shared_ptr<const Version>& v, uint32_t file_index, uint64_t offset,
+                    uint64_t len, std::vector<Piece>* out, const VersionChain* chain = nullptr);
+
   VersionChain ChainOf(const std::shared_ptr<const Version>& v) { return materializer_.ChainOf(v); }
 
   // Blocks are looked up in `base` during chain walks (Materializer::SetBase).
@@ -46,8 +61,12 @@ class ReadPath {
   Result<BlockCache::Value> Block(const std::shared_ptr<const Version>& v, const FileEntry& file,
                                   const TensorEntry& tensor, uint32_t block,
                                   const VersionChain* chain);
-  Status ReadData(const std::shared_ptr<const Version>& v, const FileEntry& file, uint64_t offset,
-                  uint64_t len, uint8_t* dst, const VersionChain* chain);
+  // Calls `take` with each piece of [offset, offset + len) in file order.
+  using PieceSink = std::function<void(const BlockCache::Value&, const char*, size_t)>;
+  Status Visit(const std::shared_ptr<const Version>& v, uint32_t file_index, uint64_t offset,
+               uint64_t len, const VersionChain* chain, const PieceSink& take);
+  Status VisitData(const std::shared_ptr<const Version>& v, const FileEntry& file, uint64_t offset,
+                   uint64_t len, const VersionChain* chain, const PieceSink& take);
 
   Store* const store_;
   Materializer materializer_;

@@ -1,10 +1,12 @@
 #include "fs/internal/fuse_ops.h"
 
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +23,8 @@ constexpr double kVersionDirEntryTimeout = 1.0;
 
 // Largest read request; EffectiveMountOptions() passes the same as -o max_read.
 constexpr unsigned kMaxRead = 1 << 20;
+// Pieces one read reply may have (the kernel takes up to 1024 iovecs).
+constexpr size_t kMaxReplyPieces = 64;
 
 Filesystem* Fs(fuse_req_t req) {
   auto* state = static_cast<MountState*>(fuse_req_userdata(req));
@@ -138,13 +142,35 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 
 void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
   const auto& f = *reinterpret_cast<const OpenFile*>(fi->fh);
-  // One reply buffer per FUSE worker thread, allocated once: a fresh 1 MiB
-  // buffer per request costs a zero-fill and page faults on every read.
-  thread_local std::unique_ptr<char[]> buffer(new char[kMaxRead]);
-  Result<size_t> n =
-      Fs(req)->Read(f, static_cast<uint64_t>(off), std::min<size_t>(size, kMaxRead), buffer.get());
-  if (!n.ok()) return (void)fuse_reply_err(req, ReadErrnoOf(n.status()));
-  fuse_reply_buf(req, buffer.get(), *n);
+  size = std::min<size_t>(size, kMaxRead);
+  // The reply points at the cached blocks themselves (held until the reply
+  // is written), so the bytes are copied once, by the kernel. A read cut
+  // into more pieces than is worth a vector (many tiny tensors) is copied
+  // into one buffer per FUSE worker thread instead.
+  thread_local std::vector<ReadPath::Piece> pieces;
+  thread_local std::vector<iovec> iov;
+  pieces.clear();
+  Status s = Fs(req)->ReadPieces(f, static_cast<uint64_t>(off), size, &pieces);
+  if (!s.ok()) {
+    pieces.clear();
+    return (void)fuse_reply_err(req, ReadErrnoOf(s));
+  }
+  if (pieces.empty()) {
+    fuse_reply_buf(req, nullptr, 0);  // at or past the end of the file
+  } else if (pieces.size() <= kMaxReplyPieces) {
+    iov.clear();
+    for (const ReadPath::Piece& p : pieces) iov.push_back({const_cast<char*>(p.data), p.size});
+    fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
+  } else {
+    thread_local std::unique_ptr<char[]> buffer(new char[kMaxRead]);
+    size_t n = 0;
+    for (const ReadPath::Piece& p : pieces) {
+      std::memcpy(buffer.get() + n, p.data, p.size);
+      n += p.size;
+    }
+    fuse_reply_buf(req, buffer.get(), n);
+  }
+  pieces.clear();  // releases the blocks
 }
 
 void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {

@@ -81,6 +81,20 @@ class ReadPathTest : public ::testing::Test {
     ASSERT_TRUE(got.ok()) << got.status().message();
     EXPECT_TRUE(*got == want.substr(off, len))
         << VersionName(v) << "/" << name << " range " << off << "+" << len;
+    // The same range as pieces: in order, none empty, together the same bytes
+    // (read after all of them were taken, so a piece evicted meanwhile must
+    // still be held).
+    std::vector<ReadPath::Piece> pieces;
+    Status s = rp.ReadPieces(versions_[v], FileIndex(*versions_[v], name), off, len, &pieces);
+    ASSERT_TRUE(s.ok()) << s.message();
+    std::string joined;
+    for (const ReadPath::Piece& p : pieces) {
+      EXPECT_GT(p.size, 0u);
+      EXPECT_NE(p.hold, nullptr);
+      joined.append(p.data, p.size);
+    }
+    EXPECT_TRUE(joined == want.substr(off, len))
+        << "pieces of " << VersionName(v) << "/" << name << " range " << off << "+" << len;
   }
 
   // The path of the blob holding block `block` of tensor `tensor` of version
