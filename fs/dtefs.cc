@@ -294,7 +294,14 @@ void RedirectLog(const MountOptions& o, const std::string& mountpoint) {
 }  // namespace
 
 std::vector<std::string> EffectiveMountOptions(const MountOptions& options) {
-  std::vector<std::string> out = {"ro", "fsname=dtefs", "subtype=dtefs", "max_read=1048576"};
+  // The store is the mount's source (findmnt, /proc/mounts); libfuse splits
+  // options at commas, so those and backslashes are escaped.
+  std::string fsname = "fsname=";
+  for (char c : options.store.empty() ? std::string("dtefs") : options.store) {
+    if (c == ',' || c == '\\') fsname += '\\';
+    fsname += c;
+  }
+  std::vector<std::string> out = {"ro", fsname, "subtype=dtefs", "max_read=1048576"};
   for (const std::string& o : options.fuse_options) {
     if (!o.empty() && !IgnoredMountOption(o)) out.push_back(o);
   }

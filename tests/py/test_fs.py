@@ -393,6 +393,17 @@ def test_sigterm_unmounts_cleanly(fs_store, mount):
     assert not os.path.ismount(m.path)
 
 
+def test_mount_source_is_the_store(fs_store, mount, tmp_path):
+    """findmnt / /proc/mounts name the store as the mount's source, also when its
+    path holds a comma (which libfuse's option parser would split at)."""
+    dte = fs_store.copy_to(tmp_path / "a,b")
+    m = mount(dte.store)
+    r = subprocess.run(["findmnt", "-n", "-o", "SOURCE,FSTYPE", m.path], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(dte.store), "fuse.dtefs"], r.stdout
+
+
 def test_mount_helper_option_form(fs_store, ckpts, mount):
     m = mount(fs_store.store, "-o", "rw,allow_other,dev,suid,default_permissions,poll_ms=200",
               "-o", "cache_size=64MiB", foreground=False)
