@@ -30,13 +30,10 @@ std::vector<TestTensor> Model() {
           test::Bf16Tensor("c.head", {300, 1000}, 3)};
 }
 
-// One optimizer-like step touching every block of every tensor.
+// One optimizer-like step touching every block of every tensor, so every
+// record of a delta is sparse.
 std::vector<TestTensor> Step(std::vector<TestTensor> tensors, uint64_t seed) {
-  for (auto& t : tensors) {
-    uint64_t blocks = (t.data.size() + kBB - 1) / kBB;
-    test::PerturbElements(&t.data, 2, std::min<uint64_t>(t.elements(), 300 * blocks), seed++);
-  }
-  return tensors;
+  return test::PerturbEveryBlock(std::move(tensors), kBB, 300, seed);
 }
 
 // Store with an anchor v0 and sparse deltas v1..v3 in which every block is a

@@ -87,6 +87,15 @@ std::vector<uint64_t> PerturbElements(std::string* data, int width, uint64_t cou
   return {picked.begin(), picked.end()};
 }
 
+std::vector<TestTensor> PerturbEveryBlock(std::vector<TestTensor> tensors, uint64_t block_bytes,
+                                          uint64_t per_block, uint64_t seed) {
+  for (auto& t : tensors) {
+    const uint64_t blocks = (t.data.size() + block_bytes - 1) / block_bytes;
+    PerturbElements(&t.data, 2, std::min<uint64_t>(t.elements(), per_block * blocks), seed++);
+  }
+  return tensors;
+}
+
 uint64_t CountDifferingElements(std::string_view a, std::string_view b, int width) {
   uint64_t n = 0;
   for (size_t i = 0; i + static_cast<size_t>(width) <= a.size(); i += static_cast<size_t>(width)) {

@@ -72,6 +72,12 @@ TestTensor Bf16Tensor(const std::string& name, std::vector<int64_t> shape, uint6
 // sorted. `count` must not exceed the element count.
 std::vector<uint64_t> PerturbElements(std::string* data, int width, uint64_t count, uint64_t seed);
 
+// One optimizer-like step of 2-byte tensors: PerturbElements on each tensor,
+// `per_block` elements for every `block_bytes` of it (at most all of them),
+// tensor i with seed `seed` + i. With enough per block, every block changes.
+std::vector<TestTensor> PerturbEveryBlock(std::vector<TestTensor> tensors, uint64_t block_bytes,
+                                          uint64_t per_block, uint64_t seed);
+
 // The number of `width`-byte elements whose bits differ between a and b
 // (same length). The reference for changed-element statistics.
 uint64_t CountDifferingElements(std::string_view a, std::string_view b, int width);
