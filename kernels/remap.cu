@@ -1,6 +1,8 @@
-// CUDA index remapping (compaction over CUB) over the shared element math.
+// CUDA index remapping (compaction over CUB) and fused remap + scatter (a
+// grid-stride launch) over the shared element math.
 #include "kernels/cuda.h"
 #include "kernels/internal/cuda_util.cuh"
+#include "kernels/remap_cuda.h"
 #include "kernels/remap_math.h"
 
 namespace dte::kernels {
@@ -26,7 +28,46 @@ struct WriteRemapped {
   }
 };
 
+// One thread per changed element: remap, then copy the element if it lies in
+// the box (kernels/remap_math.h, shared with the CPU backend).
+template <int W>
+struct RemapScatterOp {
+  RemapPlan plan;
+  const uint64_t* src;
+  const unsigned char* vals;
+  unsigned char* dst;
+  __device__ void operator()(uint64_t k) const {
+    RemapScatterElement<W>(plan, src[k], vals + k * W, dst);
+  }
+};
+
+template <int W>
+CudaStatus LaunchRemapScatter(const RemapPlan& plan, const uint64_t* d_src_idx, const void* d_vals,
+                              size_t n, void* d_dst, void* stream) {
+  const RemapScatterOp<W> op{plan, d_src_idx, static_cast<const unsigned char*>(d_vals),
+                             static_cast<unsigned char*>(d_dst)};
+  return cuda_internal::FromCuda(
+      cuda_internal::LaunchForEachIndex(n, cuda_internal::AsStream(stream), op),
+      "CUDA remap scatter");
+}
+
 }  // namespace
+
+CudaStatus CudaRemapScatter(const RemapPlan& plan, const uint64_t* d_src_idx, const void* d_vals,
+                            size_t n, int width, void* d_dst, void* stream) {
+  switch (width) {
+    case 1:
+      return LaunchRemapScatter<1>(plan, d_src_idx, d_vals, n, d_dst, stream);
+    case 2:
+      return LaunchRemapScatter<2>(plan, d_src_idx, d_vals, n, d_dst, stream);
+    case 4:
+      return LaunchRemapScatter<4>(plan, d_src_idx, d_vals, n, d_dst, stream);
+    case 8:
+      return LaunchRemapScatter<8>(plan, d_src_idx, d_vals, n, d_dst, stream);
+    default:
+      return cuda_internal::BadArgument("CUDA remap scatter", "width must be 1, 2, 4 or 8");
+  }
+}
 
 CudaStatus CudaRemapWorkspaceBytes(size_t n, size_t* bytes) {
   *bytes = 0;

@@ -4,7 +4,9 @@
 // receiver may hold a different tensor (a TP shard, a fused qkv or gate_up
 // buffer) that overlaps it in a hyperrectangle. RemapIndices keeps the changed
 // elements inside the overlap and turns their indices into the receiver's
-// flat indices. The element math is in kernels/remap_math.h.
+// flat indices; RemapScatter does that and writes the elements' values into
+// the receiver's tensor in one pass. The element math is in
+// kernels/remap_math.h.
 //
 // Thread-safety: pure functions over caller-owned buffers.
 #pragma once
@@ -40,5 +42,17 @@ std::string MakeRemapPlan(const RemapSpec& spec, RemapPlan* plan);
 // Outputs need room for n entries in the worst case.
 size_t RemapIndices(const RemapPlan& plan, const uint64_t* src_idx, size_t n, uint64_t* dst_idx_out,
                     uint64_t* pos_out);
+
+// Fused remap + scatter: for each k in [0, n) whose src_idx[k] lies in the
+// box, copies the k-th element (width bytes: 1, 2, 4 or 8; any other width
+// is a caller bug treated as 8, as in change_detect.h) of vals to its
+// destination index in dst. Returns the number of elements written. The
+// src_idx must be distinct (any order); every destination index is then
+// written at most once, so the work runs in parallel. dst must hold the
+// whole destination tensor of the plan.
+size_t RemapScatter(const RemapPlan& plan, const uint64_t* src_idx, const void* vals, size_t n,
+                    int width, void* dst);
+size_t RemapScatter(const RemapPlan& plan, const uint32_t* src_idx, const void* vals, size_t n,
+                    int width, void* dst);
 
 }  // namespace dte::kernels

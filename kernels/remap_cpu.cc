@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/internal/change_scan.h"
 #include "kernels/internal/compact.h"
 #include "kernels/remap.h"
 
@@ -109,6 +110,37 @@ size_t RemapIndices(const RemapPlan& plan, const uint64_t* src_idx, size_t n, ui
     if (pos_out != nullptr) std::memmove(pos_out + to, pos_out + from, count * sizeof(uint64_t));
   };
   return internal::ParallelCompact(static_cast<size_t>(end - begin), run, move);
+}
+
+namespace {
+
+template <typename Index>
+size_t RemapScatterImpl(const RemapPlan& plan, const Index* src_idx, const void* vals, size_t n,
+                        int width, void* dst) {
+  const auto* v = static_cast<const unsigned char*>(vals);
+  auto* d = static_cast<unsigned char*>(dst);
+  return internal::DispatchWidth(width, [&](auto w) {
+    constexpr int W = w.value;
+    return internal::ParallelCount(n, [&](size_t begin, size_t end) {
+      size_t written = 0;
+      for (size_t k = begin; k < end; ++k) {
+        written += RemapScatterElement<W>(plan, src_idx[k], v + k * W, d) ? 1 : 0;
+      }
+      return written;
+    });
+  });
+}
+
+}  // namespace
+
+size_t RemapScatter(const RemapPlan& plan, const uint64_t* src_idx, const void* vals, size_t n,
+                    int width, void* dst) {
+  return RemapScatterImpl(plan, src_idx, vals, n, width, dst);
+}
+
+size_t RemapScatter(const RemapPlan& plan, const uint32_t* src_idx, const void* vals, size_t n,
+                    int width, void* dst) {
+  return RemapScatterImpl(plan, src_idx, vals, n, width, dst);
 }
 
 }  // namespace dte::kernels

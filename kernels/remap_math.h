@@ -74,4 +74,17 @@ DTE_HD bool RemapElement(const RemapPlan& p, uint64_t src, uint64_t* dst) {
   return true;
 }
 
+// Fused remap + scatter of one element of W bytes: if src lies in the box,
+// copies the element at val to its destination slot in dst and returns true.
+// Byte-wise copies assume no alignment of either buffer.
+template <int W>
+DTE_HD bool RemapScatterElement(const RemapPlan& p, uint64_t src, const unsigned char* val,
+                                unsigned char* dst) {
+  uint64_t d;
+  if (!RemapElement(p, src, &d)) return false;
+  unsigned char* out = dst + d * W;
+  for (int b = 0; b < W; ++b) out[b] = val[b];
+  return true;
+}
+
 }  // namespace dte::kernels

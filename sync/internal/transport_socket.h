@@ -1,0 +1,59 @@
+// Socket and rendezvous helpers of the TCP transport (sync/transport.h).
+// Every blocking step takes a Deadline and polls, so nothing waits past it.
+//
+// Thread-safety: pure functions over caller-owned descriptors.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "store/posix_file.h"
+#include "store/status.h"
+
+namespace dte::transport_internal {
+
+class Deadline {
+ public:
+  explicit Deadline(std::chrono::milliseconds timeout)
+      : end_(std::chrono::steady_clock::now() + timeout) {}
+  // Milliseconds left, rounded up, >= 0: a poll(2) timeout.
+  int RemainingMs() const;
+  bool Expired() const { return std::chrono::steady_clock::now() >= end_; }
+
+ private:
+  std::chrono::steady_clock::time_point end_;
+};
+
+// Writes `content` to dir/name atomically (a temp file renamed into place),
+// so readers never see a partial file.
+Status PublishFile(const std::string& dir, const std::string& name, const std::string& content);
+
+// Waits until dir/name exists and returns its content; on the deadline fails
+// with IOError "timed out ... waiting for <who>".
+Result<std::string> WaitForFile(const std::string& dir, const std::string& name,
+                                const Deadline& deadline, const std::string& who);
+
+// A listening IPv4 loopback socket on an ephemeral port, stored to *port.
+Result<ScopedFd> ListenLoopback(int backlog, int* port);
+
+// A connected, non-blocking socket to 127.0.0.1:port (TCP_NODELAY).
+Result<ScopedFd> ConnectLoopback(int port, const Deadline& deadline, const std::string& who);
+
+// Accepts one connection on a listening socket, or fails on the deadline.
+Result<ScopedFd> AcceptOne(int listen_fd, const Deadline& deadline, const std::string& waiting_for);
+
+// Makes fd non-blocking with TCP_NODELAY.
+Status PrepareStream(int fd);
+
+// Blocking-style full transfers over a non-blocking socket, bounded by the
+// deadline; `who` names the peer in errors ("rank 3").
+Status SendAll(int fd, const void* data, size_t len, const Deadline& deadline,
+               const std::string& who);
+Status RecvAll(int fd, void* data, size_t len, const Deadline& deadline, const std::string& who);
+
+void PutU64(uint8_t* p, uint64_t v);  // little-endian
+uint64_t GetU64(const uint8_t* p);
+
+}  // namespace dte::transport_internal
