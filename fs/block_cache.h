@@ -14,7 +14,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <future>
 #include <list>
@@ -28,30 +27,33 @@
 
 namespace dte::fs {
 
-// Revisions of a version (gc rebases) have the same content, but a load of
-// one can fail where the other's succeeds (its blobs are gone), so loads
-// and entries are per revision; DropVersion drops every revision.
-// An immutable byte string whose storage is allocated without being
-// zero-filled first: a block is written once by its loader (decoding costs
-// enough without a memset of every block before it).
+// An immutable byte string: either storage allocated without being
+// zero-filled (a block is written once by its loader, and decoding costs
+// enough without a memset first) or a string it adopts without a copy.
 class Bytes {
  public:
-  explicit Bytes(size_t size) : data_(new char[size]), size_(size) {}  // uninitialized
-  explicit Bytes(std::string_view s) : Bytes(s.size()) {
-    if (!s.empty()) std::memcpy(data_.get(), s.data(), s.size());
-  }
-  char* mutable_data() { return data_.get(); }
-  const char* data() const { return data_.get(); }
+  explicit Bytes(size_t size) : buffer_(new char[size]), data_(buffer_.get()), size_(size) {}
+  explicit Bytes(std::string&& s)
+      : owned_(std::move(s)), data_(owned_.data()), size_(owned_.size()) {}
+  Bytes(const Bytes&) = delete;
+  Bytes& operator=(const Bytes&) = delete;
+  char* mutable_data() { return data_; }
+  const char* data() const { return data_; }
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  std::string_view view() const { return {data_.get(), size_}; }
+  std::string_view view() const { return {data_, size_}; }
   friend bool operator==(const Bytes& a, std::string_view b) { return a.view() == b; }
 
  private:
-  std::unique_ptr<char[]> data_;
+  std::unique_ptr<char[]> buffer_;
+  std::string owned_;
+  char* data_;
   size_t size_;
 };
 
+// Revisions of a version (gc rebases) have the same content, but a load of
+// one can fail where the other's succeeds (its blobs are gone), so loads
+// and entries are per revision; DropVersion drops every revision.
 struct CacheKey {
   uint64_t version = 0;
   uint64_t slot = 0;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,12 +13,12 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <iostream>
 #include <memory>
 #include <thread>
 
 #include "fs/filesystem.h"
 #include "fs/internal/fuse_ops.h"
+#include "fs/log.h"
 #include "fs/prefetcher.h"
 #include "fs/readahead.h"
 #include "fs/snapshotter.h"
@@ -96,16 +97,16 @@ class Session {
 void SetMountReadahead(Filesystem* fs, const std::string& mountpoint, uint32_t kb) {
   auto bdi = MountBdi(mountpoint);
   if (!bdi.ok()) {
-    std::cerr << "dtefs: cannot find the readahead setting of " << mountpoint << ": "
-              << bdi.status().message() << std::endl;
+    LogLine("dtefs: cannot find the readahead setting of " + mountpoint + ": " +
+            bdi.status().message());
     return;
   }
   fs->SetReadaheadBdi(*bdi);
   if (kb == 0) return;
   Status s = WriteReadaheadKb(*bdi, kb);
   if (!s.ok()) {
-    std::cerr << "dtefs: cannot set the readahead of " << mountpoint << " to " << kb << " KiB ("
-              << s.message() << "); the kernel's window stays" << std::endl;
+    LogLine("dtefs: cannot set the readahead of " + mountpoint + " to " + std::to_string(kb) +
+            " KiB (" + s.message() + "); the kernel's window stays");
   }
 }
 
@@ -228,12 +229,13 @@ std::unique_ptr<Prefetcher> StartPrefetcher(const MountOptions& o, MountState* s
   const bool remote = o.store.starts_with("s3://");
   if (remote && !state->store->blob_cache()) {
     const char* why = o.blob_cache_bytes == 0 ? "--blob-cache-size 0" : "no usable cache index";
-    std::cerr << "dtefs: running without a blob cache (" << why << "): every read goes to the store"
-              << (o.prefetch_latest ? ", and nothing is prefetched" : "") << std::endl;
+    LogLine(std::string("dtefs: running without a blob cache (") + why +
+            "): every read goes to the store" +
+            (o.prefetch_latest ? ", and nothing is prefetched" : ""));
   }
   if (!o.prefetch_latest) return nullptr;
   if (!remote) {
-    std::cerr << "dtefs: --prefetch applies to s3:// stores only; ignored" << std::endl;
+    LogLine("dtefs: --prefetch applies to s3:// stores only; ignored");
     return nullptr;
   }
   if (!state->store->blob_cache()) return nullptr;
@@ -249,7 +251,7 @@ std::unique_ptr<SnapshotSet> OpenSnapshots(const MountOptions& o, const Store& s
   if (o.snapshot_every == 0 || o.max_snapshots == 0 || store.CachePath().empty()) return nullptr;
   auto set = SnapshotSet::Open(store.CachePath() + "/snapshots");
   if (!set.ok()) {
-    std::cerr << "dtefs: running without snapshots: " << set.status().message() << std::endl;
+    LogLine("dtefs: running without snapshots: " + set.status().message());
     return nullptr;
   }
   return std::move(set).value();
@@ -264,31 +266,48 @@ std::string CanonicalMountpoint(const std::string& path) {
   return ec ? path : canonical.string();
 }
 
-// Sends stderr (every message dtefs logs) to the log file: o.log_file, or
-// for a daemon <cache_dir>/dtefs.log. A log that cannot be opened leaves
-// stderr as it is (a daemon's is /dev/null by then).
-void RedirectLog(const MountOptions& o, const std::string& mountpoint) {
+// The log file dtefs appends its messages to once mounted: o.log_file, or
+// for a daemon (whose stderr is /dev/null) <cache_dir>/dtefs.log; -1 for
+// none (stderr stays). Opened before mounting, so a path under the mount
+// point does not send a request to this very daemon, and an explicit
+// --log-file that cannot be opened is an error the caller sees. Never
+// follows a symlink, and only a regular file this user owns is used: the
+// default cache directory may be a predictable one under /tmp.
+Result<int> OpenLog(const MountOptions& o) {
   std::string path = o.log_file;
   if (path.empty() && !o.foreground && !o.cache_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(o.cache_dir, ec);  // else open says why
     path = o.cache_dir + "/dtefs.log";
   }
-  if (path.empty()) return;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    std::cerr << "dtefs: cannot open log file " << path << ": " << std::strerror(errno)
-              << std::endl;
-    return;
+  if (path.empty()) return -1;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
+  std::string why = fd < 0 ? std::strerror(errno) : "";
+  struct stat st {};
+  if (fd >= 0 && (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())) {
+    ::close(fd);
+    why = "not a regular file of this user";
+  } else if (fd >= 0) {
+    return fd;
   }
+  const std::string message = "dtefs: cannot open log file " + path + ": " + why;
+  if (!o.log_file.empty()) return InvalidArgument(message);
+  LogLine(message + " (the daemon will log nowhere)");
+  return -1;
+}
+
+// Sends stderr to the log file opened by OpenLog (if any; closes it) and
+// starts it with the time, pid, store and mount point.
+void AdoptLog(int fd, const MountOptions& o, const std::string& mountpoint) {
+  if (fd < 0) return;
   ::dup2(fd, STDERR_FILENO);
   ::close(fd);
   char when[32] = "";
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
   if (::gmtime_r(&now, &tm)) std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  std::cerr << "dtefs: " << when << " pid " << ::getpid() << " serving " << o.store << " on "
-            << mountpoint << std::endl;
+  LogLine("dtefs: " + std::string(when) + " pid " + std::to_string(::getpid()) + " serving " +
+          o.store + " on " + mountpoint);
 }
 
 }  // namespace
@@ -319,9 +338,16 @@ Status Serve(const MountOptions& o) {
   Session session;
   MountState state;  // requests only reach it once the loop runs
   state.readahead_kb = o.readahead_kb;
-  RETURN_IF_ERROR(session.Mount(o, &state));
-  if (fuse_daemonize(o.foreground ? 1 : 0) != 0) return Internal("dtefs: cannot daemonize");
-  RedirectLog(o, mountpoint);
+  ASSIGN_OR_RETURN(const int log_fd, OpenLog(o));
+  if (Status m = session.Mount(o, &state); !m.ok()) {
+    if (log_fd >= 0) ::close(log_fd);
+    return m;
+  }
+  if (fuse_daemonize(o.foreground ? 1 : 0) != 0) {
+    if (log_fd >= 0) ::close(log_fd);
+    return Internal("dtefs: cannot daemonize");
+  }
+  AdoptLog(log_fd, o, mountpoint);
   Status s;
   {
     ShutdownSignalsBlocked blocked;  // a signal now stays pending until Release()

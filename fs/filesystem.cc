@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <iostream>
+#include <string>
+
+#include "fs/log.h"
 
 namespace dte::fs {
 namespace {
@@ -211,22 +213,14 @@ uint64_t Filesystem::ReadableBytes(const OpenFile& f, uint64_t offset, uint64_t 
 }
 
 Result<size_t> Filesystem::Read(const OpenFile& f, uint64_t offset, uint64_t len, char* dst) {
-  reads_++;
-  len = ReadableBytes(f, offset, len);
-  if (len == 0) return size_t{0};
-  if (!f.version) {
-    std::memcpy(dst, f.snapshot.data() + offset, len);
-    return static_cast<size_t>(len);
+  std::vector<ReadPath::Piece> pieces;
+  RETURN_IF_ERROR(ReadPieces(f, offset, len, &pieces));
+  size_t n = 0;
+  for (const ReadPath::Piece& p : pieces) {
+    std::memcpy(dst + n, p.data, p.size);
+    n += p.size;
   }
-  Status s =
-      reader_.Read(f.version, f.file_index, offset, len, reinterpret_cast<uint8_t*>(dst), &f.chain);
-  if (!s.ok()) {
-    read_errors_++;
-    RecordError(*f.version, f.file_index, s);
-    return s;
-  }
-  bytes_served_ += len;
-  return static_cast<size_t>(len);
+  return n;
 }
 
 Status Filesystem::ReadPieces(const OpenFile& f, uint64_t offset, uint64_t len,
@@ -252,8 +246,8 @@ void Filesystem::RecordError(const Version& v, uint32_t file, const Status& s) {
   MutexLock lock(&mu_);
   if (!logged_.insert({v.manifest.version, file}).second) return;
   // The message names the blob, version, file and tensor (Materializer's contract).
-  std::cerr << "dtefs: read of " << VersionName(v.manifest.version) << "/"
-            << v.manifest.files[file].name << " failed: " << s.message() << std::endl;
+  LogLine("dtefs: read of " + VersionName(v.manifest.version) + "/" + v.manifest.files[file].name +
+          " failed: " + s.message());
   PushErrorLocked(s.message());
 }
 
@@ -264,7 +258,7 @@ void Filesystem::PushErrorLocked(const std::string& message) {
 
 void Filesystem::ReportError(const std::string& message) {
   MutexLock lock(&mu_);
-  std::cerr << "dtefs: " << message << std::endl;
+  LogLine("dtefs: " + message);
   PushErrorLocked(message);
 }
 

@@ -101,10 +101,11 @@ class Filesystem {
   // Up to `len` bytes at `offset` into *out (short or empty at end of file).
   Status Read(const OpenFile& f, uint64_t offset, uint64_t len, std::string* out) EXCLUDES(mu_);
   // The same into dst, which has room for `len` bytes; returns the count
-  // written. The FUSE read handler uses this with one buffer per thread.
+  // written.
   Result<size_t> Read(const OpenFile& f, uint64_t offset, uint64_t len, char* dst) EXCLUDES(mu_);
   // The same as pieces of cached blocks appended to *out (ReadPath::ReadPieces),
-  // with no copy: the FUSE read handler replies with them.
+  // with no copy: the FUSE read handler replies with them. The Read
+  // overloads copy these pieces, so every read takes this path.
   Status ReadPieces(const OpenFile& f, uint64_t offset, uint64_t len,
                     std::vector<ReadPath::Piece>* out) EXCLUDES(mu_);
 

@@ -71,7 +71,7 @@ Result<BlockCache::Value> ReadPath::WholeBlob(const std::shared_ptr<const Versio
       return Status(s.code(), s.message() + " [blob: " +
                                   BlobKey(f.safetensors ? f.header_blob : f.blob) + "]");
     }
-    return std::make_shared<const Bytes>(*bytes);
+    return std::make_shared<const Bytes>(std::move(bytes).value());
   });
 }
 

@@ -1,9 +1,9 @@
 // Filesystem: following the store's version set (full and incremental
 // listings) and the state of polling.
 #include <ctime>
-#include <iostream>
 
 #include "fs/filesystem.h"
+#include "fs/log.h"
 #include "store/s3_store.h"
 
 namespace dte::fs {
@@ -34,7 +34,7 @@ bool Filesystem::LoadInto(uint64_t version, const std::string& key, const Versio
   if (it != current.end()) (*next)[version] = it->second;
   MutexLock lock(&mu_);
   if (failed_keys_.insert(key).second) {
-    std::cerr << "dtefs: skipping " << VersionName(version) << ": " << v.status().message() << "\n";
+    LogLine("dtefs: skipping " + VersionName(version) + ": " + v.status().message());
     PushErrorLocked(v.status().message());
   }
   return !WorthRetrying(v.status());
@@ -129,8 +129,8 @@ void Filesystem::NotePoll(const Status& s) {
   const auto now = static_cast<int64_t>(std::time(nullptr));
   if (s.ok()) {
     if (failing_since_ != 0) {
-      std::cerr << "dtefs: the store answers again after " << (now - failing_since_)
-                << " s; following new versions" << std::endl;
+      LogLine("dtefs: the store answers again after " + std::to_string(now - failing_since_) +
+              " s; following new versions");
     }
     failing_since_ = 0;
     return;
@@ -143,7 +143,7 @@ void Filesystem::NotePoll(const Status& s) {
       "cannot list the store (will keep trying; what is loaded and "
       "cached stays readable): " +
       s.message();
-  std::cerr << "dtefs: " << message << std::endl;
+  LogLine("dtefs: " + message);
   PushErrorLocked(message);
 }
 

@@ -18,8 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
 BUILD_DIR = Path(os.environ.get("DTE_BUILD_DIR", "/work/main/build"))
 BUILT_DTEFS = BUILD_DIR / "tools" / "dtefs"
 MOUNT_TIMEOUT = 20.0
@@ -32,6 +30,8 @@ def binary():
     global _binary
     if _binary is None:
         if not os.access(BUILT_DTEFS, os.X_OK):
+            import pytest  # only tests get here; the benchmarks import this module too
+
             pytest.fail(f"{BUILT_DTEFS} is not built (set DTE_BUILD_DIR or build dtefs)")
         bin_dir = tempfile.mkdtemp(prefix="dtefs-bin-")
         atexit.register(shutil.rmtree, bin_dir, True)
@@ -53,9 +53,9 @@ def wait_for(predicate, timeout, what, interval=0.05):
 def unmount_and_reap(path, proc):
     """Unmounts the FUSE mount at `path` with `fusermount3 -u`, lazily if it must,
     then reaps its foreground daemon `proc` (None: none), killing it after 15 s."""
-    if os.path.ismount(path):
+    if mounted(path):  # also a dead daemon's mount, which os.path.ismount misses
         r = subprocess.run(["fusermount3", "-u", path], capture_output=True, timeout=30)
-        if r.returncode != 0 and os.path.ismount(path):
+        if r.returncode != 0 and mounted(path):
             subprocess.run(["umount", "-l", path], capture_output=True, timeout=30)
     if proc is not None and proc.poll() is None:
         try:
@@ -167,7 +167,9 @@ def mounted(path):
     path = os.path.abspath(str(path))
     with open("/proc/self/mounts") as f:
         targets = [line.split()[1].replace("\\040", " ") for line in f]
-    return path in targets or os.path.ismount(path)
+    # The literal path first: asking the filesystem (stat) would hang on a
+    # daemon that stopped answering.
+    return path in targets or os.path.realpath(path) in targets
 
 
 def dtefs_pids(mountpoint):
@@ -203,12 +205,17 @@ def mounts(root):
     try:
         yield start
     finally:
-        for m in made:
-            m.unmount()
-        unmount_all()
-        left = [m.path for m in made if mounted(m.path)]
-        for path in left:  # e.g. a dead daemon's mount, which os.path.ismount misses
-            subprocess.run(["umount", "-l", path], capture_output=True, timeout=30)
+        try:
+            for m in made:
+                try:
+                    m.unmount()
+                except Exception:  # keep going: the others must be unmounted too
+                    pass
+            unmount_all()
+        finally:
+            left = [m.path for m in made if mounted(m.path)]
+            for path in left:  # the last resort
+                subprocess.run(["umount", "-l", path], capture_output=True, timeout=30)
     assert not left, f"still mounted after unmounting: {left}"
 
 

@@ -317,6 +317,30 @@ def test_daemon_logs_read_failures_to_its_log_file(fs_store, ckpts, mount, tmp_p
     assert os.path.ismount(m2.path)
     assert f"serving {dte.store} on {m2.path}" in explicit.read_text()
     assert not os.path.exists(os.path.join(m2.cache, "dtefs.log"))
+    assert oct(explicit.stat().st_mode & 0o777) == oct(0o640)
+
+
+def test_log_file_that_cannot_be_opened(fs_store, tmp_path):
+    """An explicit --log-file that cannot be opened fails the mount, before
+    mounting; a default log that is a symlink is not followed."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    dtefs = str(fs_util.binary())
+    r = subprocess.run([dtefs, fs_store.store, mnt, "--cache-dir", tmp_path / "c",
+                        "--log-file", tmp_path / "no" / "such" / "dir.log"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "cannot open log file" in r.stderr and "dir.log" in r.stderr
+    assert not fs_util.mounted(mnt)
+
+    cache = tmp_path / "c2"
+    cache.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    os.symlink(victim, cache / "dtefs.log")
+    with fs_util.mounts(tmp_path / "m") as start:
+        m = start(fs_store.store, foreground=False, cache=str(cache))
+        assert os.path.ismount(m.path)
+    assert victim.read_text() == "untouched\n"
 
 
 def test_corrupt_blob_is_eio_on_affected_reads_only(fs_store, ckpts, mount, tmp_path):
