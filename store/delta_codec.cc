@@ -6,7 +6,8 @@
 //   kDenseZstd   := one zstd frame declaring content size len; nothing after it
 //   kSparse      := header tokens bits
 //   header       := version:u8          == kDeltaFormatVersion
-//                   flags:u8            bit 0 set: tokens are a zstd frame; bits 1-7 zero
+//                   flags:u8            bit 0 set: tokens are a zstd frame; bit 1 set: set
+//                                       tokens may occur; bits 2-7 zero
 //                   count:varint32      changed elements, 1 <= count <= len / width
 //                   esc_order:u8        exp-Golomb order k of escapes, k <= 8 * width - 2
 //                   tokens_size:varint32
@@ -14,9 +15,12 @@
 //   tokens       := byte[tokens_size]   the count tokens, stored raw (tokens_size == count)
 //                                       or as one zstd frame declaring content size count
 //   token        := gap_class << 2 | value_class     one per changed element, in index order
+//                 | 0xFC                only with flags bit 1: a set element
 //   bits         := byte[bits_size]     per changed element in order: gap_extra, then escape
-//                                       if value_class >= 2; least significant bit first,
+//                                       if value_class >= 2; for a set element set_fields
+//                                       instead; least significant bit first,
 //                                       zero-padded to a byte boundary, no further bytes
+//   set_fields   := gap_class:6 bits, gap_extra, value:(8 * width) bits, the new element
 //   step         := index - previous index, >= 1 (the first element's previous index is -1)
 //   gap_class    := 0 if step == 1; else 2 * e - 1 + b, where e = floor(log2(step)) and
 //                   b is bit e - 1 of step; gap_class <= 62
@@ -54,6 +58,8 @@ using internal::GetVarint32;
 using internal::PutVarint32;
 
 constexpr uint8_t kFlagTokensZstd = 1;
+constexpr uint8_t kFlagSets = 2;
+constexpr uint8_t kSetToken = 0xFC;  // above every gap_class << 2 | value_class
 constexpr int kMaxGapClass = 62;
 constexpr int kZstdLevel = 1;  // higher levels gain nothing on tokens and little on blocks
 constexpr size_t kMaxSparseHeader = 2 + 5 + 1 + 5 + 5;
@@ -128,9 +134,10 @@ int ValueClass(T delta) {
 
 // The exp-Golomb order that (nearly) minimizes the escapes' total size.
 template <typename T>
-int ChooseEscapeOrder(const T* nv, const T* ov, size_t count) {
+int ChooseEscapeOrder(const T* nv, const T* ov, const uint8_t* sets, size_t count) {
   size_t by_length[65] = {};  // escapes by bit length of |delta| - 2
   for (size_t i = 0; i < count; ++i) {
+    if (sets != nullptr && sets[i]) continue;
     T delta = static_cast<T>(nv[i] - ov[i]);
     if (ValueClass(delta) >= 2) ++by_length[BitWidth(Magnitude(delta) - 2)];
   }
@@ -148,6 +155,12 @@ int ChooseEscapeOrder(const T* nv, const T* ov, size_t count) {
     }
   }
   return best;
+}
+
+inline uint8_t GapClassOf(uint32_t step) {
+  if (step == 1) return 0;
+  int e = BitWidth(step) - 1;
+  return static_cast<uint8_t>(2 * e - 1 + ((step >> (e - 1)) & 1));
 }
 
 inline void PutStep(uint32_t step, uint8_t* gap_class, BitWriter* bits) {
@@ -171,18 +184,28 @@ void PutEscape(uint64_t m, int k, BitWriter* bits) {
 }
 
 // Writes the tokens into scratch->a and the bit stream into scratch->b;
-// returns the escape order.
+// returns the escape order. With `sets`, entries i with sets[i] != 0 are set
+// elements (their old value is not used).
 template <typename T>
-int BuildStreams(size_t count, CodecScratch* s) {
+int BuildStreams(size_t count, const uint8_t* sets, CodecScratch* s) {
   const uint32_t* idx = s->idx.data();
   const T* nv = reinterpret_cast<const T*>(s->vals.data());
   const T* ov = reinterpret_cast<const T*>(s->old_vals.data());
-  int k = ChooseEscapeOrder(nv, ov, count);
+  int k = ChooseEscapeOrder(nv, ov, sets, count);
   s->a.resize(count);
   BitWriter bits(&s->b);
   uint32_t next = 0;  // smallest index the next element may have
   for (size_t i = 0; i < count; ++i) {
     uint8_t gap_class;
+    if (sets != nullptr && sets[i]) {
+      const uint32_t step = idx[i] - next + 1;
+      bits.Put(GapClassOf(step), 6);
+      PutStep(step, &gap_class, &bits);  // the gap's extra bits
+      bits.Put(static_cast<uint64_t>(nv[i]), 8 * static_cast<int>(sizeof(T)));
+      next = idx[i] + 1;
+      s->a[i] = static_cast<char>(kSetToken);
+      continue;
+    }
     PutStep(idx[i] - next + 1, &gap_class, &bits);
     next = idx[i] + 1;
     T delta = static_cast<T>(nv[i] - ov[i]);
@@ -205,13 +228,13 @@ bool CompressAtMost(std::string_view src, size_t max_size, std::string* out) {
   return true;
 }
 
-std::string AssembleSparse(uint32_t count, int esc_order, CodecScratch* s) {
+std::string AssembleSparse(uint32_t count, int esc_order, bool sets, CodecScratch* s) {
   bool zstd = CompressAtMost(s->a, count - 1, &s->frame);
   const std::string& tokens = zstd ? s->frame : s->a;
   std::string out;
   out.reserve(kMaxSparseHeader + tokens.size() + s->b.size());
   out.push_back(static_cast<char>(kDeltaFormatVersion));
-  out.push_back(static_cast<char>(zstd ? kFlagTokensZstd : 0));
+  out.push_back(static_cast<char>((zstd ? kFlagTokensZstd : 0) | (sets ? kFlagSets : 0)));
   PutVarint32(&out, count);
   out.push_back(static_cast<char>(esc_order));
   PutVarint32(&out, static_cast<uint32_t>(tokens.size()));
@@ -249,7 +272,7 @@ Status CheckSparseHeader(const SparseHeader& h, size_t elements, int width, size
     return SparseCorruption(
         what, Cat("format version ", h.version, " is not the supported ", kDeltaFormatVersion));
   }
-  if ((h.flags & ~kFlagTokensZstd) != 0) {
+  if ((h.flags & ~(kFlagTokensZstd | kFlagSets)) != 0) {
     return SparseCorruption(what, Cat("unknown flags ", h.flags));
   }
   if (h.count == 0 || h.count > elements) {
@@ -338,17 +361,34 @@ const char* ReadDelta(int value_class, int k, BitReader* bits, T* delta) {
   return nullptr;
 }
 
-// Decodes indices into idx (count entries) and wrapping deltas into deltas.
+// Reads a set element's fields (set_fields) into *step and *value.
+template <typename T>
+const char* ReadSet(BitReader* bits, uint64_t* step, T* value) {
+  uint64_t gap_class = 0, v = 0;
+  if (!bits->Read(6, &gap_class)) return "bit stream ends inside a set element";
+  const char* error = ReadStep(static_cast<int>(gap_class), bits, step);
+  if (error != nullptr) return error;
+  if (!bits->Read(8 * static_cast<int>(sizeof(T)), &v)) return "bit stream ends inside a value";
+  *value = static_cast<T>(v);
+  return nullptr;
+}
+
+// Decodes indices into idx (count entries) and wrapping deltas into deltas;
+// with `sets` (flags bit 1), set elements store their value in deltas and
+// get sets[i] = 1.
 template <typename T>
 Status DecodeEntries(const SparseHeader& h, const uint8_t* tokens, size_t elements, uint32_t* idx,
-                     T* deltas, const std::string& what) {
+                     T* deltas, uint8_t* sets, const std::string& what) {
   BitReader bits(reinterpret_cast<const uint8_t*>(h.bits.data()), h.bits.size());
   uint64_t next = 0;  // smallest index the next element may have
   for (uint32_t i = 0; i < h.count; ++i) {
     uint64_t step = 0;
-    const char* error = ReadStep(tokens[i] >> 2, &bits, &step);
+    const bool set = sets != nullptr && tokens[i] == kSetToken;
+    const char* error =
+        set ? ReadSet<T>(&bits, &step, &deltas[i]) : ReadStep(tokens[i] >> 2, &bits, &step);
     if (error == nullptr && next + step - 1 >= elements) error = "index beyond the block";
-    if (error == nullptr) error = ReadDelta(tokens[i] & 3, h.esc_order, &bits, &deltas[i]);
+    if (error == nullptr && !set) error = ReadDelta(tokens[i] & 3, h.esc_order, &bits, &deltas[i]);
+    if (sets != nullptr) sets[i] = set;
     if (error != nullptr) {
       return SparseCorruption(what, Cat(error, " at changed element ", i, " of ", h.count,
                                         " (block of ", elements, ")"));
@@ -380,22 +420,36 @@ Status DecodeSparse(std::string_view payload, size_t len, int width, std::vector
   idx->resize(h.count);
   s->vals.resize(size_t{h.count} * width);
   *count = h.count;
+  if (h.flags & kFlagSets) {
+    s->sets.assign(h.count, 0);
+  } else {
+    s->sets.clear();
+  }
+  uint8_t* sets = s->sets.empty() ? nullptr : s->sets.data();
   return WithElementType(width, [&](auto tag) {
     using T = decltype(tag);
     auto* deltas = reinterpret_cast<T*>(s->vals.data());
-    return DecodeEntries<T>(h, tokens, elements, idx->data(), deltas, what);
+    return DecodeEntries<T>(h, tokens, elements, idx->data(), deltas, sets, what);
   });
 }
 
-// dst[idx[i]] += deltas[i] (wrapping), through the change-detect kernels.
+// dst[idx[i]] += deltas[i] (wrapping), or = for set elements, through the
+// change-detect kernels.
 void ApplyDeltas(uint8_t* dst, int width, uint32_t count, CodecScratch* s) {
   s->old_vals.resize(size_t{count} * width);
   kernels::Gather(dst, width, s->idx.data(), count, s->old_vals.data());
+  const uint8_t* sets = s->sets.size() == count ? s->sets.data() : nullptr;
   WithElementType(width, [&](auto tag) {
     using T = decltype(tag);
     auto* vals = reinterpret_cast<T*>(s->old_vals.data());
     const auto* deltas = reinterpret_cast<const T*>(s->vals.data());
-    for (uint32_t i = 0; i < count; ++i) vals[i] = static_cast<T>(vals[i] + deltas[i]);
+    if (sets == nullptr) {
+      for (uint32_t i = 0; i < count; ++i) vals[i] = static_cast<T>(vals[i] + deltas[i]);
+      return;
+    }
+    for (uint32_t i = 0; i < count; ++i) {
+      vals[i] = sets[i] ? deltas[i] : static_cast<T>(vals[i] + deltas[i]);
+    }
   });
   kernels::Scatter(dst, width, s->idx.data(), s->old_vals.data(), count);
 }
@@ -443,9 +497,9 @@ EncodedBlock EncodeBlock(const uint8_t* old_data, const uint8_t* new_data, size_
   if (count == 0) return {BlockKind::kSame, std::string(), 0};
   s.old_vals.resize(size_t{count} * width);
   kernels::Gather(old_data, width, s.idx.data(), count, s.old_vals.data());
-  int esc_order =
-      WithElementType(width, [&](auto tag) { return BuildStreams<decltype(tag)>(count, &s); });
-  std::string sparse = AssembleSparse(count, esc_order, &s);
+  int esc_order = WithElementType(
+      width, [&](auto tag) { return BuildStreams<decltype(tag)>(count, nullptr, &s); });
+  std::string sparse = AssembleSparse(count, esc_order, false, &s);
   if (sparse.size() <= len / 8) return {BlockKind::kSparse, std::move(sparse), count};
   EncodedBlock dense =
       EncodeDense(new_data, len, std::min(dense_margin, sparse.size() - 1), count, &s);
@@ -453,6 +507,29 @@ EncodedBlock EncodeBlock(const uint8_t* old_data, const uint8_t* new_data, size_
     return {BlockKind::kSparse, std::move(sparse), count};
   }
   return dense;
+}
+
+std::string EncodeSparseEntries(const uint32_t* idx, const uint8_t* new_vals,
+                                const uint8_t* old_vals, const uint8_t* known, uint32_t count,
+                                int width, CodecScratch* scratch) {
+  CodecScratch& s = ScratchOrThread(scratch);
+  const size_t bytes = size_t{count} * width;
+  s.idx.assign(idx, idx + count);
+  s.vals.assign(new_vals, new_vals + bytes);
+  s.old_vals.assign(bytes, 0);
+  bool any_set = false;
+  s.sets.assign(count, 0);
+  for (uint32_t i = 0; i < count; ++i) {
+    const bool set = known != nullptr && known[i] == 0;
+    s.sets[i] = set;
+    any_set |= set;
+    if (!set)
+      std::memcpy(s.old_vals.data() + size_t{i} * width, old_vals + size_t{i} * width, width);
+  }
+  int esc_order = WithElementType(width, [&](auto tag) {
+    return BuildStreams<decltype(tag)>(count, any_set ? s.sets.data() : nullptr, &s);
+  });
+  return AssembleSparse(count, esc_order, any_set, &s);
 }
 
 Status DecodeBlock(BlockKind kind, std::string_view payload, int width, uint8_t* dst, size_t len,

@@ -14,7 +14,10 @@
 //               indices as gaps: one token byte per element (gap class and
 //               difference class, zstd-compressed) plus a bit stream with the
 //               gaps' low bits and the rare large differences.
-//               Decoding applies it onto the parent block's bytes.
+//               Decoding applies it onto the parent block's bytes. A payload
+//               may also carry "set" elements whose new value is stored
+//               whole, for writers that do not know the parent's element
+//               (the AdamW-inverting publisher, sync/publisher.h).
 //
 // Thread-safety: pure functions; scratch objects are per thread.
 #pragma once
@@ -50,6 +53,7 @@ struct CodecScratch {
   std::string a, b;
   std::vector<uint8_t> old_vals;  // parent elements at the changed indices
   std::string frame;              // a zstd frame being built
+  std::vector<uint8_t> sets;      // per entry: 1 = a set element (value stored whole)
 };
 
 // Encodes the block `new_data` (len bytes, a multiple of width) against the
@@ -64,6 +68,19 @@ struct CodecScratch {
 // dense (valid, but never sparse).
 EncodedBlock EncodeBlock(const uint8_t* old_data, const uint8_t* new_data, size_t len, int width,
                          CodecScratch* scratch);
+
+// Encodes a kSparse payload from a list of changed elements of a block,
+// without the parent block: for entry i, element idx[i]
+// (block-relative, strictly increasing) becomes new_vals[i] (width bytes).
+// Where known == nullptr or known[i] != 0, old_vals[i] is the parent's
+// element and must differ from new_vals[i]; the entry is then stored as a
+// difference. Otherwise the value is stored whole (a "set" element, about
+// 8 * width + 10 bits). 1 <= count <= elements of the block; width 1, 2, 4
+// or 8.
+// old_vals may be null when known is non-null and all its entries are 0.
+std::string EncodeSparseEntries(const uint32_t* idx, const uint8_t* new_vals,
+                                const uint8_t* old_vals, const uint8_t* known, uint32_t count,
+                                int width, CodecScratch* scratch);
 
 // Applies a record to dst (len bytes). For kSparse, dst must hold the parent
 // block and is patched in place; for dense kinds it is overwritten; kSame is

@@ -10,6 +10,7 @@
 #include "store/posix_file.h"
 #include "store/store.h"
 #include "sync/internal/blob_sink.h"
+#include "sync/internal/engine_version.h"
 #include "sync/internal/scan.h"
 
 namespace dte {
@@ -240,46 +241,7 @@ Status Committer::StoreSafetensors(const InputFile& in, FileEntry* entry, const 
 }
 
 Status Committer::Publish() {
-  ASSIGN_OR_RETURN(BlobRef table, sink_.PutBytes(EncodeBlockTable(records_)));
-  manifest_.block_table = table;
-  VersionStats& s = manifest_.stats;
-  for (const auto& f : manifest_.files) {
-    for (const auto& t : f.tensors) {
-      s.tensors++;
-      s.elements += t.elements();
-      s.changed_elements += t.changed;
-      s.dense_bytes += t.bytes();
-    }
-  }
-  s.stored_bytes = sink_.added_bytes();
-  std::string text = EncodeManifest(manifest_);
-  RETURN_IF_ERROR(sink_.Refresh());
-  // The last check before the point of no return: a publisher that committed
-  // meanwhile makes this delta's parent stale.
-  ASSIGN_OR_RETURN(auto latest, store_->Latest());
-  if (latest != latest_) {
-    return AlreadyExists("the store's latest version changed (now " +
-                         (latest ? VersionName(*latest) : std::string("none")) + ") while " +
-                         VersionName(manifest_.version) +
-                         " was being built by this publisher; retry the commit");
-  }
-  Status created = store_->objects().CreateExclusive(ManifestKey(manifest_.version, 0), text);
-  if (created.code() == Code::kAlreadyExists) {
-    return AlreadyExists("version " + std::to_string(manifest_.version) +
-                         " already exists in store " + store_->uri() +
-                         " (another publisher committed it first)");
-  }
-  RETURN_IF_ERROR(created);
-  auto v = std::make_shared<Version>();
-  v->key = ManifestKey(manifest_.version, 0);
-  v->manifest_bytes = std::move(text);
-  v->manifest = manifest_;
-  v->records = records_;
-  // The version exists now: an error here must neither fail the commit (a
-  // retry would publish it twice) nor roll back the blobs it references. The
-  // index is only a cache, re-synced from the manifests on the next open.
-  store_->Remember(std::move(v)).IgnoreError();
-  return Status::Ok();
+  return internal::PublishVersion(store_, &sink_, &manifest_, records_, latest_);
 }
 
 Result<CommitResult> Committer::Run(const std::string& dir) {

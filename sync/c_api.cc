@@ -1,0 +1,224 @@
+// The C ABI over Publisher and the store reader. C++ exceptions (allocation
+// failures) never cross it: each entry point catches them and reports
+// DTE_INTERNAL.
+#include "sync/c_api.h"
+
+#include <cmath>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "store/hash.h"
+#include "store/materialize.h"
+#include "store/store.h"
+#include "sync/publisher.h"
+
+struct dte_publisher {
+  std::unique_ptr<dte::Publisher> impl;
+};
+
+struct dte_store {
+  std::unique_ptr<dte::Store> impl;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+int Fail(const dte::Status& s) {
+  last_error = s.message();
+  return static_cast<int>(s.code());  // dte::Code and dte_code share values
+}
+
+int FailWith(int code, std::string message) {
+  last_error = std::move(message);
+  return code;
+}
+
+// Runs fn() -> int, turning exceptions into DTE_INTERNAL.
+template <typename Fn>
+int Guard(const Fn& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return FailWith(DTE_INTERNAL, std::string("dte: ") + e.what());
+  } catch (...) {
+    return FailWith(DTE_INTERNAL, "dte: unknown C++ exception");
+  }
+}
+
+dte::DType ToDType(int32_t d) {
+  switch (d) {
+    case DTE_DTYPE_F32:
+      return dte::DType::kF32;
+    case DTE_DTYPE_BF16:
+      return dte::DType::kBF16;
+    case DTE_DTYPE_F16:
+      return dte::DType::kF16;
+    case DTE_DTYPE_F64:
+      return dte::DType::kF64;
+    default:
+      return dte::DType::kU8;
+  }
+}
+
+dte::TensorRef ToRef(const dte_array& a) {
+  dte::TensorRef r;
+  r.data = a.data;
+  r.dtype = ToDType(a.dtype);
+  if (a.shape != nullptr && a.ndim > 0) r.shape.assign(a.shape, a.shape + a.ndim);
+  return r;
+}
+
+const char* OrEmpty(const char* s) { return s != nullptr ? s : ""; }
+
+}  // namespace
+
+extern "C" {
+
+const char* dte_last_error(void) { return last_error.c_str(); }
+
+int dte_c_api_version(void) { return DTE_C_API_VERSION; }
+
+int dte_publisher_open(const char* store, const char* cache_dir, const char* converter,
+                       dte_publisher** out) {
+  return Guard([&] {
+    if (store == nullptr || out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_open: store and out must be set");
+    }
+    dte::PublisherOptions o;
+    o.store = store;
+    o.cache_dir = OrEmpty(cache_dir);
+    if (converter != nullptr) o.converter = converter;
+    auto opened = dte::Publisher::Open(o);
+    if (!opened.ok()) return Fail(opened.status());
+    *out = new dte_publisher{std::move(opened).value()};
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+void dte_publisher_close(dte_publisher* p) { delete p; }
+
+int dte_publisher_import(dte_publisher* p, const char* dir, uint64_t* version_out) {
+  return Guard([&] {
+    if (p == nullptr || dir == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_import: publisher and dir must be set");
+    }
+    auto r = p->impl->ImportCheckpoint(dir);
+    if (!r.ok()) return Fail(r.status());
+    if (version_out != nullptr) *version_out = r->version;
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
+                                const dte_adamw_param* params, size_t count,
+                                dte_publish_result* out) {
+  return Guard([&] {
+    if (p == nullptr || step == nullptr || (params == nullptr && count > 0)) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "dte_publisher_publish_adamw: publisher, step and params must be set");
+    }
+    dte::AdamWStep h;
+    h.lr = step->lr;
+    h.beta1 = step->beta1;
+    h.beta2 = step->beta2;
+    h.eps = step->eps;
+    h.weight_decay = step->weight_decay;
+    h.step = step->step;
+    h.amsgrad = step->amsgrad != 0;
+    h.maximize = step->maximize != 0;
+    if (step->order < 0 || step->order > DTE_ORDER_TORCH_CUDA_SINGLE_TENSOR) {
+      return FailWith(DTE_INVALID_ARGUMENT, "unknown AdamW order " + std::to_string(step->order));
+    }
+    h.order = static_cast<dte::kernels::AdamWOrder>(step->order);
+    std::vector<dte::AdamWParamState> states(count);
+    for (size_t i = 0; i < count; ++i) {
+      const dte_adamw_param& in = params[i];
+      if (in.name == nullptr) {
+        return FailWith(DTE_INVALID_ARGUMENT, "parameter " + std::to_string(i) + " has no name");
+      }
+      states[i].name = in.name;
+      states[i].param = ToRef(in.param);
+      states[i].exp_avg = ToRef(in.exp_avg);
+      states[i].exp_avg_sq = ToRef(in.exp_avg_sq);
+      if (in.state_step >= 0) states[i].state_step = in.state_step;
+      if (!std::isnan(in.lr)) states[i].lr = in.lr;
+      if (!std::isnan(in.weight_decay)) states[i].weight_decay = in.weight_decay;
+    }
+    auto r = p->impl->PublishAdamW(h, states);
+    if (!r.ok()) return Fail(r.status());
+    if (out != nullptr) {
+      *out = dte_publish_result{r->version,      r->parent,     r->tensors,         r->elements,
+                                r->changed,      r->flagged,    r->false_positives, r->uncertain,
+                                r->stored_bytes, r->state_bytes};
+    }
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_store_open(const char* store, const char* cache_dir, dte_store** out) {
+  return Guard([&] {
+    if (store == nullptr || out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_store_open: store and out must be set");
+    }
+    dte::StoreOptions o;
+    o.uri = store;
+    o.cache_dir = OrEmpty(cache_dir);
+    o.index_optional = true;
+    auto opened = dte::Store::Open(o);
+    if (!opened.ok()) return Fail(opened.status());
+    *out = new dte_store{std::move(opened).value()};
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+void dte_store_close(dte_store* s) { delete s; }
+
+int dte_store_latest(dte_store* s, int* has_version_out, uint64_t* version_out) {
+  return Guard([&] {
+    if (s == nullptr || has_version_out == nullptr || version_out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_store_latest: arguments must be set");
+    }
+    auto latest = s->impl->Latest();
+    if (!latest.ok()) return Fail(latest.status());
+    *has_version_out = latest->has_value() ? 1 : 0;
+    *version_out = latest->value_or(0);
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_store_read_tensor(dte_store* s, uint64_t version, const char* name, void* dst,
+                          uint64_t bytes) {
+  return Guard([&] {
+    if (s == nullptr || name == nullptr || (dst == nullptr && bytes > 0)) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_store_read_tensor: arguments must be set");
+    }
+    auto v = s->impl->GetVersion(version);
+    if (!v.ok()) return Fail(v.status());
+    for (const auto& f : (*v)->manifest.files) {
+      for (const auto& t : f.tensors) {
+        if (t.name != name) continue;
+        if (t.bytes() != bytes) {
+          return FailWith(DTE_INVALID_ARGUMENT,
+                          "tensor " + t.name + " of " + dte::VersionName(version) + " holds " +
+                              std::to_string(t.bytes()) + " bytes, not " + std::to_string(bytes));
+        }
+        dte::Materializer reader(s->impl.get());
+        auto* out = static_cast<uint8_t*>(dst);
+        dte::Status st = reader.ReadFile(*v, f, f.header_size + t.begin, bytes, out);
+        if (!st.ok()) return Fail(st);
+        if (dte::HashBytes(out, bytes) != t.hash) {
+          return FailWith(DTE_CORRUPTION, "tensor " + t.name + " of " + dte::VersionName(version) +
+                                              " does not match its content hash");
+        }
+        return static_cast<int>(DTE_OK);
+      }
+    }
+    return FailWith(DTE_NOT_FOUND, "tensor " + std::string(name) + " is not in " +
+                                       dte::VersionName(version) + " of store " + s->impl->uri());
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,115 @@
+/* The C ABI of dte's publisher and reader, for bindings (the Python module
+ * dte uses it through ctypes) and C programs. Built into libdte.so.
+ *
+ * Conventions: every function returns DTE_OK (0) or a dte_code; on failure
+ * dte_last_error() returns a message naming the store, version, tensor or
+ * field involved, valid until the next failing call on the same thread.
+ * Handles are opaque; close each exactly once. Arrays are borrowed for the
+ * duration of the call only and must be C-contiguous.
+ *
+ * Thread-safety: a handle must be used by one thread at a time; different
+ * handles may be used concurrently. dte_last_error is per thread.
+ */
+#ifndef DTE_SYNC_C_API_H_
+#define DTE_SYNC_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DTE_C_API_VERSION 1
+
+/* Result codes (the store's error classes). */
+enum dte_code {
+  DTE_OK = 0,
+  DTE_INVALID_ARGUMENT = 1,
+  DTE_NOT_FOUND = 2,
+  DTE_ALREADY_EXISTS = 3, /* a racing publisher committed the version first */
+  DTE_CORRUPTION = 4,
+  DTE_IO_ERROR = 5,
+  DTE_BUSY = 6,
+  DTE_UNIMPLEMENTED = 7,
+  DTE_INTERNAL = 8,
+};
+
+/* Element types of arrays passed in. */
+enum dte_dtype {
+  DTE_DTYPE_F32 = 0,
+  DTE_DTYPE_BF16 = 1,
+  DTE_DTYPE_F16 = 2,
+  DTE_DTYPE_F64 = 3,
+  DTE_DTYPE_OTHER = 255,
+};
+
+/* Which PyTorch kernel produced the update (kernels/adamw_math.h). */
+enum dte_adamw_order {
+  DTE_ORDER_TORCH_CPU = 0,
+  DTE_ORDER_TORCH_CUDA_FOREACH = 1,
+  DTE_ORDER_TORCH_CUDA_SINGLE_TENSOR = 2,
+};
+
+typedef struct dte_publisher dte_publisher;
+typedef struct dte_store dte_store;
+
+typedef struct dte_array {
+  const void* data;
+  int32_t dtype; /* enum dte_dtype */
+  int32_t ndim;
+  const int64_t* shape; /* ndim entries */
+} dte_array;
+
+typedef struct dte_adamw_param {
+  const char* name;
+  dte_array param;      /* FP32 master weights after the step */
+  dte_array exp_avg;    /* optimizer state exp_avg after the step */
+  dte_array exp_avg_sq; /* optimizer state exp_avg_sq after the step */
+  int64_t state_step;   /* optimizer state step, or -1 when unknown */
+  double lr;            /* this tensor's param group lr; NaN: the step's */
+  double weight_decay;  /* this tensor's param group weight decay; NaN: the step's */
+} dte_adamw_param;
+
+typedef struct dte_adamw_step {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;
+  int32_t amsgrad, maximize; /* non-zero is rejected */
+  int32_t order;             /* enum dte_adamw_order */
+} dte_adamw_step;
+
+typedef struct dte_publish_result {
+  uint64_t version, parent, tensors, elements;
+  uint64_t changed, flagged, false_positives, uncertain;
+  uint64_t stored_bytes, state_bytes;
+} dte_publish_result;
+
+const char* dte_last_error(void);
+int dte_c_api_version(void);
+
+/* store: a local directory or s3://bucket/prefix; cache_dir may be NULL or
+ * ""; converter NULL means "hf". */
+int dte_publisher_open(const char* store, const char* cache_dir, const char* converter,
+                       dte_publisher** out);
+void dte_publisher_close(dte_publisher* p);
+int dte_publisher_import(dte_publisher* p, const char* dir, uint64_t* version_out);
+int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
+                                const dte_adamw_param* params, size_t count,
+                                dte_publish_result* out);
+
+/* Reading versions back (verification, tests). */
+int dte_store_open(const char* store, const char* cache_dir, dte_store** out);
+void dte_store_close(dte_store* s);
+/* *has_version_out = 0 for an empty store. */
+int dte_store_latest(dte_store* s, int* has_version_out, uint64_t* version_out);
+/* The bytes of tensor `name` at `version` (as stored, e.g. BF16), checked
+ * against the version's block hashes and the tensor hash; `bytes` must be
+ * the tensor's exact size. */
+int dte_store_read_tensor(dte_store* s, uint64_t version, const char* name, void* dst,
+                          uint64_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DTE_SYNC_C_API_H_ */

@@ -1,0 +1,146 @@
+#include "sync/internal/engine_encoder.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "kernels/bf16.h"
+#include "kernels/parallel.h"
+#include "store/delta_codec.h"
+#include "store/hash.h"
+#include "sync/internal/engine_math.h"
+
+namespace dte::internal {
+namespace {
+
+constexpr int kWidth = 2;  // BF16
+
+// One block's entries, built per thread.
+struct BlockEntries {
+  std::vector<uint32_t> idx;
+  std::vector<uint16_t> new_bits, old_bits;
+  std::vector<uint8_t> known;
+  void Clear() {
+    idx.clear();
+    new_bits.clear();
+    old_bits.clear();
+    known.clear();
+  }
+};
+
+}  // namespace
+
+EngineEncoder::EngineEncoder(uint64_t block_bytes, uint32_t margin_ulps, bool screen)
+    : block_bytes_(block_bytes), screen_(screen) {
+  detect_.report_near_boundary = true;
+  detect_.margin_ulps = margin_ulps;
+  SetParams(kernels::AdamWParams{});
+}
+
+void EngineEncoder::SetParams(const kernels::AdamWParams& params) {
+  params_ = params;
+  scalars_ = kernels::MakeAdamWScalars(params);
+  screen_scalars_ = MakeScreenScalars(scalars_);
+}
+
+void EngineEncoder::EncodeBlock(const float* theta, const float* m, const float* v,
+                                uint64_t block_elems, size_t entry_begin, size_t entry_end,
+                                size_t slot, EngineCounts* counts) {
+  thread_local BlockEntries e;
+  thread_local CodecScratch scratch;
+  e.Clear();
+  const uint64_t block_first = slot * (block_bytes_ / kWidth);  // chunk-relative
+  for (size_t k = entry_begin; k < entry_end; ++k) {
+    const uint64_t i = idx_[k];  // chunk-relative
+    const ResolvedOld r = ResolveOldBf16(theta[i], m[i], v[i], scalars_);
+    if (r.state == OldBits::kUnchanged) {
+      counts->false_positives++;
+      continue;
+    }
+    e.idx.push_back(static_cast<uint32_t>(i - block_first));
+    e.new_bits.push_back(kernels::Fp32ToBf16Bits(theta[i]));
+    e.old_bits.push_back(r.bits);
+    e.known.push_back(r.state == OldBits::kKnown);
+    counts->uncertain += r.state == OldBits::kUnknown;
+  }
+  const auto count = static_cast<uint32_t>(e.idx.size());
+  counts->changed += count;
+  EncodedBlock& out = encoded_[slot];
+  out = EncodedBlock{};
+  if (count == 0) return;  // kSame
+  const uint64_t len = block_elems * kWidth;
+  out.kind = BlockKind::kSparse;
+  out.changed = count;
+  out.payload = EncodeSparseEntries(
+      e.idx.data(), reinterpret_cast<const uint8_t*>(e.new_bits.data()),
+      reinterpret_cast<const uint8_t*>(e.old_bits.data()), e.known.data(), count, kWidth, &scratch);
+  if (out.payload.size() <= len / 8) return;
+  // Dense can be smaller for a block that changed a lot; encode the new
+  // bytes without a parent (dense_zstd or dense_raw by the codec's rules).
+  const auto* bytes = reinterpret_cast<const uint8_t*>(cast_.data() + block_first);
+  EncodedBlock dense = dte::EncodeBlock(nullptr, bytes, len, kWidth, &scratch);
+  if (dense.payload.size() < out.payload.size()) {
+    dense.changed = count;
+    out = std::move(dense);
+  }
+}
+
+Status EngineEncoder::EncodeTensor(const float* theta, const float* m, const float* v,
+                                   TensorEntry* t, BlockRecord* records, Spool* spool,
+                                   uint32_t blob_index, EngineCounts* counts) {
+  const uint64_t block_elems = block_bytes_ / kWidth;
+  const uint64_t n = t->elements();
+  Hasher128 hasher;
+  t->changed = 0;
+  for (uint32_t first = 0; first < t->blocks; first += kEngineBlocksPerChunk) {
+    const uint32_t nblocks = std::min(kEngineBlocksPerChunk, t->blocks - first);
+    const uint64_t e0 = uint64_t{first} * block_elems;
+    const uint64_t len = std::min<uint64_t>(uint64_t{nblocks} * block_elems, n - e0);
+    cast_.resize(len);
+    idx_.resize(len);
+    kernels::CastFp32ToBf16(theta + e0, cast_.data(), len);
+    hasher.Update(cast_.data(), len * kWidth);
+    kernels::AdamWDetectResult found;
+    if (screen_) {
+      found.count = ScreenCandidates(theta + e0, m + e0, v + e0, len, screen_scalars_, idx_.data());
+    } else {
+      new_bits_.resize(len);
+      found = kernels::AdamWInvertDetect(theta + e0, m + e0, v + e0, len, params_, detect_,
+                                         idx_.data(), new_bits_.data());
+    }
+    counts->flagged += found.count;
+    encoded_.assign(nblocks, EncodedBlock{});
+    std::vector<EngineCounts> per_block(nblocks);
+    kernels::ParallelFor(nblocks, 1, [&](size_t lo, size_t hi) {
+      for (size_t b = lo; b < hi; ++b) {
+        const uint64_t bb = b * block_elems, be = std::min(len, bb + block_elems);
+        const auto* begin = idx_.data();
+        const size_t kb = std::lower_bound(begin, begin + found.count, bb) - begin;
+        const size_t ke = std::lower_bound(begin, begin + found.count, be) - begin;
+        BlockRecord& rec = records[first + b];
+        rec.hash = HashBlock(cast_.data() + bb, (be - bb) * kWidth);
+        EncodeBlock(theta + e0, m + e0, v + e0, be - bb, kb, ke, b, &per_block[b]);
+      }
+    });
+    for (uint32_t b = 0; b < nblocks; ++b) {
+      const EngineCounts& c = per_block[b];
+      counts->false_positives += c.false_positives;
+      counts->uncertain += c.uncertain;
+      counts->changed += c.changed;
+      t->changed += c.changed;
+      BlockRecord& rec = records[first + b];
+      EncodedBlock& enc = encoded_[b];
+      rec.kind = enc.kind;
+      rec.changed = enc.changed;
+      if (enc.kind == BlockKind::kSame) continue;
+      rec.blob = blob_index;
+      rec.offset = spool->size();
+      rec.length = static_cast<uint32_t>(enc.payload.size());
+      RETURN_IF_ERROR(spool->Append(enc.payload.data(), enc.payload.size()));
+    }
+  }
+  t->hash = hasher.Finish();
+  return Status::Ok();
+}
+
+}  // namespace dte::internal

@@ -1,0 +1,76 @@
+// Encoding one BF16 tensor of a new version from FP32 AdamW state, without
+// the previous version's bytes: the core of the AdamW-inverting publisher
+// (sync/publisher.h).
+//
+// The tensor is processed in chunks of kEngineBlocksPerChunk blocks: cast
+// theta to BF16 (block and tensor hashes come from these bytes, exactly as
+// CommitDirectory hashes a saved checkpoint), run the fused detector with
+// its near-boundary margin, resolve each reported element's old bits
+// (sync/internal/engine_math.h), and encode each block as a kSparse payload
+// (differences where the old bits are known, whole values where not), or
+// dense when that is smaller. Memory: about 12 bytes per element of one
+// chunk, whatever the tensor or model size.
+//
+// Thread-safety: not thread-safe; one per publish. Uses the kernels thread
+// pool internally.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/adamw.h"
+#include "store/manifest.h"
+#include "store/status.h"
+#include "sync/internal/blob_sink.h"
+#include "sync/internal/engine_screen.h"
+
+namespace dte::internal {
+
+inline constexpr uint32_t kEngineBlocksPerChunk = 16;
+
+struct EngineCounts {
+  uint64_t flagged = 0;          // candidates the screen or fused detector reported
+  uint64_t false_positives = 0;  // of those, proven unchanged and dropped
+  uint64_t uncertain = 0;        // stored whole: old bits not provable
+  uint64_t changed = 0;          // entries stored (proven changes + uncertain)
+};
+
+class EngineEncoder {
+ public:
+  // screen: find candidates with the rigorous screen
+  // (sync/internal/engine_screen.h); otherwise with the fused detector
+  // kernels::AdamWInvertDetect and its near-boundary margin of margin_ulps.
+  EngineEncoder(uint64_t block_bytes, uint32_t margin_ulps, bool screen);
+
+  // The step's parameters for the following EncodeTensor calls (valid:
+  // kernels::AdamWParamsError empty).
+  void SetParams(const kernels::AdamWParams& params);
+
+  // Encodes the BF16 tensor t from theta, m, v (t->elements() FP32 values
+  // each): sets t->hash and t->changed, fills records[0, t->blocks) (t's
+  // records) and appends their payloads to spool, which is blob `blob_index`
+  // of the version.
+  Status EncodeTensor(const float* theta, const float* m, const float* v, TensorEntry* t,
+                      BlockRecord* records, Spool* spool, uint32_t blob_index,
+                      EngineCounts* counts);
+
+ private:
+  // Encodes block `slot` of the current chunk (theta, m, v start at the
+  // chunk; the block holds block_elems elements and detector entries
+  // [entry_begin, entry_end)) into encoded_[slot].
+  void EncodeBlock(const float* theta, const float* m, const float* v, uint64_t block_elems,
+                   size_t entry_begin, size_t entry_end, size_t slot, EngineCounts* counts);
+
+  uint64_t block_bytes_;
+  kernels::AdamWParams params_;
+  kernels::AdamWScalars scalars_;
+  kernels::AdamWDetectOptions detect_;
+  bool screen_;
+  ScreenScalars screen_scalars_;
+  std::vector<uint16_t> cast_;      // BF16 of the chunk
+  std::vector<uint64_t> idx_;       // detector output: chunk-relative indices
+  std::vector<uint16_t> new_bits_;  // detector output: new BF16 bits
+  std::vector<EncodedBlock> encoded_;
+};
+
+}  // namespace dte::internal

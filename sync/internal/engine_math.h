@@ -1,0 +1,95 @@
+// Per-element resolution of the AdamW-inverting publisher: for an element the
+// fused detector (kernels::AdamWInvertDetect) reported, decide exactly what
+// its BF16 value was before the step, without any copy of the old weights.
+//
+// The forward update x -> AdamWForwardElement(x, m, v) is monotone
+// non-decreasing in x (a product with a positive decay, then a rounded sum or
+// fused multiply-add; rounding is monotone). So the FP32 values mapping to
+// theta form one interval [lo, hi], and the true previous weight lies in it
+// whenever theta came from that update. Walking out from the reconstruction
+// q one ulp at a time finds lo and hi (a handful of ulps wide in practice;
+// wide only when the update dwarfs the weight). If every value of the
+// interval rounds to the same BF16 bits, those are the old bits, exactly;
+// otherwise (or when the walk gives up, or a value is not finite) the old
+// bits are unknown. docs/engine.md gives the error analysis.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/adamw_math.h"
+#include "kernels/bf16_math.h"
+#include "kernels/hd.h"
+
+namespace dte::internal {
+
+enum class OldBits : uint8_t {
+  kUnchanged = 0,  // provably the same BF16 bits as theta: not a change
+  kKnown = 1,      // provably `bits`, which differ from theta's
+  kUnknown = 2,    // the preimage interval straddles a BF16 boundary (or worse)
+};
+
+struct ResolvedOld {
+  OldBits state = OldBits::kUnknown;
+  uint16_t bits = 0;
+};
+
+// How far the walk goes each way before declaring the old bits unknown.
+inline constexpr int kMaxPreimageWalk = 32;
+
+// The end of the preimage interval of theta containing q under `forward`
+// (x -> theta for this element's m, v), towards +inf (up) or -inf; false if
+// it is more than kMaxPreimageWalk ulps away.
+template <typename Forward>
+DTE_HD bool PreimageEnd(float q, float theta, const Forward& forward, bool up, float* end) {
+  using kernels::FloatBits;
+  const uint32_t target = FloatBits(theta);
+  float x = q;
+  for (int i = 0; i < kMaxPreimageWalk; ++i) {
+    const float y = kernels::adamw_internal::StepUlp(x, up);
+    if (!kernels::IsFiniteBits(FloatBits(y)) || FloatBits(forward(y)) != target) {
+      *end = x;
+      return true;
+    }
+    x = y;
+  }
+  return false;
+}
+
+// Classifies from the reconstruction q and the element's forward map.
+template <typename Forward>
+DTE_HD ResolvedOld ResolveWith(float theta, float q, const Forward& forward) {
+  using kernels::FloatBits;
+  using kernels::Fp32ToBf16Bits;
+  if (!kernels::IsFiniteBits(FloatBits(theta)) || !kernels::IsFiniteBits(FloatBits(q)) ||
+      FloatBits(forward(q)) != FloatBits(theta)) {
+    return {};
+  }
+  float lo = q, hi = q;
+  if (!PreimageEnd(q, theta, forward, false, &lo) || !PreimageEnd(q, theta, forward, true, &hi)) {
+    return {};
+  }
+  // BF16 rounding is monotone, so equal ends mean the whole interval agrees
+  // (ends of opposite sign never have equal bits).
+  const uint16_t a = Fp32ToBf16Bits(lo);
+  if (a != Fp32ToBf16Bits(hi)) return {};
+  if (a == Fp32ToBf16Bits(theta)) return {OldBits::kUnchanged, a};
+  return {OldBits::kKnown, a};
+}
+
+// The old BF16 bits of one element. The forward map is
+// kernels::AdamWForwardElement with the update computed once.
+DTE_HD ResolvedOld ResolveOldBf16(float theta, float m, float v, const kernels::AdamWScalars& s) {
+  namespace ai = kernels::adamw_internal;
+  const float q = kernels::AdamWInvertElement(theta, m, v, s);
+  const float denom = kernels::AdamWDenom(v, s);
+  if (s.order == kernels::AdamWOrder::kTorchCpu) {
+    const float u = kernels::rn::Div(kernels::rn::Mul(s.neg_step_size, m), denom);
+    return ResolveWith(theta, q, ai::DecayThenUpdate<ai::AddUpdateCpu>{s.decay, {u}});
+  }
+  const ai::AddUpdateFma add{s.neg_step_size, kernels::rn::Div(m, denom)};
+  return ResolveWith(theta, q, ai::DecayThenUpdate<ai::AddUpdateFma>{s.decay, add});
+}
+
+}  // namespace dte::internal

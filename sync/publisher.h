@@ -1,0 +1,131 @@
+// Publisher: commits a new store version straight from a trainer's AdamW
+// state after an optimizer step, with no copy of the previous weights.
+//
+// For each tensor the caller hands over theta_t (FP32 master weights after
+// step t) and the moments m_t, v_t. The publisher reconstructs theta_{t-1}
+// by inverting the AdamW update (kernels/adamw.h), casts both to BF16,
+// compares bits and stores the changed elements as a sparse delta against
+// the store's latest version, which must hold BF16(theta_{t-1}): the version
+// this publisher committed for step t - 1, or the imported checkpoint.
+// Block and tensor hashes are computed from BF16(theta_t), so the new version
+// is byte-for-byte what `dtectl commit` of the same weights saved as
+// safetensors would hold, and every reader verifies it. The math, its error
+// analysis and how a change is never missed: docs/engine.md.
+//
+// Tensors are processed one at a time (the "hf" converter's unit is one
+// Hugging Face tensor) in chunks of a few MiB, so the memory a publish adds
+// is bounded and flat in model size. A publish either commits a whole
+// version or none: every argument is validated before anything is written,
+// and the manifest, written last, is what makes a version exist.
+//
+// Thread-safety: not thread-safe; use one Publisher from one thread at a
+// time. Several Publishers (in any processes) may target one store; a
+// publish that loses the race for the next version fails with AlreadyExists.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/adamw_math.h"
+#include "store/dtype.h"
+#include "store/status.h"
+#include "sync/commit.h"
+
+namespace dte {
+
+class Store;
+
+struct PublisherOptions {
+  std::string store;      // local directory or s3://bucket/prefix
+  std::string cache_dir;  // host-local index directory; empty: none
+  std::string converter = "hf";
+  // The fused detector also reports elements whose reconstruction lies this
+  // many FP32 ulps from a BF16 rounding boundary (docs/engine.md).
+  uint32_t margin_ulps = 16;
+  // Find candidate elements with the rigorous screen (docs/engine.md), which
+  // inverts only elements near a BF16 rounding boundary; false: run the
+  // fused detector kernels::AdamWInvertDetect on every element. Both give
+  // the same version.
+  bool screen = true;
+};
+
+// A caller-owned, C-contiguous array.
+struct TensorRef {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+};
+
+struct AdamWParamState {
+  std::string name;                   // the tensor's name in the store (Hugging Face name for "hf")
+  TensorRef param;                    // FP32 master weights after the step
+  TensorRef exp_avg;                  // optimizer state["exp_avg"] after the step
+  TensorRef exp_avg_sq;               // optimizer state["exp_avg_sq"] after the step
+  std::optional<int64_t> state_step;  // optimizer state["step"], when known
+  // This tensor's param group's values, where they differ from AdamWStep's.
+  std::optional<double> lr, weight_decay;
+};
+
+struct AdamWStep {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  int64_t step = 0;       // the optimizer's step count after the step (1 for the first)
+  bool amsgrad = false;   // unsupported: rejected
+  bool maximize = false;  // unsupported: rejected
+  kernels::AdamWOrder order = kernels::AdamWOrder::kTorchCpu;
+};
+
+struct PublishResult {
+  uint64_t version = 0;
+  uint64_t parent = 0;
+  uint64_t tensors = 0;          // tensors published from optimizer state
+  uint64_t elements = 0;         // their elements
+  uint64_t changed = 0;          // elements stored in the delta
+  uint64_t flagged = 0;          // candidates the screen or fused detector reported
+  uint64_t false_positives = 0;  // reported, then proven unchanged (not stored)
+  uint64_t uncertain = 0;        // stored whole: old bits not provable; at most
+                                 // this many stored elements may be unchanged
+  uint64_t stored_bytes = 0;     // bytes of blobs the version added
+  uint64_t state_bytes = 0;      // bytes of optimizer state read (theta, m, v)
+};
+
+class Publisher {
+ public:
+  // Opens (creating if needed) the store, as dtectl does.
+  static Result<std::unique_ptr<Publisher>> Open(const PublisherOptions& options);
+  ~Publisher();
+
+  // Commits a Hugging Face checkpoint directory (the trainer's initial
+  // weights in BF16) as a new version, through CommitDirectory.
+  Result<CommitResult> ImportCheckpoint(const std::string& dir);
+
+  // Publishes the BF16 state after optimizer step `h.step`. Every tensor
+  // named must exist in the latest version as BF16 with the same shape;
+  // tensors not named are unchanged. Rejected, naming the tensor or field,
+  // before anything is written: amsgrad or maximize, invalid
+  // hyperparameters, a state_step other than h.step, a step that does not
+  // follow the one this publisher published last, state that is not FP32,
+  // shape mismatches, unknown or repeated names, a store whose latest
+  // version is not the one this publisher committed last.
+  Result<PublishResult> PublishAdamW(const AdamWStep& h,
+                                     const std::vector<AdamWParamState>& params);
+
+  Store& store() { return *store_; }
+  // The step of the last successful PublishAdamW, if any.
+  std::optional<int64_t> last_step() const { return last_step_; }
+
+ private:
+  Publisher(PublisherOptions options, std::unique_ptr<Store> store);
+
+  PublisherOptions options_;
+  std::unique_ptr<Store> store_;
+  std::optional<int64_t> last_step_;
+  std::optional<uint64_t> last_version_;  // committed by this publisher
+};
+
+}  // namespace dte

@@ -1,0 +1,16 @@
+"""dte: publish BF16 policy versions from a PyTorch training loop.
+
+    pub = dte.Publisher(store="/data/policy")   # or "s3://bucket/prefix"
+    pub.import_checkpoint(hf_dir)               # version 0, once
+    for step in ...:
+        optimizer.step()
+        r = pub.publish_adamw(step=step, params={name: (master, exp_avg, exp_avg_sq)},
+                              lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+No copy of the previous weights is kept: the engine inverts the AdamW step.
+See docs/engine.md.
+"""
+
+from dte._publisher import DteError, Publisher, PublishResult, StoreReader, publish_torch_adamw
+
+__all__ = ["DteError", "Publisher", "PublishResult", "StoreReader", "publish_torch_adamw"]

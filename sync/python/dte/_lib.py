@@ -1,0 +1,86 @@
+"""Loading libdte.so and declaring its C ABI (sync/c_api.h) for ctypes."""
+
+import ctypes
+import os
+
+DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F64, DTYPE_OTHER = 0, 1, 2, 3, 255
+ORDERS = {"torch_cpu": 0, "torch_cuda_foreach": 1, "torch_cuda_single_tensor": 2}
+CODE_NAMES = {1: "invalid argument", 2: "not found", 3: "already exists", 4: "corruption",
+              5: "I/O error", 6: "busy", 7: "unimplemented", 8: "internal"}
+
+
+class Array(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.POINTER(ctypes.c_int64))]
+
+
+class AdamWParam(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("param", Array), ("exp_avg", Array),
+                ("exp_avg_sq", Array), ("state_step", ctypes.c_int64), ("lr", ctypes.c_double),
+                ("weight_decay", ctypes.c_double)]
+
+
+class AdamWStep(ctypes.Structure):
+    _fields_ = [("lr", ctypes.c_double), ("beta1", ctypes.c_double), ("beta2", ctypes.c_double),
+                ("eps", ctypes.c_double), ("weight_decay", ctypes.c_double),
+                ("step", ctypes.c_int64), ("amsgrad", ctypes.c_int32),
+                ("maximize", ctypes.c_int32), ("order", ctypes.c_int32)]
+
+
+class PublishResult(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "version", "parent", "tensors", "elements", "changed", "flagged", "false_positives",
+        "uncertain", "stored_bytes", "state_bytes")]
+
+
+def _candidates():
+    env = os.environ.get("DTE_LIBRARY")
+    if env:
+        yield env
+    yield os.path.join(os.path.dirname(os.path.abspath(__file__)), "libdte.so")
+    build = os.environ.get("DTE_BUILD_DIR")
+    if build:
+        yield os.path.join(build, "sync", "libdte.so")
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if os.path.exists(path):
+            return ctypes.CDLL(path)
+        tried.append(path)
+    raise ImportError("dte: libdte.so not found (looked at %s); set DTE_LIBRARY to the built "
+                      "library or install the package with pip" % ", ".join(tried))
+
+
+def _declare(lib):
+    P = ctypes.c_void_p
+    sigs = {
+        "dte_last_error": (ctypes.c_char_p, []),
+        "dte_c_api_version": (ctypes.c_int, []),
+        "dte_publisher_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                              ctypes.POINTER(P)]),
+        "dte_publisher_close": (None, [P]),
+        "dte_publisher_import": (ctypes.c_int, [P, ctypes.c_char_p,
+                                                ctypes.POINTER(ctypes.c_uint64)]),
+        "dte_publisher_publish_adamw": (ctypes.c_int, [P, ctypes.POINTER(AdamWStep),
+                                                       ctypes.POINTER(AdamWParam), ctypes.c_size_t,
+                                                       ctypes.POINTER(PublishResult)]),
+        "dte_store_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(P)]),
+        "dte_store_close": (None, [P]),
+        "dte_store_latest": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_int),
+                                            ctypes.POINTER(ctypes.c_uint64)]),
+        "dte_store_read_tensor": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.c_char_p,
+                                                 ctypes.c_void_p, ctypes.c_uint64]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    if lib.dte_c_api_version() != 1:
+        raise ImportError("dte: libdte.so speaks C API version %d, this module version 1"
+                          % lib.dte_c_api_version())
+    return lib
+
+
+lib = _declare(_load())

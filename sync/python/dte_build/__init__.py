@@ -1,0 +1,1 @@
+"""In-tree build backend of the dte Python package (see pyproject.toml)."""
