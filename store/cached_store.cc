@@ -216,17 +216,13 @@ Result<CachedStore::Bytes> CachedStore::Fetch(const ChunkId& id, uint64_t length
     }
   }
   Status kept = Keep(id, blob_size, *bytes);
-  if (!kept.ok()) {
-    MutexLock lock(&mu_);
-    stats_.write_errors++;
-    stats_.last_error = kept.message();
-  }
+  if (!kept.ok()) NoteWriteError(kept);
   return Bytes(std::move(bytes));
 }
 
 // --- keeping and dropping ------------------------------------------------------------
 
-Result<uint64_t> CachedStore::WriteChunkFile(const ChunkId& id, const std::string& bytes) {
+Result<uint64_t> CachedStore::WriteChunkFile(const ChunkId& id, std::string_view bytes) {
   const std::string tmp =
       options_.dir + "/tmp/" + std::to_string(::getpid()) + "-" + std::to_string(temp_counter_++);
   {
@@ -254,7 +250,7 @@ Result<uint64_t> CachedStore::WriteChunkFile(const ChunkId& id, const std::strin
   return generation;
 }
 
-Status CachedStore::Keep(const ChunkId& id, uint64_t blob_size, const std::string& bytes) {
+Status CachedStore::Keep(const ChunkId& id, uint64_t blob_size, std::string_view bytes) {
   if (bytes.size() > options_.capacity_bytes) return Status::Ok();  // would evict everything
   auto pages =
       std::make_shared<const std::vector<uint64_t>>(internal::PageHashes(bytes, kCachePageBytes));
@@ -418,12 +414,6 @@ Result<uint64_t> CachedStore::Prefetch(const ChunkId& id) {
   return uint64_t{bytes->size()};
 }
 
-Status CachedStore::Put(const std::string& key, std::string_view data) {
-  return base_->Put(key, data);
-}
-Status CachedStore::PutFile(const std::string& key, const std::string& path) {
-  return base_->PutFile(key, path);
-}
 Status CachedStore::CreateExclusive(const std::string& key, std::string_view data) {
   return base_->CreateExclusive(key, data);
 }

@@ -36,6 +36,15 @@
 // leaves nothing trusted that was not completely written: the file is renamed
 // into place before its entry is written, and its pages are checked on use.
 //
+// Write-through. Put and PutFile of a blob key (a publisher uploading what
+// it committed) keep the blob's chunks as well: the bytes are read once more
+// from memory or the spool file, checked against the blob's name, written
+// to their chunk files, and entered in the index only after the wrapped
+// store has accepted the blob (a failed upload leaves no entry and deletes
+// the files). So the next commit reads its parent from local disk. Blobs
+// larger than the capacity are not kept, and neither are they when the
+// disk write fails: the write itself succeeds either way.
+//
 // Blob sizes. Cutting a blob into chunks needs its size: from NoteSize
 // (callers that hold the manifest), a kept chunk's entry, or else one HEAD
 // request (Size) per blob.
@@ -53,6 +62,7 @@
 #include <atomic>
 #include <compare>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <list>
 #include <map>
@@ -90,9 +100,10 @@ struct BlobCacheStats {
   uint64_t misses = 0;                      // chunk reads that fetched (or joined a fetch)
   uint64_t fetches = 0, fetched_bytes = 0;  // range GETs sent and their bytes
   uint64_t evictions = 0;
-  uint64_t dropped = 0;       // chunks that failed a check or that a reader reported bad
-  uint64_t write_errors = 0;  // fetched chunks that could not be kept
-  std::string last_error;     // of the latest drop or write error
+  uint64_t dropped = 0;  // chunks that failed a check or that a reader reported bad
+  uint64_t written = 0, written_bytes = 0;  // chunks kept from Put/PutFile (write-through)
+  uint64_t write_errors = 0;                // fetched or written chunks that could not be kept
+  std::string last_error;                   // of the latest drop or write error
 };
 
 // One chunk of one blob.
@@ -118,7 +129,8 @@ class CachedStore final : public ObjectStore, public PagedLister {
 
   // ObjectStore. Reads of blob keys go through the cache: a range already
   // kept needs no request, and a blob deleted from the store stays readable
-  // for what is kept (Delete through this object drops it).
+  // for what is kept (Delete through this object drops it). Put and PutFile
+  // of blob keys write through (see above).
   std::string Describe() const override { return base_->Describe(); }
   Status Put(const std::string& key, std::string_view data) override;
   Status PutFile(const std::string& key, const std::string& path) override;
@@ -187,7 +199,34 @@ class CachedStore final : public ObjectStore, public PagedLister {
     Status error;  // none of the above: the blob's size is not known
   };
 
+  // A chunk whose file is written but that is not entered yet
+  // (write-through, before the wrapped store has the blob).
+  struct Staged {
+    ChunkId id;
+    uint64_t generation = 0;
+    uint64_t length = 0;
+    std::shared_ptr<const std::vector<uint64_t>> pages;
+  };
+  // Fills bytes [offset, offset + len) of a blob being written: a view into
+  // *scratch (room for a chunk) or into memory it already has.
+  using BlobReader =
+      std::function<Result<std::string_view>(uint64_t offset, uint64_t len, std::string* scratch)>;
+
   CachedStore(std::unique_ptr<ObjectStore> base, Index* index, CachedStoreOptions options);
+  // True if a blob of this key and size is kept when written.
+  bool WritesThrough(const std::string& key, uint64_t size) const;
+  // Writes the chunk files of blob `key` (`size` bytes from `read`) and
+  // checks the bytes against the blob's name; enters nothing. On failure
+  // nothing is left on disk.
+  Result<std::vector<Staged>> Stage(const std::string& key, uint64_t size, const BlobReader& read)
+      EXCLUDES(mu_);
+  // After the wrapped store's write: enters the staged chunks in memory and
+  // the index as the most recently used if `written` is OK, else deletes
+  // their files. A staging or index failure is only counted.
+  void Settle(const std::string& key, uint64_t size, Result<std::vector<Staged>> staged,
+              const Status& written) EXCLUDES(mu_);
+  // Counts a chunk that could not be kept (the read or write went on).
+  void NoteWriteError(const Status& s) EXCLUDES(mu_);
   Status Load() EXCLUDES(mu_);
   // Takes in one index entry if its file is there; false to delete it.
   bool LoadEntry(const std::string& key, const std::string& value) REQUIRES(mu_);
@@ -205,10 +244,10 @@ class CachedStore final : public ObjectStore, public PagedLister {
   Result<Bytes> Fetch(const ChunkId& id, uint64_t length, uint64_t blob_size) EXCLUDES(mu_);
   Status ReadKept(const Kept& kept, uint64_t from, uint64_t len, char* dst) const;
   // Keeps a fetched chunk: file, entry, index (evicting beyond the capacity).
-  Status Keep(const ChunkId& id, uint64_t blob_size, const std::string& bytes) EXCLUDES(mu_);
+  Status Keep(const ChunkId& id, uint64_t blob_size, std::string_view bytes) EXCLUDES(mu_);
   // Writes the chunk's file (a temporary file renamed into place); returns
   // the generation that names it.
-  Result<uint64_t> WriteChunkFile(const ChunkId& id, const std::string& bytes) EXCLUDES(mu_);
+  Result<uint64_t> WriteChunkFile(const ChunkId& id, std::string_view bytes) EXCLUDES(mu_);
   // Adds the entry as the most recently used, evicting the least recently
   // used beyond the capacity (never the new one).
   void InsertLocked(const ChunkId& id, Entry entry, std::vector<std::string>* unlink,

@@ -291,12 +291,34 @@ Result<int64_t> S3Store::ModifiedTime(const std::string& key) {
   return *seconds;
 }
 
+// The metadata a copy of the object must carry over: its checksum (a copy
+// with REPLACE keeps only what the request sends).
+std::vector<std::string> KeptMetadata(const HttpResponse& head) {
+  const std::string* sha = head.Header(internal::kChecksumHeader);
+  if (sha == nullptr || sha->size() != 64 ||
+      sha->find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return {};
+  }
+  return {std::string(internal::kChecksumHeader) + ": " + *sha};
+}
+
 Status S3Store::Touch(const std::string& key) {
-  RETURN_IF_ERROR(ValidateObjectKey(key));
+  ASSIGN_OR_RETURN(std::optional<HttpResponse> head, Head(key));
+  if (!head) return client_.NotFoundStatus(key);
+  const std::string* length = head->Header("content-length");
+  const std::optional<uint64_t> size = length ? ParseDecimal(*length) : std::nullopt;
+  if (!size) {
+    return IOError("S3 HeadObject of object " + key + " in store " + Describe() +
+                   ": no valid Content-Length");
+  }
+  std::vector<std::string> metadata = KeptMetadata(*head);
+  if (*size > client_.options().max_copy_bytes) {
+    return internal::CopyMultipart(client_, key, *size, metadata);
+  }
   S3Call call{.op = "CopyObject", .method = "PUT", .key = key};
-  call.headers = {"x-amz-copy-source: /" + client_.bucket() + "/" +
-                      internal::UriEncode(client_.ObjectKey(key), /*keep_slash=*/true),
+  call.headers = {"x-amz-copy-source: " + internal::CopySource(client_, key),
                   "x-amz-metadata-directive: REPLACE"};
+  call.headers.insert(call.headers.end(), metadata.begin(), metadata.end());
   call.error_in_200 = true;
   S3Reply reply = client_.Call(call);
   if (!reply.ok()) return client_.ErrorStatus(reply, call);
@@ -407,6 +429,12 @@ Result<std::unique_ptr<ObjectStore>> OpenS3StoreWithTransport(
   if (options.part_size < kMinPartSize || options.part_size > (uint64_t{5} << 30)) {
     return InvalidArgument("store " + uri + ": S3 part size " + std::to_string(options.part_size) +
                            " is outside [5 MiB, 5 GiB]");
+  }
+  for (uint64_t size : {options.max_copy_bytes, options.copy_part_size}) {
+    if (size < kMinPartSize || size > (uint64_t{5} << 30)) {
+      return InvalidArgument("store " + uri + ": S3 copy size " + std::to_string(size) +
+                             " is outside [5 MiB, 5 GiB]");
+    }
   }
   if (options.parallel_parts < 1 || options.parallel_parts > 64) {
     return InvalidArgument("store " + uri + ": parallel parts must be 1 to 64");

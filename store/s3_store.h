@@ -16,14 +16,21 @@
 // part read from the spool file with pread, so memory stays at most
 // parallel_parts * part_size); a failed multipart upload is aborted.
 //
+// Touch is a HEAD and a CopyObject of the object onto itself (keeping its
+// checksum metadata); objects above max_copy_bytes, which S3 refuses to
+// copy in one request (5 GiB), are copied with a multipart upload of
+// UploadPartCopy parts, server side.
+//
 // Spool files (NewTempPath) live in a local directory, spool_dir (default
 // CACHE_DIR/spool, see store/units.h), shared by every S3 store of the user;
 // PutFile uploads and then deletes them. RemoveStaleTemp deletes old spool
 // files and aborts multipart uploads under the prefix older than the age.
 //
 // Errors: NotFound naming the key (404, NoSuchKey) or the bucket
-// (NoSuchBucket); AlreadyExists naming the key (412 on create); Corruption
-// for ranges past the end of an object; IOError for everything else, the
+// (NoSuchBucket); AlreadyExists naming the key (412 on create);
+// PermissionDenied naming the key and bucket (403, AccessDenied,
+// SignatureDoesNotMatch, InvalidAccessKeyId and the other credential codes);
+// Corruption for ranges past the end of an object; IOError for everything else, the
 // message naming the operation, the key, the S3 error code and the HTTP
 // status. Secrets (secret key, session token, access key id) never appear in
 // a message, and neither do signatures, Authorization headers or URLs with
@@ -94,7 +101,12 @@ struct S3Options {
   S3RetryPolicy retry;
   uint64_t part_size = uint64_t{16} << 20;  // multipart above this; >= 5 MiB on AWS
   int parallel_parts = 4;                   // parts in flight per upload
-  int list_page_size = 1000;                // max-keys of ListObjectsV2 (1-1000)
+  // Touch copies an object onto itself: one CopyObject up to max_copy_bytes
+  // (S3 refuses larger copy sources), a multipart copy (UploadPartCopy) in
+  // parts of copy_part_size above. Both 5 MiB to 5 GiB.
+  uint64_t max_copy_bytes = uint64_t{5} << 30;
+  uint64_t copy_part_size = uint64_t{512} << 20;
+  int list_page_size = 1000;  // max-keys of ListObjectsV2 (1-1000)
   // A transfer slower than low_speed_limit bytes/s for low_speed_time is
   // aborted and retried (a stalled connection).
   long low_speed_limit = 1024;
@@ -120,7 +132,8 @@ struct S3Options {
 //  tuning    $DTE_S3_MAX_ATTEMPTS, $DTE_S3_RETRY_BASE_MS, $DTE_S3_RETRY_MAX_MS,
 //            $DTE_S3_LOW_SPEED_TIME (s), $DTE_S3_LOW_SPEED_LIMIT (bytes/s),
 //            $DTE_S3_CONNECT_TIMEOUT_MS, $DTE_S3_PART_SIZE (a size such as
-//            "8MiB"), $DTE_S3_PARALLEL_PARTS override the defaults above
+//            "8MiB"), $DTE_S3_PARALLEL_PARTS, $DTE_S3_MAX_COPY_SIZE,
+//            $DTE_S3_COPY_PART_SIZE override the defaults above
 // InvalidArgument naming the variable or file for a bad value (a tuning
 // value out of range included), a profile
 // named by AWS_PROFILE that does not exist, or half a key pair.

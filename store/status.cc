@@ -20,6 +20,8 @@ const char* CodeName(Code code) {
       return "I/O error";
     case Code::kBusy:
       return "busy";
+    case Code::kPermissionDenied:
+      return "permission denied";
     case Code::kUnimplemented:
       return "unimplemented";
     case Code::kInternal:

@@ -15,12 +15,13 @@ namespace dte {
 
 enum class Code {
   kOk = 0,
-  kInvalidArgument,  // bad user input (a malformed checkpoint, a bad flag)
-  kNotFound,         // missing version, file, blob, store
-  kAlreadyExists,    // version number taken (a racing publisher won)
-  kCorruption,       // stored bytes do not match their hash or grammar
-  kIOError,          // the operating system or a remote store failed
-  kBusy,             // a lock is held by another process
+  kInvalidArgument,   // bad user input (a malformed checkpoint, a bad flag)
+  kNotFound,          // missing version, file, blob, store
+  kAlreadyExists,     // version number taken (a racing publisher won)
+  kCorruption,        // stored bytes do not match their hash or grammar
+  kIOError,           // the operating system or a remote store failed
+  kBusy,              // a lock is held by another process
+  kPermissionDenied,  // the store refused the credentials or the request (S3 403)
   kUnimplemented,
   kInternal,
 };
@@ -57,6 +58,7 @@ inline Status AlreadyExists(std::string m) { return {Code::kAlreadyExists, std::
 inline Status Corruption(std::string m) { return {Code::kCorruption, std::move(m)}; }
 inline Status IOError(std::string m) { return {Code::kIOError, std::move(m)}; }
 inline Status Busy(std::string m) { return {Code::kBusy, std::move(m)}; }
+inline Status PermissionDenied(std::string m) { return {Code::kPermissionDenied, std::move(m)}; }
 inline Status Internal(std::string m) { return {Code::kInternal, std::move(m)}; }
 inline Status Unimplemented(std::string m) { return {Code::kUnimplemented, std::move(m)}; }
 

@@ -90,6 +90,10 @@ Status Store::Init() {
   auto marker = objects_->Get(kStoreMarkerKey);
   if (!marker.ok() && marker.status().code() == Code::kNotFound) {
     if (!options_.create) {
+      // A missing marker, or a missing place (an S3 bucket that does not
+      // exist answers every key with NotFound): one listing tells them
+      // apart, and its error names the bucket.
+      RETURN_IF_ERROR(objects_->List(kStoreMarkerKey).status());
       return NotFound("store " + options_.uri + " is not a dte store (no " + kStoreMarkerKey +
                       "; create one with dtectl import)");
     }

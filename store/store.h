@@ -31,9 +31,10 @@ struct StoreOptions {
   // If the index is held by another process, go on without it (true) or fail
   // with Busy (false).
   bool index_optional = false;
-  // s3:// stores with an index: keep blob ranges read from the store on
-  // local disk in cache_dir/<store_id>/blobs, up to this many bytes, in
-  // chunks of blob_chunk_bytes (store/cached_store.h); 0: no blob cache.
+  // s3:// stores with an index: keep blob ranges read from the store, and
+  // blobs written to it, on local disk in cache_dir/<store_id>/blobs, up to
+  // this many bytes, in chunks of blob_chunk_bytes (store/cached_store.h);
+  // 0: no blob cache.
   uint64_t blob_cache_bytes = 0;
   uint64_t blob_chunk_bytes = uint64_t{4} << 20;
 };

@@ -1,7 +1,9 @@
 #include "store/internal/s3_client.h"
 
 #include <algorithm>
+#include <iterator>
 #include <random>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -37,6 +39,16 @@ std::optional<uint64_t> ParseUint(const std::string* text) {
     v = v * 10 + static_cast<uint64_t>(c - '0');
   }
   return v;
+}
+
+// S3 error codes that mean the request was not allowed, whatever their
+// HTTP status (InvalidAccessKeyId and ExpiredToken come with 403 or 400).
+bool IsPermissionCode(const std::string& code) {
+  static constexpr std::string_view kCodes[] = {
+      "AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+      "InvalidToken", "ExpiredToken",      "AccountProblem",
+  };
+  return std::find(std::begin(kCodes), std::end(kCodes), code) != std::end(kCodes);
 }
 
 }  // namespace
@@ -223,9 +235,14 @@ Status S3Client::ErrorStatus(const S3Reply& reply, const S3Call& call) const {
     status = NotFound(what + " not found" + where);
   } else if (http.status == 412) {
     status = AlreadyExists(what + " already exists" + where);
-  } else if (http.status == 403) {
-    status = IOError("access denied to " + what + where +
-                     "; check the credentials, the region and the bucket policy");
+  } else if (http.status == 403 || IsPermissionCode(reply.code)) {
+    // HEAD answers have no body: a 403 to one names no S3 code.
+    const std::string no_code =
+        reply.code.empty() && call.method == "HEAD" ? " (HEAD answers carry no S3 error code)" : "";
+    const std::string bucket = call.key.empty() ? "" : " (bucket " + bucket_ + ")";
+    status = PermissionDenied("access denied to " + what + bucket + where + no_code +
+                              "; check the credentials, the region, the clock and the bucket "
+                              "policy");
   } else {
     status = IOError(std::string(call.op) + " of " + what + " failed" + where);
   }

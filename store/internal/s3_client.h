@@ -74,8 +74,10 @@ class S3Client {
   S3Reply Call(const S3Call& call);
 
   // The status for a failed reply: NotFound naming the key (404) or bucket
-  // (NoSuchBucket), AlreadyExists (412), Corruption (a body that never
-  // matched its checksum), IOError otherwise; the message
+  // (NoSuchBucket), AlreadyExists (412), PermissionDenied naming the key and
+  // bucket (403, or a credentials code such as AccessDenied,
+  // SignatureDoesNotMatch or InvalidAccessKeyId), Corruption (a body that
+  // never matched its checksum), IOError otherwise; the message
   // names the operation, key, S3 code, HTTP status and attempts, with
   // every secret redacted.
   Status ErrorStatus(const S3Reply& reply, const S3Call& call) const;

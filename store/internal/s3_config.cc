@@ -122,6 +122,21 @@ Result<std::optional<int64_t>> EnvInteger(const EnvLookup& env, const char* name
   return std::optional<int64_t>(v);
 }
 
+// A part or copy size in `name` (a size such as "8MiB"), 5 MiB to 5 GiB;
+// *out is left alone when unset.
+Status EnvPartSize(const EnvLookup& env, const char* name, uint64_t* out) {
+  auto text = env(name);
+  if (!text) return Status::Ok();
+  auto size = ParseByteSize(*text);
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  if (!size.ok() || *size < 5 * kMiB || *size > 5 * 1024 * kMiB) {
+    return InvalidArgument(std::string(name) + " is \"" + *text +
+                           "\"; use a size from 5MiB to 5GiB");
+  }
+  *out = *size;
+  return Status::Ok();
+}
+
 // Retry, stall and multipart settings (docs/s3.md, "Tuning"): for tests that
 // need fast retries and for links that need other limits.
 Status LoadTuning(const EnvLookup& env, S3Options* o) {
@@ -141,15 +156,9 @@ Status LoadTuning(const EnvLookup& env, S3Options* o) {
   if (slow) o->low_speed_limit = static_cast<long>(*slow);
   if (connect) o->connect_timeout = milliseconds(*connect);
   if (parallel) o->parallel_parts = static_cast<int>(*parallel);
-  if (auto text = env("DTE_S3_PART_SIZE")) {
-    auto size = ParseByteSize(*text);
-    constexpr uint64_t kMiB = uint64_t{1} << 20;
-    if (!size.ok() || *size < 5 * kMiB || *size > 5 * 1024 * kMiB) {
-      return InvalidArgument("DTE_S3_PART_SIZE is \"" + *text + "\"; use a size from 5MiB to 5GiB");
-    }
-    o->part_size = *size;
-  }
-  return Status::Ok();
+  RETURN_IF_ERROR(EnvPartSize(env, "DTE_S3_PART_SIZE", &o->part_size));
+  RETURN_IF_ERROR(EnvPartSize(env, "DTE_S3_MAX_COPY_SIZE", &o->max_copy_bytes));
+  return EnvPartSize(env, "DTE_S3_COPY_PART_SIZE", &o->copy_part_size);
 }
 
 }  // namespace

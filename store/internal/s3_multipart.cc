@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -14,9 +15,11 @@ namespace {
 
 constexpr int kMaxListPages = 100000;  // a server that never stops paging is broken
 
-Result<std::string> Initiate(S3Client& client, const std::string& key) {
+Result<std::string> Initiate(S3Client& client, const std::string& key,
+                             const std::vector<std::string>& headers) {
   S3Call call{.op = "CreateMultipartUpload", .method = "POST", .key = key};
   call.query = {{"uploads", ""}};
+  call.headers = headers;
   S3Reply reply = client.Call(call);
   if (!reply.ok()) return client.ErrorStatus(reply, call);
   auto id = ParseInitiateMultipartUpload(reply.http.body);
@@ -40,19 +43,41 @@ Result<std::string> UploadPart(S3Client& client, const std::string& key,
   return *etag;
 }
 
-// Uploads the parts of one object from several threads; the first error
+// Copies bytes [offset, offset + len) of the object `key` into part
+// `part_number` of the upload (server side).
+Result<std::string> UploadPartCopy(S3Client& client, const std::string& key,
+                                   const std::string& upload_id, uint64_t part_number,
+                                   uint64_t offset, uint64_t len) {
+  S3Call call{.op = "UploadPartCopy", .method = "PUT", .key = key};
+  call.query = {{"partNumber", std::to_string(part_number)}, {"uploadId", upload_id}};
+  call.headers = {"x-amz-copy-source: " + CopySource(client, key),
+                  "x-amz-copy-source-range: bytes=" + std::to_string(offset) + "-" +
+                      std::to_string(offset + len - 1)};
+  call.error_in_200 = true;
+  S3Reply reply = client.Call(call);
+  if (!reply.ok()) return client.ErrorStatus(reply, call);
+  auto etag = ParseCopyPartResult(reply.http.body);
+  if (!etag.ok()) {
+    return etag.status().WithContext("object " + key + " part " + std::to_string(part_number) +
+                                     " in store " + client.Describe());
+  }
+  return etag;
+}
+
+// Sends part `part_number` (from 1), bytes [offset, offset + len) of the
+// object, and returns its ETag. `scratch` is the calling worker's buffer.
+using PartSender = std::function<Result<std::string>(uint64_t part_number, uint64_t offset,
+                                                     uint64_t len, std::string* scratch)>;
+
+// Sends the parts of one object from several threads; the first error
 // stops the others at their next part.
 class PartUploads {
  public:
-  PartUploads(S3Client& client, const std::string& key, const std::string& upload_id, uint64_t size,
-              uint64_t part_size, const PartReader& read)
-      : client_(client),
-        key_(key),
-        upload_id_(upload_id),
-        size_(size),
+  PartUploads(uint64_t size, uint64_t part_size, const PartSender& send)
+      : size_(size),
         part_size_(part_size),
         parts_((size + part_size - 1) / part_size),
-        read_(read),
+        send_(send),
         etags_(parts_) {}
 
   Result<std::vector<std::string>> Run(int parallel) EXCLUDES(mu_) {
@@ -85,23 +110,15 @@ class PartUploads {
   }
 
   Status UploadOne(uint64_t part, uint64_t offset, uint64_t len, std::string* scratch) {
-    ASSIGN_OR_RETURN(std::string_view data, read_(offset, len, scratch));
-    if (data.size() != len) {
-      return Internal("multipart upload of object " + key_ + ": part reader returned " +
-                      std::to_string(data.size()) + " of " + std::to_string(len) + " bytes");
-    }
-    ASSIGN_OR_RETURN(std::string etag, UploadPart(client_, key_, upload_id_, part + 1, data));
+    ASSIGN_OR_RETURN(std::string etag, send_(part + 1, offset, len, scratch));
     etags_[part] = std::move(etag);  // each worker writes only its own parts
     return Status::Ok();
   }
 
-  S3Client& client_;
-  const std::string& key_;
-  const std::string& upload_id_;
   const uint64_t size_;
   const uint64_t part_size_;
   const uint64_t parts_;
-  const PartReader& read_;
+  const PartSender& send_;
   std::atomic<uint64_t> next_{0};
   std::atomic<bool> failed_{false};
   // Written by the workers at distinct indices, read after they are joined.
@@ -150,6 +167,24 @@ Status Abort(S3Client& client, const std::string& key, const std::string& upload
   return client.ErrorStatus(reply, call);
 }
 
+// One multipart upload of `size` bytes in parts of `part_size`: initiate
+// (with `headers`), the parts through `send`, complete, check the size;
+// aborted on any failure.
+Status RunMultipart(S3Client& client, const std::string& key, uint64_t size, uint64_t part_size,
+                    const std::vector<std::string>& headers,
+                    const std::function<PartSender(const std::string& upload_id)>& sender) {
+  ASSIGN_OR_RETURN(std::string upload_id, Initiate(client, key, headers));
+  const PartSender send = sender(upload_id);
+  PartUploads uploads(size, part_size, send);
+  auto etags = uploads.Run(client.options().parallel_parts);
+  Status s = etags.ok() ? Complete(client, key, upload_id, *etags) : etags.status();
+  if (!s.ok()) {
+    Abort(client, key, upload_id).IgnoreError();  // the upload's own error is the one to report
+    return s;
+  }
+  return CheckSize(client, key, size);
+}
+
 }  // namespace
 
 uint64_t PartSizeFor(uint64_t size, uint64_t configured) {
@@ -160,18 +195,36 @@ uint64_t PartSizeFor(uint64_t size, uint64_t configured) {
   return (part + kMiB - 1) / kMiB * kMiB;
 }
 
+std::string CopySource(const S3Client& client, const std::string& key) {
+  return "/" + client.bucket() + "/" + UriEncode(client.ObjectKey(key), /*keep_slash=*/true);
+}
+
 Status UploadMultipart(S3Client& client, const std::string& key, uint64_t size,
                        const PartReader& read) {
   const uint64_t part_size = PartSizeFor(size, client.options().part_size);
-  ASSIGN_OR_RETURN(std::string upload_id, Initiate(client, key));
-  PartUploads uploads(client, key, upload_id, size, part_size, read);
-  auto etags = uploads.Run(client.options().parallel_parts);
-  Status s = etags.ok() ? Complete(client, key, upload_id, *etags) : etags.status();
-  if (!s.ok()) {
-    Abort(client, key, upload_id).IgnoreError();  // the upload's own error is the one to report
-    return s;
-  }
-  return CheckSize(client, key, size);
+  return RunMultipart(client, key, size, part_size, {}, [&](const std::string& upload_id) {
+    return PartSender(
+        [&client, &key, &read, upload_id](uint64_t part_number, uint64_t offset, uint64_t len,
+                                          std::string* scratch) -> Result<std::string> {
+          ASSIGN_OR_RETURN(std::string_view data, read(offset, len, scratch));
+          if (data.size() != len) {
+            return Internal("multipart upload of object " + key + ": part reader returned " +
+                            std::to_string(data.size()) + " of " + std::to_string(len) + " bytes");
+          }
+          return UploadPart(client, key, upload_id, part_number, data);
+        });
+  });
+}
+
+Status CopyMultipart(S3Client& client, const std::string& key, uint64_t size,
+                     const std::vector<std::string>& headers) {
+  const uint64_t part_size = PartSizeFor(size, client.options().copy_part_size);
+  return RunMultipart(client, key, size, part_size, headers, [&](const std::string& upload_id) {
+    return PartSender([&client, &key, upload_id](uint64_t part_number, uint64_t offset,
+                                                 uint64_t len, std::string*) {
+      return UploadPartCopy(client, key, upload_id, part_number, offset, len);
+    });
+  });
 }
 
 Result<uint64_t> AbortStaleUploads(S3Client& client, int64_t min_age_seconds, int64_t now) {

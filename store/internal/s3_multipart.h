@@ -1,4 +1,5 @@
-// Multipart uploads: large objects in parts, several in flight.
+// Multipart uploads: large objects in parts, several in flight; and
+// multipart copies of objects larger than one CopyObject allows.
 //
 // UploadMultipart starts an upload (CreateMultipartUpload), sends parts
 // 1..n from `parallel_parts` worker threads, each with its own part-sized
@@ -17,6 +18,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "store/internal/s3_client.h"
 #include "store/status.h"
@@ -39,6 +41,19 @@ using PartReader =
 
 Status UploadMultipart(S3Client& client, const std::string& key, uint64_t size,
                        const PartReader& read);
+
+// Copies the object `key` of `size` bytes onto itself with a multipart
+// upload whose parts are UploadPartCopy requests (x-amz-copy-source with
+// x-amz-copy-source-range), so no byte passes through dte: how objects
+// larger than one CopyObject allows (S3: 5 GiB) are copied. Parts of
+// options().copy_part_size (grown past kMaxParts parts), parallel_parts at
+// a time; `headers` (the metadata to keep) go with CreateMultipartUpload.
+// Completed and size-checked like an upload; aborted on any failure.
+Status CopyMultipart(S3Client& client, const std::string& key, uint64_t size,
+                     const std::vector<std::string>& headers);
+
+// The x-amz-copy-source value naming the object `key`: /BUCKET/OBJECT_KEY.
+std::string CopySource(const S3Client& client, const std::string& key);
 
 // Aborts multipart uploads under the client's prefix initiated at least
 // `min_age_seconds` before `now`. Returns how many were aborted.

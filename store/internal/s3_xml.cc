@@ -274,6 +274,13 @@ Result<std::string> ParseInitiateMultipartUpload(std::string_view body) {
   return id;
 }
 
+Result<std::string> ParseCopyPartResult(std::string_view body) {
+  ASSIGN_OR_RETURN(XmlElement doc, ParseRoot(body, "CopyPartResult", "UploadPartCopy"));
+  std::string etag = doc.ChildText("ETag");
+  if (etag.empty()) return Corruption("S3 UploadPartCopy response has no <ETag>");
+  return etag;
+}
+
 Status CheckResultRoot(std::string_view body, std::string_view expected_root) {
   return ParseRoot(body, expected_root, "result").status();
 }

@@ -62,6 +62,10 @@ Result<ListObjectsPage> ParseListObjectsV2(std::string_view body);
 // InitiateMultipartUpload (POST ?uploads): the UploadId.
 Result<std::string> ParseInitiateMultipartUpload(std::string_view body);
 
+// UploadPartCopy (PUT ?partNumber&uploadId with x-amz-copy-source): the
+// part's ETag, from the body (a 200 answer may still be an <Error>).
+Result<std::string> ParseCopyPartResult(std::string_view body);
+
 // The body of a 200 answer to CompleteMultipartUpload or CopyObject, which
 // may still be an <Error>: OK if its root element is `expected_root`.
 Status CheckResultRoot(std::string_view body, std::string_view expected_root);

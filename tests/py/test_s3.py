@@ -149,8 +149,9 @@ def test_s3_store_synced_to_a_directory_is_a_valid_local_store(moto, bucket, ckp
 def test_missing_bucket_is_a_clear_error(moto, ckpts, tmp_path):
     dte = s3_dtectl(moto, "s3://no-such-bucket-here/p", tmp_path)
     r = dte.run("log")
-    # Store::Open words a missing marker as "not a dte store", naming the store.
     assert r.returncode == ERROR and "s3://no-such-bucket-here/p" in r.stderr, r.stderr
+    assert "bucket no-such-bucket-here" in r.stderr and "does not exist" in r.stderr, r.stderr
+    assert "not a dte store" not in r.stderr, r.stderr
     r = dte.run("import", ckpts.dir(0))
     assert r.returncode == ERROR, r.stderr
     assert "bucket no-such-bucket-here" in r.stderr and "does not exist" in r.stderr, r.stderr

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <ctime>
 #include <fstream>
@@ -15,6 +16,7 @@
 
 #include "store/internal/s3_open.h"
 #include "store/internal/s3_protocol.h"
+#include "tests/store/s3_store_fixture.h"
 #include "tests/testutil/fake_s3.h"
 #include "tests/testutil/memory_store.h"
 
@@ -26,66 +28,13 @@ using internal::HttpResponse;
 using internal::TransportError;
 using test::FakeS3;
 
-constexpr const char* kAccessKey = "AKIDFAKEACCESS123";
-constexpr const char* kSecret = "sEcReT/fake+key0123456789";
-constexpr const char* kToken = "ToKeN-fake-session-987";
-
-std::string Binary(size_t n, uint8_t seed) {
-  std::string s(n, '\0');
-  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + seed) & 0xff);
-  return s;
-}
-
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-int Count(const std::vector<std::string>& log, const std::string& start) {
-  int n = 0;
-  for (const auto& l : log) n += l.rfind(start, 0) == 0;
-  return n;
-}
-
-class S3StoreFake : public ::testing::Test {
- protected:
-  void SetUp() override { Open(); }
-
-  void Open(int max_attempts = 4) {
-    S3Options o;
-    o.endpoint = FakeS3::kEndpoint;
-    o.access_key = kAccessKey;
-    o.secret_key = kSecret;
-    o.session_token = kToken;
-    o.retry.max_attempts = max_attempts;
-    o.retry.base_delay = std::chrono::milliseconds(1);
-    o.retry.max_delay = std::chrono::milliseconds(2);
-    o.part_size = uint64_t{5} << 20;
-    o.parallel_parts = 3;
-    o.spool_dir = spool_.path() + "/spool";
-    auto fake = std::make_unique<FakeS3>("bucket");
-    fake_ = fake.get();
-    auto store = internal::OpenS3StoreWithTransport("bucket", "pre/fix", o, std::move(fake));
-    ASSERT_TRUE(store.ok()) << store.status().ToString();
-    store_ = std::move(*store);
-  }
-
-  std::string Spool(const std::string& data) {
-    std::string path = store_->NewTempPath().value();
-    std::ofstream(path, std::ios::binary) << data;
-    return path;
-  }
-
-  void ExpectNoSecrets(const std::string& message) {
-    EXPECT_FALSE(Contains(message, kSecret)) << message;
-    EXPECT_FALSE(Contains(message, kToken)) << message;
-    EXPECT_FALSE(Contains(message, kAccessKey)) << message;
-    EXPECT_FALSE(Contains(message, "Authorization")) << message;
-  }
-
-  test::ScopedTempDir spool_;
-  FakeS3* fake_ = nullptr;
-  std::unique_ptr<ObjectStore> store_;
-};
+using s3_store_test::Binary;
+using s3_store_test::Contains;
+using s3_store_test::Count;
+using s3_store_test::kAccessKey;
+using s3_store_test::kSecret;
+using s3_store_test::kToken;
+using s3_store_test::S3StoreFake;
 
 TEST_F(S3StoreFake, DescribesItselfAsItsUriOnly) {
   EXPECT_EQ(store_->Describe(), "s3://bucket/pre/fix");
@@ -153,13 +102,54 @@ TEST_F(S3StoreFake, GivesUpAfterMaxAttemptsNamingCodeStatusKeyAndOperation) {
 
 TEST_F(S3StoreFake, ClientErrorsFailAtOnce) {
   fake_->before = [&](const HttpRequest&) -> std::optional<HttpResponse> {
-    return FakeS3::Error(403, "AccessDenied", "Access Denied");
+    return FakeS3::Error(400, "InvalidArgument", "Bad argument");
   };
   Status s = store_->Put("k", "v");
   ASSERT_EQ(s.code(), Code::kIOError);
-  EXPECT_TRUE(Contains(s.message(), "access denied to object k")) << s.message();
-  EXPECT_TRUE(Contains(s.message(), "AccessDenied, HTTP 403")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "PutObject of object k failed")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "InvalidArgument, HTTP 400")) << s.message();
   EXPECT_EQ(fake_->Log().size(), 1u);
+}
+
+TEST_F(S3StoreFake, RefusedCredentialsArePermissionDeniedNamingKeyBucketAndCode) {
+  struct Case {
+    long status;
+    const char* code;
+  };
+  for (const Case& c : {Case{403, "AccessDenied"}, Case{403, "SignatureDoesNotMatch"},
+                        Case{403, "InvalidAccessKeyId"}, Case{400, "ExpiredToken"},
+                        Case{403, "RequestTimeTooSkewed"}}) {
+    fake_->before = [&](const HttpRequest&) -> std::optional<HttpResponse> {
+      return FakeS3::Error(c.status, c.code, "refused");
+    };
+    const size_t requests = fake_->Log().size();
+    Status s = store_->Put("blobs/k", "v");
+    ASSERT_EQ(s.code(), Code::kPermissionDenied) << c.code << ": " << s.message();
+    EXPECT_TRUE(Contains(s.message(), "access denied to object blobs/k (bucket bucket)"))
+        << s.message();
+    EXPECT_TRUE(Contains(s.message(), std::string(c.code) + ", HTTP " + std::to_string(c.status)))
+        << s.message();
+    EXPECT_TRUE(Contains(s.message(), "s3://bucket/pre/fix")) << s.message();
+    EXPECT_EQ(fake_->Log().size(), requests + 1) << c.code << " was retried";
+  }
+  // A HEAD answer has no body, so no S3 code: the message says so.
+  fake_->before = [&](const HttpRequest&) -> std::optional<HttpResponse> {
+    HttpResponse r;
+    r.status = 403;
+    return r;
+  };
+  auto size = store_->Size("blobs/k");
+  ASSERT_EQ(size.status().code(), Code::kPermissionDenied) << size.status().message();
+  EXPECT_TRUE(Contains(size.status().message(), "HEAD answers carry no S3 error code"))
+      << size.status().message();
+  // A bucket-level request names the bucket once.
+  fake_->before = [&](const HttpRequest&) -> std::optional<HttpResponse> {
+    return FakeS3::Error(403, "AccessDenied", "refused");
+  };
+  auto list = store_->List("manifests/");
+  ASSERT_EQ(list.status().code(), Code::kPermissionDenied);
+  EXPECT_TRUE(Contains(list.status().message(), "access denied to bucket bucket in store"))
+      << list.status().message();
 }
 
 TEST_F(S3StoreFake, MissingKeyAndBucketAreNotFoundNamingThem) {
@@ -380,22 +370,6 @@ TEST_F(S3StoreFake, ListFollowsContinuationTokensAndStripsThePrefix) {
       1)
       << log[1];
   EXPECT_EQ(store_->List("b/").value(), (std::vector<std::string>{"b/1", "b/2"}));
-}
-
-TEST_F(S3StoreFake, TouchCopiesTheObjectOntoItself) {
-  fake_->SetObject("pre/fix/blobs/t", "x");
-  std::vector<std::string> headers;
-  fake_->before = [&](const HttpRequest& r) -> std::optional<HttpResponse> {
-    headers = r.headers;
-    return std::nullopt;
-  };
-  ASSERT_TRUE(store_->Touch("blobs/t").ok());
-  EXPECT_NE(std::find(headers.begin(), headers.end(), "x-amz-copy-source: /bucket/pre/fix/blobs/t"),
-            headers.end());
-  EXPECT_NE(std::find(headers.begin(), headers.end(), "x-amz-metadata-directive: REPLACE"),
-            headers.end());
-  EXPECT_EQ(store_->Touch("blobs/missing").code(), Code::kNotFound);
-  EXPECT_EQ(store_->ModifiedTime("blobs/t").value(), 784111777);
 }
 
 TEST_F(S3StoreFake, ErrorMessagesNeverCarrySecrets) {

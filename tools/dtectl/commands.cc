@@ -5,11 +5,13 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "store/cached_store.h"
 #include "store/store.h"
 #include "sync/commit.h"
 #include "sync/export.h"
 #include "sync/gc.h"
 #include "sync/verify.h"
+#include "tools/dtectl/open_store.h"
 #include "tools/dtectl/progress.h"
 
 namespace dte::cli {
@@ -24,15 +26,25 @@ int Fail(const char* cmd, const Status& s) {
   return 1;
 }
 
-Result<std::unique_ptr<Store>> OpenStore(const Common& c, bool create) {
-  StoreOptions o;
-  o.uri = c.store;
-  o.cache_dir = c.cache_dir;
-  o.create = create;
-  // Commands work from the store itself when another process holds the
-  // index; only reindex insists on it.
-  o.index_optional = true;
-  return Store::Open(o);
+void NoteRetry(const char* cmd, const Status& s, uint64_t version) {
+  std::cerr << "dtectl " << cmd << ": note: " << s.message()
+            << "; dropped the blob cache's chunks of " << VersionName(version)
+            << " and its chain, reading again\n";
+}
+
+// What the blob cache did for the command (null without one).
+json CacheJson(Store& store) {
+  CachedStore* cache = store.blob_cache();
+  if (cache == nullptr) return nullptr;
+  const BlobCacheStats s = cache->Stats();
+  return json{{"dir", cache->dir()},
+              {"hits", s.hits},
+              {"fetches", s.fetches},
+              {"fetched_bytes", s.fetched_bytes},
+              {"written", s.written},
+              {"written_bytes", s.written_bytes},
+              {"write_errors", s.write_errors},
+              {"dropped", s.dropped}};
 }
 
 std::string Percent(uint64_t part, uint64_t whole) {
@@ -78,7 +90,7 @@ Result<uint64_t> ParseVersionArg(Store& store, const std::string& arg) {
 
 int RunCommit(const Common& c, const CommitArgs& a, bool import) {
   const char* cmd = import ? "import" : "commit";
-  auto store = OpenStore(c, import);
+  auto store = OpenStore(c, cmd, import, BlobReads::kCached);
   if (!store.ok()) return Fail(cmd, store.status());
   Progress progress(cmd, c.quiet);
   CommitOptions o;
@@ -86,6 +98,15 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
   o.force_anchor = import || a.anchor;
   o.progress = progress.Callback();
   auto r = CommitDirectory(**store, a.dir, o);
+  if (!r.ok() && RetryAfterCorruption(**store, r.status())) {
+    // The parent is the latest version: its chain is what the commit read.
+    auto latest = (*store)->Latest();
+    if (latest.ok() && *latest) {
+      NoteRetry(cmd, r.status(), **latest);
+      DropCachedChain(**store, **latest);
+    }
+    r = CommitDirectory(**store, a.dir, o);
+  }
   double secs = progress.Finish();
   if (!r.ok()) return Fail(cmd, r.status());
   if (c.json) {
@@ -99,7 +120,8 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
            {"stored_bytes", r->stored_bytes},
            {"dense_bytes", r->dense_bytes},
            {"input_bytes", r->input_bytes},
-           {"seconds", secs}};
+           {"seconds", secs},
+           {"blob_cache", CacheJson(**store)}};
     std::cout << j.dump() << "\n";
     return 0;
   }
@@ -117,7 +139,7 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
 }
 
 int RunLog(const Common& c) {
-  auto store = OpenStore(c, false);
+  auto store = OpenStore(c, "log", false, BlobReads::kCached);
   if (!store.ok()) return Fail("log", store.status());
   auto versions = (*store)->ListVersions();
   if (!versions.ok()) return Fail("log", versions.status());
@@ -157,22 +179,23 @@ int RunLog(const Common& c) {
 }
 
 int RunExport(const Common& c, const std::string& version, const std::string& out) {
-  auto store = OpenStore(c, false);
+  auto store = OpenStore(c, "export", false, BlobReads::kCached);
   if (!store.ok()) return Fail("export", store.status());
   auto num = ParseVersionArg(**store, version);
   if (!num.ok()) return Fail("export", num.status());
   Progress progress("export", c.quiet);
   auto r = ExportVersion(**store, *num, out, progress.Callback());
+  if (!r.ok() && RetryAfterCorruption(**store, r.status())) {
+    NoteRetry("export", r.status(), *num);
+    DropCachedChain(**store, *num);  // a failed export leaves nothing behind
+    r = ExportVersion(**store, *num, out, progress.Callback());
+  }
   double secs = progress.Finish();
   if (!r.ok()) return Fail("export", r.status());
   if (c.json) {
-    std::cout << json{{"version", r->version},
-                      {"files", r->files},
-                      {"bytes", r->bytes},
-                      {"seconds", secs},
-                      {"out", out}}
-                     .dump()
-              << "\n";
+    json j{{"version", r->version}, {"files", r->files}, {"bytes", r->bytes},
+           {"seconds", secs},       {"out", out},        {"blob_cache", CacheJson(**store)}};
+    std::cout << j.dump() << "\n";
   } else {
     std::cout << "export: " << VersionName(r->version) << " -> " << out << ", " << r->files
               << " files, " << HumanBytes(static_cast<double>(r->bytes)) << " in " << secs << " s ("
@@ -182,7 +205,8 @@ int RunExport(const Common& c, const std::string& version, const std::string& ou
 }
 
 int RunVerify(const Common& c, std::optional<uint64_t> version) {
-  auto store = OpenStore(c, false);
+  // verify checks the store's own bytes: a cached copy proves nothing.
+  auto store = OpenStore(c, "verify", false, BlobReads::kFromStore);
   if (!store.ok()) return Fail("verify", store.status());
   Progress progress("verify", c.quiet);
   auto r = VerifyStore(**store, version, progress.Callback());
@@ -206,7 +230,7 @@ int RunVerify(const Common& c, std::optional<uint64_t> version) {
 }
 
 int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_run) {
-  auto store = OpenStore(c, false);
+  auto store = OpenStore(c, "gc", false, BlobReads::kCached);
   if (!store.ok()) return Fail("gc", store.status());
   Progress progress("gc", c.quiet);
   GcOptions o{keep_last, grace_seconds, dry_run};
@@ -237,6 +261,9 @@ int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_r
 int RunReindex(const Common& c) {
   StoreOptions o;
   o.uri = c.store;
+  // Insisted on: the index is what reindex rebuilds. Clearing it forgets
+  // the blob cache's chunks too, so no blob cache is opened (the next one
+  // to open deletes their files).
   o.cache_dir = c.cache_dir;
   auto store = Store::Open(o);
   if (!store.ok()) return Fail("reindex", store.status());

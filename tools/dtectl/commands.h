@@ -12,6 +12,10 @@ struct Common {
   std::string store;      // --store, or $DTE_STORE
   std::string cache_dir;  // --cache-dir, or $DTE_CACHE_DIR, or ~/.cache/dte
   std::string endpoint;   // --endpoint: S3 endpoint URL for s3:// stores
+  // s3:// stores: --blob-cache-size (0: no blob cache) and --blob-chunk-size
+  // of the local blob cache (tools/dtectl/open_store.h).
+  uint64_t blob_cache_bytes = uint64_t{4} << 30;
+  uint64_t blob_chunk_bytes = uint64_t{4} << 20;
   bool quiet = false;
   bool json = false;
 };

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "store/cached_store.h"
 #include "store/units.h"
 #include "tools/dtectl/commands.h"
 
@@ -15,14 +16,45 @@ const char* EnvOr(const char* name, const char* fallback) {
   return v && *v ? v : fallback;
 }
 
-void AddCommon(CLI::App* cmd, Common* c, bool json) {
+// Size options as text until they are parsed.
+struct SizeText {
+  std::string blob_cache = "4GiB";
+  std::string blob_chunk = "4MiB";
+};
+
+void AddCommon(CLI::App* cmd, Common* c, SizeText* sizes, bool json) {
   cmd->add_option("--store", c->store, "Store: a directory or s3://bucket/prefix (env DTE_STORE)");
   cmd->add_option("--endpoint", c->endpoint,
                   "S3 endpoint URL for s3:// stores (env AWS_ENDPOINT_URL)");
   cmd->add_option("--cache-dir", c->cache_dir,
                   "Host-local index and caches (env DTE_CACHE_DIR, default ~/.cache/dte)");
+  cmd->add_option("--blob-cache-size", sizes->blob_cache,
+                  "s3:// stores: bound of the local disk cache that blob reads go through and "
+                  "uploads are kept in (default 4GiB; 0: none)");
+  cmd->add_option("--blob-chunk-size", sizes->blob_chunk,
+                  "s3:// stores: blobs are fetched and cached in aligned pieces of this size "
+                  "(default 4MiB; a multiple of 64KiB)");
   cmd->add_flag("-q,--quiet", c->quiet, "No progress output");
   if (json) cmd->add_flag("--json", c->json, "Print the result as JSON");
+}
+
+// Parses the size options into c; false (after a message) if one is bad.
+bool ParseSizes(const SizeText& sizes, Common* c) {
+  auto cache = dte::ParseByteSize(sizes.blob_cache);
+  if (!cache.ok()) {
+    std::cerr << "dtectl: error: bad --blob-cache-size \"" << sizes.blob_cache << "\"\n";
+    return false;
+  }
+  auto chunk = dte::ParseByteSize(sizes.blob_chunk);
+  if (!chunk.ok() || *chunk == 0 || *chunk % dte::kCachePageBytes != 0 ||
+      *chunk > (uint64_t{1} << 30)) {
+    std::cerr << "dtectl: error: bad --blob-chunk-size \"" << sizes.blob_chunk
+              << "\": a multiple of 64KiB, at most 1GiB\n";
+    return false;
+  }
+  c->blob_cache_bytes = *cache;
+  c->blob_chunk_bytes = *chunk;
+  return true;
 }
 
 }  // namespace
@@ -32,12 +64,13 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every command");
   Common c;
+  SizeText sizes;
   c.store = EnvOr("DTE_STORE", "");
 
   dte::cli::CommitArgs ca;
   auto add_commit = [&](const char* name, const char* help) {
     CLI::App* cmd = app.add_subcommand(name, help);
-    AddCommon(cmd, &c, true);
+    AddCommon(cmd, &c, &sizes, true);
     cmd->add_option("DIR", ca.dir, "Hugging Face checkpoint directory")->required();
     cmd->add_option("--version", ca.version, "Version number (default: latest + 1)");
     return cmd;
@@ -47,31 +80,31 @@ int main(int argc, char** argv) {
   commit->add_flag("--anchor", ca.anchor, "Store full weights instead of a delta");
 
   CLI::App* log = app.add_subcommand("log", "List versions");
-  AddCommon(log, &c, true);
+  AddCommon(log, &c, &sizes, true);
 
   std::string export_version, out;
   CLI::App* exp = app.add_subcommand("export", "Write a version as a plain model directory");
-  AddCommon(exp, &c, true);
+  AddCommon(exp, &c, &sizes, true);
   exp->add_option("--version", export_version, "Version number or 'latest'")->required();
   exp->add_option("OUT_DIR", out, "Output directory (must not exist or be empty)")->required();
 
   std::optional<uint64_t> verify_version;
   CLI::App* verify = app.add_subcommand("verify", "Check every blob, chain and tensor hash");
-  AddCommon(verify, &c, true);
+  AddCommon(verify, &c, &sizes, true);
   verify->add_option("--version", verify_version, "Only this version (and its chain)");
 
   uint64_t keep_last = 8;
   int64_t grace = 600;
   bool dry_run = false;
   CLI::App* gc = app.add_subcommand("gc", "Keep the newest versions, reclaim the rest");
-  AddCommon(gc, &c, true);
+  AddCommon(gc, &c, &sizes, true);
   gc->add_option("--keep-last", keep_last, "Versions to keep")->required();
   gc->add_option("--grace-seconds", grace,
                  "Never delete unreferenced blobs younger than this (commits in flight)");
   gc->add_flag("--dry-run", dry_run, "Only report what would be removed");
 
   CLI::App* reindex = app.add_subcommand("reindex", "Rebuild the local index from the store");
-  AddCommon(reindex, &c, true);
+  AddCommon(reindex, &c, &sizes, true);
 
   try {
     app.parse(argc, argv);
@@ -83,6 +116,7 @@ int main(int argc, char** argv) {
     std::cerr << "dtectl: error: no store given (use --store or set DTE_STORE)\n";
     return 2;
   }
+  if (!ParseSizes(sizes, &c)) return 2;
   if (c.cache_dir.empty()) c.cache_dir = dte::DefaultCacheDir();
   if (!c.endpoint.empty()) {
     // S3 stores read their endpoint from the environment; the flag wins

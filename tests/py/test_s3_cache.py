@@ -1,0 +1,224 @@
+"""dtectl's blob cache for s3:// stores, against a real S3-compatible server
+(moto, on loopback, checking every request's SigV4 signature) behind the
+counting proxy of s3_proxy.py.
+
+A publisher keeps the blobs it uploads (write-through), so a commit reads
+its parent from local disk: the second of two consecutive commits sends no
+blob GET and downloads a tiny fraction of the model, while the same commit
+on a host with an empty cache downloads the parent. Results are bit-exact
+(exported by another host, verified). Two dtectl processes on one cache
+directory: the one without the cache index runs uncached and says so.
+Read-only commands on a bucket that does not exist say so.
+"""
+
+import fcntl
+import json
+import os
+import re
+import subprocess
+import threading
+
+import pytest
+
+import s3_util
+import store_util
+from dtectl_util import ERROR, OK, Dtectl
+from fs_util import binary as dtefs_binary
+from s3_proxy import FaultProxy
+
+_buckets = [0]
+
+
+@pytest.fixture(scope="module")
+def moto():
+    server = s3_util.MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(moto):
+    p = FaultProxy(moto.endpoint, io_timeout=60)
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def bucket(moto, request):
+    _buckets[0] += 1
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    return moto.create_bucket(f"c{_buckets[0]}-{name}")
+
+
+def host(moto, endpoint, uri, root):
+    """dtectl on `uri` through `endpoint`, with its own cache directory root/cache."""
+    d = Dtectl(uri, root / "cache", env={**moto.env(), "AWS_ENDPOINT_URL": endpoint,
+                                         "DTE_SPOOL_DIR": str(root / "spool")})
+    for k in [k for k in d.env if k.startswith("AWS_") and k not in moto.env()]:
+        del d.env[k]
+    return d
+
+
+class Counted:
+    """What one dtectl run moved through the proxy."""
+
+    def __init__(self, proxy, run):
+        proxy.reset_counters()
+        self.result = run()
+        self.blob_gets = proxy.exchanges(method="GET", key="/blobs/")
+        self.bytes_down = proxy.bytes_down
+        self.bytes_up = proxy.bytes_up
+        self.requests = len(proxy.exchanges())
+
+
+def commit(d, ckpt):
+    r = d.ok("commit", ckpt, "--json")
+    return json.loads(r.stdout)
+
+
+def test_second_commit_reads_its_parent_from_the_cache(moto, proxy, bucket, ckpts, tmp_path):
+    uri = f"s3://{bucket}/run"
+    pub = host(moto, proxy.endpoint, uri, tmp_path / "publisher")
+    imported = Counted(proxy, lambda: json.loads(pub.ok("import", ckpts.dir(0), "--json").stdout))
+    assert imported.result["blob_cache"]["written_bytes"] >= imported.result["stored_bytes"]
+    first = Counted(proxy, lambda: commit(pub, ckpts.dir(1)))
+    second = Counted(proxy, lambda: commit(pub, ckpts.dir(2)))
+    dense = second.result["dense_bytes"]
+    for c in (first, second):
+        print(f"commit v{c.result['version']}: {c.requests} requests, "
+              f"{c.bytes_down} bytes down, {c.bytes_up} bytes up, "
+              f"{len(c.blob_gets)} blob GETs; dense {dense}")
+        assert c.result["kind"] == "delta"
+        assert c.blob_gets == [], [e.path for e in c.blob_gets]
+        assert c.result["blob_cache"]["fetched_bytes"] == 0
+        assert c.result["blob_cache"]["hits"] > 0  # the parent came from local disk
+        # Listings, HEADs, the marker and the answers to uploads: response
+        # heads and small XML bodies, well under 1 KB a request.
+        assert c.bytes_down < 1000 * c.requests, (c.bytes_down, c.requests)
+        assert c.bytes_down < dense / 20, (c.bytes_down, dense)
+
+    # The same commit on a host with an empty cache downloads the parent.
+    cold = host(moto, proxy.endpoint, uri, tmp_path / "cold")
+    third = Counted(proxy, lambda: commit(cold, ckpts.dir(3)))
+    print(f"commit v3 on an empty cache: {third.bytes_down} bytes down, "
+          f"{len(third.blob_gets)} blob GETs")
+    assert third.bytes_down > dense / 2, (third.bytes_down, dense)
+    assert third.result["blob_cache"]["fetched_bytes"] > dense / 2
+
+    # Bit-exact, read by a host that shares no cache with the publishers.
+    reader = host(moto, moto.endpoint, uri, tmp_path / "reader")
+    for step in range(4):
+        store_util.same_tree(reader.export(step, tmp_path / f"out{step}"), ckpts.dir(step))
+    assert json.loads(reader.ok("verify", "--json").stdout)["ok"]
+    assert [v["kind"] for v in reader.log()] == ["anchor", "delta", "delta", "delta"]
+
+
+def test_blob_cache_size_zero_reads_the_parent_from_the_store(moto, proxy, bucket, ckpts,
+                                                             tmp_path):
+    pub = host(moto, proxy.endpoint, f"s3://{bucket}/p", tmp_path / "publisher")
+    pub.ok("import", ckpts.dir(0), "--blob-cache-size", "0")
+    r = Counted(proxy, lambda: pub.ok("commit", ckpts.dir(1), "--json", "--blob-cache-size", "0"))
+    assert json.loads(r.result.stdout)["blob_cache"] is None
+    assert len(r.blob_gets) > 0
+    assert r.bytes_down > json.loads(r.result.stdout)["dense_bytes"] / 2
+
+
+def test_verify_reads_the_store_not_the_cache(moto, proxy, bucket, ckpts, tmp_path):
+    """A blob damaged in the store after the publisher cached it: export
+    still reads the good cached copy, verify reports the damage."""
+    pub = host(moto, proxy.endpoint, f"s3://{bucket}/p", tmp_path / "publisher")
+    pub.ok("import", ckpts.dir(0))
+    client = s3_util.s3_client(moto)
+    blobs = client.list_objects_v2(Bucket=bucket, Prefix="p/blobs/")["Contents"]
+    victim = max(blobs, key=lambda o: o["Size"])["Key"]
+    data = bytearray(client.get_object(Bucket=bucket, Key=victim)["Body"].read())
+    data[len(data) // 2] ^= 0x40
+    client.put_object(Bucket=bucket, Key=victim, Body=bytes(data))
+    store_util.same_tree(pub.export(0, tmp_path / "out"), ckpts.dir(0))
+    r = pub.run("verify")
+    assert r.returncode == 4, r.stderr  # CORRUPT
+    assert victim.rsplit("/", 1)[1] in r.stderr, r.stderr
+
+
+def index_lock(cache_dir):
+    """Holds the RocksDB lock of the one store index under cache_dir, as a
+    running dtefs or dtectl would; returns the open file (close to release)."""
+    (store_id,) = os.listdir(cache_dir)
+    f = open(os.path.join(cache_dir, store_id, "index", "LOCK"), "r+")
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return f
+
+
+def test_busy_cache_index_runs_uncached_with_a_note(moto, proxy, bucket, ckpts, tmp_path):
+    pub = host(moto, proxy.endpoint, f"s3://{bucket}/p", tmp_path / "publisher")
+    pub.ok("import", ckpts.dir(0))
+    lock = index_lock(pub.cache)
+    try:
+        busy = Counted(proxy, lambda: pub.ok("commit", ckpts.dir(1), "--json"))
+    finally:
+        lock.close()
+    stderr = busy.result.stderr
+    assert "note: the cache index" in stderr and "running without the blob cache" in stderr, stderr
+    assert json.loads(busy.result.stdout)["blob_cache"] is None
+    assert len(busy.blob_gets) > 0  # the parent came from the store
+    # The cache is intact: the next commit reads v0 from it and only v1's
+    # delta (not kept by the uncached commit) from the store.
+    after = Counted(proxy, lambda: commit(pub, ckpts.dir(2)))
+    assert after.result["blob_cache"]["hits"] > 0
+    assert after.bytes_down < busy.bytes_down / 2, (after.bytes_down, busy.bytes_down)
+    reader = host(moto, moto.endpoint, pub.store, tmp_path / "reader")
+    store_util.same_tree(reader.export(2, tmp_path / "out"), ckpts.dir(2))
+
+
+def test_concurrent_commands_on_one_cache_dir(moto, proxy, bucket, ckpts, tmp_path):
+    pub = host(moto, proxy.endpoint, f"s3://{bucket}/p", tmp_path / "publisher")
+    pub.ok("import", ckpts.dir(0))
+    pub.ok("commit", ckpts.dir(1))
+    results = [None] * 4
+
+    def export(i):
+        results[i] = pub.run("export", "--version", i % 2, tmp_path / f"out{i}")
+
+    threads = [threading.Thread(target=export, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, r in enumerate(results):
+        assert r.returncode == OK, r.stderr
+        store_util.same_tree(tmp_path / f"out{i}", ckpts.dir(i % 2))
+    # The cache is still sound for the next command.
+    assert pub.ok("commit", ckpts.dir(2)).returncode == OK
+    store_util.same_tree(pub.export(2, tmp_path / "out2-again"), ckpts.dir(2))
+
+
+def test_missing_bucket_is_named_by_read_only_commands_and_dtefs(moto, bucket, tmp_path):
+    # A bucket that exists but holds no store is "not a dte store".
+    empty = host(moto, moto.endpoint, f"s3://{bucket}/p", tmp_path / "empty")
+    r = empty.run("log")
+    assert r.returncode == ERROR and "not a dte store" in r.stderr, r.stderr
+    uri = "s3://no-such-bucket-cache/p"
+    d = host(moto, moto.endpoint, uri, tmp_path)
+    for args in (["log"], ["verify"], ["export", "--version", 0, tmp_path / "out"]):
+        r = d.run(*args)
+        assert r.returncode == ERROR, (args, r.stderr)
+        assert "bucket no-such-bucket-cache" in r.stderr and "does not exist" in r.stderr, \
+            (args, r.stderr)
+        assert "NoSuchBucket" in r.stderr and "not a dte store" not in r.stderr, (args, r.stderr)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run([str(dtefs_binary()), uri, str(mnt), "-f", "--cache-dir",
+                        str(tmp_path / "fs-cache")], env=d.env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0, r.stderr
+    assert "bucket no-such-bucket-cache" in r.stderr and "does not exist" in r.stderr, r.stderr
+    assert "not a dte store" not in r.stderr, r.stderr
+    assert not os.path.ismount(mnt)
+
+
+def test_bad_blob_cache_options_are_usage_errors(moto, bucket, tmp_path):
+    d = host(moto, moto.endpoint, f"s3://{bucket}/p", tmp_path)
+    for args in (["--blob-cache-size", "lots"], ["--blob-chunk-size", "1000"],
+                 ["--blob-chunk-size", "2GiB"]):
+        r = d.run("log", *args)
+        assert r.returncode == 2 and args[0] in r.stderr, (args, r.stderr)
