@@ -109,6 +109,12 @@ Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const Fi
     }
     if (base && base->ReadBlock(*cur, r, len, dst)) {
       counters_.base_blocks++;
+      // The base checked the block against v's own hash: nothing to apply
+      // and nothing left to check.
+      if (cur == v) {
+        counters_.blocks++;
+        return Status::Ok();
+      }
       break;
     }
     const BlockRecord& rec = cur->records[r];
