@@ -15,6 +15,8 @@ namespace {
 
 constexpr int kWidth = 2;  // BF16
 
+}  // namespace
+
 // One block's entries, built per thread.
 struct BlockEntries {
   std::vector<uint32_t> idx;
@@ -27,6 +29,31 @@ struct BlockEntries {
     known.clear();
   }
 };
+
+namespace {
+
+// Resolves candidate i (chunk-relative; block_first is its block's first
+// element) and, unless it is proven unchanged, adds it to e.
+void AddCandidate(const float* theta, const float* m, const float* v, uint64_t i,
+                  uint64_t block_first, const kernels::AdamWScalars& s, BlockEntries* e,
+                  EngineCounts* counts) {
+  const ResolvedOld r = ResolveOldBf16(theta[i], m[i], v[i], s);
+  if (r.state == OldBits::kUnchanged) {
+    counts->false_positives++;
+    return;
+  }
+  e->idx.push_back(static_cast<uint32_t>(i - block_first));
+  e->new_bits.push_back(kernels::Fp32ToBf16Bits(theta[i]));
+  e->old_bits.push_back(r.bits);
+  e->known.push_back(r.state == OldBits::kKnown);
+  counts->uncertain += r.state == OldBits::kUnknown;
+}
+
+BlockEntries& ThreadEntries() {
+  thread_local BlockEntries e;
+  e.Clear();
+  return e;
+}
 
 }  // namespace
 
@@ -46,23 +73,36 @@ void EngineEncoder::SetParams(const kernels::AdamWParams& params) {
 void EngineEncoder::EncodeBlock(const float* theta, const float* m, const float* v,
                                 uint64_t block_elems, size_t entry_begin, size_t entry_end,
                                 size_t slot, EngineCounts* counts) {
-  thread_local BlockEntries e;
-  thread_local CodecScratch scratch;
-  e.Clear();
+  BlockEntries& e = ThreadEntries();
   const uint64_t block_first = slot * (block_bytes_ / kWidth);  // chunk-relative
   for (size_t k = entry_begin; k < entry_end; ++k) {
-    const uint64_t i = idx_[k];  // chunk-relative
-    const ResolvedOld r = ResolveOldBf16(theta[i], m[i], v[i], scalars_);
-    if (r.state == OldBits::kUnchanged) {
-      counts->false_positives++;
-      continue;
-    }
-    e.idx.push_back(static_cast<uint32_t>(i - block_first));
-    e.new_bits.push_back(kernels::Fp32ToBf16Bits(theta[i]));
-    e.old_bits.push_back(r.bits);
-    e.known.push_back(r.state == OldBits::kKnown);
-    counts->uncertain += r.state == OldBits::kUnknown;
+    AddCandidate(theta, m, v, idx_[k], block_first, scalars_, &e, counts);
   }
+  FinishBlock(e, block_elems, slot, counts);
+}
+
+void EngineEncoder::ScreenBlock(const float* theta, const float* m, const float* v,
+                                uint64_t block_elems, size_t slot, EngineCounts* counts) {
+  thread_local std::vector<uint32_t> cand(kScreenStride);
+  BlockEntries& e = ThreadEntries();
+  const uint64_t block_first = slot * (block_bytes_ / kWidth);  // chunk-relative
+  const uint64_t block_end = block_first + block_elems;
+  for (uint64_t s = block_first; s < block_end; s += kScreenStride) {
+    const size_t len = std::min<uint64_t>(kScreenStride, block_end - s);
+    const size_t found =
+        ScreenAndCast(theta + s, m + s, v + s, len, screen_scalars_, cand.data(), cast_.data() + s);
+    counts->flagged += found;
+    for (size_t k = 0; k < found; ++k) {
+      AddCandidate(theta, m, v, s + cand[k], block_first, scalars_, &e, counts);
+    }
+  }
+  FinishBlock(e, block_elems, slot, counts);
+}
+
+void EngineEncoder::FinishBlock(const BlockEntries& e, uint64_t block_elems, size_t slot,
+                                EngineCounts* counts) {
+  thread_local CodecScratch scratch;
+  const uint64_t block_first = slot * (block_bytes_ / kWidth);  // chunk-relative
   const auto count = static_cast<uint32_t>(e.idx.size());
   counts->changed += count;
   EncodedBlock& out = encoded_[slot];
@@ -97,49 +137,61 @@ Status EngineEncoder::EncodeTensor(const float* theta, const float* m, const flo
     const uint64_t e0 = uint64_t{first} * block_elems;
     const uint64_t len = std::min<uint64_t>(uint64_t{nblocks} * block_elems, n - e0);
     cast_.resize(len);
-    idx_.resize(len);
-    kernels::CastFp32ToBf16(theta + e0, cast_.data(), len);
-    hasher.Update(cast_.data(), len * kWidth);
     kernels::AdamWDetectResult found;
-    if (screen_) {
-      found.count = ScreenCandidates(theta + e0, m + e0, v + e0, len, screen_scalars_, idx_.data());
-    } else {
+    if (!screen_) {
+      idx_.resize(len);
       new_bits_.resize(len);
+      kernels::CastFp32ToBf16(theta + e0, cast_.data(), len);
       found = kernels::AdamWInvertDetect(theta + e0, m + e0, v + e0, len, params_, detect_,
                                          idx_.data(), new_bits_.data());
+      counts->flagged += found.count;
     }
-    counts->flagged += found.count;
     encoded_.assign(nblocks, EncodedBlock{});
     std::vector<EngineCounts> per_block(nblocks);
     kernels::ParallelFor(nblocks, 1, [&](size_t lo, size_t hi) {
       for (size_t b = lo; b < hi; ++b) {
         const uint64_t bb = b * block_elems, be = std::min(len, bb + block_elems);
-        const auto* begin = idx_.data();
-        const size_t kb = std::lower_bound(begin, begin + found.count, bb) - begin;
-        const size_t ke = std::lower_bound(begin, begin + found.count, be) - begin;
-        BlockRecord& rec = records[first + b];
-        rec.hash = HashBlock(cast_.data() + bb, (be - bb) * kWidth);
-        EncodeBlock(theta + e0, m + e0, v + e0, be - bb, kb, ke, b, &per_block[b]);
+        if (screen_) {
+          // One pass while the block's state is in cache: screen, cast,
+          // resolve the candidates.
+          ScreenBlock(theta + e0, m + e0, v + e0, be - bb, b, &per_block[b]);
+        } else {
+          const auto* begin = idx_.data();
+          const size_t kb = std::lower_bound(begin, begin + found.count, bb) - begin;
+          const size_t ke = std::lower_bound(begin, begin + found.count, be) - begin;
+          EncodeBlock(theta + e0, m + e0, v + e0, be - bb, kb, ke, b, &per_block[b]);
+        }
+        records[first + b].hash = HashBlock(cast_.data() + bb, (be - bb) * kWidth);
       }
     });
-    for (uint32_t b = 0; b < nblocks; ++b) {
-      const EngineCounts& c = per_block[b];
-      counts->false_positives += c.false_positives;
-      counts->uncertain += c.uncertain;
-      counts->changed += c.changed;
-      t->changed += c.changed;
-      BlockRecord& rec = records[first + b];
-      EncodedBlock& enc = encoded_[b];
-      rec.kind = enc.kind;
-      rec.changed = enc.changed;
-      if (enc.kind == BlockKind::kSame) continue;
-      rec.blob = blob_index;
-      rec.offset = spool->size();
-      rec.length = static_cast<uint32_t>(enc.payload.size());
-      RETURN_IF_ERROR(spool->Append(enc.payload.data(), enc.payload.size()));
-    }
+    hasher.Update(cast_.data(), len * kWidth);
+    RETURN_IF_ERROR(
+        AppendChunk(per_block, records + first, spool, blob_index, &t->changed, counts));
   }
   t->hash = hasher.Finish();
+  return Status::Ok();
+}
+
+Status EngineEncoder::AppendChunk(const std::vector<EngineCounts>& per_block, BlockRecord* records,
+                                  Spool* spool, uint32_t blob_index, uint64_t* tensor_changed,
+                                  EngineCounts* counts) {
+  for (size_t b = 0; b < per_block.size(); ++b) {
+    const EngineCounts& c = per_block[b];
+    counts->flagged += c.flagged;
+    counts->false_positives += c.false_positives;
+    counts->uncertain += c.uncertain;
+    counts->changed += c.changed;
+    *tensor_changed += c.changed;
+    BlockRecord& rec = records[b];
+    EncodedBlock& enc = encoded_[b];
+    rec.kind = enc.kind;
+    rec.changed = enc.changed;
+    if (enc.kind == BlockKind::kSame) continue;
+    rec.blob = blob_index;
+    rec.offset = spool->size();
+    rec.length = static_cast<uint32_t>(enc.payload.size());
+    RETURN_IF_ERROR(spool->Append(enc.payload.data(), enc.payload.size()));
+  }
   return Status::Ok();
 }
 

@@ -2,14 +2,16 @@
 // the previous version's bytes: the core of the AdamW-inverting publisher
 // (sync/publisher.h).
 //
-// The tensor is processed in chunks of kEngineBlocksPerChunk blocks: cast
-// theta to BF16 (block and tensor hashes come from these bytes, exactly as
-// CommitDirectory hashes a saved checkpoint), run the fused detector with
-// its near-boundary margin, resolve each reported element's old bits
+// The tensor is processed in chunks of kEngineBlocksPerChunk blocks, the
+// blocks of a chunk in parallel: cast theta to BF16 (block and tensor hashes
+// come from these bytes, exactly as CommitDirectory hashes a saved
+// checkpoint), find the candidates, resolve each candidate's old bits
 // (sync/internal/engine_math.h), and encode each block as a kSparse payload
 // (differences where the old bits are known, whole values where not), or
-// dense when that is smaller. Memory: about 12 bytes per element of one
-// chunk, whatever the tensor or model size.
+// dense when that is smaller. With the screen, cast, screen and resolution
+// are one pass over kScreenStride elements at a time, so the state is read
+// from memory once. Memory: about 2 bytes per element of one chunk with the
+// screen (12 with the fused detector), whatever the tensor or model size.
 //
 // Thread-safety: not thread-safe; one per publish. Uses the kernels thread
 // pool internally.
@@ -27,6 +29,11 @@
 namespace dte::internal {
 
 inline constexpr uint32_t kEngineBlocksPerChunk = 16;
+// Elements the screen's path screens, casts and resolves in one go: 48 KiB
+// of state, small enough to stay in a core's L1/L2 between the passes.
+inline constexpr size_t kScreenStride = 4096;
+
+struct BlockEntries;  // one block's resolved entries (engine_encoder.cc)
 
 struct EngineCounts {
   uint64_t flagged = 0;          // candidates the screen or fused detector reported
@@ -60,6 +67,20 @@ class EngineEncoder {
   // [entry_begin, entry_end)) into encoded_[slot].
   void EncodeBlock(const float* theta, const float* m, const float* v, uint64_t block_elems,
                    size_t entry_begin, size_t entry_end, size_t slot, EngineCounts* counts);
+
+  // The screen's path: screens block `slot` and casts it into cast_
+  // kScreenStride elements at a time (ScreenAndCast), resolving each
+  // stride's candidates while its state is still in cache.
+  void ScreenBlock(const float* theta, const float* m, const float* v, uint64_t block_elems,
+                   size_t slot, EngineCounts* counts);
+
+  // Encodes block `slot`'s resolved entries e into encoded_[slot].
+  void FinishBlock(const BlockEntries& e, uint64_t block_elems, size_t slot, EngineCounts* counts);
+
+  // Moves chunk's encoded_ blocks (per_block: their counts) into records
+  // and spool, adding to *tensor_changed and counts.
+  Status AppendChunk(const std::vector<EngineCounts>& per_block, BlockRecord* records, Spool* spool,
+                     uint32_t blob_index, uint64_t* tensor_changed, EngineCounts* counts);
 
   uint64_t block_bytes_;
   kernels::AdamWParams params_;

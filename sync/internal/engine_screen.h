@@ -13,6 +13,11 @@
 // which is computed exactly as the step computed it (for the fused
 // multiply-add orders, |u| within 2^-23, inside the allowance).
 //
+// The AVX2 and AVX-512 forms first test a cheaper over-estimate of B (no
+// square root or division; engine_screen.cc, "fast path") and evaluate B
+// itself only for what that does not rule out, so they rule out exactly the
+// elements CertainlyUnchanged rules out.
+//
 // Thread-safety: pure functions.
 #pragma once
 
@@ -30,6 +35,14 @@ struct ScreenScalars {
   float k1 = 0;          // |1 - decay| + 2^-22 max(decay, 1), rounded up
   float inv = 0;         // (1 + 2^-19) / (decay (1 - 2^-24)), rounded up
   bool enabled = false;  // decay in (0, 2]; otherwise every element is a candidate
+  // The vector widths' cheaper over-estimate of the bound (engine_screen.cc,
+  // above ScreenAvx2), used when `fast`; an element it does not rule out
+  // gets the exact CertainlyUnchanged. s is 1/bc2_sqrt, or inv_bc2_sqrt for
+  // kTorchCudaSingleTensor.
+  float fast_k = 0;    // (1 + 2^-9) |neg_step_size| / s, rounded up
+  float fast_k1 = 0;   // k1 (1 + 2^-16), rounded up
+  float fast_inv = 0;  // inv (1 + 2^-16), rounded up
+  bool fast = false;
 };
 
 ScreenScalars MakeScreenScalars(const kernels::AdamWScalars& s);
@@ -66,8 +79,33 @@ DTE_HD bool CertainlyUnchanged(float theta, float m, float v, const ScreenScalar
 
 // Writes, in increasing order, the indices i in [0, n) that are not
 // CertainlyUnchanged to idx_out (room for n) and returns their number.
-// Multi-threaded; SSE2 on x86-64, bit-identical to the scalar form.
+// Multi-threaded; vectorized (below), bit-identical to the scalar form.
 size_t ScreenCandidates(const float* theta, const float* m, const float* v, size_t n,
                         const ScreenScalars& c, uint64_t* idx_out);
+
+// The encoder's fused pass over a range small enough to stay in cache, on
+// the calling thread: writes the candidates of [0, n) (n < 2^32) as for
+// ScreenCandidates to idx_out (room for n) and returns their number, and
+// writes kernels::Fp32ToBf16Bits(theta[i]) to bf16_out[i] for every i.
+//
+// On x86-64 both functions pick, once per process, the widest of AVX-512,
+// AVX2 and SSE2 the CPU supports. Every width performs the same IEEE
+// operations (square root, division, multiplication, addition: exactly
+// rounded, never contracted) on each element, so results never depend on
+// the CPU.
+size_t ScreenAndCast(const float* theta, const float* m, const float* v, size_t n,
+                     const ScreenScalars& c, uint32_t* idx_out, uint16_t* bf16_out);
+
+// The vector widths, for tests that check every width the CPU supports
+// against CertainlyUnchanged.
+enum class ScreenIsa : uint8_t { kScalar = 0, kSse2 = 1, kAvx2 = 2, kAvx512 = 3 };
+
+// The widest width this CPU (and build) supports; the one used above.
+ScreenIsa BestScreenIsa();
+
+// ScreenAndCast with the given width, which must not exceed BestScreenIsa();
+// bf16_out may be null (no cast).
+size_t ScreenAndCastWith(ScreenIsa isa, const float* theta, const float* m, const float* v,
+                         size_t n, const ScreenScalars& c, uint32_t* idx_out, uint16_t* bf16_out);
 
 }  // namespace dte::internal

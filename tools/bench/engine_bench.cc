@@ -12,7 +12,10 @@
 //     with the fused detector, all in bytes of optimizer state (theta, m, v:
 //     12 B/element) read per second of wall time. With DUMP_DIR it writes theta.f32, m.f32, v.f32
 //     and params.json there, so tools/bench/engine_bench.py can time a
-//     PyTorch implementation of the same steps on the same data.
+//     PyTorch implementation of the same steps on the same data. With the
+//     environment variable DTE_BENCH_ENGINE_ONLY set it skips the fused
+//     detector and runs only the default engine, 20 times: for profiling
+//     (`perf record`).
 //
 //   engine_bench import STORE ELEMENTS TENSORS
 //   engine_bench publish STORE ELEMENTS TENSORS
@@ -144,7 +147,7 @@ int Kernel(size_t n, const char* dump) {
   o.margin_ulps = 16;
   double best_detect = 1e30;
   size_t flagged = 0;
-  for (int r = 0; r < 5; ++r) {
+  for (int r = 0; r < (std::getenv("DTE_BENCH_ENGINE_ONLY") ? 0 : 5); ++r) {
     auto t0 = Clock::now();
     flagged = dte::kernels::AdamWInvertDetect(theta.data(), m.data(), v.data(), n, Params(), o,
                                               idx.data(), bits.data())
@@ -172,7 +175,9 @@ int Kernel(size_t n, const char* dump) {
   if (!store.ok()) return std::fprintf(stderr, "%s\n", store.status().message().c_str()), 1;
   double best_engine[2] = {1e30, 1e30};
   uint64_t changed[2] = {0, 0}, payload = 0;
-  for (int r = 0; r < 6; ++r) {
+  // DTE_BENCH_ENGINE_ONLY=1: only the default engine, 20 times (for perf).
+  const bool engine_only = std::getenv("DTE_BENCH_ENGINE_ONLY") != nullptr;
+  for (int r = engine_only ? 1 : 0; r < (engine_only ? 40 : 6); r += engine_only ? 2 : 1) {
     const int screen = r % 2;
     dte::internal::BlobSink sink(&(*store)->objects());
     auto spool = sink.NewSpool();
