@@ -12,6 +12,7 @@
 #include "store/hash.h"
 #include "store/materialize.h"
 #include "store/store.h"
+#include "sync/convert.h"
 #include "sync/publisher.h"
 
 struct dte_publisher {
@@ -73,6 +74,54 @@ dte::TensorRef ToRef(const dte_array& a) {
 
 const char* OrEmpty(const char* s) { return s != nullptr ? s : ""; }
 
+int ToStep(const dte_adamw_step& in, dte::AdamWStep* h) {
+  h->lr = in.lr;
+  h->beta1 = in.beta1;
+  h->beta2 = in.beta2;
+  h->eps = in.eps;
+  h->weight_decay = in.weight_decay;
+  h->step = in.step;
+  h->amsgrad = in.amsgrad != 0;
+  h->maximize = in.maximize != 0;
+  if (in.order < 0 || in.order > DTE_ORDER_TORCH_CUDA_SINGLE_TENSOR) {
+    return FailWith(DTE_INVALID_ARGUMENT, "unknown AdamW order " + std::to_string(in.order));
+  }
+  h->order = static_cast<dte::kernels::AdamWOrder>(in.order);
+  return DTE_OK;
+}
+
+int ToLayout(const dte_mcore_layout& in, dte::ParallelLayout* out) {
+  if (in.norms != DTE_MCORE_NORMS_TE && in.norms != DTE_MCORE_NORMS_LOCAL) {
+    return FailWith(DTE_INVALID_ARGUMENT, "unknown MCore norms " + std::to_string(in.norms));
+  }
+  if (in.experts != DTE_MCORE_EXPERTS_SEQUENTIAL && in.experts != DTE_MCORE_EXPERTS_GROUPED) {
+    return FailWith(DTE_INVALID_ARGUMENT, "unknown MCore experts " + std::to_string(in.experts));
+  }
+  out->tp = in.tp;
+  out->ep = in.ep;
+  out->etp = in.etp;
+  if (in.vocab_divisible_by > 0) out->vocab_divisible_by = in.vocab_divisible_by;
+  out->norms = in.norms == DTE_MCORE_NORMS_LOCAL ? dte::McoreNorms::kLocal
+                                                 : dte::McoreNorms::kTransformerEngine;
+  out->experts = in.experts == DTE_MCORE_EXPERTS_GROUPED ? dte::McoreExperts::kGrouped
+                                                         : dte::McoreExperts::kSequential;
+  return DTE_OK;
+}
+
+void FillResult(const dte::PublishResult& r, dte_publish_result* out) {
+  if (out == nullptr) return;
+  *out =
+      dte_publish_result{r.version, r.parent,          r.tensors,   r.elements,     r.changed,
+                         r.flagged, r.false_positives, r.uncertain, r.stored_bytes, r.state_bytes};
+}
+
+int OpenPublisher(const dte::PublisherOptions& o, dte_publisher** out) {
+  auto opened = dte::Publisher::Open(o);
+  if (!opened.ok()) return Fail(opened.status());
+  *out = new dte_publisher{std::move(opened).value()};
+  return DTE_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -91,10 +140,27 @@ int dte_publisher_open(const char* store, const char* cache_dir, const char* con
     o.store = store;
     o.cache_dir = OrEmpty(cache_dir);
     if (converter != nullptr) o.converter = converter;
-    auto opened = dte::Publisher::Open(o);
-    if (!opened.ok()) return Fail(opened.status());
-    *out = new dte_publisher{std::move(opened).value()};
-    return static_cast<int>(DTE_OK);
+    return OpenPublisher(o, out);
+  });
+}
+
+int dte_publisher_open_mcore(const char* store, const char* cache_dir, const char* config_json,
+                             const char* config_file, const dte_mcore_layout* layout,
+                             dte_publisher** out) {
+  return Guard([&] {
+    if (store == nullptr || config_json == nullptr || layout == nullptr || out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "dte_publisher_open_mcore: store, config_json, layout and out must be set");
+    }
+    dte::PublisherOptions o;
+    o.store = store;
+    o.cache_dir = OrEmpty(cache_dir);
+    o.converter = "mcore";
+    auto spec = dte::ParseHfConfig(config_json, config_file ? config_file : "config.json");
+    if (!spec.ok()) return Fail(spec.status());
+    o.mcore = dte::McoreConverter{*spec, {}};
+    if (int rc = ToLayout(*layout, &o.mcore->layout); rc != DTE_OK) return rc;
+    return OpenPublisher(o, out);
   });
 }
 
@@ -121,18 +187,7 @@ int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
                       "dte_publisher_publish_adamw: publisher, step and params must be set");
     }
     dte::AdamWStep h;
-    h.lr = step->lr;
-    h.beta1 = step->beta1;
-    h.beta2 = step->beta2;
-    h.eps = step->eps;
-    h.weight_decay = step->weight_decay;
-    h.step = step->step;
-    h.amsgrad = step->amsgrad != 0;
-    h.maximize = step->maximize != 0;
-    if (step->order < 0 || step->order > DTE_ORDER_TORCH_CUDA_SINGLE_TENSOR) {
-      return FailWith(DTE_INVALID_ARGUMENT, "unknown AdamW order " + std::to_string(step->order));
-    }
-    h.order = static_cast<dte::kernels::AdamWOrder>(step->order);
+    if (int rc = ToStep(*step, &h); rc != DTE_OK) return rc;
     std::vector<dte::AdamWParamState> states(count);
     for (size_t i = 0; i < count; ++i) {
       const dte_adamw_param& in = params[i];
@@ -149,11 +204,38 @@ int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
     }
     auto r = p->impl->PublishAdamW(h, states);
     if (!r.ok()) return Fail(r.status());
-    if (out != nullptr) {
-      *out = dte_publish_result{r->version,      r->parent,     r->tensors,         r->elements,
-                                r->changed,      r->flagged,    r->false_positives, r->uncertain,
-                                r->stored_bytes, r->state_bytes};
+    FillResult(*r, out);
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_publisher_publish_adamw_mcore(dte_publisher* p, const dte_adamw_step* step,
+                                      const dte_mcore_adamw_shard* shards, size_t count,
+                                      dte_publish_result* out) {
+  return Guard([&] {
+    if (p == nullptr || step == nullptr || (shards == nullptr && count > 0)) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "dte_publisher_publish_adamw_mcore: publisher, step and shards must be set");
     }
+    dte::AdamWStep h;
+    if (int rc = ToStep(*step, &h); rc != DTE_OK) return rc;
+    std::vector<dte::McoreAdamWShard> states(count);
+    for (size_t i = 0; i < count; ++i) {
+      const dte_mcore_adamw_shard& in = shards[i];
+      if (in.name == nullptr) {
+        return FailWith(DTE_INVALID_ARGUMENT, "MCore shard " + std::to_string(i) + " has no name");
+      }
+      states[i].key = dte::ShardKey{in.name, in.tp_rank, in.ep_rank};
+      states[i].param = ToRef(in.param);
+      states[i].exp_avg = ToRef(in.exp_avg);
+      states[i].exp_avg_sq = ToRef(in.exp_avg_sq);
+      if (in.state_step >= 0) states[i].state_step = in.state_step;
+      if (!std::isnan(in.lr)) states[i].lr = in.lr;
+      if (!std::isnan(in.weight_decay)) states[i].weight_decay = in.weight_decay;
+    }
+    auto r = p->impl->PublishAdamWMcore(h, states);
+    if (!r.ok()) return Fail(r.status());
+    FillResult(*r, out);
     return static_cast<int>(DTE_OK);
   });
 }

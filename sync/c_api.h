@@ -78,6 +78,31 @@ typedef struct dte_adamw_step {
   int32_t order;             /* enum dte_adamw_order */
 } dte_adamw_step;
 
+/* Megatron-Core layout options (sync/convert.h ParallelLayout). */
+enum dte_mcore_norms { DTE_MCORE_NORMS_TE = 0, DTE_MCORE_NORMS_LOCAL = 1 };
+enum dte_mcore_experts { DTE_MCORE_EXPERTS_SEQUENTIAL = 0, DTE_MCORE_EXPERTS_GROUPED = 1 };
+
+typedef struct dte_mcore_layout {
+  int32_t tp, ep;
+  int32_t etp;                /* expert tensor parallelism; 0: tp */
+  int64_t vocab_divisible_by; /* 0: 128, Megatron's default */
+  int32_t norms;              /* enum dte_mcore_norms */
+  int32_t experts;            /* enum dte_mcore_experts */
+} dte_mcore_layout;
+
+/* One Megatron-Core shard's optimizer state: parameter `name` as the rank
+ * (tp_rank, ep_rank) holds it. */
+typedef struct dte_mcore_adamw_shard {
+  const char* name;
+  int32_t tp_rank, ep_rank;
+  dte_array param;      /* FP32 master weights of the shard after the step */
+  dte_array exp_avg;    /* optimizer state exp_avg of the shard */
+  dte_array exp_avg_sq; /* optimizer state exp_avg_sq of the shard */
+  int64_t state_step;   /* optimizer state step, or -1 when unknown */
+  double lr;            /* the shard's param group lr; NaN: the step's */
+  double weight_decay;  /* the shard's param group weight decay; NaN: the step's */
+} dte_mcore_adamw_shard;
+
 typedef struct dte_publish_result {
   uint64_t version, parent, tensors, elements;
   uint64_t changed, flagged, false_positives, uncertain;
@@ -96,6 +121,19 @@ int dte_publisher_import(dte_publisher* p, const char* dir, uint64_t* version_ou
 int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
                                 const dte_adamw_param* params, size_t count,
                                 dte_publish_result* out);
+
+/* A publisher with the Megatron-Core converter: config_json is the text of
+ * the model's Hugging Face config.json (llama, qwen3, qwen3_moe),
+ * config_file names it in errors (may be NULL). Both publish calls work on
+ * it; publish_adamw_mcore takes every shard of each converter unit it
+ * publishes (units not given are unchanged) and commits exactly the version
+ * dte_publisher_publish_adamw of the converted HF state would. */
+int dte_publisher_open_mcore(const char* store, const char* cache_dir, const char* config_json,
+                             const char* config_file, const dte_mcore_layout* layout,
+                             dte_publisher** out);
+int dte_publisher_publish_adamw_mcore(dte_publisher* p, const dte_adamw_step* step,
+                                      const dte_mcore_adamw_shard* shards, size_t count,
+                                      dte_publish_result* out);
 
 /* Reading versions back (verification, tests). */
 int dte_store_open(const char* store, const char* cache_dir, dte_store** out);

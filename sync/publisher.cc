@@ -1,6 +1,7 @@
 #include "sync/publisher.h"
 
 #include <map>
+#include <set>
 #include <utility>
 
 #include "kernels/adamw.h"
@@ -73,6 +74,105 @@ Status CheckParam(const AdamWParamState& s, const AdamWStep& h, const TensorEntr
   return CheckState(s.name, "exp_avg_sq", s.exp_avg_sq, t);
 }
 
+// Views one of the three optimizer-state arrays of the caller's shards.
+class ShardStateSource : public ShardSource {
+ public:
+  using Shards = std::map<ShardKey, const McoreAdamWShard*>;
+  ShardStateSource(const Shards* shards, TensorRef McoreAdamWShard::*field)
+      : shards_(shards), field_(field) {}
+
+  Result<ShardView> Get(const ShardKey& key) override {
+    auto it = shards_->find(key);
+    if (it == shards_->end()) return NotFound("missing MCore shard " + key.ToString());
+    const TensorRef& r = it->second->*field_;
+    uint64_t n = 1;
+    for (int64_t d : r.shape) n *= static_cast<uint64_t>(d);
+    ShardView view;
+    view.dtype = r.dtype;
+    view.shape = r.shape;
+    view.bytes = std::string_view(static_cast<const char*>(r.data), n * DTypeWidth(r.dtype));
+    return view;
+  }
+
+ private:
+  const Shards* shards_;
+  TensorRef McoreAdamWShard::*field_;
+};
+
+// A shard's state must be FP32 arrays of the planned shape at step h.step.
+Status CheckShard(const McoreAdamWShard& s, const PlannedShard& planned, const AdamWStep& h) {
+  const std::string what = "MCore shard " + s.key.ToString();
+  if (s.state_step && *s.state_step != h.step) {
+    return InvalidArgument(what + ": optimizer state step " + std::to_string(*s.state_step) +
+                           " does not match the published step " + std::to_string(h.step));
+  }
+  for (const auto& [name, r] : {std::pair<const char*, const TensorRef*>{"param", &s.param},
+                                {"exp_avg", &s.exp_avg},
+                                {"exp_avg_sq", &s.exp_avg_sq}}) {
+    if (r->dtype != DType::kF32) {
+      return InvalidArgument(what + ": " + name + " is " + DTypeName(r->dtype) +
+                             "; the publisher needs FP32 master weights and moments");
+    }
+    if (r->shape != planned.shape) {
+      return InvalidArgument(what + ": " + name + " has shape " + ShapeString(r->shape) +
+                             " but the layout gives it shape " + ShapeString(planned.shape));
+    }
+    if (r->data == nullptr && planned.elements() > 0) {
+      return InvalidArgument(what + ": " + name + " has no data");
+    }
+  }
+  return Status::Ok();
+}
+
+// Whether the caller gave the unit's shards: all (true) or none (false).
+Result<bool> UnitGiven(const ConvertUnit& unit, const ShardStateSource::Shards& given) {
+  const PlannedShard* present = nullptr;
+  const PlannedShard* missing = nullptr;
+  for (const PlannedShard& s : unit.shards) (given.count(s.key) ? present : missing) = &s;
+  if (present != nullptr && missing != nullptr) {
+    return InvalidArgument(unit.label + ": MCore shard " + missing->key.ToString() +
+                           " is missing, but " + present->key.ToString() +
+                           " is given; give all shards of a unit or none");
+  }
+  return present != nullptr;
+}
+
+// Per HF tensor of the unit: its name and the param-group lr / weight decay
+// all the shards it is converted from agree on.
+Result<std::vector<AdamWParamState>> GroupsOf(const ConvertUnit& unit,
+                                              const ShardStateSource::Shards& given) {
+  std::vector<AdamWParamState> groups(unit.tensors.size());
+  std::vector<const McoreAdamWShard*> from(unit.tensors.size(), nullptr);
+  for (size_t t = 0; t < unit.tensors.size(); ++t) groups[t].name = unit.tensors[t].name;
+  for (const BlockCopy& c : unit.copies) {
+    const McoreAdamWShard* s = given.at(unit.shards[c.shard].key);
+    const McoreAdamWShard*& first = from[c.tensor];
+    if (first == nullptr) {
+      first = s;
+      groups[c.tensor].lr = s->lr;
+      groups[c.tensor].weight_decay = s->weight_decay;
+    } else if (first->lr != s->lr || first->weight_decay != s->weight_decay) {
+      return InvalidArgument("tensor " + groups[c.tensor].name + ": MCore shards " +
+                             first->key.ToString() + " and " + s->key.ToString() +
+                             " have different param-group lr or weight_decay");
+    }
+  }
+  return groups;
+}
+
+// The store's tensor must be BF16 with the planned shape.
+Status CheckTarget(const PlannedTensor& p, const TensorEntry& t) {
+  if (t.dtype != DType::kBF16) {
+    return InvalidArgument("tensor " + p.name + " is " + DTypeName(t.dtype) +
+                           " in the store; the publisher writes BF16 tensors only");
+  }
+  if (p.shape != t.shape) {
+    return InvalidArgument("tensor " + p.name + " has shape " + ShapeString(p.shape) +
+                           " after conversion but shape " + ShapeString(t.shape) + " in the store");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Publisher::Publisher(PublisherOptions options, std::unique_ptr<Store> store)
@@ -81,9 +181,15 @@ Publisher::Publisher(PublisherOptions options, std::unique_ptr<Store> store)
 Publisher::~Publisher() = default;
 
 Result<std::unique_ptr<Publisher>> Publisher::Open(const PublisherOptions& options) {
-  if (options.converter != "hf") {
+  std::vector<ConvertUnit> plan;
+  if (options.converter == "mcore") {
+    if (!options.mcore) {
+      return InvalidArgument("converter \"mcore\" needs the model spec and parallel layout");
+    }
+    ASSIGN_OR_RETURN(plan, PlanConversion(options.mcore->spec, options.mcore->layout));
+  } else if (options.converter != "hf") {
     return InvalidArgument("converter \"" + options.converter +
-                           "\" is not supported by the publisher (supported: hf)");
+                           "\" is not supported by the publisher (supported: hf, mcore)");
   }
   StoreOptions o;
   o.uri = options.store;
@@ -91,7 +197,9 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(const PublisherOptions& optio
   o.create = true;
   o.index_optional = true;  // as dtectl: work from the store if another process holds the index
   ASSIGN_OR_RETURN(auto store, Store::Open(o));
-  return std::unique_ptr<Publisher>(new Publisher(options, std::move(store)));
+  std::unique_ptr<Publisher> p(new Publisher(options, std::move(store)));
+  p->plan_ = std::move(plan);
+  return p;
 }
 
 Result<CommitResult> Publisher::ImportCheckpoint(const std::string& dir) {
@@ -101,8 +209,80 @@ Result<CommitResult> Publisher::ImportCheckpoint(const std::string& dir) {
   return r;
 }
 
-Result<PublishResult> Publisher::PublishAdamW(const AdamWStep& h,
-                                              const std::vector<AdamWParamState>& params) {
+// A version being built: the parent's layout and block table, with the
+// records of every tensor encoded so far replaced, and the delta spool.
+class Publisher::Draft {
+ public:
+  Draft(const PublisherOptions& o, Store* store, uint64_t latest,
+        std::shared_ptr<const Version> parent)
+      : store_uri_(store->uri()),
+        latest_(latest),
+        parent_(std::move(parent)),
+        sink_(&store->objects()),
+        encoder_(parent_->manifest.block_bytes, o.margin_ulps, o.screen) {
+    const Manifest& pm = parent_->manifest;
+    for (size_t f = 0; f < pm.files.size(); ++f) {
+      for (size_t t = 0; t < pm.files[f].tensors.size(); ++t) {
+        where_[pm.files[f].tensors[t].name] = {f, t};
+      }
+    }
+    // The new version: the parent's files and blocks, every block unchanged
+    // until a published tensor overwrites its records.
+    m_.version = latest + 1;
+    m_.parent = latest;
+    m_.created = NowRfc3339();
+    m_.block_bytes = pm.block_bytes;
+    m_.files = pm.files;
+    records_ = parent_->records;
+    for (auto& rec : records_) rec = BlockRecord{BlockKind::kSame, 0, 0, 0, 0, rec.hash};
+    for (auto& f : m_.files) {
+      for (auto& t : f.tensors) t.changed = 0;
+    }
+  }
+
+  // The parent's tensor `name`, once per publish.
+  Result<TensorAt> Claim(const std::string& name) {
+    auto it = where_.find(name);
+    if (it == where_.end()) {
+      return InvalidArgument("tensor " + name + " is not in " + VersionName(latest_) +
+                             " of store " + store_uri_);
+    }
+    if (!claimed_.insert(name).second) return InvalidArgument("tensor " + name + " is given twice");
+    return it->second;
+  }
+  const TensorEntry& Entry(TensorAt at) const {
+    return parent_->manifest.files[at.file].tensors[at.tensor];
+  }
+
+  Status Encode(TensorAt at, const AdamWStep& h, const AdamWParamState& s) {
+    TensorEntry& t = m_.files[at.file].tensors[at.tensor];
+    encoder_.SetParams(ParamsFor(h, &s));
+    RETURN_IF_ERROR(encoder_
+                        .EncodeTensor(static_cast<const float*>(s.param.data),
+                                      static_cast<const float*>(s.exp_avg.data),
+                                      static_cast<const float*>(s.exp_avg_sq.data), &t,
+                                      records_.data() + t.first_block, spool_.get(), 0, &counts_)
+                        .WithContext("tensor " + s.name));
+    r_.tensors++;
+    r_.elements += t.elements();
+    return Status::Ok();
+  }
+
+  std::string store_uri_;
+  uint64_t latest_;
+  std::shared_ptr<const Version> parent_;
+  std::map<std::string, TensorAt> where_;
+  std::set<std::string> claimed_;
+  Manifest m_;
+  std::vector<BlockRecord> records_;
+  internal::BlobSink sink_;
+  std::unique_ptr<internal::Spool> spool_;
+  internal::EngineEncoder encoder_;
+  internal::EngineCounts counts_;
+  PublishResult r_;
+};
+
+Result<std::unique_ptr<Publisher::Draft>> Publisher::Begin(const AdamWStep& h) {
   RETURN_IF_ERROR(CheckHyper(h, nullptr));
   if (last_step_ && h.step != *last_step_ + 1) {
     return InvalidArgument("step " + std::to_string(h.step) + " does not follow step " +
@@ -122,74 +302,123 @@ Result<PublishResult> Publisher::PublishAdamW(const AdamWStep& h,
                            " which this publisher committed last: another writer changed it");
   }
   ASSIGN_OR_RETURN(auto parent, store_->GetVersion(*latest));
-  const Manifest& pm = parent->manifest;
-  std::map<std::string, TensorAt> where;
-  for (size_t f = 0; f < pm.files.size(); ++f) {
-    for (size_t t = 0; t < pm.files[f].tensors.size(); ++t) {
-      where[pm.files[f].tensors[t].name] = {f, t};
-    }
-  }
-  std::vector<std::pair<TensorAt, const AdamWParamState*>> work;
-  std::map<std::string, bool> seen;
-  for (const auto& s : params) {
-    auto it = where.find(s.name);
-    if (it == where.end()) {
-      return InvalidArgument("tensor " + s.name + " is not in " + VersionName(*latest) +
-                             " of store " + store_->uri());
-    }
-    if (seen[s.name]) return InvalidArgument("tensor " + s.name + " is given twice");
-    seen[s.name] = true;
-    RETURN_IF_ERROR(CheckParam(s, h, pm.files[it->second.file].tensors[it->second.tensor]));
-    work.push_back({it->second, &s});
-  }
+  auto d = std::make_unique<Draft>(options_, store_.get(), *latest, std::move(parent));
+  ASSIGN_OR_RETURN(d->spool_, d->sink_.NewSpool());
+  return d;
+}
 
-  // The new version: the parent's files and blocks, every block unchanged
-  // until a published tensor overwrites its records.
-  Manifest m;
-  m.version = *latest + 1;
-  m.parent = *latest;
-  m.created = NowRfc3339();
-  m.block_bytes = pm.block_bytes;
-  m.files = pm.files;
-  std::vector<BlockRecord> records = parent->records;
-  for (auto& rec : records) rec = BlockRecord{BlockKind::kSame, 0, 0, 0, 0, rec.hash};
-  for (auto& f : m.files) {
-    for (auto& t : f.tensors) t.changed = 0;
+Result<PublishResult> Publisher::Finish(const AdamWStep& h, Draft& d) {
+  if (d.spool_->size() > 0) {
+    ASSIGN_OR_RETURN(BlobRef delta, d.sink_.Finish(std::move(d.spool_)));
+    d.m_.blobs.push_back(delta);
   }
-
-  internal::BlobSink sink(&store_->objects());
-  ASSIGN_OR_RETURN(auto spool, sink.NewSpool());
-  internal::EngineEncoder encoder(m.block_bytes, options_.margin_ulps, options_.screen);
-  internal::EngineCounts counts;
-  PublishResult r;
-  for (const auto& [at, s] : work) {
-    TensorEntry& t = m.files[at.file].tensors[at.tensor];
-    encoder.SetParams(ParamsFor(h, s));
-    RETURN_IF_ERROR(encoder
-                        .EncodeTensor(static_cast<const float*>(s->param.data),
-                                      static_cast<const float*>(s->exp_avg.data),
-                                      static_cast<const float*>(s->exp_avg_sq.data), &t,
-                                      records.data() + t.first_block, spool.get(), 0, &counts)
-                        .WithContext("tensor " + s->name));
-    r.tensors++;
-    r.elements += t.elements();
-  }
-  if (spool->size() > 0) {
-    ASSIGN_OR_RETURN(BlobRef delta, sink.Finish(std::move(spool)));
-    m.blobs.push_back(delta);
-  }
-  RETURN_IF_ERROR(internal::PublishVersion(store_.get(), &sink, &m, records, latest));
-  last_version_ = m.version;
+  RETURN_IF_ERROR(internal::PublishVersion(store_.get(), &d.sink_, &d.m_, d.records_, d.latest_));
+  last_version_ = d.m_.version;
   last_step_ = h.step;
-  r.version = m.version;
-  r.parent = *latest;
-  r.changed = counts.changed;
-  r.flagged = counts.flagged;
-  r.false_positives = counts.false_positives;
-  r.uncertain = counts.uncertain;
-  r.stored_bytes = m.stats.stored_bytes;
+  PublishResult r = d.r_;
+  r.version = d.m_.version;
+  r.parent = d.latest_;
+  r.changed = d.counts_.changed;
+  r.flagged = d.counts_.flagged;
+  r.false_positives = d.counts_.false_positives;
+  r.uncertain = d.counts_.uncertain;
+  r.stored_bytes = d.m_.stats.stored_bytes;
   r.state_bytes = r.elements * 3 * sizeof(float);
   return r;
+}
+
+Result<PublishResult> Publisher::PublishAdamW(const AdamWStep& h,
+                                              const std::vector<AdamWParamState>& params) {
+  ASSIGN_OR_RETURN(auto d, Begin(h));
+  std::vector<std::pair<TensorAt, const AdamWParamState*>> work;
+  for (const auto& s : params) {
+    ASSIGN_OR_RETURN(TensorAt at, d->Claim(s.name));
+    RETURN_IF_ERROR(CheckParam(s, h, d->Entry(at)));
+    work.push_back({at, &s});
+  }
+  for (const auto& [at, s] : work) RETURN_IF_ERROR(d->Encode(at, h, *s));
+  return Finish(h, *d);
+}
+
+// One unit to publish: the store tensors its HF tensors land in, and their
+// param groups.
+struct Publisher::McoreWork {
+  const ConvertUnit* unit = nullptr;
+  std::vector<TensorAt> at;
+  std::vector<AdamWParamState> groups;
+};
+
+Result<PublishResult> Publisher::PublishAdamWMcore(const AdamWStep& h,
+                                                   const std::vector<McoreAdamWShard>& shards) {
+  if (options_.converter != "mcore") {
+    return InvalidArgument(
+        "PublishAdamWMcore needs a publisher opened with converter \"mcore\", "
+        "not \"" +
+        options_.converter + "\"");
+  }
+  ASSIGN_OR_RETURN(auto d, Begin(h));
+  ShardStateSource::Shards given;
+  for (const auto& s : shards) {
+    if (!given.emplace(s.key, &s).second) {
+      return InvalidArgument("MCore shard " + s.key.ToString() + " is given twice");
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<McoreWork> work, PlanMcore(h, given, *d));
+  ShardStateSource theta(&given, &McoreAdamWShard::param);
+  ShardStateSource m(&given, &McoreAdamWShard::exp_avg);
+  ShardStateSource v(&given, &McoreAdamWShard::exp_avg_sq);
+  for (const McoreWork& w : work) {
+    // One unit's HF tensors at a time: three FP32 copies of the unit.
+    ASSIGN_OR_RETURN(auto theta_hf, RunUnit(*w.unit, theta));
+    ASSIGN_OR_RETURN(auto m_hf, RunUnit(*w.unit, m));
+    ASSIGN_OR_RETURN(auto v_hf, RunUnit(*w.unit, v));
+    for (size_t t = 0; t < w.at.size(); ++t) {
+      AdamWParamState s = w.groups[t];
+      const auto& shape = w.unit->tensors[t].shape;
+      s.param = {theta_hf[t].tensor.data.data(), theta_hf[t].tensor.dtype, shape};
+      s.exp_avg = {m_hf[t].tensor.data.data(), m_hf[t].tensor.dtype, shape};
+      s.exp_avg_sq = {v_hf[t].tensor.data.data(), v_hf[t].tensor.dtype, shape};
+      RETURN_IF_ERROR(CheckParam(s, h, d->Entry(w.at[t])));
+      RETURN_IF_ERROR(d->Encode(w.at[t], h, s));
+    }
+  }
+  return Finish(h, *d);
+}
+
+// Validates the shards against the plan and the store (everything a publish
+// can reject before writing) and lists the units given.
+Result<std::vector<Publisher::McoreWork>> Publisher::PlanMcore(
+    const AdamWStep& h, const std::map<ShardKey, const McoreAdamWShard*>& given, Draft& d) {
+  std::vector<McoreWork> work;
+  std::set<ShardKey> used;
+  for (const ConvertUnit& unit : plan_) {
+    ASSIGN_OR_RETURN(bool is_given, UnitGiven(unit, given));
+    if (!is_given) continue;
+    for (const PlannedShard& s : unit.shards) {
+      RETURN_IF_ERROR(CheckShard(*given.at(s.key), s, h));
+    }
+    for (const PlannedShard& s : unit.shards) used.insert(s.key);
+    McoreWork w{&unit, {}, {}};
+    ASSIGN_OR_RETURN(w.groups, GroupsOf(unit, given));
+    for (size_t t = 0; t < unit.tensors.size(); ++t) {
+      RETURN_IF_ERROR(CheckHyper(h, &w.groups[t]));
+      ASSIGN_OR_RETURN(TensorAt at, d.Claim(unit.tensors[t].name));
+      RETURN_IF_ERROR(CheckTarget(unit.tensors[t], d.Entry(at)));
+      w.at.push_back(at);
+    }
+    work.push_back(std::move(w));
+  }
+  if (used.size() != given.size()) {
+    for (const auto& [key, s] : given) {
+      if (!used.count(key)) {
+        return InvalidArgument("MCore shard " + key.ToString() + " is not part of the " +
+                               options_.mcore->spec.model_type + " model with tp " +
+                               std::to_string(options_.mcore->layout.tp) + ", ep " +
+                               std::to_string(options_.mcore->layout.ep));
+      }
+    }
+  }
+  return work;
 }
 
 }  // namespace dte

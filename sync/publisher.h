@@ -13,10 +13,11 @@
 // analysis and how a change is never missed: docs/engine.md.
 //
 // Tensors are processed one at a time (the "hf" converter's unit is one
-// Hugging Face tensor) in chunks of a few MiB, so the memory a publish adds
-// is bounded and flat in model size. A publish either commits a whole
-// version or none: every argument is validated before anything is written,
-// and the manifest, written last, is what makes a version exist.
+// Hugging Face tensor; the "mcore" converter's is one sync/convert.h unit,
+// converted from the trainer's Megatron-Core shards) in chunks of a few
+// MiB, so the memory a publish adds is bounded and flat in model size. A publish either commits a
+// whole version or none: every argument is validated before anything is written, and the manifest,
+// written last, is what makes a version exist.
 //
 // Thread-safety: not thread-safe; use one Publisher from one thread at a
 // time. Several Publishers (in any processes) may target one store; a
@@ -24,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,15 +35,25 @@
 #include "store/dtype.h"
 #include "store/status.h"
 #include "sync/commit.h"
+#include "sync/convert.h"
 
 namespace dte {
 
 class Store;
 
+// The trainer's Megatron-Core model and layout, for converter "mcore".
+struct McoreConverter {
+  ModelSpec spec;  // e.g. from ParseHfConfig of the checkpoint's config.json
+  ParallelLayout layout;
+};
+
 struct PublisherOptions {
   std::string store;      // local directory or s3://bucket/prefix
   std::string cache_dir;  // host-local index directory; empty: none
+  // "hf": PublishAdamW takes Hugging Face tensors. "mcore": `mcore` must be
+  // set, and PublishAdamWMcore also takes sharded Megatron-Core state.
   std::string converter = "hf";
+  std::optional<McoreConverter> mcore;
   // The fused detector also reports elements whose reconstruction lies this
   // many FP32 ulps from a BF16 rounding boundary (docs/engine.md).
   uint32_t margin_ulps = 16;
@@ -66,6 +78,19 @@ struct AdamWParamState {
   TensorRef exp_avg_sq;               // optimizer state["exp_avg_sq"] after the step
   std::optional<int64_t> state_step;  // optimizer state["step"], when known
   // This tensor's param group's values, where they differ from AdamWStep's.
+  std::optional<double> lr, weight_decay;
+};
+
+// One Megatron-Core shard's optimizer state: parameter `key.name` as the
+// rank (key.tp_rank, key.ep_rank) holds it (sync/convert.h).
+struct McoreAdamWShard {
+  ShardKey key;
+  TensorRef param;       // FP32 master weights of the shard after the step
+  TensorRef exp_avg;     // optimizer state["exp_avg"] of the shard
+  TensorRef exp_avg_sq;  // optimizer state["exp_avg_sq"] of the shard
+  std::optional<int64_t> state_step;
+  // The shard's param group's values, where they differ from AdamWStep's.
+  // Every shard an HF tensor is converted from must agree on them.
   std::optional<double> lr, weight_decay;
 };
 
@@ -115,6 +140,21 @@ class Publisher {
   Result<PublishResult> PublishAdamW(const AdamWStep& h,
                                      const std::vector<AdamWParamState>& params);
 
+  // Publishes from sharded Megatron-Core state (converter "mcore"). The
+  // shards are converted to Hugging Face tensors one converter unit at a
+  // time (theta, m and v alike: the inversion is elementwise, so it runs on
+  // the converted tensors), and each unit's tensors go through the same
+  // per-tensor path as PublishAdamW: the version is byte-for-byte the one
+  // PublishAdamW of the converted state makes. Extra memory is three times
+  // the largest unit in FP32. A unit none of whose shards are given is
+  // unchanged; a unit given in part is rejected. Also rejected, naming the
+  // shard and its ranks, before anything is written: shards the plan does
+  // not have or given twice, state that is not FP32 or of the wrong shape,
+  // and the PublishAdamW rejections. An HF tensor takes lr / weight_decay
+  // from its shards, which must agree.
+  Result<PublishResult> PublishAdamWMcore(const AdamWStep& h,
+                                          const std::vector<McoreAdamWShard>& shards);
+
   Store& store() { return *store_; }
   // The step of the last successful PublishAdamW, if any.
   std::optional<int64_t> last_step() const { return last_step_; }
@@ -122,7 +162,16 @@ class Publisher {
  private:
   Publisher(PublisherOptions options, std::unique_ptr<Store> store);
 
+  class Draft;
+  struct McoreWork;
+  Result<std::unique_ptr<Draft>> Begin(const AdamWStep& h);
+  Result<std::vector<McoreWork>> PlanMcore(const AdamWStep& h,
+                                           const std::map<ShardKey, const McoreAdamWShard*>& given,
+                                           Draft& draft);
+  Result<PublishResult> Finish(const AdamWStep& h, Draft& draft);
+
   PublisherOptions options_;
+  std::vector<ConvertUnit> plan_;  // converter "mcore"
   std::unique_ptr<Store> store_;
   std::optional<int64_t> last_step_;
   std::optional<uint64_t> last_version_;  // committed by this publisher

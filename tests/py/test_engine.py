@@ -283,3 +283,146 @@ def test_rejections_name_the_tensor(work):
     assert r.version == 1 and r.changed == 0
     with pytest.raises(dte.DteError, match="step 3 does not follow step 1"):
         pub.publish_adamw(step=3, params={"lm_head.weight": good}, lr=1e-5)
+
+
+# --- Publishing from sharded Megatron-Core state ---------------------------
+
+MC_CONFIG = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 16,
+             "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 24,
+             "vocab_size": 50, "tie_word_embeddings": False}
+
+
+def mcore_shards(hf, tp):
+    """The Megatron-Core (Transformer Engine naming) TP shards of an HF state:
+    {(mcore_name, tp_rank, 0): array}, written from the layout's definition
+    (GQA-grouped fused QKV, [gate; up] fc1 per rank, vocab padded to 128 * tp
+    rows), independently of the C++ sharder."""
+    c = MC_CONFIG
+    hd = c["hidden_size"] // c["num_attention_heads"]
+    group = c["num_attention_heads"] // c["num_key_value_heads"]
+    padded = -(-c["vocab_size"] // (128 * tp)) * 128 * tp
+    out = {}
+
+    def rows(name, x):
+        for r, part in enumerate(np.split(x, tp, axis=0)):
+            out[(name, r, 0)] = np.ascontiguousarray(part)
+
+    def cols(name, x):
+        for r, part in enumerate(np.split(x, tp, axis=1)):
+            out[(name, r, 0)] = np.ascontiguousarray(part)
+
+    for hf_name, mc_name in (("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
+                             ("lm_head.weight", "output_layer.weight")):
+        x = np.zeros((padded, c["hidden_size"]), np.float32)
+        x[:c["vocab_size"]] = hf[hf_name]
+        rows(mc_name, x)
+    out[("decoder.final_layernorm.weight", 0, 0)] = hf["model.norm.weight"]
+    for layer in range(c["num_hidden_layers"]):
+        h, m = "model.layers.%d." % layer, "decoder.layers.%d." % layer
+        q = hf[h + "self_attn.q_proj.weight"].reshape(-1, group * hd, c["hidden_size"])
+        k = hf[h + "self_attn.k_proj.weight"].reshape(-1, hd, c["hidden_size"])
+        v = hf[h + "self_attn.v_proj.weight"].reshape(-1, hd, c["hidden_size"])
+        rows(m + "self_attention.linear_qkv.weight",
+             np.concatenate([q, k, v], axis=1).reshape(-1, c["hidden_size"]))
+        cols(m + "self_attention.linear_proj.weight", hf[h + "self_attn.o_proj.weight"])
+        out[(m + "self_attention.linear_qkv.layer_norm_weight", 0, 0)] = \
+            hf[h + "input_layernorm.weight"]
+        out[(m + "mlp.linear_fc1.layer_norm_weight", 0, 0)] = \
+            hf[h + "post_attention_layernorm.weight"]
+        gate = np.split(hf[h + "mlp.gate_proj.weight"], tp)
+        up = np.split(hf[h + "mlp.up_proj.weight"], tp)
+        for r in range(tp):
+            out[(m + "mlp.linear_fc1.weight", r, 0)] = np.concatenate([gate[r], up[r]])
+        cols(m + "mlp.linear_fc2.weight", hf[h + "mlp.down_proj.weight"])
+    return out
+
+
+def mcore_hf_params():
+    c, hd = MC_CONFIG, MC_CONFIG["hidden_size"] // MC_CONFIG["num_attention_heads"]
+    shapes = {"model.embed_tokens.weight": (c["vocab_size"], c["hidden_size"]),
+              "model.norm.weight": (c["hidden_size"],),
+              "lm_head.weight": (c["vocab_size"], c["hidden_size"])}
+    for layer in range(c["num_hidden_layers"]):
+        h = "model.layers.%d." % layer
+        shapes.update({
+            h + "input_layernorm.weight": (c["hidden_size"],),
+            h + "post_attention_layernorm.weight": (c["hidden_size"],),
+            h + "self_attn.q_proj.weight": (c["num_attention_heads"] * hd, c["hidden_size"]),
+            h + "self_attn.k_proj.weight": (c["num_key_value_heads"] * hd, c["hidden_size"]),
+            h + "self_attn.v_proj.weight": (c["num_key_value_heads"] * hd, c["hidden_size"]),
+            h + "self_attn.o_proj.weight": (c["hidden_size"], c["num_attention_heads"] * hd),
+            h + "mlp.gate_proj.weight": (c["intermediate_size"], c["hidden_size"]),
+            h + "mlp.up_proj.weight": (c["intermediate_size"], c["hidden_size"]),
+            h + "mlp.down_proj.weight": (c["hidden_size"], c["intermediate_size"])})
+    g = torch.Generator().manual_seed(5)
+    return {n: torch.nn.Parameter(torch.randn(s, generator=g) * 0.02 + ("norm" in n))
+            for n, s in shapes.items()}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_mcore_converter_publishes_the_same_versions_as_hf(work, tp):
+    params = mcore_hf_params()
+    norms = [p for n, p in params.items() if "norm" in n]
+    others = [p for n, p in params.items() if "norm" not in n]
+    opt = torch.optim.AdamW([{"params": others}, {"params": norms, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, foreach=False)
+    os.makedirs(work / "v0")
+    safetensors.torch.save_file({n: p.detach().to(torch.bfloat16) for n, p in params.items()},
+                                str(work / "v0" / "model.safetensors"), metadata={"format": "pt"})
+    with open(work / "v0" / "config.json", "w") as f:
+        json.dump(MC_CONFIG, f)
+    hf_pub = dte.Publisher(store=str(work / "hf"))
+    mc_pub = dte.Publisher(store=str(work / "mc"),
+                           converter={"config": str(work / "v0" / "config.json"), "tp": tp})
+    hf_pub.import_checkpoint(str(work / "v0"))
+    mc_pub.import_checkpoint(str(work / "v0"))
+    g = torch.Generator().manual_seed(6)
+    for step in range(1, 4):
+        for p in params.values():
+            p.grad = torch.randn(p.shape, generator=g) * 1e-2
+        opt.step()
+        wd = {n: 0.0 if "norm" in n else 0.1 for n in params}
+        a = hf_pub.publish_adamw(step=step, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, params={
+            n: {"param": p, "exp_avg": opt.state[p]["exp_avg"],
+                "exp_avg_sq": opt.state[p]["exp_avg_sq"], "weight_decay": wd[n]}
+            for n, p in params.items()})
+        state = [{n: t.detach().numpy() for n, t in d.items()} for d in (
+            params, {n: opt.state[p]["exp_avg"] for n, p in params.items()},
+            {n: opt.state[p]["exp_avg_sq"] for n, p in params.items()})]
+        theta, m, v = (mcore_shards(s, tp) for s in state)
+        b = mc_pub.publish_adamw(step=step, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, params={
+            key: {"param": theta[key], "exp_avg": m[key], "exp_avg_sq": v[key], "step": step,
+                  "weight_decay": 0.0 if "norm" in key[0] else None}
+            for key in theta})
+        assert (b.version, b.tensors, b.changed, b.stored_bytes) == \
+            (a.version, a.tensors, a.changed, a.stored_bytes)
+        assert a.changed > 0
+    for name, p in params.items():  # both equal the trainer's BF16 weights
+        for store in ("hf", "mc"):
+            got = torch.empty(p.shape, dtype=torch.bfloat16)
+            dte.StoreReader(str(work / store)).read_into(3, name, got)
+            assert torch.equal(got.view(torch.int16), p.detach().to(torch.bfloat16).view(
+                torch.int16)), (store, name)
+    for store in ("hf", "mc"):
+        dtectl("export", "--store", str(work / store), "--version", "latest",
+               str(work / ("out_" + store)))
+    assert filecmp.cmp(work / "out_hf" / "model.safetensors", work / "out_mc" / "model.safetensors",
+                       shallow=False)
+    # Mismatches name the shard and its ranks, and commit nothing.
+    key = ("decoder.layers.1.self_attention.linear_qkv.weight", tp - 1, 0)
+    bad = dict(theta)
+    bad[key] = theta[key][1:]
+    with pytest.raises(dte.DteError, match=r"linear_qkv.weight \(tp rank %d, ep rank 0\).*shape"
+                       % (tp - 1)):
+        mc_pub.publish_adamw(step=4, lr=1e-3, params={k: (bad[k], m[k], v[k]) for k in bad})
+    del bad[key]
+    with pytest.raises(dte.DteError, match="missing"):
+        mc_pub.publish_adamw(step=4, lr=1e-3, params={k: (bad[k], m[k], v[k]) for k in bad})
+    with pytest.raises(dte.DteError, match="not part of"):
+        mc_pub.publish_adamw(step=4, lr=1e-3, params={("no.such.weight", 0, 0): (
+            theta[key], m[key], v[key])})
+    with pytest.raises(dte.DteError, match="tensor parallel size 8"):
+        dte.Publisher(store=str(work / "mc"), converter={"config": MC_CONFIG, "tp": 8})
+    with pytest.raises(dte.DteError, match="unknown keys"):
+        dte.Publisher(store=str(work / "mc"), converter={"config": MC_CONFIG, "pp": 2})
+    assert dte.StoreReader(str(work / "mc")).latest() == 3

@@ -7,6 +7,11 @@
         r = pub.publish_adamw(step=step, params={name: (master, exp_avg, exp_avg_sq)},
                               lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
+From Megatron-Core shards, give the model and layout instead of "hf":
+
+    pub = dte.Publisher(store=..., converter={"config": "init/config.json", "tp": 2, "ep": 1})
+    pub.publish_adamw(step=step, params={(mcore_name, tp_rank, ep_rank): (master, m, v)}, ...)
+
 No copy of the previous weights is kept: the engine inverts the AdamW step.
 See docs/engine.md.
 """

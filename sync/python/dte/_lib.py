@@ -20,6 +20,23 @@ class AdamWParam(ctypes.Structure):
                 ("weight_decay", ctypes.c_double)]
 
 
+class McoreLayout(ctypes.Structure):
+    _fields_ = [("tp", ctypes.c_int32), ("ep", ctypes.c_int32), ("etp", ctypes.c_int32),
+                ("vocab_divisible_by", ctypes.c_int64), ("norms", ctypes.c_int32),
+                ("experts", ctypes.c_int32)]
+
+
+class McoreAdamWShard(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("tp_rank", ctypes.c_int32),
+                ("ep_rank", ctypes.c_int32), ("param", Array), ("exp_avg", Array),
+                ("exp_avg_sq", Array), ("state_step", ctypes.c_int64), ("lr", ctypes.c_double),
+                ("weight_decay", ctypes.c_double)]
+
+
+MCORE_NORMS = {"te": 0, "transformer_engine": 0, "local": 1}
+MCORE_EXPERTS = {"sequential": 0, "grouped": 1}
+
+
 class AdamWStep(ctypes.Structure):
     _fields_ = [("lr", ctypes.c_double), ("beta1", ctypes.c_double), ("beta2", ctypes.c_double),
                 ("eps", ctypes.c_double), ("weight_decay", ctypes.c_double),
@@ -66,6 +83,14 @@ def _declare(lib):
         "dte_publisher_publish_adamw": (ctypes.c_int, [P, ctypes.POINTER(AdamWStep),
                                                        ctypes.POINTER(AdamWParam), ctypes.c_size_t,
                                                        ctypes.POINTER(PublishResult)]),
+        "dte_publisher_open_mcore": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
+                                                    ctypes.c_char_p, ctypes.c_char_p,
+                                                    ctypes.POINTER(McoreLayout),
+                                                    ctypes.POINTER(P)]),
+        "dte_publisher_publish_adamw_mcore": (ctypes.c_int, [P, ctypes.POINTER(AdamWStep),
+                                                             ctypes.POINTER(McoreAdamWShard),
+                                                             ctypes.c_size_t,
+                                                             ctypes.POINTER(PublishResult)]),
         "dte_store_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(P)]),
         "dte_store_close": (None, [P]),
         "dte_store_latest": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_int),

@@ -2,6 +2,7 @@
 
 import ctypes
 import dataclasses
+import json
 import math
 import os
 
@@ -85,16 +86,87 @@ class PublishResult:
     __index__ = __int__
 
 
+_MCORE_KEYS = {"config", "tp", "ep", "etp", "vocab_divisible_by", "norms", "experts"}
+
+
+def _mcore_spec(spec):
+    """(config.json text, its name for errors, _lib.McoreLayout) of a converter= dict."""
+    if not isinstance(spec, dict):
+        raise DteError(1, "converter must be \"hf\" or a Megatron-Core spec dict with keys %s, "
+                       "not %r" % (", ".join(sorted(_MCORE_KEYS)), spec))
+    unknown = set(spec) - _MCORE_KEYS
+    if unknown or "config" not in spec:
+        raise DteError(1, "Megatron-Core converter spec: %s (keys: %s)" % (
+            "unknown keys %s" % sorted(unknown) if unknown else "\"config\" is required",
+            ", ".join(sorted(_MCORE_KEYS))))
+    config = spec["config"]
+    if isinstance(config, dict):
+        text, source = json.dumps(config), "converter config"
+    else:
+        with open(config, "rb") as f:
+            text, source = f.read(), os.fsdecode(config)
+    norms, experts = spec.get("norms", "te"), spec.get("experts", "sequential")
+    if norms not in _lib.MCORE_NORMS or experts not in _lib.MCORE_EXPERTS:
+        raise DteError(1, "Megatron-Core converter spec: norms must be one of %s and experts "
+                       "one of %s" % (sorted(_lib.MCORE_NORMS), sorted(_lib.MCORE_EXPERTS)))
+    layout = _lib.McoreLayout(int(spec.get("tp", 1)), int(spec.get("ep", 1)),
+                              int(spec.get("etp", 0)), int(spec.get("vocab_divisible_by", 128)),
+                              _lib.MCORE_NORMS[norms], _lib.MCORE_EXPERTS[experts])
+    if isinstance(text, str):
+        text = text.encode()
+    return text, source.encode(), layout
+
+
+def _fill(e, name, value, keep):
+    """Fills the array, step and group fields of a C parameter entry."""
+    if isinstance(value, dict):
+        d = value
+    else:
+        if len(value) != 3:
+            raise DteError(1, "tensor %s: expected (master, exp_avg, exp_avg_sq)" % name)
+        d = dict(zip(("param", "exp_avg", "exp_avg_sq"), value))
+    e.param = _as_array(d["param"], "param", name, keep)
+    e.exp_avg = _as_array(d["exp_avg"], "exp_avg", name, keep)
+    e.exp_avg_sq = _as_array(d["exp_avg_sq"], "exp_avg_sq", name, keep)
+    e.state_step = _step_value(d.get("step"))
+    e.lr = float(d["lr"]) if d.get("lr") is not None else math.nan
+    wd = d.get("weight_decay")
+    e.weight_decay = float(wd) if wd is not None else math.nan
+
+
+def _mcore_key(key):
+    """(name, tp_rank, ep_rank) of a params key: a 3-tuple, or a name (ranks 0)."""
+    if isinstance(key, str):
+        return key, 0, 0
+    if isinstance(key, tuple) and len(key) == 3 and isinstance(key[0], str):
+        return key[0], int(key[1]), int(key[2])
+    raise DteError(1, "Megatron-Core params are keyed by (mcore_name, tp_rank, ep_rank), not %r"
+                   % (key,))
+
+
 class Publisher:
     """Commits versions of a dte store (a local directory or s3://bucket/prefix).
 
     Not thread-safe: call it from one thread. See docs/engine.md."""
 
     def __init__(self, store, converter="hf", cache_dir=None):
+        """converter: "hf" (params are keyed by Hugging Face tensor names) or a
+        Megatron-Core spec, a dict {"config": path to the model's HF
+        config.json or the config as a dict, "tp": 1, "ep": 1, and optionally
+        "etp", "vocab_divisible_by" (128), "norms" ("te" or "local"),
+        "experts" ("sequential" or "grouped")}; then params are keyed by
+        (mcore_name, tp_rank, ep_rank)."""
+        self._h = None
         handle = ctypes.c_void_p()
-        _check(lib.dte_publisher_open(os.fsencode(store),
-                                      os.fsencode(cache_dir) if cache_dir else None,
-                                      converter.encode(), ctypes.byref(handle)))
+        cache = os.fsencode(cache_dir) if cache_dir else None
+        self._mcore = not (isinstance(converter, str) and converter == "hf")
+        if self._mcore:
+            text, source, layout = _mcore_spec(converter)
+            _check(lib.dte_publisher_open_mcore(os.fsencode(store), cache, text, source,
+                                                ctypes.byref(layout), ctypes.byref(handle)))
+        else:
+            _check(lib.dte_publisher_open(os.fsencode(store), cache, converter.encode(),
+                                          ctypes.byref(handle)))
         self._h = handle
 
     def close(self):
@@ -124,35 +196,36 @@ class Publisher:
         params maps tensor names to (master_fp32, exp_avg, exp_avg_sq) or to a
         dict with keys param, exp_avg, exp_avg_sq and optionally step (the
         optimizer state's), lr and weight_decay (the tensor's param group's).
+        With a Megatron-Core converter, keys are (mcore_name, tp_rank,
+        ep_rank) of every shard of the converter units published (a bare name
+        means ranks 0, 0), and the values are the shards' state; the version
+        is the one publishing the converted HF state would make.
         Arrays are torch CPU tensors or numpy arrays."""
         if order not in _lib.ORDERS:
             raise DteError(1, "unknown order %r (one of %s)" % (order, ", ".join(_lib.ORDERS)))
         keep = []
-        entries = (_lib.AdamWParam * max(len(params), 1))()
-        for i, (name, value) in enumerate(params.items()):
-            if isinstance(value, dict):
-                d = value
-            else:
-                d = dict(zip(("param", "exp_avg", "exp_avg_sq"), value))
-                if len(value) != 3:
-                    raise DteError(1, "tensor %s: expected (master, exp_avg, exp_avg_sq)" % name)
+        if self._mcore:
+            entries = (_lib.McoreAdamWShard * max(len(params), 1))()
+        else:
+            entries = (_lib.AdamWParam * max(len(params), 1))()
+        for i, (key, value) in enumerate(params.items()):
             e = entries[i]
+            if self._mcore:
+                name, e.tp_rank, e.ep_rank = _mcore_key(key)
+                label = "%s (tp rank %d, ep rank %d)" % (name, e.tp_rank, e.ep_rank)
+            else:
+                name = label = key
             encoded = name.encode()
             keep.append(encoded)
             e.name = encoded
-            e.param = _as_array(d["param"], "param", name, keep)
-            e.exp_avg = _as_array(d["exp_avg"], "exp_avg", name, keep)
-            e.exp_avg_sq = _as_array(d["exp_avg_sq"], "exp_avg_sq", name, keep)
-            e.state_step = _step_value(d.get("step"))
-            e.lr = float(d["lr"]) if d.get("lr") is not None else math.nan
-            wd = d.get("weight_decay")
-            e.weight_decay = float(wd) if wd is not None else math.nan
+            _fill(e, label, value, keep)
         h = _lib.AdamWStep(float(lr), float(betas[0]), float(betas[1]), float(eps),
                            float(weight_decay), int(step), int(bool(amsgrad)),
                            int(bool(maximize)), _lib.ORDERS[order])
         out = _lib.PublishResult()
-        _check(lib.dte_publisher_publish_adamw(self._h, ctypes.byref(h), entries, len(params),
-                                               ctypes.byref(out)))
+        publish = (lib.dte_publisher_publish_adamw_mcore if self._mcore
+                   else lib.dte_publisher_publish_adamw)
+        _check(publish(self._h, ctypes.byref(h), entries, len(params), ctypes.byref(out)))
         return PublishResult(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
 
 

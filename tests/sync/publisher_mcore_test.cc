@@ -1,0 +1,420 @@
+// Publishing from sharded Megatron-Core state: the same versions, byte for
+// byte, as publishing the Hugging Face state, for dense GQA and MoE models
+// under TP and EP; per-group hyperparameters carried through the conversion;
+// rejections that name the shard and its ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/adamw.h"
+#include "kernels/bf16.h"
+#include "store/store.h"
+#include "sync/convert.h"
+#include "sync/export.h"
+#include "sync/publisher.h"
+#include "tests/testutil/checkpoint.h"
+#include "tests/testutil/convert_fixtures.h"
+#include "tests/testutil/memory_store.h"
+
+namespace dte {
+namespace {
+
+// Norms are their own param group, without weight decay and with a larger
+// learning rate (so they change); everything else decays. The MCore names
+// of norms all contain "norm" too.
+bool IsNorm(const std::string& name) { return name.find("norm") != std::string::npos; }
+
+kernels::AdamWParams Params(int64_t step, bool norm) {
+  kernels::AdamWParams p;
+  p.lr = norm ? 1e-3 : 3e-5;
+  p.beta1 = 0.9;
+  p.beta2 = 0.95;
+  p.eps = 1e-8;
+  p.weight_decay = norm ? 0.0 : 0.1;
+  p.step = step;
+  return p;
+}
+
+AdamWStep StepOf(int64_t step) {
+  const kernels::AdamWParams p = Params(step, false);
+  AdamWStep h;
+  h.lr = p.lr;
+  h.beta1 = p.beta1;
+  h.beta2 = p.beta2;
+  h.eps = p.eps;
+  h.weight_decay = p.weight_decay;
+  h.step = step;
+  return h;
+}
+
+// The FP32 optimizer state of one HF tensor.
+struct HfState {
+  std::vector<int64_t> shape;
+  std::vector<float> theta, m, v;
+};
+
+TensorData AsTensor(const std::vector<int64_t>& shape, const std::vector<float>& x) {
+  TensorData t{DType::kF32, shape, std::string(x.size() * 4, '\0')};
+  std::memcpy(t.data.data(), x.data(), t.data.size());
+  return t;
+}
+
+class McorePublish {
+ public:
+  McorePublish(const ModelSpec& spec, const ParallelLayout& layout, const std::string& root)
+      : spec_(spec), layout_(layout), root_(root) {
+    auto plan = PlanConversion(spec, layout);
+    EXPECT_TRUE(plan.ok()) << plan.status().message();
+    if (plan.ok()) plan_ = std::move(plan).value();
+    uint64_t seed = 1;
+    for (const ConvertUnit& unit : plan_) {
+      for (const PlannedTensor& t : unit.tensors) {
+        HfState& s = hf_[t.name];
+        hf_order_.push_back(t.name);
+        s.shape = t.shape;
+        std::mt19937_64 rng(seed++);
+        std::normal_distribution<float> w(0.0f, 0.02f);
+        s.theta.resize(t.elements());
+        s.m.assign(t.elements(), 0.0f);
+        s.v.assign(t.elements(), 0.0f);
+        for (float& x : s.theta) x = IsNorm(t.name) ? 1.0f + w(rng) : w(rng);
+      }
+    }
+  }
+
+  // The BF16 checkpoint of the current weights.
+  std::string WriteCheckpoint(const std::string& name) const {
+    test::TestCheckpoint c;
+    c.raw_files["config.json"] = "{\"model_type\": \"" + spec_.model_type + "\"}\n";
+    test::TestSafetensors f{"model.safetensors", {}, {{"format", "pt"}}};
+    for (const auto& [name, s] : hf_) {
+      test::TestTensor t{name, DType::kBF16, s.shape, std::string(s.theta.size() * 2, '\0')};
+      kernels::CastFp32ToBf16(s.theta.data(), reinterpret_cast<uint16_t*>(t.data.data()),
+                              s.theta.size());
+      f.tensors.push_back(t);
+    }
+    c.safetensors.push_back(f);
+    const std::string dir = root_ + "/" + name;
+    Status st = test::WriteCheckpoint(c, dir);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return dir;
+  }
+
+  // One AdamW step of every tensor, with fresh moments.
+  void Step(int64_t step) {
+    uint64_t seed = 1000 * static_cast<uint64_t>(step);
+    for (auto& [name, s] : hf_) {
+      std::mt19937_64 rng(seed++);
+      std::normal_distribution<float> g(0.0f, 1e-3f);
+      for (size_t i = 0; i < s.m.size(); ++i) {
+        s.m[i] = 0.5f * s.m[i] + g(rng);
+        s.v[i] = s.m[i] * s.m[i] * (1.0f + std::abs(g(rng)) * 1e3f) + 1e-12f;
+      }
+      std::vector<float> prev = s.theta;
+      kernels::AdamWForward(prev.data(), s.m.data(), s.v.data(), prev.size(),
+                            Params(step, IsNorm(name)), s.theta.data());
+    }
+  }
+
+  // In plan order, the order the MCore path encodes in, so that both
+  // versions' delta blobs hold the same bytes.
+  std::vector<AdamWParamState> HfParams() const {
+    std::vector<AdamWParamState> out;
+    for (const std::string& name : hf_order_) {
+      const HfState& s = hf_.at(name);
+      AdamWParamState p;
+      p.name = name;
+      p.param = {s.theta.data(), DType::kF32, s.shape};
+      p.exp_avg = {s.m.data(), DType::kF32, s.shape};
+      p.exp_avg_sq = {s.v.data(), DType::kF32, s.shape};
+      if (IsNorm(name)) {
+        p.lr = 1e-3;
+        p.weight_decay = 0.0;
+      }
+      out.push_back(std::move(p));
+    }
+    return out;
+  }
+
+  // Shards theta, m and v with the inverse converter into sharded_.
+  void Shard() {
+    for (int which = 0; which < 3; ++which) {
+      std::map<std::string, TensorData> hf;
+      for (const auto& [name, s] : hf_) {
+        hf[name] = AsTensor(s.shape, which == 0 ? s.theta : which == 1 ? s.m : s.v);
+      }
+      auto sharded = ShardHfState(plan_, hf);
+      ASSERT_TRUE(sharded.ok()) << sharded.status().message();
+      sharded_[which] = std::move(sharded).value();
+    }
+  }
+
+  std::vector<McoreAdamWShard> McoreParams(int64_t step) const {
+    std::vector<McoreAdamWShard> out;
+    for (const auto& [key, theta] : sharded_[0]) {
+      McoreAdamWShard s;
+      s.key = key;
+      s.param = {theta.data.data(), theta.dtype, theta.shape};
+      const TensorData& m = sharded_[1].at(key);
+      const TensorData& v = sharded_[2].at(key);
+      s.exp_avg = {m.data.data(), m.dtype, m.shape};
+      s.exp_avg_sq = {v.data.data(), v.dtype, v.shape};
+      s.state_step = step;
+      if (IsNorm(key.name)) {
+        s.lr = 1e-3;
+        s.weight_decay = 0.0;
+      }
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+
+  std::unique_ptr<Publisher> Open(const std::string& name, bool mcore) const {
+    PublisherOptions o;
+    o.store = root_ + "/" + name;
+    if (mcore) {
+      o.converter = "mcore";
+      o.mcore = McoreConverter{spec_, layout_};
+    }
+    auto p = Publisher::Open(o);
+    EXPECT_TRUE(p.ok()) << p.status().message();
+    return p.ok() ? std::move(p).value() : nullptr;
+  }
+
+  const std::vector<ConvertUnit>& plan() const { return plan_; }
+  const McoreState& sharded(int which) const { return sharded_[which]; }
+
+ private:
+  ModelSpec spec_;
+  ParallelLayout layout_;
+  std::string root_;
+  std::vector<ConvertUnit> plan_;
+  std::map<std::string, HfState> hf_;
+  std::vector<std::string> hf_order_;
+  McoreState sharded_[3];
+};
+
+std::string ReadAll(const std::string& path) {
+  auto r = test::ReadFileBytes(path);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? *r : "";
+}
+
+struct Case {
+  const char* name;
+  ModelSpec spec;
+  int tp, ep;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name << " tp " << c.tp << " ep " << c.ep; }
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  for (int tp : {1, 2}) {
+    cases.push_back({"LlamaGqa2", test::TinyLlama(8, 4), tp, 1});
+    cases.push_back({"Qwen3Gqa4", test::TinyQwen3(16, 4), tp, 1});
+    for (int ep : {1, 2}) cases.push_back({"Qwen3MoeGqa2", test::TinyQwen3Moe(8, 4), tp, ep});
+  }
+  return cases;
+}
+
+class PublisherMcore : public testing::TestWithParam<Case> {
+ protected:
+  test::ScopedTempDir tmp_;
+};
+
+TEST_P(PublisherMcore, VersionsEqualPublishingTheHfState) {
+  ParallelLayout layout;
+  layout.tp = GetParam().tp;
+  layout.ep = GetParam().ep;
+  McorePublish model(GetParam().spec, layout, tmp_.path());
+  auto hf = model.Open("hf", false);
+  auto mc = model.Open("mcore", true);
+  ASSERT_TRUE(hf && mc);
+  ASSERT_TRUE(hf->ImportCheckpoint(model.WriteCheckpoint("init")).ok());
+  ASSERT_TRUE(mc->ImportCheckpoint(model.WriteCheckpoint("init2")).ok());
+  for (int64_t step = 1; step <= 3; ++step) {
+    model.Step(step);
+    model.Shard();
+    auto a = hf->PublishAdamW(StepOf(step), model.HfParams());
+    ASSERT_TRUE(a.ok()) << a.status().message();
+    auto b = mc->PublishAdamWMcore(StepOf(step), model.McoreParams(step));
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    EXPECT_EQ(b->version, a->version);
+    EXPECT_EQ(b->tensors, a->tensors);
+    EXPECT_EQ(b->elements, a->elements);
+    EXPECT_EQ(b->changed, a->changed);
+    EXPECT_EQ(b->flagged, a->flagged);
+    EXPECT_EQ(b->stored_bytes, a->stored_bytes);
+    EXPECT_GT(a->changed, a->elements / 100);
+
+    auto va = hf->store().GetVersion(a->version);
+    auto vb = mc->store().GetVersion(b->version);
+    ASSERT_TRUE(va.ok() && vb.ok());
+    ASSERT_EQ((*va)->records.size(), (*vb)->records.size());
+    for (size_t k = 0; k < (*va)->records.size(); ++k) {
+      EXPECT_EQ((*va)->records[k].hash, (*vb)->records[k].hash) << "block " << k;
+      EXPECT_EQ((*va)->records[k].changed, (*vb)->records[k].changed) << "block " << k;
+    }
+    // The same delta bytes.
+    ASSERT_EQ((*va)->manifest.blobs.size(), (*vb)->manifest.blobs.size());
+    for (size_t k = 0; k < (*va)->manifest.blobs.size(); ++k) {
+      EXPECT_EQ((*va)->manifest.blobs[k].hash, (*vb)->manifest.blobs[k].hash);
+    }
+
+    const std::string out_a = tmp_.path() + "/export_hf" + std::to_string(step);
+    const std::string out_b = tmp_.path() + "/export_mcore" + std::to_string(step);
+    ASSERT_TRUE(ExportVersion(hf->store(), a->version, out_a, nullptr).ok());
+    auto exported = ExportVersion(mc->store(), b->version, out_b, nullptr);
+    ASSERT_TRUE(exported.ok()) << exported.status().message();
+    EXPECT_EQ(ReadAll(out_b + "/model.safetensors"), ReadAll(out_a + "/model.safetensors"));
+    // ... which holds the trainer's weights.
+    EXPECT_EQ(ReadAll(out_b + "/model.safetensors"),
+              ReadAll(model.WriteCheckpoint("now" + std::to_string(step)) + "/model.safetensors"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Specs, PublisherMcore, testing::ValuesIn(Cases()),
+                         [](const testing::TestParamInfo<Case>& info) {
+                           return std::string(info.param.name) + "Tp" +
+                                  std::to_string(info.param.tp) + "Ep" +
+                                  std::to_string(info.param.ep);
+                         });
+
+// The rejection tests share one TP 2 / EP 2 MoE model at step 1.
+class PublisherMcoreErrors : public testing::Test {
+ protected:
+  void SetUp() override {
+    ParallelLayout layout;
+    layout.tp = 2;
+    layout.ep = 2;
+    model_ = std::make_unique<McorePublish>(test::TinyQwen3Moe(8, 4), layout, tmp_.path());
+    pub_ = model_->Open("mcore", true);
+    ASSERT_TRUE(pub_);
+    ASSERT_TRUE(pub_->ImportCheckpoint(model_->WriteCheckpoint("init")).ok());
+    model_->Step(1);
+    model_->Shard();
+    shards_ = model_->McoreParams(1);
+  }
+
+  // Publishing shards_ fails with a message naming every one of `words`,
+  // and leaves the store at version 0.
+  void ExpectRejected(const std::vector<std::string>& words) {
+    auto r = pub_->PublishAdamWMcore(StepOf(1), shards_);
+    ASSERT_FALSE(r.ok());
+    for (const auto& w : words) EXPECT_NE(r.status().message().find(w), std::string::npos) << w;
+    auto latest = pub_->store().Latest();
+    ASSERT_TRUE(latest.ok() && latest->has_value());
+    EXPECT_EQ(**latest, 0u);
+  }
+
+  McoreAdamWShard& Find(const std::string& name, int tp, int ep) {
+    for (auto& s : shards_) {
+      if (s.key == ShardKey{name, tp, ep}) return s;
+    }
+    ADD_FAILURE() << "no shard " << name;
+    return shards_[0];
+  }
+
+  test::ScopedTempDir tmp_;
+  std::unique_ptr<McorePublish> model_;
+  std::unique_ptr<Publisher> pub_;
+  std::vector<McoreAdamWShard> shards_;
+};
+
+const char kQkv[] = "decoder.layers.0.self_attention.linear_qkv.weight";
+
+TEST_F(PublisherMcoreErrors, AcceptsTheUnmodifiedShards) {
+  auto r = pub_->PublishAdamWMcore(StepOf(1), shards_);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->version, 1u);
+}
+
+TEST_F(PublisherMcoreErrors, UnitGivenInPartNamesTheMissingShard) {
+  std::erase_if(shards_, [](const McoreAdamWShard& s) { return s.key == ShardKey{kQkv, 1, 0}; });
+  ExpectRejected({"layer 0 attention", kQkv, "tp rank 1", "missing"});
+}
+
+TEST_F(PublisherMcoreErrors, UnitsNotGivenStayUnchanged) {
+  std::erase_if(shards_, [](const McoreAdamWShard& s) {
+    return s.key.name.find("decoder.layers.0.") == std::string::npos;
+  });
+  auto r = pub_->PublishAdamWMcore(StepOf(1), shards_);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_GT(r->changed, 0u);
+  for (const ConvertUnit& unit : model_->plan()) {
+    const bool layer0 = unit.label.rfind("layer 0 ", 0) == 0;
+    for (const PlannedShard& s : unit.shards) {
+      EXPECT_EQ(layer0, s.key.name.find("decoder.layers.0.") == 0) << s.key.ToString();
+    }
+  }
+  auto v = pub_->store().GetVersion(1);
+  ASSERT_TRUE(v.ok());
+  for (const auto& t : (*v)->manifest.files[0].tensors) {
+    if (t.name.find("model.layers.0.") != 0) {
+      EXPECT_EQ(t.changed, 0u) << t.name;
+    }
+  }
+}
+
+TEST_F(PublisherMcoreErrors, WrongShapeNamesShardRanksAndShapes) {
+  auto& s = Find(kQkv, 1, 0);
+  s.exp_avg.shape[0] -= 1;
+  ExpectRejected({kQkv, "tp rank 1", "exp_avg", "has shape"});
+}
+
+TEST_F(PublisherMcoreErrors, NonFp32StateIsRejected) {
+  Find("decoder.final_layernorm.weight", 0, 0).exp_avg_sq.dtype = DType::kBF16;
+  ExpectRejected({"decoder.final_layernorm.weight", "exp_avg_sq", "FP32"});
+}
+
+TEST_F(PublisherMcoreErrors, UnknownAndRepeatedShardsAreRejected) {
+  McoreAdamWShard extra = Find(kQkv, 1, 0);
+  extra.key.tp_rank = 2;
+  shards_.push_back(extra);
+  ExpectRejected({kQkv, "tp rank 2", "not part of"});
+  shards_.back().key.tp_rank = 1;
+  ExpectRejected({kQkv, "tp rank 1", "given twice"});
+}
+
+TEST_F(PublisherMcoreErrors, StateStepMustMatch) {
+  Find(kQkv, 0, 0).state_step = 7;
+  ExpectRejected({kQkv, "tp rank 0", "step 7"});
+}
+
+TEST_F(PublisherMcoreErrors, ShardsOfOneTensorMustShareTheirGroup) {
+  Find(kQkv, 1, 0).lr = 1e-4;
+  ExpectRejected({"model.layers.0.self_attn.q_proj.weight", kQkv, "different"});
+}
+
+TEST_F(PublisherMcoreErrors, HfPublisherRefusesMcoreState) {
+  auto hf = model_->Open("hf", false);
+  ASSERT_TRUE(hf);
+  ASSERT_TRUE(hf->ImportCheckpoint(model_->WriteCheckpoint("init2")).ok());
+  auto r = hf->PublishAdamWMcore(StepOf(1), shards_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("converter \"mcore\""), std::string::npos);
+}
+
+TEST(PublisherMcoreOpen, RejectsMissingSpecAndBadLayout) {
+  test::ScopedTempDir tmp;
+  PublisherOptions o;
+  o.store = tmp.path() + "/s";
+  o.converter = "mcore";
+  EXPECT_FALSE(Publisher::Open(o).ok());
+  ParallelLayout layout;
+  layout.tp = 8;  // 4 KV heads cannot be split over 8 ranks
+  o.mcore = McoreConverter{test::TinyLlama(8, 4), layout};
+  auto p = Publisher::Open(o);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("8"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dte
