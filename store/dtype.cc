@@ -42,4 +42,13 @@ const char* DTypeName(DType dtype) { return kDTypes[static_cast<int>(dtype)].nam
 
 int DTypeWidth(DType dtype) { return kDTypes[static_cast<int>(dtype)].width; }
 
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
 }  // namespace dte

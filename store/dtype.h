@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dte {
 
@@ -33,5 +34,7 @@ enum class DType : uint8_t {
 std::optional<DType> ParseDType(std::string_view name);
 const char* DTypeName(DType dtype);
 int DTypeWidth(DType dtype);  // bytes per element: 1, 2, 4 or 8
+// A shape as messages show it: "[4096, 1024]" ("[]" for a scalar).
+std::string ShapeString(const std::vector<int64_t>& shape);
 
 }  // namespace dte

@@ -122,6 +122,19 @@ int OpenPublisher(const dte::PublisherOptions& o, dte_publisher** out) {
   return DTE_OK;
 }
 
+// The tensors and per-parameter settings of one parameter (dte_adamw_param)
+// or MCore shard (dte_mcore_adamw_shard); negative step and NaN lr or
+// weight decay mean "the step's".
+template <typename In, typename Out>
+void FillOptimizerState(const In& in, Out* out) {
+  out->param = ToRef(in.param);
+  out->exp_avg = ToRef(in.exp_avg);
+  out->exp_avg_sq = ToRef(in.exp_avg_sq);
+  if (in.state_step >= 0) out->state_step = in.state_step;
+  if (!std::isnan(in.lr)) out->lr = in.lr;
+  if (!std::isnan(in.weight_decay)) out->weight_decay = in.weight_decay;
+}
+
 }  // namespace
 
 extern "C" {
@@ -195,12 +208,7 @@ int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
         return FailWith(DTE_INVALID_ARGUMENT, "parameter " + std::to_string(i) + " has no name");
       }
       states[i].name = in.name;
-      states[i].param = ToRef(in.param);
-      states[i].exp_avg = ToRef(in.exp_avg);
-      states[i].exp_avg_sq = ToRef(in.exp_avg_sq);
-      if (in.state_step >= 0) states[i].state_step = in.state_step;
-      if (!std::isnan(in.lr)) states[i].lr = in.lr;
-      if (!std::isnan(in.weight_decay)) states[i].weight_decay = in.weight_decay;
+      FillOptimizerState(in, &states[i]);
     }
     auto r = p->impl->PublishAdamW(h, states);
     if (!r.ok()) return Fail(r.status());
@@ -226,12 +234,7 @@ int dte_publisher_publish_adamw_mcore(dte_publisher* p, const dte_adamw_step* st
         return FailWith(DTE_INVALID_ARGUMENT, "MCore shard " + std::to_string(i) + " has no name");
       }
       states[i].key = dte::ShardKey{in.name, in.tp_rank, in.ep_rank};
-      states[i].param = ToRef(in.param);
-      states[i].exp_avg = ToRef(in.exp_avg);
-      states[i].exp_avg_sq = ToRef(in.exp_avg_sq);
-      if (in.state_step >= 0) states[i].state_step = in.state_step;
-      if (!std::isnan(in.lr)) states[i].lr = in.lr;
-      if (!std::isnan(in.weight_decay)) states[i].weight_decay = in.weight_decay;
+      FillOptimizerState(in, &states[i]);
     }
     auto r = p->impl->PublishAdamWMcore(h, states);
     if (!r.ok()) return Fail(r.status());

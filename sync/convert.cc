@@ -6,13 +6,13 @@
 #include <set>
 #include <utility>
 
+#include "store/dtype.h"
 #include "sync/internal/convert_matrix.h"
 
 namespace dte {
 namespace {
 
 using internal::MatrixCols;
-using internal::ShapeString;
 
 // One side of a block copy: a row-major matrix of `width`-byte elements.
 struct Matrix {

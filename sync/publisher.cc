@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "kernels/adamw.h"
+#include "store/dtype.h"
 #include "store/store.h"
 #include "sync/internal/blob_sink.h"
 #include "sync/internal/engine_encoder.h"
@@ -12,12 +13,6 @@
 
 namespace dte {
 namespace {
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 struct TensorAt {
   size_t file = 0, tensor = 0;

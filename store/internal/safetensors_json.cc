@@ -14,19 +14,12 @@
 #include <unordered_set>
 #include <utility>
 
+#include "store/dtype.h"
+
 namespace dte::safetensors_internal {
 namespace {
 
 using Json = nlohmann::json;
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
 
 // nlohmann messages start with "[json.exception.parse_error.101] ".
 std::string JsonErrorText(const Json::exception& e) {

@@ -16,13 +16,4 @@ uint64_t ShapeElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 }  // namespace dte::internal

@@ -12,7 +12,5 @@ int64_t MatrixRows(const std::vector<int64_t>& shape);
 // The product of shape[1..], 1 for vectors and scalars.
 int64_t MatrixCols(const std::vector<int64_t>& shape);
 uint64_t ShapeElements(const std::vector<int64_t>& shape);
-// "[4096, 1024]"
-std::string ShapeString(const std::vector<int64_t>& shape);
 
 }  // namespace dte::internal
