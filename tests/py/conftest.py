@@ -1,4 +1,4 @@
-"""Shared fixtures for the dtectl end-to-end tests.
+"""Shared fixtures for the end-to-end tests.
 
 Binaries come from $DTE_BUILD_DIR (default /work/main/build). Every test gets
 its own store and cache directory under pytest's tmp_path; checkpoint
@@ -31,3 +31,25 @@ def base_store(tmp_path_factory, ckpts):
     d.ok("import", ckpts.dir(0))
     d.ok("commit", ckpts.dir(1))
     return d
+
+
+@pytest.fixture(scope="module")
+def moto():
+    """A moto S3 server on loopback (tests/testutil/moto_server.py), one per
+    test module."""
+    import s3_util
+
+    server = s3_util.MotoServer()
+    print(f"moto started in {server.start_seconds:.2f} s on {server.endpoint}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(moto):
+    """The fault-injecting proxy (tests/py/s3_proxy.py) in front of `moto`."""
+    from s3_proxy import FaultProxy
+
+    p = FaultProxy(moto.endpoint, io_timeout=60)
+    yield p
+    p.stop()

@@ -10,9 +10,7 @@ never appear in any output.
 """
 
 import json
-import os
 import re
-import subprocess
 import time
 
 import pytest
@@ -22,14 +20,6 @@ import store_util
 from dtectl_util import CONFLICT, ERROR, OK, Dtectl
 
 _bucket_counter = [0]
-
-
-@pytest.fixture(scope="module")
-def moto():
-    server = s3_util.MotoServer()
-    print(f"moto started in {server.start_seconds:.2f} s on {server.endpoint}")
-    yield server
-    server.stop()
 
 
 @pytest.fixture

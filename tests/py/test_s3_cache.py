@@ -24,23 +24,8 @@ import s3_util
 import store_util
 from dtectl_util import ERROR, OK, Dtectl
 from fs_util import binary as dtefs_binary
-from s3_proxy import FaultProxy
 
 _buckets = [0]
-
-
-@pytest.fixture(scope="module")
-def moto():
-    server = s3_util.MotoServer()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def proxy(moto):
-    p = FaultProxy(moto.endpoint, io_timeout=60)
-    yield p
-    p.stop()
 
 
 @pytest.fixture

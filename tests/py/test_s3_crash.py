@@ -26,26 +26,12 @@ import s3_util
 import store_util
 from ckpt_util import CheckpointSequence
 from dtectl_util import CONFLICT, OK, Dtectl
-from s3_proxy import FaultProxy, Rule
+from s3_proxy import Rule
 
 RANDOM_KILLS = 20
 SEED = int(os.environ.get("DTE_CRASH_SEED", "4321"))
 ENV = {"DTE_S3_MAX_ATTEMPTS": "4", "DTE_S3_RETRY_BASE_MS": "20", "DTE_S3_RETRY_MAX_MS": "200",
        "DTE_S3_PART_SIZE": "5MiB", "DTE_S3_PARALLEL_PARTS": "2"}
-
-
-@pytest.fixture(scope="module")
-def moto():
-    server = s3_util.MotoServer()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def proxy(moto):
-    p = FaultProxy(moto.endpoint, io_timeout=60)
-    yield p
-    p.stop()
 
 
 @pytest.fixture(scope="module")
