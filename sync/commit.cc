@@ -181,14 +181,7 @@ Status Committer::AppendChunk(const TensorEntry& t, bool anchor, uint32_t first,
       rec.length = static_cast<uint32_t>(std::min<uint64_t>(bb, t.bytes() - uint64_t{b} * bb));
       continue;
     }
-    EncodedBlock& e = encoded_[i];
-    rec.kind = e.kind;
-    rec.changed = e.changed;
-    if (e.kind == BlockKind::kSame) continue;
-    rec.blob = blob_index;
-    rec.offset = spool->size();
-    rec.length = static_cast<uint32_t>(e.payload.size());
-    RETURN_IF_ERROR(spool->Append(e.payload.data(), e.payload.size()));
+    RETURN_IF_ERROR(AppendEncodedBlock(encoded_[i], blob_index, spool, &rec));
   }
   return Status::Ok();
 }

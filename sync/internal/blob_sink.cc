@@ -96,4 +96,15 @@ uint64_t BlobSink::added_bytes() const {
   return n;
 }
 
+Status AppendEncodedBlock(const EncodedBlock& block, uint32_t blob_index, Spool* spool,
+                          BlockRecord* rec) {
+  rec->kind = block.kind;
+  rec->changed = block.changed;
+  if (block.kind == BlockKind::kSame) return Status::Ok();
+  rec->blob = blob_index;
+  rec->offset = spool->size();
+  rec->length = static_cast<uint32_t>(block.payload.size());
+  return spool->Append(block.payload.data(), block.payload.size());
+}
+
 }  // namespace dte::internal

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "store/delta_codec.h"
 #include "store/hash.h"
 #include "store/manifest.h"
 #include "store/object_store.h"
@@ -37,6 +38,12 @@ class Spool {
   Hasher128 hasher_;
   std::string buf_;
 };
+
+// Fills *rec from an encoded block: its kind and changed count, and for a
+// block with a payload, the payload appended to `spool` (blob `blob_index`
+// of the version) at the spool's current end.
+Status AppendEncodedBlock(const EncodedBlock& block, uint32_t blob_index, Spool* spool,
+                          BlockRecord* rec);
 
 class BlobSink {
  public:

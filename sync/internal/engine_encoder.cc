@@ -182,15 +182,7 @@ Status EngineEncoder::AppendChunk(const std::vector<EngineCounts>& per_block, Bl
     counts->uncertain += c.uncertain;
     counts->changed += c.changed;
     *tensor_changed += c.changed;
-    BlockRecord& rec = records[b];
-    EncodedBlock& enc = encoded_[b];
-    rec.kind = enc.kind;
-    rec.changed = enc.changed;
-    if (enc.kind == BlockKind::kSame) continue;
-    rec.blob = blob_index;
-    rec.offset = spool->size();
-    rec.length = static_cast<uint32_t>(enc.payload.size());
-    RETURN_IF_ERROR(spool->Append(enc.payload.data(), enc.payload.size()));
+    RETURN_IF_ERROR(AppendEncodedBlock(encoded_[b], blob_index, spool, &records[b]));
   }
   return Status::Ok();
 }
