@@ -122,20 +122,27 @@ float At(const TensorData& t, int64_t r, int64_t c) {
   return v;
 }
 
-// Fills every tensor of `plan` with Tagged values; tags by plan order.
-std::map<std::string, TensorData> TaggedState(const std::vector<ConvertUnit>& plan,
-                                              std::map<std::string, int>* tags) {
+// A layout's conversion plan, an HF state whose tensors are Tagged values
+// (tags in plan order) and that state sharded for the layout.
+struct TaggedShards {
+  std::vector<ConvertUnit> plan;
   std::map<std::string, TensorData> hf;
+  McoreState state;
+};
+
+Result<TaggedShards> ShardTaggedState(const ModelSpec& spec, const ParallelLayout& layout) {
+  TaggedShards out;
+  ASSIGN_OR_RETURN(out.plan, PlanConversion(spec, layout));
   int tag = 1;
-  for (const ConvertUnit& u : plan) {
+  for (const ConvertUnit& u : out.plan) {
     for (const PlannedTensor& t : u.tensors) {
-      (*tags)[t.name] = tag;
       TensorData d = Tagged(tag++, t.shape[0], t.shape.size() > 1 ? t.shape[1] : 1);
       d.shape = t.shape;
-      hf[t.name] = std::move(d);
+      out.hf[t.name] = std::move(d);
     }
   }
-  return hf;
+  ASSIGN_OR_RETURN(out.state, ShardHfState(out.plan, out.hf));
+  return out;
 }
 
 TEST(ConvertLayout, FusedQkvHoldsGqaGroupsPerRank) {
@@ -143,12 +150,10 @@ TEST(ConvertLayout, FusedQkvHoldsGqaGroupsPerRank) {
   ModelSpec spec = test::TinyLlama(8, 4);
   ParallelLayout layout;
   layout.tp = 2;
-  auto plan = PlanConversion(spec, layout);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  std::map<std::string, int> tags;
-  auto hf = TaggedState(*plan, &tags);
-  auto state = ShardHfState(*plan, hf);
-  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  auto tagged = ShardTaggedState(spec, layout);
+  ASSERT_TRUE(tagged.ok()) << tagged.status().ToString();
+  const auto& hf = tagged->hf;
+  const McoreState* state = &tagged->state;
   const int64_t d = spec.head_dim, g = 2;
   const std::string prefix = "model.layers.1.self_attn.";
   for (int r = 0; r < 2; ++r) {
@@ -179,12 +184,10 @@ TEST(ConvertLayout, Fc1IsGateShardThenUpShardAndFc2SplitsColumns) {
   ModelSpec spec = test::TinyLlama(4, 4);
   ParallelLayout layout;
   layout.tp = 4;
-  auto plan = PlanConversion(spec, layout);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  std::map<std::string, int> tags;
-  auto hf = TaggedState(*plan, &tags);
-  auto state = ShardHfState(*plan, hf);
-  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  auto tagged = ShardTaggedState(spec, layout);
+  ASSERT_TRUE(tagged.ok()) << tagged.status().ToString();
+  const auto& hf = tagged->hf;
+  const McoreState* state = &tagged->state;
   const int64_t part = spec.ffn_hidden / 4;
   const TensorData& gate = hf.at("model.layers.0.mlp.gate_proj.weight");
   const TensorData& up = hf.at("model.layers.0.mlp.up_proj.weight");
@@ -209,12 +212,10 @@ TEST(ConvertLayout, ExpertsLiveOnTheirEpRankAsLocalExperts) {
   ParallelLayout layout;
   layout.tp = 2;
   layout.ep = 2;
-  auto plan = PlanConversion(spec, layout);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  std::map<std::string, int> tags;
-  auto hf = TaggedState(*plan, &tags);
-  auto state = ShardHfState(*plan, hf);
-  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  auto tagged = ShardTaggedState(spec, layout);
+  ASSERT_TRUE(tagged.ok()) << tagged.status().ToString();
+  const auto& hf = tagged->hf;
+  const McoreState* state = &tagged->state;
   // Global expert 3 of 4 with EP 2: EP rank 1, local expert 1.
   const TensorData& fc2 =
       state->at({"decoder.layers.2.mlp.experts.local_experts.1.linear_fc2.weight", 1, 1});
