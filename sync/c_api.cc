@@ -6,6 +6,7 @@
 #include <cmath>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "store/materialize.h"
 #include "store/store.h"
 #include "sync/convert.h"
+#include "sync/live_client.h"
 #include "sync/publisher.h"
 
 struct dte_publisher {
@@ -23,13 +25,44 @@ struct dte_store {
   std::unique_ptr<dte::Store> impl;
 };
 
+struct dte_live {
+  dte::live::Control impl;
+};
+
 namespace {
 
 thread_local std::string last_error;
 
+// The one place dte::Code becomes dte_code.
+int ToCode(dte::Code code) {
+  switch (code) {
+    case dte::Code::kOk:
+      return DTE_OK;
+    case dte::Code::kInvalidArgument:
+      return DTE_INVALID_ARGUMENT;
+    case dte::Code::kNotFound:
+      return DTE_NOT_FOUND;
+    case dte::Code::kAlreadyExists:
+      return DTE_ALREADY_EXISTS;
+    case dte::Code::kCorruption:
+      return DTE_CORRUPTION;
+    case dte::Code::kIOError:
+      return DTE_IO_ERROR;
+    case dte::Code::kBusy:
+      return DTE_BUSY;
+    case dte::Code::kPermissionDenied:
+      return DTE_PERMISSION_DENIED;
+    case dte::Code::kUnimplemented:
+      return DTE_UNIMPLEMENTED;
+    case dte::Code::kInternal:
+      return DTE_INTERNAL;
+  }
+  return DTE_INTERNAL;
+}
+
 int Fail(const dte::Status& s) {
   last_error = s.message();
-  return static_cast<int>(s.code());  // dte::Code and dte_code share values
+  return ToCode(s.code());
 }
 
 int FailWith(int code, std::string message) {
@@ -305,5 +338,66 @@ int dte_store_read_tensor(dte_store* s, uint64_t version, const char* name, void
                                        dte::VersionName(version) + " of store " + s->impl->uri());
   });
 }
+
+int dte_live_apply_version(const char* mount, uint64_t version, dte_live_counts* out) {
+  return Guard([&] {
+    if (mount == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_live_apply_version: mount must be set");
+    }
+    std::optional<uint64_t> v;
+    if (version != DTE_LIVE_LATEST) v = version;
+    auto r = dte::live::Apply(mount, v);
+    if (!r.ok()) return Fail(r.status());
+    if (out != nullptr) *out = r->counts;
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_live_get_status(const char* mount, dte_live_status* out) {
+  return Guard([&] {
+    if (mount == nullptr || out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_live_get_status: mount and out must be set");
+    }
+    auto r = dte::live::GetStatus(mount);
+    if (!r.ok()) return Fail(r.status());
+    *out = *r;
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_live_open(const char* mount, dte_live** out) {
+  return Guard([&] {
+    if (mount == nullptr || out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_live_open: mount and out must be set");
+    }
+    auto c = dte::live::Control::Open(mount);
+    if (!c.ok()) return Fail(c.status());
+    *out = new dte_live{std::move(c).value()};
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_live_register_buffer(dte_live* l, dte_live_register* inout) {
+  return Guard([&] {
+    if (l == nullptr || inout == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "dte_live_register_buffer: receiver and buffer must be set");
+    }
+    auto id = l->impl.Register(inout);
+    if (!id.ok()) return Fail(id.status());
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_live_unregister(dte_live* l, uint64_t id) {
+  return Guard([&] {
+    if (l == nullptr) return FailWith(DTE_INVALID_ARGUMENT, "dte_live_unregister: no receiver");
+    dte::Status s = l->impl.Unregister(id);
+    if (!s.ok()) return Fail(s);
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+void dte_live_close(dte_live* l) { delete l; }
 
 }  // extern "C"

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sync/live_abi.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -33,6 +35,7 @@ enum dte_code {
   DTE_BUSY = 6,
   DTE_UNIMPLEMENTED = 7,
   DTE_INTERNAL = 8,
+  DTE_PERMISSION_DENIED = 9, /* the store or the daemon refused the request */
 };
 
 /* Element types of arrays passed in. */
@@ -145,6 +148,34 @@ int dte_store_latest(dte_store* s, int* has_version_out, uint64_t* version_out);
  * the tensor's exact size. */
 int dte_store_read_tensor(dte_store* s, uint64_t version, const char* name, void* dst,
                           uint64_t bytes);
+
+/* Live apply (docs/live.md): ioctls on MOUNT/.dte/control of a dtefs mount
+ * (sync/live_abi.h). Errors name the mount; a path that is not a dtefs
+ * mount with live apply fails with DTE_NOT_FOUND (no .dte/control) or
+ * DTE_INVALID_ARGUMENT (ENOTTY); EPERM/EACCES give DTE_PERMISSION_DENIED,
+ * EBUSY (another apply runs) DTE_BUSY.
+ *
+ * (The functions cannot be named after the structs they take, such as
+ * dte_live_apply and dte_live_status: C gives typedefs and functions one
+ * namespace.) */
+
+/* Makes `version` (DTE_LIVE_LATEST: the newest) the live version of the
+ * mount, in place; returns when every registered buffer and cached page
+ * holds it. `out` (may be NULL) receives the apply's counts. */
+int dte_live_apply_version(const char* mount, uint64_t version, dte_live_counts* out);
+/* The live state of the mount. */
+int dte_live_get_status(const char* mount, dte_live_status* out);
+
+/* A receiver: one open control file of a mount. Every buffer registered
+ * through it is unregistered when it is closed (or the process exits). */
+typedef struct dte_live dte_live;
+int dte_live_open(const char* mount, dte_live** out);
+/* Registers one weight buffer: fills inout->abi_version, and on return
+ * inout->buffer_id (success) or inout->error and inout->message. */
+int dte_live_register_buffer(dte_live* l, dte_live_register* inout);
+/* Drops buffer `id`; 0 drops every buffer of this receiver. */
+int dte_live_unregister(dte_live* l, uint64_t id);
+void dte_live_close(dte_live* l);
 
 #ifdef __cplusplus
 }

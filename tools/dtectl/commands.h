@@ -33,4 +33,16 @@ int RunVerify(const Common& c, std::optional<uint64_t> version);
 int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_run);
 int RunReindex(const Common& c);
 
+// apply and status talk to a dtefs mount (tools/dtectl/live.cc), not to a
+// store: no --store.
+struct LiveArgs {
+  std::string mount;
+  std::string version = "latest";  // apply --version: N, vNNNNNNNN or latest
+  bool json = false;
+  bool quiet = false;
+};
+
+int RunApply(const LiveArgs& a);
+int RunStatus(const LiveArgs& a);
+
 }  // namespace dte::cli

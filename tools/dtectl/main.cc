@@ -1,4 +1,5 @@
-// dtectl: import, commit, log, export, verify, gc and reindex dte stores.
+// dtectl: import, commit, log, export, verify, gc and reindex dte stores;
+// apply and status on dtefs mounts.
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
@@ -106,12 +107,25 @@ int main(int argc, char** argv) {
   CLI::App* reindex = app.add_subcommand("reindex", "Rebuild the local index from the store");
   AddCommon(reindex, &c, &sizes, true);
 
+  // apply and status take a mount point, not a store.
+  dte::cli::LiveArgs la;
+  CLI::App* apply = app.add_subcommand("apply", "Make a version live in place on a dtefs mount");
+  apply->add_option("MOUNT", la.mount, "dtefs mount point")->required();
+  apply->add_option("--version", la.version, "Version number or 'latest' (default)");
+  apply->add_flag("--json", la.json, "Print the result as JSON");
+  apply->add_flag("-q,--quiet", la.quiet, "No output on success");
+  CLI::App* status = app.add_subcommand("status", "Show the live state of a dtefs mount");
+  status->add_option("MOUNT", la.mount, "dtefs mount point")->required();
+  status->add_flag("--json", la.json, "Print the result as JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
+  if (*apply) return dte::cli::RunApply(la);
+  if (*status) return dte::cli::RunStatus(la);
   if (c.store.empty()) {
     std::cerr << "dtectl: error: no store given (use --store or set DTE_STORE)\n";
     return 2;

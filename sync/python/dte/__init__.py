@@ -14,8 +14,18 @@ From Megatron-Core shards, give the model and layout instead of "hf":
 
 No copy of the previous weights is kept: the engine inverts the AdamW step.
 See docs/engine.md.
+
+On the inference side, a dtefs mount applies versions in place into
+registered buffers (docs/live.md):
+
+    with dte.SharedWeights("rank0", {name: ("BF16", shape), ...}) as w, \\
+         dte.Receiver("/mnt/policy", tp=2, rank=0) as rx:
+        rx.register_shared(w)
+        dte.apply("/mnt/policy")            # or `dtectl apply /mnt/policy`
 """
 
+from dte._live import Receiver, SharedWeights, apply, live_status
 from dte._publisher import DteError, Publisher, PublishResult, StoreReader, publish_torch_adamw
 
-__all__ = ["DteError", "Publisher", "PublishResult", "StoreReader", "publish_torch_adamw"]
+__all__ = ["DteError", "Publisher", "PublishResult", "Receiver", "SharedWeights", "StoreReader",
+           "apply", "live_status", "publish_torch_adamw"]

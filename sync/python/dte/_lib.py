@@ -6,7 +6,8 @@ import os
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F64, DTYPE_OTHER = 0, 1, 2, 3, 255
 ORDERS = {"torch_cpu": 0, "torch_cuda_foreach": 1, "torch_cuda_single_tensor": 2}
 CODE_NAMES = {1: "invalid argument", 2: "not found", 3: "already exists", 4: "corruption",
-              5: "I/O error", 6: "busy", 7: "unimplemented", 8: "internal"}
+              5: "I/O error", 6: "busy", 7: "unimplemented", 8: "internal",
+              9: "permission denied"}
 
 
 class Array(ctypes.Structure):
@@ -48,6 +49,50 @@ class PublishResult(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "version", "parent", "tensors", "elements", "changed", "flagged", "false_positives",
         "uncertain", "stored_bytes", "state_bytes")]
+
+
+# Live apply (sync/live_abi.h): the ioctl structs, field for field.
+LIVE_ABI_VERSION = 1
+LIVE_LATEST = 2**64 - 1  # DTE_LIVE_LATEST
+LIVE_MESSAGE_BYTES, LIVE_NAME_BYTES, LIVE_MAX_DIMS = 1024, 256, 8
+LIVE_HOST_SHM, LIVE_CUDA_IPC = 0, 1
+
+
+class LiveCounts(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "from_version", "to_version", "entries", "bytes", "pages", "receivers", "buffers",
+        "elapsed_ns", "decode_ns", "scatter_ns", "pagecache_ns")]
+
+
+class LiveApply(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("version", ctypes.c_uint64), ("error", ctypes.c_int32),
+                ("reserved", ctypes.c_uint32), ("counts", LiveCounts),
+                ("message", ctypes.c_char * LIVE_MESSAGE_BYTES)]
+
+
+class LiveStatus(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_uint32), ("applying", ctypes.c_uint32),
+                ("live_version", ctypes.c_uint64), ("latest_version", ctypes.c_uint64),
+                ("receivers", ctypes.c_uint64), ("buffers", ctypes.c_uint64),
+                ("applies", ctypes.c_uint64), ("failed_applies", ctypes.c_uint64),
+                ("last_apply_time", ctypes.c_int64), ("last_error", ctypes.c_int32),
+                ("reserved", ctypes.c_uint32), ("last", LiveCounts),
+                ("last_message", ctypes.c_char * LIVE_MESSAGE_BYTES)]
+
+
+class LiveRegister(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_uint32), ("kind", ctypes.c_uint32),
+                ("tp", ctypes.c_int32), ("rank", ctypes.c_int32),
+                ("fuse_qkv", ctypes.c_uint32), ("fuse_gate_up", ctypes.c_uint32),
+                ("name", ctypes.c_char * LIVE_NAME_BYTES), ("dtype", ctypes.c_char * 8),
+                ("ndim", ctypes.c_uint32), ("reserved0", ctypes.c_uint32),
+                ("shape", ctypes.c_int64 * LIVE_MAX_DIMS),
+                ("shm_name", ctypes.c_char * LIVE_NAME_BYTES), ("offset", ctypes.c_uint64),
+                ("cuda_ipc_handle", ctypes.c_uint8 * 64), ("cuda_device", ctypes.c_int32),
+                ("reserved1", ctypes.c_uint32), ("buffer_id", ctypes.c_uint64),
+                ("error", ctypes.c_int32), ("reserved2", ctypes.c_uint32),
+                ("message", ctypes.c_char * LIVE_MESSAGE_BYTES)]
 
 
 def _candidates():
@@ -97,6 +142,13 @@ def _declare(lib):
                                             ctypes.POINTER(ctypes.c_uint64)]),
         "dte_store_read_tensor": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.c_char_p,
                                                  ctypes.c_void_p, ctypes.c_uint64]),
+        "dte_live_apply_version": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_uint64,
+                                                  ctypes.POINTER(LiveCounts)]),
+        "dte_live_get_status": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(LiveStatus)]),
+        "dte_live_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(P)]),
+        "dte_live_register_buffer": (ctypes.c_int, [P, ctypes.POINTER(LiveRegister)]),
+        "dte_live_unregister": (ctypes.c_int, [P, ctypes.c_uint64]),
+        "dte_live_close": (None, [P]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -1,0 +1,133 @@
+/* The live-apply control interface of a dtefs mount: ioctl commands on the
+ * file MOUNT/.dte/control and their fixed-size structs (docs/live.md).
+ *
+ * FUSE passes only "restricted" ioctls to a filesystem: the command number
+ * must encode the direction and size of its argument, which the kernel
+ * copies in before and out after the request (at most 16383 bytes). Every
+ * struct here is plain old data with explicit padding, the same on every
+ * 64-bit Linux ABI, and starts with abi_version.
+ *
+ * Errors: a failed command returns -1 with errno set (EPERM: not root or the
+ * mounting user; EBUSY: another apply is running; ENOTTY: unknown command;
+ * EINVAL, ENOENT, EIO, ...). Commands with an `error`/`message` pair also
+ * fill them in, since errno alone cannot name the version, file or tensor:
+ * the kernel copies the struct out even when the command fails.
+ *
+ * Plain C (included by the daemon, dtectl, the C ABI and its bindings).
+ */
+#ifndef DTE_SYNC_LIVE_ABI_H_
+#define DTE_SYNC_LIVE_ABI_H_
+
+#include <linux/ioctl.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DTE_LIVE_ABI_VERSION 1
+#define DTE_LIVE_CONTROL_FILE ".dte/control" /* relative to the mount point */
+#define DTE_LIVE_LATEST UINT64_MAX           /* dte_live_apply.version: the newest */
+#define DTE_LIVE_MESSAGE_BYTES 1024
+#define DTE_LIVE_NAME_BYTES 256
+#define DTE_LIVE_MAX_DIMS 8
+
+/* Counts of one apply. */
+typedef struct dte_live_counts {
+  uint64_t from_version; /* live version before */
+  uint64_t to_version;   /* live version after (the target) */
+  uint64_t entries;      /* changed elements in the union of the deltas between the two */
+  uint64_t bytes;        /* bytes of element values written into registered buffers */
+  uint64_t pages;        /* page-cache pages of live/ files replaced in place */
+  uint64_t receivers;    /* receivers (open control files with buffers) written */
+  uint64_t buffers;      /* registered buffers written */
+  uint64_t elapsed_ns;   /* from the request to the reply */
+  uint64_t decode_ns;    /* deciding the changed set, decoding and verifying it */
+  uint64_t scatter_ns;   /* writing registered buffers */
+  uint64_t pagecache_ns; /* finding and replacing cached pages */
+} dte_live_counts;
+
+/* DTE_IOC_APPLY: make `version` the live version, everywhere, in place.
+ * Returns when every registered buffer and every cached page of live/ holds
+ * the target version. */
+typedef struct dte_live_apply {
+  uint32_t abi_version; /* in: DTE_LIVE_ABI_VERSION */
+  uint32_t flags;       /* in: 0 */
+  uint64_t version;     /* in: target version, or DTE_LIVE_LATEST */
+  int32_t error;        /* out: 0 or an errno value */
+  uint32_t reserved;
+  dte_live_counts counts;               /* out */
+  char message[DTE_LIVE_MESSAGE_BYTES]; /* out: why it failed, NUL-terminated */
+} dte_live_apply;
+
+/* DTE_IOC_STATUS: the live state. */
+typedef struct dte_live_status {
+  uint32_t abi_version;    /* in: DTE_LIVE_ABI_VERSION */
+  uint32_t applying;       /* out: 1 while an apply runs */
+  uint64_t live_version;   /* out: DTE_LIVE_LATEST when there is none yet */
+  uint64_t latest_version; /* out: DTE_LIVE_LATEST when the store is empty */
+  uint64_t receivers;      /* out: open control files with registered buffers */
+  uint64_t buffers;        /* out: registered buffers */
+  uint64_t applies;        /* out: applies completed since mount */
+  uint64_t failed_applies; /* out */
+  int64_t last_apply_time; /* out: seconds since the epoch of the last apply; 0: none */
+  int32_t last_error;      /* out: errno of the last apply (0: it succeeded) */
+  uint32_t reserved;
+  dte_live_counts last;                      /* out: counts of the last successful apply */
+  char last_message[DTE_LIVE_MESSAGE_BYTES]; /* out: the last failure's message */
+} dte_live_status;
+
+enum dte_live_buffer_kind {
+  DTE_LIVE_HOST_SHM = 0, /* a region of a /dev/shm object */
+  DTE_LIVE_CUDA_IPC = 1, /* GPU memory exported with cudaIpcGetMemHandle */
+};
+
+/* DTE_IOC_REGISTER: one weight buffer of a receiver. The receiver is the
+ * open control file: every buffer registered through it shares its layout
+ * and is unregistered when it is closed (the process exits). */
+typedef struct dte_live_register {
+  uint32_t abi_version; /* in: DTE_LIVE_ABI_VERSION */
+  uint32_t kind;        /* in: enum dte_live_buffer_kind */
+  /* The receiver's layout (sync/transfer_plan.h ShardLayout). */
+  int32_t tp;            /* in: tensor-parallel degree, >= 1 */
+  int32_t rank;          /* in: 0 .. tp-1 */
+  uint32_t fuse_qkv;     /* in: 1: q/k/v held as one qkv_proj */
+  uint32_t fuse_gate_up; /* in: 1: gate/up held as one gate_up_proj */
+  /* The tensor, by its name in the receiver layout (for example
+   * model.layers.0.self_attn.qkv_proj.weight), dtype and rank-local shape. */
+  char name[DTE_LIVE_NAME_BYTES]; /* in */
+  char dtype[8];                  /* in: safetensors name, "BF16" */
+  uint32_t ndim;                  /* in */
+  uint32_t reserved0;
+  int64_t shape[DTE_LIVE_MAX_DIMS]; /* in */
+  /* DTE_LIVE_HOST_SHM: the object's name under /dev/shm (no '/'), owned by
+   * the caller, and the byte offset of the tensor in it. */
+  char shm_name[DTE_LIVE_NAME_BYTES]; /* in */
+  uint64_t offset;                    /* in */
+  /* DTE_LIVE_CUDA_IPC: the cudaIpcMemHandle_t bytes and the device. */
+  uint8_t cuda_ipc_handle[64]; /* in */
+  int32_t cuda_device;         /* in */
+  uint32_t reserved1;
+  uint64_t buffer_id; /* out: for DTE_IOC_UNREGISTER */
+  int32_t error;      /* out: 0 or an errno value */
+  uint32_t reserved2;
+  char message[DTE_LIVE_MESSAGE_BYTES]; /* out */
+} dte_live_register;
+
+#define DTE_IOC_MAGIC 0xD7
+#define DTE_IOC_APPLY _IOWR(DTE_IOC_MAGIC, 1, dte_live_apply)
+#define DTE_IOC_STATUS _IOWR(DTE_IOC_MAGIC, 2, dte_live_status)
+#define DTE_IOC_REGISTER _IOWR(DTE_IOC_MAGIC, 3, dte_live_register)
+/* The argument is the buffer_id to drop; 0 drops every buffer of this open
+ * control file. */
+#define DTE_IOC_UNREGISTER _IOW(DTE_IOC_MAGIC, 4, uint64_t)
+
+#ifdef __cplusplus
+} /* extern "C" */
+static_assert(sizeof(dte_live_counts) == 88, "dte_live_counts layout");
+static_assert(sizeof(dte_live_apply) == 24 + 88 + 1024, "dte_live_apply layout");
+static_assert(sizeof(dte_live_register) % 8 == 0, "dte_live_register layout");
+static_assert(sizeof(dte_live_register) <= 16383, "restricted FUSE ioctl size");
+#endif
+
+#endif /* DTE_SYNC_LIVE_ABI_H_ */

@@ -1,0 +1,276 @@
+"""Live apply from Python: the ioctls of a dtefs mount's .dte/control
+(sync/live_abi.h, docs/live.md) through libdte's C ABI, and the host
+shared-memory weight buffers a receiver registers.
+
+    with dte.SharedWeights("policy-rank0", {"lm_head.weight": ("BF16", (vocab, dim))}) as w, \\
+         dte.Receiver("/mnt/policy") as rx:
+        rx.register_shared(w)          # the daemon writes every apply into w
+        ...
+        dte.apply("/mnt/policy")       # usually from another process: dtectl apply
+        w.array("lm_head.weight")      # the new weights, BF16 bits as uint16
+"""
+
+import collections
+import ctypes
+import mmap
+import os
+
+from dte import _lib
+from dte._lib import lib
+from dte._publisher import DteError, _check
+
+# safetensors dtype name -> numpy dtype of the view (BF16 and FP8 as raw bits).
+_NUMPY_DTYPES = {"BOOL": "?", "U8": "u1", "I8": "i1", "F8_E4M3": "u1", "F8_E5M2": "u1",
+                 "U16": "<u2", "I16": "<i2", "F16": "<f2", "BF16": "<u2", "U32": "<u4",
+                 "I32": "<i4", "F32": "<f4", "U64": "<u8", "I64": "<i8", "F64": "<f8"}
+ALIGNMENT = 64  # of every tensor in a SharedWeights object
+_SHM_DIR = "/dev/shm"
+
+_COUNT_FIELDS = ("entries", "bytes", "pages", "receivers", "buffers", "elapsed_ns", "decode_ns",
+                 "scatter_ns", "pagecache_ns")
+
+
+def _version(v):
+    return None if v == _lib.LIVE_LATEST else v
+
+
+def _counts(c):
+    d = {"from_version": _version(c.from_version), "to_version": _version(c.to_version)}
+    d.update((f, getattr(c, f)) for f in _COUNT_FIELDS)
+    d["seconds"] = c.elapsed_ns / 1e9
+    return d
+
+
+def apply(mount, version=None):
+    """Makes `version` (None: the newest) live on the dtefs mount, in place in
+    the live copy and in every registered buffer; returns the apply's counts
+    as a dict (from_version, to_version, entries, bytes, pages, receivers,
+    buffers, elapsed_ns, decode_ns, scatter_ns, pagecache_ns, seconds)."""
+    v = _lib.LIVE_LATEST if version is None else int(version)
+    if version is not None and not 0 <= v < _lib.LIVE_LATEST:
+        raise DteError(1, "bad version %r" % (version,))
+    out = _lib.LiveCounts()
+    _check(lib.dte_live_apply_version(os.fsencode(mount), v, ctypes.byref(out)))
+    return _counts(out)
+
+
+def live_status(mount):
+    """The live state of the dtefs mount as a dict (live_version and
+    latest_version, None when there is none; applying, receivers, buffers,
+    applies, failed_applies, last_apply_time (None: no apply yet),
+    last_error (an errno, 0: none), last_message, last: the counts of the
+    last successful apply)."""
+    s = _lib.LiveStatus()
+    _check(lib.dte_live_get_status(os.fsencode(mount), ctypes.byref(s)))
+    return {"live_version": _version(s.live_version),
+            "latest_version": _version(s.latest_version),
+            "applying": bool(s.applying), "receivers": s.receivers, "buffers": s.buffers,
+            "applies": s.applies, "failed_applies": s.failed_applies,
+            "last_apply_time": s.last_apply_time or None, "last_error": s.last_error,
+            "last_message": s.last_message.decode("utf-8", "replace"), "last": _counts(s.last)}
+
+
+def _shm_name(name):
+    """The object's name under /dev/shm: POSIX shm_open style "/name" or "name"."""
+    name = os.fsdecode(name)
+    if name.startswith("/"):
+        name = name[1:]
+    if (not name or "/" in name or "\0" in name or name in (".", "..")
+            or len(os.fsencode(name)) >= _lib.LIVE_NAME_BYTES):
+        raise DteError(1, "bad shared memory name %r (one path component, "
+                       "shorter than %d bytes)" % (name, _lib.LIVE_NAME_BYTES))
+    return name
+
+
+def _align(n):
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def _layout(tensors):
+    """{name: (dtype, shape, offset, nbytes)} with 64-byte aligned offsets, and the size."""
+    import numpy as np
+    layout, end = collections.OrderedDict(), 0
+    for name, spec in tensors.items():
+        try:
+            dtype, shape = spec
+            shape = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise DteError(1, "tensor %s: expected (dtype, shape), not %r"
+                           % (name, spec)) from None
+        if dtype not in _NUMPY_DTYPES:
+            raise DteError(1, "tensor %s: unknown dtype %r (one of %s)"
+                           % (name, dtype, ", ".join(_NUMPY_DTYPES)))
+        if any(d < 0 for d in shape) or len(shape) > _lib.LIVE_MAX_DIMS:
+            raise DteError(1, "tensor %s: bad shape %r" % (name, shape))
+        offset = _align(end)
+        nbytes = np.dtype(_NUMPY_DTYPES[dtype]).itemsize * int(np.prod(shape, dtype=np.int64))
+        layout[name] = (dtype, shape, offset, nbytes)
+        end = offset + nbytes
+    return layout, max(_align(end), ALIGNMENT)
+
+
+class SharedWeights:
+    """A new /dev/shm object holding named tensors, each at a 64-byte aligned
+    offset in the order given, mapped into this process.
+
+    tensors: an ordered mapping name -> (dtype, shape), dtype a safetensors
+    name ("BF16", "F16", "F32", ...). The object is created exclusively (an
+    existing name is an error) with mode 0600 and zero-filled. Views from
+    array() write through to the object; they stay valid after close() until
+    they are dropped. As a context manager it closes and unlinks on exit.
+    Not thread-safe."""
+
+    def __init__(self, name, tensors):
+        self.name = _shm_name(name)
+        self.path = os.path.join(_SHM_DIR, self.name)
+        self._layout, self.size = _layout(tensors)
+        self._mm, self._unlinked = None, False
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            raise DteError(3, "shared memory object %s exists (unlink it or "
+                           "choose another name)" % self.path) from None
+        except OSError as e:
+            raise DteError(5, "cannot create %s: %s" % (self.path, e.strerror)) from None
+        try:
+            os.ftruncate(fd, self.size)
+            self._mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED,
+                                 mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as e:
+            self.unlink()
+            raise DteError(5, "cannot size or map %s (%d bytes): %s"
+                           % (self.path, self.size, e.strerror)) from None
+        finally:
+            os.close(fd)
+
+    def _entry(self, name):
+        try:
+            return self._layout[name]
+        except KeyError:
+            raise DteError(2, "tensor %s is not in %s" % (name, self.path)) from None
+
+    @property
+    def tensors(self):
+        """{name: (dtype, shape, offset, nbytes)} in layout order."""
+        return dict(self._layout)
+
+    def offset(self, name):
+        """The byte offset of tensor `name` in the object."""
+        return self._entry(name)[2]
+
+    def array(self, name):
+        """A writable numpy view of tensor `name` (BF16 and FP8 as raw bits)."""
+        import numpy as np
+        dtype, shape, offset, nbytes = self._entry(name)
+        if self._mm is None:
+            raise DteError(1, "%s is closed" % self.path)
+        # frombuffer holds the buffer exported, so the mapping stays while a
+        # view lives (np.ndarray(buffer=) would not: close() would unmap it).
+        dt = np.dtype(_NUMPY_DTYPES[dtype])
+        count = nbytes // dt.itemsize
+        return np.frombuffer(self._mm, dtype=dt, count=count, offset=offset).reshape(shape)
+
+    def close(self):
+        """Unmaps the object (once no view of it is left); does not unlink it."""
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # views exist: the mapping goes with the last of them
+
+    def unlink(self):
+        """Removes the name from /dev/shm; mappings (the daemon's too) stay valid."""
+        if not self._unlinked:
+            self._unlinked = True
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        self.unlink()
+
+
+def _fixed(value, size, what):
+    b = os.fsencode(value) if not isinstance(value, bytes) else value
+    if len(b) >= size or b"\0" in b:
+        raise DteError(1, "%s %r is longer than %d bytes or holds a NUL"
+                       % (what, value, size - 1))
+    return b
+
+
+class Receiver:
+    """One receiver of live applies: an open MOUNT/.dte/control whose
+    registered buffers the daemon writes on every apply, laid out as a rank
+    of (tp, fuse_qkv, fuse_gate_up) holds them. Closing it (or exiting)
+    unregisters them all. Not thread-safe."""
+
+    def __init__(self, mount, tp=1, rank=0, fuse_qkv=True, fuse_gate_up=True):
+        self._h = None
+        self.mount = os.fsdecode(mount)
+        self.tp, self.rank = int(tp), int(rank)
+        if self.tp < 1 or not 0 <= self.rank < self.tp:
+            raise DteError(1, "bad receiver layout: rank %d of tp %d (tp >= 1, 0 <= rank < tp)"
+                           % (self.rank, self.tp))
+        self.fuse_qkv, self.fuse_gate_up = bool(fuse_qkv), bool(fuse_gate_up)
+        handle = ctypes.c_void_p()
+        _check(lib.dte_live_open(os.fsencode(mount), ctypes.byref(handle)))
+        self._h = handle
+
+    def register(self, name, shm_name, offset, dtype, shape):
+        """Registers tensor `name` (its name in this receiver's layout, e.g.
+        model.layers.0.self_attn.qkv_proj.weight) held at byte `offset` of
+        the /dev/shm object `shm_name` with `dtype` and rank-local `shape`;
+        returns its buffer id."""
+        if not self._h:
+            raise DteError(1, "the receiver of %s is closed" % self.mount)
+        shape = tuple(int(d) for d in shape)
+        if len(shape) > _lib.LIVE_MAX_DIMS:
+            raise DteError(1, "tensor %s has %d dimensions, at most %d"
+                           % (name, len(shape), _lib.LIVE_MAX_DIMS))
+        r = _lib.LiveRegister()
+        r.kind = _lib.LIVE_HOST_SHM
+        r.tp, r.rank = self.tp, self.rank
+        r.fuse_qkv, r.fuse_gate_up = int(self.fuse_qkv), int(self.fuse_gate_up)
+        r.name = _fixed(name, _lib.LIVE_NAME_BYTES, "tensor name")
+        r.dtype = _fixed(dtype, 8, "dtype")
+        r.ndim = len(shape)
+        for i, d in enumerate(shape):
+            r.shape[i] = d
+        # The daemon decides which names it maps ("a/b" is refused there).
+        shm = os.fsencode(shm_name)
+        r.shm_name = _fixed(shm[1:] if shm.startswith(b"/") else shm, _lib.LIVE_NAME_BYTES,
+                            "shared memory name")
+        r.offset = int(offset)
+        _check(lib.dte_live_register_buffer(self._h, ctypes.byref(r)))
+        return r.buffer_id
+
+    def register_shared(self, weights):
+        """Registers every tensor of a SharedWeights; returns their buffer ids."""
+        return [self.register(name, weights.name, offset, dtype, shape)
+                for name, (dtype, shape, offset, _) in weights.tensors.items()]
+
+    def unregister(self, id=0):  # noqa: A002 (the buffer id)
+        """Drops buffer `id`; 0 drops every buffer of this receiver."""
+        if not self._h:
+            raise DteError(1, "the receiver of %s is closed" % self.mount)
+        _check(lib.dte_live_unregister(self._h, int(id)))
+
+    def close(self):
+        if self._h:
+            lib.dte_live_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
