@@ -18,6 +18,7 @@
 
 #include "fs/filesystem.h"
 #include "fs/internal/fuse_ops.h"
+#include "fs/internal/live_worker.h"
 #include "fs/log.h"
 #include "fs/prefetcher.h"
 #include "fs/readahead.h"
@@ -75,6 +76,8 @@ class Session {
     mounted_ = true;
     return Status::Ok();
   }
+
+  fuse_session* get() { return se_; }
 
   Status Loop() {
     fuse_loop_config config = {};
@@ -332,7 +335,11 @@ Status Serve(const MountOptions& o) {
     // Check the store before mounting so errors reach the caller's terminal.
     // Without the index: RocksDB's threads would not survive the daemon fork.
     ASSIGN_OR_RETURN(auto probe, OpenStore(o, false));
-    RETURN_IF_ERROR(probe->ListVersions().status());
+    ASSIGN_OR_RETURN(auto versions, probe->ListVersions());
+    if (o.live_version && !versions.count(*o.live_version)) {
+      return NotFound("dtefs: --live-version " + std::to_string(*o.live_version) + ": " +
+                      VersionName(*o.live_version) + " is not in the store");
+    }
   }
   const std::string mountpoint = CanonicalMountpoint(o.mountpoint);
   Session session;
@@ -355,7 +362,15 @@ Status Serve(const MountOptions& o) {
     state.snapshots = OpenSnapshots(o, *state.store);
     state.fs = std::make_unique<Filesystem>(state.store.get(), o.cache_bytes);
     state.fs->SetSnapshots(state.snapshots.get());
+    state.fs->SetInitialLive(o.live_version);
     RETURN_IF_ERROR(state.fs->Refresh());
+    if (o.live_version && !state.fs->live().View()) {
+      return NotFound("dtefs: --live-version " + std::to_string(*o.live_version) + ": " +
+                      VersionName(*o.live_version) + " is not in the store");
+    }
+    // Stopped after the request loop, before the Filesystem it applies to.
+    LiveWorker live_worker(state.fs.get(), session.get(), mountpoint);
+    state.live_worker = &live_worker;
     std::unique_ptr<Snapshotter> snapshotter;  // stopped after the poller that wakes it
     if (state.snapshots) {
       snapshotter =
@@ -371,6 +386,7 @@ Status Serve(const MountOptions& o) {
     // retries of a store that does not answer: no request waits meanwhile.
     session.Unmount();
     state.fs->SetPrefetcher(nullptr);  // the prefetcher goes before the Filesystem
+    state.live_worker = nullptr;
   }
   session.Unmount();  // before the store closes, so no request waits on it
   return s;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,9 @@ struct MountOptions {
   uint64_t blob_cache_bytes = uint64_t{4} << 30;
   uint64_t blob_chunk_bytes = uint64_t{4} << 20;
   bool prefetch_latest = false;
+  // The version live/ shows at mount (nullopt: the newest); live apply moves
+  // it (fs/live.h).
+  std::optional<uint64_t> live_version;
   bool foreground = false;  // false: daemonize once mounted
   // Where messages go (appended) once the mount is up. Empty: stderr in the
   // foreground; a daemon, whose stderr is gone, writes <cache_dir>/dtefs.log

@@ -46,7 +46,7 @@ int64_t ParseRfc3339(const std::string& text) {
 
 Filesystem::Filesystem(Store* store, uint64_t cache_bytes)
     : store_(store), reader_(store, cache_bytes) {
-  root_mtime_ = static_cast<int64_t>(std::time(nullptr));
+  root_mtime_ = mount_time_;
 }
 
 Result<std::shared_ptr<const Version>> Filesystem::VersionOf(uint64_t version) {
@@ -73,6 +73,47 @@ NodeAttr Filesystem::FileAttr(const Version& v, uint32_t file) {
   a.mtime = ParseRfc3339(v.manifest.created);
   a.immutable = true;
   return a;
+}
+
+// Constant attributes: the kernel compares size and mtime on every
+// attribute refresh and drops the page cache when they change, which would
+// undo the in-place apply. Layouts never change under live/.
+NodeAttr Filesystem::LiveFileAttr(const Version& v, uint32_t file) {
+  NodeAttr a;
+  a.ino = LiveIno(file);
+  a.type = NodeType::kRegular;
+  a.size = v.manifest.files[file].size;
+  a.mtime = mount_time_;
+  a.immutable = true;
+  return a;
+}
+
+Result<dte_live_counts> Filesystem::ApplyLive(std::optional<uint64_t> version, PageCache* pages) {
+  std::shared_ptr<const Version> target;
+  if (version) {
+    auto v = VersionOf(*version);
+    if (!v.ok()) {
+      live_.RecordFailure(v.status());
+      return v.status();
+    }
+    target = *v;
+  } else {
+    target = Latest();
+    if (!target) {
+      Status s = NotFound("live apply: the store has no versions");
+      live_.RecordFailure(s);
+      return s;
+    }
+  }
+  return live_.Apply(target, pages);
+}
+
+dte_live_status Filesystem::LiveStatus() {
+  dte_live_status st = live_.GetStatus();
+  if (std::shared_ptr<const Version> latest = Latest()) {
+    st.latest_version = latest->manifest.version;
+  }
+  return st;
 }
 
 NodeAttr Filesystem::RootAttr() {
@@ -108,9 +149,27 @@ Result<NodeAttr> Filesystem::GetAttr(uint64_t ino) {
       a.mtime = static_cast<int64_t>(std::time(nullptr));
       return a;
     }
+    case kLiveDirIno: {
+      NodeAttr a = RootAttr();
+      a.ino = kLiveDirIno;
+      return a;
+    }
+    case kControlIno: {
+      NodeAttr a;
+      a.ino = kControlIno;
+      a.mtime = mount_time_;
+      return a;
+    }
   }
   std::optional<InodeKey> key = inodes_.Find(ino);
   if (!key) return NotFound("inode " + std::to_string(ino));
+  if (key->version == kLiveKey) {
+    std::shared_ptr<const LiveView> view = live_.View();
+    if (!view || key->file >= view->version->manifest.files.size()) {
+      return NotFound("live file inode " + std::to_string(ino));
+    }
+    return LiveFileAttr(*view->version, key->file);
+  }
   ASSIGN_OR_RETURN(auto v, VersionOf(key->version));
   return key->file == kDirFile ? VersionDirAttr(*v) : FileAttr(*v, key->file);
 }
@@ -119,6 +178,7 @@ Result<NodeAttr> Filesystem::Lookup(uint64_t parent, std::string_view name) {
   if (parent == kRootIno) {
     if (name == "latest") return GetAttr(kLatestIno);
     if (name == ".dte") return GetAttr(kDteDirIno);
+    if (name == "live") return GetAttr(kLiveDirIno);
     std::optional<uint64_t> version = ParseVersionName(name);
     if (!version) return NotFound(std::string(name));
     ASSIGN_OR_RETURN(auto v, VersionOf(*version));
@@ -126,7 +186,18 @@ Result<NodeAttr> Filesystem::Lookup(uint64_t parent, std::string_view name) {
   }
   if (parent == kDteDirIno) {
     if (name == "status") return GetAttr(kStatusIno);
+    if (name == "control") return GetAttr(kControlIno);
     return NotFound(".dte/" + std::string(name));
+  }
+  if (parent == kLiveDirIno) {
+    std::shared_ptr<const LiveView> view = live_.View();
+    if (view) {
+      const auto& files = view->version->manifest.files;
+      for (uint32_t i = 0; i < files.size(); ++i) {
+        if (files[i].name == name) return LiveFileAttr(*view->version, i);
+      }
+    }
+    return NotFound("live/" + std::string(name));
   }
   std::optional<InodeKey> key = inodes_.Find(parent);
   if (!key || key->file != kDirFile) return NotFound("inode " + std::to_string(parent));
@@ -151,6 +222,8 @@ Result<std::vector<DirEntry>> Filesystem::RootEntries() {
     ASSIGN_OR_RETURN(NodeAttr latest, GetAttr(kLatestIno));
     out.push_back({"latest", latest});
   }
+  ASSIGN_OR_RETURN(NodeAttr live, GetAttr(kLiveDirIno));
+  out.push_back({"live", live});
   ASSIGN_OR_RETURN(NodeAttr dte, GetAttr(kDteDirIno));
   out.push_back({".dte", dte});
   return out;
@@ -160,7 +233,17 @@ Result<std::vector<DirEntry>> Filesystem::ReadDir(uint64_t ino) {
   if (ino == kRootIno) return RootEntries();
   if (ino == kDteDirIno) {
     ASSIGN_OR_RETURN(NodeAttr status, GetAttr(kStatusIno));
-    return std::vector<DirEntry>{{"status", status}};
+    ASSIGN_OR_RETURN(NodeAttr control, GetAttr(kControlIno));
+    return std::vector<DirEntry>{{"control", control}, {"status", status}};
+  }
+  if (ino == kLiveDirIno) {
+    std::vector<DirEntry> out;
+    if (std::shared_ptr<const LiveView> view = live_.View()) {
+      for (uint32_t i = 0; i < view->version->manifest.files.size(); ++i) {
+        out.push_back({view->version->manifest.files[i].name, LiveFileAttr(*view->version, i)});
+      }
+    }
+    return out;
   }
   std::optional<InodeKey> key = inodes_.Find(ino);
   if (!key) return NotFound("inode " + std::to_string(ino));
@@ -189,8 +272,21 @@ Result<std::unique_ptr<OpenFile>> Filesystem::Open(uint64_t ino, int flags) {
     f->snapshot = StatusJson();
     return f;
   }
+  if (ino == kControlIno) {
+    f->control = true;
+    return f;
+  }
   std::optional<InodeKey> key = inodes_.Find(ino);
   if (!key) return NotFound("inode " + std::to_string(ino));
+  if (key->version == kLiveKey) {
+    std::shared_ptr<const LiveView> view = live_.View();
+    if (!view || key->file >= view->version->manifest.files.size()) {
+      return NotFound("live file inode " + std::to_string(ino));
+    }
+    f->live = true;
+    f->file_index = key->file;
+    return f;
+  }
   if (key->file == kDirFile) return InvalidArgument(VersionName(key->version) + " is a directory");
   ASSIGN_OR_RETURN(f->version, VersionOf(key->version));
   f->chain = reader_.ChainOf(f->version);
@@ -199,16 +295,19 @@ Result<std::unique_ptr<OpenFile>> Filesystem::Open(uint64_t ino, int flags) {
 }
 
 Status Filesystem::Read(const OpenFile& f, uint64_t offset, uint64_t len, std::string* out) {
-  out->resize(ReadableBytes(f, offset, len));
+  std::shared_ptr<const LiveView> view = f.live ? live_.View() : nullptr;
+  out->resize(ReadableBytes(f, offset, len, view ? view->version.get() : nullptr));
   Result<size_t> n = Read(f, offset, out->size(), out->data());
   if (!n.ok()) return n.status();
   out->resize(*n);
   return Status::Ok();
 }
 
-uint64_t Filesystem::ReadableBytes(const OpenFile& f, uint64_t offset, uint64_t len) {
-  const uint64_t size =
-      f.version ? f.version->manifest.files[f.file_index].size : f.snapshot.size();
+uint64_t Filesystem::ReadableBytes(const OpenFile& f, uint64_t offset, uint64_t len,
+                                   const Version* live) {
+  const uint64_t size = f.version ? f.version->manifest.files[f.file_index].size
+                        : live    ? live->manifest.files[f.file_index].size
+                                  : f.snapshot.size();
   return offset >= size ? 0 : std::min(len, size - offset);
 }
 
@@ -226,16 +325,21 @@ Result<size_t> Filesystem::Read(const OpenFile& f, uint64_t offset, uint64_t len
 Status Filesystem::ReadPieces(const OpenFile& f, uint64_t offset, uint64_t len,
                               std::vector<ReadPath::Piece>* out) {
   reads_++;
-  len = ReadableBytes(f, offset, len);
+  // A live/ file reads the version live now (the caller holds a
+  // Live::ReadGuard until its reply is written).
+  std::shared_ptr<const LiveView> view = f.live ? live_.View() : nullptr;
+  if (f.live && !view) return NotFound("live: no live version");
+  len = ReadableBytes(f, offset, len, view ? view->version.get() : nullptr);
   if (len == 0) return Status::Ok();
-  if (!f.version) {
+  if (!f.version && !view) {
     out->push_back({nullptr, f.snapshot.data() + offset, static_cast<size_t>(len)});
     return Status::Ok();
   }
-  Status s = reader_.ReadPieces(f.version, f.file_index, offset, len, out, &f.chain);
+  const std::shared_ptr<const Version>& v = view ? view->version : f.version;
+  Status s = reader_.ReadPieces(v, f.file_index, offset, len, out, view ? &view->chain : &f.chain);
   if (!s.ok()) {
     read_errors_++;
-    RecordError(*f.version, f.file_index, s);
+    RecordError(*v, f.file_index, s);
     return s;
   }
   bytes_served_ += len;

@@ -4,8 +4,11 @@
 //   /                     one directory per committed version, plus
 //   /vNNNNNNNN/<file>     exactly the files of that version (read-only)
 //   /latest               symlink to the newest version's directory
+//   /live/<file>          the files of the live version, changed in place by
+//                         live apply (fs/live.h)
 //   /.dte/status          JSON: versions, counters, caches, snapshots, polling,
-//                         prefetch, readahead, recent errors
+//                         prefetch, readahead, live apply, recent errors
+//   /.dte/control         live apply's ioctls (sync/live_abi.h)
 // Every operation returns a Status or Result; the FUSE adapter
 // (fs/internal/) turns them into exactly one reply, and errno mapping lives
 // in one place there. Refresh() and RefreshNew() are the only slow metadata
@@ -19,15 +22,18 @@
 
 #include <atomic>
 #include <cstdint>
+#include <ctime>
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "fs/inode_table.h"
+#include "fs/live.h"
 #include "fs/read_path.h"
 #include "store/snapshot.h"
 #include "store/store.h"
@@ -41,6 +47,10 @@ inline constexpr uint64_t kRootIno = 1;
 inline constexpr uint64_t kLatestIno = 2;
 inline constexpr uint64_t kDteDirIno = 3;
 inline constexpr uint64_t kStatusIno = 4;
+inline constexpr uint64_t kLiveDirIno = 5;
+inline constexpr uint64_t kControlIno = 6;
+// The InodeTable "version" of live/ files.
+inline constexpr uint64_t kLiveKey = UINT64_MAX - 1;
 
 enum class NodeType { kDirectory, kRegular, kSymlink };
 
@@ -60,10 +70,15 @@ struct DirEntry {
 // An open file. Holds its version and the version's ancestors, so a version
 // removed from the store (or rewritten by gc) keeps reading until the file
 // is released.
+// A live/ file (live) reads whatever version is live at each read.
+// .dte/control (control) reads as empty; it is the handle receivers are
+// registered under.
 struct OpenFile {
-  std::shared_ptr<const Version> version;  // null for .dte/status
+  std::shared_ptr<const Version> version;  // null for .dte files and live/ files
   VersionChain chain;                      // version first, then its parents
   uint32_t file_index = 0;
+  bool live = false;
+  bool control = false;
   std::string snapshot;  // .dte/status content as of open
 };
 
@@ -111,6 +126,17 @@ class Filesystem {
 
   std::string StatusJson() EXCLUDES(mu_);
 
+  // Live apply (fs/live.h). The live version at mount is `version` when set
+  // (SetInitialLive, before the first Refresh), else the newest.
+  Live& live() { return live_; }
+  void SetInitialLive(std::optional<uint64_t> version) { initial_live_ = version; }
+  // Makes `version` (nullopt: the newest) live.
+  Result<dte_live_counts> ApplyLive(std::optional<uint64_t> version, PageCache* pages)
+      EXCLUDES(mu_);
+  dte_live_status LiveStatus() EXCLUDES(mu_);
+  // The inode of live file number `file`.
+  uint64_t LiveIno(uint32_t file) { return inodes_.Intern(kLiveKey, file); }
+
   // The versions currently shown (a copy of the map; the versions are shared).
   std::map<uint64_t, std::shared_ptr<const Version>> Versions() EXCLUDES(mu_);
   // The newest version shown; null if there is none.
@@ -129,11 +155,14 @@ class Filesystem {
 
  private:
   // How many of `len` bytes at `offset` lie inside the file.
-  static uint64_t ReadableBytes(const OpenFile& f, uint64_t offset, uint64_t len);
+  // `live`: the live version, for a live/ file.
+  static uint64_t ReadableBytes(const OpenFile& f, uint64_t offset, uint64_t len,
+                                const Version* live);
   Result<std::shared_ptr<const Version>> VersionOf(uint64_t version) EXCLUDES(mu_);
   NodeAttr VersionDirAttr(const Version& v);
   NodeAttr FileAttr(const Version& v, uint32_t file);
   NodeAttr RootAttr() EXCLUDES(mu_);
+  NodeAttr LiveFileAttr(const Version& v, uint32_t file) EXCLUDES(mu_);
   Result<std::vector<DirEntry>> RootEntries() EXCLUDES(mu_);
   void RecordError(const Version& v, uint32_t file, const Status& s) EXCLUDES(mu_);
   void PushErrorLocked(const std::string& message) REQUIRES(mu_);
@@ -149,6 +178,9 @@ class Filesystem {
   Store* const store_;
   ReadPath reader_;
   InodeTable inodes_;
+  Live live_{store_, &reader_};
+  const int64_t mount_time_ = static_cast<int64_t>(std::time(nullptr));
+  std::optional<uint64_t> initial_live_;
   std::atomic<uint64_t> bytes_served_{0}, reads_{0}, read_errors_{0};
   std::atomic<SnapshotSet*> snapshots_{nullptr};
   std::atomic<const Prefetcher*> prefetcher_{nullptr};

@@ -48,12 +48,22 @@ class ReadPath {
   Status ReadPieces(const std::shared_ptr<const Version>& v, uint32_t file_index, uint64_t offset,
                     uint64_t len, std::vector<Piece>* out, const VersionChain* chain = nullptr);
 
+  // Block `block` of tensor `tensor` of file `file_index` of v, through the
+  // cache: materialized and checked against its block hash. Errors as Read.
+  Result<BlockCache::Value> TensorBlock(const std::shared_ptr<const Version>& v,
+                                        uint32_t file_index, uint32_t tensor, uint32_t block,
+                                        const VersionChain* chain = nullptr) {
+    const FileEntry& f = v->manifest.files[file_index];
+    return Block(v, f, f.tensors[tensor], block, chain);
+  }
+
   VersionChain ChainOf(const std::shared_ptr<const Version>& v) { return materializer_.ChainOf(v); }
 
   // Blocks are looked up in `base` during chain walks (Materializer::SetBase).
   void SetBase(BlockBase* base) { materializer_.SetBase(base); }
 
   ReadCounters& counters() { return materializer_.counters(); }
+  Materializer& materializer() { return materializer_; }
   BlockCache& cache() { return cache_; }
 
  private:

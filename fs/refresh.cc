@@ -102,6 +102,7 @@ Status Filesystem::RefreshNew() {
 
 void Filesystem::Install(VersionMap next) {
   std::vector<uint64_t> removed;
+  std::shared_ptr<const Version> first_live;
   {
     MutexLock lock(&mu_);
     for (const auto& [version, v] : versions_) {
@@ -114,7 +115,14 @@ void Filesystem::Install(VersionMap next) {
     }
     if (changed) root_mtime_ = static_cast<int64_t>(std::time(nullptr));
     versions_ = std::move(next);
+    // The first version seen becomes live: the one asked for at mount, else
+    // the newest.
+    if (!versions_.empty()) {
+      auto it = initial_live_ ? versions_.find(*initial_live_) : std::prev(versions_.end());
+      if (it != versions_.end()) first_live = it->second;
+    }
   }
+  if (first_live && !live_.View()) live_.InitIfUnset(first_live);
   for (uint64_t version : removed) {
     // Open files keep their Version alive; the parsed copy and the cached
     // blocks of a version that left the store are not needed by anyone new.

@@ -89,6 +89,28 @@ std::string Filesystem::StatusJson() {
                      {"versions_done", p.versions_done},
                      {"last_error", p.last_error}};
   }
+  const dte_live_status live = LiveStatus();
+  auto version_or_null = [](uint64_t v) {
+    return v == DTE_LIVE_LATEST ? nlohmann::json() : nlohmann::json(v);
+  };
+  j["live"] = {{"version", version_or_null(live.live_version)},
+               {"applying", live.applying != 0},
+               {"receivers", live.receivers},
+               {"buffers", live.buffers},
+               {"applies", live.applies},
+               {"failed_applies", live.failed_applies},
+               {"last_apply_time", live.last_apply_time},
+               {"last_error", live.last_error},
+               {"last_message", std::string(live.last_message)},
+               {"last",
+                {{"from", live.last.from_version},
+                 {"to", live.last.to_version},
+                 {"entries", live.last.entries},
+                 {"bytes", live.last.bytes},
+                 {"pages", live.last.pages},
+                 {"receivers", live.last.receivers},
+                 {"buffers", live.last.buffers},
+                 {"elapsed_ns", live.last.elapsed_ns}}}};
   j["readahead_kb"] = nullptr;
   if (!bdi.empty()) {
     auto kb = ReadReadaheadKb(bdi);

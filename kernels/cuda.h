@@ -72,6 +72,12 @@ CudaStatus CudaCopyToDevice(void* d_dst, const void* h_src, size_t bytes);
 CudaStatus CudaCopyToHost(void* h_dst, const void* d_src, size_t bytes);
 CudaStatus CudaStreamSynchronize(void* stream);
 
+// Maps device memory another process exported with cudaIpcGetMemHandle
+// (`handle`: the 64 bytes of its cudaIpcMemHandle_t) on `device` into this
+// process; close it with CudaIpcCloseMemHandle.
+CudaStatus CudaIpcOpenMemHandle(const uint8_t* handle, int device, void** d_ptr);
+CudaStatus CudaIpcCloseMemHandle(void* d_ptr);
+
 // --- Change detection and scatter (see kernels/change_detect.h) ---
 
 CudaStatus CudaDetectChangesWorkspaceBytes(size_t n, int width, size_t* bytes);

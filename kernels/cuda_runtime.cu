@@ -1,4 +1,5 @@
 // Device discovery, device buffers and copies for the CUDA backend.
+#include <cstring>
 #include <utility>
 
 #include "kernels/cuda.h"
@@ -60,6 +61,23 @@ CudaStatus CudaCopyToHost(void* h_dst, const void* d_src, size_t bytes) {
 
 CudaStatus CudaStreamSynchronize(void* stream) {
   return FromCuda(cudaStreamSynchronize(cuda_internal::AsStream(stream)), "stream synchronize");
+}
+
+CudaStatus CudaIpcOpenMemHandle(const uint8_t* handle, int device, void** d_ptr) {
+  static_assert(sizeof(cudaIpcMemHandle_t) == 64, "cudaIpcMemHandle_t is 64 bytes");
+  if (handle == nullptr || d_ptr == nullptr) {
+    return {kCudaBadArgument, "IPC open: handle and d_ptr must be set"};
+  }
+  CudaStatus s = FromCuda(cudaSetDevice(device), "set device for IPC open");
+  if (!s.ok()) return s;
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle, sizeof h);
+  return FromCuda(cudaIpcOpenMemHandle(d_ptr, h, cudaIpcMemLazyEnablePeerAccess),
+                  "IPC open of a memory handle");
+}
+
+CudaStatus CudaIpcCloseMemHandle(void* d_ptr) {
+  return FromCuda(cudaIpcCloseMemHandle(d_ptr), "IPC close of a memory handle");
 }
 
 }  // namespace dte::kernels

@@ -30,6 +30,8 @@ CudaStatus CudaBuffer::Allocate(size_t) { return NotBuilt("cudaMalloc"); }
 CudaStatus CudaCopyToDevice(void*, const void*, size_t) { return NotBuilt("copy to device"); }
 CudaStatus CudaCopyToHost(void*, const void*, size_t) { return NotBuilt("copy to host"); }
 CudaStatus CudaStreamSynchronize(void*) { return NotBuilt("stream synchronize"); }
+CudaStatus CudaIpcOpenMemHandle(const uint8_t*, int, void**) { return NotBuilt("IPC open"); }
+CudaStatus CudaIpcCloseMemHandle(void*) { return NotBuilt("IPC close"); }
 
 CudaStatus CudaDetectChangesWorkspaceBytes(size_t, int, size_t*) {
   return NotBuilt("CUDA change detection workspace query");

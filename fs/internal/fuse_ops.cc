@@ -6,10 +6,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "fs/internal/live_worker.h"
+#include "sync/live_abi.h"
 
 namespace dte::fs {
 namespace {
@@ -132,10 +137,11 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Result<std::unique_ptr<OpenFile>> f = Fs(req)->Open(ino, fi->flags);
   if (!f.ok()) return ReplyError(req, f.status());
   // Version files are immutable: keep their page cache across opens, and no
-  // direct I/O so mmap works. The status file changes on every read.
-  const bool is_status = (*f)->version == nullptr;
-  fi->keep_cache = !is_status;
-  fi->direct_io = is_status;
+  // direct I/O so mmap works. live/ files too: an apply replaces their cached
+  // pages in place. The .dte files change on every read.
+  const bool dte_file = (*f)->version == nullptr && !(*f)->live;
+  fi->keep_cache = !dte_file;
+  fi->direct_io = dte_file;
   fi->fh = reinterpret_cast<uint64_t>(f->get());
   if (fuse_reply_open(req, fi) == 0) f->release();
 }
@@ -143,6 +149,10 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
   const auto& f = *reinterpret_cast<const OpenFile*>(fi->fh);
   size = std::min<size_t>(size, kMaxRead);
+  Filesystem* fs = Fs(req);
+  // A live/ read holds off an apply's switch until its reply is written.
+  std::optional<Live::ReadGuard> guard;
+  if (f.live) guard.emplace(&fs->live());
   // The reply points at the cached blocks themselves (held until the reply
   // is written), so the bytes are copied once, by the kernel. A read cut
   // into more pieces than is worth a vector (many tiny tensors) is copied
@@ -150,7 +160,7 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
   thread_local std::vector<ReadPath::Piece> pieces;
   thread_local std::vector<iovec> iov;
   pieces.clear();
-  Status s = Fs(req)->ReadPieces(f, static_cast<uint64_t>(off), size, &pieces);
+  Status s = fs->ReadPieces(f, static_cast<uint64_t>(off), size, &pieces);
   if (!s.ok()) {
     pieces.clear();
     return (void)fuse_reply_err(req, ReadErrnoOf(s));
@@ -174,8 +184,86 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
 }
 
 void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  delete reinterpret_cast<OpenFile*>(fi->fh);
+  auto* f = reinterpret_cast<OpenFile*>(fi->fh);
+  // A closed control file (its process exited) takes its receivers along.
+  if (f->control) Fs(req)->live().Drop(fi->fh);
+  delete f;
   fuse_reply_err(req, 0);
+}
+
+// --- live apply: ioctls on .dte/control (sync/live_abi.h) ----------------------
+
+// Only the mounting user and root may apply.
+bool MayApply(fuse_req_t req) {
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  return ctx->uid == 0 || ctx->uid == ::getuid();
+}
+
+template <typename T>
+void ReplyStruct(fuse_req_t req, int err, T* out, const std::string& message) {
+  out->abi_version = DTE_LIVE_ABI_VERSION;
+  out->error = err;
+  std::snprintf(out->message, sizeof out->message, "%s", message.c_str());
+  fuse_reply_ioctl(req, -err, out, sizeof *out);
+}
+
+void OpIoctl(fuse_req_t req, fuse_ino_t ino, int cmd, void*, fuse_file_info* fi, unsigned flags,
+             const void* in_buf, size_t in_bufsz, size_t out_bufsz) {
+  if (ino != kControlIno || (flags & FUSE_IOCTL_DIR) || (flags & FUSE_IOCTL_COMPAT)) {
+    return (void)fuse_reply_err(req, ENOTTY);
+  }
+  Filesystem* fs = Fs(req);
+  const unsigned command = static_cast<unsigned>(cmd);
+  switch (command) {
+    case DTE_IOC_APPLY: {
+      dte_live_apply a = {};
+      if (in_bufsz < sizeof a || out_bufsz < sizeof a) return (void)fuse_reply_err(req, EINVAL);
+      std::memcpy(&a, in_buf, sizeof a);
+      if (!MayApply(req)) {
+        return ReplyStruct(req, EPERM, &a,
+                           "live apply: only root and the user who mounted it may apply");
+      }
+      if (a.abi_version != DTE_LIVE_ABI_VERSION) {
+        return ReplyStruct(req, EINVAL, &a,
+                           "live apply: ABI version " + std::to_string(a.abi_version) +
+                               ", this daemon speaks " + std::to_string(DTE_LIVE_ABI_VERSION));
+      }
+      auto* state = static_cast<MountState*>(fuse_req_userdata(req));
+      const std::optional<uint64_t> version =
+          a.version == DTE_LIVE_LATEST ? std::nullopt : std::optional<uint64_t>(a.version);
+      if (!state->live_worker || !state->live_worker->Submit(req, version)) {
+        return ReplyStruct(req, EBUSY, &a, "live apply: another apply is running");
+      }
+      return;  // the worker replies when the apply is done
+    }
+    case DTE_IOC_STATUS: {
+      if (out_bufsz < sizeof(dte_live_status)) return (void)fuse_reply_err(req, EINVAL);
+      dte_live_status st = fs->LiveStatus();
+      fuse_reply_ioctl(req, 0, &st, sizeof st);
+      return;
+    }
+    case DTE_IOC_REGISTER: {
+      dte_live_register r = {};
+      if (in_bufsz < sizeof r || out_bufsz < sizeof r) return (void)fuse_reply_err(req, EINVAL);
+      std::memcpy(&r, in_buf, sizeof r);
+      Result<uint64_t> id = fs->live().Register(fi->fh, fuse_req_ctx(req)->uid, r);
+      if (!id.ok()) return ReplyStruct(req, LiveErrno(id.status()), &r, id.status().message());
+      r.buffer_id = *id;
+      r.error = 0;
+      r.message[0] = '\0';
+      fuse_reply_ioctl(req, 0, &r, sizeof r);
+      return;
+    }
+    case DTE_IOC_UNREGISTER: {
+      uint64_t id = 0;
+      if (in_bufsz < sizeof id) return (void)fuse_reply_err(req, EINVAL);
+      std::memcpy(&id, in_buf, sizeof id);
+      Status s = fs->live().Unregister(fi->fh, id);
+      fuse_reply_ioctl(req, -LiveErrno(s), nullptr, 0);
+      return;
+    }
+  }
+  fuse_reply_err(req, ENOTTY);
 }
 
 // --- modifications: all refused -------------------------------------------------
@@ -231,6 +319,7 @@ fuse_lowlevel_ops MakeOps() {
   ops.open = OpOpen;
   ops.read = OpRead;
   ops.release = OpRelease;
+  ops.ioctl = OpIoctl;
   ops.setattr = OpSetattr;
   ops.mknod = OpMknod;
   ops.mkdir = OpMkdir;

@@ -28,6 +28,8 @@ namespace dte::fs {
 // set before the request loop starts and outlives it. Members are destroyed
 // in reverse order: fs before the snapshots its reads use, both before the
 // store.
+class LiveWorker;
+
 struct MountState {
   std::unique_ptr<Store> store;
   std::unique_ptr<SnapshotSet> snapshots;  // null: no snapshots
@@ -41,6 +43,9 @@ struct MountState {
   // `tuned` starts true: without that thread, requests do not wait.
   std::atomic<bool> serving{false};
   std::atomic<bool> tuned{true};
+  // Runs live applies (null: DTE_IOC_APPLY fails with EBUSY); set before the
+  // request loop starts.
+  LiveWorker* live_worker = nullptr;
 };
 
 int ErrnoOf(const Status& s);

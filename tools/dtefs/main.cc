@@ -44,11 +44,12 @@ std::string Absolute(const std::string& path) {
 }
 
 // A count in [min, max].
-bool ParseCount(const std::string& text, uint64_t min, uint64_t max, uint32_t* out) {
+template <typename T>
+bool ParseCount(const std::string& text, uint64_t min, uint64_t max, T* out) {
   uint64_t n = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
   if (ec != std::errc() || end != text.data() + text.size() || n < min || n > max) return false;
-  *out = static_cast<uint32_t>(n);
+  *out = static_cast<T>(n);
   return true;
 }
 
@@ -89,6 +90,10 @@ bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptio
         o->log_file = *v;
       } else if (auto v = value(opt, "endpoint")) {
         text->endpoint = *v;
+      } else if (auto v = value(opt, "live_version")) {
+        uint64_t n = 0;
+        if (!ParseCount(*v, 0, UINT64_MAX - 2, &n)) return false;
+        o->live_version = n;
       } else if (auto v = value(opt, "poll_ms")) {
         if (!ParseCount(*v, 1, UINT32_MAX, &o->poll_ms)) return false;
       } else if (auto v = value(opt, "snapshot_every")) {
@@ -167,11 +172,14 @@ int main(int argc, char** argv) {
   app.add_option("--log-file", o.log_file,
                  "Append messages here once mounted (default: stderr in the foreground, "
                  "CACHE_DIR/dtefs.log for a daemon)");
+  app.add_option("--live-version", o.live_version,
+                 "Version live/ shows at mount (default: the newest); dtectl apply moves it");
   app.add_option("-o", opts, "Mount options, comma-separated (allow_other, ro, ...)");
   CLI11_PARSE(app, argc, argv);
   if (o.cache_dir.empty()) o.cache_dir = dte::DefaultCacheDir();
   if (!TakeMountOptions(opts, &o, &text)) {
-    std::cerr << "dtefs: bad -o value (poll_ms=, snapshot_every=, snapshots=, readahead_kb=)\n";
+    std::cerr << "dtefs: bad -o value (poll_ms=, snapshot_every=, snapshots=, readahead_kb=, "
+                 "live_version=)\n";
     return 2;
   }
   if (!ParseTextOptions(text, &o)) return 2;

@@ -1,0 +1,123 @@
+#include "fs/internal/live_worker.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "fs/log.h"
+
+namespace dte::fs {
+namespace {
+
+// The kernel's page cache of the mount's live/ files.
+class FusePageCache : public PageCache {
+ public:
+  FusePageCache(Filesystem* fs, fuse_session* se, const std::string& mountpoint)
+      : fs_(fs), se_(se), mountpoint_(mountpoint) {}
+
+  Status Resident(const std::string& file, uint64_t size, std::vector<uint8_t>* out) override {
+    const std::string path = mountpoint_ + "/live/" + file;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus("open " + path, errno);
+    void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    const int map_errno = errno;
+    ::close(fd);
+    if (m == MAP_FAILED) return ErrnoStatus("mmap " + path, map_errno);
+    out->assign((size + kPageBytes - 1) / kPageBytes, 0);
+    const int rc = ::mincore(m, size, out->data());
+    const int mincore_errno = errno;
+    ::munmap(m, size);
+    if (rc != 0) return ErrnoStatus("mincore " + path, mincore_errno);
+    return Status::Ok();
+  }
+
+  Status Store(uint32_t file_index, uint64_t offset, const char* data, size_t len) override {
+    fuse_bufvec bufv = FUSE_BUFVEC_INIT(len);
+    bufv.buf[0].mem = const_cast<char*>(data);
+    const int rc =
+        fuse_lowlevel_notify_store(se_, fs_->LiveIno(file_index), static_cast<off_t>(offset), &bufv,
+                                   static_cast<fuse_buf_copy_flags>(0));
+    // ENOENT: the kernel does not know the inode, so nothing of it is cached.
+    if (rc != 0 && rc != -ENOENT) {
+      return ErrnoStatus("page-cache store of live file " + std::to_string(file_index), -rc);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Filesystem* const fs_;
+  fuse_session* const se_;
+  const std::string mountpoint_;
+};
+
+}  // namespace
+
+void ReplyApply(fuse_req_t req, const Result<dte_live_counts>& r) {
+  dte_live_apply out = {};
+  out.abi_version = DTE_LIVE_ABI_VERSION;
+  if (r.ok()) {
+    out.counts = *r;
+    fuse_reply_ioctl(req, 0, &out, sizeof out);
+    return;
+  }
+  out.error = LiveErrno(r.status());
+  std::snprintf(out.message, sizeof out.message, "%s", r.status().message().c_str());
+  // The kernel copies the struct out even though the command fails, so the
+  // caller gets the message along with errno.
+  fuse_reply_ioctl(req, -out.error, &out, sizeof out);
+}
+
+LiveWorker::LiveWorker(Filesystem* fs, fuse_session* se, std::string mountpoint)
+    : fs_(fs), se_(se), mountpoint_(std::move(mountpoint)), thread_([this] { Run(); }) {}
+
+LiveWorker::~LiveWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+bool LiveWorker::Submit(fuse_req_t req, std::optional<uint64_t> version) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (busy_ || stop_) return false;
+    busy_ = true;
+    req_ = req;
+    version_ = version;
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void LiveWorker::Run() {
+  FusePageCache pages(fs_, se_, mountpoint_);
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stop_ || req_ != nullptr; });
+    if (req_ == nullptr) return;  // stopping with nothing queued
+    fuse_req_t req = req_;
+    const std::optional<uint64_t> version = version_;
+    lock.unlock();
+    Result<dte_live_counts> r = fs_->ApplyLive(version, &pages);
+    if (r.ok()) {
+      LogLine("dtefs: live apply " + VersionName(r->from_version) + " -> " +
+              VersionName(r->to_version) + ": " + std::to_string(r->entries) + " entries, " +
+              std::to_string(r->receivers) + " receivers, " + std::to_string(r->pages) +
+              " pages in " + std::to_string(r->elapsed_ns / 1000000) + " ms");
+    } else {
+      LogLine("dtefs: live apply failed: " + r.status().message());
+    }
+    ReplyApply(req, r);
+    lock.lock();
+    req_ = nullptr;
+    busy_ = false;
+  }
+}
+
+}  // namespace dte::fs

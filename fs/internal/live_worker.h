@@ -1,0 +1,61 @@
+// LiveWorker: runs live applies for the DTE_IOC_APPLY handler, off the FUSE
+// request threads.
+//
+// The ioctl handler hands the request over (Submit) and returns without
+// replying; the worker thread runs Filesystem::ApplyLive and then replies.
+// Page-cache notifications (fuse_lowlevel_notify_store) are sent from this
+// thread, never from inside a request handler: the kernel may hold locks
+// while it waits for a handler's reply, and a notification needing one of
+// them would deadlock. Residency comes from mincore(2) on a mapping of
+// MOUNT/live/<file>, opened by this thread through the mount itself (the
+// request threads answer those lookups and opens).
+//
+// Thread-safety: Submit may be called from any thread; one apply at a time
+// (a second Submit while one is queued or running is refused).
+#pragma once
+
+#define FUSE_USE_VERSION 34
+#include <fuse_lowlevel.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "fs/filesystem.h"
+
+namespace dte::fs {
+
+class LiveWorker {
+ public:
+  LiveWorker(Filesystem* fs, fuse_session* se, std::string mountpoint);
+  ~LiveWorker();  // finishes the apply in progress, if any
+  LiveWorker(const LiveWorker&) = delete;
+  LiveWorker& operator=(const LiveWorker&) = delete;
+
+  // Queues an apply of `version` (nullopt: the newest) whose reply goes to
+  // req. False (nothing queued) if an apply is queued or running.
+  bool Submit(fuse_req_t req, std::optional<uint64_t> version);
+
+ private:
+  void Run();
+
+  Filesystem* const fs_;
+  fuse_session* const se_;
+  const std::string mountpoint_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool busy_ = false;
+  fuse_req_t req_ = nullptr;
+  std::optional<uint64_t> version_;
+  std::thread thread_;
+};
+
+// Replies to a DTE_IOC_APPLY request: the counts on success, else -errno
+// with the message in the struct.
+void ReplyApply(fuse_req_t req, const Result<dte_live_counts>& r);
+
+}  // namespace dte::fs

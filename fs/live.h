@@ -1,0 +1,190 @@
+// Live: the live copy of a dtefs mount and live apply (docs/live.md).
+//
+// MOUNT/live/ shows the files of one version, the live version, whose
+// contents change in place when an apply makes another version live. An
+// apply (Apply) of target version T over live version L:
+//   1. checks that T has L's layout (the same files of the same sizes, and
+//      the same tensors, dtypes, shapes and offsets);
+//   2. finds the changed set: for every block whose content hash differs
+//      between L and T, the union of the element indices of the sparse
+//      records of the versions between L and T (either direction) read from
+//      their delta blobs, each blob checked against its content hash first;
+//      a block with a dense record on the way (or L and T not on one chain)
+//      is compared element by element between L and T instead. Values come
+//      from T's block, materialized and checked against its block hash;
+//   3. only then writes: every registered receiver buffer (remapped through
+//      the engine's transfer plan for the receiver's layout, every index
+//      bounds-checked against the buffer), then switches the live view (new
+//      reads of live/ serve T), waits for reads of L still in flight, and
+//      replaces the page-cache pages of live/ that hold changed bytes and
+//      are resident (PageCache): changed elements, and whole headers and
+//      other files whose content differs.
+// Anything failing in steps 1-2 leaves every target untouched.
+//
+// Receivers are registered per owner (an open .dte/control file): all
+// buffers of one owner share a layout, and Drop(owner) forgets them (the
+// file was released: the process exited or closed it).
+//
+// Thread-safety: all methods may be called concurrently; applies are
+// serialized (a second one fails with Busy). Reads of live/ hold a
+// ReadGuard for as long as their reply is being written.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fs/read_path.h"
+#include "store/status.h"
+#include "store/store.h"
+#include "store/thread_annotations.h"
+#include "sync/live_abi.h"
+#include "sync/transfer_plan.h"
+
+namespace dte::fs {
+
+// The version live/ shows, with its chain (reads and applies use it even
+// after the version left the store).
+struct LiveView {
+  std::shared_ptr<const Version> version;
+  VersionChain chain;
+};
+
+// The kernel's page cache of live/ files, as an apply sees it. The FUSE
+// adapter implements it with mincore(2) and fuse_lowlevel_notify_store;
+// tests with a fake.
+class PageCache {
+ public:
+  virtual ~PageCache() = default;
+  // One entry per 4 KiB page of live file `file` (its name and size): non-zero
+  // where the page is resident. An error means "unknown": the apply then
+  // pushes nothing for that file and reports it.
+  virtual Status Resident(const std::string& file, uint64_t size, std::vector<uint8_t>* out) = 0;
+  // Replaces [offset, offset + len) of live file number `file_index` in the
+  // page cache with `data`.
+  virtual Status Store(uint32_t file_index, uint64_t offset, const char* data, size_t len) = 0;
+};
+
+inline constexpr uint64_t kPageBytes = 4096;
+
+class Live {
+ public:
+  Live(Store* store, ReadPath* reader) : store_(store), reader_(reader) {}
+  ~Live();
+  Live(const Live&) = delete;
+  Live& operator=(const Live&) = delete;
+
+  // Makes v live if nothing is (the first version a mount sees).
+  void InitIfUnset(const std::shared_ptr<const Version>& v) EXCLUDES(view_mu_);
+  // The live view; null before any version was live.
+  std::shared_ptr<const LiveView> View() EXCLUDES(view_mu_);
+
+  // Held by a read of a live/ file from before it picks the view until its
+  // reply is written, so an apply knows when no read of the old version is
+  // left in flight.
+  class ReadGuard {
+   public:
+    explicit ReadGuard(Live* live) : lock_(live->readers_) {}
+
+   private:
+    std::shared_lock<std::shared_mutex> lock_;
+  };
+
+  // Registers one buffer for `owner`, on behalf of a process of user `uid`.
+  // Checks the layout against the live version (the name exists for that
+  // layout and rank, dtype and shape match), the owner's earlier layout, and
+  // for host buffers the /dev/shm object (a regular file of uid, or any for
+  // root, large enough). Returns the buffer id.
+  Result<uint64_t> Register(uint64_t owner, uid_t uid, const dte_live_register& r)
+      EXCLUDES(receivers_mu_, view_mu_);
+  // Drops buffer `id` of owner (0: all of them).
+  Status Unregister(uint64_t owner, uint64_t id) EXCLUDES(receivers_mu_);
+  // Forgets every buffer of owner.
+  void Drop(uint64_t owner) EXCLUDES(receivers_mu_);
+
+  // Makes `target` live (see the top of this file). Busy if another apply is
+  // running. `pages` may be null (no page cache to update).
+  Result<dte_live_counts> Apply(const std::shared_ptr<const Version>& target, PageCache* pages)
+      EXCLUDES(receivers_mu_, view_mu_, status_mu_);
+
+  // Counts a failed apply (also one refused before it reached Apply).
+  void RecordFailure(const dte::Status& s) EXCLUDES(status_mu_);
+
+  // For DTE_IOC_STATUS and .dte/status (latest_version is filled by the
+  // caller).
+  dte_live_status GetStatus() EXCLUDES(receivers_mu_, view_mu_, status_mu_);
+
+ private:
+  // A registered buffer: host memory mapped from /dev/shm, or device memory
+  // opened from a CUDA IPC handle.
+  struct Buffer {
+    uint64_t id = 0;
+    std::string name;
+    uint32_t receiver_tensor = 0;  // index into the plan's receiver_tensors[rank]
+    int width = 0;
+    uint64_t elements = 0;
+    uint32_t kind = DTE_LIVE_HOST_SHM;
+    void* map = nullptr;  // host: the (page-aligned) mapping ...
+    size_t map_len = 0;
+    uint8_t* data = nullptr;  // ... and the tensor's first byte in it; CUDA: the device pointer
+    Buffer() = default;
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    ~Buffer();
+  };
+  struct Receiver {
+    ShardLayout layout;
+    int rank = 0;
+    uid_t uid = 0;
+    std::vector<std::unique_ptr<Buffer>> buffers;
+  };
+  struct Changes;
+  struct Plan {
+    TransferPlan plan;
+    std::vector<std::vector<uint32_t>> ops_by_canonical;  // indices into plan.ops
+  };
+  Status CheckLayout(const Version& from, const Version& to);
+  Result<std::vector<Changes>> ChangedSet(const LiveView& from, const LiveView& to,
+                                          uint64_t* entries);
+  Result<const Plan*> PlanFor(const Version& v, const ShardLayout& layout) REQUIRES(receivers_mu_);
+  Status Scatter(const Version& v, const std::vector<Changes>& changes, dte_live_counts* counts)
+      EXCLUDES(receivers_mu_);
+  Status PushPages(const LiveView& from, const LiveView& to, const std::vector<Changes>& changes,
+                   PageCache* pages, uint64_t* pushed);
+
+  Store* const store_;
+  ReadPath* const reader_;
+
+  Mutex view_mu_;
+  std::shared_ptr<const LiveView> view_ GUARDED_BY(view_mu_);
+  std::shared_mutex readers_;  // see ReadGuard
+
+  std::atomic<bool> applying_{false};
+
+  Mutex receivers_mu_;
+  std::map<uint64_t, Receiver> receivers_ GUARDED_BY(receivers_mu_);  // by owner
+  uint64_t next_buffer_id_ GUARDED_BY(receivers_mu_) = 1;
+  // Plans by (tp, fuse_qkv, fuse_gate_up). Every version an apply accepts
+  // has the layout of the first live version, so they stay valid.
+  std::map<std::tuple<int, bool, bool>, Plan> plans_ GUARDED_BY(receivers_mu_);
+
+  Mutex status_mu_;
+  uint64_t applies_ GUARDED_BY(status_mu_) = 0;
+  uint64_t failed_applies_ GUARDED_BY(status_mu_) = 0;
+  int64_t last_apply_time_ GUARDED_BY(status_mu_) = 0;
+  int32_t last_error_ GUARDED_BY(status_mu_) = 0;
+  std::string last_message_ GUARDED_BY(status_mu_);
+  dte_live_counts last_ GUARDED_BY(status_mu_) = {};
+};
+
+// The errno an apply or registration failure is reported with.
+int LiveErrno(const dte::Status& s);
+
+}  // namespace dte::fs

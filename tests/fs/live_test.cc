@@ -1,0 +1,256 @@
+// Unit tests of live apply (fs/live.h) without FUSE: the live view, the
+// changed set in every direction and across an anchor, page pushes limited
+// to resident changed pages, refusals, and the one-apply-at-a-time rule.
+// Receivers need a Llama layout and real /dev/shm objects: they are covered
+// end to end by tests/py/test_fs_live.py.
+#include "fs/live.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "fs/filesystem.h"
+#include "tests/fs/fs_fixture.h"
+
+namespace dte::fs {
+namespace {
+
+using test::SeriesStore;
+
+// Records the pages an apply pushes; every page of every file is resident
+// unless told otherwise.
+class FakePageCache : public PageCache {
+ public:
+  Status Resident(const std::string& file, uint64_t size, std::vector<uint8_t>* out) override {
+    if (gate.valid()) gate.wait();  // lets a test hold an apply here
+    out->assign((size + kPageBytes - 1) / kPageBytes, resident_default);
+    for (uint64_t p : evicted[file]) (*out)[p] = 0;
+    return Status::Ok();
+  }
+  Status Store(uint32_t file_index, uint64_t offset, const char* data, size_t len) override {
+    EXPECT_EQ(offset % kPageBytes, 0u);
+    stored[file_index].append(std::to_string(offset) + ",");
+    pushes.push_back({file_index, offset, std::string(data, len)});
+    return Status::Ok();
+  }
+  struct Push {
+    uint32_t file;
+    uint64_t offset;
+    std::string bytes;
+  };
+  uint8_t resident_default = 1;
+  std::map<std::string, std::set<uint64_t>> evicted;
+  std::map<uint32_t, std::string> stored;
+  std::vector<Push> pushes;
+  std::shared_future<void> gate;
+};
+
+class LiveTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kSteps = 5;
+  LiveTest() : series_(kSteps) {}
+
+  void SetUp() override {
+    store_ = series_.Open();
+    ASSERT_TRUE(store_);
+    for (uint64_t s = 0; s < kSteps; ++s) ASSERT_TRUE(series_.Commit(*store_, s).ok());
+    fs_ = std::make_unique<Filesystem>(store_.get(), uint64_t{64} << 20);
+  }
+
+  void Mount(std::optional<uint64_t> live) {
+    fs_->SetInitialLive(live);
+    ASSERT_TRUE(fs_->Refresh().ok());
+  }
+
+  // Every file of live/ equals step `step`'s.
+  void ExpectLiveIs(uint64_t step) {
+    for (const auto& [name, content] : series_.series().files(step)) {
+      uint64_t ino = test::LookupIno(*fs_, kLiveDirIno, name);
+      auto f = fs_->Open(ino, O_RDONLY);
+      ASSERT_TRUE(f.ok()) << name;
+      auto bytes = test::ReadRange(*fs_, **f, 0, content.size() + 10);
+      ASSERT_TRUE(bytes.ok()) << bytes.status().message();
+      EXPECT_TRUE(*bytes == content) << "live/" << name << " is not step " << step;
+    }
+  }
+
+  // The pages an apply from `from` to `to` must push for file `name`
+  // (everything resident): those whose bytes differ between the steps.
+  std::set<uint64_t> ChangedPages(const std::string& name, uint64_t from, uint64_t to) {
+    const std::string& a = series_.series().files(from).at(name);
+    const std::string& b = series_.series().files(to).at(name);
+    std::set<uint64_t> pages;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] != b[i]) pages.insert(i / kPageBytes);
+    }
+    return pages;
+  }
+
+  SeriesStore series_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Filesystem> fs_;
+};
+
+TEST_F(LiveTest, LiveIsTheNewestOrTheVersionAsked) {
+  Mount(std::nullopt);
+  EXPECT_EQ(fs_->LiveStatus().live_version, kSteps - 1);
+  ExpectLiveIs(kSteps - 1);
+  auto fs2 = std::make_unique<Filesystem>(store_.get(), uint64_t{64} << 20);
+  fs2->SetInitialLive(1);
+  ASSERT_TRUE(fs2->Refresh().ok());
+  EXPECT_EQ(fs2->LiveStatus().live_version, 1u);
+}
+
+TEST_F(LiveTest, ApplyForwardBackAndSkippingServesTheTargetAndPushesExactlyTheChangedPages) {
+  Mount(0);
+  uint64_t live = 0;
+  for (uint64_t target : {1, 4, 2, 0, 3}) {
+    FakePageCache pages;
+    auto r = fs_->ApplyLive(target, &pages);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ(r->from_version, live);
+    EXPECT_EQ(r->to_version, target);
+    EXPECT_GT(r->entries, 0u);
+    ExpectLiveIs(target);
+    // Pushed pages hold the target's bytes, and are exactly the changed pages.
+    for (const auto& p : pages.pushes) {
+      const auto& v = fs_->live().View()->version;
+      const std::string& content =
+          series_.series().files(target).at(v->manifest.files[p.file].name);
+      EXPECT_EQ(content.substr(p.offset, p.bytes.size()), p.bytes);
+    }
+    for (const auto& [name, content] : series_.series().files(target)) {
+      std::set<uint64_t> pushed;
+      const auto& v = fs_->live().View()->version;
+      for (const auto& p : pages.pushes) {
+        if (v->manifest.files[p.file].name != name) continue;
+        for (uint64_t o = 0; o < p.bytes.size(); o += kPageBytes) {
+          pushed.insert((p.offset + o) / kPageBytes);
+        }
+      }
+      // A page may be pushed when an element changed and changed back on
+      // the way (the union of the deltas); it never misses a changed page.
+      for (uint64_t page : ChangedPages(name, live, target)) {
+        EXPECT_TRUE(pushed.count(page))
+            << name << " page " << page << " " << live << "->" << target;
+      }
+    }
+    live = target;
+  }
+  dte_live_status st = fs_->LiveStatus();
+  EXPECT_EQ(st.applies, 5u);
+  EXPECT_EQ(st.live_version, 3u);
+}
+
+TEST_F(LiveTest, OnlyResidentPagesArePushed) {
+  Mount(0);
+  FakePageCache pages;
+  pages.resident_default = 0;
+  auto r = fs_->ApplyLive(2, &pages);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->pages, 0u);
+  EXPECT_TRUE(pages.pushes.empty());
+  ExpectLiveIs(2);  // uncached pages are read from the new version
+}
+
+TEST_F(LiveTest, AcrossAnAnchorTheBlocksAreCompared) {
+  // v5: step 4's content again, stored as an anchor: no delta leads from v2.
+  CommitOptions o;
+  o.version = 5;
+  o.force_anchor = true;
+  ASSERT_TRUE(series_.series().Write(4, ::testing::TempDir() + "/live-anchor").ok());
+  ASSERT_TRUE(CommitDirectory(*store_, ::testing::TempDir() + "/live-anchor", o).ok());
+  Mount(2);
+  FakePageCache pages;
+  auto r = fs_->ApplyLive(5, &pages);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ExpectLiveIs(4);
+  // Exactly the elements that differ: compare with a delta path 2 -> 4.
+  auto fs2 = std::make_unique<Filesystem>(store_.get(), uint64_t{64} << 20);
+  fs2->SetInitialLive(2);
+  ASSERT_TRUE(fs2->Refresh().ok());
+  auto direct = fs2->ApplyLive(4, nullptr);
+  ASSERT_TRUE(direct.ok());
+  EXPECT_LE(r->entries, direct->entries);
+  EXPECT_GT(r->entries, 0u);
+}
+
+TEST_F(LiveTest, ApplyingTheLiveVersionChangesNothing) {
+  Mount(3);
+  FakePageCache pages;
+  auto r = fs_->ApplyLive(3, &pages);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->entries, 0u);
+  EXPECT_TRUE(pages.pushes.empty());
+}
+
+TEST_F(LiveTest, MissingVersionAndCorruptBlobLeaveTheLiveStateAlone) {
+  Mount(1);
+  auto missing = fs_->ApplyLive(77, nullptr);
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
+  // Damage every blob v3 added.
+  auto v3 = store_->GetVersion(3);
+  ASSERT_TRUE(v3.ok());
+  for (const BlobRef& b : (*v3)->manifest.blobs) {
+    if (!b.added) continue;
+    const std::string path = series_.PathOf(BlobKey(b.hash));
+    auto data = test::ReadFileBytes(path);
+    ASSERT_TRUE(data.ok()) << path;
+    (*data)[data->size() / 2] ^= 0x5A;
+    ::chmod(path.c_str(), 0644);
+    ASSERT_TRUE(test::WriteFileBytes(path, *data).ok());
+  }
+  FakePageCache pages;
+  auto r = fs_->ApplyLive(3, &pages);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().message();
+  EXPECT_NE(r.status().message().find("v00000003"), std::string::npos) << r.status().message();
+  EXPECT_TRUE(pages.pushes.empty());
+  EXPECT_EQ(fs_->LiveStatus().live_version, 1u);
+  EXPECT_EQ(fs_->LiveStatus().failed_applies, 2u);
+  ExpectLiveIs(1);
+}
+
+TEST_F(LiveTest, ASecondApplyWhileOneRunsIsBusy) {
+  Mount(0);
+  std::promise<void> gate;
+  FakePageCache held;
+  held.gate = gate.get_future().share();
+  auto first = std::async(std::launch::async, [&] { return fs_->ApplyLive(2, &held); });
+  // Wait until the first apply holds the flag (it blocks in Resident).
+  while (fs_->LiveStatus().applying == 0) std::this_thread::yield();
+  auto second = fs_->ApplyLive(3, nullptr);
+  EXPECT_EQ(second.status().code(), Code::kBusy);
+  gate.set_value();
+  auto r = first.get();
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(fs_->LiveStatus().live_version, 2u);
+}
+
+TEST_F(LiveTest, ReceiversNeedAValidRegistration) {
+  Mount(1);
+  dte_live_register r = {};
+  r.abi_version = 99;
+  EXPECT_EQ(fs_->live().Register(1, 0, r).status().code(), Code::kInvalidArgument);
+  r.abi_version = DTE_LIVE_ABI_VERSION;
+  std::memset(r.name, 'x', sizeof r.name);  // not NUL-terminated
+  EXPECT_EQ(fs_->live().Register(1, 0, r).status().code(), Code::kInvalidArgument);
+  std::snprintf(r.name, sizeof r.name, "model.norm.weight");
+  r.tp = 2;
+  r.rank = 2;
+  auto bad_rank = fs_->live().Register(1, 0, r);
+  EXPECT_EQ(bad_rank.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(bad_rank.status().message().find("rank 2 of tp 2"), std::string::npos);
+  EXPECT_EQ(fs_->live().Unregister(1, 5).code(), Code::kNotFound);
+}
+
+}  // namespace
+}  // namespace dte::fs

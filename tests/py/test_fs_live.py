@@ -1,0 +1,406 @@
+"""End-to-end tests of live apply: `dtectl apply` on a real dtefs mount
+changes MOUNT/live/ in place (a process that has it mmapped sees the new
+bytes without re-reading), and scatters the changed elements into receiver
+buffers in /dev/shm registered through dte.Receiver, remapped into vLLM's
+fused TP layout.
+
+The model is a dte-gen Llama (8 heads, 2 KV heads) committed as v0 (anchor)
+and deltas v1..v4.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+from dtectl_util import Dtectl
+import fs_util
+from fs_util import BUILD_DIR, wait_for
+
+STEPS = 4
+HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTER, VOCAB, LAYERS = 8, 2, 32, 256, 512, 1024, 2
+SOURCE_DIR = os.environ.get("DTE_SOURCE_DIR", "/work/main")
+PY_PATH = os.path.join(SOURCE_DIR, "sync", "python")
+
+
+@pytest.fixture(scope="module")
+def gen(tmp_path_factory):
+    out = tmp_path_factory.mktemp("livegen")
+    subprocess.run([str(BUILD_DIR / "tools" / "dte-gen"), "--out", str(out), "--steps",
+                    str(STEPS), "--hidden", str(HIDDEN), "--layers", str(LAYERS), "--heads",
+                    str(HEADS), "--kv-heads", str(KV_HEADS), "--head-dim", str(HEAD_DIM),
+                    "--intermediate", str(INTER), "--vocab", str(VOCAB), "-q"],
+                   check=True, timeout=300)
+    return lambda step: out / f"step-{step:06d}"
+
+
+@pytest.fixture(scope="module")
+def live_store(tmp_path_factory, gen):
+    root = tmp_path_factory.mktemp("livestore")
+    d = Dtectl(root / "store", root / "cache")
+    d.ok("import", gen(0))
+    for step in range(1, STEPS + 1):
+        assert d.commit(gen(step)) == step
+    return d
+
+
+@pytest.fixture
+def mount(tmp_path, live_store):
+    store = tmp_path / "store"
+    subprocess.run(["cp", "-a", str(live_store.store), str(store)], check=True)
+    with fs_util.mounts(tmp_path) as start:
+        yield lambda *args, **kw: start(store, *args, **kw)
+
+
+def dtectl(*args, check=True):
+    r = subprocess.run([str(BUILD_DIR / "tools" / "dtectl"), *map(str, args)],
+                       capture_output=True, text=True, timeout=120)
+    if check:
+        assert r.returncode == 0, f"dtectl {args}: {r.returncode} {r.stderr}"
+    return r
+
+
+def apply(mount_path, version=None):
+    args = ["apply", mount_path, "--json"] + ([] if version is None else ["--version", version])
+    return json.loads(dtectl(*args).stdout)
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def load_bf16(path):
+    """name -> uint16 array (BF16 bits) of every tensor of a safetensors file."""
+    from safetensors.numpy import load_file
+    return {k: v.view(np.uint16) if v.dtype != np.uint16 else v
+            for k, v in load_file(str(path)).items()}
+
+
+def load_raw(path):
+    """The tensors as raw uint16 bits, read with the header (numpy has no bf16)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        assert t["dtype"] == "BF16", name
+        b, e = t["data_offsets"]
+        out[name] = np.frombuffer(data[8 + n + b:8 + n + e], dtype=np.uint16).reshape(t["shape"])
+    return out
+
+
+def shard(state, tp, rank):
+    """The vLLM fused TP layout of rank `rank`, computed directly from the HF state."""
+    out = {}
+    q_rows = HEADS // tp * HEAD_DIM
+    for name, a in state.items():
+        if ".self_attn.k_proj." in name or ".self_attn.v_proj." in name:
+            continue
+        if ".mlp.up_proj." in name:
+            continue
+        if ".self_attn.q_proj." in name:
+            prefix = name.split("q_proj")[0]
+            k, v = state[prefix + "k_proj.weight"], state[prefix + "v_proj.weight"]
+            if KV_HEADS >= tp:
+                kv_rows = KV_HEADS // tp * HEAD_DIM
+                ks, vs = k[rank * kv_rows:(rank + 1) * kv_rows], v[rank * kv_rows:(rank + 1) * kv_rows]
+            else:
+                h = rank * KV_HEADS // tp
+                ks, vs = k[h * HEAD_DIM:(h + 1) * HEAD_DIM], v[h * HEAD_DIM:(h + 1) * HEAD_DIM]
+            out[prefix + "qkv_proj.weight"] = np.concatenate(
+                [a[rank * q_rows:(rank + 1) * q_rows], ks, vs])
+        elif ".mlp.gate_proj." in name:
+            prefix = name.split("gate_proj")[0]
+            rows = INTER // tp
+            up = state[prefix + "up_proj.weight"]
+            out[prefix + "gate_up_proj.weight"] = np.concatenate(
+                [a[rank * rows:(rank + 1) * rows], up[rank * rows:(rank + 1) * rows]])
+        elif ".self_attn.o_proj." in name or ".mlp.down_proj." in name:
+            cols = a.shape[1] // tp
+            out[name] = a[:, rank * cols:(rank + 1) * cols]
+        elif "embed_tokens" in name or "lm_head" in name:
+            rows = -(-a.shape[0] // tp)
+            part = a[rank * rows:(rank + 1) * rows]
+            out[name] = np.concatenate(
+                [part, np.zeros((rows - part.shape[0],) + a.shape[1:], a.dtype)])
+        else:
+            out[name] = a
+    return out
+
+
+READER = r"""
+import hashlib, mmap, os, sys
+f = open(sys.argv[1], "rb")
+m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+sum(m[i] for i in range(0, len(m), 4096))  # fault every page in
+print("ready", flush=True)
+for line in sys.stdin:
+    print(hashlib.sha256(m[:]).hexdigest(), flush=True)
+"""
+
+RECEIVER = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import dte
+spec = json.loads(sys.argv[3])
+r = dte.Receiver(sys.argv[2], tp=spec["tp"], rank=spec["rank"])
+for b in spec["buffers"]:
+    r.register(b["name"], b["shm"], b["offset"], "BF16", b["shape"])
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_live_shows_latest_or_the_version_asked_for(mount, gen):
+    m = mount()
+    assert sorted(os.listdir(m.path + "/live")) == sorted(os.listdir(gen(STEPS)))
+    assert sha256(m.path + "/live/model.safetensors") == sha256(gen(STEPS) / "model.safetensors")
+    assert m.status()["live"]["version"] == STEPS
+    st = json.loads(dtectl("status", m.path, "--json").stdout)
+    assert st["live_version"] == STEPS and st["latest_version"] == STEPS
+    m.unmount()
+    m2 = mount("--live-version", 1)
+    assert sha256(m2.path + "/live/model.safetensors") == sha256(gen(1) / "model.safetensors")
+
+
+def test_missing_live_version_fails_the_mount(tmp_path, live_store):
+    path = tmp_path / "mnt"
+    path.mkdir()
+    r = subprocess.run([str(fs_util.binary()), str(live_store.store), str(path), "--cache-dir",
+                        str(tmp_path / "cache"), "--live-version", "77"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "v00000077 is not in the store" in r.stderr
+    assert not fs_util.mounted(str(path))
+
+
+def test_apply_forward_and_back_in_place_for_an_mmapped_reader(mount, gen):
+    m = mount("--live-version", 1)
+    live = m.path + "/live/model.safetensors"
+    reader = subprocess.Popen([sys.executable, "-c", READER, live], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "ready"
+
+        def reader_hash():
+            reader.stdin.write("hash\n")
+            reader.stdin.flush()
+            return reader.stdout.readline().strip()
+
+        assert reader_hash() == sha256(gen(1) / "model.safetensors")
+        for target in (3, 0, STEPS, 2):
+            before = m.status()["bytes_served"]
+            r = apply(m.path, target)
+            assert (r["to_version"], r["entries"] > 0) == (target, True), r
+            assert r["pages"] > 0, r  # the reader's pages were replaced in place
+            # The mapping shows the target without a single read reaching the daemon.
+            assert reader_hash() == sha256(gen(target) / "model.safetensors")
+            assert m.status()["bytes_served"] == before
+            # A fresh read through the page cache agrees, and so does every file.
+            for name in os.listdir(gen(target)):
+                assert sha256(f"{m.path}/live/{name}") == sha256(gen(target) / name), name
+            assert m.status()["live"]["version"] == target
+        # Applying the live version again changes nothing.
+        r = apply(m.path, 2)
+        assert (r["entries"], r["pages"]) == (0, 0)
+        # Without --version: latest.
+        assert apply(m.path)["to_version"] == STEPS
+    finally:
+        reader.stdin.close()
+        reader.wait(timeout=30)
+
+
+def test_uncached_pages_come_from_the_new_version(mount, gen):
+    m = mount("--live-version", 0)
+    r = apply(m.path, 2)
+    assert r["pages"] == 0  # nothing of live/ was cached
+    assert sha256(m.path + "/live/model.safetensors") == sha256(gen(2) / "model.safetensors")
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_receivers_in_shared_memory_get_the_target_sharded(mount, gen, tp):
+    sys.path.insert(0, PY_PATH)
+    import dte
+
+    m = mount("--live-version", 1)
+    v1 = load_raw(gen(1) / "model.safetensors")
+    weights, procs = [], []
+    try:
+        for rank in range(tp):
+            shards = shard(v1, tp, rank)
+            w = dte.SharedWeights(f"dte-test-{os.getpid()}-{tp}-{rank}",
+                                  {k: ("BF16", list(a.shape)) for k, a in shards.items()})
+            weights.append(w)
+            for k, a in shards.items():
+                w.array(k)[...] = a
+            spec = {"tp": tp, "rank": rank, "buffers": [
+                {"name": k, "shm": w.name, "offset": w.offset(k), "shape": list(a.shape)}
+                for k, a in shards.items()]}
+            p = subprocess.Popen([sys.executable, "-c", RECEIVER, PY_PATH, m.path,
+                                  json.dumps(spec)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+            procs.append(p)
+            assert p.stdout.readline().strip() == "ready"
+        st = m.status()["live"]
+        assert st["receivers"] == tp
+        assert st["buffers"] == sum(len(shard(v1, tp, r)) for r in range(tp))
+        for target in (4, 2, 0, 3):
+            r = apply(m.path, target)
+            assert r["receivers"] == tp, r
+            want = load_raw(gen(target) / "model.safetensors")
+            for rank, w in enumerate(weights):
+                for k, a in shard(want, tp, rank).items():
+                    got = w.array(k)
+                    assert np.array_equal(got, a), (target, rank, k)
+        # A receiver that exits is unregistered.
+        procs[0].stdin.close()
+        procs[0].wait(timeout=30)
+        wait_for(lambda: m.status()["live"]["receivers"] == tp - 1, 10, "receiver 0 to go")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.stdin.close()
+                p.wait(timeout=30)
+        for w in weights:
+            w.close()
+            w.unlink()
+
+
+def test_bad_registrations_are_refused(mount, gen):
+    sys.path.insert(0, PY_PATH)
+    import dte
+
+    m = mount()
+    w = dte.SharedWeights(f"dte-test-bad-{os.getpid()}",
+                          {"model.norm.weight": ("BF16", [HIDDEN])})
+    try:
+        with dte.Receiver(m.path, tp=2, rank=0) as r:
+            with pytest.raises(dte.DteError, match="no such tensor"):
+                r.register("model.layers.0.self_attn.q_proj.weight", w.name, 0, "BF16",
+                           [HEADS * HEAD_DIM // 2, HIDDEN])
+            with pytest.raises(dte.DteError, match="given, the layout has"):
+                r.register("model.norm.weight", w.name, 0, "BF16", [HIDDEN + 1])
+            with pytest.raises(dte.DteError, match="do not fit"):
+                r.register("model.norm.weight", w.name, 64, "BF16", [HIDDEN])
+            with pytest.raises(dte.DteError, match="must name an object"):
+                r.register("model.norm.weight", "../etc/passwd", 0, "BF16", [HIDDEN])
+            assert r.register("model.norm.weight", w.name, 0, "BF16", [HIDDEN]) > 0
+            with pytest.raises(dte.DteError, match="already registered"):
+                r.register("model.norm.weight", w.name, 0, "BF16", [HIDDEN])
+        wait_for(lambda: m.status()["live"]["receivers"] == 0, 10, "the receiver to go")
+    finally:
+        w.close()
+        w.unlink()
+
+
+def test_a_truncated_receiver_is_dropped_and_the_daemon_lives(mount, gen):
+    sys.path.insert(0, PY_PATH)
+    import dte
+
+    m = mount("--live-version", 1)
+    v1 = load_raw(gen(1) / "model.safetensors")
+    name = "model.layers.0.mlp.down_proj.weight"
+    w = dte.SharedWeights(f"dte-test-trunc-{os.getpid()}", {name: ("BF16", list(v1[name].shape))})
+    try:
+        r = dte.Receiver(m.path, tp=1, rank=0)
+        r.register(name, w.name, 0, "BF16", list(v1[name].shape))
+        os.truncate(f"/dev/shm/{w.name}", 0)  # its memory is gone under the daemon's mapping
+        res = apply(m.path, 2)
+        assert res["receivers"] == 0 and m.alive()
+        assert m.status()["live"]["receivers"] == 0
+        assert sha256(m.path + "/live/model.safetensors") == sha256(gen(2) / "model.safetensors")
+        r.close()
+    finally:
+        w.close()
+        w.unlink()
+
+
+def test_corrupt_blob_fails_the_apply_and_changes_nothing(mount, gen, tmp_path):
+    m = mount("--live-version", 1)
+    live = m.path + "/live/model.safetensors"
+    before = sha256(live)
+    # Damage the delta blob v3 added (its one new blob besides the block table).
+    man = json.load(open(tmp_path / "store" / "manifests" / "v00000003.json"))
+    added = [b["hash"] for b in man["blobs"] if b.get("added")]
+    assert added
+    for h in added:
+        p = tmp_path / "store" / "blobs" / h[:2] / h
+        data = bytearray(p.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        os.chmod(p, 0o644)
+        p.write_bytes(bytes(data))
+    r = dtectl("apply", m.path, "--version", 3, check=False)
+    assert r.returncode == 1
+    assert "v00000003" in r.stderr and "live state unchanged" in r.stderr, r.stderr
+    assert m.status()["live"]["version"] == 1
+    assert sha256(live) == before
+    st = json.loads(dtectl("status", m.path, "--json").stdout)
+    assert st["failed_applies"] == 1 and st["live_version"] == 1
+    # Another version still applies.
+    assert apply(m.path, 2)["to_version"] == 2
+    assert m.alive()
+
+
+def test_a_version_with_another_layout_is_refused(mount, gen, tmp_path):
+    m = mount("--live-version", 1)
+    other = tmp_path / "other"
+    subprocess.run([str(BUILD_DIR / "tools" / "dte-gen"), "--out", str(other), "--steps", "0",
+                    "--hidden", str(HIDDEN), "--layers", str(LAYERS + 1), "--heads", str(HEADS),
+                    "--kv-heads", str(KV_HEADS), "--head-dim", str(HEAD_DIM), "--intermediate",
+                    str(INTER), "--vocab", str(VOCAB), "-q"], check=True, timeout=120)
+    d = Dtectl(tmp_path / "store", tmp_path / "cache2")
+    assert d.commit(other / "step-000000") == STEPS + 1
+    wait_for(lambda: STEPS + 1 in m.status()["versions"], 10, "the new version")
+    r = dtectl("apply", m.path, check=False)
+    assert r.returncode == 1 and "cannot apply v00000005 over live v00000001" in r.stderr, r.stderr
+    assert m.status()["live"]["version"] == 1
+
+
+def test_control_ioctls_refuse_what_they_must(mount, tmp_path):
+    import fcntl
+    m = mount()
+    fd = os.open(m.path + "/.dte/control", os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as e:
+            fcntl.ioctl(fd, (2 << 30) | (8 << 16) | (0xD7 << 8) | 99, bytearray(8), True)
+        import errno
+        assert e.value.errno == errno.ENOTTY
+    finally:
+        os.close(fd)
+    fd = os.open(m.path + "/live/config.json", os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as e:
+            fcntl.ioctl(fd, (3 << 30) | (1136 << 16) | (0xD7 << 8) | 1, bytearray(1136), True)
+        assert e.value.errno == errno.ENOTTY
+    finally:
+        os.close(fd)
+    # Another user may not apply (the mount allows other users in; its parent
+    # directories let them reach it).
+    m.unmount()
+    public = tempfile.mkdtemp(prefix="dte-live-")
+    try:
+        os.chmod(public, 0o755)
+        with fs_util.mounts(public) as start:
+            m2 = start(tmp_path / "store", "-o", "allow_other")
+            r = subprocess.run([sys.executable, "-c",
+                                "import os, subprocess, sys; os.setgid(65534); os.setuid(65534); "
+                                "r = subprocess.run([sys.argv[1], 'apply', sys.argv[2]], "
+                                "capture_output=True, text=True); "
+                                "print(r.returncode); print(r.stderr)",
+                                str(BUILD_DIR / "tools" / "dtectl"), m2.path],
+                               capture_output=True, text=True, timeout=60)
+            code, _, err = r.stdout.partition("\n")
+            assert code == "1" and "only root and the user who mounted it" in err, \
+                r.stdout + r.stderr
+            assert m2.status()["live"]["applies"] == 0
+    finally:
+        shutil.rmtree(public, ignore_errors=True)
