@@ -45,6 +45,12 @@ void BlockCache::InsertLocked(const CacheKey& key, Value value) {
   }
 }
 
+BlockCache::Value BlockCache::Peek(const CacheKey& key) const {
+  MutexLock lock(&mu_);
+  auto it = index_.find(key);
+  return it == index_.end() ? nullptr : it->second->value;
+}
+
 void BlockCache::DropVersion(uint64_t version) {
   MutexLock lock(&mu_);
   for (auto it = lru_.begin(); it != lru_.end();) {

@@ -84,6 +84,9 @@ class BlockCache {
   // loaded value is inserted, evicting least recently used entries beyond
   // the capacity; errors are returned to every waiter and not cached.
   Result<Value> GetOrLoad(const CacheKey& key, const Loader& load) EXCLUDES(mu_);
+  // The cached value of `key`, or null; never loads, counts nothing and
+  // leaves the LRU order alone.
+  Value Peek(const CacheKey& key) const EXCLUDES(mu_);
   // Drops every entry of a version (it left the store).
   void DropVersion(uint64_t version) EXCLUDES(mu_);
   CacheStats Stats() const EXCLUDES(mu_);

@@ -178,7 +178,10 @@ Result<NodeAttr> Filesystem::Lookup(uint64_t parent, std::string_view name) {
   if (parent == kRootIno) {
     if (name == "latest") return GetAttr(kLatestIno);
     if (name == ".dte") return GetAttr(kDteDirIno);
-    if (name == "live") return GetAttr(kLiveDirIno);
+    if (name == "live") {
+      if (!live_.View()) return NotFound("live: no version is live yet");
+      return GetAttr(kLiveDirIno);
+    }
     std::optional<uint64_t> version = ParseVersionName(name);
     if (!version) return NotFound(std::string(name));
     ASSIGN_OR_RETURN(auto v, VersionOf(*version));
@@ -222,8 +225,10 @@ Result<std::vector<DirEntry>> Filesystem::RootEntries() {
     ASSIGN_OR_RETURN(NodeAttr latest, GetAttr(kLatestIno));
     out.push_back({"latest", latest});
   }
-  ASSIGN_OR_RETURN(NodeAttr live, GetAttr(kLiveDirIno));
-  out.push_back({"live", live});
+  if (live_.View()) {  // once a version is live, like latest
+    ASSIGN_OR_RETURN(NodeAttr live, GetAttr(kLiveDirIno));
+    out.push_back({"live", live});
+  }
   ASSIGN_OR_RETURN(NodeAttr dte, GetAttr(kDteDirIno));
   out.push_back({".dte", dte});
   return out;

@@ -57,6 +57,18 @@ bool DropChainRecords(Store* store, const std::shared_ptr<const Version>& v, siz
 
 }  // namespace
 
+bool ReadPath::CacheBase::ReadBlock(const Version& v, size_t record, uint64_t len, uint8_t* dst) {
+  const BlockCache::Value cached =
+      cache_->Peek(CacheKey{v.manifest.version, record, v.manifest.revision});
+  if (cached && cached->size() == len) {
+    std::memcpy(dst, cached->data(), len);
+    hits++;
+    return true;
+  }
+  BlockBase* next = this->next.load();
+  return next && next->ReadBlock(v, record, len, dst);
+}
+
 Result<BlockCache::Value> ReadPath::WholeBlob(const std::shared_ptr<const Version>& v,
                                               uint32_t file_index) {
   const CacheKey key{v->manifest.version, kFileSlotBase + file_index, v->manifest.revision};

@@ -10,6 +10,7 @@
 // Thread-safety: all methods may be called concurrently.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,7 +26,9 @@ inline constexpr uint64_t kFileSlotBase = uint64_t{1} << 62;
 class ReadPath {
  public:
   ReadPath(Store* store, uint64_t cache_bytes)
-      : store_(store), materializer_(store), cache_(cache_bytes) {}
+      : store_(store), materializer_(store), cache_(cache_bytes), base_(&cache_) {
+    materializer_.SetBase(&base_);
+  }
 
   // Reads [offset, offset + len) of file number `file_index` of v into dst.
   // The range must lie within the file. Corruption when a block or blob does
@@ -59,11 +62,18 @@ class ReadPath {
 
   VersionChain ChainOf(const std::shared_ptr<const Version>& v) { return materializer_.ChainOf(v); }
 
-  // Blocks are looked up in `base` during chain walks (Materializer::SetBase).
-  void SetBase(BlockBase* base) { materializer_.SetBase(base); }
+  // Chain walks stop at the first version whose block is in the block cache
+  // (blocks there were checked against their hash when they were made), or
+  // else in `base` (Materializer::SetBase; null: none). So a version read
+  // after its parent (the next step, a live apply) costs one record per
+  // block while the parent's blocks stay cached.
+  void SetBase(BlockBase* base) { base_.next.store(base); }
 
   ReadCounters& counters() { return materializer_.counters(); }
   Materializer& materializer() { return materializer_; }
+  // Chain walks that started from a block in the block cache; the rest of
+  // counters().base_blocks started from a snapshot.
+  uint64_t cached_base_blocks() const { return base_.hits.load(); }
   BlockCache& cache() { return cache_; }
 
  private:
@@ -78,9 +88,22 @@ class ReadPath {
   Status VisitData(const std::shared_ptr<const Version>& v, const FileEntry& file, uint64_t offset,
                    uint64_t len, const VersionChain* chain, const PieceSink& take);
 
+  // The block cache, then the snapshots, as one BlockBase.
+  class CacheBase : public BlockBase {
+   public:
+    explicit CacheBase(const BlockCache* cache) : cache_(cache) {}
+    bool ReadBlock(const Version& v, size_t record, uint64_t len, uint8_t* dst) override;
+    std::atomic<BlockBase*> next{nullptr};
+    std::atomic<uint64_t> hits{0};  // walks that started from a cached block
+
+   private:
+    const BlockCache* const cache_;
+  };
+
   Store* const store_;
   Materializer materializer_;
   BlockCache cache_;
+  CacheBase base_;
 };
 
 }  // namespace dte::fs

@@ -1,4 +1,5 @@
 // .dte/status: the daemon's state as one JSON document.
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "fs/filesystem.h"
@@ -35,7 +36,9 @@ std::string Filesystem::StatusJson() {
   j["records_decoded"] = c.records.load();
   j["payload_bytes"] = c.payload_bytes.load();
   j["hash_failures"] = c.hash_failures.load();
-  j["snapshot_block_reads"] = c.base_blocks.load();
+  const uint64_t cached_base = reader_.cached_base_blocks();
+  j["snapshot_block_reads"] = c.base_blocks.load() - std::min(c.base_blocks.load(), cached_base);
+  j["cached_parent_blocks"] = cached_base;  // chain walks that began at a cached block
   const CacheStats s = reader_.cache().Stats();
   j["cache"] = {{"capacity_bytes", s.capacity_bytes},
                 {"bytes", s.bytes},

@@ -174,16 +174,16 @@ class Reader {
     if (!root.ok()) return w_->Fail("ReadDir(/): " + root.status().message());
     listed_.clear();
     for (const auto& e : *root) {
-      if (e.name == "latest" || e.name == ".dte") continue;
+      if (e.name == "latest" || e.name == "live" || e.name == ".dte") continue;
       listed_.push_back(std::stoull(e.name.substr(1)));
       if (listed_.size() > 1 && listed_.back() <= listed_[listed_.size() - 2]) {
         w_->Fail("root listing out of order at " + e.name);
       }
       w_->Saw(listed_.back(), "", e.attr.ino);
     }
-    if (root->size() != listed_.size() + 2 || root->back().name != ".dte" ||
-        (*root)[listed_.size()].name != "latest") {
-      w_->Fail("root listing does not end with latest, .dte");
+    if (root->size() != listed_.size() + 3 || root->back().name != ".dte" ||
+        (*root)[listed_.size()].name != "latest" || (*root)[listed_.size() + 1].name != "live") {
+      w_->Fail("root listing does not end with latest, live, .dte");
     }
   }
 
@@ -347,6 +347,7 @@ class ConcurrencyTest : public ::testing::Test {
     std::vector<std::string> want;
     for (uint64_t v = from; v < to; ++v) want.push_back(VersionName(v));
     want.push_back("latest");
+    want.push_back("live");
     want.push_back(".dte");
     std::vector<std::string> names;
     for (const auto& e : *root) names.push_back(e.name);

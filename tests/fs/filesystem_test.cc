@@ -75,11 +75,11 @@ class FilesystemTest : public ::testing::Test {
   int64_t before_commit_ = 0, after_commit_ = 0;
 };
 
-TEST_F(FilesystemTest, RootListsVersionsThenLatestAndDte) {
+TEST_F(FilesystemTest, RootListsVersionsThenLatestLiveAndDte) {
   auto root = fs_->ReadDir(kRootIno);
   ASSERT_TRUE(root.ok()) << root.status().message();
-  EXPECT_EQ(Names(*root),
-            (std::vector<std::string>{"v00000000", "v00000001", "v00000002", "latest", ".dte"}));
+  EXPECT_EQ(Names(*root), (std::vector<std::string>{"v00000000", "v00000001", "v00000002", "latest",
+                                                    "live", ".dte"}));
   std::set<uint64_t> inos;
   for (const auto& e : *root) {
     SCOPED_TRACE(e.name);
@@ -91,6 +91,10 @@ TEST_F(FilesystemTest, RootListsVersionsThenLatestAndDte) {
     } else if (e.name == ".dte") {
       EXPECT_EQ(e.attr.ino, kDteDirIno);
       EXPECT_EQ(e.attr.type, NodeType::kDirectory);
+    } else if (e.name == "live") {
+      EXPECT_EQ(e.attr.ino, kLiveDirIno);
+      EXPECT_EQ(e.attr.type, NodeType::kDirectory);
+      EXPECT_FALSE(e.attr.immutable) << "live changes";
     } else {
       EXPECT_GE(e.attr.ino, kFirstDynamicIno);
       EXPECT_EQ(e.attr.type, NodeType::kDirectory);
@@ -107,9 +111,9 @@ TEST_F(FilesystemTest, RootListsVersionsThenLatestAndDte) {
 
   auto dte = fs_->ReadDir(kDteDirIno);
   ASSERT_TRUE(dte.ok()) << dte.status().message();
-  ASSERT_EQ(Names(*dte), std::vector<std::string>{"status"});
-  EXPECT_EQ((*dte)[0].attr.ino, kStatusIno);
-  EXPECT_EQ((*dte)[0].attr.type, NodeType::kRegular);
+  ASSERT_EQ(Names(*dte), (std::vector<std::string>{"control", "status"}));
+  EXPECT_EQ((*dte)[1].attr.ino, kStatusIno);
+  EXPECT_EQ((*dte)[1].attr.type, NodeType::kRegular);
   EXPECT_EQ(test::LookupIno(*fs_, kRootIno, ".dte"), kDteDirIno);
   EXPECT_EQ(test::LookupIno(*fs_, kDteDirIno, "status"), kStatusIno);
 }

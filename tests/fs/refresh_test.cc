@@ -63,7 +63,7 @@ class RefreshTest : public ::testing::Test {
     EXPECT_TRUE(root.ok()) << root.status().message();
     if (!root.ok()) return out;
     for (const auto& d : *root) {
-      if (d.name == "latest" || d.name == ".dte") continue;
+      if (d.name == "latest" || d.name == "live" || d.name == ".dte") continue;
       const uint64_t v = std::stoull(d.name.substr(1));
       out[{v, ""}] = d.attr.ino;
       auto files = fs_->ReadDir(d.attr.ino);
@@ -153,8 +153,9 @@ TEST_F(RefreshTest, CommittedVersionAppearsAtRefreshAndLatestMoves) {
       << "the version set changed without a Refresh";
   EXPECT_EQ(fs_->ReadLink(kLatestIno).value(), "v00000003");
   Refresh();
-  EXPECT_EQ(RootNames(), (std::vector<std::string>{"v00000000", "v00000001", "v00000002",
-                                                   "v00000003", "v00000004", "latest", ".dte"}));
+  EXPECT_EQ(RootNames(),
+            (std::vector<std::string>{"v00000000", "v00000001", "v00000002", "v00000003",
+                                      "v00000004", "latest", "live", ".dte"}));
   EXPECT_EQ(fs_->ReadLink(kLatestIno).value(), "v00000004");
   for (const auto& [name, bytes] : env_.series().files(kInitial)) {
     auto f = Open(kInitial, name);
@@ -172,9 +173,10 @@ TEST_F(RefreshTest, RemovedVersionsLeaveAtRefreshAndTheirInodesGoStale) {
   ASSERT_GT(StatusJson()["cache"]["entries"].get<uint64_t>(), 0u);
 
   Gc(2);  // removes v0 and v1, rebases v2
-  EXPECT_EQ(RootNames().size(), kInitial + 2) << "the version set changed without a Refresh";
+  EXPECT_EQ(RootNames().size(), kInitial + 3) << "the version set changed without a Refresh";
   Refresh();
-  EXPECT_EQ(RootNames(), (std::vector<std::string>{"v00000002", "v00000003", "latest", ".dte"}));
+  EXPECT_EQ(RootNames(),
+            (std::vector<std::string>{"v00000002", "v00000003", "latest", "live", ".dte"}));
   for (const auto& [key, ino] : before) {
     SCOPED_TRACE(VersionName(key.first) + "/" + key.second);
     if (key.first >= 2) {
