@@ -328,11 +328,12 @@ Result<size_t> Filesystem::Read(const OpenFile& f, uint64_t offset, uint64_t len
 }
 
 Status Filesystem::ReadPieces(const OpenFile& f, uint64_t offset, uint64_t len,
-                              std::vector<ReadPath::Piece>* out) {
+                              std::vector<ReadPath::Piece>* out,
+                              std::shared_ptr<const LiveView> live_view) {
   reads_++;
-  // A live/ file reads the version live now (the caller holds a
-  // Live::ReadGuard until its reply is written).
-  std::shared_ptr<const LiveView> view = f.live ? live_.View() : nullptr;
+  // A live/ file reads the guard's view, else the version live now.
+  std::shared_ptr<const LiveView> view;
+  if (f.live) view = live_view ? std::move(live_view) : live_.View();
   if (f.live && !view) return NotFound("live: no live version");
   len = ReadableBytes(f, offset, len, view ? view->version.get() : nullptr);
   if (len == 0) return Status::Ok();

@@ -120,9 +120,11 @@ class Filesystem {
   Result<size_t> Read(const OpenFile& f, uint64_t offset, uint64_t len, char* dst) EXCLUDES(mu_);
   // The same as pieces of cached blocks appended to *out (ReadPath::ReadPieces),
   // with no copy: the FUSE read handler replies with them. The Read
-  // overloads copy these pieces, so every read takes this path.
+  // overloads copy these pieces, so every read takes this path. A live/
+  // file reads `live_view` (a Live::ReadGuard's), or else the view live now.
   Status ReadPieces(const OpenFile& f, uint64_t offset, uint64_t len,
-                    std::vector<ReadPath::Piece>* out) EXCLUDES(mu_);
+                    std::vector<ReadPath::Piece>* out,
+                    std::shared_ptr<const LiveView> live_view = nullptr) EXCLUDES(mu_);
 
   std::string StatusJson() EXCLUDES(mu_);
 

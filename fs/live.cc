@@ -14,6 +14,7 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <thread>
 
 #include "fs/log.h"
 #include "kernels/cuda.h"
@@ -141,6 +142,16 @@ void Live::InitIfUnset(const std::shared_ptr<const Version>& v) {
   view->chain = reader_->ChainOf(v);
   MutexLock lock(&view_mu_);
   if (!view_) view_ = std::move(view);
+}
+
+Live::ReadGuard::ReadGuard(Live* live) {
+  MutexLock lock(&live->view_mu_);  // no guard joins a view once it is switched out
+  view_ = live->view_;
+  if (view_) view_->readers.fetch_add(1, std::memory_order_relaxed);
+}
+
+Live::ReadGuard::~ReadGuard() {
+  if (view_) view_->readers.fetch_sub(1, std::memory_order_release);
 }
 
 std::shared_ptr<const LiveView> Live::View() {
@@ -706,7 +717,9 @@ Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target
   }
   // Reads that picked the old view before the switch have replied once this
   // returns; every page they filled is resident now and replaced below.
-  { std::unique_lock<std::shared_mutex> drain(readers_); }
+  while (from->readers.load(std::memory_order_acquire) > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
   if (pages) {
     if (dte::Status s = PushPages(*from, *to, *changes, pages, &counts.pages); !s.ok()) {
       return fail(s.WithContext("live apply of " + VersionName(counts.to_version) +

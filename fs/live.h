@@ -36,7 +36,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <shared_mutex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -55,6 +54,7 @@ namespace dte::fs {
 struct LiveView {
   std::shared_ptr<const Version> version;
   VersionChain chain;
+  mutable std::atomic<int64_t> readers{0};  // Live::ReadGuard objects on this view
 };
 
 // The kernel's page cache of live/ files, as an apply sees it. The FUSE
@@ -88,13 +88,21 @@ class Live {
 
   // Held by a read of a live/ file from before it picks the view until its
   // reply is written, so an apply knows when no read of the old version is
-  // left in flight.
+  // left in flight. The read uses view(). Each view counts its guards; an
+  // apply waits for the old view's count to reach zero after the switch
+  // (new reads take the new view, so the wait is bounded however busy the
+  // readers are).
   class ReadGuard {
    public:
-    explicit ReadGuard(Live* live) : lock_(live->readers_) {}
+    explicit ReadGuard(Live* live);
+    ~ReadGuard();
+    ReadGuard(const ReadGuard&) = delete;
+    ReadGuard& operator=(const ReadGuard&) = delete;
+    // Null before any version is live.
+    const std::shared_ptr<const LiveView>& view() const { return view_; }
 
    private:
-    std::shared_lock<std::shared_mutex> lock_;
+    std::shared_ptr<const LiveView> view_;
   };
 
   // Registers one buffer for `owner`, on behalf of a process of user `uid`.
@@ -164,7 +172,6 @@ class Live {
 
   Mutex view_mu_;
   std::shared_ptr<const LiveView> view_ GUARDED_BY(view_mu_);
-  std::shared_mutex readers_;  // see ReadGuard
 
   std::atomic<bool> applying_{false};
 

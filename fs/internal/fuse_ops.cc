@@ -160,7 +160,8 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
   thread_local std::vector<ReadPath::Piece> pieces;
   thread_local std::vector<iovec> iov;
   pieces.clear();
-  Status s = fs->ReadPieces(f, static_cast<uint64_t>(off), size, &pieces);
+  Status s =
+      fs->ReadPieces(f, static_cast<uint64_t>(off), size, &pieces, guard ? guard->view() : nullptr);
   if (!s.ok()) {
     pieces.clear();
     return (void)fuse_reply_err(req, ReadErrnoOf(s));

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <future>
 #include <map>
@@ -233,6 +234,22 @@ TEST_F(LiveTest, ASecondApplyWhileOneRunsIsBusy) {
   auto r = first.get();
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(fs_->LiveStatus().live_version, 2u);
+}
+
+TEST_F(LiveTest, AnApplyWaitsForReadsOfTheOldViewOnly) {
+  Mount(0);
+  auto old_read = std::make_unique<Live::ReadGuard>(&fs_->live());
+  ASSERT_EQ(old_read->view()->version->manifest.version, 0u);
+  auto apply = std::async(std::launch::async, [&] { return fs_->ApplyLive(2, nullptr); });
+  while (fs_->live().View()->version->manifest.version != 2) std::this_thread::yield();
+  // Reads that start now see the new view and do not hold the apply up.
+  Live::ReadGuard new_read(&fs_->live());
+  EXPECT_EQ(new_read.view()->version->manifest.version, 2u);
+  EXPECT_EQ(apply.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "the apply returned while a read of the old version was in flight";
+  old_read.reset();
+  auto r = apply.get();
+  ASSERT_TRUE(r.ok()) << r.status().message();
 }
 
 TEST_F(LiveTest, ReceiversNeedAValidRegistration) {

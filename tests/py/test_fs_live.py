@@ -226,7 +226,7 @@ def test_uncached_pages_come_from_the_new_version(mount, gen):
     assert sha256(m.path + "/live/model.safetensors") == sha256(gen(2) / "model.safetensors")
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", [1, 2, 4])  # 4 > KV_HEADS: K/V heads replicated
 def test_receivers_in_shared_memory_get_the_target_sharded(mount, gen, tp):
     sys.path.insert(0, PY_PATH)
     import dte
