@@ -3,6 +3,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -31,6 +32,30 @@ std::optional<uint64_t> ParseVersionName(std::string_view name) {
 
 Status ReadOnlyError(const std::string& what) {
   return Status(Code::kUnimplemented, what + ": the dtefs mount is read-only");
+}
+
+int ErrnoOf(const Status& s) {
+  switch (s.code()) {
+    case Code::kOk:
+      return 0;
+    case Code::kNotFound:
+      return ENOENT;
+    case Code::kInvalidArgument:
+      return EINVAL;
+    case Code::kAlreadyExists:
+      return EEXIST;
+    case Code::kBusy:
+      return EBUSY;
+    case Code::kPermissionDenied:
+      return EACCES;
+    case Code::kUnimplemented:
+      return EROFS;  // see ReadOnlyError()
+    case Code::kCorruption:
+    case Code::kIOError:
+    case Code::kInternal:
+      return EIO;
+  }
+  return EIO;
 }
 
 int64_t ParseRfc3339(const std::string& text) {
@@ -137,9 +162,10 @@ Result<NodeAttr> Filesystem::GetAttr(uint64_t ino) {
       a.size = target.size();
       return a;
     }
-    case kDteDirIno: {
+    case kDteDirIno:
+    case kLiveDirIno: {
       NodeAttr a = RootAttr();
-      a.ino = kDteDirIno;
+      a.ino = ino;
       return a;
     }
     case kStatusIno: {
@@ -147,11 +173,6 @@ Result<NodeAttr> Filesystem::GetAttr(uint64_t ino) {
       a.ino = kStatusIno;
       a.size = StatusJson().size();
       a.mtime = static_cast<int64_t>(std::time(nullptr));
-      return a;
-    }
-    case kLiveDirIno: {
-      NodeAttr a = RootAttr();
-      a.ino = kLiveDirIno;
       return a;
     }
     case kControlIno: {

@@ -208,6 +208,11 @@ class Filesystem {
 // this filesystem leaves unimplemented are the ones that would modify it.
 Status ReadOnlyError(const std::string& what);
 
+// The errno value a request that failed with `s` replies with (the one
+// place Status codes become errno values; ReadOnlyError's kUnimplemented is
+// EROFS).
+int ErrnoOf(const Status& s);
+
 // Seconds since the epoch of an RFC 3339 UTC time ("2026-11-22T01:02:03Z");
 // 0 if it does not parse.
 int64_t ParseRfc3339(const std::string& text);

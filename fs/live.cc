@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "fs/filesystem.h"
 #include "fs/log.h"
 #include "kernels/cuda.h"
 #include "kernels/parallel.h"
@@ -101,27 +102,16 @@ std::string LayoutText(const ShardLayout& l, int rank) {
 }  // namespace
 
 int LiveErrno(const dte::Status& s) {
+  // As any request, except that a refused caller is not permitted (not a
+  // file mode matter) and a missing capability is not a read-only mount.
   switch (s.code()) {
-    case Code::kOk:
-      return 0;
-    case Code::kNotFound:
-      return ENOENT;
-    case Code::kInvalidArgument:
-      return EINVAL;
-    case Code::kAlreadyExists:
-      return EEXIST;
-    case Code::kBusy:
-      return EBUSY;
     case Code::kPermissionDenied:
       return EPERM;
     case Code::kUnimplemented:
       return EOPNOTSUPP;
-    case Code::kCorruption:
-    case Code::kIOError:
-    case Code::kInternal:
-      return EIO;
+    default:
+      return ErrnoOf(s);
   }
-  return EIO;
 }
 
 Live::Buffer::~Buffer() {

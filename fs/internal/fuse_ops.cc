@@ -336,30 +336,6 @@ fuse_lowlevel_ops MakeOps() {
 
 }  // namespace
 
-int ErrnoOf(const Status& s) {
-  switch (s.code()) {
-    case Code::kOk:
-      return 0;
-    case Code::kNotFound:
-      return ENOENT;
-    case Code::kInvalidArgument:
-      return EINVAL;
-    case Code::kAlreadyExists:
-      return EEXIST;
-    case Code::kBusy:
-      return EBUSY;
-    case Code::kPermissionDenied:
-      return EACCES;
-    case Code::kUnimplemented:
-      return EROFS;  // see ReadOnlyError()
-    case Code::kCorruption:
-    case Code::kIOError:
-    case Code::kInternal:
-      return EIO;
-  }
-  return EIO;
-}
-
 int ReadErrnoOf(const Status& s) {
   const int e = ErrnoOf(s);
   return e == ENOENT ? EIO : e;

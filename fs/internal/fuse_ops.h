@@ -48,7 +48,6 @@ struct MountState {
   LiveWorker* live_worker = nullptr;
 };
 
-int ErrnoOf(const Status& s);
 // The errno of a failed read of an open file: as ErrnoOf, except that a
 // missing blob or parent version (NotFound) is an I/O error of that read,
 // not ENOENT (the file itself exists and stays open).
