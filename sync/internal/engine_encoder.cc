@@ -17,16 +17,25 @@ constexpr int kWidth = 2;  // BF16
 
 }  // namespace
 
-// One block's entries, built per thread.
+// One block's entries, built per thread: the first `count` of each array.
 struct BlockEntries {
   std::vector<uint32_t> idx;
   std::vector<uint16_t> new_bits, old_bits;
   std::vector<uint8_t> known;
-  void Clear() {
-    idx.clear();
-    new_bits.clear();
-    old_bits.clear();
-    known.clear();
+  size_t count = 0;
+  void Add(uint32_t i, uint16_t now, uint16_t was, bool is_known) {
+    if (count == idx.size()) Grow();
+    idx[count] = i;
+    new_bits[count] = now;
+    old_bits[count] = was;
+    known[count++] = is_known;
+  }
+  void Grow() {
+    const size_t size = std::max<size_t>(1024, 2 * idx.size());
+    idx.resize(size);
+    new_bits.resize(size);
+    old_bits.resize(size);
+    known.resize(size);
   }
 };
 
@@ -38,20 +47,19 @@ void AddCandidate(const float* theta, const float* m, const float* v, uint64_t i
                   uint64_t block_first, const kernels::AdamWScalars& s, BlockEntries* e,
                   EngineCounts* counts) {
   const ResolvedOld r = ResolveOldBf16(theta[i], m[i], v[i], s);
+  counts->resolved++;
   if (r.state == OldBits::kUnchanged) {
     counts->false_positives++;
     return;
   }
-  e->idx.push_back(static_cast<uint32_t>(i - block_first));
-  e->new_bits.push_back(kernels::Fp32ToBf16Bits(theta[i]));
-  e->old_bits.push_back(r.bits);
-  e->known.push_back(r.state == OldBits::kKnown);
+  e->Add(static_cast<uint32_t>(i - block_first), kernels::Fp32ToBf16Bits(theta[i]), r.bits,
+         r.state == OldBits::kKnown);
   counts->uncertain += r.state == OldBits::kUnknown;
 }
 
 BlockEntries& ThreadEntries() {
   thread_local BlockEntries e;
-  e.Clear();
+  e.count = 0;
   return e;
 }
 
@@ -83,17 +91,25 @@ void EngineEncoder::EncodeBlock(const float* theta, const float* m, const float*
 
 void EngineEncoder::ScreenBlock(const float* theta, const float* m, const float* v,
                                 uint64_t block_elems, size_t slot, EngineCounts* counts) {
-  thread_local std::vector<uint32_t> cand(kScreenStride);
+  thread_local std::vector<uint32_t> cand(kScreenStride + kScreenSlack);
+  thread_local std::vector<uint32_t> old(kScreenStride + kScreenSlack);
   BlockEntries& e = ThreadEntries();
   const uint64_t block_first = slot * (block_bytes_ / kWidth);  // chunk-relative
   const uint64_t block_end = block_first + block_elems;
   for (uint64_t s = block_first; s < block_end; s += kScreenStride) {
     const size_t len = std::min<uint64_t>(kScreenStride, block_end - s);
-    const size_t found =
-        ScreenAndCast(theta + s, m + s, v + s, len, screen_scalars_, cand.data(), cast_.data() + s);
-    counts->flagged += found;
-    for (size_t k = 0; k < found; ++k) {
-      AddCandidate(theta, m, v, s + cand[k], block_first, scalars_, &e, counts);
+    const ScreenCounts found = ScreenAndCast(theta + s, m + s, v + s, len, screen_scalars_,
+                                             cand.data(), old.data(), cast_.data() + s);
+    counts->flagged += found.flagged;
+    counts->false_positives += found.flagged - found.kept;
+    for (size_t k = 0; k < found.kept; ++k) {
+      const uint64_t i = s + cand[k];
+      if (old[k] == kScreenUndecided) {
+        AddCandidate(theta, m, v, i, block_first, scalars_, &e, counts);
+      } else {  // a change the screen proved, with its old bits
+        e.Add(static_cast<uint32_t>(i - block_first), cast_[i], static_cast<uint16_t>(old[k]),
+              true);
+      }
     }
   }
   FinishBlock(e, block_elems, slot, counts);
@@ -103,7 +119,7 @@ void EngineEncoder::FinishBlock(const BlockEntries& e, uint64_t block_elems, siz
                                 EngineCounts* counts) {
   thread_local CodecScratch scratch;
   const uint64_t block_first = slot * (block_bytes_ / kWidth);  // chunk-relative
-  const auto count = static_cast<uint32_t>(e.idx.size());
+  const auto count = static_cast<uint32_t>(e.count);
   counts->changed += count;
   EncodedBlock& out = encoded_[slot];
   out = EncodedBlock{};
@@ -131,11 +147,13 @@ Status EngineEncoder::EncodeTensor(const float* theta, const float* m, const flo
   const uint64_t block_elems = block_bytes_ / kWidth;
   const uint64_t n = t->elements();
   Hasher128 hasher;
+  uint64_t prev_len = 0;  // elements of the previous chunk, whose cast is in prev_cast_
   t->changed = 0;
   for (uint32_t first = 0; first < t->blocks; first += kEngineBlocksPerChunk) {
     const uint32_t nblocks = std::min(kEngineBlocksPerChunk, t->blocks - first);
     const uint64_t e0 = uint64_t{first} * block_elems;
     const uint64_t len = std::min<uint64_t>(uint64_t{nblocks} * block_elems, n - e0);
+    cast_.swap(prev_cast_);
     cast_.resize(len);
     kernels::AdamWDetectResult found;
     if (!screen_) {
@@ -148,8 +166,16 @@ Status EngineEncoder::EncodeTensor(const float* theta, const float* m, const flo
     }
     encoded_.assign(nblocks, EncodedBlock{});
     std::vector<EngineCounts> per_block(nblocks);
-    kernels::ParallelFor(nblocks, 1, [&](size_t lo, size_t hi) {
-      for (size_t b = lo; b < hi; ++b) {
+    // Task 0 feeds the previous chunk to the tensor hash (which must see the
+    // chunks in order) while the other threads start on this chunk's blocks.
+    const size_t hash_task = prev_len > 0 ? 1 : 0;
+    kernels::ParallelFor(nblocks + hash_task, 1, [&](size_t lo, size_t hi) {
+      for (size_t task = lo; task < hi; ++task) {
+        if (task < hash_task) {
+          hasher.Update(prev_cast_.data(), prev_len * kWidth);
+          continue;
+        }
+        const size_t b = task - hash_task;
         const uint64_t bb = b * block_elems, be = std::min(len, bb + block_elems);
         if (screen_) {
           // One pass while the block's state is in cache: screen, cast,
@@ -164,10 +190,11 @@ Status EngineEncoder::EncodeTensor(const float* theta, const float* m, const flo
         records[first + b].hash = HashBlock(cast_.data() + bb, (be - bb) * kWidth);
       }
     });
-    hasher.Update(cast_.data(), len * kWidth);
+    prev_len = len;
     RETURN_IF_ERROR(
         AppendChunk(per_block, records + first, spool, blob_index, &t->changed, counts));
   }
+  if (prev_len > 0) hasher.Update(cast_.data(), prev_len * kWidth);
   t->hash = hasher.Finish();
   return Status::Ok();
 }
@@ -181,6 +208,7 @@ Status EngineEncoder::AppendChunk(const std::vector<EngineCounts>& per_block, Bl
     counts->false_positives += c.false_positives;
     counts->uncertain += c.uncertain;
     counts->changed += c.changed;
+    counts->resolved += c.resolved;
     *tensor_changed += c.changed;
     RETURN_IF_ERROR(AppendEncodedBlock(encoded_[b], blob_index, spool, &records[b]));
   }

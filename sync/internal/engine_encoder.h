@@ -5,13 +5,16 @@
 // The tensor is processed in chunks of kEngineBlocksPerChunk blocks, the
 // blocks of a chunk in parallel: cast theta to BF16 (block and tensor hashes
 // come from these bytes, exactly as CommitDirectory hashes a saved
-// checkpoint), find the candidates, resolve each candidate's old bits
-// (sync/internal/engine_math.h), and encode each block as a kSparse payload
-// (differences where the old bits are known, whole values where not), or
-// dense when that is smaller. With the screen, cast, screen and resolution
-// are one pass over kScreenStride elements at a time, so the state is read
-// from memory once. Memory: about 2 bytes per element of one chunk with the
-// screen (12 with the fused detector), whatever the tensor or model size.
+// checkpoint), find the candidates, establish each candidate's old bits (the
+// screen's signed estimate, sync/internal/engine_screen.h, or the exact
+// resolution, sync/internal/engine_math.h), and encode each block as a
+// kSparse payload (differences where the old bits are known, whole values
+// where not), or dense when that is smaller. With the screen, cast, screen
+// and resolution are one pass over kScreenStride elements at a time, so the
+// state is read from memory once; the tensor hash of each chunk runs in
+// parallel with the next chunk's blocks. Memory: about 4 bytes per element
+// of one chunk with the screen (the casts of two chunks; 14 with the fused
+// detector), whatever the tensor or model size.
 //
 // Thread-safety: not thread-safe; one per publish. Uses the kernels thread
 // pool internally.
@@ -40,6 +43,7 @@ struct EngineCounts {
   uint64_t false_positives = 0;  // of those, proven unchanged and dropped
   uint64_t uncertain = 0;        // stored whole: old bits not provable
   uint64_t changed = 0;          // entries stored (proven changes + uncertain)
+  uint64_t resolved = 0;         // candidates that needed the exact resolution
 };
 
 class EngineEncoder {
@@ -88,9 +92,10 @@ class EngineEncoder {
   kernels::AdamWDetectOptions detect_;
   bool screen_;
   ScreenScalars screen_scalars_;
-  std::vector<uint16_t> cast_;      // BF16 of the chunk
-  std::vector<uint64_t> idx_;       // detector output: chunk-relative indices
-  std::vector<uint16_t> new_bits_;  // detector output: new BF16 bits
+  std::vector<uint16_t> cast_;       // BF16 of the chunk
+  std::vector<uint16_t> prev_cast_;  // BF16 of the previous chunk, for the tensor hash
+  std::vector<uint64_t> idx_;        // detector output: chunk-relative indices
+  std::vector<uint16_t> new_bits_;   // detector output: new BF16 bits
   std::vector<EncodedBlock> encoded_;
 };
 

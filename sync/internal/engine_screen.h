@@ -1,22 +1,37 @@
-// A rigorous, cheap screen that rules out most elements before any AdamW
-// inversion: elements that certainly kept their BF16 bits.
+// A rigorous, cheap screen that decides most elements before any AdamW
+// inversion: which certainly kept their BF16 bits, and for most of the rest
+// what their old bits were.
 //
-// For an element with theta = RN(RN(x * decay) + u) (u the update the step
-// added), the true previous weight x satisfies |x - theta| <= B with
+// Stage 1, the unsigned bound. For an element with
+// theta = RN(RN(x * decay) + u) (u the update the step added), the true
+// previous weight x satisfies |x - theta| <= B with
 //   B = (|u| + |theta| * (|1 - decay| + 2^-22 max(decay, 1))) / (decay (1 - 2^-24))
 // (one rounding of the sum, relative error <= 2^-24 |theta|; one of the
 // product, <= 2^-24 relative; docs/engine.md). If theta's distance to both
 // BF16 rounding ties of its BF16 value exceeds B, every such x rounds to the
-// same BF16 bits: the element did not change. The bound is evaluated in FP32
-// with a 2^-19 relative and 2^-140 absolute allowance for its own rounding.
-// It needs no preimage search and no bit-exact model of the update beyond u,
-// which is computed exactly as the step computed it (for the fused
-// multiply-add orders, |u| within 2^-23, inside the allowance).
+// same BF16 bits: the element did not change (CertainlyUnchanged). The bound
+// is evaluated in FP32 with a 2^-19 relative and 2^-140 absolute allowance
+// for its own rounding. The elements it does not rule out are the
+// candidates ("flagged").
+//
+// Stage 2, the signed estimate, for the candidates only (ScreenOldBits):
+// x = (theta - u + e) / decay with |e| a few ulps, so c = RN(RN(theta - u) *
+// RN(1 / decay)) is within E = 2^-23 (|u| + |theta|) / decay + 2^-21 |c|
+// (+ 2^-140, twice the bound docs/engine.md derives, for decay >= 0.5) of
+// x. If c lies farther than E from both ties of its own BF16 cell, that
+// cell is x's: the old bits are Fp32ToBf16Bits(c), unchanged or a change,
+// proven without any preimage search. Only the candidates with a tie within
+// E of c (under 1% of them in practice) are left undecided for the exact
+// resolution (sync/internal/engine_math.h).
+//
+// Neither stage needs a bit-exact model of the update beyond u, which is
+// computed exactly as the step computed it (for the fused multiply-add
+// orders, |u| within 2^-24, inside the allowances).
 //
 // The AVX2 and AVX-512 forms first test a cheaper over-estimate of B (no
-// square root or division; engine_screen.cc, "fast path") and evaluate B
-// itself only for what that does not rule out, so they rule out exactly the
-// elements CertainlyUnchanged rules out.
+// square root or division: the fast paths, engine_screen_avx.cc) and
+// evaluate B and the signed estimate only for what that does not rule out,
+// so every width gives exactly the results of the scalar functions below.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -35,14 +50,22 @@ struct ScreenScalars {
   float k1 = 0;          // |1 - decay| + 2^-22 max(decay, 1), rounded up
   float inv = 0;         // (1 + 2^-19) / (decay (1 - 2^-24)), rounded up
   bool enabled = false;  // decay in (0, 2]; otherwise every element is a candidate
-  // The vector widths' cheaper over-estimate of the bound (engine_screen.cc,
-  // above ScreenAvx2), used when `fast`; an element it does not rule out
-  // gets the exact CertainlyUnchanged. s is 1/bc2_sqrt, or inv_bc2_sqrt for
-  // kTorchCudaSingleTensor.
+  // The vector widths' cheaper over-estimates of the bound (the fast paths,
+  // engine_screen_avx.cc), used when `fast`; an element they do not rule
+  // out gets the exact CertainlyUnchanged. s is 1/bc2_sqrt, or inv_bc2_sqrt
+  // for kTorchCudaSingleTensor.
   float fast_k = 0;    // (1 + 2^-9) |neg_step_size| / s, rounded up
   float fast_k1 = 0;   // k1 (1 + 2^-16), rounded up
   float fast_inv = 0;  // inv (1 + 2^-16), rounded up
+  // AVX2's, in units of 2^-16 FP32 ulps of theta:
+  float ulp_k = 0;  // 2^16 (1 + 2^-9) |neg_step_size| inv / s, rounded up
+  float ulp_c = 0;  // 2^16 (2^24 k1 inv (1 + 2^-10) + 2), rounded up
   bool fast = false;
+  // The signed estimate (ScreenOldBits), used when `signed_ok` (decay in
+  // [0.5, 2]); otherwise every candidate is left undecided.
+  float rdecay = 0;  // RN(1 / decay)
+  float est_k = 0;   // 2^-23 inv: the estimate's error per |u| + |theta|
+  bool signed_ok = false;
 };
 
 ScreenScalars MakeScreenScalars(const kernels::AdamWScalars& s);
@@ -77,27 +100,71 @@ DTE_HD bool CertainlyUnchanged(float theta, float m, float v, const ScreenScalar
   return below > bound && above > bound;  // false for a NaN bound
 }
 
-// Writes, in increasing order, the indices i in [0, n) that are not
-// CertainlyUnchanged to idx_out (room for n) and returns their number.
+// ScreenOldBits' verdict when the signed estimate does not decide.
+inline constexpr uint32_t kScreenUndecided = 0x10000;
+
+// For a candidate (an element CertainlyUnchanged does not rule out): its old
+// BF16 bits as proven by the signed estimate (equal to Fp32ToBf16Bits(theta)
+// when it did not change), or kScreenUndecided. Undecided whenever theta or
+// the estimate is NaN, infinite, below 2^-100 or near the top of the range.
+DTE_HD uint32_t ScreenOldBits(float theta, float m, float v, const ScreenScalars& c) {
+  using kernels::BitsToFloat;
+  using kernels::FloatBits;
+  namespace rn = kernels::rn;
+  if (!c.signed_ok) return kScreenUndecided;
+  const uint32_t a_bits = FloatBits(theta) & 0x7FFFFFFFu;
+  const float u = ScreenUpdate(m, v, c.s);
+  const float est = rn::Mul(rn::Add(theta, -u), c.rdecay);
+  const uint32_t e_bits = FloatBits(est) & 0x7FFFFFFFu;
+  if (a_bits < 0x0D800000u || a_bits >= 0x7F000000u) return kScreenUndecided;
+  if (e_bits < 0x0D800000u || e_bits >= 0x7F000000u) return kScreenUndecided;
+  const float a = BitsToFloat(a_bits), ae = BitsToFloat(e_bits);
+  const float au = BitsToFloat(FloatBits(u) & 0x7FFFFFFFu);
+  const float err =
+      rn::Add(rn::Add(rn::Mul(rn::Add(au, a), c.est_k), rn::Mul(ae, 0x1p-21f)), 0x1p-140f);
+  const uint32_t base = ((e_bits + 0x7FFFu + ((e_bits >> 16) & 1u)) >> 16) << 16;
+  // Exact, as in CertainlyUnchanged.
+  const float below = rn::Add(ae, -BitsToFloat(base - 0x8000u));
+  const float above = rn::Add(BitsToFloat(base + 0x8000u), -ae);
+  if (!(below > err && above > err)) return kScreenUndecided;  // also for a NaN err
+  return ((FloatBits(est) >> 16) & 0x8000u) | (base >> 16);
+}
+
+// What the screen found in a range: `flagged` candidates (elements
+// CertainlyUnchanged does not rule out), of which `kept` were not proven
+// unchanged by ScreenOldBits; flagged - kept are the screen's proven false
+// positives.
+struct ScreenCounts {
+  size_t flagged = 0;
+  size_t kept = 0;
+};
+
+// Room the outputs below need beyond n, for whole-vector stores.
+inline constexpr size_t kScreenSlack = 16;
+
+// Screens elements [0, n): writes, in increasing order, the index of each
+// kept candidate to idx_out and its ScreenOldBits (old bits, or
+// kScreenUndecided) to old_out (both with room for n + kScreenSlack).
 // Multi-threaded; vectorized (below), bit-identical to the scalar form.
-size_t ScreenCandidates(const float* theta, const float* m, const float* v, size_t n,
-                        const ScreenScalars& c, uint64_t* idx_out);
+ScreenCounts ScreenCandidates(const float* theta, const float* m, const float* v, size_t n,
+                              const ScreenScalars& c, uint64_t* idx_out, uint32_t* old_out);
 
 // The encoder's fused pass over a range small enough to stay in cache, on
-// the calling thread: writes the candidates of [0, n) (n < 2^32) as for
-// ScreenCandidates to idx_out (room for n) and returns their number, and
-// writes kernels::Fp32ToBf16Bits(theta[i]) to bf16_out[i] for every i.
+// the calling thread: as ScreenCandidates for [0, n) (n < 2^31) with
+// chunk-relative 32-bit indices, and writes kernels::Fp32ToBf16Bits(theta[i])
+// to bf16_out[i] for every i.
 //
 // On x86-64 both functions pick, once per process, the widest of AVX-512,
 // AVX2 and SSE2 the CPU supports. Every width performs the same IEEE
 // operations (square root, division, multiplication, addition: exactly
 // rounded, never contracted) on each element, so results never depend on
 // the CPU.
-size_t ScreenAndCast(const float* theta, const float* m, const float* v, size_t n,
-                     const ScreenScalars& c, uint32_t* idx_out, uint16_t* bf16_out);
+ScreenCounts ScreenAndCast(const float* theta, const float* m, const float* v, size_t n,
+                           const ScreenScalars& c, uint32_t* idx_out, uint32_t* old_out,
+                           uint16_t* bf16_out);
 
 // The vector widths, for tests that check every width the CPU supports
-// against CertainlyUnchanged.
+// against the scalar functions.
 enum class ScreenIsa : uint8_t { kScalar = 0, kSse2 = 1, kAvx2 = 2, kAvx512 = 3 };
 
 // The widest width this CPU (and build) supports; the one used above.
@@ -105,7 +172,8 @@ ScreenIsa BestScreenIsa();
 
 // ScreenAndCast with the given width, which must not exceed BestScreenIsa();
 // bf16_out may be null (no cast).
-size_t ScreenAndCastWith(ScreenIsa isa, const float* theta, const float* m, const float* v,
-                         size_t n, const ScreenScalars& c, uint32_t* idx_out, uint16_t* bf16_out);
+ScreenCounts ScreenAndCastWith(ScreenIsa isa, const float* theta, const float* m, const float* v,
+                               size_t n, const ScreenScalars& c, uint32_t* idx_out,
+                               uint32_t* old_out, uint16_t* bf16_out);
 
 }  // namespace dte::internal

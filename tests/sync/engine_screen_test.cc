@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/adamw.h"
@@ -15,12 +16,13 @@
 namespace dte {
 namespace {
 
-// Every width this CPU supports finds exactly the elements CertainlyUnchanged
-// does not rule out, in order, and casts exactly as Fp32ToBf16Bits, on
-// special values (NaN, infinities, zeros, subnormals, huge and tiny weights),
-// on mostly unchanged weights (where whole vectors take the fast path, and
-// some lanes lie near its bound) and every length up to a few vectors (the
-// scalar tails).
+// Every width this CPU supports flags exactly the elements CertainlyUnchanged
+// does not rule out, keeps (in order) exactly those whose ScreenOldBits differ
+// from their new bits, with those old bits, and casts exactly as
+// Fp32ToBf16Bits, on special values (NaN, infinities, zeros, subnormals, huge
+// and tiny weights), on mostly unchanged weights (where whole vectors take
+// the fast path, and some lanes lie near its bound) and every length up to a
+// few vectors (the scalar tails).
 TEST(EngineScreen, EveryWidthMatchesTheScalarForm) {
   std::mt19937_64 rng(5);
   std::normal_distribution<float> g(0.0f, 1.0f);
@@ -36,37 +38,52 @@ TEST(EngineScreen, EveryWidthMatchesTheScalarForm) {
     v[i] = m[i] * m[i] * (0.1f + std::abs(g(rng))) + (i % 1013 == 0 ? 0.0f : 1e-12f);
   }
   const auto best = static_cast<int>(internal::BestScreenIsa());
-  for (int order = 0; order < 6; ++order) {
+  for (int order = 0; order < 9; ++order) {
     kernels::AdamWParams p;
-    p.lr = order < 3 ? 1e-5 : 1e-3;
-    p.weight_decay = order == 1 ? 0.0 : 0.1;
+    p.lr = order < 3 ? 1e-5 : order < 6 ? 1e-3 : 3e-6;
+    p.weight_decay = order == 1 ? 0.0 : order >= 6 ? 0.01 : 0.1;
     p.order = static_cast<kernels::AdamWOrder>(order % 3);
     p.step = 7;
     const auto sc = internal::MakeScreenScalars(kernels::MakeAdamWScalars(p));
-    std::vector<uint32_t> expect;
+    std::vector<uint32_t> want_idx, want_old;
+    std::vector<size_t> flagged_before(kN + 1);  // flagged among [0, i)
+    size_t decided = 0, flagged = 0;
     for (size_t i = 0; i < kN; ++i) {
-      if (!internal::CertainlyUnchanged(theta[i], m[i], v[i], sc)) {
-        expect.push_back(static_cast<uint32_t>(i));
-      }
+      flagged_before[i] = flagged;
+      if (internal::CertainlyUnchanged(theta[i], m[i], v[i], sc)) continue;
+      ++flagged;
+      const uint32_t old = internal::ScreenOldBits(theta[i], m[i], v[i], sc);
+      decided += old != internal::kScreenUndecided;
+      if (old == kernels::Fp32ToBf16Bits(theta[i])) continue;
+      want_idx.push_back(static_cast<uint32_t>(i));
+      want_old.push_back(old);
     }
-    ASSERT_GT(expect.size(), 0u);
-    ASSERT_LT(expect.size(), kN);
+    flagged_before[kN] = flagged;
+    ASSERT_GT(flagged, 0u);
+    ASSERT_LT(flagged, kN);
+    ASSERT_LT(want_idx.size(), flagged);  // some candidates proven unchanged
+    ASSERT_GT(decided, flagged / 2);
     for (int isa = 0; isa <= best; ++isa) {
       for (size_t n : {size_t{0}, size_t{1}, size_t{5}, size_t{23}, size_t{47}, size_t{4099}, kN}) {
-        std::vector<uint32_t> idx(kN);
+        std::vector<uint32_t> idx(kN + internal::kScreenSlack), old(kN + internal::kScreenSlack);
         std::vector<uint16_t> cast(kN, 0x1234);
-        const size_t count =
-            internal::ScreenAndCastWith(static_cast<internal::ScreenIsa>(isa), theta.data(),
-                                        m.data(), v.data(), n, sc, idx.data(), cast.data());
-        idx.resize(count);
-        std::vector<uint32_t> want(expect.begin(),
-                                   std::lower_bound(expect.begin(), expect.end(), n));
-        ASSERT_EQ(idx, want) << "isa " << isa << " order " << order << " n " << n;
+        const internal::ScreenCounts count = internal::ScreenAndCastWith(
+            static_cast<internal::ScreenIsa>(isa), theta.data(), m.data(), v.data(), n, sc,
+            idx.data(), old.data(), cast.data());
+        const std::string where = "isa " + std::to_string(isa) + " order " + std::to_string(order) +
+                                  " n " + std::to_string(n);
+        ASSERT_EQ(count.flagged, flagged_before[n]) << where;
+        idx.resize(count.kept);
+        old.resize(count.kept);
+        const size_t kept =
+            std::lower_bound(want_idx.begin(), want_idx.end(), n) - want_idx.begin();
+        ASSERT_EQ(idx, std::vector<uint32_t>(want_idx.begin(), want_idx.begin() + kept)) << where;
+        ASSERT_EQ(old, std::vector<uint32_t>(want_old.begin(), want_old.begin() + kept)) << where;
         for (size_t i = 0; i < n; ++i) {
-          ASSERT_EQ(cast[i], kernels::Fp32ToBf16Bits(theta[i])) << "isa " << isa << " i " << i;
+          ASSERT_EQ(cast[i], kernels::Fp32ToBf16Bits(theta[i])) << where << " i " << i;
         }
         if (n < kN) {
-          ASSERT_EQ(cast[n], 0x1234) << "isa " << isa << " wrote past n";
+          ASSERT_EQ(cast[n], 0x1234) << where << ": wrote past n";
         }
       }
     }

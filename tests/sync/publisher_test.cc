@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <string>
 
 #include "kernels/adamw.h"
 #include "kernels/bf16.h"
@@ -379,16 +381,18 @@ TEST_F(PublisherTest, UpdatesThatDwarfTheWeightAreStoredWhole) {
   EXPECT_EQ(got, Bf16Of(s.name, s.shape, s.theta).data);
 }
 
-// Every element the screen rules out kept its BF16 bits, across orders,
-// learning rates, weight decays and weights from 0 to 1e3 (checked against
-// the true previous weights of a forward step).
+// Every element the screen rules out kept its BF16 bits, and every old value
+// its signed estimate proves is the true one, across orders, learning rates,
+// weight decays and weights from 0 to 1e3 (checked against the true previous
+// weights of a forward step).
 TEST(EngineScreen, NeverRulesOutAChange) {
   std::mt19937_64 rng(11);
   std::normal_distribution<float> g(0.0f, 1.0f);
   constexpr size_t kN = 1 << 18;
   std::vector<float> prev(kN), m(kN), v(kN), theta(kN);
-  std::vector<uint64_t> idx(kN);
-  size_t screened_out = 0, slow_screened_out = 0;
+  std::vector<uint64_t> idx(kN + internal::kScreenSlack);
+  std::vector<uint32_t> old(kN + internal::kScreenSlack);
+  size_t screened_out = 0, slow_screened_out = 0, flagged = 0, decided = 0, changes_proven = 0;
   for (int order = 0; order < 3; ++order) {
     for (double lr : {1e-7, 1e-5, 1e-3, 1e-1}) {
       for (double wd : {0.0, 0.1, 3.0}) {
@@ -402,26 +406,48 @@ TEST(EngineScreen, NeverRulesOutAChange) {
         p.order = static_cast<kernels::AdamWOrder>(order);
         kernels::AdamWForward(prev.data(), m.data(), v.data(), kN, p, theta.data());
         const auto sc = internal::MakeScreenScalars(kernels::MakeAdamWScalars(p));
-        const size_t count =
-            internal::ScreenCandidates(theta.data(), m.data(), v.data(), kN, sc, idx.data());
-        std::vector<bool> candidate(kN);
-        for (size_t k = 0; k < count; ++k) candidate[idx[k]] = true;
+        const internal::ScreenCounts count = internal::ScreenCandidates(
+            theta.data(), m.data(), v.data(), kN, sc, idx.data(), old.data());
+        std::vector<uint32_t> verdict(kN, 0x20000);  // not kept
+        for (size_t k = 0; k < count.kept; ++k) verdict[idx[k]] = old[k];
+        size_t want_flagged = 0;
         for (size_t i = 0; i < kN; ++i) {
-          ASSERT_EQ(candidate[i], !internal::CertainlyUnchanged(theta[i], m[i], v[i], sc)) << i;
-          if (candidate[i]) continue;
-          ++screened_out;
-          slow_screened_out += lr == 1e-7;
-          ASSERT_EQ(kernels::Fp32ToBf16Bits(prev[i]), kernels::Fp32ToBf16Bits(theta[i]))
-              << "order " << order << " lr " << lr << " wd " << wd << " element " << i;
+          const uint16_t was = kernels::Fp32ToBf16Bits(prev[i]);
+          const uint16_t now = kernels::Fp32ToBf16Bits(theta[i]);
+          const std::string where = "order " + std::to_string(order) + " lr " + std::to_string(lr) +
+                                    " wd " + std::to_string(wd) + " element " + std::to_string(i);
+          const bool candidate = !internal::CertainlyUnchanged(theta[i], m[i], v[i], sc);
+          want_flagged += candidate;
+          if (!candidate) {
+            ++screened_out;
+            slow_screened_out += lr == 1e-7;
+            ASSERT_EQ(verdict[i], 0x20000u) << where;
+            ASSERT_EQ(was, now) << where;
+            continue;
+          }
+          const uint32_t proven = internal::ScreenOldBits(theta[i], m[i], v[i], sc);
+          decided += proven != internal::kScreenUndecided;
+          if (proven == internal::kScreenUndecided) {
+            ASSERT_EQ(verdict[i], internal::kScreenUndecided) << where;
+            continue;
+          }
+          ASSERT_EQ(proven, was) << where;  // the signed estimate never errs
+          ASSERT_EQ(verdict[i], proven == now ? 0x20000u : proven) << where;
+          changes_proven += proven != now;
         }
+        ASSERT_EQ(count.flagged, want_flagged);
+        flagged += want_flagged;
       }
     }
   }
   // The screen does its job: at the smallest learning rate it rules out most
   // elements (72% here, where an eighth of the weights are 1e-5 or smaller
-  // and change anyway).
+  // and change anyway), and the signed estimate decides most candidates.
   EXPECT_GT(slow_screened_out, kN * 3 * 3 * 6 / 10);
   EXPECT_GT(screened_out, kN * 3 * 12 / 4);
+  EXPECT_GT(decided, flagged * 8 / 10);
+  EXPECT_GT(changes_proven, flagged / 4);
+  std::printf("flagged %zu, decided %zu, changes proven %zu\n", flagged, decided, changes_proven);
 }
 
 TEST(EngineCodec, SetElementsRoundTripWithDifferences) {
