@@ -54,6 +54,17 @@ class FakePageCache : public PageCache {
   std::shared_future<void> gate;
 };
 
+// Polls `done` for up to 30 s; false if it never held.
+template <typename F>
+bool WaitFor(F done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
 class LiveTest : public ::testing::Test {
  protected:
   static constexpr uint64_t kSteps = 5;
@@ -225,12 +236,22 @@ TEST_F(LiveTest, ASecondApplyWhileOneRunsIsBusy) {
   std::promise<void> gate;
   FakePageCache held;
   held.gate = gate.get_future().share();
-  auto first = std::async(std::launch::async, [&] { return fs_->ApplyLive(2, &held); });
-  // Wait until the first apply holds the flag (it blocks in Resident).
-  while (fs_->LiveStatus().applying == 0) std::this_thread::yield();
-  auto second = fs_->ApplyLive(3, nullptr);
-  EXPECT_EQ(second.status().code(), Code::kBusy);
-  gate.set_value();
+  // Opened even when an assertion below returns early, so the first apply
+  // (whose future's destructor waits for it) always finishes.
+  struct Open {
+    std::promise<void>* gate;
+    ~Open() { gate->set_value(); }
+  };
+  std::future<Result<dte_live_counts>> first;
+  {
+    Open open{&gate};
+    first = std::async(std::launch::async, [&] { return fs_->ApplyLive(2, &held); });
+    // Wait until the first apply holds the flag (it blocks in Resident).
+    ASSERT_TRUE(WaitFor([&] { return fs_->LiveStatus().applying != 0; }))
+        << "the first apply never started";
+    auto second = fs_->ApplyLive(3, nullptr);
+    EXPECT_EQ(second.status().code(), Code::kBusy);
+  }
   auto r = first.get();
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(fs_->LiveStatus().live_version, 2u);
@@ -241,7 +262,8 @@ TEST_F(LiveTest, AnApplyWaitsForReadsOfTheOldViewOnly) {
   auto old_read = std::make_unique<Live::ReadGuard>(&fs_->live());
   ASSERT_EQ(old_read->view()->version->manifest.version, 0u);
   auto apply = std::async(std::launch::async, [&] { return fs_->ApplyLive(2, nullptr); });
-  while (fs_->live().View()->version->manifest.version != 2) std::this_thread::yield();
+  ASSERT_TRUE(WaitFor([&] { return fs_->live().View()->version->manifest.version == 2; }))
+      << "the apply never switched the view";
   // Reads that start now see the new view and do not hold the apply up.
   Live::ReadGuard new_read(&fs_->live());
   EXPECT_EQ(new_read.view()->version->manifest.version, 2u);
