@@ -1,6 +1,7 @@
 // Per-element resolution of the AdamW-inverting publisher: for an element the
-// fused detector (kernels::AdamWInvertDetect) reported, decide exactly what
-// its BF16 value was before the step, without any copy of the old weights.
+// fused detector (kernels::AdamWInvertDetect) reported, or the screen
+// (sync/internal/engine_screen.h) left undecided, decide exactly what its
+// BF16 value was before the step, without any copy of the old weights.
 //
 // The forward update x -> AdamWForwardElement(x, m, v) is monotone
 // non-decreasing in x (a product with a positive decay, then a rounded sum or
