@@ -1,0 +1,722 @@
+#!/usr/bin/python3
+"""Live apply on a dtefs mount (`dtectl apply`) against reloading the model.
+
+Generates a dte-gen Llama (32 heads, 8 KV heads, so tp 1, 2 and 8 divide it)
+and commits steps 0..BASE+max(--distances) (an anchor and sparse deltas of
+about 1.5% of BF16 elements each), mounts the store with dtefs (defaults:
+snapshots every 8 versions, built once and kept in the cache dir), and
+measures, in one run:
+
+  one step   `dtectl apply --version BASE+1` over live BASE, wall time of the
+             command, on a fresh mount after `drop_caches`, with live/ not in
+             the page cache ("cold") and with live/ fully cached by an mmapped
+             reader process ("cached"), each with the default block cache
+             (256MiB) and with --big-cache; against the reload alternative:
+             every file of MNT/vBASE+1 read with 1 MiB reads after
+             `drop_caches` on a fresh mount (cold), and the third such read
+             (warm, from the page cache). CPU: the daemon's CPU seconds during
+             the apply (reload: the daemon's and the reader's).
+  receivers  the same step forward and back with 0, 1, 2 and 8 receiver
+             processes registered (tp 1, 2, 8: one rank each, buffers in
+             /dev/shm laid out like vLLM's fused TP shards), on one mount;
+             the first apply after registering is reported apart.
+  distance   applies BASE -> BASE+d and back for each d, one tp=1 receiver.
+  memory     the daemon's VmRSS before each apply and its VmHWM during it
+             (reset through /proc/PID/clear_refs), against the model size.
+
+Before each timed run the script waits (a while) for a quiet machine and
+repeats a run during which other processes used more than --max-other cores.
+Caches are dropped before every timed apply. Every first-repetition apply is
+checked: live/ (or the reader's mapping) against MNT/vT, each receiver's
+buffers against the target sharded in Python.
+
+Usage: /usr/bin/python3 tools/bench/live_bench.py [--build-dir build] [--size 2GiB]
+       [--quick] [--reps 3] [--big-cache 3GiB] [--distances 1,2,4,8]
+       [--receivers 0,1,2,8] [--work DIR] [--keep] [--json OUT]
+"""
+import argparse
+import hashlib
+import json
+import mmap
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fs_bench_util as fu  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PY_PATH = os.path.join(ROOT, "sync", "python")
+GEOMETRY = ["--heads", "32", "--kv-heads", "8"]
+# --quick: a smoke test; no waiting for a quiet machine, no repeated runs.
+QUICK = {"size": "64MiB", "model": ["--hidden", "512"], "reps": 2}
+MIB = 2**20
+
+
+def run(cmd, **kw):
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        raise RuntimeError(f"failed ({p.returncode}): {shlex.join(map(str, cmd))}\n{p.stderr}")
+    return p
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_size(text):
+    m = re.fullmatch(r"(\d+)\s*([KMG]i?B)?", text)
+    if not m:
+        sys.exit(f"bad size {text!r}")
+    units = {None: 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20,
+             "GiB": 2**30}
+    return int(m.group(1)) * units[m.group(2)]
+
+
+# --- model: tensors, vLLM TP shards ---------------------------------------------------
+
+
+def with_version(d, fn):
+    """fn({name: uint16 array (BF16 bits) viewing the mapped file}) for every
+    tensor of the safetensors files in directory d; the files are closed after."""
+    state, maps = {}, []
+    try:
+        for name in sorted(os.listdir(d)):
+            if not name.endswith(".safetensors"):
+                continue
+            with open(os.path.join(d, name), "rb") as f:
+                m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+            maps.append(m)
+            n = int.from_bytes(m[:8], "little")
+            for key, t in json.loads(m[8:8 + n]).items():
+                if key != "__metadata__":
+                    assert t["dtype"] == "BF16", key
+                    b, e = t["data_offsets"]
+                    state[key] = np.frombuffer(m, np.uint16, (e - b) // 2,
+                                               8 + n + b).reshape(t["shape"])
+        return fn(state)
+    finally:
+        state.clear()
+        for m in maps:
+            try:
+                m.close()
+            except BufferError:  # views left in a traceback: unmapped with them
+                pass
+
+
+def geometry(d):
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    return {"heads": c["num_attention_heads"], "kv": c["num_key_value_heads"],
+            "head_dim": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+            "inter": c["intermediate_size"]}
+
+
+def shard(state, g, tp, rank):
+    """Yields (name, array) of rank `rank` in vLLM's fused TP layout (fused
+    qkv_proj and gate_up_proj), as tests/py/test_fs_live.py computes it."""
+    hd = g["head_dim"]
+    for name, a in state.items():
+        if any(s in name for s in (".self_attn.k_proj.", ".self_attn.v_proj.", ".mlp.up_proj.")):
+            continue
+        if ".self_attn.q_proj." in name:
+            p = name.split("q_proj")[0]
+            q, kv = g["heads"] // tp * hd, g["kv"] // tp * hd
+            k, v = state[p + "k_proj.weight"], state[p + "v_proj.weight"]
+            yield p + "qkv_proj.weight", np.concatenate(
+                [a[rank * q:(rank + 1) * q], k[rank * kv:(rank + 1) * kv],
+                 v[rank * kv:(rank + 1) * kv]])
+        elif ".mlp.gate_proj." in name:
+            p, rows = name.split("gate_proj")[0], g["inter"] // tp
+            up = state[p + "up_proj.weight"]
+            yield p + "gate_up_proj.weight", np.concatenate(
+                [a[rank * rows:(rank + 1) * rows], up[rank * rows:(rank + 1) * rows]])
+        elif ".self_attn.o_proj." in name or ".mlp.down_proj." in name:
+            cols = a.shape[1] // tp
+            yield name, a[:, rank * cols:(rank + 1) * cols]
+        elif "embed_tokens" in name or "lm_head" in name:
+            rows = a.shape[0] // tp  # the vocabulary divides by tp here (checked)
+            yield name, a[rank * rows:(rank + 1) * rows]
+        else:
+            yield name, a
+
+
+# --- child processes: a receiver, an mmapped reader of live/ --------------------------
+
+
+def receiver_child(mount, base, tp, rank, shm):
+    """Creates /dev/shm/SHM with rank `rank` of vBASE, registers it, prints its
+    layout and waits for stdin to close."""
+    sys.path.insert(0, PY_PATH)
+    import dte
+
+    d = os.path.join(mount, f"v{base:08d}")
+
+    def fill(state):
+        parts = dict(shard(state, geometry(d), tp, rank))
+        w = dte.SharedWeights(shm, {k: ("BF16", a.shape) for k, a in parts.items()})
+        for k, a in parts.items():
+            w.array(k)[...] = a
+        return w
+
+    w = with_version(d, fill)  # no file of the mount stays open
+    try:
+        with dte.Receiver(mount, tp=tp, rank=rank) as r:
+            r.register_shared(w)
+            layout = {k: [off, list(shape)] for k, (_, shape, off, _) in w.tensors.items()}
+            print(json.dumps({"shm": w.name, "layout": layout}), flush=True)
+            sys.stdin.read()
+    finally:
+        w.close()
+        w.unlink()
+
+
+def reader_child(paths):
+    """Maps every file, faults every page in, prints "ready"; then prints the
+    sha256 of each mapping for every line read."""
+    maps = []
+    for p in paths:
+        with open(p, "rb") as f:
+            maps.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+    for m in maps:
+        sum(m[i] for i in range(0, len(m), mmap.PAGESIZE))
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        print(json.dumps([hashlib.sha256(m).hexdigest() for m in maps]), flush=True)
+
+
+class Child:
+    """This script run as a child (--child KIND ARGS); the first line it prints is kept."""
+
+    def __init__(self, kind, *args, env=None):
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", kind,
+                                      *map(str, args)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+        self.first = self.proc.stdout.readline()
+        if not self.first:
+            self.proc.wait(timeout=60)
+            raise RuntimeError(f"{kind} child exited {self.proc.returncode}")
+
+    def ask(self, line):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=60)
+
+
+# --- setup ------------------------------------------------------------------------------
+
+
+class Tools:
+    """The binaries and libdte under test, copied so a rebuild cannot swap them mid-run."""
+
+    def __init__(self, build_dir, bin_dir):
+        os.makedirs(bin_dir, exist_ok=True)
+        paths = {n: os.path.join(build_dir, "tools", n) for n in ("dtectl", "dtefs", "dte-gen")}
+        paths["libdte.so"] = os.path.join(build_dir, "sync", "libdte.so")
+        for name, p in paths.items():
+            if not os.path.exists(p):
+                sys.exit(f"{p} is not built (ninja -C {build_dir} dtectl dtefs dte-gen dte)")
+            setattr(self, name.replace("-", "").replace(".", "_"), shutil.copy2(p, bin_dir))
+
+
+def check_model(tools, model_args, max_tp):
+    """dte-gen's --dry-run line for the model; exits unless max_tp divides it."""
+    out = run([tools.dtegen, "--out", "/nonexistent", *model_args, "--dry-run"]).stdout
+    m = re.search(r"hidden (\d+), (\d+) layers, intermediate (\d+), (\d+) heads x (\d+) "
+                  r"\(kv (\d+)\), vocab (\d+)", out)
+    if not m:
+        sys.exit(f"cannot parse dte-gen --dry-run: {out}")
+    hidden, _, inter, heads, _, kv, vocab = map(int, m.groups())
+    if any(x % max_tp for x in (hidden, inter, heads, kv, vocab)):
+        sys.exit(f"tp {max_tp} does not divide this model ({out.splitlines()[0]}); "
+                 "give another --size")
+    return out.splitlines()[0]
+
+
+def build_store(tools, a, store, cache, steps):
+    """Commits steps 0..steps, generated a few at a time; returns the percent of
+    BF16 elements each step changed. Reuses a store built with the same options."""
+    stamp_path = os.path.join(a.work, "model.json")
+    stamp = {"model": a.model_args, "steps": steps}
+    if os.path.exists(stamp_path) and os.path.isdir(store):
+        with open(stamp_path) as f:
+            old = json.load(f)
+        if {k: old.get(k) for k in stamp} == stamp:
+            log("reusing the store of an earlier run with the same model options")
+            return {int(k): v for k, v in old["changed"].items()}
+    remove(store, cache, stamp_path)
+    gen, changed = os.path.join(a.work, "gen"), {}
+    batch = max(1, min(4, (8 << 30) // parse_size(a.size)))
+    for start in range(0, steps + 1, batch):
+        stop = min(steps, start + batch - 1)
+        shutil.rmtree(gen, ignore_errors=True)
+        log(f"dte-gen steps {start}..{stop}")
+        out = run([tools.dtegen, "--out", gen, *a.model_args, "--start", start, "--steps",
+                   stop, "-q"]).stdout
+        changed.update(re.findall(r"^step (\d+) changed_bf16 ([\d.]+)%", out, re.M))
+        for s in range(start, stop + 1):
+            run([tools.dtectl, "import" if s == 0 else "commit", "--store", store, "--cache-dir",
+                 cache, "-q", os.path.join(gen, f"step-{s:06d}")])
+    shutil.rmtree(gen, ignore_errors=True)
+    changed = {int(k): float(v) for k, v in changed.items()}
+    with open(stamp_path, "w") as f:
+        json.dump(stamp | {"changed": changed}, f)
+    return changed
+
+
+# --- the mount and one apply ------------------------------------------------------------
+
+
+def proc_status(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
+
+
+class Bench:
+    """One dtefs mount at a time (fresh for each cold state) and timed applies."""
+
+    def __init__(self, a, tools, store, cache, base):
+        self.a, self.tools, self.store, self.cache, self.base = a, tools, store, cache, base
+        self.mnt = os.path.join(a.work, "mnt")
+        self.m = None
+        self.dropper = fu.CacheDropper([store, cache])
+        self.quiet = fu.QuietWaiter(a.max_busy, a.quiet_timeout)
+        last = base + max(a.distances)  # dtefs defaults: every 8 versions, keep 8
+        self.snapshots = list(range(8, last + 1, 8))[-8:]
+        self.expected = {}  # version -> sha256 of each file
+        self.runs = self.retried = self.contended = 0
+        self.other = []
+
+    def mount(self, cache_size=None):
+        """A fresh mount (empty block cache) with vBASE live; waits for the snapshots."""
+        self.unmount()
+        argv = [self.tools.dtefs, self.store, self.mnt, "--cache-dir", self.cache, "-f",
+                "--live-version", self.base]
+        argv += ["--cache-size", cache_size] if cache_size else []
+        self.m = fu.FuseMount("dtefs", argv, self.mnt, os.path.join(self.a.work, "dtefs.log"))
+        self.m.start()
+
+        def ready():
+            s = self.status()["snapshots"]
+            return s is not None and s["building"] is None and s["versions"] == self.snapshots
+        fu.wait_for(ready, 3600, f"dtefs snapshots of {self.snapshots}", 0.2)
+        return self.m
+
+    def unmount(self):
+        if self.m:
+            self.m.unmount()
+            self.m = None
+
+    def status(self):
+        with open(os.path.join(self.mnt, ".dte", "status")) as f:
+            return json.load(f)
+
+    def vdir(self, v):
+        return os.path.join(self.mnt, f"v{v:08d}")
+
+    def files(self, d):
+        return [os.path.join(d, n) for n in sorted(os.listdir(d))
+                if os.path.getsize(os.path.join(d, n)) > 0]
+
+    def apply(self, version):
+        """`dtectl apply --version`; returns its JSON with the command's wall time,
+        the daemon's CPU and memory around it."""
+        pid = self.m.proc.pid
+        rss, hwm = proc_status(pid, "VmRSS"), proc_status(pid, "VmHWM")
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5\n")  # VmHWM := VmRSS
+        cpu, t0 = self.m.cpu_seconds(), time.perf_counter()
+        r = run([self.tools.dtectl, "apply", self.mnt, "--version", version, "--json"])
+        wall = time.perf_counter() - t0
+        out = json.loads(r.stdout)
+        if out["to_version"] != version:
+            raise RuntimeError(f"apply of v{version} reports {out}")
+        return out | {"wall": wall, "cpu": self.m.cpu_seconds() - cpu, "rss_before": rss,
+                      "hwm_before": hwm, "peak": proc_status(pid, "VmHWM"),
+                      "shmem": proc_status(pid, "RssShmem"),
+                      "cache_bytes": self.status()["cache"]["bytes"]}
+
+    def timed(self, prepare, body, pids=lambda: [], undo=None):
+        """prepare(); waits for a quiet machine; returns body(), repeating (after
+        undo()) while other processes than the daemon and pids() used more than
+        --max-other cores."""
+        for attempt in range(self.a.retries + 1):
+            if attempt and undo:
+                undo()
+            prepare()
+            if self.a.quiet_timeout > 0:
+                self.quiet.wait()
+            with fu.OtherLoad([self.m.proc.pid, *pids()]) as other:
+                out = body()
+            if other.cores <= self.a.max_other:
+                break
+            self.retried += attempt < self.a.retries
+        else:
+            self.contended += 1
+        self.runs += 1
+        self.other.append(other.cores)
+        return out
+
+    def expect(self, v):
+        """sha256 of every file of vV, read through the mount (after timing)."""
+        if v not in self.expected:
+            self.expected[v] = [sha256_file(p) for p in self.files(self.vdir(v))]
+        return self.expected[v]
+
+    def check_live(self, v, got=None):
+        got = got or [sha256_file(p) for p in self.files(os.path.join(self.mnt, "live"))]
+        if got != self.expect(v):
+            raise RuntimeError(f"BUG: live/ does not hold v{v} after the apply")
+
+
+def remove(*paths):
+    for p in paths:
+        if os.path.isdir(p) and not os.path.ismount(p):
+            shutil.rmtree(p, ignore_errors=True)
+        elif os.path.isfile(p):
+            os.remove(p)
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --- measurements -----------------------------------------------------------------------
+
+
+def reload_row(b, res):
+    """Cold and warm reads of every file of vBASE+1 on a fresh mount."""
+    files = lambda: b.files(b.vdir(b.base + 1))  # noqa: E731
+
+    def prepare():
+        b.mount()
+        b.dropper.drop()
+
+    def read():  # (bytes, seconds, CPU seconds of the daemon and of this reader)
+        cpu0, t0 = b.m.cpu_seconds(), os.times()
+        n, secs = fu.read_sequential(files())
+        t1 = os.times()
+        return n, secs, b.m.cpu_seconds() - cpu0 + t1.user + t1.system - t0.user - t0.system
+
+    n, cold, cpu = b.timed(prepare, read)
+    read()
+    _, warm, _ = b.timed(lambda: None, read)
+    res["reload_cold"].append(cold)
+    res["reload_cpu"].append(cpu)
+    res["reload_warm"].append(warm)
+    res["model_bytes"] = n
+
+
+def one_step_row(b, cached, cache_size, rep, res):
+    """Apply of vBASE+1 over vBASE on a fresh mount, live/ cached or not."""
+    state = {}
+
+    def prepare():
+        if state.get("reader"):
+            state.pop("reader").close()
+        b.mount(cache_size)
+        b.dropper.drop()
+        if cached:
+            state["reader"] = Child("reader", *b.files(os.path.join(b.mnt, "live")))
+
+    try:
+        pids = lambda: [state["reader"].proc.pid] if cached else []  # noqa: E731
+        out = b.timed(prepare, lambda: b.apply(b.base + 1), pids)
+        if rep == 0:
+            got = json.loads(state["reader"].ask("hash")) if cached else None
+            b.check_live(b.base + 1, got)
+    finally:
+        if state.get("reader"):
+            state.pop("reader").close()
+    res.setdefault(f"apply_{'cached' if cached else 'cold'}_{cache_size or 'default'}",
+                   []).append(out)
+
+
+def start_receivers(b, tp):
+    env = dict(os.environ, DTE_LIBRARY=b.tools.libdte_so)
+    out = []
+    try:
+        for rank in range(tp):
+            shm = f"dte-live-bench-{os.getpid()}-{tp}-{rank}"
+            out.append(Child("receiver", b.mnt, b.base, tp, rank, shm, env=env))
+            out[-1].info = json.loads(out[-1].first)
+    except BaseException:
+        stop_receivers(out)
+        raise
+    return out
+
+
+def stop_receivers(receivers):
+    for r in receivers:
+        r.close()
+
+
+def check_receivers(b, receivers, tp, v):
+    """Every registered buffer against vV sharded here."""
+    d = b.vdir(v)
+
+    def check(state):
+        for rank, r in enumerate(receivers):
+            with open(f"/dev/shm/{r.info['shm']}", "rb") as f:
+                shm = f.read()
+            for name, want in shard(state, geometry(d), tp, rank):
+                off, shape = r.info["layout"][name]
+                got = np.frombuffer(shm, np.uint16, want.size, off).reshape(shape)
+                if not np.array_equal(got, want):
+                    raise RuntimeError(f"BUG: tp {tp} rank {rank} {name} differs from v{v}")
+
+    with_version(d, check)
+
+
+def apply_pair(b, receivers, tp, d, rep, res):
+    """vBASE -> vBASE+d and back, caches dropped before each; checked in rep 0."""
+    pids = [r.proc.pid for r in receivers]
+    for src, dst in ((b.base, b.base + d), (b.base + d, b.base)):
+        out = b.timed(b.dropper.drop, lambda: b.apply(dst), lambda: pids,
+                      undo=lambda: b.apply(src))
+        res.setdefault(f"recv{tp}_d{d}_{'fwd' if dst > src else 'back'}", []).append(out)
+        if rep == 0 and receivers:
+            check_receivers(b, receivers, tp, dst)
+
+
+def receivers_rows(b, tp, rep, res):
+    """Applies with tp receivers (0: none) registered on a fresh mount."""
+    b.mount()
+    receivers = start_receivers(b, tp) if tp else []
+    try:
+        st = b.status()["live"]
+        if st["receivers"] != tp:
+            raise RuntimeError(f"{st['receivers']} receivers registered, not {tp}")
+        res.setdefault(f"recv{tp}_buffers", st["buffers"])
+        # The first apply after registering also faults the daemon's mappings
+        # of the buffers in (the steady state is timed after it).
+        b.dropper.drop()
+        res.setdefault(f"recv{tp}_first", []).append(b.apply(b.base + 1))
+        b.apply(b.base)
+        for d in (b.a.distances if tp == 1 else [1]):
+            apply_pair(b, receivers, tp, d, rep, res)
+    finally:
+        stop_receivers(receivers)
+
+
+def run_all(b, a, res, save):
+    configs = [("reload",)] + [("one", c, s) for c in (False, True) for s in (None, a.big_cache)]
+    configs += [("recv", tp) for tp in a.receivers]
+    for rep in range(a.reps):
+        for cfg in (configs if rep % 2 == 0 else configs[::-1]):
+            log(f"repetition {rep + 1}/{a.reps}: {cfg}")
+            if cfg[0] == "reload":
+                reload_row(b, res)
+            elif cfg[0] == "one":
+                one_step_row(b, cfg[1], cfg[2], rep, res)
+            else:
+                receivers_rows(b, cfg[1], rep, res)
+            save()
+    b.unmount()
+
+
+# --- report -----------------------------------------------------------------------------
+
+
+def med(rows, key, scale=1.0):
+    return statistics.median(r[key] for r in rows) * scale
+
+
+def one_step_table(a, res):
+    cold, warm = statistics.median(res["reload_cold"]), statistics.median(res["reload_warm"])
+    lines = ["| live/ | block cache | `dtectl apply` | in the daemon | decode | scatter "
+             "| page cache | pages replaced | CPU | vs cold reload | vs warm reload |",
+             "|---" * 11 + "|"]
+    for cached in ("cold", "cached"):
+        for size in ("default", a.big_cache):
+            rows = res[f"apply_{cached}_{size}"]
+            t = med(rows, "wall")
+            lines.append(
+                f"| {'not cached' if cached == 'cold' else 'cached (mmapped)'} "
+                f"| {'256MiB (default)' if size == 'default' else size} | {t:.3f} s "
+                f"| {med(rows, 'elapsed_ns', 1e-9):.3f} s "
+                f"| {med(rows, 'decode_ns', 1e-9):.3f} s | {med(rows, 'scatter_ns', 1e-9):.4f} s "
+                f"| {med(rows, 'pagecache_ns', 1e-9):.3f} s | {med(rows, 'pages'):.0f} "
+                f"| {med(rows, 'cpu'):.2f} s "
+                f"| **{cold / t:.2f}x** | {warm / t:.2f}x |")
+    gb = res["model_bytes"] / 1e9
+    cpu = statistics.median(res["reload_cpu"])
+    lines.append(f"| reload: read MNT/vN | cold | {cold:.3f} s ({gb / cold:.2f} GB/s) "
+                 f"| | | | | | {cpu:.2f} s | 1.00x | |")
+    lines.append(f"| reload: read MNT/vN | warm | {warm:.3f} s ({gb / warm:.2f} GB/s) "
+                 "| | | | | | | | 1.00x |")
+    return lines
+
+
+def memory_table(a, res):
+    model = res["model_bytes"] / MIB
+    lines = ["| live/ | block cache | daemon RSS before apply | VmHWM since mount | "
+             "peak during apply | peak / model size | block cache after |", "|---" * 7 + "|"]
+    for cached in ("cold", "cached"):
+        for size in ("default", a.big_cache):
+            rows = res[f"apply_{cached}_{size}"]
+            lines.append(f"| {'not cached' if cached == 'cold' else 'cached'} | {size} "
+                         f"| {med(rows, 'rss_before') / MIB:.0f} MiB "
+                         f"| {med(rows, 'hwm_before') / MIB:.0f} MiB "
+                         f"| {med(rows, 'peak') / MIB:.0f} MiB "
+                         f"| {med(rows, 'peak') / MIB / model:.2f} "
+                         f"| {med(rows, 'cache_bytes') / MIB:.0f} MiB |")
+    return lines
+
+
+def receivers_table(a, res):
+    lines = ["| receivers | buffers | first apply (scatter) | forward | in the daemon | decode "
+             "| scatter | bytes scattered | back | in the daemon | decode | scatter |",
+             "|---" * 12 + "|"]
+    for tp in a.receivers:
+        f, bk = res[f"recv{tp}_d1_fwd"], res[f"recv{tp}_d1_back"]
+        first = res[f"recv{tp}_first"]
+        lines.append(f"| {tp}{' (tp=%d)' % tp if tp else ''} | {res[f'recv{tp}_buffers']} "
+                     f"| {med(first, 'wall'):.3f} s ({med(first, 'scatter_ns', 1e-9):.3f} s) | "
+                     + row_cells(f) + f" | {med(f, 'bytes') / MIB:.1f} MiB | "
+                     + row_cells(bk) + " |")
+    return lines
+
+
+def row_cells(rows):
+    return (f"{med(rows, 'wall'):.3f} s | {med(rows, 'elapsed_ns', 1e-9):.3f} s "
+            f"| {med(rows, 'decode_ns', 1e-9):.3f} s | {med(rows, 'scatter_ns', 1e-9):.4f} s")
+
+
+def distance_table(a, res):
+    lines = ["| distance | changed entries | forward | in the daemon | decode | scatter "
+             "| back | in the daemon | decode | scatter | daemon peak (fwd, back) |",
+             "|---" * 11 + "|"]
+    for d in a.distances:
+        f, bk = res[f"recv1_d{d}_fwd"], res[f"recv1_d{d}_back"]
+        # VmHWM less the receiver's shared memory the daemon has mapped
+        peak = [statistics.median(r["peak"] - r["shmem"] for r in x) / MIB for x in (f, bk)]
+        lines.append(f"| {d} | {med(f, 'entries'):.0f} | " + row_cells(f) + " | "
+                     + row_cells(bk) + f" | {peak[0]:.0f}, {peak[1]:.0f} MiB |")
+    return lines
+
+
+def report(a, b, res, model_line, changed):
+    n = res["model_bytes"]
+    step = changed.get(b.base + 1)
+    print(f"\n{a.cmdline}\n{model_line}; {n / MIB:.0f} MiB in the files of a version; "
+          f"live v{b.base} -> v{b.base + 1} changes {step}% of BF16 elements (dte-gen); "
+          f"snapshots {b.snapshots}; medians of {a.reps}\n")
+    print("\n".join(one_step_table(a, res)) + "\n")
+    print("\n".join(memory_table(a, res)) + "\n")
+    print("\n".join(receivers_table(a, res)) + "\n")
+    print("\n".join(distance_table(a, res)) + "\n")
+    print(f"timed runs {b.runs}, repeated {b.retried}, contended after retries {b.contended}; "
+          f"other load during runs: median {statistics.median(b.other):.2f} cores, "
+          f"max {max(b.other):.2f}; waited {b.quiet.waited:.0f} s for quiet "
+          f"(gave up {b.quiet.gave_up} times); caches dropped with: {b.dropper.method}")
+
+
+# --- main -------------------------------------------------------------------------------
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build-dir", default=os.environ.get("DTE_BUILD_DIR",
+                                                          os.path.join(ROOT, "build")))
+    ap.add_argument("--work", default="/var/tmp/dte-live-bench",
+                    help="work dir: store, cache, mount (a disk, not tmpfs)")
+    ap.add_argument("--size", help="BF16 bytes of the model (default 2GiB; --quick 64MiB)")
+    ap.add_argument("--shard-size", default="5GB", help="dte-gen --shard-size")
+    ap.add_argument("--quick", action="store_true", help="small model, 2 repetitions")
+    ap.add_argument("--reps", type=int, help="repetitions (default 3; --quick 2)")
+    ap.add_argument("--base", type=int, default=8, help="the live version applies start from")
+    ap.add_argument("--distances", default="1,2,4,8")
+    ap.add_argument("--receivers", default="0,1,2,8", help="tp of the receiver sets (0: none)")
+    ap.add_argument("--big-cache", default="3GiB", help="the larger dtefs --cache-size")
+    ap.add_argument("--max-busy", type=float, default=0.3)
+    ap.add_argument("--quiet-timeout", type=float, default=10.0)
+    ap.add_argument("--max-other", type=float, default=0.5)
+    ap.add_argument("--retries", type=int, default=1)
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (store, snapshots)")
+    ap.add_argument("--json")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return a
+    a.size = a.size or (QUICK["size"] if a.quick else "2GiB")
+    a.reps = a.reps or (QUICK["reps"] if a.quick else 3)
+    if a.quick:
+        a.quiet_timeout, a.retries = 0.0, 0
+    a.distances = [int(x) for x in a.distances.split(",")]
+    a.receivers = [int(x) for x in a.receivers.split(",")]
+    if 1 not in a.distances or 1 not in a.receivers:
+        sys.exit("--distances and --receivers must include 1")
+    a.model_args = ["--size", a.size, *GEOMETRY, *(QUICK["model"] if a.quick else []),
+                    "--shard-size", a.shard_size]
+    a.cmdline = shlex.join(["/usr/bin/python3", os.path.relpath(os.path.abspath(__file__), ROOT)]
+                           + sys.argv[1:])
+    a.work = os.path.abspath(a.work)
+    return a
+
+
+def main():
+    a = parse_args()
+    if a.child:
+        kind, args = a.child[0], a.child[1:]
+        if kind == "receiver":
+            return receiver_child(args[0], int(args[1]), int(args[2]), int(args[3]), args[4])
+        return reader_child(args)
+    created = not os.path.exists(a.work)
+    os.makedirs(a.work, exist_ok=True)
+    fu.install_cleanup()
+    b = None
+    try:
+        tools = Tools(a.build_dir, os.path.join(a.work, "bin"))
+        model_line = check_model(tools, a.model_args, max(a.receivers))
+        store, cache = os.path.join(a.work, "store"), os.path.join(a.work, "cache")
+        base = a.base
+        changed = build_store(tools, a, store, cache, base + max(a.distances))
+        b = Bench(a, tools, store, cache, base)
+        log("first mount: building snapshots")
+        b.mount()
+        res = {"reload_cold": [], "reload_cpu": [], "reload_warm": []}
+
+        def save():  # after every configuration, so an interrupted run keeps its figures
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump({"results": res, "other_cores": b.other, "changed": changed}, f,
+                              indent=1)
+        run_all(b, a, res, save)
+        report(a, b, res, model_line, changed)
+    finally:
+        if b is not None:
+            b.unmount()
+        fu.unmount_all()
+        if not a.keep:
+            remove(*(os.path.join(a.work, n) for n in ("store", "cache", "bin", "gen", "mnt",
+                                                       "model.json", "dtefs.log")))
+            if created and not os.listdir(a.work):
+                os.rmdir(a.work)
+
+
+if __name__ == "__main__":
+    main()
