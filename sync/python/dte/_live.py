@@ -17,7 +17,7 @@ import os
 
 from dte import _lib
 from dte._lib import lib
-from dte._publisher import DteError, _check
+from dte._publisher import DteError, _Handle, _check
 
 # safetensors dtype name -> numpy dtype of the view (BF16 and FP8 as raw bits).
 _NUMPY_DTYPES = {"BOOL": "?", "U8": "u1", "I8": "i1", "F8_E4M3": "u1", "F8_E5M2": "u1",
@@ -204,11 +204,13 @@ def _fixed(value, size, what):
     return b
 
 
-class Receiver:
+class Receiver(_Handle):
     """One receiver of live applies: an open MOUNT/.dte/control whose
     registered buffers the daemon writes on every apply, laid out as a rank
     of (tp, fuse_qkv, fuse_gate_up) holds them. Closing it (or exiting)
     unregisters them all. Not thread-safe."""
+
+    _close_fn = "dte_live_close"
 
     def __init__(self, mount, tp=1, rank=0, fuse_qkv=True, fuse_gate_up=True):
         self._h = None
@@ -261,16 +263,3 @@ class Receiver:
             raise DteError(1, "the receiver of %s is closed" % self.mount)
         _check(lib.dte_live_unregister(self._h, int(id)))
 
-    def close(self):
-        if self._h:
-            lib.dte_live_close(self._h)
-            self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()

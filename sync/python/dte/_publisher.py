@@ -66,6 +66,29 @@ def _step_value(step):
     return int(step)
 
 
+class _Handle:
+    """Owns one C handle, closed exactly once: by close(), at the end of a
+    with block, or when the object is collected. Subclasses name the C
+    function that closes it."""
+
+    _h = None
+    _close_fn = None  # name of the dte_*_close function
+
+    def close(self):
+        if self._h:
+            getattr(lib, self._close_fn)(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
 @dataclasses.dataclass
 class PublishResult:
     """What one publish committed. int(result) is the version."""
@@ -144,10 +167,12 @@ def _mcore_key(key):
                    % (key,))
 
 
-class Publisher:
+class Publisher(_Handle):
     """Commits versions of a dte store (a local directory or s3://bucket/prefix).
 
     Not thread-safe: call it from one thread. See docs/engine.md."""
+
+    _close_fn = "dte_publisher_close"
 
     def __init__(self, store, converter="hf", cache_dir=None):
         """converter: "hf" (params are keyed by Hugging Face tensor names) or a
@@ -168,20 +193,6 @@ class Publisher:
             _check(lib.dte_publisher_open(os.fsencode(store), cache, converter.encode(),
                                           ctypes.byref(handle)))
         self._h = handle
-
-    def close(self):
-        if self._h:
-            lib.dte_publisher_close(self._h)
-            self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
 
     def import_checkpoint(self, directory):
         """Commits a Hugging Face checkpoint directory; returns its version."""
@@ -266,8 +277,10 @@ def publish_torch_adamw(publisher, optimizer, named_params, step=None):
                                    weight_decay=first["weight_decay"])
 
 
-class StoreReader:
+class StoreReader(_Handle):
     """Reads tensors of committed versions, verified against their hashes."""
+
+    _close_fn = "dte_store_close"
 
     def __init__(self, store, cache_dir=None):
         handle = ctypes.c_void_p()
@@ -275,14 +288,6 @@ class StoreReader:
                                   os.fsencode(cache_dir) if cache_dir else None,
                                   ctypes.byref(handle)))
         self._h = handle
-
-    def close(self):
-        if self._h:
-            lib.dte_store_close(self._h)
-            self._h = None
-
-    def __del__(self):
-        self.close()
 
     def latest(self):
         has, version = ctypes.c_int(), ctypes.c_uint64()
