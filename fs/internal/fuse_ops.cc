@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -200,14 +199,6 @@ bool MayApply(fuse_req_t req) {
   return ctx->uid == 0 || ctx->uid == ::getuid();
 }
 
-template <typename T>
-void ReplyStruct(fuse_req_t req, int err, T* out, const std::string& message) {
-  out->abi_version = DTE_LIVE_ABI_VERSION;
-  out->error = err;
-  std::snprintf(out->message, sizeof out->message, "%s", message.c_str());
-  fuse_reply_ioctl(req, -err, out, sizeof *out);
-}
-
 void OpIoctl(fuse_req_t req, fuse_ino_t ino, int cmd, void*, fuse_file_info* fi, unsigned flags,
              const void* in_buf, size_t in_bufsz, size_t out_bufsz) {
   if (ino != kControlIno || (flags & FUSE_IOCTL_DIR) || (flags & FUSE_IOCTL_COMPAT)) {
@@ -221,19 +212,19 @@ void OpIoctl(fuse_req_t req, fuse_ino_t ino, int cmd, void*, fuse_file_info* fi,
       if (in_bufsz < sizeof a || out_bufsz < sizeof a) return (void)fuse_reply_err(req, EINVAL);
       std::memcpy(&a, in_buf, sizeof a);
       if (!MayApply(req)) {
-        return ReplyStruct(req, EPERM, &a,
-                           "live apply: only root and the user who mounted it may apply");
+        return ReplyLiveError(req, EPERM, &a,
+                              "live apply: only root and the user who mounted it may apply");
       }
       if (a.abi_version != DTE_LIVE_ABI_VERSION) {
-        return ReplyStruct(req, EINVAL, &a,
-                           "live apply: ABI version " + std::to_string(a.abi_version) +
-                               ", this daemon speaks " + std::to_string(DTE_LIVE_ABI_VERSION));
+        return ReplyLiveError(req, EINVAL, &a,
+                              "live apply: ABI version " + std::to_string(a.abi_version) +
+                                  ", this daemon speaks " + std::to_string(DTE_LIVE_ABI_VERSION));
       }
       auto* state = static_cast<MountState*>(fuse_req_userdata(req));
       const std::optional<uint64_t> version =
           a.version == DTE_LIVE_LATEST ? std::nullopt : std::optional<uint64_t>(a.version);
       if (!state->live_worker || !state->live_worker->Submit(req, version)) {
-        return ReplyStruct(req, EBUSY, &a, "live apply: another apply is running");
+        return ReplyLiveError(req, EBUSY, &a, "live apply: another apply is running");
       }
       return;  // the worker replies when the apply is done
     }
@@ -248,7 +239,7 @@ void OpIoctl(fuse_req_t req, fuse_ino_t ino, int cmd, void*, fuse_file_info* fi,
       if (in_bufsz < sizeof r || out_bufsz < sizeof r) return (void)fuse_reply_err(req, EINVAL);
       std::memcpy(&r, in_buf, sizeof r);
       Result<uint64_t> id = fs->live().Register(fi->fh, fuse_req_ctx(req)->uid, r);
-      if (!id.ok()) return ReplyStruct(req, LiveErrno(id.status()), &r, id.status().message());
+      if (!id.ok()) return ReplyLiveError(req, LiveErrno(id.status()), &r, id.status().message());
       r.buffer_id = *id;
       r.error = 0;
       r.message[0] = '\0';

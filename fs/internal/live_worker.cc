@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 
 #include "fs/log.h"
@@ -64,11 +63,7 @@ void ReplyApply(fuse_req_t req, const Result<dte_live_counts>& r) {
     fuse_reply_ioctl(req, 0, &out, sizeof out);
     return;
   }
-  out.error = LiveErrno(r.status());
-  std::snprintf(out.message, sizeof out.message, "%s", r.status().message().c_str());
-  // The kernel copies the struct out even though the command fails, so the
-  // caller gets the message along with errno.
-  fuse_reply_ioctl(req, -out.error, &out, sizeof out);
+  ReplyLiveError(req, LiveErrno(r.status()), &out, r.status().message());
 }
 
 LiveWorker::LiveWorker(Filesystem* fs, fuse_session* se, std::string mountpoint)

@@ -19,6 +19,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -53,6 +54,18 @@ class LiveWorker {
   std::optional<uint64_t> version_;
   std::thread thread_;
 };
+
+// Fails a live ioctl with errno `err`: -err as the result, and *out (any
+// struct of sync/live_abi.h with error and message) with the message. The
+// kernel copies the struct out even though the command fails, so the caller
+// gets the message along with errno.
+template <typename T>
+void ReplyLiveError(fuse_req_t req, int err, T* out, const std::string& message) {
+  out->abi_version = DTE_LIVE_ABI_VERSION;
+  out->error = err;
+  std::snprintf(out->message, sizeof out->message, "%s", message.c_str());
+  fuse_reply_ioctl(req, -err, out, sizeof *out);
+}
 
 // Replies to a DTE_IOC_APPLY request: the counts on success, else -errno
 // with the message in the struct.
