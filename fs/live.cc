@@ -21,22 +21,42 @@
 #include "kernels/cuda.h"
 #include "kernels/parallel.h"
 #include "kernels/remap_cuda.h"
+#include "kernels/remap_math.h"
 #include "sync/convert.h"
 
 namespace dte::fs {
 
 // --- receivers ------------------------------------------------------------------
 
-// The changed elements of one tensor: flat indices (increasing) and the
-// target's values, width bytes each.
+// The changes of one block of a tensor. Entry i sets element idx[i] (block
+// relative, increasing): to vals[i] (width bytes) where Whole(i), else to
+// its live value plus vals[i], a wrapping difference (ApplyElement,
+// kernels/remap_math.h).
+struct Live::BlockChange {
+  uint32_t block = 0;
+  bool values = false;  // every entry holds the target's value
+  std::vector<uint32_t> idx;
+  std::vector<uint8_t> vals;
+  std::vector<uint8_t> whole;  // empty, or per entry: 1 = vals holds the value
+  bool Whole(size_t i) const { return values || (!whole.empty() && whole[i] != 0); }
+};
+
+// The changed blocks of one tensor, in block order.
 struct Live::Changes {
   uint32_t file = 0, tensor = 0;
   int width = 0;
-  std::vector<uint64_t> idx;
-  std::vector<uint8_t> vals;
+  uint64_t block_elements = 0;
+  std::vector<BlockChange> blocks;
 };
 
 namespace {
+
+// What the apply helpers read of a BlockChange.
+struct EntryView {
+  bool values;
+  const uint8_t* vals;
+  const uint8_t* whole;  // null: no set elements
+};
 
 using Clock = std::chrono::steady_clock;
 
@@ -66,10 +86,25 @@ void InstallSigbusHandler() {
   });
 }
 
-// Writes vals[pos[j]] to dst[dst_idx[j]] for j < n (width bytes each); every
-// index is checked against `elements`. False on a SIGBUS or a bad index.
-bool GuardedScatter(uint8_t* dst, uint64_t elements, const uint64_t* dst_idx, const uint64_t* pos,
-                    const uint8_t* vals, size_t n, int width) {
+template <int W>
+void ApplyAll(uint8_t* dst, const uint64_t* dst_idx, const uint64_t* pos, const uint8_t* vals,
+              const EntryView& c, size_t n) {
+  if (c.values || c.whole == nullptr) {
+    for (size_t j = 0; j < n; ++j) {
+      kernels::ApplyElement<W>(dst + dst_idx[j] * W, vals + pos[j] * W, c.values);
+    }
+    return;
+  }
+  for (size_t j = 0; j < n; ++j) {
+    kernels::ApplyElement<W>(dst + dst_idx[j] * W, vals + pos[j] * W, c.whole[pos[j]] != 0);
+  }
+}
+
+// Applies entry pos[j] of c at dst[dst_idx[j]] for j < n (ApplyElement);
+// every index is checked against `elements` first. False on a SIGBUS or a
+// bad index.
+bool GuardedApply(uint8_t* dst, uint64_t elements, const uint64_t* dst_idx, const uint64_t* pos,
+                  const EntryView& c, size_t n, int width) {
   for (size_t j = 0; j < n; ++j) {
     if (dst_idx[j] >= elements) return false;
   }
@@ -79,15 +114,83 @@ bool GuardedScatter(uint8_t* dst, uint64_t elements, const uint64_t* dst_idx, co
     return false;
   }
   t_bus_jump = &jump;
-  if (width == 2) {
-    for (size_t j = 0; j < n; ++j) std::memcpy(dst + dst_idx[j] * 2, vals + pos[j] * 2, 2);
-  } else {
-    for (size_t j = 0; j < n; ++j) {
-      std::memcpy(dst + dst_idx[j] * width, vals + pos[j] * width, static_cast<size_t>(width));
-    }
+  switch (width) {
+    case 1:
+      ApplyAll<1>(dst, dst_idx, pos, c.vals, c, n);
+      break;
+    case 2:
+      ApplyAll<2>(dst, dst_idx, pos, c.vals, c, n);
+      break;
+    case 4:
+      ApplyAll<4>(dst, dst_idx, pos, c.vals, c, n);
+      break;
+    default:
+      ApplyAll<8>(dst, dst_idx, pos, c.vals, c, n);
+      break;
   }
   t_bus_jump = nullptr;
   return true;
+}
+
+template <int W>
+[[gnu::noinline]] void ApplyRunTyped(uint8_t* dst, uint64_t base, const uint32_t* idx,
+                                     const EntryView& c, size_t begin, size_t end) {
+  if (c.values || c.whole == nullptr) {
+    for (size_t i = begin; i < end; ++i) {
+      kernels::ApplyElement<W>(dst + (base + idx[i]) * W, c.vals + i * W, c.values);
+    }
+    return;
+  }
+  for (size_t i = begin; i < end; ++i) {
+    kernels::ApplyElement<W>(dst + (base + idx[i]) * W, c.vals + i * W, c.whole[i] != 0);
+  }
+}
+
+// The fast form of GuardedApply for a run of entries [begin, end) that maps
+// to the buffer by a constant shift: entry i goes to element base + idx[i]
+// (modulo 2^64). The run's first and last destinations are checked against
+// `elements` (idx is increasing, so the rest lie between).
+bool GuardedApplyRun(uint8_t* dst, uint64_t elements, uint64_t base, const uint32_t* idx,
+                     const EntryView& c, size_t begin, size_t end, int width) {
+  if (begin >= end) return true;
+  const uint64_t lo = base + idx[begin], hi = base + idx[end - 1];
+  if (lo > hi || hi >= elements) return false;
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 0) != 0) {
+    t_bus_jump = nullptr;
+    return false;
+  }
+  t_bus_jump = &jump;
+  switch (width) {
+    case 1:
+      ApplyRunTyped<1>(dst, base, idx, c, begin, end);
+      break;
+    case 2:
+      ApplyRunTyped<2>(dst, base, idx, c, begin, end);
+      break;
+    case 4:
+      ApplyRunTyped<4>(dst, base, idx, c, begin, end);
+      break;
+    default:
+      ApplyRunTyped<8>(dst, base, idx, c, begin, end);
+      break;
+  }
+  t_bus_jump = nullptr;
+  return true;
+}
+
+// Whether a remap plan moves its box by a constant shift of flat indices:
+// the box spans every dimension but the first whole, and the destination has
+// the source's trailing dimensions (a row split, or a tensor copied whole or
+// into a fused one). Then dst = src + dst_offset (modulo 2^64).
+bool IsShift(const kernels::RemapPlan& p) {
+  if (p.ndim < 1) return false;
+  uint64_t stride = 1;
+  for (int d = p.ndim - 1; d >= 1; --d) {
+    if (p.lo[d] != 0 || p.hi[d] != p.src_shape[d] || p.dst_stride[d] != stride) return false;
+    stride *= p.src_shape[d];
+  }
+  return p.dst_stride[0] == stride;
 }
 
 std::string CString(const char* field, size_t size) {
@@ -193,11 +296,111 @@ Status Live::CheckLayout(const Version& from, const Version& to) {
 
 // --- the changed set ---------------------------------------------------------------
 
+namespace {
+
+// One decoded record as a list of entries (see Live::BlockChange).
+struct Entries {
+  std::vector<uint32_t> idx;
+  std::vector<uint8_t> vals;
+  std::vector<uint8_t> whole;  // empty: no set elements
+};
+
+// a, then b: the entries that take an element from before a to after b.
+// An element both change is set when b sets it, or a did (then b's
+// difference adds to a's value); two differences add, and cancel out when
+// they sum to zero (the element is back to its old value).
+template <typename U>
+void ComposeTyped(const Entries& a, const Entries& b, Entries* out) {
+  const auto* av = reinterpret_cast<const U*>(a.vals.data());
+  const auto* bv = reinterpret_cast<const U*>(b.vals.data());
+  const size_t na = a.idx.size(), nb = b.idx.size();
+  out->idx.clear();
+  out->whole.clear();
+  out->idx.reserve(na + nb);
+  out->whole.reserve(na + nb);
+  std::vector<U> vals;
+  vals.reserve(na + nb);
+  auto wa = [&](size_t i) { return !a.whole.empty() && a.whole[i] != 0; };
+  auto wb = [&](size_t j) { return !b.whole.empty() && b.whole[j] != 0; };
+  auto push = [&](uint32_t i, U v, bool w) {
+    out->idx.push_back(i);
+    vals.push_back(v);
+    out->whole.push_back(w ? 1 : 0);
+  };
+  size_t i = 0, j = 0;
+  while (i < na || j < nb) {
+    if (j == nb || (i < na && a.idx[i] < b.idx[j])) {
+      push(a.idx[i], av[i], wa(i));
+      ++i;
+    } else if (i == na || b.idx[j] < a.idx[i]) {
+      push(b.idx[j], bv[j], wb(j));
+      ++j;
+    } else {
+      if (wb(j)) {
+        push(b.idx[j], bv[j], true);
+      } else if (wa(i)) {
+        push(b.idx[j], static_cast<U>(av[i] + bv[j]), true);
+      } else if (const U sum = static_cast<U>(av[i] + bv[j]); sum != 0) {
+        push(b.idx[j], sum, false);
+      }
+      ++i;
+      ++j;
+    }
+  }
+  out->vals.resize(vals.size() * sizeof(U));
+  if (!vals.empty()) std::memcpy(out->vals.data(), vals.data(), out->vals.size());
+  if (std::find(out->whole.begin(), out->whole.end(), uint8_t{1}) == out->whole.end()) {
+    out->whole.clear();
+  }
+}
+
+void Compose(const Entries& a, const Entries& b, int width, Entries* out) {
+  switch (width) {
+    case 1:
+      return ComposeTyped<uint8_t>(a, b, out);
+    case 2:
+      return ComposeTyped<uint16_t>(a, b, out);
+    case 4:
+      return ComposeTyped<uint32_t>(a, b, out);
+    default:
+      return ComposeTyped<uint64_t>(a, b, out);
+  }
+}
+
+// Turns differences that lead from the parent to a version into the ones
+// that lead back (no set elements).
+template <typename U>
+void NegateTyped(std::vector<uint8_t>* vals) {
+  const size_t n = vals->size() / sizeof(U);
+  for (size_t i = 0; i < n; ++i) {
+    U v;
+    std::memcpy(&v, vals->data() + i * sizeof(U), sizeof(U));
+    v = static_cast<U>(U{0} - v);
+    std::memcpy(vals->data() + i * sizeof(U), &v, sizeof(U));
+  }
+}
+
+void Negate(std::vector<uint8_t>* vals, int width) {
+  switch (width) {
+    case 1:
+      return NegateTyped<uint8_t>(vals);
+    case 2:
+      return NegateTyped<uint16_t>(vals);
+    case 4:
+      return NegateTyped<uint32_t>(vals);
+    default:
+      return NegateTyped<uint64_t>(vals);
+  }
+}
+
+}  // namespace
+
 Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const LiveView& to,
-                                                    uint64_t* entries) {
+                                                    dte_live_counts* counts) {
   const Version& L = *from.version;
   const Version& T = *to.version;
-  // The versions whose records lead from the older of the two to the newer.
+  // The versions whose records lead from the older of the two to the newer,
+  // newest first.
   const bool forward = T.manifest.version > L.manifest.version;
   const VersionChain& hi_chain = forward ? to.chain : from.chain;
   const uint64_t lo = std::min(L.manifest.version, T.manifest.version);
@@ -211,11 +414,14 @@ Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const 
     path.push_back(v);
   }
   if (!on_chain) path.clear();
+  // The order records are applied in: forward oldest first; backward each
+  // one undone, newest first.
+  if (forward) std::reverse(path.begin(), path.end());
 
   struct Job {
     uint32_t file, tensor, block;
     size_t record;
-    bool diff;  // compare L and T instead of reading the deltas' indices
+    bool diff;  // compare L and T instead of composing the deltas' entries
   };
   std::vector<Job> jobs;
   std::map<std::pair<const Version*, uint32_t>, std::string> blobs;  // verified delta blobs
@@ -226,7 +432,7 @@ Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const 
       for (uint32_t b = 0; b < tensor.blocks; ++b) {
         const size_t r = size_t{tensor.first_block} + b;
         if (L.records[r].hash == T.records[r].hash) continue;  // same content
-        bool diff = !on_chain;
+        bool diff = !on_chain || path.empty();
         for (const auto& v : path) {
           const BlockRecord& rec = v->records[r];
           if (rec.kind == BlockKind::kSparse) {
@@ -235,12 +441,12 @@ Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const 
             diff = true;
           }
         }
-        jobs.push_back({f, t, b, r, diff || path.empty()});
+        jobs.push_back({f, t, b, r, diff});
       }
     }
   }
   // Delta blobs are small (a version's changed elements): each is read whole
-  // and checked against its content hash before its indices are trusted.
+  // and checked against its content hash before its entries are trusted.
   for (auto& [key, bytes] : blobs) {
     const BlobRef& ref = key.first->manifest.blobs[key.second];
     ASSIGN_OR_RETURN(
@@ -249,39 +455,29 @@ Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const 
                    VersionName(key.first->manifest.version) + " delta blob " + BlobKey(ref.hash)));
   }
 
-  struct Out {
-    std::vector<uint32_t> idx;  // block-relative
-    std::vector<uint8_t> vals;
-  };
-  std::vector<Out> outs(jobs.size());
+  std::vector<BlockChange> outs(jobs.size());
   Mutex err_mu;
   dte::Status first_error;
   kernels::ParallelFor(jobs.size(), 4, [&](size_t begin, size_t end) {
     CodecScratch scratch;
-    std::vector<uint32_t> one, merged;
+    Entries one, acc, next;
     for (size_t j = begin; j < end; ++j) {
       const Job& job = jobs[j];
       const FileEntry& file = T.manifest.files[job.file];
       const TensorEntry& tensor = file.tensors[job.tensor];
       const int width = DTypeWidth(tensor.dtype);
-      auto tb = reader_->TensorBlock(to.version, job.file, job.tensor, job.block, &to.chain);
-      dte::Status s = tb.status();
-      Out& out = outs[j];
-      if (s.ok() && job.diff) {
-        auto lb = reader_->TensorBlock(from.version, job.file, job.tensor, job.block, &from.chain);
-        s = lb.status();
-        if (s.ok()) {
-          const char* x = (*lb)->data();
-          const char* y = (*tb)->data();
-          const size_t n = (*tb)->size() / static_cast<size_t>(width);
-          for (size_t i = 0; i < n; ++i) {
-            if (std::memcmp(x + i * width, y + i * width, static_cast<size_t>(width)) != 0) {
-              out.idx.push_back(static_cast<uint32_t>(i));
-            }
-          }
-        }
-      } else if (s.ok()) {
-        const size_t len = (*tb)->size();
+      const uint64_t block_bytes = T.manifest.block_bytes;
+      const uint64_t first_byte = uint64_t{job.block} * block_bytes;
+      const size_t len = static_cast<size_t>(
+          std::min<uint64_t>(block_bytes, (tensor.end - tensor.begin) - first_byte));
+      BlockChange& out = outs[j];
+      out.block = job.block;
+      dte::Status s;
+      bool diff = job.diff;
+      if (!diff) {
+        // Compose the records' entries: no block of either version is
+        // materialized.
+        bool first = true;
         for (const auto& v : path) {
           const BlockRecord& rec = v->records[job.record];
           if (rec.kind != BlockKind::kSparse) continue;
@@ -293,46 +489,82 @@ Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const 
             s = Corruption(what + ": record lies outside its blob");
             break;
           }
-          s = DecodeSparseIndices(std::string_view(blob).substr(rec.offset, rec.length), len, width,
-                                  &one, &scratch, what);
+          s = DecodeSparseEntries(std::string_view(blob).substr(rec.offset, rec.length), len, width,
+                                  &one.idx, &one.vals, &one.whole, &scratch, what);
           if (!s.ok()) break;
-          merged.clear();
-          std::set_union(out.idx.begin(), out.idx.end(), one.begin(), one.end(),
-                         std::back_inserter(merged));
-          out.idx.swap(merged);
+          if (!forward) {
+            if (!one.whole.empty()) {
+              // A set element does not say what it was before: take the
+              // values from the blocks instead.
+              diff = true;
+              break;
+            }
+            Negate(&one.vals, width);
+          }
+          if (first) {
+            std::swap(acc, one);
+            first = false;
+          } else {
+            Compose(acc, one, width, &next);
+            std::swap(acc, next);
+          }
+        }
+        if (s.ok() && !diff) {
+          out.idx.swap(acc.idx);
+          out.vals.swap(acc.vals);
+          out.whole.swap(acc.whole);
+        }
+      }
+      if (s.ok() && diff) {
+        // Compare L's and T's blocks (each checked against its block hash)
+        // and take the values from T's.
+        out.values = true;
+        out.idx.clear();
+        out.whole.clear();
+        auto tb = reader_->TensorBlock(to.version, job.file, job.tensor, job.block, &to.chain);
+        auto lb = tb.ok() ? reader_->TensorBlock(from.version, job.file, job.tensor, job.block,
+                                                 &from.chain)
+                          : tb;
+        s = lb.status();
+        if (s.ok()) {
+          const char* x = (*lb)->data();
+          const char* y = (*tb)->data();
+          const size_t n = (*tb)->size() / static_cast<size_t>(width);
+          for (size_t i = 0; i < n; ++i) {
+            if (std::memcmp(x + i * width, y + i * width, static_cast<size_t>(width)) != 0) {
+              out.idx.push_back(static_cast<uint32_t>(i));
+            }
+          }
+          out.vals.resize(out.idx.size() * static_cast<size_t>(width));
+          for (size_t k = 0; k < out.idx.size(); ++k) {
+            std::memcpy(out.vals.data() + k * width, y + size_t{out.idx[k]} * width,
+                        static_cast<size_t>(width));
+          }
         }
       }
       if (!s.ok()) {
         MutexLock lock(&err_mu);
         if (first_error.ok()) first_error = s;
-        continue;
-      }
-      out.vals.resize(out.idx.size() * static_cast<size_t>(width));
-      const char* y = (*tb)->data();
-      for (size_t k = 0; k < out.idx.size(); ++k) {
-        std::memcpy(out.vals.data() + k * width, y + size_t{out.idx[k]} * width,
-                    static_cast<size_t>(width));
       }
     }
   });
   if (!first_error.ok()) return first_error;
 
   std::vector<Changes> changes;
-  *entries = 0;
+  counts->entries = 0;
+  counts->blocks = jobs.size();
+  counts->compared_blocks = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const Job& job = jobs[j];
+    if (outs[j].values) counts->compared_blocks++;
+    if (outs[j].idx.empty()) continue;
     const TensorEntry& tensor = T.manifest.files[job.file].tensors[job.tensor];
     const int width = DTypeWidth(tensor.dtype);
     if (changes.empty() || changes.back().file != job.file || changes.back().tensor != job.tensor) {
-      changes.push_back({job.file, job.tensor, width, {}, {}});
+      changes.push_back({job.file, job.tensor, width, T.manifest.block_bytes / width, {}});
     }
-    Changes& c = changes.back();
-    const uint64_t first = uint64_t{job.block} * (T.manifest.block_bytes / width);
-    for (uint32_t i : outs[j].idx) c.idx.push_back(first + i);
-    c.vals.insert(c.vals.end(), outs[j].vals.begin(), outs[j].vals.end());
-    *entries += outs[j].idx.size();
-    Out().idx.swap(outs[j].idx);  // free as we go
-    Out().vals.swap(outs[j].vals);
+    counts->entries += outs[j].idx.size();
+    changes.back().blocks.push_back(std::move(outs[j]));
   }
   return changes;
 }
@@ -474,7 +706,8 @@ Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_regist
     const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
     const uint64_t map_off = r.offset / page * page;
     buf->map_len = static_cast<size_t>(r.offset - map_off + std::max<uint64_t>(bytes, 1));
-    void* m = ::mmap(nullptr, buf->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+    // Populated now, so the first apply does not fault the mapping in.
+    void* m = ::mmap(nullptr, buf->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
                      static_cast<off_t>(map_off));
     const int e = errno;
     ::close(fd);
@@ -534,7 +767,6 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
     first_canonical.push_back(n);
     n += static_cast<uint32_t>(f.tensors.size());
   }
-  std::vector<uint64_t> dst, pos;
   std::vector<uint64_t> failed;
   for (auto& [owner, rc] : receivers_) {
     auto plan = PlanFor(v, rc.layout);
@@ -542,51 +774,113 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
     std::vector<Buffer*> by_tensor(
         (*plan)->plan.receiver_tensors[static_cast<size_t>(rc.rank)].size());
     for (const auto& b : rc.buffers) by_tensor[b->receiver_tensor] = b.get();
-    bool wrote = false, ok = true;
-    std::vector<bool> touched(by_tensor.size());
+    // The (tensor, op) pairs that write this receiver's buffers.
+    struct Target {
+      const Changes* c;
+      const TransferOp* op;
+      Buffer* buf;
+      bool shift;  // IsShift(op->remap)
+    };
+    std::vector<Target> targets;
     for (const Changes& c : changes) {
-      if (c.idx.empty()) continue;
       const uint32_t canonical = first_canonical[c.file] + c.tensor;
       for (uint32_t op_index : (*plan)->ops_by_canonical[canonical]) {
         const TransferOp& op = (*plan)->plan.ops[op_index];
-        if (op.receiver != rc.rank) continue;
-        Buffer* b = by_tensor[op.receiver_tensor];
-        if (!b) continue;
-        dst.resize(c.idx.size());
-        pos.resize(c.idx.size());
-        const size_t k = RemapOpIndices(op, c.idx.data(), c.idx.size(), dst.data(), pos.data());
-        if (k == 0) continue;
-        if (b->kind == DTE_LIVE_CUDA_IPC) {
-          // Host-side check, then the remap + scatter kernel on the device.
-          for (size_t j = 0; j < k; ++j) ok = ok && dst[j] < b->elements;
-          std::vector<uint64_t> src(k);
-          std::vector<uint8_t> vals(k * static_cast<size_t>(c.width));
-          for (size_t j = 0; j < k; ++j) {
-            src[j] = c.idx[pos[j]];
-            std::memcpy(vals.data() + j * c.width, c.vals.data() + pos[j] * c.width,
-                        static_cast<size_t>(c.width));
-          }
-          kernels::CudaBuffer d_src, d_vals;
-          kernels::CudaStatus cs = d_src.Allocate(k * 8);
-          if (cs.ok()) cs = d_vals.Allocate(vals.size());
-          if (cs.ok()) cs = kernels::CudaCopyToDevice(d_src.data(), src.data(), k * 8);
-          if (cs.ok()) cs = kernels::CudaCopyToDevice(d_vals.data(), vals.data(), vals.size());
-          if (cs.ok() && ok) {
-            cs = kernels::CudaRemapScatter(op.remap, static_cast<const uint64_t*>(d_src.data()),
-                                           d_vals.data(), k, c.width, b->data, nullptr);
-          }
-          if (cs.ok()) cs = kernels::CudaStreamSynchronize(nullptr);
-          ok = ok && cs.ok();
-        } else {
-          ok = GuardedScatter(b->data, b->elements, dst.data(), pos.data(), c.vals.data(), k,
-                              c.width);
-        }
-        if (!ok) break;
-        wrote = true;
-        touched[op.receiver_tensor] = true;
-        counts->bytes += k * static_cast<uint64_t>(c.width);
+        if (op.receiver != rc.rank || !by_tensor[op.receiver_tensor]) continue;
+        targets.push_back({&c, &op, by_tensor[op.receiver_tensor], IsShift(op.remap)});
       }
-      if (!ok) break;
+    }
+    std::atomic<bool> ok{true};
+    std::atomic<uint64_t> bytes{0};
+    std::vector<uint8_t> touched(by_tensor.size(), 0);
+    // Host buffers: every block of every target is one piece of work, spread
+    // over the worker threads (the pieces write distinct elements).
+    std::vector<std::pair<uint32_t, uint32_t>> work;  // (target, block)
+    for (uint32_t t = 0; t < targets.size(); ++t) {
+      if (targets[t].buf->kind == DTE_LIVE_CUDA_IPC) continue;
+      for (uint32_t k = 0; k < targets[t].c->blocks.size(); ++k) work.emplace_back(t, k);
+    }
+    kernels::ParallelFor(work.size(), 8, [&](size_t begin, size_t end) {
+      std::vector<uint64_t> src, dst, pos;
+      uint64_t wrote = 0;
+      for (size_t w = begin; w < end && ok.load(std::memory_order_relaxed); ++w) {
+        const Target& tg = targets[work[w].first];
+        const BlockChange& bc = tg.c->blocks[work[w].second];
+        const uint64_t first = uint64_t{bc.block} * tg.c->block_elements;
+        const EntryView view{bc.values, bc.vals.data(),
+                             bc.whole.empty() ? nullptr : bc.whole.data()};
+        if (tg.shift) {
+          // The entries inside the box, written without a remap per element.
+          const kernels::RemapPlan& rp = tg.op->remap;
+          if (rp.src_first > rp.src_last) continue;
+          auto rel = [&](uint64_t x) {
+            return x <= first ? uint64_t{0} : std::min<uint64_t>(x - first, UINT32_MAX);
+          };
+          const uint32_t* idx = bc.idx.data();
+          const size_t b = static_cast<size_t>(
+              std::lower_bound(idx, idx + bc.idx.size(), rel(rp.src_first)) - idx);
+          const size_t e = static_cast<size_t>(
+              std::upper_bound(idx, idx + bc.idx.size(), rel(rp.src_last)) - idx);
+          if (rp.src_last < first) continue;
+          if (!GuardedApplyRun(tg.buf->data, tg.buf->elements, first + rp.dst_offset, idx, view, b,
+                               e, tg.c->width)) {
+            ok = false;
+            break;
+          }
+          wrote += (e - b) * static_cast<uint64_t>(tg.c->width);
+          continue;
+        }
+        src.resize(bc.idx.size());
+        for (size_t i = 0; i < bc.idx.size(); ++i) src[i] = first + bc.idx[i];
+        dst.resize(src.size());
+        pos.resize(src.size());
+        const size_t k = RemapOpIndices(*tg.op, src.data(), src.size(), dst.data(), pos.data());
+        if (k == 0) continue;
+        if (!GuardedApply(tg.buf->data, tg.buf->elements, dst.data(), pos.data(), view, k,
+                          tg.c->width)) {
+          ok = false;
+          break;
+        }
+        wrote += k * static_cast<uint64_t>(tg.c->width);
+      }
+      bytes.fetch_add(wrote, std::memory_order_relaxed);
+    });
+    // Device buffers: one remap + apply kernel per target, its blocks
+    // concatenated; the indices are checked on the host first.
+    for (const Target& tg : targets) {
+      if (tg.buf->kind != DTE_LIVE_CUDA_IPC || !ok) continue;
+      const Changes& c = *tg.c;
+      std::vector<uint64_t> src;
+      std::vector<uint8_t> vals, whole;
+      bool all_whole = true;
+      for (const BlockChange& bc : c.blocks) {
+        const uint64_t first = uint64_t{bc.block} * c.block_elements;
+        for (size_t i = 0; i < bc.idx.size(); ++i) {
+          src.push_back(first + bc.idx[i]);
+          whole.push_back(bc.Whole(i) ? 1 : 0);
+          all_whole = all_whole && bc.Whole(i);
+        }
+        vals.insert(vals.end(), bc.vals.begin(), bc.vals.end());
+      }
+      std::vector<uint64_t> dst(src.size()), pos(src.size());
+      const size_t k = RemapOpIndices(*tg.op, src.data(), src.size(), dst.data(), pos.data());
+      if (k == 0) continue;
+      for (size_t j = 0; j < k; ++j) ok = ok && dst[j] < tg.buf->elements;
+      kernels::CudaBuffer d_src, d_vals, d_whole;
+      kernels::CudaStatus cs = d_src.Allocate(src.size() * 8);
+      if (cs.ok()) cs = d_vals.Allocate(vals.size());
+      if (cs.ok()) cs = d_whole.Allocate(whole.size());
+      if (cs.ok()) cs = kernels::CudaCopyToDevice(d_src.data(), src.data(), src.size() * 8);
+      if (cs.ok()) cs = kernels::CudaCopyToDevice(d_vals.data(), vals.data(), vals.size());
+      if (cs.ok()) cs = kernels::CudaCopyToDevice(d_whole.data(), whole.data(), whole.size());
+      if (cs.ok() && ok) {
+        cs = kernels::CudaRemapApply(tg.op->remap, static_cast<const uint64_t*>(d_src.data()),
+                                     d_vals.data(), static_cast<const uint8_t*>(d_whole.data()),
+                                     all_whole, src.size(), c.width, tg.buf->data, nullptr);
+      }
+      if (cs.ok()) cs = kernels::CudaStreamSynchronize(nullptr);
+      if (!cs.ok()) ok = false;
+      bytes += k * static_cast<uint64_t>(c.width);
     }
     if (!ok) {
       // Its memory went away under the mapping (or a device call failed):
@@ -596,8 +890,10 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
       failed.push_back(owner);
       continue;
     }
-    if (wrote) counts->receivers++;
-    counts->buffers += static_cast<uint64_t>(std::count(touched.begin(), touched.end(), true));
+    for (const Target& tg : targets) touched[tg.op->receiver_tensor] = 1;
+    counts->bytes += bytes.load();
+    if (!targets.empty()) counts->receivers++;
+    counts->buffers += static_cast<uint64_t>(std::count(touched.begin(), touched.end(), 1));
   }
   for (uint64_t owner : failed) receivers_.erase(owner);
   return Status::Ok();
@@ -621,13 +917,7 @@ Status Live::PushPages(const LiveView& from, const LiveView& to,
       for (uint64_t p = 0; p * kPageBytes < whole; ++p) changed[p] = 1;
       any = true;
     }
-    for (const Changes& c : changes) {
-      if (c.file != f || c.idx.empty()) continue;
-      const uint64_t base = file.header_size + file.tensors[c.tensor].begin;
-      for (uint64_t i : c.idx)
-        changed[(base + i * static_cast<uint64_t>(c.width)) / kPageBytes] = 1;
-      any = true;
-    }
+    for (const Changes& c : changes) any = any || (c.file == f && !c.blocks.empty());
     if (!any) continue;
     std::vector<uint8_t> resident;
     dte::Status s = pages->Resident(file.name, file.size, &resident);
@@ -637,6 +927,21 @@ Status Live::PushPages(const LiveView& from, const LiveView& to,
       LogLine("dtefs: live apply: page residency of live/" + file.name + " unknown (" +
               s.message() + "); pushing every changed page");
       resident.assign(npages, 1);
+    }
+    // Changed pages, looked for only in blocks with a resident page.
+    for (const Changes& c : changes) {
+      if (c.file != f) continue;
+      const uint64_t base = file.header_size + file.tensors[c.tensor].begin;
+      const auto width = static_cast<uint64_t>(c.width);
+      for (const BlockChange& bc : c.blocks) {
+        const uint64_t first = uint64_t{bc.block} * c.block_elements;
+        const uint64_t lo = (base + (first + bc.idx.front()) * width) / kPageBytes;
+        const uint64_t hi = (base + (first + bc.idx.back()) * width) / kPageBytes;
+        bool cached = false;
+        for (uint64_t p = lo; p <= hi && !cached; ++p) cached = (resident[p] & 1) != 0;
+        if (!cached) continue;
+        for (uint32_t i : bc.idx) changed[(base + (first + i) * width) / kPageBytes] = 1;
+      }
     }
     constexpr uint64_t kMaxPush = uint64_t{1} << 20;
     for (uint64_t p = 0; p < npages;) {
@@ -688,7 +993,7 @@ Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target
   auto to = std::make_shared<LiveView>();
   to->version = target;
   to->chain = reader_->ChainOf(target);
-  auto changes = ChangedSet(*from, *to, &counts.entries);
+  auto changes = ChangedSet(*from, *to, &counts);
   if (!changes.ok()) {
     return fail(changes.status().WithContext("apply of " + VersionName(counts.to_version) +
                                              " refused, live state unchanged"));

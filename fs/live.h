@@ -5,20 +5,27 @@
 // apply (Apply) of target version T over live version L:
 //   1. checks that T has L's layout (the same files of the same sizes, and
 //      the same tensors, dtypes, shapes and offsets);
-//   2. finds the changed set: for every block whose content hash differs
-//      between L and T, the union of the element indices of the sparse
-//      records of the versions between L and T (either direction) read from
-//      their delta blobs, each blob checked against its content hash first;
-//      a block with a dense record on the way (or L and T not on one chain)
-//      is compared element by element between L and T instead. Values come
-//      from T's block, materialized and checked against its block hash;
-//   3. only then writes: every registered receiver buffer (remapped through
-//      the engine's transfer plan for the receiver's layout, every index
-//      bounds-checked against the buffer), then switches the live view (new
-//      reads of live/ serve T), waits for reads of L still in flight, and
-//      replaces the page-cache pages of live/ that hold changed bytes and
-//      are resident (PageCache): changed elements, and whole headers and
-//      other files whose content differs.
+//   2. finds the changed set, block by block (only blocks whose content
+//      hash differs between L and T): along the chain between L and T
+//      (either direction) the entries of the versions' sparse records,
+//      read from their delta blobs, each blob checked against its content
+//      hash first, are composed into one list per block: element indices
+//      with the wrapping difference to add to the live value (negated when
+//      going back) or, for elements a record stores whole, the value. No
+//      block of either version is materialized. A block with a dense record
+//      on the way, a set element to undo (going back), or L and T not on
+//      one chain is instead read from both versions (each checked against
+//      its block hash) and compared element by element, the values taken
+//      from T ("compared blocks");
+//   3. only then writes: every registered receiver buffer in place
+//      (remapped through the engine's transfer plan for the receiver's
+//      layout, every index bounds-checked against the buffer; a difference
+//      is added to the element the buffer holds, which is L's), then
+//      switches the live view (new reads of live/ serve T), waits for reads
+//      of L still in flight, and replaces the page-cache pages of live/
+//      that hold changed bytes and are resident (PageCache) with T's bytes:
+//      changed elements, and whole headers and other files whose content
+//      differs.
 // Anything failing in steps 1-2 leaves every target untouched.
 //
 // Receivers are registered per owner (an open .dte/control file): all
@@ -153,14 +160,16 @@ class Live {
     uid_t uid = 0;
     std::vector<std::unique_ptr<Buffer>> buffers;
   };
+  struct BlockChange;
   struct Changes;
   struct Plan {
     TransferPlan plan;
     std::vector<std::vector<uint32_t>> ops_by_canonical;  // indices into plan.ops
   };
   Status CheckLayout(const Version& from, const Version& to);
+  // Fills counts->entries, blocks and compared_blocks.
   Result<std::vector<Changes>> ChangedSet(const LiveView& from, const LiveView& to,
-                                          uint64_t* entries);
+                                          dte_live_counts* counts);
   Result<const Plan*> PlanFor(const Version& v, const ShardLayout& layout) REQUIRES(receivers_mu_);
   Status Scatter(const Version& v, const std::vector<Changes>& changes, dte_live_counts* counts)
       EXCLUDES(receivers_mu_);

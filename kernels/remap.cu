@@ -51,7 +51,48 @@ CudaStatus LaunchRemapScatter(const RemapPlan& plan, const uint64_t* d_src_idx, 
       "CUDA remap scatter");
 }
 
+template <int W>
+struct RemapApplyOp {
+  RemapPlan plan;
+  const uint64_t* src;
+  const unsigned char* vals;
+  const uint8_t* whole;
+  bool all_whole;
+  unsigned char* dst;
+  __device__ void operator()(uint64_t k) const {
+    RemapApplyElement<W>(plan, src[k], vals + k * W, whole ? whole[k] != 0 : all_whole, dst);
+  }
+};
+
+template <int W>
+CudaStatus LaunchRemapApply(const RemapPlan& plan, const uint64_t* d_src_idx, const void* d_vals,
+                            const uint8_t* d_whole, bool all_whole, size_t n, void* d_dst,
+                            void* stream) {
+  const RemapApplyOp<W> op{plan,    d_src_idx, static_cast<const unsigned char*>(d_vals),
+                           d_whole, all_whole, static_cast<unsigned char*>(d_dst)};
+  return cuda_internal::FromCuda(
+      cuda_internal::LaunchForEachIndex(n, cuda_internal::AsStream(stream), op),
+      "CUDA remap apply");
+}
+
 }  // namespace
+
+CudaStatus CudaRemapApply(const RemapPlan& plan, const uint64_t* d_src_idx, const void* d_vals,
+                          const uint8_t* d_whole, bool all_whole, size_t n, int width, void* d_dst,
+                          void* stream) {
+  switch (width) {
+    case 1:
+      return LaunchRemapApply<1>(plan, d_src_idx, d_vals, d_whole, all_whole, n, d_dst, stream);
+    case 2:
+      return LaunchRemapApply<2>(plan, d_src_idx, d_vals, d_whole, all_whole, n, d_dst, stream);
+    case 4:
+      return LaunchRemapApply<4>(plan, d_src_idx, d_vals, d_whole, all_whole, n, d_dst, stream);
+    case 8:
+      return LaunchRemapApply<8>(plan, d_src_idx, d_vals, d_whole, all_whole, n, d_dst, stream);
+    default:
+      return cuda_internal::BadArgument("CUDA remap apply", "width must be 1, 2, 4 or 8");
+  }
+}
 
 CudaStatus CudaRemapScatter(const RemapPlan& plan, const uint64_t* d_src_idx, const void* d_vals,
                             size_t n, int width, void* d_dst, void* stream) {

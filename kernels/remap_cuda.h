@@ -23,4 +23,12 @@ namespace dte::kernels {
 CudaStatus CudaRemapScatter(const RemapPlan& plan, const uint64_t* d_src_idx, const void* d_vals,
                             size_t n, int width, void* d_dst, void* stream);
 
+// The in-place form used by live apply: element k is applied with
+// ApplyElement (kernels/remap_math.h) at its destination, whole where
+// d_whole[k] != 0 (or, with d_whole null, where all_whole is true), else
+// added as a wrapping difference. Indices must be distinct.
+CudaStatus CudaRemapApply(const RemapPlan& plan, const uint64_t* d_src_idx, const void* d_vals,
+                          const uint8_t* d_whole, bool all_whole, size_t n, int width, void* d_dst,
+                          void* stream);
+
 }  // namespace dte::kernels

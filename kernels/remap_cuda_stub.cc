@@ -12,6 +12,11 @@ CudaStatus CudaRemapScatter(const RemapPlan&, const uint64_t*, const void*, size
   return {kCudaNotBuilt, "CUDA remap scatter: dte was built without CUDA support"};
 }
 
+CudaStatus CudaRemapApply(const RemapPlan&, const uint64_t*, const void*, const uint8_t*, bool,
+                          size_t, int, void*, void*) {
+  return {kCudaNotBuilt, "CUDA remap apply: dte was built without CUDA support"};
+}
+
 }  // namespace dte::kernels
 
 #endif  // !defined(DTE_HAVE_CUDA)

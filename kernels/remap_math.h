@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/hd.h"
 
@@ -84,6 +85,51 @@ DTE_HD bool RemapScatterElement(const RemapPlan& p, uint64_t src, const unsigned
   if (!RemapElement(p, src, &d)) return false;
   unsigned char* out = dst + d * W;
   for (int b = 0; b < W; ++b) out[b] = val[b];
+  return true;
+}
+
+// How a live apply updates one element of W bytes in place: a whole value
+// replaces it; otherwise `val` is a difference added to the element's bits
+// as a little-endian W-byte integer, wrapping (the sparse delta codec's
+// entries, store/delta_codec.h). Byte-wise, so neither buffer needs
+// alignment.
+template <int W>
+struct ElementBits;
+template <>
+struct ElementBits<1> {
+  using type = uint8_t;
+};
+template <>
+struct ElementBits<2> {
+  using type = uint16_t;
+};
+template <>
+struct ElementBits<4> {
+  using type = uint32_t;
+};
+template <>
+struct ElementBits<8> {
+  using type = uint64_t;
+};
+
+template <int W>
+DTE_HD void ApplyElement(unsigned char* out, const unsigned char* val, bool whole) {
+  using U = typename ElementBits<W>::type;
+  U a, b;
+  memcpy(&a, out, W);
+  memcpy(&b, val, W);
+  a = whole ? b : static_cast<U>(a + b);
+  memcpy(out, &a, W);
+}
+
+// Fused remap + in-place apply of one element (ApplyElement at src's
+// destination slot); false if src lies outside the box.
+template <int W>
+DTE_HD bool RemapApplyElement(const RemapPlan& p, uint64_t src, const unsigned char* val,
+                              bool whole, unsigned char* dst) {
+  uint64_t d;
+  if (!RemapElement(p, src, &d)) return false;
+  ApplyElement<W>(dst + d * W, val, whole);
   return true;
 }
 

@@ -568,4 +568,20 @@ Status DecodeSparseIndices(std::string_view payload, size_t len, int width,
   return DecodeSparse(payload, len, width, idx_out, &ScratchOrThread(scratch), what, &count);
 }
 
+Status DecodeSparseEntries(std::string_view payload, size_t len, int width,
+                           std::vector<uint32_t>* idx_out, std::vector<uint8_t>* vals_out,
+                           std::vector<uint8_t>* sets_out, CodecScratch* scratch,
+                           const std::string& what) {
+  CodecScratch& s = ScratchOrThread(scratch);
+  uint32_t count = 0;
+  RETURN_IF_ERROR(DecodeSparse(payload, len, width, idx_out, &s, what, &count));
+  vals_out->swap(s.vals);
+  sets_out->swap(s.sets);
+  if (!sets_out->empty() &&
+      std::find(sets_out->begin(), sets_out->end(), uint8_t{1}) == sets_out->end()) {
+    sets_out->clear();
+  }
+  return Status::Ok();
+}
+
 }  // namespace dte

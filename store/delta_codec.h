@@ -100,4 +100,15 @@ Status DecodeSparseIndices(std::string_view payload, size_t len, int width,
                            std::vector<uint32_t>* idx_out, CodecScratch* scratch,
                            const std::string& what);
 
+// Decodes a kSparse record's entries without applying them: block-relative
+// indices (increasing) into *idx_out, and for entry i, vals_out[i * width ..]
+// holds its wrapping difference from the parent element, or its whole value
+// where the record marks it a set element: then (*sets_out)[i] = 1.
+// *sets_out is left empty when the record has no set elements. Validates
+// the payload as DecodeBlock does.
+Status DecodeSparseEntries(std::string_view payload, size_t len, int width,
+                           std::vector<uint32_t>* idx_out, std::vector<uint8_t>* vals_out,
+                           std::vector<uint8_t>* sets_out, CodecScratch* scratch,
+                           const std::string& what);
+
 }  // namespace dte

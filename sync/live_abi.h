@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define DTE_LIVE_ABI_VERSION 1
+#define DTE_LIVE_ABI_VERSION 2
 #define DTE_LIVE_CONTROL_FILE ".dte/control" /* relative to the mount point */
 #define DTE_LIVE_LATEST UINT64_MAX           /* dte_live_apply.version: the newest */
 #define DTE_LIVE_MESSAGE_BYTES 1024
@@ -34,17 +34,20 @@ extern "C" {
 
 /* Counts of one apply. */
 typedef struct dte_live_counts {
-  uint64_t from_version; /* live version before */
-  uint64_t to_version;   /* live version after (the target) */
-  uint64_t entries;      /* changed elements in the union of the deltas between the two */
-  uint64_t bytes;        /* bytes of element values written into registered buffers */
-  uint64_t pages;        /* page-cache pages of live/ files replaced in place */
-  uint64_t receivers;    /* receivers (open control files with buffers) written */
-  uint64_t buffers;      /* registered buffers written */
-  uint64_t elapsed_ns;   /* from the request to the reply */
-  uint64_t decode_ns;    /* deciding the changed set, decoding and verifying it */
-  uint64_t scatter_ns;   /* writing registered buffers */
-  uint64_t pagecache_ns; /* finding and replacing cached pages */
+  uint64_t from_version;    /* live version before */
+  uint64_t to_version;      /* live version after (the target) */
+  uint64_t entries;         /* changed elements in the union of the deltas between the two */
+  uint64_t bytes;           /* bytes of element values written into registered buffers */
+  uint64_t pages;           /* page-cache pages of live/ files replaced in place */
+  uint64_t receivers;       /* receivers (open control files with buffers) written */
+  uint64_t buffers;         /* registered buffers written */
+  uint64_t elapsed_ns;      /* from the request to the reply */
+  uint64_t decode_ns;       /* deciding the changed set, decoding and verifying it */
+  uint64_t scatter_ns;      /* writing registered buffers */
+  uint64_t pagecache_ns;    /* finding and replacing cached pages */
+  uint64_t blocks;          /* changed blocks (a block: the store's unit of a tensor) */
+  uint64_t compared_blocks; /* of them, read whole from both versions and compared, not
+                               composed from delta entries (docs/live.md) */
 } dte_live_counts;
 
 /* DTE_IOC_APPLY: make `version` the live version, everywhere, in place.
@@ -124,8 +127,8 @@ typedef struct dte_live_register {
 
 #ifdef __cplusplus
 } /* extern "C" */
-static_assert(sizeof(dte_live_counts) == 88, "dte_live_counts layout");
-static_assert(sizeof(dte_live_apply) == 24 + 88 + 1024, "dte_live_apply layout");
+static_assert(sizeof(dte_live_counts) == 104, "dte_live_counts layout");
+static_assert(sizeof(dte_live_apply) == 24 + 104 + 1024, "dte_live_apply layout");
 static_assert(sizeof(dte_live_register) % 8 == 0, "dte_live_register layout");
 static_assert(sizeof(dte_live_register) <= 16383, "restricted FUSE ioctl size");
 #endif

@@ -193,6 +193,12 @@ TEST_F(LiveTest, AcrossAnAnchorTheBlocksAreCompared) {
   ASSERT_TRUE(direct.ok());
   EXPECT_LE(r->entries, direct->entries);
   EXPECT_GT(r->entries, 0u);
+  // Across the anchor every changed block was read from both versions; along
+  // the delta chain the deltas' entries were composed instead.
+  EXPECT_GT(r->blocks, 0u);
+  EXPECT_EQ(r->compared_blocks, r->blocks);
+  EXPECT_EQ(direct->blocks, r->blocks);
+  EXPECT_EQ(direct->compared_blocks, 0u);
 }
 
 TEST_F(LiveTest, ApplyingTheLiveVersionChangesNothing) {

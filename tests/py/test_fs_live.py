@@ -58,6 +58,10 @@ def mount(tmp_path, live_store):
         yield lambda *args, **kw: start(store, *args, **kw)
 
 
+def VersionName(v):
+    return "v%08d" % v
+
+
 def dtectl(*args, check=True):
     r = subprocess.run([str(BUILD_DIR / "tools" / "dtectl"), *map(str, args)],
                        capture_output=True, text=True, timeout=120)
@@ -226,53 +230,115 @@ def test_uncached_pages_come_from_the_new_version(mount, gen):
     assert sha256(m.path + "/live/model.safetensors") == sha256(gen(2) / "model.safetensors")
 
 
+class Receivers:
+    """tp receiver processes, each holding its shards of `state` in /dev/shm
+    and registered with the mount through dte.Receiver."""
+
+    def __init__(self, mount_path, state, tp):
+        sys.path.insert(0, PY_PATH)
+        import dte
+        self.tp, self.weights, self.procs = tp, [], []
+        try:
+            for rank in range(tp):
+                shards = shard(state, tp, rank)
+                w = dte.SharedWeights(f"dte-test-{os.getpid()}-{tp}-{rank}",
+                                      {k: ("BF16", list(a.shape)) for k, a in shards.items()})
+                self.weights.append(w)
+                for k, a in shards.items():
+                    w.array(k)[...] = a
+                spec = {"tp": tp, "rank": rank, "buffers": [
+                    {"name": k, "shm": w.name, "offset": w.offset(k), "shape": list(a.shape)}
+                    for k, a in shards.items()]}
+                p = subprocess.Popen([sys.executable, "-c", RECEIVER, PY_PATH, mount_path,
+                                      json.dumps(spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+                self.procs.append(p)
+                assert p.stdout.readline().strip() == "ready"
+        except BaseException:
+            self.close()
+            raise
+
+    def check(self, want, what):
+        """Every rank's buffers equal `want` sharded directly, bit for bit."""
+        for rank, w in enumerate(self.weights):
+            for k, a in shard(want, self.tp, rank).items():
+                assert np.array_equal(w.array(k), a), (what, rank, k)
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.stdin.close()
+                p.wait(timeout=30)
+        for w in self.weights:
+            w.close()
+            w.unlink()
+
+
 @pytest.mark.parametrize("tp", [1, 2, 4])  # 4 > KV_HEADS: K/V heads replicated
 def test_receivers_in_shared_memory_get_the_target_sharded(mount, gen, tp):
-    sys.path.insert(0, PY_PATH)
-    import dte
-
     m = mount("--live-version", 1)
     v1 = load_raw(gen(1) / "model.safetensors")
-    weights, procs = [], []
+    rx = Receivers(m.path, v1, tp)
     try:
-        for rank in range(tp):
-            shards = shard(v1, tp, rank)
-            w = dte.SharedWeights(f"dte-test-{os.getpid()}-{tp}-{rank}",
-                                  {k: ("BF16", list(a.shape)) for k, a in shards.items()})
-            weights.append(w)
-            for k, a in shards.items():
-                w.array(k)[...] = a
-            spec = {"tp": tp, "rank": rank, "buffers": [
-                {"name": k, "shm": w.name, "offset": w.offset(k), "shape": list(a.shape)}
-                for k, a in shards.items()]}
-            p = subprocess.Popen([sys.executable, "-c", RECEIVER, PY_PATH, m.path,
-                                  json.dumps(spec)], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
-            procs.append(p)
-            assert p.stdout.readline().strip() == "ready"
         st = m.status()["live"]
         assert st["receivers"] == tp
         assert st["buffers"] == sum(len(shard(v1, tp, r)) for r in range(tp))
         for target in (4, 2, 0, 3):
             r = apply(m.path, target)
             assert r["receivers"] == tp, r
-            want = load_raw(gen(target) / "model.safetensors")
-            for rank, w in enumerate(weights):
-                for k, a in shard(want, tp, rank).items():
-                    got = w.array(k)
-                    assert np.array_equal(got, a), (target, rank, k)
+            # Along the delta chain the deltas' entries are applied in place.
+            assert r["blocks"] > 0 and r["compared_blocks"] == 0, r
+            rx.check(load_raw(gen(target) / "model.safetensors"), target)
         # A receiver that exits is unregistered.
-        procs[0].stdin.close()
-        procs[0].wait(timeout=30)
+        rx.procs[0].stdin.close()
+        rx.procs[0].wait(timeout=30)
         wait_for(lambda: m.status()["live"]["receivers"] == tp - 1, 10, "receiver 0 to go")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.stdin.close()
-                p.wait(timeout=30)
-        for w in weights:
-            w.close()
-            w.unlink()
+        rx.close()
+
+
+def test_receivers_follow_versions_published_from_adamw(tmp_path, gen):
+    """The AdamW publisher stores some changed elements whole ("set": the
+    engine did not know their old bits). Forward they apply as they are;
+    going back over them the daemon cannot undo them and compares those
+    blocks between the versions instead. Receivers match either way."""
+    torch = pytest.importorskip("torch")
+    import safetensors.torch
+    sys.path.insert(0, PY_PATH)
+    import dte
+    store = tmp_path / "store"
+    pub = dte.Publisher(store=str(store))
+    pub.import_checkpoint(str(gen(0)))
+    params = {n: torch.nn.Parameter(t.float()) for n, t in
+              safetensors.torch.load_file(str(gen(0) / "model.safetensors")).items()}
+    opt = torch.optim.AdamW(list(params.values()), lr=1e-3, weight_decay=0.01, foreach=False)
+    g = torch.Generator().manual_seed(11)
+    for step in (1, 2, 3):
+        for p in params.values():
+            p.grad = torch.randn(p.shape, generator=g) * 1e-2
+        opt.step()
+        r = pub.publish_adamw(step=step, lr=1e-3, weight_decay=0.01, params={
+            n: (p, opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]) for n, p in params.items()})
+        assert r.version == step
+    pub.close()
+    with fs_util.mounts(tmp_path) as start:
+        m = start(store, "--live-version", 3)
+        states = {v: load_raw(os.path.join(m.path, VersionName(v), "model.safetensors"))
+                  for v in range(4)}
+        for name, p in params.items():  # the store holds the trainer's BF16 weights
+            assert np.array_equal(states[3][name], p.detach().to(torch.bfloat16)
+                                  .view(torch.int16).numpy().view(np.uint16)), name
+        rx = Receivers(m.path, states[3], 2)
+        try:
+            back = apply(m.path, 1)
+            assert 0 < back["compared_blocks"] < back["blocks"], back
+            rx.check(states[1], "3 -> 1")
+            fwd = apply(m.path, 3)
+            assert fwd["blocks"] > 0 and fwd["compared_blocks"] == 0, fwd
+            rx.check(states[3], "1 -> 3")
+            rx.check(load_raw(os.path.join(m.path, "live", "model.safetensors")), "live/")
+        finally:
+            rx.close()
 
 
 def test_bad_registrations_are_refused(mount, gen):
@@ -379,7 +445,7 @@ def test_control_ioctls_refuse_what_they_must(mount, tmp_path):
     fd = os.open(m.path + "/live/config.json", os.O_RDONLY)
     try:
         with pytest.raises(OSError) as e:
-            fcntl.ioctl(fd, (3 << 30) | (1136 << 16) | (0xD7 << 8) | 1, bytearray(1136), True)
+            fcntl.ioctl(fd, (3 << 30) | (1152 << 16) | (0xD7 << 8) | 1, bytearray(1152), True)
         assert e.value.errno == errno.ENOTTY
     finally:
         os.close(fd)

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/change_detect.h"
+#include "kernels/remap_math.h"
 
 namespace dte {
 namespace {
@@ -422,6 +423,67 @@ TEST(DeltaCodec, DecodeSparseIndicesAgreesWithDetectChanges) {
       EXPECT_EQ(got, want) << "width " << width << " changes " << changes;
     }
   }
+}
+
+// The entries DecodeSparseEntries returns, applied in place with the
+// shared per-element math (ApplyElement), turn the parent into the block:
+// differences where the old value was known, whole values for set elements.
+TEST(DeltaCodec, DecodedEntriesAppliedInPlaceGiveTheBlock) {
+  for (int width : {1, 2, 4, 8}) {
+    Bytes old = RandomBytes(kBlock, width * 11);
+    Bytes now = Mutate(old, width, 500, true, 500);
+    const size_t n = kBlock / width;
+    std::vector<uint32_t> idx(n);
+    Bytes new_vals(kBlock), old_vals(kBlock);
+    idx.resize(
+        kernels::DetectChanges(old.data(), now.data(), n, width, idx.data(), new_vals.data()));
+    ASSERT_GT(idx.size(), 100u);
+    kernels::Gather(old.data(), width, idx.data(), idx.size(), old_vals.data());
+    for (bool with_sets : {false, true}) {
+      std::vector<uint8_t> known(idx.size(), 1);
+      if (with_sets) {
+        for (size_t i = 0; i < known.size(); i += 3) known[i] = 0;  // a third are set elements
+      }
+      std::string payload =
+          EncodeSparseEntries(idx.data(), new_vals.data(), old_vals.data(), known.data(),
+                              static_cast<uint32_t>(idx.size()), width, nullptr);
+      std::vector<uint32_t> got_idx;
+      std::vector<uint8_t> vals, sets;
+      ASSERT_TRUE(
+          DecodeSparseEntries(payload, kBlock, width, &got_idx, &vals, &sets, nullptr, kWhat).ok());
+      EXPECT_EQ(got_idx, idx);
+      ASSERT_EQ(vals.size(), idx.size() * width);
+      ASSERT_EQ(sets.size(), with_sets ? idx.size() : 0u) << "width " << width;
+      Bytes patched = old;
+      for (size_t i = 0; i < idx.size(); ++i) {
+        const bool whole = with_sets && sets[i] != 0;
+        if (with_sets) {
+          EXPECT_EQ(whole, known[i] == 0) << i;
+        }
+        uint8_t* out = patched.data() + size_t{idx[i]} * width;
+        const uint8_t* v = vals.data() + i * width;
+        switch (width) {
+          case 1:
+            kernels::ApplyElement<1>(out, v, whole);
+            break;
+          case 2:
+            kernels::ApplyElement<2>(out, v, whole);
+            break;
+          case 4:
+            kernels::ApplyElement<4>(out, v, whole);
+            break;
+          default:
+            kernels::ApplyElement<8>(out, v, whole);
+            break;
+        }
+      }
+      EXPECT_TRUE(patched == now) << "width " << width << " sets " << with_sets;
+    }
+  }
+  std::vector<uint32_t> idx;
+  std::vector<uint8_t> vals, sets;
+  EXPECT_EQ(DecodeSparseEntries("\x01", kBlock, 2, &idx, &vals, &sets, nullptr, kWhat).code(),
+            Code::kCorruption);
 }
 
 // ---- size on a realistic BF16 optimizer step

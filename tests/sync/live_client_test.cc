@@ -44,10 +44,10 @@ TEST(LiveAbi, CommandsEncodeTheirStructs) {
 // The sizes and offsets the Python mirror (sync/python/dte/_lib.py) and
 // tests/py/test_live_client.py check too.
 TEST(LiveAbi, StructLayoutIsFixed) {
-  EXPECT_EQ(sizeof(dte_live_counts), 88u);
-  EXPECT_EQ(sizeof(dte_live_apply), 1136u);
+  EXPECT_EQ(sizeof(dte_live_counts), 104u);
+  EXPECT_EQ(sizeof(dte_live_apply), 1152u);
   EXPECT_EQ(offsetof(dte_live_apply, counts), 24u);
-  EXPECT_EQ(sizeof(dte_live_status), 1184u);
+  EXPECT_EQ(sizeof(dte_live_status), 1200u);
   EXPECT_EQ(offsetof(dte_live_status, last), 72u);
   EXPECT_EQ(sizeof(dte_live_register), 1736u);
   EXPECT_EQ(offsetof(dte_live_register, name), 24u);

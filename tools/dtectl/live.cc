@@ -52,6 +52,8 @@ json CountsJson(const dte_live_counts& c) {
               {"decode_ns", c.decode_ns},
               {"scatter_ns", c.scatter_ns},
               {"pagecache_ns", c.pagecache_ns},
+              {"blocks", c.blocks},
+              {"compared_blocks", c.compared_blocks},
               {"seconds", Seconds(c.elapsed_ns)}};
 }
 

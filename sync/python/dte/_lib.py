@@ -52,7 +52,7 @@ class PublishResult(ctypes.Structure):
 
 
 # Live apply (sync/live_abi.h): the ioctl structs, field for field.
-LIVE_ABI_VERSION = 1
+LIVE_ABI_VERSION = 2
 LIVE_LATEST = 2**64 - 1  # DTE_LIVE_LATEST
 LIVE_MESSAGE_BYTES, LIVE_NAME_BYTES, LIVE_MAX_DIMS = 1024, 256, 8
 LIVE_HOST_SHM, LIVE_CUDA_IPC = 0, 1
@@ -61,7 +61,7 @@ LIVE_HOST_SHM, LIVE_CUDA_IPC = 0, 1
 class LiveCounts(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "from_version", "to_version", "entries", "bytes", "pages", "receivers", "buffers",
-        "elapsed_ns", "decode_ns", "scatter_ns", "pagecache_ns")]
+        "elapsed_ns", "decode_ns", "scatter_ns", "pagecache_ns", "blocks", "compared_blocks")]
 
 
 class LiveApply(ctypes.Structure):

@@ -27,7 +27,7 @@ ALIGNMENT = 64  # of every tensor in a SharedWeights object
 _SHM_DIR = "/dev/shm"
 
 _COUNT_FIELDS = ("entries", "bytes", "pages", "receivers", "buffers", "elapsed_ns", "decode_ns",
-                 "scatter_ns", "pagecache_ns")
+                 "scatter_ns", "pagecache_ns", "blocks", "compared_blocks")
 
 
 def _version(v):
@@ -45,7 +45,8 @@ def apply(mount, version=None):
     """Makes `version` (None: the newest) live on the dtefs mount, in place in
     the live copy and in every registered buffer; returns the apply's counts
     as a dict (from_version, to_version, entries, bytes, pages, receivers,
-    buffers, elapsed_ns, decode_ns, scatter_ns, pagecache_ns, seconds)."""
+    buffers, elapsed_ns, decode_ns, scatter_ns, pagecache_ns, blocks,
+    compared_blocks, seconds)."""
     v = _lib.LIVE_LATEST if version is None else int(version)
     if version is not None and not 0 <= v < _lib.LIVE_LATEST:
         raise DteError(1, "bad version %r" % (version,))
@@ -207,8 +208,10 @@ def _fixed(value, size, what):
 class Receiver(_Handle):
     """One receiver of live applies: an open MOUNT/.dte/control whose
     registered buffers the daemon writes on every apply, laid out as a rank
-    of (tp, fuse_qkv, fuse_gate_up) holds them. Closing it (or exiting)
-    unregisters them all. Not thread-safe."""
+    of (tp, fuse_qkv, fuse_gate_up) holds them. A buffer must hold the live
+    version when it is registered and be written by nobody but the daemon
+    afterwards: an apply adds the changes to what it holds. Closing the
+    receiver (or exiting) unregisters them all. Not thread-safe."""
 
     _close_fn = "dte_live_close"
 
