@@ -374,21 +374,41 @@ const char* ReadSet(BitReader* bits, uint64_t* step, T* value) {
 }
 
 // Decodes indices into idx (count entries) and wrapping deltas into deltas;
-// with `sets` (flags bit 1), set elements store their value in deltas and
-// get sets[i] = 1.
-template <typename T>
+// with kSets (flags bit 1), set elements store their value in deltas and get
+// sets[i] = 1. The common entry (a gap of at most 30 low bits and a one-unit
+// difference) is read inline; everything else, and every defect, goes
+// through the checked readers.
+template <typename T, bool kSets>
 Status DecodeEntries(const SparseHeader& h, const uint8_t* tokens, size_t elements, uint32_t* idx,
                      T* deltas, uint8_t* sets, const std::string& what) {
   BitReader bits(reinterpret_cast<const uint8_t*>(h.bits.data()), h.bits.size());
   uint64_t next = 0;  // smallest index the next element may have
   for (uint32_t i = 0; i < h.count; ++i) {
-    uint64_t step = 0;
-    const bool set = sets != nullptr && tokens[i] == kSetToken;
-    const char* error =
-        set ? ReadSet<T>(&bits, &step, &deltas[i]) : ReadStep(tokens[i] >> 2, &bits, &step);
+    const uint8_t token = tokens[i];
+    const bool set = kSets && token == kSetToken;
+    const int gap_class = token >> 2;
+    uint64_t step = 1;
+    const char* error = nullptr;
+    if (set) {
+      error = ReadSet<T>(&bits, &step, &deltas[i]);
+    } else if (gap_class != 0) {
+      if (gap_class <= kMaxGapClass && bits.Ensure(30)) {
+        const int low_bits = ((gap_class + 1) >> 1) - 1;  // <= 30
+        step = ((uint64_t{2} | ((gap_class + 1) & 1)) << low_bits) | bits.Take(low_bits);
+      } else {
+        error = ReadStep(gap_class, &bits, &step);
+      }
+    }
     if (error == nullptr && next + step - 1 >= elements) error = "index beyond the block";
-    if (error == nullptr && !set) error = ReadDelta(tokens[i] & 3, h.esc_order, &bits, &deltas[i]);
-    if (sets != nullptr) sets[i] = set;
+    if (error == nullptr && !set) {
+      const int value_class = token & 3;
+      if (value_class < 2) {
+        deltas[i] = value_class == 0 ? static_cast<T>(~T{0}) : T{1};
+      } else {
+        error = ReadDelta(value_class, h.esc_order, &bits, &deltas[i]);
+      }
+    }
+    if constexpr (kSets) sets[i] = set;
     if (error != nullptr) {
       return SparseCorruption(what, Cat(error, " at changed element ", i, " of ", h.count,
                                         " (block of ", elements, ")"));
@@ -429,7 +449,9 @@ Status DecodeSparse(std::string_view payload, size_t len, int width, std::vector
   return WithElementType(width, [&](auto tag) {
     using T = decltype(tag);
     auto* deltas = reinterpret_cast<T*>(s->vals.data());
-    return DecodeEntries<T>(h, tokens, elements, idx->data(), deltas, sets, what);
+    return sets != nullptr
+               ? DecodeEntries<T, true>(h, tokens, elements, idx->data(), deltas, sets, what)
+               : DecodeEntries<T, false>(h, tokens, elements, idx->data(), deltas, nullptr, what);
   });
 }
 

@@ -97,6 +97,19 @@ class BitReader {
       return true;
     }
   }
+  // For decoders' fast paths: makes at least n <= 56 bits available when the
+  // stream has them (false otherwise), after which Take(m) for a total of
+  // m <= n bits needs no further check.
+  bool Ensure(int n) {
+    if (avail_ < n) Refill();
+    return avail_ >= n;
+  }
+  uint64_t Take(int n) {  // n <= the bits Ensure made available, n < 64
+    const uint64_t v = buf_ & ((uint64_t{1} << n) - 1);
+    buf_ >>= n;
+    avail_ -= n;
+    return v;
+  }
   // True when only zero padding of the last byte remains.
   bool AtCleanEnd() const { return p_ == end_ && avail_ < 8 && buf_ == 0; }
 
