@@ -628,6 +628,18 @@ Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_regist
   if (!view) return NotFound(what + ": the mount has no live version yet");
 
   MutexLock lock(&receivers_mu_);
+  // An apply adds its changes to what a buffer holds, so the buffer must
+  // hold the live version. Refused during an apply (its scatter may have
+  // run already); otherwise, holding receivers_mu_, a later apply's
+  // scatter includes this buffer.
+  if (applying_.load()) return Busy(what + ": a live apply is running; register after it");
+  view = View();
+  if (r.version != DTE_LIVE_LATEST && r.version != view->version->manifest.version) {
+    return InvalidArgument(what + ": the buffer holds " + VersionName(r.version) +
+                           " but the live version is " +
+                           VersionName(view->version->manifest.version) +
+                           "; load it again from MOUNT/live/ and register");
+  }
   auto existing = receivers_.find(owner);
   if (existing != receivers_.end()) {
     const Receiver& rc = existing->second;

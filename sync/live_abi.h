@@ -115,6 +115,12 @@ typedef struct dte_live_register {
   int32_t error;      /* out: 0 or an errno value */
   uint32_t reserved2;
   char message[DTE_LIVE_MESSAGE_BYTES]; /* out */
+  /* in: the version the buffer holds now. An apply adds each change to what
+   * the buffer holds, so it must hold the live version: registration fails
+   * with EINVAL if the live version is another one (an apply came between
+   * loading and registering), and with EBUSY while an apply runs.
+   * DTE_LIVE_LATEST: not checked (the caller vouches for it). */
+  uint64_t version;
 } dte_live_register;
 
 #define DTE_IOC_MAGIC 0xD7

@@ -159,7 +159,7 @@ import dte
 spec = json.loads(sys.argv[3])
 r = dte.Receiver(sys.argv[2], tp=spec["tp"], rank=spec["rank"])
 for b in spec["buffers"]:
-    r.register(b["name"], b["shm"], b["offset"], "BF16", b["shape"])
+    r.register(b["name"], b["shm"], b["offset"], "BF16", b["shape"], spec.get("version"))
 print("ready", flush=True)
 sys.stdin.read()
 """
@@ -234,7 +234,7 @@ class Receivers:
     """tp receiver processes, each holding its shards of `state` in /dev/shm
     and registered with the mount through dte.Receiver."""
 
-    def __init__(self, mount_path, state, tp):
+    def __init__(self, mount_path, state, tp, version):
         sys.path.insert(0, PY_PATH)
         import dte
         self.tp, self.weights, self.procs = tp, [], []
@@ -246,7 +246,7 @@ class Receivers:
                 self.weights.append(w)
                 for k, a in shards.items():
                     w.array(k)[...] = a
-                spec = {"tp": tp, "rank": rank, "buffers": [
+                spec = {"tp": tp, "rank": rank, "version": version, "buffers": [
                     {"name": k, "shm": w.name, "offset": w.offset(k), "shape": list(a.shape)}
                     for k, a in shards.items()]}
                 p = subprocess.Popen([sys.executable, "-c", RECEIVER, PY_PATH, mount_path,
@@ -278,7 +278,7 @@ class Receivers:
 def test_receivers_in_shared_memory_get_the_target_sharded(mount, gen, tp):
     m = mount("--live-version", 1)
     v1 = load_raw(gen(1) / "model.safetensors")
-    rx = Receivers(m.path, v1, tp)
+    rx = Receivers(m.path, v1, tp, 1)
     try:
         st = m.status()["live"]
         assert st["receivers"] == tp
@@ -328,7 +328,7 @@ def test_receivers_follow_versions_published_from_adamw(tmp_path, gen):
         for name, p in params.items():  # the store holds the trainer's BF16 weights
             assert np.array_equal(states[3][name], p.detach().to(torch.bfloat16)
                                   .view(torch.int16).numpy().view(np.uint16)), name
-        rx = Receivers(m.path, states[3], 2)
+        rx = Receivers(m.path, states[3], 2, 3)
         try:
             back = apply(m.path, 1)
             assert 0 < back["compared_blocks"] < back["blocks"], back
@@ -359,7 +359,13 @@ def test_bad_registrations_are_refused(mount, gen):
                 r.register("model.norm.weight", w.name, 64, "BF16", [HIDDEN])
             with pytest.raises(dte.DteError, match="must name an object"):
                 r.register("model.norm.weight", "../etc/passwd", 0, "BF16", [HIDDEN])
-            assert r.register("model.norm.weight", w.name, 0, "BF16", [HIDDEN]) > 0
+            # A buffer loaded from another version than the live one (an apply
+            # came in between) would be patched wrong: refused.
+            with pytest.raises(dte.DteError,
+                               match="holds v00000002 but the live version is v%08d" % STEPS):
+                r.register("model.norm.weight", w.name, 0, "BF16", [HIDDEN], version=2)
+            assert r.register("model.norm.weight", w.name, 0, "BF16", [HIDDEN],
+                              version=STEPS) > 0
             with pytest.raises(dte.DteError, match="already registered"):
                 r.register("model.norm.weight", w.name, 0, "BF16", [HIDDEN])
         wait_for(lambda: m.status()["live"]["receivers"] == 0, 10, "the receiver to go")

@@ -169,7 +169,7 @@ def receiver_child(mount, base, tp, rank, shm):
     w = with_version(d, fill)  # no file of the mount stays open
     try:
         with dte.Receiver(mount, tp=tp, rank=rank) as r:
-            r.register_shared(w)
+            r.register_shared(w, version=base)
             layout = {k: [off, list(shape)] for k, (_, shape, off, _) in w.tensors.items()}
             print(json.dumps({"shm": w.name, "layout": layout}), flush=True)
             sys.stdin.read()
@@ -588,16 +588,18 @@ def memory_table(a, res):
 
 
 def receivers_table(a, res):
+    cold = statistics.median(res["reload_cold"])
     lines = ["| receivers | buffers | first apply (scatter) | forward | in the daemon | decode "
-             "| scatter | bytes scattered | back | in the daemon | decode | scatter |",
-             "|---" * 12 + "|"]
+             "| scatter | bytes scattered | forward vs cold reload | back | in the daemon "
+             "| decode | scatter |",
+             "|---" * 13 + "|"]
     for tp in a.receivers:
         f, bk = res[f"recv{tp}_d1_fwd"], res[f"recv{tp}_d1_back"]
         first = res[f"recv{tp}_first"]
         lines.append(f"| {tp}{' (tp=%d)' % tp if tp else ''} | {res[f'recv{tp}_buffers']} "
                      f"| {med(first, 'wall'):.3f} s ({med(first, 'scatter_ns', 1e-9):.3f} s) | "
-                     + row_cells(f) + f" | {med(f, 'bytes') / MIB:.1f} MiB | "
-                     + row_cells(bk) + " |")
+                     + row_cells(f) + f" | {med(f, 'bytes') / MIB:.1f} MiB "
+                     f"| **{cold / med(f, 'wall'):.2f}x** | " + row_cells(bk) + " |")
     return lines
 
 

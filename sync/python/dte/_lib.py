@@ -92,7 +92,7 @@ class LiveRegister(ctypes.Structure):
                 ("cuda_ipc_handle", ctypes.c_uint8 * 64), ("cuda_device", ctypes.c_int32),
                 ("reserved1", ctypes.c_uint32), ("buffer_id", ctypes.c_uint64),
                 ("error", ctypes.c_int32), ("reserved2", ctypes.c_uint32),
-                ("message", ctypes.c_char * LIVE_MESSAGE_BYTES)]
+                ("message", ctypes.c_char * LIVE_MESSAGE_BYTES), ("version", ctypes.c_uint64)]
 
 
 def _candidates():

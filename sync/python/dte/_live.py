@@ -227,11 +227,13 @@ class Receiver(_Handle):
         _check(lib.dte_live_open(os.fsencode(mount), ctypes.byref(handle)))
         self._h = handle
 
-    def register(self, name, shm_name, offset, dtype, shape):
+    def register(self, name, shm_name, offset, dtype, shape, version=None):
         """Registers tensor `name` (its name in this receiver's layout, e.g.
         model.layers.0.self_attn.qkv_proj.weight) held at byte `offset` of
         the /dev/shm object `shm_name` with `dtype` and rank-local `shape`;
-        returns its buffer id."""
+        returns its buffer id. `version` is the version the buffer holds
+        (the daemon refuses it unless that is the live version); None: not
+        checked."""
         if not self._h:
             raise DteError(1, "the receiver of %s is closed" % self.mount)
         shape = tuple(int(d) for d in shape)
@@ -252,12 +254,14 @@ class Receiver(_Handle):
         r.shm_name = _fixed(shm[1:] if shm.startswith(b"/") else shm, _lib.LIVE_NAME_BYTES,
                             "shared memory name")
         r.offset = int(offset)
+        r.version = _lib.LIVE_LATEST if version is None else int(version)
         _check(lib.dte_live_register_buffer(self._h, ctypes.byref(r)))
         return r.buffer_id
 
-    def register_shared(self, weights):
-        """Registers every tensor of a SharedWeights; returns their buffer ids."""
-        return [self.register(name, weights.name, offset, dtype, shape)
+    def register_shared(self, weights, version=None):
+        """Registers every tensor of a SharedWeights, which holds `version`
+        (as register); returns their buffer ids."""
+        return [self.register(name, weights.name, offset, dtype, shape, version)
                 for name, (dtype, shape, offset, _) in weights.tensors.items()]
 
     def unregister(self, id=0):  # noqa: A002 (the buffer id)
