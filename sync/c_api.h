@@ -171,7 +171,9 @@ int dte_live_get_status(const char* mount, dte_live_status* out);
 typedef struct dte_live dte_live;
 int dte_live_open(const char* mount, dte_live** out);
 /* Registers one weight buffer: fills inout->abi_version, and on return
- * inout->buffer_id (success) or inout->error and inout->message. */
+ * inout->buffer_id (success) or inout->error and inout->message. Set
+ * inout->version to the version the buffer holds (DTE_LIVE_LATEST: not
+ * checked); a zeroed struct claims version 0. */
 int dte_live_register_buffer(dte_live* l, dte_live_register* inout);
 /* Drops buffer `id`; 0 drops every buffer of this receiver. */
 int dte_live_unregister(dte_live* l, uint64_t id);
