@@ -311,46 +311,62 @@ struct Entries {
 // they sum to zero (the element is back to its old value).
 template <typename U>
 void ComposeTyped(const Entries& a, const Entries& b, Entries* out) {
+  const size_t na = a.idx.size(), nb = b.idx.size();
   const auto* av = reinterpret_cast<const U*>(a.vals.data());
   const auto* bv = reinterpret_cast<const U*>(b.vals.data());
-  const size_t na = a.idx.size(), nb = b.idx.size();
-  out->idx.clear();
-  out->whole.clear();
-  out->idx.reserve(na + nb);
-  out->whole.reserve(na + nb);
-  std::vector<U> vals;
-  vals.reserve(na + nb);
-  auto wa = [&](size_t i) { return !a.whole.empty() && a.whole[i] != 0; };
-  auto wb = [&](size_t j) { return !b.whole.empty() && b.whole[j] != 0; };
-  auto push = [&](uint32_t i, U v, bool w) {
-    out->idx.push_back(i);
-    vals.push_back(v);
-    out->whole.push_back(w ? 1 : 0);
-  };
-  size_t i = 0, j = 0;
-  while (i < na || j < nb) {
-    if (j == nb || (i < na && a.idx[i] < b.idx[j])) {
-      push(a.idx[i], av[i], wa(i));
+  const uint8_t* aw = a.whole.empty() ? nullptr : a.whole.data();
+  const uint8_t* bw = b.whole.empty() ? nullptr : b.whole.data();
+  const bool any_whole = aw != nullptr || bw != nullptr;
+  out->idx.resize(na + nb);
+  out->vals.resize((na + nb) * sizeof(U));
+  out->whole.assign(any_whole ? na + nb : 0, 0);
+  uint32_t* oi = out->idx.data();
+  auto* ov = reinterpret_cast<U*>(out->vals.data());
+  uint8_t* ow = any_whole ? out->whole.data() : nullptr;
+  size_t n = 0, i = 0, j = 0;
+  while (i < na && j < nb) {
+    const uint32_t x = a.idx[i], y = b.idx[j];
+    if (x < y) {
+      oi[n] = x;
+      ov[n] = av[i];
+      if (ow) ow[n] = aw ? aw[i] : 0;
+      ++n;
       ++i;
-    } else if (i == na || b.idx[j] < a.idx[i]) {
-      push(b.idx[j], bv[j], wb(j));
+    } else if (y < x) {
+      oi[n] = y;
+      ov[n] = bv[j];
+      if (ow) ow[n] = bw ? bw[j] : 0;
+      ++n;
       ++j;
     } else {
-      if (wb(j)) {
-        push(b.idx[j], bv[j], true);
-      } else if (wa(i)) {
-        push(b.idx[j], static_cast<U>(av[i] + bv[j]), true);
-      } else if (const U sum = static_cast<U>(av[i] + bv[j]); sum != 0) {
-        push(b.idx[j], sum, false);
+      const bool a_whole = aw && aw[i], b_whole = bw && bw[j];
+      const U v = b_whole ? bv[j] : static_cast<U>(av[i] + bv[j]);
+      if (b_whole || a_whole || v != 0) {  // two differences that cancel drop out
+        oi[n] = x;
+        ov[n] = v;
+        if (ow) ow[n] = (a_whole || b_whole) ? 1 : 0;
+        ++n;
       }
       ++i;
       ++j;
     }
   }
-  out->vals.resize(vals.size() * sizeof(U));
-  if (!vals.empty()) std::memcpy(out->vals.data(), vals.data(), out->vals.size());
-  if (std::find(out->whole.begin(), out->whole.end(), uint8_t{1}) == out->whole.end()) {
+  for (; i < na; ++i, ++n) {
+    oi[n] = a.idx[i];
+    ov[n] = av[i];
+    if (ow) ow[n] = aw ? aw[i] : 0;
+  }
+  for (; j < nb; ++j, ++n) {
+    oi[n] = b.idx[j];
+    ov[n] = bv[j];
+    if (ow) ow[n] = bw ? bw[j] : 0;
+  }
+  out->idx.resize(n);
+  out->vals.resize(n * sizeof(U));
+  if (ow && std::find(ow, ow + n, uint8_t{1}) == ow + n) {
     out->whole.clear();
+  } else if (ow) {
+    out->whole.resize(n);
   }
 }
 
@@ -914,7 +930,11 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
 Status Live::PushPages(const LiveView& from, const LiveView& to,
                        const std::vector<Changes>& changes, PageCache* pages, uint64_t* pushed) {
   const Version& T = *to.version;
-  std::string buf;
+  struct Push {
+    uint32_t file;
+    uint64_t offset, len, pages;
+  };
+  std::vector<Push> pushes;
   for (uint32_t f = 0; f < T.manifest.files.size(); ++f) {
     const FileEntry& file = T.manifest.files[f];
     const FileEntry& old = from.version->manifest.files[f];
@@ -964,16 +984,33 @@ Status Live::PushPages(const LiveView& from, const LiveView& to,
       uint64_t q = p;
       while (q < npages && changed[q] && (resident[q] & 1) && (q - p) * kPageBytes < kMaxPush) ++q;
       const uint64_t off = p * kPageBytes;
-      const uint64_t len = std::min(q * kPageBytes, file.size) - off;
-      buf.resize(len);
-      RETURN_IF_ERROR(reader_->Read(to.version, f, off, len, reinterpret_cast<uint8_t*>(buf.data()),
-                                    &to.chain));
-      RETURN_IF_ERROR(pages->Store(f, off, buf.data(), len));
-      *pushed += q - p;
+      pushes.push_back({f, off, std::min(q * kPageBytes, file.size) - off, q - p});
       p = q;
     }
   }
-  return Status::Ok();
+  // The pushes read T through the read path (materializing its blocks) and
+  // store into the page cache; they are spread over the worker threads.
+  Mutex err_mu;
+  dte::Status first_error;
+  std::atomic<uint64_t> done{0};
+  kernels::ParallelFor(pushes.size(), 1, [&](size_t begin, size_t end) {
+    std::string buf;
+    for (size_t k = begin; k < end; ++k) {
+      const Push& push = pushes[k];
+      buf.resize(push.len);
+      dte::Status s = reader_->Read(to.version, push.file, push.offset, push.len,
+                                    reinterpret_cast<uint8_t*>(buf.data()), &to.chain);
+      if (s.ok()) s = pages->Store(push.file, push.offset, buf.data(), push.len);
+      if (!s.ok()) {
+        MutexLock lock(&err_mu);
+        if (first_error.ok()) first_error = s;
+        return;
+      }
+      done += push.pages;
+    }
+  });
+  *pushed += done.load();
+  return first_error;
 }
 
 void Live::RecordFailure(const dte::Status& s) {

@@ -75,7 +75,7 @@ class PageCache {
   // pushes nothing for that file and reports it.
   virtual Status Resident(const std::string& file, uint64_t size, std::vector<uint8_t>* out) = 0;
   // Replaces [offset, offset + len) of live file number `file_index` in the
-  // page cache with `data`.
+  // page cache with `data`. Called from several threads at once.
   virtual Status Store(uint32_t file_index, uint64_t offset, const char* data, size_t len) = 0;
 };
 

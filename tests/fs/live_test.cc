@@ -14,6 +14,7 @@
 #include <cstring>
 #include <future>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -38,7 +39,7 @@ class FakePageCache : public PageCache {
   }
   Status Store(uint32_t file_index, uint64_t offset, const char* data, size_t len) override {
     EXPECT_EQ(offset % kPageBytes, 0u);
-    stored[file_index].append(std::to_string(offset) + ",");
+    std::lock_guard<std::mutex> lock(mu);  // applies store from several threads
     pushes.push_back({file_index, offset, std::string(data, len)});
     return Status::Ok();
   }
@@ -49,9 +50,9 @@ class FakePageCache : public PageCache {
   };
   uint8_t resident_default = 1;
   std::map<std::string, std::set<uint64_t>> evicted;
-  std::map<uint32_t, std::string> stored;
   std::vector<Push> pushes;
   std::shared_future<void> gate;
+  std::mutex mu;
 };
 
 // Polls `done` for up to 30 s; false if it never held.
