@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <csetjmp>
@@ -305,83 +306,106 @@ struct Entries {
   std::vector<uint8_t> whole;  // empty: no set elements
 };
 
-// a, then b: the entries that take an element from before a to after b.
-// An element both change is set when b sets it, or a did (then b's
-// difference adds to a's value); two differences add, and cancel out when
-// they sum to zero (the element is back to its old value).
-template <typename U>
-void ComposeTyped(const Entries& a, const Entries& b, Entries* out) {
-  const size_t na = a.idx.size(), nb = b.idx.size();
-  const auto* av = reinterpret_cast<const U*>(a.vals.data());
-  const auto* bv = reinterpret_cast<const U*>(b.vals.data());
-  const uint8_t* aw = a.whole.empty() ? nullptr : a.whole.data();
-  const uint8_t* bw = b.whole.empty() ? nullptr : b.whole.data();
-  const bool any_whole = aw != nullptr || bw != nullptr;
-  out->idx.resize(na + nb);
-  out->vals.resize((na + nb) * sizeof(U));
-  out->whole.assign(any_whole ? na + nb : 0, 0);
-  uint32_t* oi = out->idx.data();
-  auto* ov = reinterpret_cast<U*>(out->vals.data());
-  uint8_t* ow = any_whole ? out->whole.data() : nullptr;
-  size_t n = 0, i = 0, j = 0;
-  while (i < na && j < nb) {
-    const uint32_t x = a.idx[i], y = b.idx[j];
-    if (x < y) {
-      oi[n] = x;
-      ov[n] = av[i];
-      if (ow) ow[n] = aw ? aw[i] : 0;
-      ++n;
-      ++i;
-    } else if (y < x) {
-      oi[n] = y;
-      ov[n] = bv[j];
-      if (ow) ow[n] = bw ? bw[j] : 0;
-      ++n;
-      ++j;
-    } else {
-      const bool a_whole = aw && aw[i], b_whole = bw && bw[j];
-      const U v = b_whole ? bv[j] : static_cast<U>(av[i] + bv[j]);
-      if (b_whole || a_whole || v != 0) {  // two differences that cancel drop out
-        oi[n] = x;
-        ov[n] = v;
-        if (ow) ow[n] = (a_whole || b_whole) ? 1 : 0;
-        ++n;
-      }
-      ++i;
-      ++j;
+// Composes the entries of several records of one block, applied in order,
+// into one list: per element, differences add up; a whole value replaces
+// what came before and later differences add to it; differences that sum
+// to zero drop out (the element is back to its old value). Dense per-block
+// arrays instead of merging sorted lists: each entry costs an add and a
+// bit, and the union comes out sorted from the bitmap.
+class Composer {
+ public:
+  // Before the first Add of a block of `elements` elements of `width` bytes.
+  void Start(size_t elements, int width) {
+    width_ = width;
+    const size_t words = (elements + 63) / 64;
+    if (bits_.size() < words) bits_.resize(words, 0);
+    if (acc_.size() < elements * width) acc_.resize(elements * width, 0);
+    if (whole_.size() < elements) whole_.resize(elements, 0);
+    words_ = words;
+  }
+  void Add(const Entries& e) {
+    switch (width_) {
+      case 1:
+        return AddTyped<uint8_t>(e);
+      case 2:
+        return AddTyped<uint16_t>(e);
+      case 4:
+        return AddTyped<uint32_t>(e);
+      default:
+        return AddTyped<uint64_t>(e);
     }
   }
-  for (; i < na; ++i, ++n) {
-    oi[n] = a.idx[i];
-    ov[n] = av[i];
-    if (ow) ow[n] = aw ? aw[i] : 0;
+  // The composed entries; leaves the arrays cleared for the next block.
+  void Finish(Entries* out) {
+    switch (width_) {
+      case 1:
+        return FinishTyped<uint8_t>(out);
+      case 2:
+        return FinishTyped<uint16_t>(out);
+      case 4:
+        return FinishTyped<uint32_t>(out);
+      default:
+        return FinishTyped<uint64_t>(out);
+    }
   }
-  for (; j < nb; ++j, ++n) {
-    oi[n] = b.idx[j];
-    ov[n] = bv[j];
-    if (ow) ow[n] = bw ? bw[j] : 0;
-  }
-  out->idx.resize(n);
-  out->vals.resize(n * sizeof(U));
-  if (ow && std::find(ow, ow + n, uint8_t{1}) == ow + n) {
-    out->whole.clear();
-  } else if (ow) {
-    out->whole.resize(n);
-  }
-}
 
-void Compose(const Entries& a, const Entries& b, int width, Entries* out) {
-  switch (width) {
-    case 1:
-      return ComposeTyped<uint8_t>(a, b, out);
-    case 2:
-      return ComposeTyped<uint16_t>(a, b, out);
-    case 4:
-      return ComposeTyped<uint32_t>(a, b, out);
-    default:
-      return ComposeTyped<uint64_t>(a, b, out);
+ private:
+  template <typename U>
+  void AddTyped(const Entries& e) {
+    auto* acc = reinterpret_cast<U*>(acc_.data());
+    const auto* v = reinterpret_cast<const U*>(e.vals.data());
+    const size_t n = e.idx.size();
+    added_ += n;
+    for (size_t k = 0; k < n; ++k) {
+      const uint32_t i = e.idx[k];
+      bits_[i >> 6] |= uint64_t{1} << (i & 63);
+      if (!e.whole.empty() && e.whole[k]) {
+        acc[i] = v[k];
+        whole_[i] = 1;
+      } else {
+        acc[i] = static_cast<U>(acc[i] + v[k]);
+      }
+    }
   }
-}
+  template <typename U>
+  void FinishTyped(Entries* out) {
+    auto* acc = reinterpret_cast<U*>(acc_.data());
+    out->idx.resize(added_);  // the union has at most this many elements
+    out->vals.resize(added_ * sizeof(U));
+    out->whole.resize(added_);
+    uint32_t* idx = out->idx.data();
+    auto* vals = reinterpret_cast<U*>(out->vals.data());
+    uint8_t* whole = out->whole.data();
+    size_t n = 0;
+    bool any_whole = false;
+    for (size_t w = 0; w < words_; ++w) {
+      for (uint64_t word = bits_[w]; word != 0; word &= word - 1) {
+        const auto i = static_cast<uint32_t>(w * 64 + static_cast<size_t>(std::countr_zero(word)));
+        const U v = acc[i];
+        const uint8_t wh = whole_[i];
+        acc[i] = 0;
+        whole_[i] = 0;
+        idx[n] = i;
+        vals[n] = v;
+        whole[n] = wh;
+        any_whole = any_whole || wh != 0;
+        n += (wh != 0 || v != 0) ? 1 : 0;  // differences that cancel drop out
+      }
+      bits_[w] = 0;
+    }
+    out->idx.resize(n);
+    out->vals.resize(n * sizeof(U));
+    out->whole.resize(any_whole ? n : 0);
+    added_ = 0;
+  }
+
+  int width_ = 2;
+  size_t words_ = 0;
+  size_t added_ = 0;  // entries added since Start
+  std::vector<uint64_t> bits_;
+  std::vector<uint8_t> acc_;
+  std::vector<uint8_t> whole_;
+};
 
 // Turns differences that lead from the parent to a version into the ones
 // that lead back (no set elements).
@@ -476,7 +500,8 @@ Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const 
   dte::Status first_error;
   kernels::ParallelFor(jobs.size(), 4, [&](size_t begin, size_t end) {
     CodecScratch scratch;
-    Entries one, acc, next;
+    Entries one, acc;
+    Composer composer;
     for (size_t j = begin; j < end; ++j) {
       const Job& job = jobs[j];
       const FileEntry& file = T.manifest.files[job.file];
@@ -493,7 +518,7 @@ Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const 
       if (!diff) {
         // Compose the records' entries: no block of either version is
         // materialized.
-        bool first = true;
+        int records = 0;
         for (const auto& v : path) {
           const BlockRecord& rec = v->records[job.record];
           if (rec.kind != BlockKind::kSparse) continue;
@@ -517,14 +542,18 @@ Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const 
             }
             Negate(&one.vals, width);
           }
-          if (first) {
-            std::swap(acc, one);
-            first = false;
+          if (records == 0) {
+            std::swap(acc, one);  // a single record is used as it is
           } else {
-            Compose(acc, one, width, &next);
-            std::swap(acc, next);
+            if (records == 1) {
+              composer.Start(len / static_cast<size_t>(width), width);
+              composer.Add(acc);
+            }
+            composer.Add(one);
           }
+          ++records;
         }
+        if (records > 1) composer.Finish(&acc);  // also clears it after a break
         if (s.ok() && !diff) {
           out.idx.swap(acc.idx);
           out.vals.swap(acc.vals);
