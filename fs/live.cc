@@ -194,6 +194,11 @@ bool IsShift(const kernels::RemapPlan& p) {
   return p.dst_stride[0] == stride;
 }
 
+// Whether a two-dimensional plan keeps rows contiguous in the destination
+// (any box, unit column stride): then the part of source row r inside the
+// box lands at src + dst_offset + r * (dst_stride[0] - columns), modulo 2^64.
+bool IsRows(const kernels::RemapPlan& p) { return p.ndim == 2 && p.dst_stride[1] == 1; }
+
 std::string CString(const char* field, size_t size) {
   return std::string(field, strnlen(field, size));
 }
@@ -837,6 +842,7 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
       const TransferOp* op;
       Buffer* buf;
       bool shift;  // IsShift(op->remap)
+      bool rows;   // IsRows(op->remap)
     };
     std::vector<Target> targets;
     for (const Changes& c : changes) {
@@ -844,7 +850,8 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
       for (uint32_t op_index : (*plan)->ops_by_canonical[canonical]) {
         const TransferOp& op = (*plan)->plan.ops[op_index];
         if (op.receiver != rc.rank || !by_tensor[op.receiver_tensor]) continue;
-        targets.push_back({&c, &op, by_tensor[op.receiver_tensor], IsShift(op.remap)});
+        targets.push_back(
+            {&c, &op, by_tensor[op.receiver_tensor], IsShift(op.remap), IsRows(op.remap)});
       }
     }
     std::atomic<bool> ok{true};
@@ -885,6 +892,36 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
             break;
           }
           wrote += (e - b) * static_cast<uint64_t>(tg.c->width);
+          continue;
+        }
+        if (tg.rows) {
+          // A column split: each source row's part of the box is one run
+          // with its own shift (see IsRows).
+          const kernels::RemapPlan& rp = tg.op->remap;
+          const uint64_t cols = rp.src_shape[1];
+          const uint32_t* idx = bc.idx.data();
+          const size_t n = bc.idx.size();
+          auto rel = [&](uint64_t x) {
+            return x <= first ? uint64_t{0} : std::min<uint64_t>(x - first, UINT32_MAX);
+          };
+          const uint64_t r0 = std::max<uint64_t>(rp.lo[0], (first + idx[0]) / cols);
+          const uint64_t r1 = std::min<uint64_t>(rp.hi[0], (first + idx[n - 1]) / cols + 1);
+          size_t from = 0;
+          for (uint64_t r = r0; r < r1; ++r) {
+            const uint64_t lo = r * cols + rp.lo[1], hi = r * cols + rp.hi[1] - 1;
+            if (hi < first) continue;
+            const size_t b =
+                static_cast<size_t>(std::lower_bound(idx + from, idx + n, rel(lo)) - idx);
+            const size_t e = static_cast<size_t>(std::upper_bound(idx + b, idx + n, rel(hi)) - idx);
+            from = e;
+            const uint64_t base = first + rp.dst_offset + r * (rp.dst_stride[0] - cols);
+            if (!GuardedApplyRun(tg.buf->data, tg.buf->elements, base, idx, view, b, e,
+                                 tg.c->width)) {
+              ok = false;
+              break;
+            }
+            wrote += (e - b) * static_cast<uint64_t>(tg.c->width);
+          }
           continue;
         }
         src.resize(bc.idx.size());
