@@ -132,21 +132,43 @@ int ValueClass(T delta) {
   return s < 0 ? 2 : 3;
 }
 
-// The exp-Golomb order that (nearly) minimizes the escapes' total size.
+// Element i of an array of T at p, which need not be aligned for T.
 template <typename T>
-int ChooseEscapeOrder(const T* nv, const T* ov, const uint8_t* sets, size_t count) {
+T Load(const uint8_t* p, size_t i) {
+  T v;
+  std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+  return v;
+}
+
+// True where a delta needs an escape (value class 2 or 3): it is not +-1.
+template <typename T>
+bool NeedsEscape(T delta) {
+  return static_cast<T>(delta + 1) > 2;
+}
+
+// The exp-Golomb order that (nearly) minimizes the escapes' total size, for
+// the entries BuildStreams takes.
+template <typename T, bool kSets>
+int ChooseEscapeOrder(const uint8_t* nv, const uint8_t* ov, const uint8_t* known, size_t count) {
   size_t by_length[65] = {};  // escapes by bit length of |delta| - 2
+  int max_length = -1;
   for (size_t i = 0; i < count; ++i) {
-    if (sets != nullptr && sets[i]) continue;
-    T delta = static_cast<T>(nv[i] - ov[i]);
-    if (ValueClass(delta) >= 2) ++by_length[BitWidth(Magnitude(delta) - 2)];
+    if (kSets && !known[i]) continue;
+    // Without a branch: whether an entry has an escape is unpredictable.
+    const T delta = static_cast<T>(Load<T>(nv, i) - Load<T>(ov, i));
+    const bool escaped = NeedsEscape(delta);
+    const int length = escaped ? BitWidth(Magnitude(delta) - 2) : 0;
+    by_length[length] += escaped;
+    max_length = std::max(max_length, escaped ? length : -1);
   }
+  // Orders above max_length cost one more bit per escape than max_length
+  // itself, so they never win; nor do lengths without escapes add anything.
   constexpr int kMaxOrder = 8 * sizeof(T) - 2;
   int best = 0;
   uint64_t best_bits = std::numeric_limits<uint64_t>::max();
-  for (int k = 0; k <= kMaxOrder; ++k) {
+  for (int k = 0; k <= std::min(kMaxOrder, max_length); ++k) {
     uint64_t bits = 0;
-    for (int len = 0; len <= 64; ++len) {
+    for (int len = 0; len <= max_length; ++len) {
       bits += by_length[len] * static_cast<uint64_t>(k + 1 + 2 * std::max(len - k, 0));
     }
     if (bits < best_bits) {
@@ -157,61 +179,86 @@ int ChooseEscapeOrder(const T* nv, const T* ov, const uint8_t* sets, size_t coun
   return best;
 }
 
-inline uint8_t GapClassOf(uint32_t step) {
-  if (step == 1) return 0;
-  int e = BitWidth(step) - 1;
-  return static_cast<uint8_t>(2 * e - 1 + ((step >> (e - 1)) & 1));
+// The gap_class of a step; *extra receives the number of its gap_extra
+// bits. Without a branch for step 1: there e is 0, there are no extra bits,
+// b reads as 1 and 2 * e - 1 + b is 0.
+inline uint8_t GapClassOf(uint32_t step, int* extra) {
+  const int e = BitWidth(step) - 1;
+  *extra = std::max(e - 1, 0);
+  return static_cast<uint8_t>(2 * e - 1 + ((step >> *extra) & 1));
 }
 
-inline void PutStep(uint32_t step, uint8_t* gap_class, BitWriter* bits) {
-  if (step == 1) {
-    *gap_class = 0;
-    return;
-  }
-  int e = BitWidth(step) - 1;
-  uint32_t b = (step >> (e - 1)) & 1;
-  *gap_class = static_cast<uint8_t>(2 * e - 1 + b);
-  bits->Put(step & ((uint32_t{1} << (e - 1)) - 1), e - 1);
+// Puts the step's gap_extra; returns its gap_class.
+inline uint8_t PutStep(uint32_t step, BitWriter* bits) {
+  int extra = 0;
+  const uint8_t gap_class = GapClassOf(step, &extra);
+  bits->Put(step & ((uint32_t{1} << extra) - 1), extra);
+  return gap_class;
 }
 
+struct EscapeField {
+  uint64_t value;
+  int bits;
+};
+
+// The escape of m at order k as one field, for elements of up to 32 bits:
+// there m < 2^(8 * sizeof(T) - 1), so l <= 8 * sizeof(T) - 1 - k and the
+// escape has 2 * l + 1 + k <= 63 bits. Returning the field rather than
+// putting it lets the compiler keep the writer in registers in the loop.
+inline EscapeField Escape(uint64_t m, int k) {
+  const uint64_t q = (m >> k) + 1;
+  const int l = BitWidth(q) - 1;
+  const uint64_t q_low = q ^ (uint64_t{1} << l);
+  const uint64_t m_low = m & ((uint64_t{1} << k) - 1);
+  return {((2 * q_low + 1) << l) | (m_low << (2 * l + 1)), 2 * l + 1 + k};
+}
+
+// The same for escapes of any length, put field by field.
 void PutEscape(uint64_t m, int k, BitWriter* bits) {
-  uint64_t q = (m >> k) + 1;
-  int l = BitWidth(q) - 1;
-  for (int z = l; z > 0; z -= 32) bits->Put(0, std::min(z, 32));
-  bits->Put(1, 1);
-  bits->Put(q, l);
-  bits->Put(m, k);
+  const uint64_t q = (m >> k) + 1;
+  const int l = BitWidth(q) - 1;
+  bits->Put(0, l);
+  bits->Put(((q ^ (uint64_t{1} << l)) << 1) | 1, l + 1);
+  bits->Put(m & ((uint64_t{1} << k) - 1), k);
 }
 
 // Writes the tokens into scratch->a and the bit stream into scratch->b;
-// returns the escape order. With `sets`, entries i with sets[i] != 0 are set
-// elements (their old value is not used).
-template <typename T>
-int BuildStreams(size_t count, const uint8_t* sets, CodecScratch* s) {
-  const uint32_t* idx = s->idx.data();
-  const T* nv = reinterpret_cast<const T*>(s->vals.data());
-  const T* ov = reinterpret_cast<const T*>(s->old_vals.data());
-  int k = ChooseEscapeOrder(nv, ov, sets, count);
+// returns the escape order. Entry i sets element idx[i] to new value i of
+// nv; with kSets, entries with known[i] == 0 are set elements, and only the
+// others' old values (ov) are read.
+template <typename T, bool kSets>
+int BuildStreams(const uint32_t* idx, const uint8_t* nv, const uint8_t* ov, const uint8_t* known,
+                 size_t count, CodecScratch* s) {
+  constexpr int kBits = 8 * sizeof(T);
+  const int k = ChooseEscapeOrder<T, kSets>(nv, ov, known, count);
   s->a.resize(count);
-  BitWriter bits(&s->b);
+  char* tokens = s->a.data();
+  // An entry takes at most 30 gap bits plus an escape of at most
+  // 2 * kBits - 1 bits, or a set element's 6 + 30 + kBits.
+  BitWriter bits(&s->b, count * (32 + 2 * kBits));
   uint32_t next = 0;  // smallest index the next element may have
   for (size_t i = 0; i < count; ++i) {
-    uint8_t gap_class;
-    if (sets != nullptr && sets[i]) {
-      const uint32_t step = idx[i] - next + 1;
-      bits.Put(GapClassOf(step), 6);
-      PutStep(step, &gap_class, &bits);  // the gap's extra bits
-      bits.Put(static_cast<uint64_t>(nv[i]), 8 * static_cast<int>(sizeof(T)));
-      next = idx[i] + 1;
-      s->a[i] = static_cast<char>(kSetToken);
+    const uint32_t step = idx[i] - next + 1;
+    next = idx[i] + 1;
+    if (kSets && !known[i]) {
+      int extra = 0;
+      bits.Put(GapClassOf(step, &extra), 6);
+      bits.Put(step & ((uint32_t{1} << extra) - 1), extra);
+      bits.Put(Load<T>(nv, i), kBits);
+      tokens[i] = static_cast<char>(kSetToken);
       continue;
     }
-    PutStep(idx[i] - next + 1, &gap_class, &bits);
-    next = idx[i] + 1;
-    T delta = static_cast<T>(nv[i] - ov[i]);
-    int value_class = ValueClass(delta);
-    if (value_class >= 2) PutEscape(Magnitude(delta) - 2, k, &bits);
-    s->a[i] = static_cast<char>(gap_class << 2 | value_class);
+    const uint8_t gap_class = PutStep(step, &bits);
+    const T delta = static_cast<T>(Load<T>(nv, i) - Load<T>(ov, i));
+    if (NeedsEscape(delta)) {
+      if constexpr (sizeof(T) <= 4) {
+        const EscapeField escape = Escape(Magnitude(delta) - 2, k);
+        bits.Put(escape.value, escape.bits);
+      } else {
+        PutEscape(Magnitude(delta) - 2, k, &bits);
+      }
+    }
+    tokens[i] = static_cast<char>(gap_class << 2 | ValueClass(delta));
   }
   bits.Finish();
   return k;
@@ -519,8 +566,10 @@ EncodedBlock EncodeBlock(const uint8_t* old_data, const uint8_t* new_data, size_
   if (count == 0) return {BlockKind::kSame, std::string(), 0};
   s.old_vals.resize(size_t{count} * width);
   kernels::Gather(old_data, width, s.idx.data(), count, s.old_vals.data());
-  int esc_order = WithElementType(
-      width, [&](auto tag) { return BuildStreams<decltype(tag)>(count, nullptr, &s); });
+  int esc_order = WithElementType(width, [&](auto tag) {
+    return BuildStreams<decltype(tag), false>(s.idx.data(), s.vals.data(), s.old_vals.data(),
+                                              nullptr, count, &s);
+  });
   std::string sparse = AssembleSparse(count, esc_order, false, &s);
   if (sparse.size() <= len / 8) return {BlockKind::kSparse, std::move(sparse), count};
   EncodedBlock dense =
@@ -535,21 +584,11 @@ std::string EncodeSparseEntries(const uint32_t* idx, const uint8_t* new_vals,
                                 const uint8_t* old_vals, const uint8_t* known, uint32_t count,
                                 int width, CodecScratch* scratch) {
   CodecScratch& s = ScratchOrThread(scratch);
-  const size_t bytes = size_t{count} * width;
-  s.idx.assign(idx, idx + count);
-  s.vals.assign(new_vals, new_vals + bytes);
-  s.old_vals.assign(bytes, 0);
-  bool any_set = false;
-  s.sets.assign(count, 0);
-  for (uint32_t i = 0; i < count; ++i) {
-    const bool set = known != nullptr && known[i] == 0;
-    s.sets[i] = set;
-    any_set |= set;
-    if (!set)
-      std::memcpy(s.old_vals.data() + size_t{i} * width, old_vals + size_t{i} * width, width);
-  }
+  const bool any_set = known != nullptr && std::find(known, known + count, 0) != known + count;
   int esc_order = WithElementType(width, [&](auto tag) {
-    return BuildStreams<decltype(tag)>(count, any_set ? s.sets.data() : nullptr, &s);
+    using T = decltype(tag);
+    return any_set ? BuildStreams<T, true>(idx, new_vals, old_vals, known, count, &s)
+                   : BuildStreams<T, false>(idx, new_vals, old_vals, nullptr, count, &s);
   });
   return AssembleSparse(count, esc_order, any_set, &s);
 }

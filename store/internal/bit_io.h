@@ -28,36 +28,53 @@ bool GetVarint32(std::string_view* in, uint32_t* v);
 // Takes one byte off the front of `*in`; false if it is empty.
 bool GetByte(std::string_view* in, uint8_t* v);
 
-// Appends bit fields to `*out` (cleared first), least significant bit first;
-// Finish zero-pads the last byte.
+// Writes bit fields into `*out`, least significant bit first; Finish
+// zero-pads the last byte and trims `*out` to the bytes written. The caller
+// bounds the total size up front, so that the writer can store whole 64-bit
+// words into a buffer sized once instead of appending byte by byte.
 class BitWriter {
  public:
-  explicit BitWriter(std::string* out) : out_(out) { out_->clear(); }
+  // `*out` is replaced; at most max_bits bits may be put before Finish.
+  BitWriter(std::string* out, size_t max_bits) : out_(out) {
+    out_->clear();
+    out_->resize(max_bits / 8 + sizeof(uint64_t));
+    p_ = reinterpret_cast<uint8_t*>(out_->data());
+  }
 
-  void Put(uint64_t v, int n) {  // the low n <= 64 bits of v
-    if (n > 32) {
-      Put32(v & 0xFFFFFFFF, 32);
+  void Put(uint64_t v, int n) {  // v < 2^n, n <= 64
+    if (n > 56) {
+      Put56(v & 0xFFFFFFFF, 32);
       v >>= 32;
       n -= 32;
     }
-    Put32(v & ((uint64_t{1} << n) - 1), n);
+    Put56(v, n);
   }
   void Finish() {
-    if (used_ > 0) out_->push_back(static_cast<char>(acc_));
-    acc_ = 0;
-    used_ = 0;
+    Store(acc_);  // the buffer has room for a whole word past the bits put
+    out_->resize(p_ + (used_ + 7) / 8 - reinterpret_cast<uint8_t*>(out_->data()));
   }
 
  private:
-  void Put32(uint64_t v, int n) {  // v < 2^n, n <= 32
-    acc_ |= v << used_;
-    for (used_ += n; used_ >= 8; used_ -= 8) {
-      out_->push_back(static_cast<char>(acc_));
-      acc_ >>= 8;
+  // Without a branch on whether a byte is complete: stores the whole
+  // accumulator each time and moves on by the complete bytes.
+  void Put56(uint64_t v, int n) {  // v < 2^n, n <= 56
+    acc_ |= v << used_;            // used_ < 8
+    used_ += n;
+    Store(acc_);
+    p_ += used_ >> 3;
+    acc_ >>= used_ & ~7;
+    used_ &= 7;
+  }
+  void Store(uint64_t word) {
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(p_, &word, sizeof word);
+    } else {
+      for (size_t i = 0; i < sizeof word; ++i, word >>= 8) p_[i] = static_cast<uint8_t>(word);
     }
   }
 
   std::string* out_;
+  uint8_t* p_;
   uint64_t acc_ = 0;
   int used_ = 0;
 };
