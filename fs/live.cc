@@ -23,6 +23,7 @@
 #include "kernels/parallel.h"
 #include "kernels/remap_cuda.h"
 #include "kernels/remap_math.h"
+#include "kernels/width.h"
 #include "sync/convert.h"
 
 namespace dte::fs {
@@ -51,6 +52,10 @@ struct Live::Changes {
 };
 
 namespace {
+
+// The unsigned integer of a W-byte element's bits.
+template <int W>
+using Bits = typename kernels::ElementBits<W>::type;
 
 // What the apply helpers read of a BlockChange.
 struct EntryView {
@@ -101,6 +106,21 @@ void ApplyAll(uint8_t* dst, const uint64_t* dst_idx, const uint64_t* pos, const 
   }
 }
 
+// Runs write() so that a SIGBUS in it (a receiver's memory went away under
+// the mapping) returns false instead of killing the daemon.
+template <typename F>
+bool UnderBusGuard(const F& write) {
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 0) != 0) {
+    t_bus_jump = nullptr;
+    return false;
+  }
+  t_bus_jump = &jump;
+  write();
+  t_bus_jump = nullptr;
+  return true;
+}
+
 // Applies entry pos[j] of c at dst[dst_idx[j]] for j < n (ApplyElement);
 // every index is checked against `elements` first. False on a SIGBUS or a
 // bad index.
@@ -109,28 +129,10 @@ bool GuardedApply(uint8_t* dst, uint64_t elements, const uint64_t* dst_idx, cons
   for (size_t j = 0; j < n; ++j) {
     if (dst_idx[j] >= elements) return false;
   }
-  sigjmp_buf jump;
-  if (sigsetjmp(jump, 0) != 0) {
-    t_bus_jump = nullptr;
-    return false;
-  }
-  t_bus_jump = &jump;
-  switch (width) {
-    case 1:
-      ApplyAll<1>(dst, dst_idx, pos, c.vals, c, n);
-      break;
-    case 2:
-      ApplyAll<2>(dst, dst_idx, pos, c.vals, c, n);
-      break;
-    case 4:
-      ApplyAll<4>(dst, dst_idx, pos, c.vals, c, n);
-      break;
-    default:
-      ApplyAll<8>(dst, dst_idx, pos, c.vals, c, n);
-      break;
-  }
-  t_bus_jump = nullptr;
-  return true;
+  return UnderBusGuard([&] {
+    kernels::DispatchWidth(width,
+                           [&](auto w) { ApplyAll<w.value>(dst, dst_idx, pos, c.vals, c, n); });
+  });
 }
 
 template <int W>
@@ -156,28 +158,10 @@ bool GuardedApplyRun(uint8_t* dst, uint64_t elements, uint64_t base, const uint3
   if (begin >= end) return true;
   const uint64_t lo = base + idx[begin], hi = base + idx[end - 1];
   if (lo > hi || hi >= elements) return false;
-  sigjmp_buf jump;
-  if (sigsetjmp(jump, 0) != 0) {
-    t_bus_jump = nullptr;
-    return false;
-  }
-  t_bus_jump = &jump;
-  switch (width) {
-    case 1:
-      ApplyRunTyped<1>(dst, base, idx, c, begin, end);
-      break;
-    case 2:
-      ApplyRunTyped<2>(dst, base, idx, c, begin, end);
-      break;
-    case 4:
-      ApplyRunTyped<4>(dst, base, idx, c, begin, end);
-      break;
-    default:
-      ApplyRunTyped<8>(dst, base, idx, c, begin, end);
-      break;
-  }
-  t_bus_jump = nullptr;
-  return true;
+  return UnderBusGuard([&] {
+    kernels::DispatchWidth(width,
+                           [&](auto w) { ApplyRunTyped<w.value>(dst, base, idx, c, begin, end); });
+  });
 }
 
 // Whether a remap plan moves its box by a constant shift of flat indices:
@@ -329,29 +313,11 @@ class Composer {
     words_ = words;
   }
   void Add(const Entries& e) {
-    switch (width_) {
-      case 1:
-        return AddTyped<uint8_t>(e);
-      case 2:
-        return AddTyped<uint16_t>(e);
-      case 4:
-        return AddTyped<uint32_t>(e);
-      default:
-        return AddTyped<uint64_t>(e);
-    }
+    kernels::DispatchWidth(width_, [&](auto w) { AddTyped<Bits<w.value>>(e); });
   }
   // The composed entries; leaves the arrays cleared for the next block.
   void Finish(Entries* out) {
-    switch (width_) {
-      case 1:
-        return FinishTyped<uint8_t>(out);
-      case 2:
-        return FinishTyped<uint16_t>(out);
-      case 4:
-        return FinishTyped<uint32_t>(out);
-      default:
-        return FinishTyped<uint64_t>(out);
-    }
+    kernels::DispatchWidth(width_, [&](auto w) { FinishTyped<Bits<w.value>>(out); });
   }
 
  private:
@@ -426,16 +392,7 @@ void NegateTyped(std::vector<uint8_t>* vals) {
 }
 
 void Negate(std::vector<uint8_t>* vals, int width) {
-  switch (width) {
-    case 1:
-      return NegateTyped<uint8_t>(vals);
-    case 2:
-      return NegateTyped<uint16_t>(vals);
-    case 4:
-      return NegateTyped<uint32_t>(vals);
-    default:
-      return NegateTyped<uint64_t>(vals);
-  }
+  kernels::DispatchWidth(width, [&](auto w) { NegateTyped<Bits<w.value>>(vals); });
 }
 
 }  // namespace

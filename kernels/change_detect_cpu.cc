@@ -3,11 +3,10 @@
 
 #include "kernels/change_detect.h"
 #include "kernels/internal/change_scan.h"
+#include "kernels/width.h"
 
 namespace dte::kernels {
 namespace {
-
-using internal::DispatchWidth;
 
 template <int W>
 void CopyElement(uint8_t* dst, const uint8_t* src) {

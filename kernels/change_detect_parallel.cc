@@ -5,10 +5,9 @@
 #include "kernels/internal/change_scan.h"
 #include "kernels/internal/compact.h"
 #include "kernels/parallel.h"
+#include "kernels/width.h"
 
 namespace dte::kernels {
-
-using internal::DispatchWidth;
 
 size_t CountChangesParallel(const void* old_data, const void* new_data, size_t n, int width) {
   const auto* a = static_cast<const uint8_t*>(old_data);

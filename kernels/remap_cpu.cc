@@ -6,6 +6,7 @@
 #include "kernels/internal/change_scan.h"
 #include "kernels/internal/compact.h"
 #include "kernels/remap.h"
+#include "kernels/width.h"
 
 namespace dte::kernels {
 namespace {
@@ -119,7 +120,7 @@ size_t RemapScatterImpl(const RemapPlan& plan, const Index* src_idx, const void*
                         int width, void* dst) {
   const auto* v = static_cast<const unsigned char*>(vals);
   auto* d = static_cast<unsigned char*>(dst);
-  return internal::DispatchWidth(width, [&](auto w) {
+  return DispatchWidth(width, [&](auto w) {
     constexpr int W = w.value;
     return internal::ParallelCount(n, [&](size_t begin, size_t end) {
       size_t written = 0;

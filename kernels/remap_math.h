@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "kernels/hd.h"
+#include "kernels/width.h"
 
 namespace dte::kernels {
 
@@ -93,25 +94,6 @@ DTE_HD bool RemapScatterElement(const RemapPlan& p, uint64_t src, const unsigned
 // as a little-endian W-byte integer, wrapping (the sparse delta codec's
 // entries, store/delta_codec.h). Byte-wise, so neither buffer needs
 // alignment.
-template <int W>
-struct ElementBits;
-template <>
-struct ElementBits<1> {
-  using type = uint8_t;
-};
-template <>
-struct ElementBits<2> {
-  using type = uint16_t;
-};
-template <>
-struct ElementBits<4> {
-  using type = uint32_t;
-};
-template <>
-struct ElementBits<8> {
-  using type = uint64_t;
-};
-
 template <int W>
 DTE_HD void ApplyElement(unsigned char* out, const unsigned char* val, bool whole) {
   using U = typename ElementBits<W>::type;

@@ -46,6 +46,7 @@
 #include <type_traits>
 
 #include "kernels/change_detect.h"
+#include "kernels/width.h"
 #include "store/internal/bit_io.h"
 
 namespace dte {
@@ -102,16 +103,8 @@ bool ValidWidth(int width) { return width == 1 || width == 2 || width == 4 || wi
 // Calls f(T{}) with T the unsigned integer type of `width` bytes.
 template <typename F>
 decltype(auto) WithElementType(int width, F&& f) {
-  switch (width) {
-    case 1:
-      return f(uint8_t{});
-    case 2:
-      return f(uint16_t{});
-    case 4:
-      return f(uint32_t{});
-    default:
-      return f(uint64_t{});
-  }
+  return kernels::DispatchWidth(
+      width, [&](auto w) { return f(typename kernels::ElementBits<w.value>::type{}); });
 }
 
 // ---------------------------------------------------------------- encoding

@@ -17,6 +17,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/width.h"
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -154,21 +156,6 @@ size_t DetectDiffs(const uint8_t* a, const uint8_t* b, size_t n, size_t first_in
     }
   });
   return k;
-}
-
-// Calls fn(width_constant) with W as std::integral_constant for width 1/2/4/8.
-template <typename Fn>
-decltype(auto) DispatchWidth(int width, const Fn& fn) {
-  switch (width) {
-    case 1:
-      return fn(std::integral_constant<int, 1>{});
-    case 2:
-      return fn(std::integral_constant<int, 2>{});
-    case 4:
-      return fn(std::integral_constant<int, 4>{});
-    default:
-      return fn(std::integral_constant<int, 8>{});
-  }
 }
 
 }  // namespace dte::kernels::internal

@@ -130,9 +130,9 @@ TEST(ChangeDetect, PortableBlockMaskMatchesPlatformMask) {
       for (int j = 0; j < 64; ++j) {
         want |= uint64_t{std::memcmp(&a[j * width], &b[j * width], width) != 0} << j;
       }
-      const uint64_t portable = internal::DispatchWidth(
+      const uint64_t portable = DispatchWidth(
           width, [&](auto w) { return internal::DiffMask64Portable<w.value>(a.data(), b.data()); });
-      const uint64_t platform = internal::DispatchWidth(
+      const uint64_t platform = DispatchWidth(
           width, [&](auto w) { return internal::DiffMask64<w.value>(a.data(), b.data()); });
       ASSERT_EQ(portable, want) << "width=" << width;
       ASSERT_EQ(platform, want) << "width=" << width;
