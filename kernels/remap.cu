@@ -28,29 +28,9 @@ struct WriteRemapped {
   }
 };
 
-// One thread per changed element: remap, then copy the element if it lies in
-// the box (kernels/remap_math.h, shared with the CPU backend).
-template <int W>
-struct RemapScatterOp {
-  RemapPlan plan;
-  const uint64_t* src;
-  const unsigned char* vals;
-  unsigned char* dst;
-  __device__ void operator()(uint64_t k) const {
-    RemapScatterElement<W>(plan, src[k], vals + k * W, dst);
-  }
-};
-
-template <int W>
-CudaStatus LaunchRemapScatter(const RemapPlan& plan, const uint64_t* d_src_idx, const void* d_vals,
-                              size_t n, void* d_dst, void* stream) {
-  const RemapScatterOp<W> op{plan, d_src_idx, static_cast<const unsigned char*>(d_vals),
-                             static_cast<unsigned char*>(d_dst)};
-  return cuda_internal::FromCuda(
-      cuda_internal::LaunchForEachIndex(n, cuda_internal::AsStream(stream), op),
-      "CUDA remap scatter");
-}
-
+// One thread per changed element: remap, then apply the element if it lies
+// in the box (kernels/remap_math.h, shared with the CPU backend). A scatter
+// is the apply with every element whole.
 template <int W>
 struct RemapApplyOp {
   RemapPlan plan;
@@ -67,12 +47,32 @@ struct RemapApplyOp {
 template <int W>
 CudaStatus LaunchRemapApply(const RemapPlan& plan, const uint64_t* d_src_idx, const void* d_vals,
                             const uint8_t* d_whole, bool all_whole, size_t n, void* d_dst,
-                            void* stream) {
+                            void* stream, const char* what) {
   const RemapApplyOp<W> op{plan,    d_src_idx, static_cast<const unsigned char*>(d_vals),
                            d_whole, all_whole, static_cast<unsigned char*>(d_dst)};
   return cuda_internal::FromCuda(
-      cuda_internal::LaunchForEachIndex(n, cuda_internal::AsStream(stream), op),
-      "CUDA remap apply");
+      cuda_internal::LaunchForEachIndex(n, cuda_internal::AsStream(stream), op), what);
+}
+
+CudaStatus RemapApplyWidth(const RemapPlan& plan, const uint64_t* d_src_idx, const void* d_vals,
+                           const uint8_t* d_whole, bool all_whole, size_t n, int width, void* d_dst,
+                           void* stream, const char* what) {
+  switch (width) {
+    case 1:
+      return LaunchRemapApply<1>(plan, d_src_idx, d_vals, d_whole, all_whole, n, d_dst, stream,
+                                 what);
+    case 2:
+      return LaunchRemapApply<2>(plan, d_src_idx, d_vals, d_whole, all_whole, n, d_dst, stream,
+                                 what);
+    case 4:
+      return LaunchRemapApply<4>(plan, d_src_idx, d_vals, d_whole, all_whole, n, d_dst, stream,
+                                 what);
+    case 8:
+      return LaunchRemapApply<8>(plan, d_src_idx, d_vals, d_whole, all_whole, n, d_dst, stream,
+                                 what);
+    default:
+      return cuda_internal::BadArgument(what, "width must be 1, 2, 4 or 8");
+  }
 }
 
 }  // namespace
@@ -80,34 +80,14 @@ CudaStatus LaunchRemapApply(const RemapPlan& plan, const uint64_t* d_src_idx, co
 CudaStatus CudaRemapApply(const RemapPlan& plan, const uint64_t* d_src_idx, const void* d_vals,
                           const uint8_t* d_whole, bool all_whole, size_t n, int width, void* d_dst,
                           void* stream) {
-  switch (width) {
-    case 1:
-      return LaunchRemapApply<1>(plan, d_src_idx, d_vals, d_whole, all_whole, n, d_dst, stream);
-    case 2:
-      return LaunchRemapApply<2>(plan, d_src_idx, d_vals, d_whole, all_whole, n, d_dst, stream);
-    case 4:
-      return LaunchRemapApply<4>(plan, d_src_idx, d_vals, d_whole, all_whole, n, d_dst, stream);
-    case 8:
-      return LaunchRemapApply<8>(plan, d_src_idx, d_vals, d_whole, all_whole, n, d_dst, stream);
-    default:
-      return cuda_internal::BadArgument("CUDA remap apply", "width must be 1, 2, 4 or 8");
-  }
+  return RemapApplyWidth(plan, d_src_idx, d_vals, d_whole, all_whole, n, width, d_dst, stream,
+                         "CUDA remap apply");
 }
 
 CudaStatus CudaRemapScatter(const RemapPlan& plan, const uint64_t* d_src_idx, const void* d_vals,
                             size_t n, int width, void* d_dst, void* stream) {
-  switch (width) {
-    case 1:
-      return LaunchRemapScatter<1>(plan, d_src_idx, d_vals, n, d_dst, stream);
-    case 2:
-      return LaunchRemapScatter<2>(plan, d_src_idx, d_vals, n, d_dst, stream);
-    case 4:
-      return LaunchRemapScatter<4>(plan, d_src_idx, d_vals, n, d_dst, stream);
-    case 8:
-      return LaunchRemapScatter<8>(plan, d_src_idx, d_vals, n, d_dst, stream);
-    default:
-      return cuda_internal::BadArgument("CUDA remap scatter", "width must be 1, 2, 4 or 8");
-  }
+  return RemapApplyWidth(plan, d_src_idx, d_vals, nullptr, true, n, width, d_dst, stream,
+                         "CUDA remap scatter");
 }
 
 CudaStatus CudaRemapWorkspaceBytes(size_t n, size_t* bytes) {

@@ -76,19 +76,6 @@ DTE_HD bool RemapElement(const RemapPlan& p, uint64_t src, uint64_t* dst) {
   return true;
 }
 
-// Fused remap + scatter of one element of W bytes: if src lies in the box,
-// copies the element at val to its destination slot in dst and returns true.
-// Byte-wise copies assume no alignment of either buffer.
-template <int W>
-DTE_HD bool RemapScatterElement(const RemapPlan& p, uint64_t src, const unsigned char* val,
-                                unsigned char* dst) {
-  uint64_t d;
-  if (!RemapElement(p, src, &d)) return false;
-  unsigned char* out = dst + d * W;
-  for (int b = 0; b < W; ++b) out[b] = val[b];
-  return true;
-}
-
 // How a live apply updates one element of W bytes in place: a whole value
 // replaces it; otherwise `val` is a difference added to the element's bits
 // as a little-endian W-byte integer, wrapping (the sparse delta codec's
@@ -113,6 +100,15 @@ DTE_HD bool RemapApplyElement(const RemapPlan& p, uint64_t src, const unsigned c
   if (!RemapElement(p, src, &d)) return false;
   ApplyElement<W>(dst + d * W, val, whole);
   return true;
+}
+
+// Fused remap + scatter of one element of W bytes: if src lies in the box,
+// copies the element at val to its destination slot in dst and returns true
+// (the apply of a whole value).
+template <int W>
+DTE_HD bool RemapScatterElement(const RemapPlan& p, uint64_t src, const unsigned char* val,
+                                unsigned char* dst) {
+  return RemapApplyElement<W>(p, src, val, true, dst);
 }
 
 }  // namespace dte::kernels
