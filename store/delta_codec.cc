@@ -615,13 +615,6 @@ Status DecodeBlock(BlockKind kind, std::string_view payload, int width, uint8_t*
   return Status::Ok();
 }
 
-Status DecodeSparseIndices(std::string_view payload, size_t len, int width,
-                           std::vector<uint32_t>* idx_out, CodecScratch* scratch,
-                           const std::string& what) {
-  uint32_t count = 0;
-  return DecodeSparse(payload, len, width, idx_out, &ScratchOrThread(scratch), what, &count);
-}
-
 Status DecodeSparseEntries(std::string_view payload, size_t len, int width,
                            std::vector<uint32_t>* idx_out, std::vector<uint8_t>* vals_out,
                            std::vector<uint8_t>* sets_out, CodecScratch* scratch,

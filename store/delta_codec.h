@@ -93,13 +93,6 @@ std::string EncodeSparseEntries(const uint32_t* idx, const uint8_t* new_vals,
 Status DecodeBlock(BlockKind kind, std::string_view payload, int width, uint8_t* dst, size_t len,
                    CodecScratch* scratch, const std::string& what, uint32_t* changed_out = nullptr);
 
-// Decodes only the element indices a kSparse record changes (for apply and
-// statistics), as block-relative element indices in increasing order;
-// *idx_out is replaced. Validates the payload as DecodeBlock does.
-Status DecodeSparseIndices(std::string_view payload, size_t len, int width,
-                           std::vector<uint32_t>* idx_out, CodecScratch* scratch,
-                           const std::string& what);
-
 // Decodes a kSparse record's entries without applying them: block-relative
 // indices (increasing) into *idx_out, and for entry i, vals_out[i * width ..]
 // holds its wrapping difference from the parent element, or its whole value

@@ -57,7 +57,8 @@ void CheckSparse(std::string_view payload, const std::vector<uint8_t>& parent,
                  const std::vector<uint8_t>& dst, int width, uint32_t changed,
                  CodecScratch* scratch) {
   std::vector<uint32_t> idx;
-  Status s = DecodeSparseIndices(payload, dst.size(), width, &idx, scratch, kWhat);
+  std::vector<uint8_t> vals, sets;
+  Status s = DecodeSparseEntries(payload, dst.size(), width, &idx, &vals, &sets, scratch, kWhat);
   Check(s.ok(), "indices decode when the block decodes");
   Check(idx.size() == changed, "index count equals changed count");
   Check(std::adjacent_find(idx.begin(), idx.end(), std::greater_equal<uint32_t>()) == idx.end(),

@@ -265,7 +265,8 @@ TEST(DeltaCodec, EncoderWritesTheDocumentedGrammar) {
   ASSERT_EQ(e.kind, BlockKind::kSparse);
   EXPECT_EQ(e.payload, Sparse(4, kTokens, kBits));
   std::vector<uint32_t> idx;
-  ASSERT_TRUE(DecodeSparseIndices(e.payload, 32, 2, &idx, nullptr, kWhat).ok());
+  std::vector<uint8_t> vals, sets;
+  ASSERT_TRUE(DecodeSparseEntries(e.payload, 32, 2, &idx, &vals, &sets, nullptr, kWhat).ok());
   EXPECT_EQ(idx, (std::vector<uint32_t>{0, 5, 6, 15}));
 }
 
@@ -392,7 +393,8 @@ TEST(DeltaCodec, FlippedBytesNeverTouchMemoryOutsideDst) {
         ASSERT_TRUE(s.ok() || s.code() == Code::kCorruption) << s.ToString();
         ASSERT_TRUE(dst.GuardsIntact()) << "byte " << pos;
         std::vector<uint32_t> idx;
-        if (DecodeSparseIndices(bad, 4096, width, &idx, nullptr, kWhat).ok()) {
+        std::vector<uint8_t> vals, sets;
+        if (DecodeSparseEntries(bad, 4096, width, &idx, &vals, &sets, nullptr, kWhat).ok()) {
           for (size_t i = 0; i < idx.size(); ++i) {
             ASSERT_LT(idx[i], 4096u / width);
             if (i > 0) {
@@ -408,7 +410,7 @@ TEST(DeltaCodec, FlippedBytesNeverTouchMemoryOutsideDst) {
   }
 }
 
-TEST(DeltaCodec, DecodeSparseIndicesAgreesWithDetectChanges) {
+TEST(DeltaCodec, DecodedIndicesAgreeWithDetectChanges) {
   for (int width : {1, 2, 4, 8}) {
     for (size_t changes : {1, 100, 3000, 20000}) {
       Bytes old = RandomBytes(kBlock, width * 7);
@@ -420,7 +422,9 @@ TEST(DeltaCodec, DecodeSparseIndicesAgreesWithDetectChanges) {
       Bytes vals(kBlock);
       want.resize(
           kernels::DetectChanges(old.data(), now.data(), n, width, want.data(), vals.data()));
-      ASSERT_TRUE(DecodeSparseIndices(e.payload, kBlock, width, &got, nullptr, kWhat).ok());
+      std::vector<uint8_t> deltas, sets;
+      ASSERT_TRUE(
+          DecodeSparseEntries(e.payload, kBlock, width, &got, &deltas, &sets, nullptr, kWhat).ok());
       EXPECT_EQ(got, want) << "width " << width << " changes " << changes;
     }
   }

@@ -480,7 +480,10 @@ TEST(EngineCodec, SetElementsRoundTripWithDifferences) {
   EXPECT_EQ(changed, count);
   EXPECT_EQ(block, expect);
   std::vector<uint32_t> decoded;
-  ASSERT_TRUE(DecodeSparseIndices(payload, kElems * 2, 2, &decoded, nullptr, "test block").ok());
+  std::vector<uint8_t> vals, sets;
+  ASSERT_TRUE(
+      DecodeSparseEntries(payload, kElems * 2, 2, &decoded, &vals, &sets, nullptr, "test block")
+          .ok());
   EXPECT_EQ(decoded, idx);
   // A truncated payload is corruption, never a wrong block.
   payload.pop_back();
