@@ -66,6 +66,24 @@ struct BlobRef {
   bool added = false;  // first stored by this version (counts in stored_bytes)
 };
 
+// A second, self-contained block table of a delta version (manifest format
+// 2): only dense records, so the version can be read without its parent.
+// Written on policy anchors that keep their delta for followers (see
+// docs/formats/manifest.md, "full").
+struct FullTable {
+  BlobRef block_table;
+  std::vector<BlobRef> blobs;  // payload blobs its dense records point into
+};
+
+// How far a version is from the nearest version whose content stands alone
+// (an anchor, or a delta with a full table): versions since it and the
+// bytes their deltas added to the store, this version's included. Zero for
+// a self-contained version. Drives the anchor policy (sync/anchor_policy.h).
+struct AnchorDistance {
+  uint64_t versions = 0;
+  uint64_t bytes = 0;
+};
+
 struct VersionStats {
   uint64_t tensors = 0, elements = 0, changed_elements = 0;
   uint64_t stored_bytes = 0, dense_bytes = 0;
@@ -81,7 +99,11 @@ struct Manifest {
   std::vector<BlobRef> blobs;    // payload blobs that block records point into
   std::vector<FileEntry> files;  // sorted by name
   VersionStats stats;
+  std::optional<FullTable> full;          // format 2; delta versions only
+  std::optional<AnchorDistance> since_full;  // format 2; absent in older manifests
   bool anchor() const { return !parent.has_value(); }
+  // True if the version can be materialized without any other version.
+  bool self_contained() const { return anchor() || full.has_value(); }
 };
 
 // Serializes to the JSON stored in the manifest object.

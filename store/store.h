@@ -45,6 +45,9 @@ struct Version {
   std::string manifest_bytes;
   Manifest manifest;
   std::vector<BlockRecord> records;
+  // The records of manifest.full's block table (only dense kinds); empty
+  // without one.
+  std::vector<BlockRecord> full_records;
 };
 
 class CachedStore;
