@@ -3,6 +3,7 @@
 //   'v' ver:be64                      -> manifest key
 //   'm' ver:be64                      -> manifest bytes
 //   'k' ver:be64                      -> block table bytes
+//   'K' ver:be64                      -> full block table bytes (only if it has one)
 //   'f' ver:be64 file                 -> file size (decimal) and kind
 //   't' ver:be64 file '\0' tensor     -> first_block:be32 blocks:be32
 //   'c' key                           -> cache entry
@@ -56,6 +57,7 @@ class RocksIndex final : public Index {
     batch.Put(Key('v', m.version), e.manifest_key);
     batch.Put(Key('m', m.version), e.manifest);
     batch.Put(Key('k', m.version), e.block_table);
+    if (!e.full_table.empty()) batch.Put(Key('K', m.version), e.full_table);
     for (const auto& f : m.files) {
       batch.Put(Key('f', m.version, f.name),
                 std::to_string(f.size) + (f.safetensors ? " safetensors" : " raw"));
@@ -74,13 +76,17 @@ class RocksIndex final : public Index {
   }
 
   Result<std::optional<Entry>> GetVersion(uint64_t version) override {
-    // One snapshot so the three keys come from the same logical update.
+    // One snapshot so the keys come from the same logical update.
     rocksdb::ReadOptions ro;
     ro.snapshot = db_->GetSnapshot();
     Entry e;
     rocksdb::Status s = db_->Get(ro, Key('v', version), &e.manifest_key);
     if (s.ok()) s = db_->Get(ro, Key('m', version), &e.manifest);
     if (s.ok()) s = db_->Get(ro, Key('k', version), &e.block_table);
+    if (s.ok()) {
+      s = db_->Get(ro, Key('K', version), &e.full_table);
+      if (s.IsNotFound()) s = rocksdb::Status::OK();
+    }
     db_->ReleaseSnapshot(ro.snapshot);
     if (s.IsNotFound()) return std::optional<Entry>();
     RETURN_IF_ERROR(FromRocks(s, "index " + dir_ + ": reading " + VersionName(version)));
@@ -163,7 +169,7 @@ class RocksIndex final : public Index {
 
  private:
   Status DeleteRanges(uint64_t version, rocksdb::WriteBatch* batch) {
-    for (char tag : {'v', 'm', 'k', 'f', 't'}) {
+    for (char tag : {'v', 'm', 'k', 'K', 'f', 't'}) {
       // The end of the last version's range is the next tag (version + 1 wraps).
       std::string end = version == UINT64_MAX ? std::string(1, static_cast<char>(tag + 1))
                                               : Key(tag, version + 1);

@@ -32,6 +32,7 @@ class Index {
     std::string manifest_key;  // e.g. "manifests/v00000003.json"
     std::string manifest;      // its bytes
     std::string block_table;   // the block table blob's bytes
+    std::string full_table;    // the full block table's bytes; "" without one
   };
 
   // Opens (creating) the index in `dir`.

@@ -212,13 +212,48 @@ Status ParseStats(const json& j, VersionStats* s, const std::string& what) {
   return Field(j, "dense_bytes", &s->dense_bytes, what);
 }
 
+Status ParseBlobArray(const json& j, std::vector<BlobRef>* out, const std::string& what) {
+  if (!j.is_array()) return Corruption(what + ": blobs is not an array");
+  for (const auto& bj : j) {
+    BlobRef b;
+    RETURN_IF_ERROR(ParseBlob(bj, &b, what));
+    out->push_back(b);
+  }
+  return Status::Ok();
+}
+
+// Format 2 fields: "full" (a delta's second, dense-only block table) and
+// "since_full" (the anchor policy's distance).
+Status ParseFormat2(const json& j, Manifest* m, const std::string& what) {
+  if (j.contains("full") && !j["full"].is_null()) {
+    const json& fj = j["full"];
+    if (!fj.is_object() || !fj.contains("block_table") || !fj.contains("blobs")) {
+      return Corruption(what + ": full is not an object with block_table and blobs");
+    }
+    if (m->anchor()) return Corruption(what + ": an anchor has no full table");
+    FullTable full;
+    RETURN_IF_ERROR(ParseBlob(fj["block_table"], &full.block_table, what + " full"));
+    RETURN_IF_ERROR(ParseBlobArray(fj["blobs"], &full.blobs, what + " full"));
+    m->full = std::move(full);
+  }
+  if (j.contains("since_full") && !j["since_full"].is_null()) {
+    const json& sj = j["since_full"];
+    if (!sj.is_object()) return Corruption(what + ": since_full is not an object");
+    AnchorDistance d;
+    RETURN_IF_ERROR(Field(sj, "versions", &d.versions, what + " since_full"));
+    RETURN_IF_ERROR(Field(sj, "bytes", &d.bytes, what + " since_full"));
+    m->since_full = d;
+  }
+  return Status::Ok();
+}
+
 Status ParseManifestJson(const json& j, Manifest* m, const std::string& what) {
   std::string format;
   uint32_t fv = 0;
   RETURN_IF_ERROR(Field(j, "format", &format, what));
   RETURN_IF_ERROR(Field(j, "format_version", &fv, what));
   if (format != "dte-manifest") return Corruption(what + ": not a dte manifest");
-  if (fv != kManifestFormatVersion) {
+  if (fv < 1 || fv > kManifestFormatVersion) {
     return Corruption(what + ": unsupported manifest format_version " + std::to_string(fv));
   }
   RETURN_IF_ERROR(Field(j, "version", &m->version, what));
@@ -236,12 +271,9 @@ Status ParseManifestJson(const json& j, Manifest* m, const std::string& what) {
   }
   if (!j.contains("block_table")) return Corruption(what + ": missing block_table");
   RETURN_IF_ERROR(ParseBlob(j["block_table"], &m->block_table, what));
-  if (!j.contains("blobs") || !j["blobs"].is_array()) return Corruption(what + ": missing blobs");
-  for (const auto& bj : j["blobs"]) {
-    BlobRef b;
-    RETURN_IF_ERROR(ParseBlob(bj, &b, what));
-    m->blobs.push_back(b);
-  }
+  if (!j.contains("blobs")) return Corruption(what + ": missing blobs");
+  RETURN_IF_ERROR(ParseBlobArray(j["blobs"], &m->blobs, what));
+  if (fv >= 2) RETURN_IF_ERROR(ParseFormat2(j, m, what));
   if (!j.contains("files") || !j["files"].is_array()) return Corruption(what + ": missing files");
   for (const auto& fj : j["files"]) {
     FileEntry f;
@@ -283,6 +315,14 @@ std::string EncodeManifest(const Manifest& m) {
                     {"changed_elements", m.stats.changed_elements},
                     {"stored_bytes", m.stats.stored_bytes},
                     {"dense_bytes", m.stats.dense_bytes}};
+  if (m.full) {
+    json full_blobs = json::array();
+    for (const auto& b : m.full->blobs) full_blobs.push_back(BlobJson(b));
+    j["full"] = json{{"block_table", BlobJson(m.full->block_table)}, {"blobs", full_blobs}};
+  }
+  if (m.since_full) {
+    j["since_full"] = json{{"versions", m.since_full->versions}, {"bytes", m.since_full->bytes}};
+  }
   return j.dump(1) + "\n";
 }
 

@@ -24,7 +24,9 @@
 
 namespace dte {
 
-inline constexpr uint32_t kManifestFormatVersion = 1;
+// Written by this build; readers accept 1 (no "full", no "since_full") to
+// this number.
+inline constexpr uint32_t kManifestFormatVersion = 2;
 inline constexpr uint32_t kBlockTableFormatVersion = 1;
 inline constexpr uint64_t kDefaultBlockBytes = 256 * 1024;
 
@@ -99,7 +101,7 @@ struct Manifest {
   std::vector<BlobRef> blobs;    // payload blobs that block records point into
   std::vector<FileEntry> files;  // sorted by name
   VersionStats stats;
-  std::optional<FullTable> full;          // format 2; delta versions only
+  std::optional<FullTable> full;             // format 2; delta versions only
   std::optional<AnchorDistance> since_full;  // format 2; absent in older manifests
   bool anchor() const { return !parent.has_value(); }
   // True if the version can be materialized without any other version.

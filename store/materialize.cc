@@ -54,18 +54,22 @@ Status Materializer::ReadRecord(const Version& v, const BlockRecord& rec, std::s
   return s.WithContext(what);
 }
 
-Status Materializer::ReadDense(const Version& v, const BlockRecord& rec, int width, uint8_t* dst,
-                               uint64_t len, const std::string& what) {
+Status Materializer::ReadDense(const std::vector<BlobRef>& blobs, const BlockRecord& rec, int width,
+                               uint8_t* dst, uint64_t len, const std::string& what) {
   if (rec.kind == BlockKind::kDenseRaw) {
     if (rec.length != len) return Corruption(what + ": dense record has the wrong length");
-    const BlobRef& blob = v.manifest.blobs[rec.blob];
     RETURN_IF_ERROR(store_->objects()
-                        .ReadRange(BlobKey(blob.hash), rec.offset, rec.length, dst)
+                        .ReadRange(BlobKey(blobs[rec.blob].hash), rec.offset, rec.length, dst)
                         .WithContext(what));
     counters_.payload_bytes += rec.length;
   } else {
     ThreadBuffers& b = Buffers();
-    RETURN_IF_ERROR(ReadRecord(v, rec, &b.payload, what));
+    b.payload.resize(rec.length);
+    RETURN_IF_ERROR(
+        store_->objects()
+            .ReadRange(BlobKey(blobs[rec.blob].hash), rec.offset, rec.length, b.payload.data())
+            .WithContext(what));
+    counters_.payload_bytes += rec.length;
     RETURN_IF_ERROR(DecodeBlock(rec.kind, b.payload, width, dst, len, &b.scratch, what));
   }
   counters_.records++;
@@ -76,11 +80,20 @@ VersionChain Materializer::ChainOf(std::shared_ptr<const Version> v) {
   VersionChain chain;
   while (v) {
     chain.push_back(v);
-    if (!v->manifest.parent) break;
+    // A self-contained version ends every chain walk (ReadBlock).
+    if (v->manifest.self_contained()) break;
     auto parent = store_->GetVersion(*v->manifest.parent);
     v = parent.ok() ? *parent : nullptr;
   }
   return chain;
+}
+
+Result<std::shared_ptr<const Version>> Materializer::ParentOf(const Version& cur, size_t depth,
+                                                              const VersionChain* chain) {
+  if (chain && depth < chain->size() && (*chain)[depth]->manifest.version == *cur.manifest.parent) {
+    return (*chain)[depth];
+  }
+  return store_->GetVersion(*cur.manifest.parent);
 }
 
 Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,
@@ -94,8 +107,9 @@ Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const Fi
   const uint64_t len = std::min<uint64_t>(bb, tensor.bytes() - uint64_t{block} * bb);
   const int width = DTypeWidth(tensor.dtype);
   BlockBase* const base = base_.load();
-  // Walk back to the nearest version the base holds or that has a dense
-  // record, remembering the sparse records on the way.
+  // Walk back to the nearest version the base holds, that has a dense
+  // record, or that has a full table, remembering the sparse records on the
+  // way.
   std::vector<ChainLink> sparse;
   std::shared_ptr<const Version> cur = v;
   if (chain && (chain->empty() || chain->front() != v)) chain = nullptr;
@@ -118,20 +132,27 @@ Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const Fi
       break;
     }
     const BlockRecord& rec = cur->records[r];
+    const std::string what = BlockWhat(*cur, file, tensor, block);
     if (rec.kind == BlockKind::kDenseRaw || rec.kind == BlockKind::kDenseZstd) {
-      RETURN_IF_ERROR(ReadDense(*cur, rec, width, dst, len, BlockWhat(*cur, file, tensor, block)));
+      RETURN_IF_ERROR(ReadDense(cur->manifest.blobs, rec, width, dst, len, what));
+      break;
+    }
+    if (!cur->manifest.parent) return Corruption(what + ": no dense record in its chain");
+    if (!cur->full_records.empty()) {
+      // A policy anchor that kept its delta: one record onto the parent's
+      // block where the base holds that, else its own full record.
+      auto parent = ParentOf(*cur, depth, chain);
+      if (base && parent.ok() && base->ReadBlock(**parent, r, len, dst)) {
+        counters_.base_blocks++;
+        if (rec.kind == BlockKind::kSparse) sparse.push_back({cur, &rec});
+      } else {
+        RETURN_IF_ERROR(ReadDense(cur->manifest.full->blobs, cur->full_records[r], width, dst, len,
+                                  what + " (full table)"));
+      }
       break;
     }
     if (rec.kind == BlockKind::kSparse) sparse.push_back({cur, &rec});
-    if (!cur->manifest.parent) {
-      return Corruption(BlockWhat(*cur, file, tensor, block) + ": no dense record in its chain");
-    }
-    if (chain && depth < chain->size() &&
-        (*chain)[depth]->manifest.version == *cur->manifest.parent) {
-      cur = (*chain)[depth];
-    } else {
-      ASSIGN_OR_RETURN(cur, store_->GetVersion(*cur->manifest.parent));
-    }
+    ASSIGN_OR_RETURN(cur, ParentOf(*cur, depth, chain));
   }
   ThreadBuffers& b = Buffers();
   for (auto it = sparse.rbegin(); it != sparse.rend(); ++it) {
@@ -145,6 +166,25 @@ Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const Fi
     counters_.hash_failures++;
     return Corruption(BlockWhat(*v, file, tensor, block) +
                       ": materialized bytes do not match the block hash (a blob is corrupt)");
+  }
+  return Status::Ok();
+}
+
+Status Materializer::ReadFullBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,
+                                   const TensorEntry& tensor, uint32_t block, uint8_t* dst) {
+  const size_t r = size_t{tensor.first_block} + block;
+  const std::string what = BlockWhat(*v, file, tensor, block) + " (full table)";
+  if (!v->manifest.full || block >= tensor.blocks || r >= v->full_records.size()) {
+    return InvalidArgument(what + ": no such record");
+  }
+  const uint64_t bb = v->manifest.block_bytes;
+  const uint64_t len = std::min<uint64_t>(bb, tensor.bytes() - uint64_t{block} * bb);
+  RETURN_IF_ERROR(ReadDense(v->manifest.full->blobs, v->full_records[r], DTypeWidth(tensor.dtype),
+                            dst, len, what));
+  counters_.blocks++;
+  if (HashBlock(dst, len) != v->records[r].hash) {
+    counters_.hash_failures++;
+    return Corruption(what + ": bytes do not match the block hash (a blob is corrupt)");
   }
   return Status::Ok();
 }

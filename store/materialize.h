@@ -3,7 +3,9 @@
 // Bytes of a safetensors file come from its header blob and, for the data
 // section, from blocks: a block at version v is its nearest dense record
 // back along the parent chain with every later sparse record applied in
-// order. With a BlockBase (SetBase), the walk stops earlier: at the first
+// order; the walk also stops at a version with a full table (a policy
+// anchor that kept its delta), whose dense record ends it unless the base
+// holds the parent's block. With a BlockBase (SetBase), the walk stops earlier: at the first
 // version, starting with v itself, whose block the base holds, so the cost
 // of a block is bounded by the distance to the nearest version the base
 // holds instead of the distance to the anchor. Only the blocks overlapping
@@ -73,8 +75,15 @@ class Materializer {
                    const TensorEntry& tensor, uint32_t block, uint8_t* dst,
                    const VersionChain* chain = nullptr);
 
-  // v and its ancestors back to the anchor, as far as they load from the
-  // store now (a parent that does not load ends the chain early).
+  // Block `block` of `tensor` from v's full table alone (v must have one),
+  // checked against v's block hash: a reader that verifies the full table
+  // itself, not the chain.
+  Status ReadFullBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,
+                       const TensorEntry& tensor, uint32_t block, uint8_t* dst);
+
+  // v and its ancestors back to the first self-contained one (an anchor or
+  // a version with a full table), as far as they load from the store now (a
+  // parent that does not load ends the chain early).
   VersionChain ChainOf(std::shared_ptr<const Version> v);
 
   // The content of a raw file or a safetensors header, verified against its
@@ -103,9 +112,14 @@ class Materializer {
                     const Sink& sink, bool check_tensor_hashes);
   Status ReadRecord(const Version& v, const BlockRecord& rec, std::string* out,
                     const std::string& what);
-  // A dense record's block (len bytes) into dst.
-  Status ReadDense(const Version& v, const BlockRecord& rec, int width, uint8_t* dst, uint64_t len,
-                   const std::string& what);
+  // A dense record's block (len bytes) into dst; `blobs` are the ones its
+  // table points into (the manifest's, or its full table's).
+  Status ReadDense(const std::vector<BlobRef>& blobs, const BlockRecord& rec, int width,
+                   uint8_t* dst, uint64_t len, const std::string& what);
+  // The parent of `cur`, found `depth` hops from the start of a walk: from
+  // `chain` when it holds it, else from the store.
+  Result<std::shared_ptr<const Version>> ParentOf(const Version& cur, size_t depth,
+                                                  const VersionChain* chain);
 
   Store* store_;
   std::atomic<BlockBase*> base_{nullptr};

@@ -2,7 +2,7 @@
 //
 //   snapshot-dir  := { snapshot | temp }
 //   snapshot      := "v" digits{8,12} "." content-id ".snap"
-//   temp          := ".tmp." snapshot-name "." pid      (being written; flock held)
+//   temp          := ".tmp." version-name "." pid "." seq  (being written; flock held)
 //   content-id    := 32 lowercase hex digits, XXH3-128 of
 //                    "dte-snapshot" u32(format_version = 1) u64(block_bytes)
 //                    u64(record_count) { u64(record.hash) }      (little-endian)
@@ -74,21 +74,6 @@ Status PwriteAll(int fd, const uint8_t* data, uint64_t len, uint64_t offset,
   return Status::Ok();
 }
 
-// End of the last block: the snapshot file's size.
-uint64_t SnapshotSize(const Version& v) {
-  uint64_t size = 0;
-  for (const FileEntry& f : v.manifest.files) {
-    for (const TensorEntry& t : f.tensors) {
-      if (t.blocks == 0) continue;
-      const uint64_t last = uint64_t{t.blocks} - 1;
-      const uint64_t end = (t.first_block + last) * v.manifest.block_bytes +
-                           (t.bytes() - last * v.manifest.block_bytes);
-      size = std::max(size, end);
-    }
-  }
-  return size;
-}
-
 // Refuses a snapshot that would leave less than 5% of the filesystem free.
 Status CheckSpace(const std::string& dir, uint64_t size) {
   struct statvfs st {};
@@ -128,7 +113,106 @@ class WriteBehind {
   uint64_t dropped_ = 0;  // [0, dropped_) is out of the page cache
 };
 
+std::atomic<uint64_t> temp_seq{0};
+
 }  // namespace
+
+struct SnapshotWriter::State {
+  SnapshotSet* set = nullptr;
+  uint64_t version = 0, block_bytes = 0;
+  std::string tmp;
+  ScopedFd fd;
+  std::unique_ptr<WriteBehind> behind;
+  bool published = false;
+};
+
+SnapshotWriter::SnapshotWriter(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+SnapshotWriter::~SnapshotWriter() {
+  if (!state_->published) ::unlink(state_->tmp.c_str());
+}
+
+Status SnapshotWriter::Write(size_t record, const uint8_t* data, uint64_t len) {
+  const uint64_t offset = record * state_->block_bytes;
+  RETURN_IF_ERROR(PwriteAll(state_->fd.get(), data, len, offset, state_->tmp));
+  state_->behind->Wrote(offset + len);
+  return Status::Ok();
+}
+
+Status SnapshotWriter::Publish(const Version& v) {
+  State& st = *state_;
+  if (st.published || v.manifest.version != st.version) {
+    return Internal("snapshot of " + VersionName(st.version) + " published twice or as " +
+                    VersionName(v.manifest.version));
+  }
+  auto e = std::make_shared<SnapshotSet::Entry>();
+  e->version = st.version;
+  e->id = SnapshotSet::ContentId(v);
+  e->path = st.set->dir() + "/" + SnapshotSet::FileName(v);
+  struct stat sb {};
+  if (::fstat(st.fd.get(), &sb) != 0) return ErrnoStatus("stat " + st.tmp, errno);
+  e->bytes = uint64_t(sb.st_blocks) * 512;
+  e->fd = std::move(st.fd);
+  RETURN_IF_ERROR(st.set->Publish(std::move(e), st.tmp));
+  st.published = true;
+  return Status::Ok();
+}
+
+std::string SnapshotDir(const Store& store) {
+  return store.CachePath().empty() ? "" : store.CachePath() + "/snapshots";
+}
+
+std::unique_ptr<SnapshotSet> OpenStoreSnapshots(const Store& store) {
+  const std::string dir = SnapshotDir(store);
+  if (dir.empty()) return nullptr;
+  auto set = SnapshotSet::Open(dir);
+  return set.ok() ? std::move(set).value() : nullptr;
+}
+
+uint64_t SnapshotSet::SnapshotSize(const Manifest& m) {
+  uint64_t size = 0;
+  for (const FileEntry& f : m.files) {
+    for (const TensorEntry& t : f.tensors) {
+      if (t.blocks == 0) continue;
+      const uint64_t last = uint64_t{t.blocks} - 1;
+      const uint64_t end =
+          (t.first_block + last) * m.block_bytes + (t.bytes() - last * m.block_bytes);
+      size = std::max(size, end);
+    }
+  }
+  return size;
+}
+
+Result<std::unique_ptr<SnapshotWriter>> SnapshotSet::Begin(uint64_t version, uint64_t block_bytes,
+                                                           uint64_t bytes) {
+  RETURN_IF_ERROR(CheckSpace(dir_, bytes));
+  auto st = std::make_unique<SnapshotWriter::State>();
+  st->set = this;
+  st->version = version;
+  st->block_bytes = block_bytes;
+  st->tmp = dir_ + "/" + kTempPrefix + VersionName(version) + "." + std::to_string(getpid()) + "." +
+            std::to_string(temp_seq++);
+  ASSIGN_OR_RETURN(st->fd, OpenFile(st->tmp, O_RDWR | O_CREAT | O_TRUNC, 0644));
+  if (::flock(st->fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    Status s = ErrnoStatus("lock " + st->tmp, errno);
+    ::unlink(st->tmp.c_str());
+    return s;
+  }
+  st->behind = std::make_unique<WriteBehind>(st->fd.get());
+  return std::unique_ptr<SnapshotWriter>(new SnapshotWriter(std::move(st)));
+}
+
+std::vector<uint64_t> SnapshotSet::KeepNewest(size_t keep) {
+  std::vector<uint64_t> dropped;
+  MutexLock lock(&mu_);
+  while (entries_.size() > keep) {
+    auto it = entries_.begin();
+    ::unlink(it->second->path.c_str());
+    dropped.push_back(it->first);
+    entries_.erase(it);
+  }
+  return dropped;
+}
 
 Result<std::unique_ptr<SnapshotSet>> SnapshotSet::Open(const std::string& dir) {
   std::error_code ec;
@@ -173,12 +257,16 @@ Status SnapshotSet::Scan() {
 }
 
 Hash128 SnapshotSet::ContentId(const Version& v) {
+  return ContentId(v.manifest.block_bytes, v.records);
+}
+
+Hash128 SnapshotSet::ContentId(uint64_t block_bytes, const std::vector<BlockRecord>& records) {
   std::string buf = "dte-snapshot";
   PutFixed(&buf, kSnapshotFormatVersion, 4);
-  PutFixed(&buf, v.manifest.block_bytes, 8);
-  PutFixed(&buf, v.records.size(), 8);
+  PutFixed(&buf, block_bytes, 8);
+  PutFixed(&buf, records.size(), 8);
   Hasher128 h;
-  for (const BlockRecord& r : v.records) {
+  for (const BlockRecord& r : records) {
     PutFixed(&buf, r.hash, 8);
     if (buf.size() >= 4096) {
       h.Update(buf.data(), buf.size());
@@ -298,35 +386,21 @@ SnapshotStats SnapshotSet::Stats() const {
 Status SnapshotSet::Build(const std::shared_ptr<const Version>& v, Materializer* reader,
                           const std::atomic<bool>& cancel) {
   if (Has(*v)) return Status::Ok();
-  auto e = std::make_shared<Entry>();
-  e->version = v->manifest.version;
-  e->id = ContentId(*v);
-  e->path = dir_ + "/" + FileName(*v);
-  const std::string tmp = dir_ + "/" + kTempPrefix + FileName(*v) + "." + std::to_string(getpid());
   {
     MutexLock lock(&mu_);
-    building_ = e->version;
+    building_ = v->manifest.version;
     building_done_ = 0;
     building_total_ = v->records.size();
   }
-  Status s = Write(v, reader, e.get(), tmp, cancel);
-  if (s.ok()) s = Publish(std::move(e), tmp);
-  if (!s.ok()) ::unlink(tmp.c_str());
+  Status s = [&]() -> Status {
+    ASSIGN_OR_RETURN(auto writer, Begin(v->manifest.version, v->manifest.block_bytes,
+                                        SnapshotSize(v->manifest)));
+    RETURN_IF_ERROR(WriteBlocks(v, reader, writer.get(), cancel));
+    return writer->Publish(*v);
+  }();
   MutexLock lock(&mu_);
   building_.reset();
   return s.WithContext("snapshot of " + VersionName(v->manifest.version));
-}
-
-Status SnapshotSet::Write(const std::shared_ptr<const Version>& v, Materializer* reader, Entry* e,
-                          const std::string& tmp, const std::atomic<bool>& cancel) {
-  RETURN_IF_ERROR(CheckSpace(dir_, SnapshotSize(*v)));
-  ASSIGN_OR_RETURN(e->fd, OpenFile(tmp, O_RDWR | O_CREAT | O_TRUNC, 0644));
-  if (::flock(e->fd.get(), LOCK_EX | LOCK_NB) != 0) return ErrnoStatus("lock " + tmp, errno);
-  RETURN_IF_ERROR(WriteBlocks(v, reader, e->fd.get(), tmp, cancel));
-  struct stat st {};
-  if (::fstat(e->fd.get(), &st) != 0) return ErrnoStatus("stat " + tmp, errno);
-  e->bytes = uint64_t(st.st_blocks) * 512;
-  return Status::Ok();
 }
 
 Status SnapshotSet::Publish(std::shared_ptr<Entry> e, const std::string& tmp) {
@@ -340,19 +414,16 @@ Status SnapshotSet::Publish(std::shared_ptr<Entry> e, const std::string& tmp) {
 }
 
 Status SnapshotSet::WriteBlocks(const std::shared_ptr<const Version>& v, Materializer* reader,
-                                int fd, const std::string& path, const std::atomic<bool>& cancel) {
+                                SnapshotWriter* writer, const std::atomic<bool>& cancel) {
   const uint64_t bb = v->manifest.block_bytes;
   std::vector<uint8_t> buf(bb);
-  WriteBehind behind(fd);
   for (const FileEntry& f : v->manifest.files) {
     for (const TensorEntry& t : f.tensors) {
       for (uint32_t b = 0; b < t.blocks; ++b) {
         if (cancel.load()) return Busy("cancelled");
         RETURN_IF_ERROR(reader->ReadBlock(v, f, t, b, buf.data()));
         const uint64_t len = std::min(bb, t.bytes() - uint64_t{b} * bb);
-        const uint64_t offset = (uint64_t{t.first_block} + b) * bb;
-        RETURN_IF_ERROR(PwriteAll(fd, buf.data(), len, offset, path));
-        behind.Wrote(offset + len);
+        RETURN_IF_ERROR(writer->Write(uint64_t{t.first_block} + b, buf.data(), len));
         MutexLock lock(&mu_);
         building_done_++;
       }

@@ -49,6 +49,36 @@ struct SnapshotStats {
   std::string last_error;      // of the most recent drop or failed read
 };
 
+class SnapshotSet;
+
+// A snapshot being written, block by block, by whoever has the bytes (a
+// commit writing the version it builds, or SnapshotSet::Build). The file is
+// a temporary one until Publish; destroying an unpublished writer removes
+// it.
+//
+// Thread-safety: Write may be called concurrently for disjoint records;
+// Publish once, after every Write returned.
+class SnapshotWriter {
+ public:
+  ~SnapshotWriter();
+  SnapshotWriter(const SnapshotWriter&) = delete;
+  SnapshotWriter& operator=(const SnapshotWriter&) = delete;
+
+  // Writes `len` bytes: the blocks from record `record` on, consecutive and
+  // of one tensor (so contiguous in the file).
+  Status Write(size_t record, const uint8_t* data, uint64_t len);
+  // Makes the file the snapshot of v (which must be the version it was
+  // begun for, every block written). The caller vouches for the bytes:
+  // they are not read back; readers check each block against v's hashes.
+  Status Publish(const Version& v);
+
+ private:
+  friend class SnapshotSet;
+  struct State;
+  explicit SnapshotWriter(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
 class SnapshotSet : public BlockBase {
  public:
   // Opens `dir` (created if missing): removes temporary files that no
@@ -60,6 +90,7 @@ class SnapshotSet : public BlockBase {
   // The content id of v: XXH3-128 over the format version, block size,
   // record count and every record's block hash.
   static Hash128 ContentId(const Version& v);
+  static Hash128 ContentId(uint64_t block_bytes, const std::vector<BlockRecord>& records);
   // The file name of the snapshot of v ("v00000012.<content id>.snap").
   static std::string FileName(const Version& v);
 
@@ -80,8 +111,21 @@ class SnapshotSet : public BlockBase {
   Status Build(const std::shared_ptr<const Version>& v, Materializer* reader,
                const std::atomic<bool>& cancel) EXCLUDES(mu_);
 
+  // Starts a snapshot of version `version` of `bytes` bytes (SnapshotSize)
+  // with blocks of `block_bytes`. IOError if the directory's filesystem
+  // lacks the space for it plus a reserve of 5% (the low-disk guard).
+  Result<std::unique_ptr<SnapshotWriter>> Begin(uint64_t version, uint64_t block_bytes,
+                                                uint64_t bytes) EXCLUDES(mu_);
+
+  // The size of the snapshot file of a version with this manifest.
+  static uint64_t SnapshotSize(const Manifest& m);
+
   // Deletes the snapshot of `version`, if any.
   void Remove(uint64_t version) EXCLUDES(mu_);
+
+  // Deletes all but the snapshots of the newest `keep` versions (oldest
+  // first). Returns the versions deleted.
+  std::vector<uint64_t> KeepNewest(size_t keep) EXCLUDES(mu_);
 
   // Deletes every snapshot that is not of one of `versions` with the same
   // content id (its version left the store, or changed content). Returns
@@ -93,6 +137,7 @@ class SnapshotSet : public BlockBase {
   const std::string& dir() const { return dir_; }
 
  private:
+  friend class SnapshotWriter;
   struct Entry {
     uint64_t version = 0;
     Hash128 id;
@@ -109,13 +154,10 @@ class SnapshotSet : public BlockBase {
   // Deletes e if it is still the snapshot of its version; a nonempty `why`
   // becomes last_error.
   void Drop(const std::shared_ptr<Entry>& e, const std::string& why) EXCLUDES(mu_);
-  // Writes the snapshot of v to `tmp` through e's descriptor.
-  Status Write(const std::shared_ptr<const Version>& v, Materializer* reader, Entry* e,
-               const std::string& tmp, const std::atomic<bool>& cancel) EXCLUDES(mu_);
   // Renames `tmp` to e's path and makes e the snapshot of its version.
   Status Publish(std::shared_ptr<Entry> e, const std::string& tmp) EXCLUDES(mu_);
-  Status WriteBlocks(const std::shared_ptr<const Version>& v, Materializer* reader, int fd,
-                     const std::string& path, const std::atomic<bool>& cancel) EXCLUDES(mu_);
+  Status WriteBlocks(const std::shared_ptr<const Version>& v, Materializer* reader,
+                     SnapshotWriter* writer, const std::atomic<bool>& cancel) EXCLUDES(mu_);
 
   const std::string dir_;
   std::atomic<uint64_t> block_reads_{0}, hash_failures_{0};
@@ -127,5 +169,15 @@ class SnapshotSet : public BlockBase {
   uint64_t built_ GUARDED_BY(mu_) = 0;
   std::string last_error_ GUARDED_BY(mu_);
 };
+
+// The snapshot directory of a store's cache (CACHE_DIR/<store_id>/snapshots),
+// shared by dtectl and dtefs; "" for a store opened without a cache
+// directory.
+std::string SnapshotDir(const Store& store);
+
+// The store's snapshots, for reading from (a Materializer base); null
+// without a cache directory or when it cannot be opened (a cache is never
+// required).
+std::unique_ptr<SnapshotSet> OpenStoreSnapshots(const Store& store);
 
 }  // namespace dte

@@ -42,8 +42,14 @@ Result<std::string> ParseMarker(const std::string& bytes, const std::string& wha
 
 }  // namespace
 
-Status CheckBlockTable(const Manifest& m, const std::vector<BlockRecord>& records,
-                       const std::string& what) {
+namespace {
+
+// Checks `records` (a block table of m) against m's tensors and `blobs`.
+// `dense_only`: null, or why only dense records are allowed (an anchor's
+// table, or a full table).
+Status CheckRecords(const Manifest& m, const std::vector<BlobRef>& blobs,
+                    const std::vector<BlockRecord>& records, const char* dense_only,
+                    const std::string& what) {
   size_t r = 0;
   for (const auto& f : m.files) {
     for (const auto& t : f.tensors) {
@@ -53,12 +59,12 @@ Status CheckBlockTable(const Manifest& m, const std::vector<BlockRecord>& record
         uint64_t len = std::min<uint64_t>(m.block_bytes, t.bytes() - uint64_t{b} * m.block_bytes);
         std::string where =
             what + ": " + f.name + " tensor \"" + t.name + "\" block " + std::to_string(b);
-        if (m.anchor() && (rec.kind == BlockKind::kSame || rec.kind == BlockKind::kSparse)) {
-          return Corruption(where + " refers to a parent, but the version is an anchor");
+        if (dense_only && (rec.kind == BlockKind::kSame || rec.kind == BlockKind::kSparse)) {
+          return Corruption(where + " refers to a parent, but " + dense_only);
         }
         if (rec.kind == BlockKind::kSame) continue;
-        if (rec.blob >= m.blobs.size() || rec.offset > m.blobs[rec.blob].size ||
-            rec.length > m.blobs[rec.blob].size - rec.offset) {
+        if (rec.blob >= blobs.size() || rec.offset > blobs[rec.blob].size ||
+            rec.length > blobs[rec.blob].size - rec.offset) {
           return Corruption(where + " points outside its blob");
         }
         if (rec.kind == BlockKind::kDenseRaw && rec.length != len) {
@@ -72,6 +78,19 @@ Status CheckBlockTable(const Manifest& m, const std::vector<BlockRecord>& record
   }
   if (r != records.size()) return Corruption(what + ": block table is too long");
   return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckBlockTable(const Manifest& m, const std::vector<BlockRecord>& records,
+                       const std::string& what) {
+  return CheckRecords(m, m.blobs, records, m.anchor() ? "the version is an anchor" : nullptr, what);
+}
+
+Status CheckFullTable(const Manifest& m, const std::vector<BlockRecord>& records,
+                      const std::string& what) {
+  if (!m.full) return Corruption(what + ": has no full table");
+  return CheckRecords(m, m.full->blobs, records, "a full table stands alone", what + " full table");
 }
 
 Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
@@ -133,10 +152,19 @@ Status Store::OpenBlobCache() {
   return Status::Ok();
 }
 
+Index::Entry IndexEntry(const Version& v) {
+  return Index::Entry{v.key, v.manifest_bytes, EncodeBlockTable(v.records),
+                      v.manifest.full ? EncodeBlockTable(v.full_records) : std::string()};
+}
+
 void Store::NoteBlobSizes(const Manifest& m) {
   if (!blob_cache_) return;
   blob_cache_->NoteSize(BlobKey(m.block_table.hash), m.block_table.size);
   for (const BlobRef& b : m.blobs) blob_cache_->NoteSize(BlobKey(b.hash), b.size);
+  if (m.full) {
+    blob_cache_->NoteSize(BlobKey(m.full->block_table.hash), m.full->block_table.size);
+    for (const BlobRef& b : m.full->blobs) blob_cache_->NoteSize(BlobKey(b.hash), b.size);
+  }
   for (const auto& f : m.files) {
     if (f.safetensors) {
       blob_cache_->NoteSize(BlobKey(f.header_blob), f.header_size);
@@ -183,7 +211,7 @@ Result<std::shared_ptr<const Version>> Store::GetVersion(uint64_t version) {
     ASSIGN_OR_RETURN(auto entry, index_->GetVersion(version));
     if (entry) {
       auto v = Parse(version, entry->manifest_key, std::move(entry->manifest),
-                     std::move(entry->block_table));
+                     std::move(entry->block_table), std::move(entry->full_table));
       if (v.ok()) {
         NoteBlobSizes((*v)->manifest);
         MutexLock lock(&mu_);
@@ -211,8 +239,7 @@ Result<std::shared_ptr<const Version>> Store::GetVersionAt(uint64_t version,
   }
   ASSIGN_OR_RETURN(auto v, Load(version, key));
   if (index_) {
-    RETURN_IF_ERROR(index_->PutVersion(
-        v->manifest, Index::Entry{v->key, v->manifest_bytes, EncodeBlockTable(v->records)}));
+    RETURN_IF_ERROR(index_->PutVersion(v->manifest, IndexEntry(*v)));
   }
   MutexLock lock(&mu_);
   cache_[version] = v;
@@ -225,11 +252,16 @@ Result<std::shared_ptr<const Version>> Store::Load(uint64_t version, const std::
   NoteBlobSizes(m);
   std::string table_key = BlobKey(m.block_table.hash);
   ASSIGN_OR_RETURN(std::string table, objects_->Get(table_key));
-  return Parse(version, key, std::move(manifest), std::move(table));
+  std::string full_table;
+  if (m.full) {
+    ASSIGN_OR_RETURN(full_table, objects_->Get(BlobKey(m.full->block_table.hash)));
+  }
+  return Parse(version, key, std::move(manifest), std::move(table), std::move(full_table));
 }
 
 Result<std::shared_ptr<const Version>> Store::Parse(uint64_t version, const std::string& key,
-                                                    std::string manifest, std::string table) {
+                                                    std::string manifest, std::string table,
+                                                    std::string full_table) {
   std::string what = options_.uri + "/" + key;
   auto v = std::make_shared<Version>();
   v->key = key;
@@ -248,6 +280,15 @@ Result<std::shared_ptr<const Version>> Store::Parse(uint64_t version, const std:
   }
   ASSIGN_OR_RETURN(v->records, DecodeBlockTable(table, what + " block table"));
   RETURN_IF_ERROR(CheckBlockTable(v->manifest, v->records, what));
+  if (const auto& full = v->manifest.full) {
+    if (HashBytes(full_table.data(), full_table.size()) != full->block_table.hash ||
+        full_table.size() != full->block_table.size) {
+      return Corruption(what + ": full block table blob " + full->block_table.hash.Hex() +
+                        " does not match its hash (flipped or truncated)");
+    }
+    ASSIGN_OR_RETURN(v->full_records, DecodeBlockTable(full_table, what + " full block table"));
+    RETURN_IF_ERROR(CheckFullTable(v->manifest, v->full_records, what));
+  }
   v->manifest_bytes = std::move(manifest);
   return std::shared_ptr<const Version>(std::move(v));
 }
@@ -283,8 +324,7 @@ Status Store::SyncIndex(bool rebuild) {
 
 Status Store::Remember(std::shared_ptr<const Version> v) {
   if (index_) {
-    RETURN_IF_ERROR(index_->PutVersion(
-        v->manifest, Index::Entry{v->key, v->manifest_bytes, EncodeBlockTable(v->records)}));
+    RETURN_IF_ERROR(index_->PutVersion(v->manifest, IndexEntry(*v)));
   }
   MutexLock lock(&mu_);
   cache_[v->manifest.version] = std::move(v);

@@ -94,7 +94,8 @@ class Store {
   Status Init();
   Result<std::shared_ptr<const Version>> Load(uint64_t version, const std::string& key);
   Result<std::shared_ptr<const Version>> Parse(uint64_t version, const std::string& key,
-                                               std::string manifest, std::string table);
+                                               std::string manifest, std::string table,
+                                               std::string full_table);
   Status OpenBlobCache();
   // Tells the blob cache the sizes of m's blobs (saves it a HEAD each).
   void NoteBlobSizes(const Manifest& m);
@@ -111,8 +112,15 @@ class Store {
 // The store marker object, created on first import.
 inline constexpr char kStoreMarkerKey[] = "dte-store.json";
 
+// What the index records of a version.
+Index::Entry IndexEntry(const Version& v);
+
 // Validates a version's block table against its manifest.
 Status CheckBlockTable(const Manifest& m, const std::vector<BlockRecord>& records,
                        const std::string& what);
+// Validates the records of a version's full table (manifest.full): dense
+// kinds only, pointing into full->blobs.
+Status CheckFullTable(const Manifest& m, const std::vector<BlockRecord>& records,
+                      const std::string& what);
 
 }  // namespace dte

@@ -224,6 +224,16 @@ int dte_publisher_import(dte_publisher* p, const char* dir, uint64_t* version_ou
   });
 }
 
+int dte_publisher_set_anchor_policy(dte_publisher* p, double budget, uint64_t every) {
+  return Guard([&] {
+    if (p == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_set_anchor_policy: no publisher");
+    }
+    dte::Status s = p->impl->SetAnchorPolicy(dte::AnchorPolicy{budget, every});
+    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
+  });
+}
+
 int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
                                 const dte_adamw_param* params, size_t count,
                                 dte_publish_result* out) {

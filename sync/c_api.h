@@ -121,6 +121,11 @@ int dte_publisher_open(const char* store, const char* cache_dir, const char* con
                        dte_publisher** out);
 void dte_publisher_close(dte_publisher* p);
 int dte_publisher_import(dte_publisher* p, const char* dir, uint64_t* version_out);
+/* The anchor policy of later publishes (sync/anchor_policy.h): a version
+ * also carries a full table once the deltas since the last full one add up
+ * to budget times the model's dense size (0: never), or once `every`
+ * versions have passed (0: never). Default 1.0 and 0. */
+int dte_publisher_set_anchor_policy(dte_publisher* p, double budget, uint64_t every);
 int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
                                 const dte_adamw_param* params, size_t count,
                                 dte_publish_result* out);

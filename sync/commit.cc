@@ -8,6 +8,7 @@
 #include "kernels/parallel.h"
 #include "store/materialize.h"
 #include "store/posix_file.h"
+#include "store/snapshot.h"
 #include "store/store.h"
 #include "sync/internal/blob_sink.h"
 #include "sync/internal/engine_version.h"
@@ -17,6 +18,7 @@ namespace dte {
 namespace {
 
 using internal::BlobSink;
+using internal::FullTableBuilder;
 using internal::InputFile;
 using internal::Spool;
 
@@ -55,6 +57,15 @@ class Committer {
                      Spool* spool, uint32_t blob_index);
   Status Publish();
   void Progress(uint64_t bytes);
+  // Opens the cache directory's snapshots and starts the new version's
+  // snapshot; without them the commit goes on (result().snapshot says why).
+  void StartSnapshot();
+  // Writes a chunk of the new version's bytes to its snapshot, giving the
+  // snapshot up (not the commit) on an error.
+  void SnapshotChunk(const TensorEntry& t, uint32_t first, uint64_t len);
+  // After the version exists: publishes its snapshot and prunes old ones.
+  void FinishSnapshot();
+  CommitResult Summary() const;
 
   Store* store_;
   const CommitOptions& options_;
@@ -69,6 +80,12 @@ class Committer {
   uint64_t total_bytes_ = 0, done_bytes_ = 0;
   std::vector<uint8_t> chunk_, old_chunk_;
   std::vector<EncodedBlock> encoded_;
+  AnchorDistance parent_distance_;
+  std::unique_ptr<FullTableBuilder> full_;  // a policy anchor's full table
+  std::vector<EncodedBlock> full_encoded_;
+  std::unique_ptr<SnapshotSet> snapshots_;
+  std::unique_ptr<SnapshotWriter> snapshot_;
+  std::string snapshot_note_;
 };
 
 Status Committer::Plan(const std::vector<InputFile>& files) {
@@ -111,11 +128,70 @@ Status Committer::Plan(const std::vector<InputFile>& files) {
     }
   }
   size_t blocks = 0;
+  uint64_t dense_bytes = 0;
   for (const auto& f : manifest_.files) {
-    for (const auto& t : f.tensors) blocks += t.blocks;
+    for (const auto& t : f.tensors) {
+      blocks += t.blocks;
+      dense_bytes += t.bytes();
+    }
   }
   records_.resize(blocks);
+  if (!parent_) return Status::Ok();
+  ASSIGN_OR_RETURN(parent_distance_, DistanceOf(*store_, parent_));
+  anchor_reason_ = PolicyAnchorReason(options_.anchor_policy, parent_distance_, dense_bytes);
+  if (!anchor_reason_.empty()) {
+    ASSIGN_OR_RETURN(full_, FullTableBuilder::Start(&sink_, blocks));
+  }
   return Status::Ok();
+}
+
+void Committer::StartSnapshot() {
+  const std::string dir = SnapshotDir(*store_);
+  if (dir.empty()) {
+    snapshot_note_ = "none: no cache directory";
+    return;
+  }
+  auto set = SnapshotSet::Open(dir);
+  if (!set.ok()) {
+    snapshot_note_ = "none: " + set.status().message();
+    return;
+  }
+  snapshots_ = std::move(set).value();
+  reader_.SetBase(snapshots_.get());
+  if (options_.keep_snapshots == 0) {
+    snapshot_note_ = "none: --keep-snapshots 0";
+    return;
+  }
+  auto writer = snapshots_->Begin(manifest_.version, manifest_.block_bytes,
+                                  SnapshotSet::SnapshotSize(manifest_));
+  if (!writer.ok()) {
+    snapshot_note_ = "none: " + writer.status().message();
+    return;
+  }
+  snapshot_ = std::move(writer).value();
+}
+
+void Committer::SnapshotChunk(const TensorEntry& t, uint32_t first, uint64_t len) {
+  if (!snapshot_) return;
+  Status s = snapshot_->Write(uint64_t{t.first_block} + first, chunk_.data(), len);
+  if (s.ok()) return;
+  snapshot_.reset();
+  snapshot_note_ = "none: " + s.message();
+}
+
+void Committer::FinishSnapshot() {
+  if (!snapshot_) return;
+  Version v;
+  v.manifest = manifest_;
+  v.records = records_;
+  Status s = snapshot_->Publish(v);
+  snapshot_.reset();
+  if (!s.ok()) {
+    snapshot_note_ = "none: " + s.message();
+    return;
+  }
+  snapshot_note_ = snapshots_->dir() + "/" + SnapshotSet::FileName(v);
+  snapshots_->KeepNewest(options_.keep_snapshots);
 }
 
 void Committer::Progress(uint64_t bytes) {
@@ -146,6 +222,7 @@ Status Committer::ProcessChunk(int fd, const InputFile& in, const FileEntry& ent
   auto blen = [&](uint32_t b) { return std::min<uint64_t>(bb, t.bytes() - uint64_t{b} * bb); };
   std::vector<Status> errors(count);
   encoded_.assign(count, EncodedBlock{});
+  if (full_) full_encoded_.assign(count, EncodedBlock{});
   if (parent) old_chunk_.resize(size_t{count} * bb);
   // Each worker reads its own blocks, so reading overlaps hashing and coding.
   kernels::ParallelFor(count, 1, [&](size_t lo, size_t hi) {
@@ -161,7 +238,9 @@ Status Committer::ProcessChunk(int fd, const InputFile& in, const FileEntry& ent
       uint8_t* old = old_chunk_.data() + i * bb;
       const TensorEntry& pt = parent->tensors[&t - entry.tensors.data()];
       errors[i] = reader_.ReadBlock(parent_, *parent, pt, b, old);
-      if (errors[i].ok()) encoded_[i] = EncodeBlock(old, now, blen(b), width, &scratch);
+      if (!errors[i].ok()) break;
+      encoded_[i] = EncodeBlock(old, now, blen(b), width, &scratch);
+      if (full_) full_encoded_[i] = EncodeBlock(nullptr, now, blen(b), width, &scratch);
     }
   });
   for (const auto& e : errors) RETURN_IF_ERROR(e);
@@ -182,6 +261,7 @@ Status Committer::AppendChunk(const TensorEntry& t, bool anchor, uint32_t first,
       continue;
     }
     RETURN_IF_ERROR(AppendEncodedBlock(encoded_[i], blob_index, spool, &rec));
+    if (full_) RETURN_IF_ERROR(full_->Append(t.first_block + b, full_encoded_[i]));
   }
   return Status::Ok();
 }
@@ -196,6 +276,7 @@ Status Committer::StoreTensor(int fd, const InputFile& in, FileEntry* entry, Ten
     uint64_t len = std::min<uint64_t>(uint64_t{count} * bb, t->bytes() - off);
     chunk_.resize(len);
     RETURN_IF_ERROR(ProcessChunk(fd, in, *entry, *t, parent, first, count));
+    SnapshotChunk(*t, first, len);
     hasher.Update(chunk_.data(), len);
     if (!parent) RETURN_IF_ERROR(spool->Append(chunk_.data(), len));
     RETURN_IF_ERROR(AppendChunk(*t, parent == nullptr, first, count, spool, blob_index));
@@ -234,12 +315,16 @@ Status Committer::StoreSafetensors(const InputFile& in, FileEntry* entry, const 
 }
 
 Status Committer::Publish() {
-  return internal::PublishVersion(store_, &sink_, &manifest_, records_, latest_);
+  static const std::vector<BlockRecord> kNone;
+  if (full_) RETURN_IF_ERROR(full_->Finish(&sink_, records_, &manifest_));
+  return internal::PublishVersion(store_, &sink_, &manifest_, records_,
+                                  full_ ? full_->records() : kNone, parent_distance_, latest_);
 }
 
 Result<CommitResult> Committer::Run(const std::string& dir) {
   ASSIGN_OR_RETURN(auto files, internal::ScanCheckpoint(dir));
   RETURN_IF_ERROR(Plan(files));
+  StartSnapshot();
   Status s = [&]() -> Status {
     if (parent_) {
       ASSIGN_OR_RETURN(delta_spool_, sink_.NewSpool());
@@ -272,10 +357,19 @@ Result<CommitResult> Committer::Run(const std::string& dir) {
   // found and reused one meanwhile, so deleting them could break its
   // version. gc removes them once they are older than its grace window.
   if (!s.ok()) return s;
+  FinishSnapshot();
+  return Summary();
+}
+
+CommitResult Committer::Summary() const {
   CommitResult r;
   r.version = manifest_.version;
   r.parent = manifest_.parent;
   r.anchor_reason = anchor_reason_;
+  r.full_table = full_ != nullptr;
+  r.full_bytes = full_ ? full_->payload_bytes() : 0;
+  r.parent_snapshot_blocks = snapshots_ ? snapshots_->Stats().block_reads : 0;
+  r.snapshot = snapshot_note_;
   r.tensors = manifest_.stats.tensors;
   r.elements = manifest_.stats.elements;
   r.changed_elements = manifest_.stats.changed_elements;

@@ -6,7 +6,13 @@
 // manifest, created exclusively: the version exists exactly when its
 // manifest does. A publisher that loses a race for the version number gets
 // AlreadyExists naming the version. A version is a sparse delta against the
-// latest version when its tensor layout matches, otherwise an anchor.
+// latest version when its tensor layout matches, otherwise an anchor; the
+// anchor policy (CommitOptions::anchor_policy) adds a full table to some
+// deltas. The parent's blocks come from its snapshot in the cache directory
+// when one is there (else from the store, walking at most to the nearest
+// self-contained version), and the commit leaves a snapshot of the new
+// version for the next one; a commit without a cache directory, or whose
+// snapshot cannot be written, still commits.
 //
 // Thread-safety: CommitDirectory may run concurrently with readers and with
 // other publishers (in this or other processes) on the same store.
@@ -18,6 +24,7 @@
 #include <string>
 
 #include "store/status.h"
+#include "sync/anchor_policy.h"
 
 namespace dte {
 
@@ -26,6 +33,13 @@ class Store;
 struct CommitOptions {
   std::optional<uint64_t> version;  // default: latest + 1, or 0 for an empty store
   bool force_anchor = false;        // store full weights even if a delta is possible
+  // When a delta also carries a full table (sync/anchor_policy.h).
+  AnchorPolicy anchor_policy;
+  // Leave a materialized snapshot of the new version in the store's cache
+  // directory (store/snapshot.h) and read the parent's blocks from its
+  // snapshot when there is one; keep at most this many snapshots there,
+  // the newest. 0: none written (an existing parent snapshot is still read).
+  uint32_t keep_snapshots = 3;
   // Called with (bytes done, bytes total) as files are processed.
   std::function<void(uint64_t, uint64_t)> progress;
 };
@@ -33,7 +47,11 @@ struct CommitOptions {
 struct CommitResult {
   uint64_t version = 0;
   std::optional<uint64_t> parent;
-  std::string anchor_reason;  // why a version became an anchor ("" for a delta)
+  std::string anchor_reason;  // why a version became an anchor or policy anchor ("" for a delta)
+  bool full_table = false;    // a delta that also carries a full table (a policy anchor)
+  uint64_t full_bytes = 0;    // the full table's payload bytes (compressed)
+  uint64_t parent_snapshot_blocks = 0;  // parent blocks read from a snapshot
+  std::string snapshot;                 // the new version's snapshot file, or why none was left
   uint64_t tensors = 0;
   uint64_t elements = 0;
   uint64_t changed_elements = 0;

@@ -7,6 +7,7 @@
 
 #include "store/materialize.h"
 #include "store/posix_file.h"
+#include "store/snapshot.h"
 #include "store/store.h"
 
 namespace dte {
@@ -64,7 +65,11 @@ Result<ExportResult> ExportVersion(Store& store, uint64_t version, const std::st
   if (!fs::create_directories(tmp, ec)) {
     return IOError("cannot create " + tmp + ": " + ec.message());
   }
+  // Blocks come from the nearest snapshot this host has, else from the
+  // nearest self-contained version: never a walk back to the first anchor.
+  std::unique_ptr<SnapshotSet> snapshots = OpenStoreSnapshots(store);
   Materializer reader(&store);
+  reader.SetBase(snapshots.get());
   ExportResult r;
   r.version = version;
   uint64_t total = 0;

@@ -6,6 +6,7 @@
 
 #include "kernels/adamw.h"
 #include "store/dtype.h"
+#include "store/materialize.h"
 #include "store/store.h"
 #include "sync/internal/blob_sink.h"
 #include "sync/internal/engine_encoder.h"
@@ -197,6 +198,12 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(const PublisherOptions& optio
   return p;
 }
 
+Status Publisher::SetAnchorPolicy(const AnchorPolicy& policy) {
+  RETURN_IF_ERROR(CheckAnchorPolicy(policy));
+  options_.anchor_policy = policy;
+  return Status::Ok();
+}
+
 Result<CommitResult> Publisher::ImportCheckpoint(const std::string& dir) {
   ASSIGN_OR_RETURN(CommitResult r, CommitDirectory(*store_, dir, CommitOptions{}));
   last_version_ = r.version;
@@ -273,6 +280,9 @@ class Publisher::Draft {
   internal::BlobSink sink_;
   std::unique_ptr<internal::Spool> spool_;
   internal::EngineEncoder encoder_;
+  AnchorDistance parent_distance_;
+  std::string anchor_reason_;
+  std::unique_ptr<internal::FullTableBuilder> full_;
   internal::EngineCounts counts_;
   PublishResult r_;
 };
@@ -299,7 +309,36 @@ Result<std::unique_ptr<Publisher::Draft>> Publisher::Begin(const AdamWStep& h) {
   ASSIGN_OR_RETURN(auto parent, store_->GetVersion(*latest));
   auto d = std::make_unique<Draft>(options_, store_.get(), *latest, std::move(parent));
   ASSIGN_OR_RETURN(d->spool_, d->sink_.NewSpool());
+  ASSIGN_OR_RETURN(d->parent_distance_, DistanceOf(*store_, d->parent_));
+  d->anchor_reason_ = PolicyAnchorReason(options_.anchor_policy, d->parent_distance_,
+                                         d->parent_->manifest.stats.dense_bytes);
+  if (!d->anchor_reason_.empty()) {
+    ASSIGN_OR_RETURN(d->full_, internal::FullTableBuilder::Start(&d->sink_, d->records_.size()));
+    d->encoder_.SetFull(d->full_.get());
+  }
   return d;
+}
+
+// A policy anchor's full table needs every block: those of tensors this
+// publish did not name are the parent's, read back from the store.
+Status Publisher::FillUnclaimedFull(Draft& d) {
+  Materializer reader(store_.get());
+  std::vector<uint8_t> block(d.m_.block_bytes);
+  const Manifest& pm = d.parent_->manifest;
+  for (size_t f = 0; f < pm.files.size(); ++f) {
+    for (size_t t = 0; t < pm.files[f].tensors.size(); ++t) {
+      const TensorEntry& te = pm.files[f].tensors[t];
+      if (d.claimed_.count(te.name)) continue;
+      for (uint32_t b = 0; b < te.blocks; ++b) {
+        const uint64_t len = std::min(pm.block_bytes, te.bytes() - uint64_t{b} * pm.block_bytes);
+        RETURN_IF_ERROR(reader.ReadBlock(d.parent_, pm.files[f], te, b, block.data()));
+        RETURN_IF_ERROR(d.full_->Append(
+            te.first_block + b,
+            EncodeBlock(nullptr, block.data(), len, DTypeWidth(te.dtype), nullptr)));
+      }
+    }
+  }
+  return d.full_->Finish(&d.sink_, d.records_, &d.m_);
 }
 
 Result<PublishResult> Publisher::Finish(const AdamWStep& h, Draft& d) {
@@ -307,7 +346,11 @@ Result<PublishResult> Publisher::Finish(const AdamWStep& h, Draft& d) {
     ASSIGN_OR_RETURN(BlobRef delta, d.sink_.Finish(std::move(d.spool_)));
     d.m_.blobs.push_back(delta);
   }
-  RETURN_IF_ERROR(internal::PublishVersion(store_.get(), &d.sink_, &d.m_, d.records_, d.latest_));
+  static const std::vector<BlockRecord> kNone;
+  if (d.full_) RETURN_IF_ERROR(FillUnclaimedFull(d));
+  RETURN_IF_ERROR(internal::PublishVersion(store_.get(), &d.sink_, &d.m_, d.records_,
+                                           d.full_ ? d.full_->records() : kNone, d.parent_distance_,
+                                           d.latest_));
   last_version_ = d.m_.version;
   last_step_ = h.step;
   PublishResult r = d.r_;
@@ -319,6 +362,9 @@ Result<PublishResult> Publisher::Finish(const AdamWStep& h, Draft& d) {
   r.uncertain = d.counts_.uncertain;
   r.stored_bytes = d.m_.stats.stored_bytes;
   r.state_bytes = r.elements * 3 * sizeof(float);
+  r.full_table = d.full_ != nullptr;
+  r.full_bytes = d.full_ ? d.full_->payload_bytes() : 0;
+  r.anchor_reason = d.anchor_reason_;
   return r;
 }
 

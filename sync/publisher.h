@@ -34,6 +34,7 @@
 #include "kernels/adamw_math.h"
 #include "store/dtype.h"
 #include "store/status.h"
+#include "sync/anchor_policy.h"
 #include "sync/commit.h"
 #include "sync/convert.h"
 
@@ -62,6 +63,9 @@ struct PublisherOptions {
   // fused detector kernels::AdamWInvertDetect on every element. Both give
   // the same version.
   bool screen = true;
+  // Which versions also carry a full table (sync/anchor_policy.h), as for
+  // dtectl commit.
+  AnchorPolicy anchor_policy;
 };
 
 // A caller-owned, C-contiguous array.
@@ -117,6 +121,9 @@ struct PublishResult {
                                  // this many stored elements may be unchanged
   uint64_t stored_bytes = 0;     // bytes of blobs the version added
   uint64_t state_bytes = 0;      // bytes of optimizer state read (theta, m, v)
+  bool full_table = false;       // a policy anchor: the version also carries a full table
+  uint64_t full_bytes = 0;       // its payload bytes (compressed)
+  std::string anchor_reason;     // why it is a policy anchor ("" if it is not)
 };
 
 class Publisher {
@@ -128,6 +135,10 @@ class Publisher {
   // Commits a Hugging Face checkpoint directory (the trainer's initial
   // weights in BF16) as a new version, through CommitDirectory.
   Result<CommitResult> ImportCheckpoint(const std::string& dir);
+
+  // The anchor policy of the following publishes (PublisherOptions'
+  // anchor_policy); InvalidArgument for a bad budget.
+  Status SetAnchorPolicy(const AnchorPolicy& policy);
 
   // Publishes the BF16 state after optimizer step `h.step`. Every tensor
   // named must exist in the latest version as BF16 with the same shape;
@@ -169,6 +180,7 @@ class Publisher {
                                            const std::map<ShardKey, const McoreAdamWShard*>& given,
                                            Draft& draft);
   Result<PublishResult> Finish(const AdamWStep& h, Draft& draft);
+  Status FillUnclaimedFull(Draft& draft);
 
   PublisherOptions options_;
   std::vector<ConvertUnit> plan_;  // converter "mcore"

@@ -1,19 +1,29 @@
 #include "sync/verify.h"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
 #include <map>
 #include <set>
 
 #include "store/materialize.h"
+#include "store/snapshot.h"
 #include "store/store.h"
 
 namespace dte {
 namespace {
 
-// Every blob a version's own records, files and block table name.
+// Every blob a version's own records, full table, files and block tables
+// name.
 void CollectBlobs(const Version& v, std::map<std::string, uint64_t>* out) {
   const Manifest& m = v.manifest;
   (*out)[m.block_table.hash.Hex()] = m.block_table.size;
   for (const auto& b : m.blobs) (*out)[b.hash.Hex()] = b.size;
+  if (m.full) {
+    (*out)[m.full->block_table.hash.Hex()] = m.full->block_table.size;
+    for (const auto& b : m.full->blobs) (*out)[b.hash.Hex()] = b.size;
+  }
   for (const auto& f : m.files) {
     if (f.safetensors) {
       (*out)[f.header_blob.Hex()] = f.header_size;
@@ -58,6 +68,69 @@ Status CheckManifestObject(Store& store, const Version& v) {
                     ": differs from the copy this host has cached (manifests are immutable)");
 }
 
+// Every block of v's full table decodes alone to v's bytes.
+Status CheckFullTable(Materializer& reader, const std::shared_ptr<const Version>& v) {
+  std::vector<uint8_t> buf(v->manifest.block_bytes);
+  for (const auto& f : v->manifest.files) {
+    for (const auto& t : f.tensors) {
+      for (uint32_t b = 0; b < t.blocks; ++b) {
+        RETURN_IF_ERROR(reader.ReadFullBlock(v, f, t, b, buf.data()));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// A private directory for the rolling snapshots of one verify run, removed
+// with it.
+class ScratchSnapshots {
+ public:
+  explicit ScratchSnapshots(const Store& store) {
+    std::error_code ec;
+    const std::string parent = store.CachePath().empty()
+                                   ? std::filesystem::temp_directory_path(ec).string()
+                                   : store.CachePath();
+    dir_ = parent + "/verify." + std::to_string(::getpid());
+    auto set = SnapshotSet::Open(dir_);
+    if (set.ok()) set_ = std::move(set).value();
+  }
+  ~ScratchSnapshots() {
+    set_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  SnapshotSet* get() { return set_.get(); }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<SnapshotSet> set_;
+};
+
+// The versions to verify, ascending: all of them, or `only` and its chain
+// down to the nearest self-contained version. Collects their blobs and the
+// problems found loading them.
+std::vector<uint64_t> SelectVersions(Store& store, const std::map<uint64_t, std::string>& versions,
+                                     std::optional<uint64_t> only,
+                                     std::map<std::string, uint64_t>* blobs, VerifyReport* report) {
+  std::set<uint64_t> chosen;
+  for (const auto& [num, key] : versions) {
+    if (only && num != *only) continue;
+    for (std::optional<uint64_t> cur = num; cur && chosen.insert(*cur).second;) {
+      auto v = store.GetVersion(*cur);
+      if (!v.ok()) {
+        report->problems.push_back(v.status().message());
+        break;
+      }
+      Status object = CheckManifestObject(store, **v);
+      if (!object.ok()) report->problems.push_back(object.message());
+      CollectBlobs(**v, blobs);
+      if (!only || (*v)->manifest.self_contained()) break;  // the outer loop visits the rest
+      cur = (*v)->manifest.parent;
+    }
+  }
+  return std::vector<uint64_t>(chosen.begin(), chosen.end());
+}
+
 }  // namespace
 
 Result<VerifyReport> VerifyStore(Store& store, std::optional<uint64_t> only,
@@ -69,26 +142,7 @@ Result<VerifyReport> VerifyStore(Store& store, std::optional<uint64_t> only,
                     store.uri());
   }
   std::map<std::string, uint64_t> blobs;
-  std::vector<std::shared_ptr<const Version>> loaded;
-  std::set<uint64_t> chain;
-  for (const auto& [num, key] : versions) {
-    if (only && num != *only) continue;
-    // With one version selected, its whole parent chain is checked too.
-    for (std::optional<uint64_t> cur = num; cur;) {
-      if (!chain.insert(*cur).second) break;
-      auto v = store.GetVersion(*cur);
-      if (!v.ok()) {
-        report.problems.push_back(v.status().message());
-        break;
-      }
-      Status object = CheckManifestObject(store, **v);
-      if (!object.ok()) report.problems.push_back(object.message());
-      CollectBlobs(**v, &blobs);
-      if (*cur == num) loaded.push_back(*v);
-      cur = (*v)->manifest.parent;
-      if (!only) break;  // every version is visited by the outer loop anyway
-    }
-  }
+  const std::vector<uint64_t> chosen = SelectVersions(store, versions, only, &blobs, &report);
   uint64_t total = 0, done = 0;
   for (const auto& [hex, size] : blobs) total += size;
   for (const auto& [hex, size] : blobs) {
@@ -99,20 +153,40 @@ Result<VerifyReport> VerifyStore(Store& store, std::optional<uint64_t> only,
     done += size;
     if (progress) progress(done, total);
   }
+  // Versions in order, each built as a snapshot from its parent's (one
+  // record per block), so the whole store costs one pass over its records
+  // instead of a walk from the anchor per version. The snapshots are this
+  // run's own: a cached one proves nothing about the store's bytes.
+  ScratchSnapshots scratch(store);
   Materializer reader(&store);
-  for (const auto& v : loaded) {
+  reader.SetBase(scratch.get());
+  const std::atomic<bool> never{false};
+  for (uint64_t num : chosen) {
+    auto v = store.GetVersion(num);
+    if (!v.ok()) continue;  // reported by SelectVersions
+    if (scratch.get()) {
+      // Only a speed-up: a failure (a corrupt block, no disk space) shows
+      // again, as a problem, in the check below, or not at all.
+      scratch.get()->Build(*v, &reader, never).IgnoreError();
+    }
+    if (only && num != *only) continue;
     report.versions++;
-    for (const auto& f : v->manifest.files) {
+    for (const auto& f : (*v)->manifest.files) {
       Status s =
-          reader.StreamFile(v, f, [](uint64_t, const uint8_t*, size_t) { return Status::Ok(); });
+          reader.StreamFile(*v, f, [](uint64_t, const uint8_t*, size_t) { return Status::Ok(); });
       if (!s.ok()) report.problems.push_back(s.message());
       report.files++;
       report.tensors += f.tensors.size();
     }
-    if (v->manifest.parent && !versions.count(*v->manifest.parent)) {
-      report.problems.push_back(VersionName(v->manifest.version) + ": parent " +
-                                VersionName(*v->manifest.parent) + " is missing");
+    if ((*v)->manifest.full) {
+      Status s = CheckFullTable(reader, *v);
+      if (!s.ok()) report.problems.push_back(s.message());
     }
+    if ((*v)->manifest.parent && !versions.count(*(*v)->manifest.parent)) {
+      report.problems.push_back(VersionName(num) + ": parent " +
+                                VersionName(*(*v)->manifest.parent) + " is missing");
+    }
+    if (scratch.get()) scratch.get()->KeepNewest(2);
   }
   // The same damage can surface through several versions; report it once.
   std::set<std::string> seen;

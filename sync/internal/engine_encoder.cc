@@ -9,6 +9,7 @@
 #include "store/delta_codec.h"
 #include "store/hash.h"
 #include "sync/internal/engine_math.h"
+#include "sync/internal/engine_version.h"
 
 namespace dte::internal {
 namespace {
@@ -165,6 +166,7 @@ Status EngineEncoder::EncodeTensor(const float* theta, const float* m, const flo
       counts->flagged += found.count;
     }
     encoded_.assign(nblocks, EncodedBlock{});
+    if (full_) full_encoded_.assign(nblocks, EncodedBlock{});
     std::vector<EngineCounts> per_block(nblocks);
     // Task 0 feeds the previous chunk to the tensor hash (which must see the
     // chunks in order) while the other threads start on this chunk's blocks.
@@ -188,11 +190,16 @@ Status EngineEncoder::EncodeTensor(const float* theta, const float* m, const flo
           EncodeBlock(theta + e0, m + e0, v + e0, be - bb, kb, ke, b, &per_block[b]);
         }
         records[first + b].hash = HashBlock(cast_.data() + bb, (be - bb) * kWidth);
+        if (full_) {
+          full_encoded_[b] =
+              dte::EncodeBlock(nullptr, reinterpret_cast<const uint8_t*>(cast_.data() + bb),
+                               (be - bb) * kWidth, kWidth, nullptr);
+        }
       }
     });
     prev_len = len;
-    RETURN_IF_ERROR(
-        AppendChunk(per_block, records + first, spool, blob_index, &t->changed, counts));
+    RETURN_IF_ERROR(AppendChunk(per_block, records + first, size_t{t->first_block} + first, spool,
+                                blob_index, &t->changed, counts));
   }
   if (prev_len > 0) hasher.Update(cast_.data(), prev_len * kWidth);
   t->hash = hasher.Finish();
@@ -200,8 +207,8 @@ Status EngineEncoder::EncodeTensor(const float* theta, const float* m, const flo
 }
 
 Status EngineEncoder::AppendChunk(const std::vector<EngineCounts>& per_block, BlockRecord* records,
-                                  Spool* spool, uint32_t blob_index, uint64_t* tensor_changed,
-                                  EngineCounts* counts) {
+                                  size_t first_record, Spool* spool, uint32_t blob_index,
+                                  uint64_t* tensor_changed, EngineCounts* counts) {
   for (size_t b = 0; b < per_block.size(); ++b) {
     const EngineCounts& c = per_block[b];
     counts->flagged += c.flagged;
@@ -211,6 +218,7 @@ Status EngineEncoder::AppendChunk(const std::vector<EngineCounts>& per_block, Bl
     counts->resolved += c.resolved;
     *tensor_changed += c.changed;
     RETURN_IF_ERROR(AppendEncodedBlock(encoded_[b], blob_index, spool, &records[b]));
+    if (full_) RETURN_IF_ERROR(full_->Append(first_record + b, full_encoded_[b]));
   }
   return Status::Ok();
 }

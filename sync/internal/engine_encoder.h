@@ -36,7 +36,8 @@ inline constexpr uint32_t kEngineBlocksPerChunk = 16;
 // of state, small enough to stay in a core's L1/L2 between the passes.
 inline constexpr size_t kScreenStride = 4096;
 
-struct BlockEntries;  // one block's resolved entries (engine_encoder.cc)
+struct BlockEntries;     // one block's resolved entries (engine_encoder.cc)
+class FullTableBuilder;  // sync/internal/engine_version.h
 
 struct EngineCounts {
   uint64_t flagged = 0;          // candidates the screen or fused detector reported
@@ -56,6 +57,9 @@ class EngineEncoder {
   // The step's parameters for the following EncodeTensor calls (valid:
   // kernels::AdamWParamsError empty).
   void SetParams(const kernels::AdamWParams& params);
+  // Also encode every block of the following EncodeTensor calls dense into
+  // `full` (a policy anchor's full table; not owned); null: stop.
+  void SetFull(FullTableBuilder* full) { full_ = full; }
 
   // Encodes the BF16 tensor t from theta, m, v (t->elements() FP32 values
   // each): sets t->hash and t->changed, fills records[0, t->blocks) (t's
@@ -83,8 +87,10 @@ class EngineEncoder {
 
   // Moves chunk's encoded_ blocks (per_block: their counts) into records
   // and spool, adding to *tensor_changed and counts.
-  Status AppendChunk(const std::vector<EngineCounts>& per_block, BlockRecord* records, Spool* spool,
-                     uint32_t blob_index, uint64_t* tensor_changed, EngineCounts* counts);
+  // `first_record` is records[0]'s index in the version's block table.
+  Status AppendChunk(const std::vector<EngineCounts>& per_block, BlockRecord* records,
+                     size_t first_record, Spool* spool, uint32_t blob_index,
+                     uint64_t* tensor_changed, EngineCounts* counts);
 
   uint64_t block_bytes_;
   kernels::AdamWParams params_;
@@ -97,6 +103,8 @@ class EngineEncoder {
   std::vector<uint64_t> idx_;        // detector output: chunk-relative indices
   std::vector<uint16_t> new_bits_;   // detector output: new BF16 bits
   std::vector<EncodedBlock> encoded_;
+  FullTableBuilder* full_ = nullptr;
+  std::vector<EncodedBlock> full_encoded_;  // the chunk's blocks, dense, for full_
 };
 
 }  // namespace dte::internal

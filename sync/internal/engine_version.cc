@@ -3,10 +3,40 @@
 #include <memory>
 #include <string>
 
+#include "sync/anchor_policy.h"
+
 namespace dte::internal {
+
+Result<std::unique_ptr<FullTableBuilder>> FullTableBuilder::Start(BlobSink* sink, size_t blocks) {
+  auto b = std::make_unique<FullTableBuilder>();
+  ASSIGN_OR_RETURN(b->spool_, sink->NewSpool());
+  b->records_.resize(blocks);
+  return b;
+}
+
+Status FullTableBuilder::Append(size_t record, const EncodedBlock& dense) {
+  if (dense.kind != BlockKind::kDenseRaw && dense.kind != BlockKind::kDenseZstd) {
+    return Internal("full table record " + std::to_string(record) + " is not dense");
+  }
+  return AppendEncodedBlock(dense, 0, spool_.get(), &records_[record]);
+}
+
+Status FullTableBuilder::Finish(BlobSink* sink, const std::vector<BlockRecord>& records,
+                                Manifest* m) {
+  for (size_t r = 0; r < records_.size(); ++r) records_[r].hash = records[r].hash;
+  payload_bytes_ = spool_->size();
+  FullTable full;
+  ASSIGN_OR_RETURN(BlobRef data, sink->Finish(std::move(spool_)));
+  full.blobs.push_back(data);
+  ASSIGN_OR_RETURN(full.block_table, sink->PutBytes(EncodeBlockTable(records_)));
+  m->full = std::move(full);
+  return Status::Ok();
+}
 
 Status PublishVersion(Store* store, BlobSink* sink, Manifest* m,
                       const std::vector<BlockRecord>& records,
+                      const std::vector<BlockRecord>& full_records,
+                      const AnchorDistance& parent_distance,
                       const std::optional<uint64_t>& expected_latest) {
   ASSIGN_OR_RETURN(BlobRef table, sink->PutBytes(EncodeBlockTable(records)));
   m->block_table = table;
@@ -21,6 +51,7 @@ Status PublishVersion(Store* store, BlobSink* sink, Manifest* m,
     }
   }
   s.stored_bytes = sink->added_bytes();
+  m->since_full = NextDistance(parent_distance, m->self_contained(), s.stored_bytes);
   std::string text = EncodeManifest(*m);
   RETURN_IF_ERROR(sink->Refresh());
   // The last check before the point of no return: a publisher that committed
@@ -43,6 +74,7 @@ Status PublishVersion(Store* store, BlobSink* sink, Manifest* m,
   v->manifest_bytes = std::move(text);
   v->manifest = *m;
   v->records = records;
+  v->full_records = full_records;
   // The version exists now: an error here must neither fail the commit (a
   // retry would publish it twice) nor roll back the blobs it references. The
   // index is only a cache, re-synced from the manifests on the next open.

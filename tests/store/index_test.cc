@@ -50,7 +50,7 @@ Manifest MakeManifest(uint64_t version, const std::vector<std::string>& files,
 
 Index::Entry MakeEntry(uint64_t version, const std::string& tag) {
   return Index::Entry{ManifestKey(version, 0), "manifest " + tag + std::string(1, '\0') + "end",
-                      "table " + tag + std::string("\0\xff", 2)};
+                      "table " + tag + std::string("\0\xff", 2), ""};
 }
 
 void ExpectEntry(Index& index, uint64_t version, const Index::Entry& want) {
@@ -140,7 +140,7 @@ TEST(Index, PutVersionReplacesEverythingOfThatVersion) {
   ASSERT_TRUE(
       index->PutVersion(MakeManifest(4, {"old.safetensors"}, {"a", "b"}), MakeEntry(4, "old"))
           .ok());
-  Index::Entry rebased{ManifestKey(4, 1), "new manifest", "new table"};
+  Index::Entry rebased{ManifestKey(4, 1), "new manifest", "new table", ""};
   ASSERT_TRUE(index->PutVersion(MakeManifest(4, {"new.safetensors"}, {"c"}), rebased).ok());
   ExpectEntry(*index, 4, rebased);
   EXPECT_FALSE(Find(*index, 4, "old.safetensors", "a").has_value()) << "stale tensor entry";
@@ -221,7 +221,7 @@ TEST(Index, ConcurrentReaderNeverSeesHalfAVersion) {
   });
   for (uint32_t gen = 1; gen <= 3000; ++gen) {
     std::string tag = std::to_string(gen) + ".json";
-    Index::Entry e{ManifestKey(7, gen), "manifest " + tag, "table " + tag};
+    Index::Entry e{ManifestKey(7, gen), "manifest " + tag, "table " + tag, ""};
     ASSERT_TRUE(index->PutVersion(MakeManifest(7, {"m.safetensors"}, {"w"}), e).ok());
     if (gen % 5 == 0) {
       ASSERT_TRUE(index->DeleteVersion(7).ok());

@@ -117,6 +117,52 @@ TEST(Manifest, RoundTripKeepsEveryField) {
   EXPECT_EQ(d->stats.dense_bytes, 524300u);
 }
 
+TEST(Manifest, FullTableAndDistanceRoundTrip) {
+  Manifest m = Sample();
+  m.full = FullTable{BlobRef{H(0xf1, 0x1f), 16 + 32 * 3, true}, {BlobRef{H(0xf2, 0x2f), 999, true}}};
+  m.since_full = AnchorDistance{0, 0};
+  auto d = DecodeManifest(EncodeManifest(m), kWhat);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  ASSERT_TRUE(d->full.has_value());
+  EXPECT_EQ(d->full->block_table.hash, H(0xf1, 0x1f));
+  ASSERT_EQ(d->full->blobs.size(), 1u);
+  EXPECT_EQ(d->full->blobs[0].size, 999u);
+  EXPECT_TRUE(d->self_contained());
+  EXPECT_FALSE(d->anchor());
+  m.full.reset();
+  m.since_full = AnchorDistance{7, 12345};
+  d = DecodeManifest(EncodeManifest(m), kWhat);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_FALSE(d->self_contained());
+  ASSERT_TRUE(d->since_full.has_value());
+  EXPECT_EQ(d->since_full->versions, 7u);
+  EXPECT_EQ(d->since_full->bytes, 12345u);
+}
+
+TEST(Manifest, FormatOneManifestsStillRead) {
+  // What an older dte wrote: format 1, no full table, no distance.
+  auto d = DecodeManifest(EditedJson("\"format_version\": 2", "\"format_version\": 1"), kWhat);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_FALSE(d->full.has_value());
+  EXPECT_FALSE(d->since_full.has_value());
+  EXPECT_EQ(d->version, 5u);
+}
+
+TEST(Manifest, RejectsAFullTableOnAnAnchorOrMalformed) {
+  ExpectCorrupt(DecodeMutated([](Manifest& m) {
+                  m.parent.reset();
+                  m.full = FullTable{BlobRef{H(1, 2), 48, true}, {}};
+                }),
+                {"an anchor has no full table"});
+  Manifest m = Sample();
+  m.full = FullTable{BlobRef{H(1, 2), 48, true}, {}};
+  std::string text = EncodeManifest(m);
+  const size_t at = text.find("\"full\": {");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 9, "\"full\": [1], \"x\": {");
+  ExpectCorrupt(DecodeManifest(text, kWhat), {"full is not an object"});
+}
+
 TEST(Manifest, AnchorRoundTripsWithoutParent) {
   Manifest m = Sample();
   m.parent.reset();
@@ -129,8 +175,10 @@ TEST(Manifest, AnchorRoundTripsWithoutParent) {
 TEST(Manifest, RejectsForeignFormatAndVersion) {
   ExpectCorrupt(DecodeManifest(EditedJson("\"dte-manifest\"", "\"dte-store\""), kWhat),
                 {"not a dte manifest"});
-  ExpectCorrupt(DecodeManifest(EditedJson("\"format_version\": 1", "\"format_version\": 2"), kWhat),
-                {"format_version 2"});
+  ExpectCorrupt(DecodeManifest(EditedJson("\"format_version\": 2", "\"format_version\": 3"), kWhat),
+                {"format_version 3"});
+  ExpectCorrupt(DecodeManifest(EditedJson("\"format_version\": 2", "\"format_version\": 0"), kWhat),
+                {"format_version 0"});
   ExpectCorrupt(DecodeManifest("{\"format\": \"dte-manifest\"", kWhat), {"not valid JSON"});
   ExpectCorrupt(DecodeManifest("[1, 2]", kWhat), {"not valid JSON"});
   ExpectCorrupt(DecodeManifest(EditedJson("\"created\"", "\"made\""), kWhat),
@@ -141,7 +189,7 @@ TEST(Manifest, RejectsForeignFormatAndVersion) {
 
 TEST(Manifest, RejectsNumbersTheFieldCannotHold) {
   const std::pair<std::string, std::string> edits[] = {
-      {"\"format_version\": 1", "\"format_version\": 4294967297"},  // would read as 1
+      {"\"format_version\": 2", "\"format_version\": 4294967298"},  // would read as 2
       {"\"version\": 5", "\"version\": -1"},
       {"\"version\": 5", "\"version\": 5.5"},
       {"\"revision\": 2", "\"revision\": 4294967298"},

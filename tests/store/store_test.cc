@@ -160,7 +160,7 @@ TEST(Store, BadIndexEntryFallsBackToTheStore) {
   {
     auto index = Index::Open(index_dir);
     ASSERT_TRUE(index.ok()) << index.status().message();
-    ASSERT_TRUE((*index)->PutVersion(m, Index::Entry{ManifestKey(0, 0), "{junk", "junk"}).ok());
+    ASSERT_TRUE((*index)->PutVersion(m, Index::Entry{ManifestKey(0, 0), "{junk", "junk", ""}).ok());
   }
   store = test::OpenTestStore(uri, cache);
   ASSERT_NE(store, nullptr);

@@ -96,7 +96,10 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
   CommitOptions o;
   o.version = a.version;
   o.force_anchor = import || a.anchor;
+  o.anchor_policy = AnchorPolicy{a.anchor_budget, a.anchor_every};
+  o.keep_snapshots = a.keep_snapshots;
   o.progress = progress.Callback();
+  if (Status s = CheckAnchorPolicy(o.anchor_policy); !s.ok()) return Fail(cmd, s);
   auto r = CommitDirectory(**store, a.dir, o);
   if (!r.ok() && RetryAfterCorruption(**store, r.status())) {
     // The parent is the latest version: its chain is what the commit read.
@@ -114,6 +117,10 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
            {"parent", r->parent ? json(*r->parent) : json(nullptr)},
            {"kind", r->parent ? "delta" : "anchor"},
            {"anchor_reason", r->anchor_reason},
+           {"full_table", r->full_table},
+           {"full_bytes", r->full_bytes},
+           {"parent_snapshot_blocks", r->parent_snapshot_blocks},
+           {"snapshot", r->snapshot},
            {"tensors", r->tensors},
            {"elements", r->elements},
            {"changed_elements", r->changed_elements},
@@ -128,6 +135,10 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
   std::cout << r->version << "\n";
   std::string kind =
       r->parent ? "delta of " + VersionName(*r->parent) : "anchor: " + r->anchor_reason;
+  if (r->full_table) {
+    kind += ", full copy " + HumanBytes(static_cast<double>(r->full_bytes)) + " (" +
+            r->anchor_reason + ")";
+  }
   std::cerr << cmd << ": " << VersionName(r->version) << " (" << kind << "), "
             << Percent(r->changed_elements, r->elements) << " of " << r->elements
             << " elements changed, stored " << HumanBytes(static_cast<double>(r->stored_bytes))

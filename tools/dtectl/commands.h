@@ -24,6 +24,9 @@ struct CommitArgs {
   std::string dir;
   std::optional<uint64_t> version;
   bool anchor = false;
+  double anchor_budget = 1.0;  // sync/anchor_policy.h
+  uint64_t anchor_every = 0;
+  uint32_t keep_snapshots = 3;
 };
 
 int RunCommit(const Common& c, const CommitArgs& a, bool import);
@@ -32,6 +35,9 @@ int RunExport(const Common& c, const std::string& version, const std::string& ou
 int RunVerify(const Common& c, std::optional<uint64_t> version);
 int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_run);
 int RunReindex(const Common& c);
+// Shows the store's snapshots in this host's cache and the disk left;
+// with keep_snapshots, first deletes all but the newest that many.
+int RunCache(const Common& c, std::optional<uint32_t> keep_snapshots);
 
 // apply and status talk to a dtefs mount (tools/dtectl/live.cc), not to a
 // store: no --store.

@@ -79,6 +79,18 @@ int main(int argc, char** argv) {
   CLI::App* import = add_commit("import", "Store a checkpoint as a full (anchor) version");
   CLI::App* commit = add_commit("commit", "Store a checkpoint as a delta against the latest");
   commit->add_flag("--anchor", ca.anchor, "Store full weights instead of a delta");
+  commit->add_option("--anchor-budget", ca.anchor_budget,
+                     "Also store the version whole (zstd) once the deltas since the last full "
+                     "version add up to this many times the model's dense size (default 1.0; "
+                     "0: never)");
+  commit->add_option("--anchor-every", ca.anchor_every,
+                     "Also store the version whole once this many versions passed since the "
+                     "last full one (default 0: never)");
+  for (CLI::App* cmd : {import, commit}) {
+    cmd->add_option("--keep-snapshots", ca.keep_snapshots,
+                    "Leave a snapshot of the new version in the cache directory for the next "
+                    "commit, keeping the newest N there (default 3; 0: none)");
+  }
 
   CLI::App* log = app.add_subcommand("log", "List versions");
   AddCommon(log, &c, &sizes, true);
@@ -106,6 +118,13 @@ int main(int argc, char** argv) {
 
   CLI::App* reindex = app.add_subcommand("reindex", "Rebuild the local index from the store");
   AddCommon(reindex, &c, &sizes, true);
+
+  std::optional<uint32_t> cache_keep;
+  CLI::App* cache =
+      app.add_subcommand("cache", "Show (and prune) this host's snapshots of the store");
+  AddCommon(cache, &c, &sizes, true);
+  cache->add_option("--keep-snapshots", cache_keep,
+                    "Delete all but the snapshots of the newest N versions");
 
   // apply and status take a mount point, not a store.
   dte::cli::LiveArgs la;
@@ -145,5 +164,6 @@ int main(int argc, char** argv) {
   if (*verify) return dte::cli::RunVerify(c, verify_version);
   if (*gc) return dte::cli::RunGc(c, keep_last, grace, dry_run);
   if (*reindex) return dte::cli::RunReindex(c);
+  if (*cache) return dte::cli::RunCache(c, cache_keep);
   return 2;
 }

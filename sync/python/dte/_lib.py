@@ -125,6 +125,7 @@ def _declare(lib):
         "dte_publisher_close": (None, [P]),
         "dte_publisher_import": (ctypes.c_int, [P, ctypes.c_char_p,
                                                 ctypes.POINTER(ctypes.c_uint64)]),
+        "dte_publisher_set_anchor_policy": (ctypes.c_int, [P, ctypes.c_double, ctypes.c_uint64]),
         "dte_publisher_publish_adamw": (ctypes.c_int, [P, ctypes.POINTER(AdamWStep),
                                                        ctypes.POINTER(AdamWParam), ctypes.c_size_t,
                                                        ctypes.POINTER(PublishResult)]),

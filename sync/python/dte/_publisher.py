@@ -174,8 +174,11 @@ class Publisher(_Handle):
 
     _close_fn = "dte_publisher_close"
 
-    def __init__(self, store, converter="hf", cache_dir=None):
-        """converter: "hf" (params are keyed by Hugging Face tensor names) or a
+    def __init__(self, store, converter="hf", cache_dir=None, anchor_budget=1.0, anchor_every=0):
+        """anchor_budget, anchor_every: the anchor policy, as dtectl commit's
+        --anchor-budget and --anchor-every (docs/cli.md).
+
+        converter: "hf" (params are keyed by Hugging Face tensor names) or a
         Megatron-Core spec, a dict {"config": path to the model's HF
         config.json or the config as a dict, "tp": 1, "ep": 1, and optionally
         "etp", "vocab_divisible_by" (128), "norms" ("te" or "local"),
@@ -193,6 +196,8 @@ class Publisher(_Handle):
             _check(lib.dte_publisher_open(os.fsencode(store), cache, converter.encode(),
                                           ctypes.byref(handle)))
         self._h = handle
+        _check(lib.dte_publisher_set_anchor_policy(self._h, float(anchor_budget),
+                                                   int(anchor_every)))
 
     def import_checkpoint(self, directory):
         """Commits a Hugging Face checkpoint directory; returns its version."""

@@ -1,0 +1,58 @@
+#include "sync/anchor_policy.h"
+
+#include <cmath>
+#include <vector>
+
+#include "store/store.h"
+#include "store/units.h"
+
+namespace dte {
+
+Status CheckAnchorPolicy(const AnchorPolicy& policy) {
+  if (!(policy.budget >= 0) || !std::isfinite(policy.budget)) {
+    return InvalidArgument("--anchor-budget must be a number >= 0 (0: no budget), not " +
+                           std::to_string(policy.budget));
+  }
+  return Status::Ok();
+}
+
+Result<AnchorDistance> DistanceOf(Store& store, const std::shared_ptr<const Version>& v) {
+  // Versions met on the way whose manifests predate since_full, newest first.
+  std::vector<uint64_t> stored;
+  std::shared_ptr<const Version> cur = v;
+  AnchorDistance base;
+  while (!cur->manifest.self_contained()) {
+    if (cur->manifest.since_full) {
+      base = *cur->manifest.since_full;
+      break;
+    }
+    stored.push_back(cur->manifest.stats.stored_bytes);
+    ASSIGN_OR_RETURN(cur, store.GetVersion(*cur->manifest.parent));
+  }
+  for (auto it = stored.rbegin(); it != stored.rend(); ++it) {
+    base = NextDistance(base, false, *it);
+  }
+  return base;
+}
+
+std::string PolicyAnchorReason(const AnchorPolicy& policy, const AnchorDistance& parent_distance,
+                               uint64_t dense_bytes) {
+  if (policy.every > 0 && parent_distance.versions + 1 >= policy.every) {
+    return "anchor policy: " + std::to_string(policy.every) + " versions since the last anchor";
+  }
+  const double budget = policy.budget * static_cast<double>(dense_bytes);
+  if (policy.budget > 0 && static_cast<double>(parent_distance.bytes) >= budget) {
+    return "anchor policy: deltas since the last anchor hold " +
+           FormatByteSize(parent_distance.bytes) + ", the budget is " +
+           FormatByteSize(static_cast<uint64_t>(budget));
+  }
+  return "";
+}
+
+AnchorDistance NextDistance(const AnchorDistance& parent_distance, bool self_contained,
+                            uint64_t stored_bytes) {
+  if (self_contained) return AnchorDistance{};
+  return AnchorDistance{parent_distance.versions + 1, parent_distance.bytes + stored_bytes};
+}
+
+}  // namespace dte

@@ -1,0 +1,58 @@
+// The anchor policy: which versions of an unchanged layout are written as
+// policy anchors, so that reading any version (a host that joins late, an
+// export, a restart with an empty cache) costs a bounded number of records
+// per block however long the run is.
+//
+// A policy anchor is a delta version (its sparse records against its parent
+// stay, so a follower that holds the parent still reads one record per
+// block) that also carries a full table: every block again, dense and
+// zstd-compressed (manifest "full", docs/formats/manifest.md). Chain walks
+// stop there (store/materialize.h). Every manifest records its distance
+// from the nearest self-contained version (`since_full`: versions, and the
+// bytes their deltas added), so deciding costs one manifest read.
+//
+// Thread-safety: plain functions and values.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "store/manifest.h"
+#include "store/status.h"
+
+namespace dte {
+
+class Store;
+struct Version;
+
+struct AnchorPolicy {
+  // A policy anchor once the deltas since the last self-contained version
+  // have added this many times the version's dense bytes to the store; 0:
+  // never. 1.0 keeps a store at most about twice the size of one that holds
+  // deltas only (docs/architecture.md, "Anchor policy").
+  double budget = 1.0;
+  // ...or once this many versions have passed since it; 0: never.
+  uint64_t every = 0;
+};
+
+// InvalidArgument naming the option for a budget that is negative or not a
+// number.
+Status CheckAnchorPolicy(const AnchorPolicy& policy);
+
+// v's distance from its nearest self-contained ancestor: from its manifest,
+// or (a manifest older than format 2) by walking its parents' manifests.
+Result<AnchorDistance> DistanceOf(Store& store, const std::shared_ptr<const Version>& v);
+
+// Why the next version after `parent` (at distance `parent_distance`, the
+// new version holding `dense_bytes` of tensor data) must be a policy anchor;
+// "" when it need not.
+std::string PolicyAnchorReason(const AnchorPolicy& policy, const AnchorDistance& parent_distance,
+                               uint64_t dense_bytes);
+
+// The distance of a new version: 0 if it is self-contained, else one more
+// version and `stored_bytes` more bytes than its parent's.
+AnchorDistance NextDistance(const AnchorDistance& parent_distance, bool self_contained,
+                            uint64_t stored_bytes);
+
+}  // namespace dte

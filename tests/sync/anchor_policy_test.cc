@@ -1,0 +1,236 @@
+// Long runs: the anchor policy writes full tables that bound every chain
+// walk, commits read their parent from the snapshot the previous commit
+// left and leave one behind, and none of it is needed for correct bytes.
+#include "sync/anchor_policy.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "store/materialize.h"
+#include "store/snapshot.h"
+#include "store/store.h"
+#include "sync/commit.h"
+#include "sync/export.h"
+#include "sync/verify.h"
+#include "tests/testutil/checkpoint.h"
+#include "tests/testutil/memory_store.h"
+#include "tests/testutil/model_series.h"
+
+namespace dte {
+namespace {
+
+namespace fs = std::filesystem;
+using test::ModelSeries;
+
+constexpr uint64_t kSteps = 13;
+
+// A store with a cache directory, and the steps of one ModelSeries written
+// as checkpoint directories beside it.
+class LongRun : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { series_ = new ModelSeries(kSteps); }
+  static void TearDownTestSuite() { delete series_; }
+
+  void SetUp() override { store_ = Open(cache()); }
+
+  std::unique_ptr<Store> Open(const std::string& cache_dir) {
+    if (store_ && cache_dir == cache()) store_.reset();  // one holder of the index at a time
+    StoreOptions o;
+    o.uri = dir_.path() + "/store";
+    o.cache_dir = cache_dir;
+    o.create = true;
+    auto s = Store::Open(o);
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+  std::string cache() const { return dir_.path() + "/cache"; }
+  std::string SnapDir() const { return store_->CachePath() + "/snapshots"; }
+
+  CommitResult Commit(uint64_t step, const CommitOptions& o) {
+    const std::string path = dir_.path() + "/step" + std::to_string(step);
+    EXPECT_TRUE(series_->Write(step, path).ok());
+    auto r = CommitDirectory(*store_, path, o);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? *r : CommitResult{};
+  }
+
+  // Every file of `version`, read through `store` with no snapshots, equals
+  // the step's files; returns the records decoded for it.
+  uint64_t ExpectHolds(Store& store, uint64_t version) {
+    SCOPED_TRACE(VersionName(version));
+    auto v = store.GetVersion(version);
+    EXPECT_TRUE(v.ok()) << v.status().message();
+    if (!v.ok()) return 0;
+    Materializer reader(&store);
+    for (const auto& f : (*v)->manifest.files) {
+      std::string got(f.size, '\0');
+      Status s = reader.ReadFile(*v, f, 0, f.size, reinterpret_cast<uint8_t*>(got.data()));
+      EXPECT_TRUE(s.ok()) << s.message();
+      EXPECT_TRUE(got == series_->files(version).at(f.name)) << f.name << " differs";
+    }
+    return reader.counters().records.load();
+  }
+
+  static ModelSeries* series_;
+  test::ScopedTempDir dir_;
+  std::unique_ptr<Store> store_;
+};
+
+ModelSeries* LongRun::series_ = nullptr;
+
+TEST(AnchorPolicy, ReasonFollowsVersionsAndBytes) {
+  AnchorPolicy every4{0, 4};
+  EXPECT_EQ(PolicyAnchorReason(every4, {2, 0}, 1000), "");
+  EXPECT_NE(PolicyAnchorReason(every4, {3, 0}, 1000).find("4 versions"), std::string::npos);
+  AnchorPolicy half{0.5, 0};
+  EXPECT_EQ(PolicyAnchorReason(half, {100, 499}, 1000), "");
+  EXPECT_NE(PolicyAnchorReason(half, {1, 500}, 1000).find("budget"), std::string::npos);
+  EXPECT_EQ(PolicyAnchorReason(AnchorPolicy{0, 0}, {1u << 30, 1u << 30}, 1), "");
+}
+
+TEST(AnchorPolicy, DistanceResetsAtSelfContainedVersions) {
+  AnchorDistance d = NextDistance({}, false, 10);
+  d = NextDistance(d, false, 5);
+  EXPECT_EQ(d.versions, 2u);
+  EXPECT_EQ(d.bytes, 15u);
+  d = NextDistance(d, true, 999);
+  EXPECT_EQ(d.versions, 0u);
+  EXPECT_EQ(d.bytes, 0u);
+}
+
+TEST(AnchorPolicy, NegativeOrNanBudgetIsRefusedNamingTheOption) {
+  EXPECT_EQ(CheckAnchorPolicy({-1, 0}).code(), Code::kInvalidArgument);
+  EXPECT_NE(CheckAnchorPolicy({std::nan(""), 0}).message().find("--anchor-budget"),
+            std::string::npos);
+  EXPECT_TRUE(CheckAnchorPolicy({0, 0}).ok());
+}
+
+TEST_F(LongRun, EveryFourthVersionCarriesAFullTableAndChainsStopThere) {
+  CommitOptions o;
+  o.anchor_policy = {0, 4};
+  for (uint64_t s = 0; s < kSteps; ++s) {
+    CommitResult r = Commit(s, o);
+    EXPECT_EQ(r.full_table, s > 0 && s % 4 == 0) << "step " << s;
+    if (r.full_table) {
+      EXPECT_GT(r.full_bytes, 0u);
+      EXPECT_EQ(r.parent, std::optional<uint64_t>(s - 1));  // still a delta for followers
+    }
+  }
+  for (uint64_t s = 1; s < kSteps; ++s) {
+    auto v = store_->GetVersion(s);
+    ASSERT_TRUE(v.ok());
+    ASSERT_TRUE((*v)->manifest.since_full.has_value());
+    EXPECT_EQ((*v)->manifest.since_full->versions, s % 4) << "v" << s;
+    EXPECT_EQ((*v)->full_records.size(), s % 4 == 0 ? (*v)->records.size() : 0u);
+  }
+  // A host with an empty cache: v11 is three records past v8's full table.
+  auto fresh = Open("");
+  ASSERT_NE(fresh, nullptr);
+  auto v11 = fresh->GetVersion(11);
+  ASSERT_TRUE(v11.ok());
+  const uint64_t blocks = (*v11)->records.size();
+  EXPECT_LE(ExpectHolds(*fresh, 11), 4 * blocks);
+  EXPECT_EQ(Materializer(fresh.get()).ChainOf(*v11).size(), 4u);  // v11, v10, v9, v8
+  for (uint64_t s = 0; s < kSteps; ++s) ExpectHolds(*fresh, s);
+  auto report = VerifyStore(*fresh, std::nullopt, nullptr);
+  ASSERT_TRUE(report.ok());
+  EXPECT_TRUE(report->ok()) << report->problems.front();
+}
+
+TEST_F(LongRun, BudgetOfDeltaBytesTriggersFullTables) {
+  CommitOptions o;
+  o.anchor_policy = {0, 0};
+  Commit(0, o);
+  uint64_t deltas = 0;
+  for (uint64_t s = 1; s <= 3; ++s) deltas += Commit(s, o).stored_bytes;
+  const auto dense = static_cast<double>(Commit(4, o).dense_bytes);
+  const uint64_t d4 = store_->GetVersion(4).value()->manifest.stats.stored_bytes;
+  // Budgets just above and just at what the deltas since v0 hold.
+  o.anchor_policy.budget = static_cast<double>(deltas + d4 + 64) / dense;
+  EXPECT_FALSE(Commit(5, o).full_table);
+  const uint64_t d5 = store_->GetVersion(5).value()->manifest.stats.stored_bytes;
+  o.anchor_policy.budget = static_cast<double>(deltas + d4 + d5) / dense;
+  CommitResult r6 = Commit(6, o);
+  EXPECT_TRUE(r6.full_table);
+  EXPECT_NE(r6.anchor_reason.find("budget"), std::string::npos) << r6.anchor_reason;
+  EXPECT_FALSE(Commit(7, o).full_table);  // the distance starts again at v6
+  EXPECT_EQ(store_->GetVersion(7).value()->manifest.since_full->versions, 1u);
+}
+
+TEST_F(LongRun, CommitReadsTheParentFromItsSnapshotAndKeepsTheNewest) {
+  CommitOptions o;
+  o.keep_snapshots = 2;
+  EXPECT_EQ(Commit(0, o).parent_snapshot_blocks, 0u);
+  for (uint64_t s = 1; s < 6; ++s) {
+    CommitResult r = Commit(s, o);
+    auto v = store_->GetVersion(s);
+    ASSERT_TRUE(v.ok());
+    EXPECT_EQ(r.parent_snapshot_blocks, (*v)->records.size()) << "step " << s;
+    EXPECT_EQ(r.snapshot, SnapDir() + "/" + SnapshotSet::FileName(**v));
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(SnapDir())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  ASSERT_EQ(names.size(), 2u);
+  EXPECT_EQ(names[0].substr(0, 9), "v00000004");
+  EXPECT_EQ(names[1].substr(0, 9), "v00000005");
+}
+
+TEST_F(LongRun, DeletedCacheOrDamagedSnapshotStillCommitsTheRightBytes) {
+  CommitOptions o;
+  for (uint64_t s = 0; s < 3; ++s) Commit(s, o);
+  fs::remove_all(cache());
+  store_ = Open(cache());
+  CommitResult r = Commit(3, o);
+  EXPECT_EQ(r.parent_snapshot_blocks, 0u);  // v2's snapshot is gone: read from the store
+  // Damage v3's snapshot: every block of v4's parent then comes from the store.
+  auto v3 = store_->GetVersion(3);
+  ASSERT_TRUE(v3.ok());
+  const std::string snap = SnapDir() + "/" + SnapshotSet::FileName(**v3);
+  {
+    std::fstream f(snap, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x5a');
+  }
+  store_ = Open(cache());
+  r = Commit(4, o);
+  EXPECT_LT(r.parent_snapshot_blocks, (*v3)->records.size());
+  auto fresh = Open("");
+  for (uint64_t s = 0; s < 5; ++s) ExpectHolds(*fresh, s);
+}
+
+TEST_F(LongRun, CommitWithoutACacheDirectoryWritesNoSnapshot) {
+  store_ = Open("");
+  EXPECT_EQ(Commit(0, {}).snapshot, "none: no cache directory");
+  EXPECT_EQ(Commit(1, {}).parent_snapshot_blocks, 0u);
+  ExpectHolds(*store_, 1);
+}
+
+TEST_F(LongRun, ExportOfAFullTableVersionDecodesNoParent) {
+  CommitOptions o;
+  o.anchor_policy = {0, 3};
+  for (uint64_t s = 0; s < 4; ++s) Commit(s, o);
+  auto fresh = Open("");
+  auto v3 = fresh->GetVersion(3);
+  ASSERT_TRUE(v3.ok());
+  ASSERT_TRUE((*v3)->manifest.full.has_value());
+  // Every block from the full table: one dense record each, nothing else.
+  EXPECT_EQ(ExpectHolds(*fresh, 3), (*v3)->records.size());
+  const std::string out = dir_.path() + "/export3";
+  auto r = ExportVersion(*fresh, 3, out, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  for (const auto& [name, bytes] : series_->files(3)) {
+    std::ifstream in(out + "/" + name, std::ios::binary);
+    std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(got == bytes) << name;
+  }
+}
+
+}  // namespace
+}  // namespace dte
