@@ -14,6 +14,10 @@ namespace {
 void Reachable(const Manifest& m, std::set<std::string>* keys) {
   keys->insert(BlobKey(m.block_table.hash));
   for (const auto& b : m.blobs) keys->insert(BlobKey(b.hash));
+  if (m.full) {
+    keys->insert(BlobKey(m.full->block_table.hash));
+    for (const auto& b : m.full->blobs) keys->insert(BlobKey(b.hash));
+  }
   for (const auto& f : m.files) keys->insert(BlobKey(f.safetensors ? f.header_blob : f.blob));
 }
 

@@ -68,6 +68,10 @@ def reachable_blobs(manifest):
     """Every blob a manifest names."""
     out = {manifest["block_table"]["hash"]}
     out.update(b["hash"] for b in manifest["blobs"])
+    full = manifest.get("full")
+    if full:  # a policy anchor's full table (format 2)
+        out.add(full["block_table"]["hash"])
+        out.update(b["hash"] for b in full["blobs"])
     for f in manifest["files"]:
         out.add(f["header_blob"] if "tensors" in f else f["blob"])
     return out

@@ -77,30 +77,46 @@ def kill_on_manifest_change(argv, env, manifests, n):
     return p.wait() == -signal.SIGKILL
 
 
+def snapshot_temps(dte):
+    """Temporary snapshot files in dte's cache (a writer's, or a dead one's)."""
+    found = []
+    for root, _, files in os.walk(dte.cache):
+        found += [os.path.join(root, f) for f in files if f.startswith(".tmp.")]
+    return found
+
+
 def assert_no_garbage_after_gc(dte):
     """Once gc has run with no grace window, only reachable blobs remain."""
     dte.ok("gc", "--keep-last", 1000, "--grace-seconds", 0)
     assert set(store_util.blobs(dte.store)) == store_util.all_reachable_blobs(dte.store)
 
 
-def test_commit_killed_at_random_moments(big, tmp_path):
-    rng = random.Random(SEED)
+@pytest.mark.parametrize("policy_anchor", [False, True], ids=["delta", "policy-anchor"])
+def test_commit_killed_at_random_moments(big, tmp_path, policy_anchor):
+    """With policy_anchor, the commit also writes a full table (--anchor-every 1)
+    and fewer moments are tried. Every commit also writes its snapshot into
+    the cache, so kills land while a snapshot is being written too: the next
+    command must clear its temporary file and the retry must commit right."""
+    rng = random.Random(SEED + policy_anchor)
     base = Dtectl(tmp_path / "base", tmp_path / "base-cache")
     base.ok("import", big.dir(0))
     env = dict(base.env, DTE_THREADS="1")
+    extra = ("--anchor-every", 1) if policy_anchor else ()
+    kills = KILLS // 2 if policy_anchor else KILLS
 
     probes = [copy_store(base, tmp_path / f"probe{i}", env) for i in range(3)]
-    duration = max(timed_run(p.argv("commit", big.dir(1), "--version", 1), env) for p in probes)
+    duration = max(timed_run(p.argv("commit", big.dir(1), "--version", 1, *extra), env)
+                   for p in probes)
     assert all(p.versions() == [0, 1] for p in probes)
     # Random moments; right after the manifest appears (before the index
     # hears of it); and once not at all, so the landed path always runs.
-    trials = [("after", d) for d in delays(duration, KILLS, rng)]
+    trials = [("after", d) for d in delays(duration, kills, rng)]
     trials += [("change", 1), ("change", 1), ("after", None)]
     killed = landed = 0
     retry_problems = []
     for i, (how, when) in enumerate(trials):
         dte = copy_store(base, tmp_path / f"t{i}", env)
-        argv = dte.argv("commit", big.dir(1), "--version", 1)
+        argv = dte.argv("commit", big.dir(1), "--version", 1, *extra)
         if how == "after":
             killed += kill_after(argv, env, when)
             when = "never killed" if when is None else f"killed after {when:.3f}s"
@@ -115,6 +131,7 @@ def test_commit_killed_at_random_moments(big, tmp_path):
         if len(log) == 2:
             landed += 1
             assert (log[1]["kind"], log[1]["parent"]) == ("delta", 0), context
+            assert ("full" in store_util.manifests(dte.store)[1][1]) == policy_anchor, context
             store_util.same_tree(dte.export(1, tmp_path / f"t{i}" / "out"), big.dir(1))
             # Retrying a commit that landed is a version conflict. Collected, not
             # asserted here, so that every crash trial still runs.
@@ -122,8 +139,10 @@ def test_commit_killed_at_random_moments(big, tmp_path):
             if r.returncode != CONFLICT or "version 1 " not in r.stderr:
                 retry_problems.append(f"{context}: exit {r.returncode}: {r.stderr.strip()}")
         else:
-            assert dte.run("commit", big.dir(1), "--version", 1).stdout == "1\n", context
+            r = dte.run("commit", big.dir(1), "--version", 1, *extra)
+            assert r.stdout == "1\n", context
             assert dte.ok("verify", "--version", 1)
+            assert not snapshot_temps(dte), context  # the dead commit's, cleared
         assert dte.versions() == [0, 1], context
         if i % 4 == 0:
             assert_no_garbage_after_gc(dte)
@@ -131,7 +150,7 @@ def test_commit_killed_at_random_moments(big, tmp_path):
     print(f"commit {duration:.3f}s: {killed} of {len(trials)} killed while running, "
           f"{landed} landed")
     # The kills must have landed inside commits, on both sides of the manifest write.
-    assert killed >= KILLS // 2, (killed, duration)
+    assert killed >= kills // 2, (killed, duration)
     assert 3 <= landed < len(trials) - 5, (landed, duration)
     assert not retry_problems, "\n".join(retry_problems)
 

@@ -1,0 +1,327 @@
+#!/usr/bin/python3
+"""Long RL runs: do commit, read, join and memory costs stay flat over thousands
+of versions? Each run commits one dte-gen step per version, as a trainer that
+publishes every step would, and reports against baselines measured in the
+same run:
+
+  commit    dtectl commit wall time, mean of the first and last 50 versions
+            (ratio last/first; goal <= 1.2)
+  store     bytes of the store (every blob of every version) against the
+            same run's deltas alone (the store minus every full table: what a
+            store without policy anchors holds; goal <= 2 with the default
+            policy), and the zstd ratio of the full tables
+  join      a fresh dtefs mount (empty cache directory) reading every file of
+            `latest`, against a fresh mount reading the first anchor
+            (goal <= 2), medians of --reps
+  export    dtectl export of latest with an empty cache, against export of
+            the anchor
+  memory    dtefs VmHWM after `ls` of the mount and reading one shard of
+            --spread versions spread over the run, at several points of the
+            run (the curve; goal <= 512 MiB and flat)
+  listing   `ls` of the mount and `dtectl log` / `log --limit 20` latency at
+            the end
+
+Runs: `small` (--small-steps versions of a --small-size model, local store),
+`big` (--big-steps of --big-size, local store) and `s3` (--s3-steps of
+--s3-size on the moto S3 server the tests use; commit and store only).
+Checkpoints are generated in batches of --batch steps (dte-gen replays the
+earlier steps without writing them) and removed once committed, so disk use
+stays near one batch.
+
+Usage: /usr/bin/python3 tools/bench/longrun_bench.py [--build-dir build]
+       [--runs small,big,s3] [--json out.json]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "py"))
+sys.path.insert(0, HERE)
+import fs_bench_util as fu  # noqa: E402
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def log(msg):
+    print(f"[longrun] {msg}", file=sys.stderr, flush=True)
+
+
+def run(argv, env=None, timeout=3600):
+    r = subprocess.run(list(map(str, argv)), env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, argv))} exited {r.returncode}: {r.stderr}")
+    return r
+
+
+def proc_status(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
+
+
+def read_tree(path):
+    """Reads every file under path in 1 MiB pieces; returns bytes read."""
+    n = 0
+    for name in sorted(os.listdir(path)):
+        with open(os.path.join(path, name), "rb", buffering=0) as f:
+            while True:
+                b = f.read(MIB)
+                if not b:
+                    break
+                n += len(b)
+    return n
+
+
+def mean(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+class Run:
+    """One long run: a store, its cache, the dte-gen model and the commits."""
+
+    def __init__(self, a, name, size, steps, store=None, env=None):
+        self.a, self.name, self.size, self.steps = a, name, size, steps
+        self.root = os.path.join(a.work, name)
+        shutil.rmtree(self.root, ignore_errors=True)
+        os.makedirs(self.root)
+        self.store = store or os.path.join(self.root, "store")
+        self.cache = os.path.join(self.root, "cache")
+        self.env = env
+        self.commits = []  # per version: seconds, stored_bytes, full_table, full_bytes
+        self.memory = []   # (versions committed, dtefs VmHWM after ls + spread reads)
+
+    def dtectl(self, *args, cache=None):
+        return [self.a.dtectl, args[0], "--store", self.store, "--cache-dir",
+                cache or self.cache, "-q", *args[1:]]
+
+    def generate(self, first, last):
+        gen = os.path.join(self.root, "gen")
+        shutil.rmtree(gen, ignore_errors=True)
+        run([self.a.gen, "-o", gen, "--size", self.size, "--start", first, "--steps", last,
+             "--seed", 7, "-q"], timeout=7200)
+        return gen
+
+    def commit_all(self, checkpoints=()):
+        for first in range(0, self.steps + 1, self.a.batch):
+            last = min(first + self.a.batch - 1, self.steps)
+            gen = self.generate(first, last)
+            for step in range(first, last + 1):
+                d = os.path.join(gen, f"step-{step:06d}")
+                cmd = "import" if step == 0 else "commit"
+                t0 = time.monotonic()
+                r = run(self.dtectl(cmd, d, "--json"), env=self.env)
+                secs = time.monotonic() - t0
+                j = json.loads(r.stdout)
+                self.commits.append({"seconds": secs, "stored": j["stored_bytes"],
+                                     "dense": j["dense_bytes"], "full": j.get("full_table", False),
+                                     "full_bytes": j.get("full_bytes", 0)})
+                shutil.rmtree(d)
+                if step in checkpoints:
+                    self.memory.append((step + 1, self.dtefs_memory()))
+            log(f"{self.name}: {last + 1}/{self.steps + 1} versions committed, last commit "
+                f"{self.commits[-1]['seconds']:.3f} s")
+
+    def mount(self, cache):
+        mnt = os.path.join(self.root, "mnt")
+        argv = [self.a.dtefs, self.store, mnt, "--cache-dir", cache, "-f"]
+        return fu.FuseMount("dtefs", argv, mnt, os.path.join(self.root, "dtefs.log")).start()
+
+    def fresh_cache(self, tag):
+        path = os.path.join(self.root, f"cache-{tag}")
+        shutil.rmtree(path, ignore_errors=True)
+        return path
+
+    def dtefs_memory(self):
+        """dtefs VmHWM after listing the mount and reading one shard of
+        --spread versions spread over what is committed."""
+        m = self.mount(self.fresh_cache("mem"))
+        try:
+            names = sorted(n for n in os.listdir(m.path) if n.startswith("v"))
+            pick = names[::max(1, len(names) // self.a.spread)]
+            for n in pick:
+                shard = sorted(f for f in os.listdir(os.path.join(m.path, n))
+                               if f.endswith(".safetensors"))[0]
+                with open(os.path.join(m.path, n, shard), "rb") as f:
+                    while f.read(MIB):
+                        pass
+            return proc_status(m.proc.pid, "VmHWM")
+        finally:
+            m.unmount()
+
+    def join(self, version_dir):
+        """Seconds for a fresh mount to read every file of version_dir."""
+        m = self.mount(self.fresh_cache("join"))
+        try:
+            t0 = time.monotonic()
+            read_tree(os.path.join(m.path, version_dir))
+            return time.monotonic() - t0
+        finally:
+            m.unmount()
+
+    def export(self, version):
+        out = os.path.join(self.root, "export")
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.monotonic()
+        run(self.dtectl("export", "--version", version, out, cache=self.fresh_cache("export")))
+        secs = time.monotonic() - t0
+        shutil.rmtree(out)
+        return secs
+
+    def store_bytes(self):
+        """(all blob bytes, full-table bytes, full-table dense bytes) from the manifests."""
+        total = full = full_dense = 0
+        mdir = os.path.join(self.store, "manifests")
+        for name in os.listdir(mdir):
+            with open(os.path.join(mdir, name)) as f:
+                m = json.load(f)
+            total += m["stats"]["stored_bytes"]
+            if m.get("full"):
+                fb = m["full"]["block_table"]["size"] + sum(b["size"] for b in m["full"]["blobs"])
+                full += fb
+                full_dense += m["stats"]["dense_bytes"]
+        return total, full, full_dense
+
+    def timed(self, argv, reps=5):
+        ts = []
+        for _ in range(reps):
+            t0 = time.monotonic()
+            run(argv)
+            ts.append(time.monotonic() - t0)
+        return statistics.median(ts)
+
+    def listing(self):
+        m = self.mount(self.fresh_cache("ls"))
+        try:
+            ls = self.timed(["ls", m.path])
+            ls_l = self.timed(["ls", "-l", m.path])
+        finally:
+            m.unmount()
+        return {"ls": ls, "ls_l": ls_l, "log": self.timed(self.dtectl("log")),
+                "log_limit20": self.timed(self.dtectl("log", "--limit", 20))}
+
+    def report(self, local=True):
+        c = self.commits[1:]  # version 0 is the import
+        first, last = [x["seconds"] for x in c[:50]], [x["seconds"] for x in c[-50:]]
+        out = {"run": self.name, "size": self.size, "versions": len(self.commits),
+               "commit_first50_s": mean(first), "commit_last50_s": mean(last),
+               "commit_ratio": mean(last) / mean(first),
+               "full_tables": sum(1 for x in c if x["full"])}
+        if not local:
+            out["store_bytes"] = sum(x["stored"] for x in self.commits)
+            return out
+        total, full, full_dense = self.store_bytes()
+        out.update({"store_bytes": total, "deltas_only_bytes": total - full,
+                    "store_ratio": total / (total - full),
+                    "full_zstd_ratio": full_dense / full if full else None})
+        reps = self.a.reps
+        joins = [self.join("latest") for _ in range(reps)]
+        anchors = [self.join("v00000000") for _ in range(reps)]
+        out.update({"join_latest_s": statistics.median(joins),
+                    "join_anchor_s": statistics.median(anchors)})
+        out["join_ratio"] = out["join_latest_s"] / out["join_anchor_s"]
+        latest = len(self.commits) - 1
+        out["export_latest_s"] = statistics.median(self.export(latest) for _ in range(reps))
+        out["export_anchor_s"] = statistics.median(self.export(0) for _ in range(reps))
+        out["dtefs_hwm"] = [(n, b) for n, b in self.memory]
+        out.update(self.listing())
+        return out
+
+
+def s3_env(a):
+    import s3_util
+    server = s3_util.MotoServer()
+    server.create_bucket("longrun")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DTE_"))}
+    return server, {**base, **server.env()}
+
+
+def print_report(rows):
+    for r in rows:
+        log(json.dumps(r))
+    print("| run | versions | commit first 50 | last 50 | ratio | full tables | store / deltas "
+          "only | zstd | join latest / anchor | export latest / anchor | dtefs VmHWM |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        mem = ", ".join(f"{n}: {b / MIB:.0f} MiB" for n, b in r.get("dtefs_hwm", []))
+        store = (f"{r['store_bytes'] / MIB:.1f} / {r['deltas_only_bytes'] / MIB:.1f} MiB "
+                 f"= {r['store_ratio']:.2f}x" if "store_ratio" in r
+                 else f"{r['store_bytes'] / MIB:.1f} MiB")
+        zstd = f"{r['full_zstd_ratio']:.2f}x" if r.get("full_zstd_ratio") else "-"
+        join = (f"{r['join_latest_s']:.3f} / {r['join_anchor_s']:.3f} s = "
+                f"{r['join_ratio']:.2f}x" if "join_ratio" in r else "-")
+        exp = (f"{r['export_latest_s']:.3f} / {r['export_anchor_s']:.3f} s"
+               if "export_latest_s" in r else "-")
+        print(f"| {r['run']} ({r['size']}) | {r['versions']} | {r['commit_first50_s']:.3f} s | "
+              f"{r['commit_last50_s']:.3f} s | {r['commit_ratio']:.2f}x | {r['full_tables']} | "
+              f"{store} | {zstd} | {join} | {exp} | {mem or '-'} |")
+    for r in rows:
+        if "ls" in r:
+            print(f"{r['run']}: ls {r['ls'] * 1000:.1f} ms, ls -l {r['ls_l'] * 1000:.1f} ms, "
+                  f"dtectl log {r['log'] * 1000:.1f} ms, log --limit 20 "
+                  f"{r['log_limit20'] * 1000:.1f} ms at {r['versions']} versions")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--build-dir", default="build")
+    p.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
+    p.add_argument("--runs", default="small,big,s3")
+    p.add_argument("--small-size", default="4MiB")
+    p.add_argument("--small-steps", type=int, default=2000)
+    p.add_argument("--big-size", default="512MiB")
+    p.add_argument("--big-steps", type=int, default=300)
+    p.add_argument("--s3-size", default="16MiB")
+    p.add_argument("--s3-steps", type=int, default=300)
+    p.add_argument("--batch", type=int, default=100, help="steps generated at a time")
+    p.add_argument("--spread", type=int, default=100, help="versions read for the memory figure")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    built = os.path.join(os.path.abspath(a.build_dir), "tools")
+    a.dtectl, a.dtefs, a.gen = (os.path.join(built, n) for n in ("dtectl", "dtefs", "dte-gen"))
+    a.work = a.work or tempfile.mkdtemp(prefix="dte-longrun-")
+    fu.install_cleanup()
+    rows = []
+    try:
+        for name in a.runs.split(","):
+            if name == "small":
+                steps = a.small_steps
+                marks = {s - 1 for s in (100, 500, 1000, 2000, 5000, 10000) if s <= steps + 1}
+                r = Run(a, "small", a.small_size, steps)
+                r.commit_all(marks)
+                rows.append(r.report())
+            elif name == "big":
+                r = Run(a, "big", a.big_size, a.big_steps)
+                r.commit_all({a.big_steps})
+                rows.append(r.report())
+            elif name == "s3":
+                server, env = s3_env(a)
+                try:
+                    r = Run(a, "s3", a.s3_size, a.s3_steps, store="s3://longrun/run", env=env)
+                    r.commit_all()
+                    rows.append(r.report(local=False))
+                finally:
+                    server.stop()
+            log(json.dumps(rows[-1]))
+    finally:
+        fu.unmount_all()
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(rows, f, indent=1)
+    print_report(rows)
+
+
+if __name__ == "__main__":
+    main()
