@@ -75,10 +75,28 @@ Filesystem::Filesystem(Store* store, uint64_t cache_bytes)
 }
 
 Result<std::shared_ptr<const Version>> Filesystem::VersionOf(uint64_t version) {
+  std::string key;
+  {
+    MutexLock lock(&mu_);
+    auto it = versions_.find(version);
+    if (it == versions_.end()) return NotFound(VersionName(version) + " is not in the store");
+    if (latest_ && latest_->manifest.version == version && latest_->key == it->second) {
+      return latest_;
+    }
+    key = it->second;
+  }
+  return Load(version, key);
+}
+
+Result<std::shared_ptr<const Version>> Filesystem::Load(uint64_t version, const std::string& key) {
+  auto v = store_->GetVersionAt(version, key);
+  if (v.ok() || v.status().code() == Code::kNotFound) return v;
   MutexLock lock(&mu_);
-  auto it = versions_.find(version);
-  if (it == versions_.end()) return NotFound(VersionName(version) + " is not in the store");
-  return it->second;
+  if (failed_keys_.insert(key).second) {
+    LogLine("dtefs: cannot load " + VersionName(version) + ": " + v.status().message());
+    PushErrorLocked(v.status().message());
+  }
+  return v;
 }
 
 NodeAttr Filesystem::VersionDirAttr(const Version& v) {
@@ -233,15 +251,25 @@ Result<NodeAttr> Filesystem::Lookup(uint64_t parent, std::string_view name) {
   return NotFound(VersionName(key->version) + "/" + std::string(name));
 }
 
+// Version directories are listed from the listing alone: a directory
+// entry carries only the inode and the type, so listing the root loads no
+// version (a lookup or stat of one does).
 Result<std::vector<DirEntry>> Filesystem::RootEntries() {
   std::vector<DirEntry> out;
-  std::map<uint64_t, std::shared_ptr<const Version>> versions;
+  std::vector<uint64_t> versions;
   {
     MutexLock lock(&mu_);
-    versions = versions_;
+    versions.reserve(versions_.size());
+    for (const auto& [version, key] : versions_) versions.push_back(version);
   }
-  for (const auto& [version, v] : versions)
-    out.push_back({VersionName(version), VersionDirAttr(*v)});
+  out.reserve(versions.size() + 3);
+  for (uint64_t version : versions) {
+    NodeAttr a;
+    a.ino = inodes_.Intern(version, kDirFile);
+    a.type = NodeType::kDirectory;
+    a.immutable = true;
+    out.push_back({VersionName(version), a});
+  }
   if (!versions.empty()) {
     ASSIGN_OR_RETURN(NodeAttr latest, GetAttr(kLatestIno));
     out.push_back({"latest", latest});
@@ -393,7 +421,7 @@ void Filesystem::ReportError(const std::string& message) {
   PushErrorLocked(message);
 }
 
-std::map<uint64_t, std::shared_ptr<const Version>> Filesystem::Versions() {
+std::map<uint64_t, std::string> Filesystem::Versions() {
   MutexLock lock(&mu_);
   return versions_;
 }

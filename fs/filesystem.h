@@ -11,10 +11,17 @@
 //   /.dte/control         live apply's ioctls (sync/live_abi.h)
 // Every operation returns a Status or Result; the FUSE adapter
 // (fs/internal/) turns them into exactly one reply, and errno mapping lives
-// in one place there. Refresh() and RefreshNew() are the only slow metadata
-// operations (they list the store and load manifests and block tables) and
-// run on the poller thread, never on a request thread; lookups and listings
-// only read the in-memory version set.
+// in one place there. Refresh() and RefreshNew() list the store on the
+// poller thread. The version set in memory is only the listing (version ->
+// manifest key) plus the newest version, parsed: manifests and block tables
+// are loaded when a version is looked up, listed or opened, through the
+// Store's bounded cache of parsed versions (then its RocksDB index, then
+// the store), so memory and the cost of listing the root do not grow with
+// the number of versions. New versions are checked as they arrive (the
+// newest kMaxCheckedPerRefresh of one refresh; on the first refresh, of a
+// mount, only the newest): one whose manifest or block table does not load
+// is skipped and reported once, and `latest` is always a version that
+// loaded. An older version that does not load fails its own lookups.
 //
 // Thread-safety: all methods may be called concurrently. Lock order: mu_
 // before any lock inside InodeTable or BlockCache (never the reverse).
@@ -139,10 +146,19 @@ class Filesystem {
   // The inode of live file number `file`.
   uint64_t LiveIno(uint32_t file) { return inodes_.Intern(kLiveKey, file); }
 
-  // The versions currently shown (a copy of the map; the versions are shared).
-  std::map<uint64_t, std::shared_ptr<const Version>> Versions() EXCLUDES(mu_);
+  // The versions currently shown: version -> manifest key (a copy).
+  std::map<uint64_t, std::string> Versions() EXCLUDES(mu_);
   // The newest version shown; null if there is none.
   std::shared_ptr<const Version> Latest() EXCLUDES(mu_);
+  // Version `version` as shown (parsed on demand); NotFound if it is not
+  // shown, else the load's error (reported once per manifest key).
+  Result<std::shared_ptr<const Version>> VersionOf(uint64_t version) EXCLUDES(mu_);
+
+  // New versions one refresh loads and checks before showing them (the
+  // newest ones; older ones of a long listing are shown unchecked and
+  // loaded when used). The first refresh checks only back to the newest
+  // version that loads.
+  static constexpr size_t kMaxCheckedPerRefresh = 64;
 
   // Reads start their chain walks from `snapshots` (not owned; must outlive
   // the Filesystem's reads), whose state .dte/status reports. Call before
@@ -160,7 +176,6 @@ class Filesystem {
   // `live`: the live version, for a live/ file.
   static uint64_t ReadableBytes(const OpenFile& f, uint64_t offset, uint64_t len,
                                 const Version* live);
-  Result<std::shared_ptr<const Version>> VersionOf(uint64_t version) EXCLUDES(mu_);
   NodeAttr VersionDirAttr(const Version& v);
   NodeAttr FileAttr(const Version& v, uint32_t file);
   NodeAttr RootAttr() EXCLUDES(mu_);
@@ -168,14 +183,20 @@ class Filesystem {
   Result<std::vector<DirEntry>> RootEntries() EXCLUDES(mu_);
   void RecordError(const Version& v, uint32_t file, const Status& s) EXCLUDES(mu_);
   void PushErrorLocked(const std::string& message) REQUIRES(mu_);
-  using VersionMap = std::map<uint64_t, std::shared_ptr<const Version>>;
-  void Install(VersionMap next) EXCLUDES(mu_);
-  // Puts version `version` at manifest `key` into *next: the one in
-  // `current` if it has that key, else loaded from the store; on a failure
-  // (logged once per key) the one in `current`, if any. False if the load
-  // failed for a reason other than corruption or absence (worth retrying).
-  bool LoadInto(uint64_t version, const std::string& key, const VersionMap& current,
-                VersionMap* next) EXCLUDES(mu_);
+  using VersionMap = std::map<uint64_t, std::string>;  // version -> manifest key
+  // Shows `next`; `latest` is its newest version, loaded (null if empty).
+  void Install(VersionMap next, std::shared_ptr<const Version> latest) EXCLUDES(mu_);
+  // Puts the new keys of `listed` (those not in `current`) into *next, the
+  // newest kMaxCheckedPerRefresh of them loaded and checked first (always
+  // at least up to the newest that loads); a key that fails (logged once)
+  // is left out, and `current`'s key for that version kept, if any. Returns
+  // the newest version of *next, loaded; *complete is false if a load failed
+  // for a reason other than corruption or absence (worth retrying).
+  Result<std::shared_ptr<const Version>> Merge(const VersionMap& listed, const VersionMap& current,
+                                               VersionMap* next, bool* complete) EXCLUDES(mu_);
+  // Loads version `version` at `key`, reporting a failure once per key.
+  Result<std::shared_ptr<const Version>> Load(uint64_t version, const std::string& key)
+      EXCLUDES(mu_);
 
   Store* const store_;
   ReadPath reader_;
@@ -188,7 +209,8 @@ class Filesystem {
   std::atomic<const Prefetcher*> prefetcher_{nullptr};
 
   Mutex mu_;
-  std::map<uint64_t, std::shared_ptr<const Version>> versions_ GUARDED_BY(mu_);
+  VersionMap versions_ GUARDED_BY(mu_);
+  std::shared_ptr<const Version> latest_ GUARDED_BY(mu_);  // versions_'s newest, loaded
   int64_t root_mtime_ GUARDED_BY(mu_) = 0;
   std::set<std::pair<uint64_t, uint32_t>> logged_ GUARDED_BY(mu_);  // (version, file)
   std::set<std::string> failed_keys_ GUARDED_BY(mu_);               // manifests that did not load

@@ -10,10 +10,11 @@ namespace dte::fs {
 namespace {
 
 // v and its ancestors (chain[i + 1] is the parent of chain[i]) as far as the
-// records of v's blocks can reach: back to the anchor.
+// records of v's blocks can reach: back to the anchor, or to the first
+// version with a full table (a policy anchor), however long the run.
 Result<VersionChain> ChainOf(Store* store, const std::shared_ptr<const Version>& v) {
   VersionChain chain{v};
-  while (chain.back()->manifest.parent) {
+  while (chain.back()->manifest.parent && !chain.back()->manifest.full) {
     ASSIGN_OR_RETURN(auto parent, store->GetVersion(*chain.back()->manifest.parent));
     if (parent->records.size() != v->records.size()) break;  // the reader reports it
     chain.push_back(std::move(parent));
@@ -45,6 +46,13 @@ Result<std::vector<ChunkId>> PlanPrefetch(Store* store, CachedStore* cache, Snap
   for (size_t r = 0; r < v->records.size(); ++r) {
     for (size_t depth = 0; depth < chain.size() && !snapshotted[depth]; ++depth) {
       const Version& cur = *chain[depth];
+      if (cur.manifest.full && depth + 1 == chain.size()) {
+        // The walk ends at the full table's record (dense).
+        const BlockRecord& full = cur.full_records[r];
+        RETURN_IF_ERROR(AddRange(cache, cur.manifest.full->blobs[full.blob].hash, full.offset,
+                                 full.length, &chunks));
+        break;
+      }
       const BlockRecord& rec = cur.records[r];
       if (rec.kind == BlockKind::kSame) continue;
       RETURN_IF_ERROR(

@@ -1,6 +1,7 @@
 // Filesystem: following the store's version set (full and incremental
 // listings) and the state of polling.
 #include <ctime>
+#include <set>
 
 #include "fs/filesystem.h"
 #include "fs/log.h"
@@ -19,25 +20,50 @@ bool WorthRetrying(const Status& s) {
 
 }  // namespace
 
-bool Filesystem::LoadInto(uint64_t version, const std::string& key, const VersionMap& current,
-                          VersionMap* next) {
-  auto it = current.find(version);
-  if (it != current.end() && it->second->key == key) {
-    (*next)[version] = it->second;
-    return true;
+Result<std::shared_ptr<const Version>> Filesystem::Merge(const VersionMap& listed,
+                                                         const VersionMap& current,
+                                                         VersionMap* next, bool* complete) {
+  std::set<std::string> failed;
+  {
+    MutexLock lock(&mu_);
+    failed = failed_keys_;
   }
-  auto v = store_->GetVersionAt(version, key);
-  if (v.ok()) {
-    (*next)[version] = *v;
-    return true;
+  std::shared_ptr<const Version> newest;  // the newest version of *next, loaded
+  // The first listing (a mount) checks only what `latest` needs; later ones
+  // check what arrived since (the newest kMaxCheckedPerRefresh of it).
+  const size_t limit = current.empty() ? 0 : kMaxCheckedPerRefresh;
+  size_t checked = 0;
+  // Newest first: the first that loads is `latest`.
+  for (auto it = listed.rbegin(); it != listed.rend(); ++it) {
+    const auto& [version, key] = *it;
+    auto cur = current.find(version);
+    const bool known = cur != current.end() && cur->second == key;
+    if (known || (checked >= limit && newest)) {
+      // Shown as it was, or an old version of a long listing (the first one
+      // of a long run): loaded when used. A key that failed before stays out.
+      if (known || !failed.count(key)) (*next)[version] = key;
+      if (!newest) {
+        auto v = Load(version, key);
+        if (v.ok()) newest = *v;
+      }
+      continue;
+    }
+    checked++;
+    auto v = Load(version, key);
+    if (v.ok()) {
+      (*next)[version] = key;
+      if (!newest) newest = *v;
+      continue;
+    }
+    if (WorthRetrying(v.status())) *complete = false;
+    MutexLock lock(&mu_);
+    if (failed_keys_.insert(key).second) {
+      LogLine("dtefs: skipping " + VersionName(version) + ": " + v.status().message());
+      if (v.status().code() == Code::kNotFound) PushErrorLocked(v.status().message());
+    }
+    if (cur != current.end()) (*next)[version] = cur->second;  // the revision shown before
   }
-  if (it != current.end()) (*next)[version] = it->second;
-  MutexLock lock(&mu_);
-  if (failed_keys_.insert(key).second) {
-    LogLine("dtefs: skipping " + VersionName(version) + ": " + v.status().message());
-    PushErrorLocked(v.status().message());
-  }
-  return !WorthRetrying(v.status());
+  return newest;
 }
 
 Status Filesystem::Refresh() {
@@ -49,16 +75,15 @@ Status Filesystem::Refresh() {
   const VersionMap current = Versions();
   VersionMap next;
   bool complete = true;
-  std::string newest;
-  for (const auto& [version, key] : listed) {
-    complete = LoadInto(version, key, current, &next) && complete;
-    newest = std::max(newest, key);
-  }
+  ASSIGN_OR_RETURN(auto latest, Merge(listed, current, &next, &complete));
   {
     MutexLock lock(&mu_);
-    newest_key_ = complete ? newest : "";
+    newest_key_.clear();
+    if (complete) {
+      for (const auto& [version, key] : listed) newest_key_ = std::max(newest_key_, key);
+    }
   }
-  Install(std::move(next));
+  Install(std::move(next), std::move(latest));
   return Status::Ok();
 }
 
@@ -73,56 +98,60 @@ Status Filesystem::RefreshNew() {
   ASSIGN_OR_RETURN(KeyPage page, lister->ListAfter(kManifestPrefix, after, kMaxNewKeys));
   if (page.truncated) return Refresh();
   // The newest revision of each version listed.
-  std::map<uint64_t, std::pair<uint32_t, std::string>> listed;
+  std::map<uint64_t, std::pair<uint32_t, std::string>> found;
   for (const std::string& key : page.keys) {
     auto parsed = ParseManifestKey(key);
     if (!parsed) continue;
-    auto it = listed.find(parsed->first);
-    if (it == listed.end() || it->second.first < parsed->second) {
-      listed[parsed->first] = {parsed->second, key};
+    auto it = found.find(parsed->first);
+    if (it == found.end() || it->second.first < parsed->second) {
+      found[parsed->first] = {parsed->second, key};
     }
   }
-  if (listed.empty()) return Status::Ok();
+  if (found.empty()) return Status::Ok();
   const VersionMap current = Versions();
-  VersionMap next = current;
-  bool complete = true;
-  for (const auto& [version, revision_key] : listed) {
+  VersionMap listed = current;
+  for (const auto& [version, revision_key] : found) {
     auto it = current.find(version);
     // "v1.r10" sorts before "v1.r9": an older revision can come after.
-    if (it != current.end() && it->second->manifest.revision >= revision_key.first) continue;
-    complete = LoadInto(version, revision_key.second, current, &next) && complete;
+    if (it != current.end()) {
+      auto shown = ParseManifestKey(it->second);
+      if (shown && shown->second >= revision_key.first) continue;
+    }
+    listed[version] = revision_key.second;
   }
+  VersionMap next;
+  bool complete = true;
+  ASSIGN_OR_RETURN(auto latest, Merge(listed, current, &next, &complete));
   {
     MutexLock lock(&mu_);
     newest_key_ = complete ? std::max(newest_key_, page.keys.back()) : "";
   }
-  Install(std::move(next));
+  Install(std::move(next), std::move(latest));
   return Status::Ok();
 }
 
-void Filesystem::Install(VersionMap next) {
+void Filesystem::Install(VersionMap next, std::shared_ptr<const Version> latest) {
   std::vector<uint64_t> removed;
-  std::shared_ptr<const Version> first_live;
+  std::optional<uint64_t> first_live;
   {
     MutexLock lock(&mu_);
-    for (const auto& [version, v] : versions_) {
+    for (const auto& [version, key] : versions_) {
       if (!next.count(version)) removed.push_back(version);
     }
-    bool changed = !removed.empty() || next.size() != versions_.size();
-    for (const auto& [version, v] : next) {
-      auto it = versions_.find(version);
-      changed = changed || it == versions_.end() || it->second != v;
-    }
-    if (changed) root_mtime_ = static_cast<int64_t>(std::time(nullptr));
+    if (next != versions_) root_mtime_ = static_cast<int64_t>(std::time(nullptr));
     versions_ = std::move(next);
+    latest_ = std::move(latest);
     // The first version seen becomes live: the one asked for at mount, else
     // the newest.
     if (!versions_.empty()) {
       auto it = initial_live_ ? versions_.find(*initial_live_) : std::prev(versions_.end());
-      if (it != versions_.end()) first_live = it->second;
+      if (it != versions_.end()) first_live = it->first;
     }
   }
-  if (first_live && !live_.View()) live_.InitIfUnset(first_live);
+  if (first_live && !live_.View()) {
+    auto v = VersionOf(*first_live);
+    if (v.ok()) live_.InitIfUnset(*v);
+  }
   for (uint64_t version : removed) {
     // Open files keep their Version alive; the parsed copy and the cached
     // blocks of a version that left the store are not needed by anyone new.
@@ -167,7 +196,7 @@ uint64_t Filesystem::PollCount() {
 
 std::shared_ptr<const Version> Filesystem::Latest() {
   MutexLock lock(&mu_);
-  return versions_.empty() ? nullptr : versions_.rbegin()->second;
+  return latest_;
 }
 
 }  // namespace dte::fs

@@ -6,12 +6,16 @@
 // increasing order, every version whose distance reaches `every` gets a
 // snapshot (and so distance 0), so reading any version costs at most
 // `every - 1` sparse records plus one dense record or snapshot block per
-// block. At most `keep` snapshots exist: of the versions that have or would
-// get one, the newest `keep` are kept, the older ones deleted first; so are
-// snapshots of versions that left the store. Snapshots are built in
-// increasing version order, each through a Materializer that starts from
-// the ones before it, so a build decodes at most `every` sparse records per
-// block once the chain is covered.
+// block. A version with a full table (a policy anchor) counts as an anchor.
+// At most `keep` snapshots exist: of the versions that have or would get
+// one, the newest `keep` are kept, the older ones deleted first; so are
+// snapshots of versions that left the store. Only the newest
+// (keep + 1) * every versions are planned over (their manifests' since_full
+// gives the distance where the window starts), so a pass costs the same
+// however long the run. The newest planned snapshot is built first (the
+// versions read most: latest, and the live version that follows it), then
+// the others oldest first, each through a Materializer that starts from the
+// snapshots before it.
 //
 // The worker runs one pass after each Wake() (the poller calls it after
 // every refresh; waking never blocks). It never runs on a FUSE request
@@ -46,15 +50,18 @@ struct SnapshotPolicy {
 };
 
 struct SnapshotPlan {
-  std::vector<uint64_t> build;  // ascending
+  std::vector<uint64_t> build;  // the newest first, then ascending
   std::vector<uint64_t> drop;
 };
 
-// The plan for `parents` (every listed version -> its parent, nullopt for an
-// anchor) given the versions that have a snapshot. A parent that is not
-// listed counts as an anchor.
+// The plan for `parents` (listed versions -> their parent, nullopt for a
+// version that stands alone) given the versions that have a snapshot. A
+// version whose parent is not listed starts at distance start[version]
+// modulo `every` (0 if absent): its distance from the last version that
+// stood alone.
 SnapshotPlan PlanSnapshots(const std::map<uint64_t, std::optional<uint64_t>>& parents,
-                           const std::set<uint64_t>& have, const SnapshotPolicy& policy);
+                           const std::set<uint64_t>& have, const SnapshotPolicy& policy,
+                           const std::map<uint64_t, uint64_t>& start = {});
 
 class Snapshotter {
  public:
@@ -73,12 +80,21 @@ class Snapshotter {
   // True if the build error `s` came from the store becoming unreachable
   // (waits for the poller to tell).
   bool StoreWentAway(const Status& s);
+  // What planning needs of a version, remembered for the window.
+  struct Info {
+    std::string key;
+    std::optional<uint64_t> parent;  // nullopt: stands alone
+    uint64_t since_full = 0;         // manifest since_full.versions
+  };
+  // Info of `version` at `key` (loaded once); null if it does not load.
+  const Info* InfoOf(uint64_t version, const std::string& key);
 
   Filesystem* const fs_;
   SnapshotSet* const set_;
   const SnapshotPolicy policy_;
-  Materializer reader_;           // its own counters: building is not reading
-  std::set<std::string> failed_;  // manifest keys whose build failed (worker thread only)
+  Materializer reader_;             // its own counters: building is not reading
+  std::set<std::string> failed_;    // manifest keys whose build failed (worker thread only)
+  std::map<uint64_t, Info> known_;  // the planning window (worker thread only)
   std::atomic<bool> wake_{true}, stop_{false};
   std::thread thread_;
 };

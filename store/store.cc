@@ -137,7 +137,10 @@ Status Store::Init() {
   }
   index_ = std::move(index).value();
   RETURN_IF_ERROR(OpenBlobCache());
-  return SyncIndex(false);
+  // Only drops what is stale: versions are loaded when asked for, so
+  // opening a store with thousands of versions on a new host costs one
+  // listing, not a manifest read per version.
+  return SyncIndex(false, /*load_missing=*/false);
 }
 
 Status Store::OpenBlobCache() {
@@ -192,6 +195,8 @@ Result<std::map<uint64_t, std::string>> Store::ListVersions() {
   }
   std::map<uint64_t, std::string> out;
   for (auto& [v, p] : best) out[v] = p.second;
+  MutexLock lock(&mu_);
+  listed_ = out;
   return out;
 }
 
@@ -201,11 +206,61 @@ Result<std::optional<uint64_t>> Store::Latest() {
   return std::optional<uint64_t>(versions.rbegin()->first);
 }
 
+namespace {
+
+uint64_t TableBytes(const Version& v) {
+  return (v.records.size() + v.full_records.size()) * sizeof(BlockRecord) +
+         v.manifest_bytes.size() + 256;
+}
+
+}  // namespace
+
+std::shared_ptr<const Version> Store::CacheFind(uint64_t version) {
+  auto it = cache_.find(version);
+  if (it == cache_.end()) return nullptr;
+  by_use_.erase(it->second.used);
+  it->second.used = ++use_clock_;
+  by_use_[it->second.used] = version;
+  return it->second.version;
+}
+
+void Store::CachePut(std::shared_ptr<const Version> v) {
+  const uint64_t version = v->manifest.version;
+  CacheErase(version);
+  Cached c{v, TableBytes(*v), ++use_clock_};
+  cache_bytes_ += c.bytes;
+  by_use_[c.used] = version;
+  cache_[version] = std::move(c);
+  while (cache_bytes_ > options_.version_cache_bytes && cache_.size() > 1) {
+    CacheErase(by_use_.begin()->second);
+  }
+}
+
+void Store::CacheErase(uint64_t version) {
+  auto it = cache_.find(version);
+  if (it == cache_.end()) return;
+  by_use_.erase(it->second.used);
+  cache_bytes_ -= it->second.bytes;
+  cache_.erase(it);
+}
+
+size_t Store::cached_versions() {
+  MutexLock lock(&mu_);
+  return cache_.size();
+}
+
+uint64_t Store::cached_version_bytes() {
+  MutexLock lock(&mu_);
+  return cache_bytes_;
+}
+
 Result<std::shared_ptr<const Version>> Store::GetVersion(uint64_t version) {
+  std::optional<std::string> listed_key;
   {
     MutexLock lock(&mu_);
-    auto it = cache_.find(version);
-    if (it != cache_.end()) return it->second;
+    if (auto v = CacheFind(version)) return v;
+    auto it = listed_.find(version);
+    if (it != listed_.end()) listed_key = it->second;
   }
   if (index_) {
     ASSIGN_OR_RETURN(auto entry, index_->GetVersion(version));
@@ -215,11 +270,17 @@ Result<std::shared_ptr<const Version>> Store::GetVersion(uint64_t version) {
       if (v.ok()) {
         NoteBlobSizes((*v)->manifest);
         MutexLock lock(&mu_);
-        cache_[version] = *v;
+        CachePut(*v);
         return v;
       }
       // A bad index entry is only a stale cache: fall through to the store.
     }
+  }
+  // The last listing names it: no need to list again unless that key is gone
+  // (gc rewrote or removed the version since).
+  if (listed_key) {
+    auto v = GetVersionAt(version, *listed_key);
+    if (v.ok() || v.status().code() != Code::kNotFound) return v;
   }
   ASSIGN_OR_RETURN(auto versions, ListVersions());
   auto it = versions.find(version);
@@ -234,15 +295,28 @@ Result<std::shared_ptr<const Version>> Store::GetVersionAt(uint64_t version,
                                                            const std::string& key) {
   {
     MutexLock lock(&mu_);
-    auto it = cache_.find(version);
-    if (it != cache_.end() && it->second->key == key) return it->second;
+    auto v = CacheFind(version);
+    if (v && v->key == key) return v;
+  }
+  if (index_) {
+    ASSIGN_OR_RETURN(auto entry, index_->GetVersion(version));
+    if (entry && entry->manifest_key == key) {
+      auto v = Parse(version, entry->manifest_key, std::move(entry->manifest),
+                     std::move(entry->block_table), std::move(entry->full_table));
+      if (v.ok()) {
+        NoteBlobSizes((*v)->manifest);
+        MutexLock lock(&mu_);
+        CachePut(*v);
+        return v;
+      }
+    }
   }
   ASSIGN_OR_RETURN(auto v, Load(version, key));
   if (index_) {
     RETURN_IF_ERROR(index_->PutVersion(v->manifest, IndexEntry(*v)));
   }
   MutexLock lock(&mu_);
-  cache_[version] = v;
+  CachePut(v);
   return v;
 }
 
@@ -293,12 +367,15 @@ Result<std::shared_ptr<const Version>> Store::Parse(uint64_t version, const std:
   return std::shared_ptr<const Version>(std::move(v));
 }
 
-Status Store::SyncIndex(bool rebuild) {
+Status Store::SyncIndex(bool rebuild, bool load_missing) {
   if (!index_) return Status::Ok();
   if (rebuild) {
     RETURN_IF_ERROR(index_->Clear());
     MutexLock lock(&mu_);
     cache_.clear();
+    by_use_.clear();
+    cache_bytes_ = 0;
+    load_missing = true;
   }
   ASSIGN_OR_RETURN(auto in_store, ListVersions());
   ASSIGN_OR_RETURN(auto in_index, index_->ListVersions());
@@ -309,6 +386,7 @@ Status Store::SyncIndex(bool rebuild) {
       Forget(v);
     }
   }
+  if (!load_missing) return Status::Ok();
   for (const auto& [v, key] : in_store) {
     auto it = in_index.find(v);
     if (it != in_index.end() && it->second == key) continue;
@@ -327,14 +405,16 @@ Status Store::Remember(std::shared_ptr<const Version> v) {
     RETURN_IF_ERROR(index_->PutVersion(v->manifest, IndexEntry(*v)));
   }
   MutexLock lock(&mu_);
-  cache_[v->manifest.version] = std::move(v);
+  listed_[v->manifest.version] = v->key;
+  CachePut(std::move(v));
   return Status::Ok();
 }
 
 void Store::Forget(uint64_t version) {
   {
     MutexLock lock(&mu_);
-    cache_.erase(version);
+    CacheErase(version);
+    listed_.erase(version);
   }
   // The index is a cache: a failure here only costs a reload later.
   if (index_) index_->DeleteVersion(version).IgnoreError();

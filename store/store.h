@@ -1,10 +1,14 @@
 // Store: a dte store opened for reading and writing versions.
 //
 // Wraps the ObjectStore (where the bytes are), the optional host-local
-// Index (a RocksDB cache of the catalog), and an in-memory cache of parsed
-// versions. Every version it returns has been validated: its manifest parses,
-// names its own version number, and its block table matches its hash and
-// its manifest's tensors.
+// Index (a RocksDB cache of the catalog), and a bounded in-memory cache of
+// parsed versions (the most recently used ones, up to
+// StoreOptions::version_cache_bytes of block tables), so a process that
+// touches thousands of versions holds only the ones in use. Every version it
+// returns has been validated: its manifest parses, names its own version
+// number, and its block table matches its hash and its manifest's tensors.
+// Versions are loaded on demand: opening a store lists its manifests once
+// (dropping stale index entries) but loads none of them.
 //
 // Thread-safety: all methods may be called concurrently.
 #pragma once
@@ -37,6 +41,11 @@ struct StoreOptions {
   // 0: no blob cache.
   uint64_t blob_cache_bytes = 0;
   uint64_t blob_chunk_bytes = uint64_t{4} << 20;
+  // Parsed versions kept in memory: the most recently used, while their
+  // block tables add up to at most this many bytes (the newest one used is
+  // always kept). Versions in use elsewhere (an open file's chain) stay
+  // alive through their shared_ptr whatever this bound.
+  uint64_t version_cache_bytes = uint64_t{64} << 20;
 };
 
 // A validated, parsed version.
@@ -66,19 +75,28 @@ class Store {
   CachedStore* blob_cache() { return blob_cache_; }
 
   // Committed versions (version -> key of its newest manifest revision),
-  // listed fresh from the object store.
+  // listed fresh from the object store. The listing is remembered: a
+  // version missing from the index and the memory cache is looked up in it
+  // before the store is listed again.
   Result<std::map<uint64_t, std::string>> ListVersions();
   Result<std::optional<uint64_t>> Latest();
 
   // A version, from memory, the index, or the object store (in that order).
   // NotFound naming the version if it is not committed.
   Result<std::shared_ptr<const Version>> GetVersion(uint64_t version);
-  // Same, for a manifest key already listed.
+  // Same, for a manifest key already listed (from memory or the index when
+  // they hold that key, else from the object store).
   Result<std::shared_ptr<const Version>> GetVersionAt(uint64_t version, const std::string& key);
 
   // Brings the index in line with the store's manifests: drops versions
-  // that are gone, adds the missing ones. With `rebuild`, clears it first.
-  Status SyncIndex(bool rebuild);
+  // that are gone or rewritten and, with `load_missing`, adds the missing
+  // ones (one manifest and block table read each). With `rebuild`, clears
+  // it first (and loads every version).
+  Status SyncIndex(bool rebuild, bool load_missing = true);
+
+  // Parsed versions held in memory now, and the bytes of their tables.
+  size_t cached_versions() EXCLUDES(mu_);
+  uint64_t cached_version_bytes() EXCLUDES(mu_);
 
   // Records a just-committed version in the index and memory cache.
   Status Remember(std::shared_ptr<const Version> v);
@@ -99,6 +117,11 @@ class Store {
   Status OpenBlobCache();
   // Tells the blob cache the sizes of m's blobs (saves it a HEAD each).
   void NoteBlobSizes(const Manifest& m);
+  // The memory cache: find (and mark used), insert (evicting the least
+  // recently used beyond version_cache_bytes), erase.
+  std::shared_ptr<const Version> CacheFind(uint64_t version) REQUIRES(mu_);
+  void CachePut(std::shared_ptr<const Version> v) REQUIRES(mu_);
+  void CacheErase(uint64_t version) REQUIRES(mu_);
 
   StoreOptions options_;
   std::unique_ptr<ObjectStore> objects_;
@@ -106,7 +129,16 @@ class Store {
   CachedStore* blob_cache_ = nullptr;  // objects_ itself, when it is one
   std::string store_id_;
   Mutex mu_;
-  std::map<uint64_t, std::shared_ptr<const Version>> cache_ GUARDED_BY(mu_);
+  struct Cached {
+    std::shared_ptr<const Version> version;
+    uint64_t bytes = 0;
+    uint64_t used = 0;  // use stamp: larger is more recent
+  };
+  std::map<uint64_t, Cached> cache_ GUARDED_BY(mu_);
+  std::map<uint64_t, uint64_t> by_use_ GUARDED_BY(mu_);  // use stamp -> version
+  uint64_t cache_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t use_clock_ GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, std::string> listed_ GUARDED_BY(mu_);  // the last listing
 };
 
 // The store marker object, created on first import.

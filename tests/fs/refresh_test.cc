@@ -92,11 +92,12 @@ class RefreshTest : public ::testing::Test {
 
   // The file reads back as committed, in 128 KiB requests as the kernel
   // sends them.
-  void ExpectReadsAsCommitted(const OpenFile& f, uint64_t v, const std::string& name) {
+  void ExpectReadsAsCommitted(const OpenFile& f, uint64_t v, const std::string& name,
+                              Filesystem* fs = nullptr) {
     SCOPED_TRACE(VersionName(v) + "/" + name);
     const std::string& want = env_.series().files(v).at(name);
     for (uint64_t off = 0; off < want.size(); off += 128 << 10) {
-      auto got = test::ReadRange(*fs_, f, off, 128 << 10);
+      auto got = test::ReadRange(fs ? *fs : *fs_, f, off, 128 << 10);
       ASSERT_TRUE(got.ok()) << "at " << off << ": " << got.status().message();
       ASSERT_TRUE(*got == want.substr(off, 128 << 10)) << "wrong bytes at " << off;
     }
@@ -263,6 +264,43 @@ TEST_F(RefreshTest, VersionThatDoesNotLoadIsSkippedAndReportedOnce) {
   auto f = Open(3, "config.json");
   ASSERT_NE(f, nullptr);
   ExpectReadsAsCommitted(*f, 3, "config.json");
+}
+
+// A mount loads no version but the newest: listing the root parses no
+// manifest, a lookup or an open loads one version, and the Store keeps at
+// most its bound of parsed versions in memory whatever the mount touched.
+TEST_F(RefreshTest, VersionsAreLoadedWhenUsedAndTheirCacheIsBounded) {
+  StoreOptions o;
+  o.uri = env_.uri();
+  o.version_cache_bytes = 1;  // keeps only the version used last
+  auto opened = Store::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  std::unique_ptr<Store> store = std::move(opened).value();
+  Filesystem fs(store.get(), uint64_t{16} << 20);
+  ASSERT_TRUE(fs.Refresh().ok());
+  EXPECT_EQ(store->cached_versions(), 1u);
+  ASSERT_NE(fs.Latest(), nullptr);
+  EXPECT_EQ(fs.Latest()->manifest.version, kInitial - 1);
+  auto root = fs.ReadDir(kRootIno);
+  ASSERT_TRUE(root.ok()) << root.status().message();
+  EXPECT_EQ(root->size(), kInitial + 3);  // versions, latest, live, .dte
+  EXPECT_EQ(store->cached_versions(), 1u);
+  for (uint64_t v = 0; v < kInitial; ++v) {
+    auto dir = fs.Lookup(kRootIno, VersionName(v));
+    ASSERT_TRUE(dir.ok()) << dir.status().message();
+    auto file = fs.Lookup(dir->ino, ModelSeries::kShard1);
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    auto f = fs.Open(file->ino, O_RDONLY);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    ExpectReadsAsCommitted(**f, v, ModelSeries::kShard1, &fs);
+    EXPECT_EQ(store->cached_versions(), 1u) << "after reading " << VersionName(v);
+  }
+  // New versions are checked as they arrive; the newest becomes latest.
+  Commit(kInitial);
+  Commit(kInitial + 1);
+  ASSERT_TRUE(fs.Refresh().ok());
+  EXPECT_EQ(fs.Latest()->manifest.version, kInitial + 1);
+  EXPECT_EQ(store->cached_versions(), 1u);
 }
 
 }  // namespace

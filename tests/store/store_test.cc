@@ -106,7 +106,7 @@ TEST(Store, DeletingTheCacheDirLosesNothing) {
   EXPECT_TRUE(fs::exists(cache_path + "/index"));
   auto indexed = store->index()->ListVersions();
   ASSERT_TRUE(indexed.ok());
-  EXPECT_EQ(*indexed, store->ListVersions().value()) << "reopen did not rebuild the index";
+  EXPECT_TRUE(indexed->empty()) << "opening a store loads versions only when asked for";
   auto v1 = store->GetVersion(1);
   ASSERT_TRUE(v1.ok()) << v1.status().message();
   Materializer reader(store.get());
@@ -116,6 +116,9 @@ TEST(Store, DeletingTheCacheDirLosesNothing) {
                             reinterpret_cast<uint8_t*>(out.data()))
                   .ok());
   EXPECT_TRUE(out == b.file(1));
+  EXPECT_TRUE(store->index()->ListVersions()->count(1)) << "a version read is indexed";
+  ASSERT_TRUE(store->SyncIndex(false).ok());
+  EXPECT_EQ(store->index()->ListVersions().value(), store->ListVersions().value());
 }
 
 TEST(Store, StaleIndexEntriesAreDroppedOnOpen) {
@@ -140,10 +143,43 @@ TEST(Store, StaleIndexEntriesAreDroppedOnOpen) {
   ASSERT_NE(store, nullptr);
   auto indexed = store->index()->ListVersions();
   ASSERT_TRUE(indexed.ok());
-  EXPECT_EQ(*indexed,
-            (std::map<uint64_t, std::string>{{0, ManifestKey(0, 0)}, {1, ManifestKey(1, 1)}}));
+  // The stale entries of versions 1 and 2 are gone; the new revision of 1
+  // is indexed when it is read.
+  EXPECT_EQ(*indexed, (std::map<uint64_t, std::string>{{0, ManifestKey(0, 0)}}));
   EXPECT_EQ(store->GetVersion(2).status().code(), Code::kNotFound);
   EXPECT_EQ(store->GetVersion(1).value()->key, ManifestKey(1, 1));
+  EXPECT_EQ(store->index()->ListVersions().value(),
+            (std::map<uint64_t, std::string>{{0, ManifestKey(0, 0)}, {1, ManifestKey(1, 1)}}));
+}
+
+// The parsed versions a Store keeps in memory are bounded by
+// version_cache_bytes; the newest one used always stays.
+TEST(Store, ParsedVersionsInMemoryAreBounded) {
+  ScopedTempDir dir;
+  const std::string uri = dir.path() + "/store";
+  {
+    auto writer = test::OpenTestStore(uri);
+    ASSERT_NE(writer, nullptr);
+    VersionWriter b(&writer->objects());
+    std::vector<TestTensor> t = Model();
+    ASSERT_TRUE(b.Write(0, t, true).ok());
+    for (uint64_t v = 1; v < 6; ++v) ASSERT_TRUE(b.Write(v, Step(t, v), false).ok());
+  }
+  StoreOptions o;
+  o.uri = uri;
+  o.version_cache_bytes = 1;
+  auto store = Store::Open(o).value();
+  for (uint64_t v = 0; v < 6; ++v) {
+    auto got = store->GetVersion(v);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_EQ((*got)->manifest.version, v);
+    EXPECT_EQ(store->cached_versions(), 1u);
+  }
+  o.version_cache_bytes = uint64_t{64} << 20;
+  store = Store::Open(o).value();
+  for (uint64_t v = 0; v < 6; ++v) ASSERT_TRUE(store->GetVersion(v).ok());
+  EXPECT_EQ(store->cached_versions(), 6u);
+  EXPECT_GT(store->cached_version_bytes(), 0u);
 }
 
 TEST(Store, BadIndexEntryFallsBackToTheStore) {
