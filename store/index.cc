@@ -53,7 +53,15 @@ class RocksIndex final : public Index {
 
   Status PutVersion(const Manifest& m, const Entry& e) override {
     rocksdb::WriteBatch batch;
-    RETURN_IF_ERROR(DeleteRanges(m.version, &batch));
+    // Only a version indexed before (another revision) has keys to drop: a
+    // range tombstone per new version would pile up, and every read and
+    // compaction would pay for all of them.
+    std::string indexed;
+    rocksdb::Status had = db_->Get(rocksdb::ReadOptions(), Key('v', m.version), &indexed);
+    if (!had.IsNotFound()) {
+      RETURN_IF_ERROR(FromRocks(had, "index " + dir_ + ": " + VersionName(m.version)));
+      RETURN_IF_ERROR(DeleteRanges(m.version, &batch));
+    }
     batch.Put(Key('v', m.version), e.manifest_key);
     batch.Put(Key('m', m.version), e.manifest);
     batch.Put(Key('k', m.version), e.block_table);
@@ -197,6 +205,10 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& dir) {
   options.max_open_files = 64;
   options.keep_log_file_num = 2;
   options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  // Each version's keys are the newest of each tag's range, so a flush
+  // overlaps only the last table file of each range: small files keep what
+  // a compaction rewrites small, however many versions are indexed.
+  options.target_file_size_base = uint64_t{4} << 20;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(options, dir, &raw);
   if (!s.ok()) {
