@@ -330,16 +330,22 @@ Result<std::shared_ptr<const Version>> Store::Load(uint64_t version, const std::
   if (m.full) {
     ASSIGN_OR_RETURN(full_table, objects_->Get(BlobKey(m.full->block_table.hash)));
   }
-  return Parse(version, key, std::move(manifest), std::move(table), std::move(full_table));
+  return Parse(version, key, std::move(manifest), std::move(table), std::move(full_table),
+               std::move(m));
 }
 
 Result<std::shared_ptr<const Version>> Store::Parse(uint64_t version, const std::string& key,
                                                     std::string manifest, std::string table,
-                                                    std::string full_table) {
+                                                    std::string full_table,
+                                                    std::optional<Manifest> decoded) {
   std::string what = options_.uri + "/" + key;
   auto v = std::make_shared<Version>();
   v->key = key;
-  ASSIGN_OR_RETURN(v->manifest, DecodeManifest(manifest, what));
+  if (decoded) {
+    v->manifest = std::move(*decoded);
+  } else {
+    ASSIGN_OR_RETURN(v->manifest, DecodeManifest(manifest, what));
+  }
   auto parsed = ParseManifestKey(key);
   if (!parsed || parsed->first != version || v->manifest.version != version ||
       v->manifest.revision != parsed->second) {

@@ -111,9 +111,11 @@ class Store {
   explicit Store(StoreOptions options) : options_(std::move(options)) {}
   Status Init();
   Result<std::shared_ptr<const Version>> Load(uint64_t version, const std::string& key);
+  // `decoded`: the manifest already decoded from `manifest`, if it was.
   Result<std::shared_ptr<const Version>> Parse(uint64_t version, const std::string& key,
                                                std::string manifest, std::string table,
-                                               std::string full_table);
+                                               std::string full_table,
+                                               std::optional<Manifest> decoded = std::nullopt);
   Status OpenBlobCache();
   // Tells the blob cache the sizes of m's blobs (saves it a HEAD each).
   void NoteBlobSizes(const Manifest& m);
