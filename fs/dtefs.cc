@@ -171,12 +171,12 @@ class Poller {
   void Run() {
     constexpr auto kTick = std::chrono::milliseconds(20);
     auto next = std::chrono::steady_clock::now() + period_;
-    uint32_t since_full = 0;  // Serve listed everything just before
+    uint64_t since_full = 0;  // Serve listed everything just before
     while (!stop_) {
       std::this_thread::sleep_for(kTick);
       if (std::chrono::steady_clock::now() < next) continue;
       next = std::chrono::steady_clock::now() + period_;
-      const bool full = ++since_full >= kFullListEvery || fs_->StoreFailing();
+      const bool full = ++since_full >= FullListEvery(fs_->VersionCount()) || fs_->StoreFailing();
       if (full) since_full = 0;
       fs_->NotePoll(full ? fs_->Refresh() : fs_->RefreshNew());
       if (snapshots_) snapshots_->Wake();

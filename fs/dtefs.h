@@ -7,13 +7,15 @@
 // the store.
 //
 // Polling: every poll_ms the poller looks for new versions with one
-// incremental listing (Filesystem::RefreshNew: one request on S3), and every
-// kFullListEvery-th poll, and every poll while the store does not answer,
-// with a full listing (Filesystem::Refresh), which also notices removals.
+// incremental listing (Filesystem::RefreshNew: one request on S3), and
+// every FullListEvery(versions)-th poll, and every poll while the store does
+// not answer, with a full listing (Filesystem::Refresh), which also notices
+// removals.
 //
 // Thread-safety: Serve() is a blocking call; run one per mount point.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -24,6 +26,14 @@
 namespace dte::fs {
 
 inline constexpr uint32_t kFullListEvery = 10;
+
+// Polls between full listings of a store with `versions` versions:
+// kFullListEvery per 1000 versions (one listing page on S3), so the
+// listing requests per poll stay at most 1 + 1 / kFullListEvery however
+// many versions the store holds.
+inline uint64_t FullListEvery(uint64_t versions) {
+  return kFullListEvery * std::max<uint64_t>(1, (versions + 999) / 1000);
+}
 
 struct MountOptions {
   std::string store;                           // local directory or s3://bucket/prefix

@@ -421,6 +421,11 @@ void Filesystem::ReportError(const std::string& message) {
   PushErrorLocked(message);
 }
 
+size_t Filesystem::VersionCount() {
+  MutexLock lock(&mu_);
+  return versions_.size();
+}
+
 std::map<uint64_t, std::string> Filesystem::Versions() {
   MutexLock lock(&mu_);
   return versions_;

@@ -146,6 +146,8 @@ class Filesystem {
   // The inode of live file number `file`.
   uint64_t LiveIno(uint32_t file) { return inodes_.Intern(kLiveKey, file); }
 
+  // How many versions are shown.
+  size_t VersionCount() EXCLUDES(mu_);
   // The versions currently shown: version -> manifest key (a copy).
   std::map<uint64_t, std::string> Versions() EXCLUDES(mu_);
   // The newest version shown; null if there is none.
