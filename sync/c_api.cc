@@ -12,6 +12,7 @@
 
 #include "store/hash.h"
 #include "store/materialize.h"
+#include "store/snapshot.h"
 #include "store/store.h"
 #include "sync/convert.h"
 #include "sync/live_client.h"
@@ -334,6 +335,9 @@ int dte_store_read_tensor(dte_store* s, uint64_t version, const char* name, void
                               std::to_string(t.bytes()) + " bytes, not " + std::to_string(bytes));
         }
         dte::Materializer reader(s->impl.get());
+        // Chain walks start at this host's snapshots where there are some.
+        std::unique_ptr<dte::SnapshotSet> snapshots = dte::OpenStoreSnapshots(*s->impl);
+        reader.SetBase(snapshots.get());
         auto* out = static_cast<uint8_t*>(dst);
         dte::Status st = reader.ReadFile(*v, f, f.header_size + t.begin, bytes, out);
         if (!st.ok()) return Fail(st);

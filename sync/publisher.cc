@@ -7,6 +7,7 @@
 #include "kernels/adamw.h"
 #include "store/dtype.h"
 #include "store/materialize.h"
+#include "store/snapshot.h"
 #include "store/store.h"
 #include "sync/internal/blob_sink.h"
 #include "sync/internal/engine_encoder.h"
@@ -320,9 +321,13 @@ Result<std::unique_ptr<Publisher::Draft>> Publisher::Begin(const AdamWStep& h) {
 }
 
 // A policy anchor's full table needs every block: those of tensors this
-// publish did not name are the parent's, read back from the store.
+// publish did not name are the parent's, read back from the parent's
+// snapshot on this host when there is one, else from the store (a walk
+// back to the last full table at most).
 Status Publisher::FillUnclaimedFull(Draft& d) {
   Materializer reader(store_.get());
+  std::unique_ptr<SnapshotSet> snapshots = OpenStoreSnapshots(*store_);
+  reader.SetBase(snapshots.get());
   std::vector<uint8_t> block(d.m_.block_bytes);
   const Manifest& pm = d.parent_->manifest;
   for (size_t f = 0; f < pm.files.size(); ++f) {
