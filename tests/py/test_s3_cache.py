@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 
@@ -61,12 +62,20 @@ def commit(d, ckpt):
     return json.loads(r.stdout)
 
 
+def drop_snapshots(d):
+    """Deletes the host's snapshots of versions (which a commit reads its
+    parent from first), so that the parent must come from blobs."""
+    for store_id in os.listdir(d.cache):
+        shutil.rmtree(os.path.join(d.cache, store_id, "snapshots"), ignore_errors=True)
+
+
 def test_second_commit_reads_its_parent_from_the_cache(moto, proxy, bucket, ckpts, tmp_path):
     uri = f"s3://{bucket}/run"
     pub = host(moto, proxy.endpoint, uri, tmp_path / "publisher")
     imported = Counted(proxy, lambda: json.loads(pub.ok("import", ckpts.dir(0), "--json").stdout))
     assert imported.result["blob_cache"]["written_bytes"] >= imported.result["stored_bytes"]
     first = Counted(proxy, lambda: commit(pub, ckpts.dir(1)))
+    drop_snapshots(pub)  # the second commit's parent must come from blobs
     second = Counted(proxy, lambda: commit(pub, ckpts.dir(2)))
     dense = second.result["dense_bytes"]
     for c in (first, second):
@@ -76,7 +85,11 @@ def test_second_commit_reads_its_parent_from_the_cache(moto, proxy, bucket, ckpt
         assert c.result["kind"] == "delta"
         assert c.blob_gets == [], [e.path for e in c.blob_gets]
         assert c.result["blob_cache"]["fetched_bytes"] == 0
-        assert c.result["blob_cache"]["hits"] > 0  # the parent came from local disk
+    # The parent came from local disk: its snapshot, left by the last command,
+    # or, once that is gone, its blobs in the blob cache.
+    assert first.result["parent_snapshot_blocks"] > 0
+    assert second.result["parent_snapshot_blocks"] == 0 and second.result["blob_cache"]["hits"] > 0
+    for c in (first, second):
         # Listings, HEADs, the marker and the answers to uploads: response
         # heads and small XML bodies, well under 1 KB a request.
         assert c.bytes_down < 1000 * c.requests, (c.bytes_down, c.requests)
@@ -102,6 +115,7 @@ def test_blob_cache_size_zero_reads_the_parent_from_the_store(moto, proxy, bucke
                                                              tmp_path):
     pub = host(moto, proxy.endpoint, f"s3://{bucket}/p", tmp_path / "publisher")
     pub.ok("import", ckpts.dir(0), "--blob-cache-size", "0")
+    drop_snapshots(pub)
     r = Counted(proxy, lambda: pub.ok("commit", ckpts.dir(1), "--json", "--blob-cache-size", "0"))
     assert json.loads(r.result.stdout)["blob_cache"] is None
     assert len(r.blob_gets) > 0
@@ -137,6 +151,7 @@ def index_lock(cache_dir):
 def test_busy_cache_index_runs_uncached_with_a_note(moto, proxy, bucket, ckpts, tmp_path):
     pub = host(moto, proxy.endpoint, f"s3://{bucket}/p", tmp_path / "publisher")
     pub.ok("import", ckpts.dir(0))
+    drop_snapshots(pub)  # the parent must come from blobs
     lock = index_lock(pub.cache)
     try:
         busy = Counted(proxy, lambda: pub.ok("commit", ckpts.dir(1), "--json"))
@@ -148,6 +163,7 @@ def test_busy_cache_index_runs_uncached_with_a_note(moto, proxy, bucket, ckpts, 
     assert len(busy.blob_gets) > 0  # the parent came from the store
     # The cache is intact: the next commit reads v0 from it and only v1's
     # delta (not kept by the uncached commit) from the store.
+    drop_snapshots(pub)  # the busy commit left one of v1
     after = Counted(proxy, lambda: commit(pub, ckpts.dir(2)))
     assert after.result["blob_cache"]["hits"] > 0
     assert after.bytes_down < busy.bytes_down / 2, (after.bytes_down, busy.bytes_down)
