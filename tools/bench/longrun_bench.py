@@ -22,14 +22,16 @@ same run:
             the end
 
 Runs: `small` (--small-steps versions of a --small-size model, local store),
-`big` (--big-steps of --big-size, local store) and `s3` (--s3-steps of
---s3-size on the moto S3 server the tests use; commit and store only).
+`tiny` (--tiny-steps versions of a --tiny-size model: the memory curve up to
+10,000 versions and the listing latencies), `big` (--big-steps of
+--big-size, local store) and `s3` (--s3-steps of --s3-size on the moto S3
+server the tests use; commit and store only).
 Checkpoints are generated in batches of --batch steps (dte-gen replays the
 earlier steps without writing them) and removed once committed, so disk use
 stays near one batch.
 
 Usage: /usr/bin/python3 tools/bench/longrun_bench.py [--build-dir build]
-       [--runs small,big,s3] [--json out.json]
+       [--runs small,tiny,big,s3] [--json out.json]
 """
 
 import argparse
@@ -211,7 +213,7 @@ class Run:
         return {"ls": ls, "ls_l": ls_l, "log": self.timed(self.dtectl("log")),
                 "log_limit20": self.timed(self.dtectl("log", "--limit", 20))}
 
-    def report(self, local=True):
+    def report(self, local=True, joins=True, listing=False):
         c = self.commits[1:]  # version 0 is the import
         first, last = [x["seconds"] for x in c[:50]], [x["seconds"] for x in c[-50:]]
         out = {"run": self.name, "size": self.size, "versions": len(self.commits),
@@ -225,6 +227,11 @@ class Run:
         out.update({"store_bytes": total, "deltas_only_bytes": total - full,
                     "store_ratio": total / (total - full),
                     "full_zstd_ratio": full_dense / full if full else None})
+        out["dtefs_hwm"] = [(n, b) for n, b in self.memory]
+        if listing:
+            out.update(self.listing())
+        if not joins:
+            return out
         reps = self.a.reps
         joins = [self.join("latest") for _ in range(reps)]
         anchors = [self.join("v00000000") for _ in range(reps)]
@@ -234,8 +241,6 @@ class Run:
         latest = len(self.commits) - 1
         out["export_latest_s"] = statistics.median(self.export(latest) for _ in range(reps))
         out["export_anchor_s"] = statistics.median(self.export(0) for _ in range(reps))
-        out["dtefs_hwm"] = [(n, b) for n, b in self.memory]
-        out.update(self.listing())
         return out
 
 
@@ -280,6 +285,8 @@ def main():
     p.add_argument("--runs", default="small,big,s3")
     p.add_argument("--small-size", default="4MiB")
     p.add_argument("--small-steps", type=int, default=2000)
+    p.add_argument("--tiny-size", default="1MiB")
+    p.add_argument("--tiny-steps", type=int, default=10000)
     p.add_argument("--big-size", default="512MiB")
     p.add_argument("--big-steps", type=int, default=300)
     p.add_argument("--s3-size", default="16MiB")
@@ -302,6 +309,12 @@ def main():
                 r = Run(a, "small", a.small_size, steps)
                 r.commit_all(marks)
                 rows.append(r.report())
+            elif name == "tiny":
+                steps = a.tiny_steps
+                marks = {s - 1 for s in (100, 1000, 3000, 10000) if s <= steps + 1}
+                r = Run(a, "tiny", a.tiny_size, steps)
+                r.commit_all(marks)
+                rows.append(r.report(joins=False, listing=True))
             elif name == "big":
                 r = Run(a, "big", a.big_size, a.big_steps)
                 r.commit_all({a.big_steps})
