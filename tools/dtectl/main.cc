@@ -83,13 +83,16 @@ int main(int argc, char** argv) {
                      "Also store the version whole (zstd) once the deltas since the last full "
                      "version add up to this many times the model's dense size (default 1.0; "
                      "0: never)");
-  commit->add_option("--anchor-every", ca.anchor_every,
-                     "Also store the version whole once this many versions passed since the "
-                     "last full one (default 0: never)");
+  commit
+      ->add_option("--anchor-every", ca.anchor_every,
+                   "Also store the version whole once this many versions passed since the "
+                   "last full one (default 0: never)")
+      ->check(CLI::NonNegativeNumber);
   for (CLI::App* cmd : {import, commit}) {
     cmd->add_option("--keep-snapshots", ca.keep_snapshots,
                     "Leave a snapshot of the new version in the cache directory for the next "
-                    "commit, keeping the newest N there (default 3; 0: none)");
+                    "commit, keeping the newest N there (default 3; 0: none)")
+        ->check(CLI::NonNegativeNumber);
   }
 
   CLI::App* log = app.add_subcommand("log", "List versions");
@@ -123,8 +126,10 @@ int main(int argc, char** argv) {
   CLI::App* cache =
       app.add_subcommand("cache", "Show (and prune) this host's snapshots of the store");
   AddCommon(cache, &c, &sizes, true);
-  cache->add_option("--keep-snapshots", cache_keep,
-                    "Delete all but the snapshots of the newest N versions");
+  cache
+      ->add_option("--keep-snapshots", cache_keep,
+                   "Delete all but the snapshots of the newest N versions")
+      ->check(CLI::NonNegativeNumber);
 
   // apply and status take a mount point, not a store.
   dte::cli::LiveArgs la;
