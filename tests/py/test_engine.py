@@ -27,6 +27,8 @@ import numpy as np
 import pytest
 import torch
 
+import store_util
+
 SOURCE = os.environ.get("DTE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.environ.get("DTE_BUILD_DIR", os.path.join(SOURCE, "build"))
 sys.path.insert(0, os.path.join(SOURCE, "sync", "python"))
@@ -182,7 +184,11 @@ def test_every_version_equals_bf16_of_the_trainer(work, foreach):
                                   lr=lr_at(1), betas=(0.9, 0.95), eps=1e-8, foreach=foreach)
     store = str(tmp_path / "store")
     save_checkpoint(tmp_path / "v0", model)
-    pub = dte.Publisher(store=store, converter="hf")
+    # The anchor policy: every 3rd version (the foreach run), or the default
+    # byte budget (one dense model's worth of deltas), keeps its delta and
+    # adds a full table, and reads stop there.
+    every = 3 if foreach else 0
+    pub = dte.Publisher(store=store, converter="hf", anchor_every=every)
     assert pub.import_checkpoint(str(tmp_path / "v0")) == 0
     reader = dte.StoreReader(store)
     names = [n for n, _ in model.named_parameters()]
@@ -238,6 +244,20 @@ def test_every_version_equals_bf16_of_the_trainer(work, foreach):
              100 * totals["false_positives"] / max(totals["stored"], 1), totals["flagged"],
              totals["detector_fp"], totals["uncertain"]))
     assert totals["changed"] > 0.001 * entries  # the run really changed weights
+    ms = {v: m for v, (_, m) in store_util.manifests(store).items()}
+    for version, m in ms.items():
+        assert m["kind"] == ("anchor" if version == 0 else "delta")
+        if every:
+            assert ("full" in m) == (version > 0 and version % every == 0), version
+        if version == 0 or "full" in m:
+            assert m["since_full"] == {"versions": 0, "bytes": 0}, version
+        else:
+            before = ms[version - 1]["since_full"]
+            assert m["since_full"] == {"versions": before["versions"] + 1,
+                                       "bytes": before["bytes"] + m["stats"]["stored_bytes"]}
+            # The budget: a version past it would have been a policy anchor.
+            assert every or before["bytes"] < m["stats"]["dense_bytes"], version
+    assert sum("full" in m for m in ms.values()) >= (STEPS // every if every else 1)
     assert totals["false_positives"] <= 0.02 * entries
     assert totals["false_positives"] <= 0.02 * totals["stored"]
     reader.close()
