@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
+#include "kernels/parallel.h"
 #include "store/cached_store.h"
 
 namespace dte::fs {
@@ -113,6 +115,14 @@ Status ReadPath::VisitData(const std::shared_ptr<const Version>& v, const FileEn
                            const PieceSink& take) {
   const uint64_t bb = v->manifest.block_bytes;
   const uint64_t stop = offset + len;
+  // The blocks of the range, in file order: (tensor, block, tensor-relative
+  // [from, to)).
+  struct Want {
+    const TensorEntry* tensor;
+    uint32_t block;
+    uint64_t from, to;
+  };
+  std::vector<Want> wants;
   // First tensor ending after offset (tensors are sorted and contiguous).
   auto it = std::upper_bound(file.tensors.begin(), file.tensors.end(), offset,
                              [](uint64_t off, const TensorEntry& t) { return off < t.end; });
@@ -121,10 +131,31 @@ Status ReadPath::VisitData(const std::shared_ptr<const Version>& v, const FileEn
     const uint64_t from = std::max(offset, t.begin) - t.begin;  // tensor-relative
     const uint64_t to = std::min(stop, t.end) - t.begin;
     for (uint64_t b = from / bb; b * bb < to; ++b) {
-      ASSIGN_OR_RETURN(BlockCache::Value block, Block(v, file, t, static_cast<uint32_t>(b), chain));
-      const uint64_t lo = std::max(from, b * bb), hi = std::min(to, b * bb + block->size());
-      take(block, block->data() + (lo - b * bb), hi - lo);
+      wants.push_back({&t, static_cast<uint32_t>(b), from, to});
     }
+  }
+  // Blocks are materialized in parallel on the CPU backend's pool when a
+  // read spans several (a kernel read of 1 MiB is four 256 KiB blocks): a
+  // block far from its anchor or snapshot decodes many records, and the
+  // reader waits for all of them.
+  std::vector<std::optional<Result<BlockCache::Value>>> got(wants.size());
+  auto load = [&](size_t i) {
+    got[i].emplace(Block(v, file, *wants[i].tensor, wants[i].block, chain));
+  };
+  if (wants.size() > 1) {
+    kernels::ParallelFor(wants.size(), 1, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) load(i);
+    });
+  } else if (!wants.empty()) {
+    load(0);
+  }
+  for (size_t i = 0; i < wants.size(); ++i) {
+    if (!got[i]->ok()) return got[i]->status();
+    const BlockCache::Value& block = **got[i];
+    const uint64_t b = wants[i].block;
+    const uint64_t lo = std::max(wants[i].from, b * bb);
+    const uint64_t hi = std::min(wants[i].to, b * bb + block->size());
+    take(block, block->data() + (lo - b * bb), hi - lo);
   }
   return Status::Ok();
 }

@@ -23,7 +23,9 @@ same run:
 
 Runs: `small` (--small-steps versions of a --small-size model, local store),
 `tiny` (--tiny-steps versions of a --tiny-size model: the memory curve up to
-10,000 versions and the listing latencies), `big` (--big-steps of
+10,000 versions and the listing latencies), `budget` (--budget-steps
+versions of a --small-size model for each of --budgets: store bytes against
+join cost, the trade of the anchor budget), `big` (--big-steps of
 --big-size, local store) and `s3` (--s3-steps of --s3-size on the moto S3
 server the tests use; commit and store only).
 Checkpoints are generated in batches of --batch steps (dte-gen replays the
@@ -93,8 +95,9 @@ def mean(xs):
 class Run:
     """One long run: a store, its cache, the dte-gen model and the commits."""
 
-    def __init__(self, a, name, size, steps, store=None, env=None):
+    def __init__(self, a, name, size, steps, store=None, env=None, commit_args=()):
         self.a, self.name, self.size, self.steps = a, name, size, steps
+        self.commit_args = list(map(str, commit_args))
         self.root = os.path.join(a.work, name)
         shutil.rmtree(self.root, ignore_errors=True)
         os.makedirs(self.root)
@@ -123,7 +126,8 @@ class Run:
                 d = os.path.join(gen, f"step-{step:06d}")
                 cmd = "import" if step == 0 else "commit"
                 t0 = time.monotonic()
-                r = run(self.dtectl(cmd, d, "--json"), env=self.env)
+                extra = self.commit_args if cmd == "commit" else []
+                r = run(self.dtectl(cmd, d, "--json", *extra), env=self.env)
                 secs = time.monotonic() - t0
                 j = json.loads(r.stdout)
                 self.commits.append({"seconds": secs, "stored": j["stored_bytes"],
@@ -135,9 +139,9 @@ class Run:
             log(f"{self.name}: {last + 1}/{self.steps + 1} versions committed, last commit "
                 f"{self.commits[-1]['seconds']:.3f} s")
 
-    def mount(self, cache):
+    def mount(self, cache, *args):
         mnt = os.path.join(self.root, "mnt")
-        argv = [self.a.dtefs, self.store, mnt, "--cache-dir", cache, "-f"]
+        argv = [self.a.dtefs, self.store, mnt, "--cache-dir", cache, "-f", *map(str, args)]
         return fu.FuseMount("dtefs", argv, mnt, os.path.join(self.root, "dtefs.log")).start()
 
     def fresh_cache(self, tag):
@@ -163,8 +167,10 @@ class Run:
             m.unmount()
 
     def join(self, version_dir):
-        """Seconds for a fresh mount to read every file of version_dir."""
-        m = self.mount(self.fresh_cache("join"))
+        """Seconds for a fresh mount to read every file of version_dir. The
+        mount builds no snapshot, so the figure is the read path's alone (a
+        snapshot of latest built meanwhile would make it depend on timing)."""
+        m = self.mount(self.fresh_cache("join"), "--snapshot-every", 0)
         try:
             t0 = time.monotonic()
             read_tree(os.path.join(m.path, version_dir))
@@ -244,6 +250,37 @@ class Run:
         return out
 
 
+def budget_rows(a):
+    """The trade of the anchor budget: store bytes against the cost of a
+    fresh mount reading `latest` and the worst version (the one just before
+    a full table), for each --budgets value over --budget-steps versions."""
+    rows = []
+    for b in a.budgets.split(","):
+        r = Run(a, f"budget-{b}", a.small_size, a.budget_steps, commit_args=("--anchor-budget", b))
+        r.commit_all()
+        total, full, full_dense = r.store_bytes()
+        fulls = [i + 1 for i, c in enumerate(r.commits[1:]) if c["full"]]
+        worst = (fulls[-1] - 1) if fulls else len(r.commits) - 1
+        reps = a.reps
+        join = statistics.median(r.join("latest") for _ in range(reps))
+        join_worst = statistics.median(r.join(f"v{worst:08d}") for _ in range(reps))
+        anchor = statistics.median(r.join("v00000000") for _ in range(reps))
+        rows.append({"budget": float(b), "versions": len(r.commits), "full_tables": len(fulls),
+                     "store_ratio": total / (total - full), "join_latest_ratio": join / anchor,
+                     "join_worst_ratio": join_worst / anchor, "worst_version": worst,
+                     "join_anchor_s": anchor})
+        log(json.dumps(rows[-1]))
+        shutil.rmtree(r.root, ignore_errors=True)
+    print("| --anchor-budget | full tables | store / deltas only | join latest / anchor | "
+          "join worst / anchor |")
+    print("|---|---|---|---|---|")
+    for x in rows:
+        print(f"| {x['budget']:g} | {x['full_tables']} in {x['versions']} | "
+              f"{x['store_ratio']:.2f}x | {x['join_latest_ratio']:.2f}x | "
+              f"{x['join_worst_ratio']:.2f}x (v{x['worst_version']}) |")
+    return rows
+
+
 def s3_env(a):
     import s3_util
     server = s3_util.MotoServer()
@@ -285,6 +322,8 @@ def main():
     p.add_argument("--runs", default="small,big,s3")
     p.add_argument("--small-size", default="4MiB")
     p.add_argument("--small-steps", type=int, default=2000)
+    p.add_argument("--budgets", default="0.25,0.5,1,2")
+    p.add_argument("--budget-steps", type=int, default=400)
     p.add_argument("--tiny-size", default="1MiB")
     p.add_argument("--tiny-steps", type=int, default=10000)
     p.add_argument("--big-size", default="512MiB")
@@ -309,6 +348,9 @@ def main():
                 r = Run(a, "small", a.small_size, steps)
                 r.commit_all(marks)
                 rows.append(r.report())
+            elif name == "budget":
+                budget_rows(a)
+                continue
             elif name == "tiny":
                 steps = a.tiny_steps
                 marks = {s - 1 for s in (100, 1000, 3000, 10000) if s <= steps + 1}
