@@ -71,7 +71,7 @@ Status Filesystem::Refresh() {
     MutexLock lock(&mu_);
     full_polls_++;
   }
-  ASSIGN_OR_RETURN(auto listed, store_->ListVersions());
+  ASSIGN_OR_RETURN(auto listed, store_->ListVersions(/*fresh=*/true));
   const VersionMap current = Versions();
   VersionMap next;
   bool complete = true;

@@ -4,10 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "store/cached_store.h"
+#include "store/s3_store.h"
 
 namespace dte {
 namespace {
@@ -182,22 +185,105 @@ std::string Store::CachePath() const {
   return options_.cache_dir + "/" + store_id_;
 }
 
-Result<std::map<uint64_t, std::string>> Store::ListVersions() {
-  ASSIGN_OR_RETURN(auto keys, objects_->List("manifests/"));
-  std::map<uint64_t, std::pair<uint32_t, std::string>> best;
-  for (const auto& key : keys) {
-    auto parsed = ParseManifestKey(key);
-    if (!parsed) continue;
-    auto it = best.find(parsed->first);
-    if (it == best.end() || it->second.first < parsed->second) {
-      best[parsed->first] = {parsed->second, key};
+namespace {
+
+constexpr char kManifestPrefix[] = "manifests/";
+// Index cache entries of the listing kept for s3:// stores: the time of the
+// last full listing and the greatest manifest key seen, then one entry per
+// version.
+constexpr char kListingMeta[] = "listing";
+constexpr char kListedPrefix[] = "listed/";
+// Pages of new manifests an incremental listing reads before it gives up
+// for a full one.
+constexpr int kMaxIncrementalPages = 4;
+
+// Adds manifest `key` to `out` if it is the newest revision of its version.
+void AddNewest(const std::string& key, std::map<uint64_t, std::pair<uint32_t, std::string>>* out) {
+  auto parsed = ParseManifestKey(key);
+  if (!parsed) return;
+  auto it = out->find(parsed->first);
+  if (it == out->end() || it->second.first < parsed->second) {
+    (*out)[parsed->first] = {parsed->second, key};
+  }
+}
+
+int64_t NowSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
+
+}  // namespace
+
+Result<std::map<uint64_t, std::string>> Store::ListVersions(bool fresh) {
+  if (!fresh) {
+    ASSIGN_OR_RETURN(auto incremental, IncrementalListing());
+    if (incremental) {
+      MutexLock lock(&mu_);
+      listed_ = *incremental;
+      return std::move(*incremental);
     }
   }
+  ASSIGN_OR_RETURN(auto keys, objects_->List(kManifestPrefix));
+  std::map<uint64_t, std::pair<uint32_t, std::string>> best;
+  for (const auto& key : keys) AddNewest(key, &best);
   std::map<uint64_t, std::string> out;
   for (auto& [v, p] : best) out[v] = p.second;
+  // The index is a cache: failing to keep the listing costs a full one later.
+  SaveListing(out).IgnoreError();
   MutexLock lock(&mu_);
   listed_ = out;
   return out;
+}
+
+Result<std::optional<std::map<uint64_t, std::string>>> Store::IncrementalListing() {
+  using Listing = std::optional<std::map<uint64_t, std::string>>;
+  auto* lister = dynamic_cast<PagedLister*>(objects_.get());
+  if (!lister || !index_) return Listing();
+  ASSIGN_OR_RETURN(auto meta, index_->GetCacheEntry(kListingMeta));
+  if (!meta) return Listing();
+  const size_t space = meta->find(' ');
+  if (space == std::string::npos) return Listing();
+  const int64_t at = std::strtoll(meta->c_str(), nullptr, 10);
+  std::string after = meta->substr(space + 1);
+  if (at <= 0 || NowSeconds() - at > kListingTtlSeconds || NowSeconds() < at) return Listing();
+  ASSIGN_OR_RETURN(auto entries, index_->ListCacheEntries(kListedPrefix));
+  std::map<uint64_t, std::pair<uint32_t, std::string>> best;
+  for (const auto& [name, key] : entries) AddNewest(key, &best);
+  std::vector<std::pair<std::string, std::string>> puts;
+  for (int page = 0;; ++page) {
+    if (page == kMaxIncrementalPages) return Listing();
+    ASSIGN_OR_RETURN(KeyPage keys, lister->ListAfter(kManifestPrefix, after, 1000));
+    for (const std::string& key : keys.keys) {
+      AddNewest(key, &best);
+      auto parsed = ParseManifestKey(key);
+      if (parsed) puts.emplace_back(kListedPrefix + VersionName(parsed->first), key);
+    }
+    if (!keys.keys.empty()) after = std::max(after, keys.keys.back());
+    if (!keys.truncated) break;
+  }
+  if (!puts.empty()) {
+    puts.emplace_back(kListingMeta, std::to_string(at) + " " + after);
+    index_->UpdateCacheEntries(puts, {}).IgnoreError();
+  }
+  std::map<uint64_t, std::string> out;
+  for (auto& [v, p] : best) out[v] = p.second;
+  return Listing(std::move(out));
+}
+
+Status Store::SaveListing(const std::map<uint64_t, std::string>& listed) {
+  if (!index_ || !dynamic_cast<PagedLister*>(objects_.get())) return Status::Ok();
+  ASSIGN_OR_RETURN(auto entries, index_->ListCacheEntries(kListedPrefix));
+  std::vector<std::pair<std::string, std::string>> puts;
+  std::vector<std::string> deletes;
+  std::string greatest;
+  std::set<std::string> names;
+  for (const auto& [version, key] : listed) {
+    puts.emplace_back(kListedPrefix + VersionName(version), key);
+    names.insert(puts.back().first);
+    greatest = std::max(greatest, key);
+  }
+  for (const auto& [name, key] : entries) {
+    if (!names.count(name)) deletes.push_back(name);
+  }
+  puts.emplace_back(kListingMeta, std::to_string(NowSeconds()) + " " + greatest);
+  return index_->UpdateCacheEntries(puts, deletes);
 }
 
 Result<std::optional<uint64_t>> Store::Latest() {
@@ -282,8 +368,23 @@ Result<std::shared_ptr<const Version>> Store::GetVersion(uint64_t version) {
     auto v = GetVersionAt(version, *listed_key);
     if (v.ok() || v.status().code() != Code::kNotFound) return v;
   }
-  ASSIGN_OR_RETURN(auto versions, ListVersions());
+  // A key that is gone means a listing (kept in the index, or this
+  // process's) is behind gc: list everything.
+  ASSIGN_OR_RETURN(auto versions, ListVersions(/*fresh=*/listed_key.has_value()));
   auto it = versions.find(version);
+  if (it == versions.end()) {
+    return NotFound("version " + std::to_string(version) + " (" + VersionName(version) +
+                    ") is not committed in store " + options_.uri);
+  }
+  if (listed_key && *listed_key == it->second) {
+    return NotFound("version " + std::to_string(version) + " (" + VersionName(version) +
+                    "): its manifest " + it->second + " is gone from store " + options_.uri);
+  }
+  auto v = GetVersionAt(version, it->second);
+  if (v.ok() || v.status().code() != Code::kNotFound || listed_key) return v;
+  // Listed (by a kept listing) but gone: once more from a full listing.
+  ASSIGN_OR_RETURN(versions, ListVersions(/*fresh=*/true));
+  it = versions.find(version);
   if (it == versions.end()) {
     return NotFound("version " + std::to_string(version) + " (" + VersionName(version) +
                     ") is not committed in store " + options_.uri);
@@ -383,7 +484,7 @@ Status Store::SyncIndex(bool rebuild, bool load_missing) {
     cache_bytes_ = 0;
     load_missing = true;
   }
-  ASSIGN_OR_RETURN(auto in_store, ListVersions());
+  ASSIGN_OR_RETURN(auto in_store, ListVersions(/*fresh=*/rebuild));
   ASSIGN_OR_RETURN(auto in_index, index_->ListVersions());
   for (const auto& [v, key] : in_index) {
     auto it = in_store.find(v);

@@ -74,11 +74,19 @@ class Store {
   // null when there is none.
   CachedStore* blob_cache() { return blob_cache_; }
 
-  // Committed versions (version -> key of its newest manifest revision),
-  // listed fresh from the object store. The listing is remembered: a
-  // version missing from the index and the memory cache is looked up in it
-  // before the store is listed again.
-  Result<std::map<uint64_t, std::string>> ListVersions();
+  // Committed versions (version -> key of its newest manifest revision).
+  // Local stores list their manifests directory. An s3:// store with an
+  // index keeps its last full listing there (cache entries) and, while that
+  // is younger than kListingTtlSeconds, lists only the manifests after the
+  // greatest key it holds (one ListObjectsV2 request, not one per 1000
+  // versions), so a command's cost does not grow with the run; versions
+  // removed or rewritten by gc on another host are then seen at the next
+  // full listing (gc's grace period keeps their blobs readable meanwhile).
+  // `fresh` always lists everything (gc, reindex, dtefs's periodic full
+  // listing). The listing is also remembered in memory: a version missing
+  // from the index and the memory cache is looked up in it first.
+  Result<std::map<uint64_t, std::string>> ListVersions(bool fresh = false);
+  static constexpr int64_t kListingTtlSeconds = 60;
   Result<std::optional<uint64_t>> Latest();
 
   // A version, from memory, the index, or the object store (in that order).
@@ -117,6 +125,12 @@ class Store {
                                                std::string full_table,
                                                std::optional<Manifest> decoded = std::nullopt);
   Status OpenBlobCache();
+  // The listing kept in the index, brought up to date with the manifests
+  // after its greatest key; nullopt when there is none to use (no index, not
+  // an S3 store, older than kListingTtlSeconds, or too far behind).
+  Result<std::optional<std::map<uint64_t, std::string>>> IncrementalListing();
+  // Replaces the listing kept in the index with a full one.
+  Status SaveListing(const std::map<uint64_t, std::string>& listed);
   // Tells the blob cache the sizes of m's blobs (saves it a HEAD each).
   void NoteBlobSizes(const Manifest& m);
   // The memory cache: find (and mark used), insert (evicting the least

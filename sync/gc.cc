@@ -75,7 +75,7 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
                                 const std::function<void(uint64_t, uint64_t)>& progress) {
   if (options.keep_last == 0) return InvalidArgument("--keep-last must be at least 1");
   GcResult r;
-  ASSIGN_OR_RETURN(auto versions, store.ListVersions());
+  ASSIGN_OR_RETURN(auto versions, store.ListVersions(/*fresh=*/true));
   std::set<uint64_t> keep;
   for (auto it = versions.rbegin(); it != versions.rend() && keep.size() < options.keep_last;
        ++it) {
@@ -100,7 +100,7 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
   // first, so a crash in between never leaves a listed version whose parent
   // manifest is already gone.
   ASSIGN_OR_RETURN(auto keys, store.objects().List("manifests/"));
-  ASSIGN_OR_RETURN(versions, store.ListVersions());
+  ASSIGN_OR_RETURN(versions, store.ListVersions(/*fresh=*/true));
   std::sort(keys.begin(), keys.end(), [](const std::string& a, const std::string& b) {
     auto pa = ParseManifestKey(a), pb = ParseManifestKey(b);
     if (!pa || !pb) return a > b;
@@ -121,7 +121,7 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
   r.versions_removed = removed.size();
   // 3. Sweep blobs no kept version reaches.
   std::set<std::string> live;
-  ASSIGN_OR_RETURN(versions, store.ListVersions());
+  ASSIGN_OR_RETURN(versions, store.ListVersions(/*fresh=*/true));
   for (const auto& [k, key] : versions) {
     ASSIGN_OR_RETURN(auto v, store.GetVersionAt(k, key));
     Reachable(v->manifest, &live);
