@@ -560,6 +560,71 @@ def test_rebased_version_reads_as_an_anchor(base_store, ckpts, tmp_path):
     store_util.same_tree(dte.export(1, tmp_path / "out"), ckpts.dir(1))
 
 
+def test_gc_keep_every_keeps_a_thinned_history_cheaply(dte, ckpts, tmp_path):
+    dte.ok("import", ckpts.dir(0))
+    for step in range(1, 12):
+        dte.ok("commit", ckpts.dir(step))
+    dense = ckpts.state(0).dense_bytes()
+    gc_args = ("gc", "--keep-last", 3, "--keep-every", 4, "--grace-seconds", 0, "--json")
+    before = store_util.snapshot(dte.store)
+    dry = json.loads(dte.ok(*gc_args, "--dry-run").stdout)
+    assert (dry["kept"], dry["removed"], dry["rebased"], dry["dry_run"]) == (6, 6, 2, True)
+    assert store_util.snapshot(dte.store) == before
+
+    r = json.loads(dte.ok(*gc_args).stdout)
+    assert (r["kept"], r["removed"], r["rebased"]) == (6, 6, 2) and r["blobs_deleted"] > 0
+    log = dte.log()
+    assert [(v["version"], v["kind"], v["parent"], v["revision"]) for v in log] == [
+        (0, "anchor", None, 0), (4, "delta", 0, 1), (8, "delta", 4, 1),
+        (9, "delta", 8, 0), (10, "delta", 9, 0), (11, "delta", 10, 0)]
+    manifests = store_util.manifests(dte.store)
+    since = 0
+    for v in log[1:3]:  # deltas against the previous kept version, not anchors
+        old, new = ckpts.state(v["parent"]), ckpts.state(v["version"])
+        assert v["changed_elements"] == sum(ckpt_util.changed_elements(old, new).values())
+        assert 0 < v["stored_bytes"] < dense / 4, v
+        since += v["stored_bytes"]
+        m = manifests[v["version"]][1]
+        assert "full" not in m
+        assert m["since_full"] == {"versions": v["version"] // 4, "bytes": since}
+    # One dense copy and small deltas; rebasing v4 and v8 to anchors would
+    # have stored two more dense copies.
+    assert sum(store_util.blobs(dte.store).values()) < 1.5 * dense
+    assert set(store_util.blobs(dte.store)) == store_util.all_reachable_blobs(dte.store)
+    for step in (0, 4, 8, 9, 10, 11):
+        store_util.same_tree(dte.export(step, tmp_path / f"out{step}"), ckpts.dir(step))
+    r = dte.run("export", "--version", 5, tmp_path / "out5")
+    assert r.returncode == ERROR and "v00000005" in one_line(r.stderr)
+    assert dte.ok("verify")
+
+    # The same gc again has nothing to do; after another commit, v9 goes and
+    # v10 becomes a delta of v8.
+    r = json.loads(dte.ok(*gc_args).stdout)
+    assert (r["kept"], r["removed"], r["rebased"], r["blobs_deleted"]) == (6, 0, 0, 0)
+    assert dte.commit(ckpts.dir(12)) == 12
+    r = json.loads(dte.ok(*gc_args).stdout)
+    assert (r["kept"], r["removed"], r["rebased"]) == (6, 1, 1)
+    assert [(v["version"], v["parent"]) for v in dte.log()] == [
+        (0, None), (4, 0), (8, 4), (10, 8), (11, 10), (12, 11)]
+    store_util.same_tree(dte.export(10, tmp_path / "again10"), ckpts.dir(10))
+    assert dte.ok("verify")
+
+
+def test_gc_keep_every_usage_errors_leave_the_store_alone(base_store, ckpts, tmp_path):
+    dte = base_store.copy_to(tmp_path)
+    before = store_util.snapshot(dte.store)
+    for bad in (["--keep-every", -1], ["--keep-every", "x"], ["--keep-every", "2.5"],
+                ["--keep-every", ""], ["--keep-last", 0], ["--keep-last", -1]):
+        args = ["--keep-last", 1, *bad] if bad[0] == "--keep-every" else bad
+        r = dte.run("gc", *args, "--grace-seconds", 0)
+        assert r.returncode == USAGE and r.stdout == "" and bad[0] in r.stderr, (bad, r.stderr)
+    assert store_util.snapshot(dte.store) == before
+    # 0 is off: the newest versions alone are kept.
+    r = json.loads(dte.ok("gc", "--keep-last", 1, "--keep-every", 0, "--dry-run",
+                          "--json").stdout)
+    assert (r["kept"], r["removed"], r["rebased"]) == (1, 1, 1)
+
+
 def test_gc_spares_young_unreferenced_blobs(base_store, ckpts, tmp_path):
     dte = base_store.copy_to(tmp_path)
     dte.ok("commit", ckpts.dir(2))

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "store/cached_store.h"
 #include "store/store.h"
@@ -18,6 +19,11 @@ namespace dte::cli {
 namespace {
 
 using nlohmann::json;
+
+int Usage(const char* cmd, const std::string& message) {
+  std::cerr << "dtectl " << cmd << ": error: " << message << "\n";
+  return 2;
+}
 
 int Fail(const char* cmd, const Status& s) {
   std::cerr << "dtectl " << cmd << ": error: " << s.message() << "\n";
@@ -240,11 +246,12 @@ int RunVerify(const Common& c, std::optional<uint64_t> version) {
   return r->ok() ? 0 : 4;
 }
 
-int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_run) {
+int RunGc(const Common& c, const GcArgs& a) {
+  const GcOptions o{a.keep_last, a.keep_every, a.grace_seconds, a.dry_run};
+  if (Status s = CheckGcOptions(o); !s.ok()) return Usage("gc", s.message());
   auto store = OpenStore(c, "gc", false, BlobReads::kCached);
   if (!store.ok()) return Fail("gc", store.status());
   Progress progress("gc", c.quiet);
-  GcOptions o{keep_last, grace_seconds, dry_run};
   auto r = CollectGarbage(**store, o, progress.Callback());
   double secs = progress.Finish();
   if (!r.ok()) return Fail("gc", r.status());
@@ -254,13 +261,13 @@ int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_r
                       {"rebased", r->versions_rebased},
                       {"blobs_deleted", r->blobs_deleted},
                       {"bytes_freed", r->bytes_freed},
-                      {"dry_run", dry_run},
+                      {"dry_run", a.dry_run},
                       {"temp_files_deleted", r->temp_files_deleted},
                       {"seconds", secs}}
                      .dump()
               << "\n";
   } else {
-    std::cout << "gc: " << (dry_run ? "would keep " : "kept ") << r->versions_kept
+    std::cout << "gc: " << (a.dry_run ? "would keep " : "kept ") << r->versions_kept
               << " versions, removed " << r->versions_removed << ", rebased " << r->versions_rebased
               << ", deleted " << r->blobs_deleted << " blobs ("
               << HumanBytes(static_cast<double>(r->bytes_freed)) << "), " << r->temp_files_deleted
