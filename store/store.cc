@@ -137,7 +137,7 @@ Status Store::Init() {
   }
   index_ = std::move(index).value();
   RETURN_IF_ERROR(OpenBlobCache());
-  return SyncIndex(false);
+  return options_.sync_index ? SyncIndex(false) : Status::Ok();
 }
 
 Status Store::OpenBlobCache() {

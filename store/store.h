@@ -37,6 +37,10 @@ struct StoreOptions {
   // 0: no blob cache.
   uint64_t blob_cache_bytes = 0;
   uint64_t blob_chunk_bytes = uint64_t{4} << 20;
+  // Bring the index in line with the store's manifests on open (SyncIndex),
+  // which loads every version it lacks; false: versions enter the index as
+  // they are read (a reader of a few versions of a long history).
+  bool sync_index = true;
 };
 
 // A validated, parsed version.

@@ -3,8 +3,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "store/cached_store.h"
 #include "store/store.h"
@@ -92,6 +95,18 @@ Result<uint64_t> ParseVersionArg(Store& store, const std::string& arg) {
   return std::stoull(digits);
 }
 
+// The versions log shows, ascending: the newest a.limit of those numbered
+// a.since or higher.
+std::vector<std::pair<uint64_t, std::string>> LogSelection(
+    const std::map<uint64_t, std::string>& versions, const LogArgs& a) {
+  auto first = a.since ? versions.lower_bound(*a.since) : versions.begin();
+  std::vector<std::pair<uint64_t, std::string>> out(first, versions.end());
+  if (a.limit && out.size() > *a.limit) {
+    out.erase(out.begin(), out.end() - static_cast<ptrdiff_t>(*a.limit));
+  }
+  return out;
+}
+
 }  // namespace
 
 int RunCommit(const Common& c, const CommitArgs& a, bool import) {
@@ -155,8 +170,13 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
   return 0;
 }
 
-int RunLog(const Common& c) {
-  auto store = OpenStore(c, "log", false, BlobReads::kCached);
+int RunLog(const Common& c, const LogArgs& a) {
+  if (a.limit && *a.limit == 0) return Usage("log", "--limit must be at least 1");
+  // A limited log reads only the manifests it prints, not every one that
+  // this host's index lacks.
+  const bool limited = a.limit || a.since;
+  auto store = OpenStore(c, "log", false, BlobReads::kCached,
+                         limited ? IndexSync::kOnRead : IndexSync::kOnOpen);
   if (!store.ok()) return Fail("log", store.status());
   auto versions = (*store)->ListVersions();
   if (!versions.ok()) return Fail("log", versions.status());
@@ -166,7 +186,7 @@ int RunLog(const Common& c) {
     std::printf("%-10s %-10s %-6s %8s %14s %10s %12s %12s %8s  %s\n", "VERSION", "PARENT", "KIND",
                 "TENSORS", "ELEMENTS", "CHANGED", "STORED", "DENSE", "RATIO", "CREATED");
   }
-  for (const auto& [num, key] : *versions) {
+  for (const auto& [num, key] : LogSelection(*versions, a)) {
     auto v = (*store)->GetVersionAt(num, key);
     if (!v.ok()) {  // show the others; the exit status reports the damage
       worst = Fail("log", v.status());

@@ -29,6 +29,13 @@ struct CommitArgs {
   uint32_t keep_snapshots = 3;
 };
 
+// log: the newest `limit` versions (all: nullopt) of those numbered at
+// least `since`.
+struct LogArgs {
+  std::optional<uint64_t> limit;
+  std::optional<uint64_t> since;
+};
+
 struct GcArgs {
   uint64_t keep_last = 8;
   uint64_t keep_every = 0;  // 0: off
@@ -37,7 +44,7 @@ struct GcArgs {
 };
 
 int RunCommit(const Common& c, const CommitArgs& a, bool import);
-int RunLog(const Common& c);
+int RunLog(const Common& c, const LogArgs& a);
 int RunExport(const Common& c, const std::string& version, const std::string& out);
 int RunVerify(const Common& c, std::optional<uint64_t> version);
 int RunGc(const Common& c, const GcArgs& a);

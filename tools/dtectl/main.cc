@@ -102,8 +102,12 @@ int main(int argc, char** argv) {
                     "commit, keeping the newest N there (default 3; 0: none)");
   }
 
+  dte::cli::LogArgs lg;
   CLI::App* log = app.add_subcommand("log", "List versions");
   AddCommon(log, &c, &sizes, true);
+  log->add_option("--limit", lg.limit, "Only the newest N versions (of those --since selects)")
+      ->check(kCount);
+  log->add_option("--since", lg.since, "Only versions numbered V or higher")->check(kCount);
 
   std::string export_version, out;
   CLI::App* exp = app.add_subcommand("export", "Write a version as a plain model directory");
@@ -171,7 +175,7 @@ int main(int argc, char** argv) {
   }
   if (*import) return dte::cli::RunCommit(c, ca, true);
   if (*commit) return dte::cli::RunCommit(c, ca, false);
-  if (*log) return dte::cli::RunLog(c);
+  if (*log) return dte::cli::RunLog(c, lg);
   if (*exp) return dte::cli::RunExport(c, export_version, out);
   if (*verify) return dte::cli::RunVerify(c, verify_version);
   if (*gc) return dte::cli::RunGc(c, ga);

@@ -9,7 +9,7 @@
 namespace dte::cli {
 
 Result<std::unique_ptr<Store>> OpenStore(const Common& c, const char* cmd, bool create,
-                                         BlobReads reads) {
+                                         BlobReads reads, IndexSync sync) {
   StoreOptions o;
   o.uri = c.store;
   o.cache_dir = c.cache_dir;
@@ -19,6 +19,7 @@ Result<std::unique_ptr<Store>> OpenStore(const Common& c, const char* cmd, bool 
   o.index_optional = true;
   o.blob_cache_bytes = reads == BlobReads::kCached ? c.blob_cache_bytes : 0;
   o.blob_chunk_bytes = c.blob_chunk_bytes;
+  o.sync_index = sync == IndexSync::kOnOpen;
   ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(o));
   if (o.blob_cache_bytes > 0 && o.uri.starts_with("s3://") && store->blob_cache() == nullptr) {
     std::cerr << "dtectl " << cmd << ": note: the cache index in " << store->CachePath()

@@ -20,6 +20,12 @@ enum class BlobReads {
   kFromStore,  // always from the store (verify: it checks the store's bytes)
 };
 
+// When the command brings the host's index in line with the store.
+enum class IndexSync {
+  kOnOpen,  // every version the index lacks is loaded before the command runs
+  kOnRead,  // only the versions the command reads (log --limit / --since)
+};
+
 // Opens c.store. With kCached, an s3:// store reads blobs through a
 // CachedStore in CACHE_DIR/<store_id>/blobs, bounded by
 // c.blob_cache_bytes, and keeps the blobs it uploads there (write-through),
@@ -28,7 +34,7 @@ enum class BlobReads {
 // (dtefs, dtectl) holds it, the command runs without the cache and says so
 // on stderr, prefixed "dtectl CMD: note:".
 Result<std::unique_ptr<Store>> OpenStore(const Common& c, const char* cmd, bool create,
-                                         BlobReads reads);
+                                         BlobReads reads, IndexSync sync = IndexSync::kOnOpen);
 
 // Drops the cached chunks of the data blobs of `version` and every version
 // of its chain. A chunk of a blob larger than a chunk is checked only by
