@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
       ->check(kCount);
   gc->add_option("--grace-seconds", ga.grace_seconds,
                  "Never delete unreferenced blobs younger than this (commits in flight)");
-  gc->add_flag("--dry-run", ga.dry_run, "Only report what would be removed");
+  gc->add_flag("--dry-run", ga.dry_run, "Only report what would be kept, removed and rebased");
 
   CLI::App* reindex = app.add_subcommand("reindex", "Rebuild the local index from the store");
   AddCommon(reindex, &c, &sizes, true);
