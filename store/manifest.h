@@ -2,7 +2,8 @@
 //
 // A version is one immutable manifest object, "manifests/vNNNNNNNN.json"
 // (or "vNNNNNNNN.rK.json", a later revision of the same version written by
-// gc when it rebases a version onto a fresh anchor; same content hashes).
+// gc when it rebases a version whose parent it removes, as an anchor or
+// onto an older kept version; same content hashes).
 // The manifest lists the version's files; each safetensors file's tensors
 // point at a range of records in the version's block table, a binary blob
 // with one 32-byte record per block of tensor data. Formats are specified in

@@ -2,14 +2,18 @@
 
 #include <algorithm>
 #include <ctime>
+#include <map>
+#include <memory>
 #include <set>
 
-#include "store/materialize.h"
 #include "store/store.h"
-#include "sync/internal/blob_sink.h"
+#include "sync/anchor_policy.h"
+#include "sync/internal/rebase.h"
 
 namespace dte {
 namespace {
+
+using Progress = std::function<void(uint64_t, uint64_t)>;
 
 void Reachable(const Manifest& m, std::set<std::string>* keys) {
   keys->insert(BlobKey(m.block_table.hash));
@@ -21,86 +25,83 @@ void Reachable(const Manifest& m, std::set<std::string>* keys) {
   for (const auto& f : m.files) keys->insert(BlobKey(f.safetensors ? f.header_blob : f.blob));
 }
 
-// Writes version v again as an anchor, under the next manifest revision.
-Status Rebase(Store& store, const std::shared_ptr<const Version>& v,
-              const std::function<void(uint64_t, uint64_t)>& progress) {
-  Manifest m = v->manifest;
-  std::vector<BlockRecord> records = v->records;
-  internal::BlobSink sink(&store.objects());
-  Materializer reader(&store);
-  m.parent.reset();
-  m.revision++;
-  m.blobs.clear();
-  uint64_t total = 0, done = 0;
-  for (const auto& f : m.files) total += f.size;
-  Status s = [&]() -> Status {
-    for (const auto& f : m.files) {
-      if (!f.safetensors) continue;
-      ASSIGN_OR_RETURN(auto spool, sink.NewSpool());
-      RETURN_IF_ERROR(reader.StreamFile(v, f, [&](uint64_t off, const uint8_t* d, size_t n) {
-        done += n;
-        if (progress) progress(done, total);
-        return off < f.header_size ? Status::Ok() : spool->Append(d, n);
-      }));
-      uint32_t blob = static_cast<uint32_t>(m.blobs.size());
-      ASSIGN_OR_RETURN(BlobRef ref, sink.Finish(std::move(spool)));
-      m.blobs.push_back(ref);
-      for (const auto& t : f.tensors) {
-        for (uint32_t b = 0; b < t.blocks; ++b) {
-          BlockRecord& r = records[t.first_block + b];
-          r.kind = BlockKind::kDenseRaw;
-          r.blob = blob;
-          r.offset = t.begin + uint64_t{b} * m.block_bytes;
-          r.length = static_cast<uint32_t>(
-              std::min<uint64_t>(m.block_bytes, t.bytes() - r.offset + t.begin));
-          r.changed = 0;
-        }
-      }
-    }
-    // An anchor's every element is new, as for a first import.
-    m.stats.changed_elements = m.stats.elements;
-    for (auto& f : m.files) {
-      for (auto& t : f.tensors) t.changed = t.elements();
-    }
-    ASSIGN_OR_RETURN(m.block_table, sink.PutBytes(EncodeBlockTable(records)));
-    m.stats.stored_bytes = sink.added_bytes();
-    return store.objects().CreateExclusive(ManifestKey(m.version, m.revision), EncodeManifest(m));
-  }();
-  return s;  // on failure, what it added is swept like any unreferenced blob
+// What gc does to the versions it listed at its start.
+struct GcPlan {
+  std::set<uint64_t> listed;
+  std::set<uint64_t> keep;
+  std::set<uint64_t> rebase;  // kept versions whose parent is not kept
+};
+
+// The newest keep_last listed versions and every multiple of keep_every.
+Result<GcPlan> PlanGc(Store& store, const GcOptions& options) {
+  GcPlan plan;
+  ASSIGN_OR_RETURN(auto versions, store.ListVersions(/*fresh=*/true));
+  for (const auto& [v, key] : versions) {
+    plan.listed.insert(v);
+    if (options.keep_every > 0 && v % options.keep_every == 0) plan.keep.insert(v);
+  }
+  auto it = plan.listed.rbegin();
+  for (uint64_t n = 0; it != plan.listed.rend() && n < options.keep_last; ++it, ++n) {
+    plan.keep.insert(*it);
+  }
+  for (uint64_t k : plan.keep) {
+    ASSIGN_OR_RETURN(auto v, store.GetVersionAt(k, versions[k]));
+    const auto& parent = v->manifest.parent;
+    if (parent && !plan.keep.count(*parent)) plan.rebase.insert(k);
+  }
+  return plan;
 }
 
-}  // namespace
+// The kept version below `v` that v becomes a delta of, or null: v becomes
+// an anchor if it carries a full table (its dense records are stored
+// already), or if no older version is kept, or if that one's layout differs.
+std::shared_ptr<const Version> RebaseTarget(const std::shared_ptr<const Version>& v,
+                                            const std::shared_ptr<const Version>& previous) {
+  const Manifest& m = v->manifest;
+  if (m.full || !previous) return nullptr;
+  if (!SameTensorLayout(previous->manifest, m.files, m.block_bytes)) return nullptr;
+  return previous;
+}
 
-Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
-                                const std::function<void(uint64_t, uint64_t)>& progress) {
-  if (options.keep_last == 0) return InvalidArgument("--keep-last must be at least 1");
-  GcResult r;
-  ASSIGN_OR_RETURN(auto versions, store.ListVersions(/*fresh=*/true));
-  std::set<uint64_t> keep;
-  for (auto it = versions.rbegin(); it != versions.rend() && keep.size() < options.keep_last;
-       ++it) {
-    keep.insert(it->first);
-  }
-  r.versions_kept = keep.size();
-  r.versions_removed = versions.size() - keep.size();
-  if (options.dry_run) return r;
-  // Versions committed while gc runs are newer than every kept one; gc
-  // neither removes nor sweeps anything of theirs.
-  const uint64_t oldest_kept = *keep.begin();
-  // 1. Make every kept version's chain stay inside the kept set.
-  for (uint64_t k : keep) {
+// 1. Makes every kept version's chain stay inside the kept set. Oldest
+// first, so a version is rebased onto the previous kept one in its final
+// form, and every kept version's distance from its nearest self-contained
+// one is known along the new chains.
+Status RebaseKept(Store& store, const GcPlan& plan, const Progress& progress, GcResult* r) {
+  std::map<uint64_t, AnchorDistance> distance;
+  std::shared_ptr<const Version> previous;
+  for (uint64_t k : plan.keep) {
     ASSIGN_OR_RETURN(auto v, store.GetVersion(k));
-    if (v->manifest.parent && !keep.count(*v->manifest.parent)) {
-      RETURN_IF_ERROR(Rebase(store, v, progress).WithContext("rebasing " + VersionName(k)));
+    if (plan.rebase.count(k)) {
+      auto onto = RebaseTarget(v, previous);
+      const AnchorDistance onto_distance =
+          onto ? distance[onto->manifest.version] : AnchorDistance{};
+      auto d = internal::RebaseVersion(store, v, onto, onto_distance, progress);
+      if (!d.ok()) return d.status().WithContext("rebasing " + VersionName(k));
+      distance[k] = *d;
       store.Forget(k);
-      r.versions_rebased++;
+      r->versions_rebased++;
+      ASSIGN_OR_RETURN(v, store.GetVersion(k));
+    } else if (v->manifest.self_contained()) {
+      distance[k] = AnchorDistance{};
+    } else if (auto p = distance.find(*v->manifest.parent); p != distance.end()) {
+      distance[k] = NextDistance(p->second, false, v->manifest.stats.stored_bytes);
+    } else {
+      ASSIGN_OR_RETURN(distance[k], DistanceOf(store, v));
     }
+    previous = v;
   }
-  // 2. Drop manifests of removed versions and superseded revisions, newest
-  // first, so a crash in between never leaves a listed version whose parent
-  // manifest is already gone.
+  return Status::Ok();
+}
+
+// 2. Drops manifests of removed versions and superseded revisions of kept
+// ones, newest first, so a crash in between never leaves a listed version
+// whose parent manifest is already gone (a parent is always older). Only
+// versions listed at the start are removed: one committed since is newer
+// than all of them. Returns how many versions were removed.
+Result<uint64_t> DeleteManifests(Store& store, const GcPlan& plan) {
   ASSIGN_OR_RETURN(auto keys, store.objects().List("manifests/"));
-  ASSIGN_OR_RETURN(versions, store.ListVersions(/*fresh=*/true));
+  ASSIGN_OR_RETURN(auto versions, store.ListVersions(/*fresh=*/true));
   std::sort(keys.begin(), keys.end(), [](const std::string& a, const std::string& b) {
     auto pa = ParseManifestKey(a), pb = ParseManifestKey(b);
     if (!pa || !pb) return a > b;
@@ -111,32 +112,58 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
     auto parsed = ParseManifestKey(key);
     if (!parsed) continue;
     const uint64_t v = parsed->first;
-    bool superseded = keep.count(v) && versions.count(v) && versions[v] != key;
-    if (v < oldest_kept || superseded) {
+    const bool remove = plan.listed.count(v) && !plan.keep.count(v);
+    const bool superseded = plan.keep.count(v) && versions.count(v) && versions[v] != key;
+    if (remove || superseded) {
       RETURN_IF_ERROR(store.objects().Delete(key));
       store.Forget(v);
-      if (v < oldest_kept) removed.insert(v);
+      if (remove) removed.insert(v);
     }
   }
-  r.versions_removed = removed.size();
-  // 3. Sweep blobs no kept version reaches.
+  return removed.size();
+}
+
+// 3. Sweeps blobs no listed version reaches, except young ones.
+Status SweepBlobs(Store& store, int64_t grace_seconds, GcResult* r) {
   std::set<std::string> live;
-  ASSIGN_OR_RETURN(versions, store.ListVersions(/*fresh=*/true));
+  ASSIGN_OR_RETURN(auto versions, store.ListVersions(/*fresh=*/true));
   for (const auto& [k, key] : versions) {
     ASSIGN_OR_RETURN(auto v, store.GetVersionAt(k, key));
     Reachable(v->manifest, &live);
   }
   ASSIGN_OR_RETURN(auto blobs, store.objects().List("blobs/"));
-  const int64_t cutoff = static_cast<int64_t>(std::time(nullptr)) - options.grace_seconds;
+  const int64_t cutoff = static_cast<int64_t>(std::time(nullptr)) - grace_seconds;
   for (const auto& key : blobs) {
     if (live.count(key)) continue;
     ASSIGN_OR_RETURN(int64_t mtime, store.objects().ModifiedTime(key));
     if (mtime > cutoff) continue;
     ASSIGN_OR_RETURN(auto size, store.objects().Size(key));
     RETURN_IF_ERROR(store.objects().Delete(key));
-    r.blobs_deleted++;
-    r.bytes_freed += size.value_or(0);
+    r->blobs_deleted++;
+    r->bytes_freed += size.value_or(0);
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckGcOptions(const GcOptions& options) {
+  if (options.keep_last == 0) return InvalidArgument("--keep-last must be at least 1");
+  return Status::Ok();
+}
+
+Result<GcResult> CollectGarbage(Store& store, const GcOptions& options, const Progress& progress) {
+  RETURN_IF_ERROR(CheckGcOptions(options));
+  GcResult r;
+  ASSIGN_OR_RETURN(const GcPlan plan, PlanGc(store, options));
+  r.versions_kept = plan.keep.size();
+  r.versions_removed = plan.listed.size() - plan.keep.size();
+  r.versions_rebased = plan.rebase.size();
+  if (options.dry_run) return r;
+  r.versions_rebased = 0;
+  RETURN_IF_ERROR(RebaseKept(store, plan, progress, &r));
+  ASSIGN_OR_RETURN(r.versions_removed, DeleteManifests(store, plan));
+  RETURN_IF_ERROR(SweepBlobs(store, options.grace_seconds, &r));
   // 4. Spool files of commits that died before handing them over. A live
   // commit may leave its spool untouched for a long time (small deltas are
   // written in one piece at the end), so these get at least an hour.

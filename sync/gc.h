@@ -1,11 +1,19 @@
-// Retention: keep the newest versions, reclaim the rest.
+// Retention: keep the newest versions and a thinned history, reclaim the rest.
 //
-// gc keeps the last `keep_last` versions readable. If the oldest kept one is
-// a delta, it is first rebased: written again as an anchor under a new
-// manifest revision with identical content hashes (later kept versions stay
-// deltas against it). Only then are older manifests deleted, and last the
-// blobs no remaining manifest reaches. Each step leaves a valid store, so a
-// crash at any point loses nothing that is kept.
+// gc keeps the last `keep_last` versions readable and, with `keep_every` K,
+// every older version whose number is a multiple of K (a long run keeps a
+// sparse history for evaluation at little cost). Kept versions are
+// processed oldest first; one whose parent is removed is first rebased:
+// written again under a new manifest revision with identical content
+// hashes, as a delta against the previous kept version (the same kind of
+// records a commit would write), or as an anchor when no older kept version
+// of the same tensor layout exists. A version that carries a full table
+// (a policy anchor) becomes an anchor made of that table, writing no data.
+// Only then are the manifests of removed versions deleted, newest first, and
+// last the blobs no remaining manifest reaches. Each step leaves a valid
+// store, so a crash at any point loses nothing that is kept. Versions
+// committed while gc runs (newer than every version it listed) are never
+// removed.
 //
 // Blobs younger than `grace_seconds` are never deleted: a publisher writes
 // blobs before its manifest, so a fresh unreferenced blob may belong to a
@@ -29,9 +37,11 @@ class Store;
 inline constexpr int64_t kMinTempAgeSeconds = 3600;
 
 struct GcOptions {
-  uint64_t keep_last = 8;
+  uint64_t keep_last = 8;  // at least 1
+  // Also keep every older version whose number is a multiple of this; 0: off.
+  uint64_t keep_every = 0;
   int64_t grace_seconds = 600;
-  bool dry_run = false;
+  bool dry_run = false;  // only count what would be kept, removed and rebased
 };
 
 struct GcResult {
@@ -42,6 +52,9 @@ struct GcResult {
   uint64_t bytes_freed = 0;
   uint64_t temp_files_deleted = 0;  // stale spool files of dead commits
 };
+
+// InvalidArgument naming the option for a keep_last of 0.
+Status CheckGcOptions(const GcOptions& options);
 
 Result<GcResult> CollectGarbage(Store& store, const GcOptions& options,
                                 const std::function<void(uint64_t, uint64_t)>& progress);

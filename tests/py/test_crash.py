@@ -155,19 +155,32 @@ def test_commit_killed_at_random_moments(big, tmp_path, policy_anchor):
     assert not retry_problems, "\n".join(retry_problems)
 
 
-def test_gc_killed_at_random_moments(big, tmp_path):
-    rng = random.Random(SEED + 1)
+# Checkpoint steps committed as v0..v3, gc's options, and the (version,
+# parent) pairs it keeps.
+GC_CASES = {
+    # v2 and v3 revisit earlier weights (still deltas); v2 is rebased to an anchor.
+    "keep-last": ((0, 1, 0, 1), ("--keep-last", 2), [(2, None), (3, 2)]),
+    # v1 goes; v2 is rebased as a delta of v0.
+    "keep-every": ((0, 1, 2, 1), ("--keep-last", 1, "--keep-every", 2),
+                   [(0, None), (2, 0), (3, 2)]),
+}
+
+
+@pytest.mark.parametrize("case", GC_CASES)
+def test_gc_killed_at_random_moments(big, tmp_path, case):
+    steps, keep_args, kept = GC_CASES[case]
+    rng = random.Random(SEED + 1 + list(GC_CASES).index(case))
     base = Dtectl(tmp_path / "base", tmp_path / "base-cache")
-    steps = [0, 1, 0, 1]  # v2 and v3 revisit earlier weights: still deltas
-    base.ok("import", big.dir(0))
+    base.ok("import", big.dir(steps[0]))
     for s in steps[1:]:
         base.ok("commit", big.dir(s))
     env = dict(base.env, DTE_THREADS="1")
 
-    gc_args = ("gc", "--keep-last", 2, "--grace-seconds", 0)
+    gc_args = ("gc", *keep_args, "--grace-seconds", 0)
+    kept_versions = [v for v, _ in kept]
     probes = [copy_store(base, tmp_path / f"probe{i}", env) for i in range(3)]
     duration = max(timed_run(p.argv(*gc_args), env) for p in probes)
-    assert all(p.versions() == [2, 3] for p in probes)
+    assert all(p.versions() == kept_versions for p in probes)
     # Random moments, then the moments right after each of gc's manifest
     # changes (rebased revision written, old manifests deleted one by one),
     # where the order of its steps shows.
@@ -185,7 +198,7 @@ def test_gc_killed_at_random_moments(big, tmp_path):
             killed += kill_on_manifest_change(dte.argv(*gc_args), env, manifests, when)
             context = f"trial {i}, killed at manifest change {when}"
         versions = dte.versions()
-        assert {2, 3} <= set(versions) <= {0, 1, 2, 3}, (context, versions)
+        assert set(kept_versions) <= set(versions) <= {0, 1, 2, 3}, (context, versions)
         # What gc keeps is whole at every moment ...
         r = dte.run("verify", "--version", 3)
         assert r.returncode == OK, f"{context}: {r.stderr}"
@@ -196,9 +209,8 @@ def test_gc_killed_at_random_moments(big, tmp_path):
             broken.append(f"{context}: versions {versions}: " + " | ".join(problems))
         # Running gc again finishes the job.
         dte.ok(*gc_args)
-        log = dte.log()
-        assert [(v["version"], v["kind"]) for v in log] == [(2, "anchor"), (3, "delta")], context
-        for v in (2, 3) if i % 3 == 0 else ():  # verify below checks every tensor hash
+        assert [(v["version"], v["parent"]) for v in dte.log()] == kept, context
+        for v in kept_versions if i % 3 == 0 else ():  # verify below checks every tensor hash
             out = tmp_path / f"g{i}" / f"out{v}"
             store_util.same_tree(dte.export(v, out), big.dir(steps[v]))
             shutil.rmtree(out)
@@ -206,7 +218,7 @@ def test_gc_killed_at_random_moments(big, tmp_path):
         assert set(store_util.blobs(dte.store)) == reachable, context
         assert dte.ok("verify")
         shutil.rmtree(tmp_path / f"g{i}")
-    print(f"gc {duration:.3f}s: {killed} of {len(trials)} killed while running, "
+    print(f"gc {case} {duration:.3f}s: {killed} of {len(trials)} killed while running, "
           f"{len(broken)} left broken")
     assert killed >= len(trials) // 2, (killed, duration)
     assert not broken, "a killed gc left versions that do not verify:\n" + "\n".join(broken)

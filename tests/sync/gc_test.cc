@@ -1,5 +1,5 @@
-// Retention: keep-last-K with rebasing, blob sweeping under a grace window,
-// and dry runs.
+// Retention: keep-last-K and keep-every-K with rebasing, blob sweeping under
+// a grace window, and dry runs.
 #include "sync/gc.h"
 
 #include <gtest/gtest.h>
@@ -52,9 +52,9 @@ class GcTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<Store> Open(const std::string& cache = "") {
+  std::unique_ptr<Store> Open(const std::string& cache = "", const std::string& name = "store") {
     StoreOptions o;
-    o.uri = tmp_.path() + "/store";
+    o.uri = tmp_.path() + "/" + name;
     o.cache_dir = cache;
     o.create = true;
     auto s = Store::Open(o);
@@ -73,8 +73,8 @@ class GcTest : public ::testing::Test {
     return out;
   }
 
-  std::set<std::string> Keys(const std::string& prefix) {
-    auto k = store_->objects().List(prefix);
+  std::set<std::string> Keys(const std::string& prefix, Store* store = nullptr) {
+    auto k = (store ? store : store_.get())->objects().List(prefix);
     EXPECT_TRUE(k.ok());
     return k.ok() ? std::set<std::string>(k->begin(), k->end()) : std::set<std::string>{};
   }
@@ -89,6 +89,10 @@ class GcTest : public ::testing::Test {
       const Manifest& m = store.GetVersionAt(v, key).value()->manifest;
       out.insert(BlobKey(m.block_table.hash));
       for (const auto& b : m.blobs) out.insert(BlobKey(b.hash));
+      if (m.full) {
+        out.insert(BlobKey(m.full->block_table.hash));
+        for (const auto& b : m.full->blobs) out.insert(BlobKey(b.hash));
+      }
       for (const auto& f : m.files) out.insert(BlobKey(f.safetensors ? f.header_blob : f.blob));
     }
     return out;
@@ -108,6 +112,21 @@ class GcTest : public ::testing::Test {
       ASSERT_TRUE(s.ok()) << s.message();
       EXPECT_TRUE(got == files_[v][f.name]) << f.name << " differs";
     }
+  }
+
+  // Commits the inputs of versions [0, kVersions) written by SetUp to `store`.
+  void CommitInputs(Store& store, const CommitOptions& o) {
+    for (uint64_t v = 0; v < kVersions; ++v) {
+      auto r = CommitDirectory(store, tmp_.path() + "/in" + std::to_string(v), o);
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      ASSERT_EQ(r->version, v);
+    }
+  }
+
+  void ExpectVerifies(Store& store) {
+    auto verified = VerifyStore(store, std::nullopt, nullptr);
+    ASSERT_TRUE(verified.ok()) << verified.status().message();
+    EXPECT_TRUE(verified->ok()) << verified->problems.front();
   }
 
   test::ScopedTempDir tmp_;
@@ -279,6 +298,148 @@ TEST_F(GcTest, VersionCommittedDuringTheRebaseSurvives) {
   ASSERT_TRUE(again.ok()) << again.status().message();
   EXPECT_EQ(again->versions_removed, 1u);
   ExpectMaterializes(*fresh, kVersions);
+}
+
+// keep_last 1, keep_every 2 of v0..v5 keeps {0, 2, 4, 5}: v2 and v4 lose
+// their parents and become deltas against the previous kept version.
+GcOptions KeepEvery2() {
+  GcOptions o;
+  o.keep_last = 1;
+  o.keep_every = 2;
+  o.grace_seconds = 0;
+  return o;
+}
+
+TEST_F(GcTest, KeepEveryRebasesOntoThePreviousKeptVersion) {
+  auto r = CollectGarbage(*store_, KeepEvery2(), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->versions_kept, 4u);
+  EXPECT_EQ(r->versions_removed, 2u);
+  EXPECT_EQ(r->versions_rebased, 2u);
+  EXPECT_EQ(Keys("manifests/"), (std::set<std::string>{ManifestKey(0, 0), ManifestKey(2, 1),
+                                                       ManifestKey(4, 1), ManifestKey(5, 0)}));
+  auto fresh = Open();
+  ASSERT_NE(fresh, nullptr);
+  AnchorDistance distance;
+  for (uint64_t v : {2, 4}) {
+    SCOPED_TRACE(VersionName(v));
+    const Manifest& m = fresh->GetVersion(v).value()->manifest;
+    EXPECT_EQ(m.revision, 1u);
+    EXPECT_EQ(m.parent, std::optional<uint64_t>(v - 2));
+    EXPECT_FALSE(m.full.has_value());
+    // A delta of the changes of two steps, not a dense copy.
+    EXPECT_GT(m.stats.stored_bytes, 0u);
+    EXPECT_LT(m.stats.stored_bytes * 10, m.stats.dense_bytes);
+    // Changed elements are counted against the new parent.
+    const FileEntry& f = m.files[1];
+    ASSERT_EQ(f.name, "model.safetensors");
+    const uint64_t changed =
+        test::CountDifferingElements(std::string_view(files_[v - 2][f.name]).substr(f.header_size),
+                                     std::string_view(files_[v][f.name]).substr(f.header_size), 2);
+    EXPECT_EQ(m.stats.changed_elements, changed);
+    distance = AnchorDistance{distance.versions + 1, distance.bytes + m.stats.stored_bytes};
+    ASSERT_TRUE(m.since_full.has_value());
+    EXPECT_EQ(m.since_full->versions, distance.versions);
+    EXPECT_EQ(m.since_full->bytes, distance.bytes);
+  }
+  EXPECT_EQ(fresh->GetVersion(5).value()->manifest.parent, std::optional<uint64_t>(4));
+  for (uint64_t v : {0, 2, 4, 5}) {
+    ExpectMaterializes(*fresh, v);
+    EXPECT_EQ(TensorHashes(v), hashes_[v]) << "rebase changed content hashes";
+  }
+  for (uint64_t v : {1, 3}) EXPECT_EQ(fresh->GetVersion(v).status().code(), Code::kNotFound);
+  EXPECT_EQ(Keys("blobs/"), ReachableBlobs(*fresh)) << "unreachable blobs were kept";
+  ExpectVerifies(*fresh);
+}
+
+// The rebased delta is what a commit of the same bytes onto the same parent
+// writes: the same records, the same payload blob, the same block table.
+TEST_F(GcTest, RebasedDeltaEqualsACommitOntoThePreviousKeptVersion) {
+  ASSERT_TRUE(CollectGarbage(*store_, KeepEvery2(), nullptr).ok());
+  auto other = Open("", "other");
+  ASSERT_NE(other, nullptr);
+  for (uint64_t v : {0, 2}) {
+    auto r = CommitDirectory(*other, tmp_.path() + "/in" + std::to_string(v), {});
+    ASSERT_TRUE(r.ok()) << r.status().message();
+  }
+  const Manifest& want = other->GetVersion(1).value()->manifest;
+  const Manifest& got = store_->GetVersion(2).value()->manifest;
+  ASSERT_EQ(want.parent, std::optional<uint64_t>(0));
+  ASSERT_EQ(got.blobs.size(), 1u);
+  ASSERT_EQ(want.blobs.size(), 1u);
+  EXPECT_EQ(got.blobs[0].hash, want.blobs[0].hash);
+  EXPECT_EQ(got.block_table.hash, want.block_table.hash);
+  EXPECT_EQ(got.stats.changed_elements, want.stats.changed_elements);
+}
+
+TEST_F(GcTest, KeepEveryDryRunCountsAndChangesNothing) {
+  std::map<std::string, std::string> before;
+  for (const auto& k : Keys("")) before[k] = store_->objects().Get(k).value();
+  GcOptions o = KeepEvery2();
+  o.dry_run = true;
+  auto r = CollectGarbage(*store_, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->versions_kept, 4u);
+  EXPECT_EQ(r->versions_removed, 2u);
+  EXPECT_EQ(r->versions_rebased, 2u);
+  std::map<std::string, std::string> after;
+  for (const auto& k : Keys("")) after[k] = store_->objects().Get(k).value();
+  EXPECT_TRUE(after == before) << "a dry run modified the store";
+}
+
+// With no kept version below it, the oldest kept one becomes an anchor.
+TEST_F(GcTest, KeepEveryMakesTheOldestKeptVersionAnAnchor) {
+  GcOptions o;
+  o.keep_last = 4;
+  o.grace_seconds = 0;
+  ASSERT_TRUE(CollectGarbage(*store_, o, nullptr).ok());  // keeps v2 .. v5
+  o.keep_last = 1;
+  o.keep_every = 4;
+  auto r = CollectGarbage(*store_, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->versions_kept, 2u);
+  EXPECT_EQ(r->versions_rebased, 1u);
+  auto fresh = Open();
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_EQ(fresh->ListVersions().value().size(), 2u);
+  const Manifest& v4 = fresh->GetVersion(4).value()->manifest;
+  EXPECT_TRUE(v4.anchor());
+  EXPECT_EQ(v4.since_full->versions, 0u);
+  EXPECT_EQ(fresh->GetVersion(5).value()->manifest.parent, std::optional<uint64_t>(4));
+  for (uint64_t v : {4, 5}) ExpectMaterializes(*fresh, v);
+  ExpectVerifies(*fresh);
+}
+
+// A kept policy anchor whose parent is removed becomes an anchor made of its
+// full table, writing no payload; the next kept version is a delta onto it.
+TEST_F(GcTest, KeptPolicyAnchorBecomesAnAnchorOfItsFullTable) {
+  auto policy = Open("", "policy");
+  ASSERT_NE(policy, nullptr);
+  CommitOptions co;
+  co.anchor_policy = AnchorPolicy{0, 3};  // v3 carries a full table
+  CommitInputs(*policy, co);
+  const Manifest before = policy->GetVersion(3).value()->manifest;
+  ASSERT_TRUE(before.full.has_value());
+  GcOptions o;
+  o.keep_last = 1;
+  o.keep_every = 3;
+  o.grace_seconds = 0;
+  auto r = CollectGarbage(*policy, o, nullptr);  // keeps v0, v3, v5
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->versions_kept, 3u);
+  EXPECT_EQ(r->versions_rebased, 2u);
+  auto fresh = Open("", "policy");
+  ASSERT_NE(fresh, nullptr);
+  const Manifest& v3 = fresh->GetVersion(3).value()->manifest;
+  EXPECT_TRUE(v3.anchor());
+  EXPECT_FALSE(v3.full.has_value());
+  EXPECT_EQ(v3.block_table.hash, before.full->block_table.hash);
+  ASSERT_EQ(v3.blobs.size(), before.full->blobs.size());
+  EXPECT_EQ(v3.blobs[0].hash, before.full->blobs[0].hash);
+  EXPECT_EQ(fresh->GetVersion(5).value()->manifest.parent, std::optional<uint64_t>(3));
+  for (uint64_t v : {0, 3, 5}) ExpectMaterializes(*fresh, v);
+  EXPECT_EQ(Keys("blobs/", fresh.get()), ReachableBlobs(*fresh));
+  ExpectVerifies(*fresh);
 }
 
 }  // namespace

@@ -3,7 +3,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "store/cached_store.h"
 #include "store/store.h"
@@ -18,6 +22,11 @@ namespace dte::cli {
 namespace {
 
 using nlohmann::json;
+
+int Usage(const char* cmd, const std::string& message) {
+  std::cerr << "dtectl " << cmd << ": error: " << message << "\n";
+  return 2;
+}
 
 int Fail(const char* cmd, const Status& s) {
   std::cerr << "dtectl " << cmd << ": error: " << s.message() << "\n";
@@ -86,6 +95,18 @@ Result<uint64_t> ParseVersionArg(Store& store, const std::string& arg) {
   return std::stoull(digits);
 }
 
+// The versions log shows, ascending: the newest a.limit of those numbered
+// a.since or higher.
+std::vector<std::pair<uint64_t, std::string>> LogSelection(
+    const std::map<uint64_t, std::string>& versions, const LogArgs& a) {
+  auto first = a.since ? versions.lower_bound(*a.since) : versions.begin();
+  std::vector<std::pair<uint64_t, std::string>> out(first, versions.end());
+  if (a.limit && out.size() > *a.limit) {
+    out.erase(out.begin(), out.end() - static_cast<ptrdiff_t>(*a.limit));
+  }
+  return out;
+}
+
 }  // namespace
 
 int RunCommit(const Common& c, const CommitArgs& a, bool import) {
@@ -149,7 +170,10 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
   return 0;
 }
 
-int RunLog(const Common& c) {
+int RunLog(const Common& c, const LogArgs& a) {
+  if (a.limit && *a.limit == 0) return Usage("log", "--limit must be at least 1");
+  // Opening loads no version: a limited log reads only the manifests it
+  // prints.
   auto store = OpenStore(c, "log", false, BlobReads::kCached);
   if (!store.ok()) return Fail("log", store.status());
   auto versions = (*store)->ListVersions();
@@ -160,7 +184,7 @@ int RunLog(const Common& c) {
     std::printf("%-10s %-10s %-6s %8s %14s %10s %12s %12s %8s  %s\n", "VERSION", "PARENT", "KIND",
                 "TENSORS", "ELEMENTS", "CHANGED", "STORED", "DENSE", "RATIO", "CREATED");
   }
-  for (const auto& [num, key] : *versions) {
+  for (const auto& [num, key] : LogSelection(*versions, a)) {
     auto v = (*store)->GetVersionAt(num, key);
     if (!v.ok()) {  // show the others; the exit status reports the damage
       worst = Fail("log", v.status());
@@ -240,11 +264,12 @@ int RunVerify(const Common& c, std::optional<uint64_t> version) {
   return r->ok() ? 0 : 4;
 }
 
-int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_run) {
+int RunGc(const Common& c, const GcArgs& a) {
+  const GcOptions o{a.keep_last, a.keep_every, a.grace_seconds, a.dry_run};
+  if (Status s = CheckGcOptions(o); !s.ok()) return Usage("gc", s.message());
   auto store = OpenStore(c, "gc", false, BlobReads::kCached);
   if (!store.ok()) return Fail("gc", store.status());
   Progress progress("gc", c.quiet);
-  GcOptions o{keep_last, grace_seconds, dry_run};
   auto r = CollectGarbage(**store, o, progress.Callback());
   double secs = progress.Finish();
   if (!r.ok()) return Fail("gc", r.status());
@@ -254,13 +279,13 @@ int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_r
                       {"rebased", r->versions_rebased},
                       {"blobs_deleted", r->blobs_deleted},
                       {"bytes_freed", r->bytes_freed},
-                      {"dry_run", dry_run},
+                      {"dry_run", a.dry_run},
                       {"temp_files_deleted", r->temp_files_deleted},
                       {"seconds", secs}}
                      .dump()
               << "\n";
   } else {
-    std::cout << "gc: " << (dry_run ? "would keep " : "kept ") << r->versions_kept
+    std::cout << "gc: " << (a.dry_run ? "would keep " : "kept ") << r->versions_kept
               << " versions, removed " << r->versions_removed << ", rebased " << r->versions_rebased
               << ", deleted " << r->blobs_deleted << " blobs ("
               << HumanBytes(static_cast<double>(r->bytes_freed)) << "), " << r->temp_files_deleted

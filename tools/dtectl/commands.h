@@ -29,11 +29,25 @@ struct CommitArgs {
   uint32_t keep_snapshots = 3;
 };
 
+// log: the newest `limit` versions (all: nullopt) of those numbered at
+// least `since`.
+struct LogArgs {
+  std::optional<uint64_t> limit;
+  std::optional<uint64_t> since;
+};
+
+struct GcArgs {
+  uint64_t keep_last = 8;
+  uint64_t keep_every = 0;  // 0: off
+  int64_t grace_seconds = 600;
+  bool dry_run = false;
+};
+
 int RunCommit(const Common& c, const CommitArgs& a, bool import);
-int RunLog(const Common& c);
+int RunLog(const Common& c, const LogArgs& a);
 int RunExport(const Common& c, const std::string& version, const std::string& out);
 int RunVerify(const Common& c, std::optional<uint64_t> version);
-int RunGc(const Common& c, uint64_t keep_last, int64_t grace_seconds, bool dry_run);
+int RunGc(const Common& c, const GcArgs& a);
 int RunReindex(const Common& c);
 // Shows the store's snapshots in this host's cache and the disk left;
 // with keep_snapshots, first deletes all but the newest that many.

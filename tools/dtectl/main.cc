@@ -17,6 +17,16 @@ const char* EnvOr(const char* name, const char* fallback) {
   return v && *v ? v : fallback;
 }
 
+// Count options: whole numbers only (CLI11 alone reads "-1" as 2^64 - 1).
+const CLI::Validator kCount(
+    [](std::string& s) -> std::string {
+      if (!s.empty() && s.size() <= 19 && s.find_first_not_of("0123456789") == std::string::npos) {
+        return "";
+      }
+      return "not a whole number: \"" + s + "\"";
+    },
+    "N");
+
 // Size options as text until they are parsed.
 struct SizeText {
   std::string blob_cache = "4GiB";
@@ -95,8 +105,12 @@ int main(int argc, char** argv) {
         ->check(CLI::NonNegativeNumber);
   }
 
+  dte::cli::LogArgs lg;
   CLI::App* log = app.add_subcommand("log", "List versions");
   AddCommon(log, &c, &sizes, true);
+  log->add_option("--limit", lg.limit, "Only the newest N versions (of those --since selects)")
+      ->check(kCount);
+  log->add_option("--since", lg.since, "Only versions numbered V or higher")->check(kCount);
 
   std::string export_version, out;
   CLI::App* exp = app.add_subcommand("export", "Write a version as a plain model directory");
@@ -109,15 +123,17 @@ int main(int argc, char** argv) {
   AddCommon(verify, &c, &sizes, true);
   verify->add_option("--version", verify_version, "Only this version (and its chain)");
 
-  uint64_t keep_last = 8;
-  int64_t grace = 600;
-  bool dry_run = false;
+  dte::cli::GcArgs ga;
   CLI::App* gc = app.add_subcommand("gc", "Keep the newest versions, reclaim the rest");
   AddCommon(gc, &c, &sizes, true);
-  gc->add_option("--keep-last", keep_last, "Versions to keep")->required();
-  gc->add_option("--grace-seconds", grace,
+  gc->add_option("--keep-last", ga.keep_last, "Versions to keep")->required()->check(kCount);
+  gc->add_option("--keep-every", ga.keep_every,
+                 "Also keep every older version whose number is a multiple of K "
+                 "(default 0: none)")
+      ->check(kCount);
+  gc->add_option("--grace-seconds", ga.grace_seconds,
                  "Never delete unreferenced blobs younger than this (commits in flight)");
-  gc->add_flag("--dry-run", dry_run, "Only report what would be removed");
+  gc->add_flag("--dry-run", ga.dry_run, "Only report what would be kept, removed and rebased");
 
   CLI::App* reindex = app.add_subcommand("reindex", "Rebuild the local index from the store");
   AddCommon(reindex, &c, &sizes, true);
@@ -164,10 +180,10 @@ int main(int argc, char** argv) {
   }
   if (*import) return dte::cli::RunCommit(c, ca, true);
   if (*commit) return dte::cli::RunCommit(c, ca, false);
-  if (*log) return dte::cli::RunLog(c);
+  if (*log) return dte::cli::RunLog(c, lg);
   if (*exp) return dte::cli::RunExport(c, export_version, out);
   if (*verify) return dte::cli::RunVerify(c, verify_version);
-  if (*gc) return dte::cli::RunGc(c, keep_last, grace, dry_run);
+  if (*gc) return dte::cli::RunGc(c, ga);
   if (*reindex) return dte::cli::RunReindex(c);
   if (*cache) return dte::cli::RunCache(c, cache_keep);
   return 2;
