@@ -9,6 +9,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import time
 
@@ -105,8 +106,10 @@ def test_commit_killed_at_random_moments(big, tmp_path, policy_anchor):
     kills = KILLS // 2 if policy_anchor else KILLS
 
     probes = [copy_store(base, tmp_path / f"probe{i}", env) for i in range(3)]
-    duration = max(timed_run(p.argv("commit", big.dir(1), "--version", 1, *extra), env)
-                   for p in probes)
+    # The median of three: one probe slowed by a busy machine must not
+    # spread the kills past the end of a typical run.
+    duration = statistics.median(
+        timed_run(p.argv("commit", big.dir(1), "--version", 1, *extra), env) for p in probes)
     assert all(p.versions() == [0, 1] for p in probes)
     # Random moments; right after the manifest appears (before the index
     # hears of it); and once not at all, so the landed path always runs.
@@ -179,7 +182,7 @@ def test_gc_killed_at_random_moments(big, tmp_path, case):
     gc_args = ("gc", *keep_args, "--grace-seconds", 0)
     kept_versions = [v for v, _ in kept]
     probes = [copy_store(base, tmp_path / f"probe{i}", env) for i in range(3)]
-    duration = max(timed_run(p.argv(*gc_args), env) for p in probes)
+    duration = statistics.median(timed_run(p.argv(*gc_args), env) for p in probes)
     assert all(p.versions() == kept_versions for p in probes)
     # Random moments, then the moments right after each of gc's manifest
     # changes (rebased revision written, old manifests deleted one by one),

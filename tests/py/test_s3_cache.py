@@ -223,3 +223,41 @@ def test_bad_blob_cache_options_are_usage_errors(moto, bucket, tmp_path):
                  ["--blob-chunk-size", "2GiB"]):
         r = d.run("log", *args)
         assert r.returncode == 2 and args[0] in r.stderr, (args, r.stderr)
+
+
+def test_commands_on_a_warm_cache_list_only_new_manifests(moto, proxy, bucket, ckpts, tmp_path):
+    """A host's index keeps the store's listing: its next commands list only
+    the manifests after the newest one it knows (one request, however many
+    versions there are), and a version another host's gc rewrote is found
+    again from a full listing."""
+    uri = f"s3://{bucket}/listing"
+    pub = host(moto, proxy.endpoint, uri, tmp_path / "publisher")
+    pub.ok("import", ckpts.dir(0))
+    for step in (1, 2):
+        commit(pub, ckpts.dir(step))
+
+    def manifest_lists():
+        return [e for e in proxy.exchanges(method="GET", query="list-type=2")
+                if "manifests" in e.query]
+
+    proxy.reset_counters()
+    r = commit(pub, ckpts.dir(3))
+    assert r["version"] == 3
+    lists = manifest_lists()
+    assert lists and all("start-after=" in e.query for e in lists), [e.query for e in lists]
+    proxy.reset_counters()
+    assert [v["version"] for v in pub.log()] == [0, 1, 2, 3]
+    assert all("start-after=" in e.query for e in manifest_lists())
+    # Another host's gc removes v0 and v1 and rewrites v2 as an anchor
+    # revision. Within the kept listing's lifetime this host still reads v2
+    # through its old manifest (same content; gc's grace period keeps the
+    # blobs); a gc here lists everything and brings the kept listing up to date.
+    other = host(moto, moto.endpoint, uri, tmp_path / "other")
+    other.ok("gc", "--keep-last", 2)
+    store_util.same_tree(pub.export(2, tmp_path / "out2"), ckpts.dir(2))
+    proxy.reset_counters()
+    pub.ok("gc", "--keep-last", 2, "--dry-run")
+    assert any("start-after=" not in e.query for e in manifest_lists()), "no full listing"
+    assert [v["version"] for v in pub.log()] == [2, 3]
+    assert [v["kind"] for v in pub.log()] == ["anchor", "delta"]
+    store_util.same_tree(pub.export(2, tmp_path / "again"), ckpts.dir(2))
