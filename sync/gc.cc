@@ -67,7 +67,8 @@ std::shared_ptr<const Version> RebaseTarget(const std::shared_ptr<const Version>
 // first, so a version is rebased onto the previous kept one in its final
 // form, and every kept version's distance from its nearest self-contained
 // one is known along the new chains.
-Status RebaseKept(Store& store, const GcPlan& plan, const Progress& progress, GcResult* r) {
+Status RebaseKept(Store& store, const GcPlan& plan, const GcOptions& options,
+                  const Progress& progress, GcResult* r) {
   std::map<uint64_t, AnchorDistance> distance;
   std::shared_ptr<const Version> previous;
   for (uint64_t k : plan.keep) {
@@ -76,7 +77,9 @@ Status RebaseKept(Store& store, const GcPlan& plan, const Progress& progress, Gc
       auto onto = RebaseTarget(v, previous);
       const AnchorDistance onto_distance =
           onto ? distance[onto->manifest.version] : AnchorDistance{};
-      auto d = internal::RebaseVersion(store, v, onto, onto_distance, progress);
+      AnchorPolicy policy;
+      policy.budget = options.anchor_budget;
+      auto d = internal::RebaseVersion(store, v, onto, onto_distance, policy, progress);
       if (!d.ok()) return d.status().WithContext("rebasing " + VersionName(k));
       distance[k] = *d;
       store.Forget(k);
@@ -149,7 +152,9 @@ Status SweepBlobs(Store& store, int64_t grace_seconds, GcResult* r) {
 
 Status CheckGcOptions(const GcOptions& options) {
   if (options.keep_last == 0) return InvalidArgument("--keep-last must be at least 1");
-  return Status::Ok();
+  AnchorPolicy policy;
+  policy.budget = options.anchor_budget;
+  return CheckAnchorPolicy(policy);
 }
 
 Result<GcResult> CollectGarbage(Store& store, const GcOptions& options, const Progress& progress) {
@@ -161,7 +166,7 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options, const Pr
   r.versions_rebased = plan.rebase.size();
   if (options.dry_run) return r;
   r.versions_rebased = 0;
-  RETURN_IF_ERROR(RebaseKept(store, plan, progress, &r));
+  RETURN_IF_ERROR(RebaseKept(store, plan, options, progress, &r));
   ASSIGN_OR_RETURN(r.versions_removed, DeleteManifests(store, plan));
   RETURN_IF_ERROR(SweepBlobs(store, options.grace_seconds, &r));
   // 4. Spool files of commits that died before handing them over. A live

@@ -40,6 +40,10 @@ struct GcOptions {
   uint64_t keep_last = 8;  // at least 1
   // Also keep every older version whose number is a multiple of this; 0: off.
   uint64_t keep_every = 0;
+  // A rebased delta also gets a full table when a commit onto its new
+  // parent would (the anchor policy's byte budget), so reads of a thinned
+  // history stay bounded; 0: never.
+  double anchor_budget = 1.0;
   int64_t grace_seconds = 600;
   bool dry_run = false;  // only count what would be kept, removed and rebased
 };

@@ -9,6 +9,7 @@
 #include "store/materialize.h"
 #include "sync/anchor_policy.h"
 #include "sync/internal/blob_sink.h"
+#include "sync/internal/engine_version.h"
 
 // A rebase that fails leaves the blobs it added; gc's sweep removes them
 // like any unreferenced blob once they are older than its grace window.
@@ -47,6 +48,10 @@ Result<AnchorDistance> CreateRevision(Store& store, Manifest* m,
   // The blobs this version first stored; a reused full table keeps its flags.
   s.stored_bytes = m->block_table.added ? m->block_table.size : 0;
   for (const auto& b : m->blobs) s.stored_bytes += b.added ? b.size : 0;
+  if (m->full && m->parent) {  // a delta's full table (an anchor made of one is counted above)
+    s.stored_bytes += m->full->block_table.added ? m->full->block_table.size : 0;
+    for (const auto& b : m->full->blobs) s.stored_bytes += b.added ? b.size : 0;
+  }
   m->since_full = NextDistance(parent_distance, m->self_contained(), s.stored_bytes);
   RETURN_IF_ERROR(
       store.objects().CreateExclusive(ManifestKey(m->version, m->revision), EncodeManifest(*m)));
@@ -110,8 +115,9 @@ Result<AnchorDistance> StreamedAnchor(Store& store, const std::shared_ptr<const 
 class DeltaRebase {
  public:
   DeltaRebase(Store& store, std::shared_ptr<const Version> v, std::shared_ptr<const Version> onto,
-              const Progress& progress)
-      : store_(store),
+              bool full, const Progress& progress)
+      : full_table_(full),
+        store_(store),
         v_(std::move(v)),
         onto_(std::move(onto)),
         progress_(progress),
@@ -125,6 +131,9 @@ class DeltaRebase {
   Status EncodeChunk(const FileEntry& f, const TensorEntry& t, const FileEntry& of,
                      const TensorEntry& ot, uint32_t first, uint32_t count);
 
+  const bool full_table_;  // also write a full table (a policy anchor)
+  std::unique_ptr<FullTableBuilder> full_;
+  std::vector<EncodedBlock> dense_;
   Store& store_;
   std::shared_ptr<const Version> v_, onto_;
   const Progress& progress_;
@@ -150,6 +159,9 @@ Result<AnchorDistance> DeltaRebase::Run(Manifest m, const AnchorDistance& onto_d
   for (size_t r = 0; r < records_.size(); ++r) records_[r].hash = v_->records[r].hash;
   total_ = DataBytes(m);
   ASSIGN_OR_RETURN(spool_, sink_.NewSpool());
+  if (full_table_) {
+    ASSIGN_OR_RETURN(full_, FullTableBuilder::Start(&sink_, records_.size()));
+  }
   for (size_t i = 0; i < m.files.size(); ++i) {
     const FileEntry& f = v_->manifest.files[i];
     if (!f.safetensors) continue;
@@ -163,6 +175,7 @@ Result<AnchorDistance> DeltaRebase::Run(Manifest m, const AnchorDistance& onto_d
     ASSIGN_OR_RETURN(BlobRef blob, sink_.Finish(std::move(spool_)));
     m.blobs.push_back(blob);
   }
+  if (full_) RETURN_IF_ERROR(full_->Finish(&sink_, records_, &m));
   ASSIGN_OR_RETURN(m.block_table, sink_.PutBytes(EncodeBlockTable(records_)));
   return CreateRevision(store_, &m, onto_distance);
 }
@@ -185,6 +198,7 @@ Status DeltaRebase::EncodeChunk(const FileEntry& f, const TensorEntry& t, const 
   const int width = DTypeWidth(t.dtype);
   std::vector<Status> errors(count);
   encoded_.assign(count, EncodedBlock{});
+  if (full_) dense_.assign(count, EncodedBlock{});
   old_.resize(size_t{count} * bb);
   now_.resize(size_t{count} * bb);
   uint64_t bytes = 0;
@@ -197,21 +211,25 @@ Status DeltaRebase::EncodeChunk(const FileEntry& f, const TensorEntry& t, const 
       const uint32_t b = first + static_cast<uint32_t>(i);
       const size_t r = size_t{t.first_block} + b;
       // Equal block hashes are equal bytes (live apply relies on it too):
-      // the encoder would find kSame, so neither block is read.
-      if (v_->records[r].hash == onto_->records[r].hash) continue;
+      // the encoder would find kSame, so neither block is read (but for a
+      // full table, which needs v's every block).
+      const bool same = v_->records[r].hash == onto_->records[r].hash;
+      if (same && !full_) continue;
       const uint64_t len = std::min<uint64_t>(bb, t.bytes() - uint64_t{b} * bb);
       uint8_t* old = old_.data() + i * bb;
       uint8_t* now = now_.data() + i * bb;
-      errors[i] = reader_.ReadBlock(onto_, of, ot, b, old);
-      if (errors[i].ok()) errors[i] = reader_.ReadBlock(v_, f, t, b, now);
+      errors[i] = reader_.ReadBlock(v_, f, t, b, now);
+      if (errors[i].ok() && !same) errors[i] = reader_.ReadBlock(onto_, of, ot, b, old);
       if (!errors[i].ok()) break;
-      encoded_[i] = EncodeBlock(old, now, len, width, &scratch);
+      if (!same) encoded_[i] = EncodeBlock(old, now, len, width, &scratch);
+      if (full_) dense_[i] = EncodeBlock(nullptr, now, len, width, &scratch);
     }
   });
   for (const auto& e : errors) RETURN_IF_ERROR(e);
   for (uint32_t i = 0; i < count; ++i) {
-    BlockRecord* rec = &records_[size_t{t.first_block} + first + i];
-    RETURN_IF_ERROR(AppendEncodedBlock(encoded_[i], 0, spool_.get(), rec));
+    const size_t r = size_t{t.first_block} + first + i;
+    RETURN_IF_ERROR(AppendEncodedBlock(encoded_[i], 0, spool_.get(), &records_[r]));
+    if (full_) RETURN_IF_ERROR(full_->Append(r, dense_[i]));
   }
   done_ += bytes;
   if (progress_) progress_(done_, total_);
@@ -223,11 +241,13 @@ Status DeltaRebase::EncodeChunk(const FileEntry& f, const TensorEntry& t, const 
 Result<AnchorDistance> RebaseVersion(Store& store, const std::shared_ptr<const Version>& v,
                                      const std::shared_ptr<const Version>& onto,
                                      const AnchorDistance& onto_distance,
-                                     const Progress& progress) {
+                                     const AnchorPolicy& policy, const Progress& progress) {
   Manifest m = v->manifest;
   m.revision++;
   if (onto) {
-    DeltaRebase delta(store, v, onto, progress);
+    const bool full =
+        !PolicyAnchorReason(policy, onto_distance, v->manifest.stats.dense_bytes).empty();
+    DeltaRebase delta(store, v, onto, full, progress);
     return delta.Run(std::move(m), onto_distance);
   }
   if (m.full) return AnchorFromFullTable(store, std::move(m), progress);

@@ -13,6 +13,7 @@
 #include "store/manifest.h"
 #include "store/status.h"
 #include "store/store.h"
+#include "sync/anchor_policy.h"
 
 namespace dte::internal {
 
@@ -20,7 +21,10 @@ namespace dte::internal {
 //  - with `onto` (an older version of v's tensor layout, `onto_distance`
 //    from its nearest self-contained version), as a delta against it: each
 //    block's record chosen by the commit's encoder (EncodeBlock) from the
-//    two versions' bytes, the payloads in one new blob;
+//    two versions' bytes, the payloads in one new blob; and, when `policy`
+//    says a commit after `onto` would be a policy anchor, with a full table
+//    too, so that chains of rebased deltas (a thinned history) stay as
+//    short to read as a commit's;
 //  - without, as an anchor: from v's full table when v has one (no data is
 //    written: the table's records are dense already), else from v's bytes,
 //    streamed into one new blob.
@@ -30,6 +34,7 @@ namespace dte::internal {
 Result<AnchorDistance> RebaseVersion(Store& store, const std::shared_ptr<const Version>& v,
                                      const std::shared_ptr<const Version>& onto,
                                      const AnchorDistance& onto_distance,
+                                     const AnchorPolicy& policy,
                                      const std::function<void(uint64_t, uint64_t)>& progress);
 
 }  // namespace dte::internal

@@ -141,3 +141,29 @@ def test_a_mount_lists_many_versions_without_loading_them(run_ckpts, tmp_path):
         assert sorted(os.listdir(os.path.join(m.path, "v00000007"))) == \
             sorted(os.listdir(run_ckpts(0)))
         assert m.status()["latest"] == 199
+
+
+@pytest.mark.parametrize("budget", ["1.0", "0.01"])
+def test_thinned_history_rebases_onto_kept_versions_with_full_tables_past_the_budget(
+        run_store, run_ckpts, tmp_path, budget):
+    """gc --keep-every: kept versions whose parent goes become deltas of the
+    previous kept one, and such a delta also gets a full table where a
+    commit onto the same parent would (the byte budget), so reading a long
+    thinned history stays bounded."""
+    d = run_store.copy_to(tmp_path / "copy")
+    r = json.loads(d.ok("gc", "--keep-last", 2, "--keep-every", 3, "--anchor-budget", budget,
+                        "--grace-seconds", 0, "--json").stdout)
+    kept = [0, 3, 6, 9, 12, 13]
+    assert d.versions() == kept, r
+    ms = manifests(d.store)
+    assert (ms[3]["parent"], ms[6]["parent"], ms[9]["parent"]) == (0, 3, 6)
+    assert ms[12]["kind"] == "anchor"  # a policy anchor whose parent went: its full table
+    # v3 follows v0 (an anchor): nothing to bound. v6 follows v3, whose delta
+    # passes 1% of the dense size but not 100% of it.
+    assert "full" not in ms[3] and "full" not in ms[9]
+    assert ("full" in ms[6]) == (budget == "0.01"), ms[6].get("since_full")
+    assert ms[9]["since_full"]["versions"] == (1 if budget == "0.01" else 3)
+    for v in kept:
+        store_util.same_tree(d.export(v, tmp_path / f"out{v}"), run_ckpts(v))
+    assert json.loads(d.ok("verify", "--json").stdout)["ok"]
+    assert set(store_util.blobs(d.store)) == store_util.all_reachable_blobs(d.store)

@@ -265,7 +265,7 @@ int RunVerify(const Common& c, std::optional<uint64_t> version) {
 }
 
 int RunGc(const Common& c, const GcArgs& a) {
-  const GcOptions o{a.keep_last, a.keep_every, a.grace_seconds, a.dry_run};
+  const GcOptions o{a.keep_last, a.keep_every, a.anchor_budget, a.grace_seconds, a.dry_run};
   if (Status s = CheckGcOptions(o); !s.ok()) return Usage("gc", s.message());
   auto store = OpenStore(c, "gc", false, BlobReads::kCached);
   if (!store.ok()) return Fail("gc", store.status());

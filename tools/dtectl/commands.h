@@ -39,6 +39,7 @@ struct LogArgs {
 struct GcArgs {
   uint64_t keep_last = 8;
   uint64_t keep_every = 0;  // 0: off
+  double anchor_budget = 1.0;
   int64_t grace_seconds = 600;
   bool dry_run = false;
 };

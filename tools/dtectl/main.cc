@@ -131,6 +131,9 @@ int main(int argc, char** argv) {
                  "Also keep every older version whose number is a multiple of K "
                  "(default 0: none)")
       ->check(kCount);
+  gc->add_option("--anchor-budget", ga.anchor_budget,
+                 "A rebased delta also gets a full table where a commit onto its new parent "
+                 "would (commit's --anchor-budget; default 1.0; 0: never)");
   gc->add_option("--grace-seconds", ga.grace_seconds,
                  "Never delete unreferenced blobs younger than this (commits in flight)");
   gc->add_flag("--dry-run", ga.dry_run, "Only report what would be kept, removed and rebased");
