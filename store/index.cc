@@ -1,17 +1,27 @@
-// RocksDB-backed Index. Key schema (big-endian version numbers, so byte order
-// is numeric order):
-//   'v' ver:be64                      -> manifest key
-//   'm' ver:be64                      -> manifest bytes
-//   'k' ver:be64                      -> block table bytes
-//   'K' ver:be64                      -> full block table bytes (only if it has one)
-//   'f' ver:be64 file                 -> file size (decimal) and kind
-//   't' ver:be64 file '\0' tensor     -> first_block:be32 blocks:be32
-//   'c' key                           -> cache entry
+// RocksDB-backed Index. One column family per kind of entry, keyed by
+// big-endian version numbers (so byte order is numeric order):
+//   "versions"     ver:be64                  -> manifest key
+//   "manifests"    ver:be64                  -> manifest bytes
+//   "tables"       ver:be64                  -> block table bytes
+//   "full_tables"  ver:be64                  -> full block table bytes (only if it has one)
+//   "files"        ver:be64 file             -> file size (decimal) and kind
+//   "tensors"      ver:be64 file '\0' tensor -> first_block:be32 blocks:be32
+//   default        'c' key                   -> cache entry
+// A new version's keys are the greatest of every family, so flushes never
+// overlap older table files and compactions move them without rewriting:
+// writing a version costs the same after ten thousand versions as after
+// ten. (With one family and a tag prefix per kind, every flush overlapped
+// every table file, and each compaction rewrote the whole index.) An index
+// of the older one-family layout is a cache like any other: it is deleted
+// and rebuilt as versions are read.
 #include "store/index.h"
 
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <vector>
 
 namespace dte {
 namespace {
@@ -30,12 +40,16 @@ uint64_t ReadBe(std::string_view s) {
   return v;
 }
 
-std::string Key(char tag, uint64_t version, std::string_view rest = {}) {
-  std::string k(1, tag);
-  k += Be64(version);
+std::string Key(uint64_t version, std::string_view rest = {}) {
+  std::string k = Be64(version);
   k.append(rest);
   return k;
 }
+
+// The column families of version entries, in the order of RocksIndex::cf_.
+enum Family { kVersions, kManifests, kTables, kFullTables, kFiles, kTensors, kFamilies };
+constexpr const char* kFamilyNames[kFamilies] = {"versions",    "manifests", "tables",
+                                                 "full_tables", "files",     "tensors"};
 
 // The one place rocksdb::Status becomes a dte Status.
 Status FromRocks(const rocksdb::Status& s, const std::string& what) {
@@ -47,8 +61,13 @@ Status FromRocks(const rocksdb::Status& s, const std::string& what) {
 
 class RocksIndex final : public Index {
  public:
-  RocksIndex(std::unique_ptr<rocksdb::DB> db, std::string dir)
-      : db_(std::move(db)), dir_(std::move(dir)) {}
+  RocksIndex(std::unique_ptr<rocksdb::DB> db, std::vector<rocksdb::ColumnFamilyHandle*> handles,
+             std::string dir)
+      : db_(std::move(db)), dir_(std::move(dir)) {
+    // handles[0] is the default family; the rest follow kFamilyNames.
+    default_ = handles[0];
+    for (int f = 0; f < kFamilies; ++f) cf_[f] = handles[f + 1];
+  }
   ~RocksIndex() override { Close().IgnoreError(); }
 
   Status PutVersion(const Manifest& m, const Entry& e) override {
@@ -57,20 +76,21 @@ class RocksIndex final : public Index {
     // range tombstone per new version would pile up, and every read and
     // compaction would pay for all of them.
     std::string indexed;
-    rocksdb::Status had = db_->Get(rocksdb::ReadOptions(), Key('v', m.version), &indexed);
+    rocksdb::Status had =
+        db_->Get(rocksdb::ReadOptions(), cf_[kVersions], Key(m.version), &indexed);
     if (!had.IsNotFound()) {
       RETURN_IF_ERROR(FromRocks(had, "index " + dir_ + ": " + VersionName(m.version)));
       RETURN_IF_ERROR(DeleteRanges(m.version, &batch));
     }
-    batch.Put(Key('v', m.version), e.manifest_key);
-    batch.Put(Key('m', m.version), e.manifest);
-    batch.Put(Key('k', m.version), e.block_table);
-    if (!e.full_table.empty()) batch.Put(Key('K', m.version), e.full_table);
+    batch.Put(cf_[kVersions], Key(m.version), e.manifest_key);
+    batch.Put(cf_[kManifests], Key(m.version), e.manifest);
+    batch.Put(cf_[kTables], Key(m.version), e.block_table);
+    if (!e.full_table.empty()) batch.Put(cf_[kFullTables], Key(m.version), e.full_table);
     for (const auto& f : m.files) {
-      batch.Put(Key('f', m.version, f.name),
+      batch.Put(cf_[kFiles], Key(m.version, f.name),
                 std::to_string(f.size) + (f.safetensors ? " safetensors" : " raw"));
       for (const auto& t : f.tensors) {
-        batch.Put(Key('t', m.version, f.name + '\0' + t.name),
+        batch.Put(cf_[kTensors], Key(m.version, f.name + '\0' + t.name),
                   Be32(t.first_block) + Be32(t.blocks));
       }
     }
@@ -88,11 +108,11 @@ class RocksIndex final : public Index {
     rocksdb::ReadOptions ro;
     ro.snapshot = db_->GetSnapshot();
     Entry e;
-    rocksdb::Status s = db_->Get(ro, Key('v', version), &e.manifest_key);
-    if (s.ok()) s = db_->Get(ro, Key('m', version), &e.manifest);
-    if (s.ok()) s = db_->Get(ro, Key('k', version), &e.block_table);
+    rocksdb::Status s = db_->Get(ro, cf_[kVersions], Key(version), &e.manifest_key);
+    if (s.ok()) s = db_->Get(ro, cf_[kManifests], Key(version), &e.manifest);
+    if (s.ok()) s = db_->Get(ro, cf_[kTables], Key(version), &e.block_table);
     if (s.ok()) {
-      s = db_->Get(ro, Key('K', version), &e.full_table);
+      s = db_->Get(ro, cf_[kFullTables], Key(version), &e.full_table);
       if (s.IsNotFound()) s = rocksdb::Status::OK();
     }
     db_->ReleaseSnapshot(ro.snapshot);
@@ -103,10 +123,10 @@ class RocksIndex final : public Index {
 
   Result<std::map<uint64_t, std::string>> ListVersions() override {
     std::map<uint64_t, std::string> out;
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-    for (it->Seek("v"); it->Valid() && it->key().starts_with("v"); it->Next()) {
-      if (it->key().size() != 9) continue;
-      out[ReadBe(it->key().ToStringView().substr(1))] = it->value().ToString();
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_[kVersions]));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      if (it->key().size() != 8) continue;
+      out[ReadBe(it->key().ToStringView())] = it->value().ToString();
     }
     RETURN_IF_ERROR(FromRocks(it->status(), "index " + dir_ + ": listing versions"));
     return out;
@@ -116,7 +136,7 @@ class RocksIndex final : public Index {
       uint64_t version, const std::string& file, const std::string& tensor) override {
     std::string v;
     rocksdb::Status s =
-        db_->Get(rocksdb::ReadOptions(), Key('t', version, file + '\0' + tensor), &v);
+        db_->Get(rocksdb::ReadOptions(), cf_[kTensors], Key(version, file + '\0' + tensor), &v);
     if (s.IsNotFound()) return std::optional<std::pair<uint32_t, uint32_t>>();
     RETURN_IF_ERROR(FromRocks(s, "index " + dir_ + ": tensor " + tensor));
     if (v.size() != 8) return Corruption("index " + dir_ + ": bad tensor entry for " + tensor);
@@ -164,12 +184,15 @@ class RocksIndex final : public Index {
 
   Status Clear() override {
     rocksdb::WriteBatch batch;
-    batch.DeleteRange(std::string(1, '\0'), std::string(1, '\xff'));
+    batch.DeleteRange(default_, std::string(1, '\0'), std::string(1, '\xff'));
+    for (auto* cf : cf_) batch.DeleteRange(cf, std::string(), std::string(9, '\xff'));
     return Write(&batch, "clearing");
   }
 
   Status Close() override {
     if (!db_) return Status::Ok();
+    for (auto* cf : cf_) db_->DestroyColumnFamilyHandle(cf).PermitUncheckedError();
+    db_->DestroyColumnFamilyHandle(default_).PermitUncheckedError();
     Status s = FromRocks(db_->Close(), "closing index " + dir_);
     db_.reset();
     return s;
@@ -177,11 +200,10 @@ class RocksIndex final : public Index {
 
  private:
   Status DeleteRanges(uint64_t version, rocksdb::WriteBatch* batch) {
-    for (char tag : {'v', 'm', 'k', 'K', 'f', 't'}) {
-      // The end of the last version's range is the next tag (version + 1 wraps).
-      std::string end = version == UINT64_MAX ? std::string(1, static_cast<char>(tag + 1))
-                                              : Key(tag, version + 1);
-      rocksdb::Status s = batch->DeleteRange(Key(tag, version), end);
+    for (auto* cf : cf_) {
+      // Past the last version's keys (version + 1 would wrap).
+      std::string end = version == UINT64_MAX ? std::string(9, '\xff') : Key(version + 1);
+      rocksdb::Status s = batch->DeleteRange(cf, Key(version), end);
       RETURN_IF_ERROR(FromRocks(s, "index " + dir_));
     }
     return Status::Ok();
@@ -193,6 +215,8 @@ class RocksIndex final : public Index {
   }
 
   std::unique_ptr<rocksdb::DB> db_;
+  rocksdb::ColumnFamilyHandle* default_ = nullptr;
+  rocksdb::ColumnFamilyHandle* cf_[kFamilies] = {};
   std::string dir_;
 };
 
@@ -205,12 +229,27 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& dir) {
   options.max_open_files = 64;
   options.keep_log_file_num = 2;
   options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
-  // Each version's keys are the newest of each tag's range, so a flush
-  // overlaps only the last table file of each range: small files keep what
-  // a compaction rewrites small, however many versions are indexed.
-  options.target_file_size_base = uint64_t{4} << 20;
+  rocksdb::ColumnFamilyOptions family;
+  // Small memtables and table files: the daemon's memory and what one
+  // compaction rewrites stay small whatever the index holds.
+  family.write_buffer_size = uint64_t{8} << 20;
+  family.target_file_size_base = uint64_t{4} << 20;
+  // Block tables and manifests are small and read whole: compressing them
+  // costs every flush and compaction CPU for little disk.
+  family.compression = rocksdb::kNoCompression;
+  // An index of the one-family layout (no "versions" family) is dropped.
+  std::vector<std::string> existing;
+  if (rocksdb::DB::ListColumnFamilies(options, dir, &existing).ok() && !existing.empty() &&
+      std::find(existing.begin(), existing.end(), kFamilyNames[kVersions]) == existing.end()) {
+    rocksdb::Status gone = rocksdb::DestroyDB(dir, options);
+    if (!gone.ok() && !gone.IsIOError()) return FromRocks(gone, "dropping old index " + dir);
+  }
+  std::vector<rocksdb::ColumnFamilyDescriptor> families{
+      {rocksdb::kDefaultColumnFamilyName, family}};
+  for (const char* name : kFamilyNames) families.push_back({name, family});
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(options, dir, &raw);
+  rocksdb::Status s = rocksdb::DB::Open(options, dir, families, &handles, &raw);
   if (!s.ok()) {
     // RocksDB says "lock" only in its message; take the path out first, so a
     // directory such as /data/blockstore is not mistaken for a held lock.
@@ -224,7 +263,8 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& dir) {
     }
     return FromRocks(s, "opening cache index " + dir);
   }
-  return std::unique_ptr<Index>(new RocksIndex(std::unique_ptr<rocksdb::DB>(raw), dir));
+  return std::unique_ptr<Index>(
+      new RocksIndex(std::unique_ptr<rocksdb::DB>(raw), std::move(handles), dir));
 }
 
 }  // namespace dte
