@@ -17,6 +17,7 @@
 #include "store/index.h"
 
 #include <rocksdb/db.h>
+#include <rocksdb/metadata.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
@@ -45,6 +46,9 @@ std::string Key(uint64_t version, std::string_view rest = {}) {
   k.append(rest);
   return k;
 }
+
+// The size of the index's table files.
+constexpr uint64_t kTargetFileBytes = uint64_t{4} << 20;
 
 // The column families of version entries, in the order of RocksIndex::cf_.
 enum Family { kVersions, kManifests, kTables, kFullTables, kFiles, kTensors, kFamilies };
@@ -191,6 +195,7 @@ class RocksIndex final : public Index {
 
   Status Close() override {
     if (!db_) return Status::Ok();
+    CompactNewest();
     for (auto* cf : cf_) db_->DestroyColumnFamilyHandle(cf).PermitUncheckedError();
     db_->DestroyColumnFamilyHandle(default_).PermitUncheckedError();
     Status s = FromRocks(db_->Close(), "closing index " + dir_);
@@ -207,6 +212,36 @@ class RocksIndex final : public Index {
       RETURN_IF_ERROR(FromRocks(s, "index " + dir_));
     }
     return Status::Ok();
+  }
+
+  // Every process that opens the index flushes what the previous one wrote
+  // (RocksDB's recovery) into new level-0 files, and with a version's keys
+  // the greatest of every family, RocksDB moves them to level 1 as they are:
+  // level 1 would collect one tiny file per process, and every open and
+  // read would pay for all of them. Before closing, each family's level-0
+  // files and the small files at the end of level 1 (all newer than the
+  // rest) are merged into level-1 files of the target size: what is
+  // rewritten is bounded by that size, not by the number of versions.
+  void CompactNewest() {
+    constexpr size_t kMaxSmallFiles = 8;
+    for (auto* cf : {default_, cf_[0], cf_[1], cf_[2], cf_[3], cf_[4], cf_[5]}) {
+      rocksdb::ColumnFamilyMetaData meta;
+      db_->GetColumnFamilyMetaData(cf, &meta);
+      if (meta.levels.size() < 2) continue;
+      std::vector<std::string> inputs;
+      for (const auto& f : meta.levels[0].files) inputs.push_back(f.name);
+      const auto& level1 = meta.levels[1].files;  // in key order
+      for (auto it = level1.rbegin(); it != level1.rend() && it->size < kTargetFileBytes / 2;
+           ++it) {
+        inputs.push_back(it->name);
+      }
+      if (inputs.size() < kMaxSmallFiles) continue;
+      rocksdb::CompactionOptions o;
+      o.compression = rocksdb::kNoCompression;
+      o.output_file_size_limit = kTargetFileBytes;
+      // A cache: a failed compaction costs only speed.
+      db_->CompactFiles(o, cf, inputs, 1).PermitUncheckedError();
+    }
   }
 
   Status Write(rocksdb::WriteBatch* batch, const std::string& what) {
@@ -233,7 +268,7 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& dir) {
   // Small memtables and table files: the daemon's memory and what one
   // compaction rewrites stay small whatever the index holds.
   family.write_buffer_size = uint64_t{8} << 20;
-  family.target_file_size_base = uint64_t{4} << 20;
+  family.target_file_size_base = kTargetFileBytes;
   // Block tables and manifests are small and read whole: compressing them
   // costs every flush and compaction CPU for little disk.
   family.compression = rocksdb::kNoCompression;

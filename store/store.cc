@@ -340,6 +340,21 @@ uint64_t Store::cached_version_bytes() {
   return cache_bytes_;
 }
 
+Result<std::shared_ptr<const Version>> Store::FromIndex(uint64_t version,
+                                                        const std::optional<std::string>& key) {
+  if (!index_) return std::shared_ptr<const Version>();
+  ASSIGN_OR_RETURN(auto entry, index_->GetVersion(version));
+  if (!entry || (key && entry->manifest_key != *key)) return std::shared_ptr<const Version>();
+  auto v = Parse(version, entry->manifest_key, std::move(entry->manifest),
+                 std::move(entry->block_table), std::move(entry->full_table));
+  // A bad index entry is only a stale cache: the caller goes to the store.
+  if (!v.ok()) return std::shared_ptr<const Version>();
+  NoteBlobSizes((*v)->manifest);
+  MutexLock lock(&mu_);
+  CachePut(*v);
+  return v;
+}
+
 Result<std::shared_ptr<const Version>> Store::GetVersion(uint64_t version) {
   std::optional<std::string> listed_key;
   {
@@ -348,20 +363,8 @@ Result<std::shared_ptr<const Version>> Store::GetVersion(uint64_t version) {
     auto it = listed_.find(version);
     if (it != listed_.end()) listed_key = it->second;
   }
-  if (index_) {
-    ASSIGN_OR_RETURN(auto entry, index_->GetVersion(version));
-    if (entry) {
-      auto v = Parse(version, entry->manifest_key, std::move(entry->manifest),
-                     std::move(entry->block_table), std::move(entry->full_table));
-      if (v.ok()) {
-        NoteBlobSizes((*v)->manifest);
-        MutexLock lock(&mu_);
-        CachePut(*v);
-        return v;
-      }
-      // A bad index entry is only a stale cache: fall through to the store.
-    }
-  }
+  ASSIGN_OR_RETURN(auto indexed, FromIndex(version, std::nullopt));
+  if (indexed) return indexed;
   // The last listing names it: no need to list again unless that key is gone
   // (gc rewrote or removed the version since).
   if (listed_key) {
@@ -399,19 +402,8 @@ Result<std::shared_ptr<const Version>> Store::GetVersionAt(uint64_t version,
     auto v = CacheFind(version);
     if (v && v->key == key) return v;
   }
-  if (index_) {
-    ASSIGN_OR_RETURN(auto entry, index_->GetVersion(version));
-    if (entry && entry->manifest_key == key) {
-      auto v = Parse(version, entry->manifest_key, std::move(entry->manifest),
-                     std::move(entry->block_table), std::move(entry->full_table));
-      if (v.ok()) {
-        NoteBlobSizes((*v)->manifest);
-        MutexLock lock(&mu_);
-        CachePut(*v);
-        return v;
-      }
-    }
-  }
+  ASSIGN_OR_RETURN(auto indexed, FromIndex(version, key));
+  if (indexed) return indexed;
   ASSIGN_OR_RETURN(auto v, Load(version, key));
   if (index_) {
     RETURN_IF_ERROR(index_->PutVersion(v->manifest, IndexEntry(*v)));

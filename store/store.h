@@ -119,6 +119,10 @@ class Store {
   explicit Store(StoreOptions options) : options_(std::move(options)) {}
   Status Init();
   Result<std::shared_ptr<const Version>> Load(uint64_t version, const std::string& key);
+  // Version `version` from the index (at manifest `key`, if given), parsed
+  // and cached; null if the index has no good entry for it.
+  Result<std::shared_ptr<const Version>> FromIndex(uint64_t version,
+                                                   const std::optional<std::string>& key);
   // `decoded`: the manifest already decoded from `manifest`, if it was.
   Result<std::shared_ptr<const Version>> Parse(uint64_t version, const std::string& key,
                                                std::string manifest, std::string table,

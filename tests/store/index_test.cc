@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -199,6 +200,37 @@ TEST(Index, ReopenAfterCloseKeepsData) {
   ExpectEntry(*index, 6, MakeEntry(6, "six"));
   EXPECT_TRUE(Find(*index, 6, "m.safetensors", "w").has_value());
   EXPECT_EQ(index->GetCacheEntry("c")->value(), "kept");
+}
+
+// A process per version, as dtectl commits are: each open flushes what the
+// last one wrote into new table files, and the files stay few (merged on
+// close) instead of growing by one per family per process.
+TEST(Index, TableFilesStayFewAcrossManyShortLivedOpens) {
+  ScopedTempDir dir;
+  constexpr uint64_t kOpens = 80;
+  for (uint64_t v = 0; v < kOpens; ++v) {
+    auto index = OpenOrDie(dir.path());
+    ASSERT_NE(index, nullptr);
+    ASSERT_TRUE(
+        index
+            ->PutVersion(MakeManifest(v, {"m.safetensors"}, {"w"}), MakeEntry(v, std::to_string(v)))
+            .ok());
+    ASSERT_TRUE(index->Close().ok());
+  }
+  size_t tables = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    tables += e.path().extension() == ".sst";
+  }
+  // Five families get entries: at most a few level-0 files and a short
+  // tail of small level-1 files each (without the merge: one per family
+  // per open, 400).
+  EXPECT_LE(tables, 5u * 12) << tables << " table files after " << kOpens << " opens";
+  auto index = OpenOrDie(dir.path());
+  ASSERT_NE(index, nullptr);
+  EXPECT_EQ(index->ListVersions()->size(), kOpens);
+  for (uint64_t v : {uint64_t{0}, kOpens / 2, kOpens - 1}) {
+    ExpectEntry(*index, v, MakeEntry(v, std::to_string(v)));
+  }
 }
 
 // Readers racing a writer see each version whole or not at all: the manifest
