@@ -264,6 +264,9 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& dir) {
   options.max_open_files = 64;
   options.keep_log_file_num = 2;
   options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  // All memtables together: a process that indexes thousands of versions
+  // (a mount reading across a long run) holds at most this much of them.
+  options.db_write_buffer_size = uint64_t{16} << 20;
   rocksdb::ColumnFamilyOptions family;
   // Small memtables and table files: the daemon's memory and what one
   // compaction rewrites stay small whatever the index holds.

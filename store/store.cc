@@ -294,9 +294,18 @@ Result<std::optional<uint64_t>> Store::Latest() {
 
 namespace {
 
+// What a parsed version holds in memory, roughly: its tables, the manifest
+// text, and the parsed manifest (entries, names, shapes, allocator slack).
 uint64_t TableBytes(const Version& v) {
-  return (v.records.size() + v.full_records.size()) * sizeof(BlockRecord) +
-         v.manifest_bytes.size() + 256;
+  uint64_t bytes = (v.records.size() + v.full_records.size()) * sizeof(BlockRecord) +
+                   v.manifest_bytes.size() + sizeof(Version) + 512;
+  for (const FileEntry& f : v.manifest.files) {
+    bytes += sizeof(FileEntry) + f.name.size() + 64;
+    for (const TensorEntry& t : f.tensors) {
+      bytes += sizeof(TensorEntry) + t.name.size() + t.shape.size() * sizeof(int64_t) + 96;
+    }
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -317,7 +326,9 @@ void Store::CachePut(std::shared_ptr<const Version> v) {
   cache_bytes_ += c.bytes;
   by_use_[c.used] = version;
   cache_[version] = std::move(c);
-  while (cache_bytes_ > options_.version_cache_bytes && cache_.size() > 1) {
+  while ((cache_bytes_ > options_.version_cache_bytes ||
+          cache_.size() > options_.version_cache_count) &&
+         cache_.size() > 1) {
     CacheErase(by_use_.begin()->second);
   }
 }

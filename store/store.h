@@ -3,7 +3,7 @@
 // Wraps the ObjectStore (where the bytes are), the optional host-local
 // Index (a RocksDB cache of the catalog), and a bounded in-memory cache of
 // parsed versions (the most recently used ones, up to
-// StoreOptions::version_cache_bytes of block tables), so a process that
+// StoreOptions::version_cache_bytes and version_cache_count), so a process that
 // touches thousands of versions holds only the ones in use. Every version it
 // returns has been validated: its manifest parses, names its own version
 // number, and its block table matches its hash and its manifest's tensors.
@@ -42,10 +42,12 @@ struct StoreOptions {
   uint64_t blob_cache_bytes = 0;
   uint64_t blob_chunk_bytes = uint64_t{4} << 20;
   // Parsed versions kept in memory: the most recently used, while their
-  // block tables add up to at most this many bytes (the newest one used is
-  // always kept). Versions in use elsewhere (an open file's chain) stay
+  // tables and parsed manifests add up to at most this many bytes (the
+  // newest one used is always kept). Versions in use elsewhere (an open file's chain) stay
   // alive through their shared_ptr whatever this bound.
-  uint64_t version_cache_bytes = uint64_t{64} << 20;
+  uint64_t version_cache_bytes = uint64_t{32} << 20;
+  // ...and at most this many of them.
+  size_t version_cache_count = 256;
 };
 
 // A validated, parsed version.
@@ -138,7 +140,7 @@ class Store {
   // Tells the blob cache the sizes of m's blobs (saves it a HEAD each).
   void NoteBlobSizes(const Manifest& m);
   // The memory cache: find (and mark used), insert (evicting the least
-  // recently used beyond version_cache_bytes), erase.
+  // recently used beyond version_cache_bytes or version_cache_count), erase.
   std::shared_ptr<const Version> CacheFind(uint64_t version) REQUIRES(mu_);
   void CachePut(std::shared_ptr<const Version> v) REQUIRES(mu_);
   void CacheErase(uint64_t version) REQUIRES(mu_);
