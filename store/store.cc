@@ -376,34 +376,29 @@ Result<std::shared_ptr<const Version>> Store::GetVersion(uint64_t version) {
   }
   ASSIGN_OR_RETURN(auto indexed, FromIndex(version, std::nullopt));
   if (indexed) return indexed;
-  // The last listing names it: no need to list again unless that key is gone
-  // (gc rewrote or removed the version since).
-  if (listed_key) {
-    auto v = GetVersionAt(version, *listed_key);
+  // Its manifest key from ever fresher listings: this process's last one
+  // (no request), then a listing (kept in the index for s3:// stores), then
+  // a full one. A key that is gone means the listing is behind gc; after
+  // one, only a full listing is trusted.
+  std::optional<std::string> tried;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::optional<std::string> key = attempt == 0 ? listed_key : std::nullopt;
+    if (attempt > 0) {
+      ASSIGN_OR_RETURN(auto versions, ListVersions(/*fresh=*/attempt == 2 || tried.has_value()));
+      auto it = versions.find(version);
+      if (it == versions.end()) {
+        return NotFound("version " + std::to_string(version) + " (" + VersionName(version) +
+                        ") is not committed in store " + options_.uri);
+      }
+      key = it->second;
+    }
+    if (!key || key == tried) continue;
+    tried = key;
+    auto v = GetVersionAt(version, *key);
     if (v.ok() || v.status().code() != Code::kNotFound) return v;
   }
-  // A key that is gone means a listing (kept in the index, or this
-  // process's) is behind gc: list everything.
-  ASSIGN_OR_RETURN(auto versions, ListVersions(/*fresh=*/listed_key.has_value()));
-  auto it = versions.find(version);
-  if (it == versions.end()) {
-    return NotFound("version " + std::to_string(version) + " (" + VersionName(version) +
-                    ") is not committed in store " + options_.uri);
-  }
-  if (listed_key && *listed_key == it->second) {
-    return NotFound("version " + std::to_string(version) + " (" + VersionName(version) +
-                    "): its manifest " + it->second + " is gone from store " + options_.uri);
-  }
-  auto v = GetVersionAt(version, it->second);
-  if (v.ok() || v.status().code() != Code::kNotFound || listed_key) return v;
-  // Listed (by a kept listing) but gone: once more from a full listing.
-  ASSIGN_OR_RETURN(versions, ListVersions(/*fresh=*/true));
-  it = versions.find(version);
-  if (it == versions.end()) {
-    return NotFound("version " + std::to_string(version) + " (" + VersionName(version) +
-                    ") is not committed in store " + options_.uri);
-  }
-  return GetVersionAt(version, it->second);
+  return NotFound("version " + std::to_string(version) + " (" + VersionName(version) +
+                  "): its manifest " + *tried + " is gone from store " + options_.uri);
 }
 
 Result<std::shared_ptr<const Version>> Store::GetVersionAt(uint64_t version,

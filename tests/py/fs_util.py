@@ -39,6 +39,16 @@ def binary():
     return _binary
 
 
+def generate(out, size, steps, *args):
+    """dte-gen steps 0..steps of a `size` model into out (more dte-gen
+    arguments in args); returns step -> that step's checkpoint directory."""
+    gen = BUILD_DIR / "tools" / "dte-gen"
+    assert os.access(gen, os.X_OK), f"{gen} is not built"
+    subprocess.run([str(gen), "--out", str(out), "--size", size, "--steps", str(steps),
+                    *map(str, args), "-q"], check=True, timeout=300)
+    return lambda step: Path(out) / f"step-{step:06d}"
+
+
 def wait_for(predicate, timeout, what, interval=0.05):
     deadline = time.monotonic() + timeout
     while True:

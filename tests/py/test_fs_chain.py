@@ -9,13 +9,12 @@ The chain is a dte-gen sequence (an 8 MiB model, AdamW steps changing about
 import filecmp
 import json
 import os
-import subprocess
 
 import pytest
 
 from dtectl_util import Dtectl
 import fs_util
-from fs_util import BUILD_DIR, wait_for
+from fs_util import wait_for
 
 CHAIN = 40  # deltas after the anchor v0
 EXTRA = 4  # further steps generated for commits while mounted
@@ -25,12 +24,7 @@ SNAPSHOT_WAIT = 60.0
 @pytest.fixture(scope="session")
 def chain_ckpts(tmp_path_factory):
     """dte-gen steps 0..CHAIN+EXTRA."""
-    out = tmp_path_factory.mktemp("chaingen")
-    gen = BUILD_DIR / "tools" / "dte-gen"
-    assert os.access(gen, os.X_OK), f"{gen} is not built"
-    subprocess.run([str(gen), "--out", str(out), "--size", "8MiB", "--steps",
-                    str(CHAIN + EXTRA), "-q"], check=True, timeout=300)
-    return lambda step: out / f"step-{step:06d}"
+    return fs_util.generate(tmp_path_factory.mktemp("chaingen"), "8MiB", CHAIN + EXTRA)
 
 
 @pytest.fixture(scope="session")

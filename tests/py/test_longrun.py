@@ -10,14 +10,12 @@ The run is a dte-gen sequence (a 4 MiB model, AdamW steps changing about
 import json
 import os
 import shutil
-import subprocess
 
 import pytest
 
 import fs_util
 import store_util
 from dtectl_util import Dtectl
-from fs_util import BUILD_DIR
 
 STEPS = 13  # versions 0..STEPS
 EVERY = 4
@@ -25,11 +23,7 @@ EVERY = 4
 
 @pytest.fixture(scope="session")
 def run_ckpts(tmp_path_factory):
-    out = tmp_path_factory.mktemp("longgen")
-    gen = BUILD_DIR / "tools" / "dte-gen"
-    subprocess.run([str(gen), "--out", str(out), "--size", "4MiB", "--steps", str(STEPS), "-q"],
-                   check=True, timeout=300)
-    return lambda step: out / f"step-{step:06d}"
+    return fs_util.generate(tmp_path_factory.mktemp("longgen"), "4MiB", STEPS)
 
 
 @pytest.fixture(scope="session")

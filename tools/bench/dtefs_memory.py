@@ -13,18 +13,14 @@ import argparse
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fs_bench_util as fu  # noqa: E402
+
 MIB = 1 << 20
-
-
-def vm_hwm(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmHWM for {pid}")
 
 
 def measure(dtefs, store, spread=100):
@@ -46,7 +42,7 @@ def measure(dtefs, store, spread=100):
             with open(os.path.join(mnt, n, shard), "rb") as f:
                 while f.read(MIB):
                     pass
-        return len(names), vm_hwm(p.pid)
+        return len(names), fu.proc_status(p.pid, "VmHWM")
     finally:
         subprocess.run(["fusermount3", "-u", mnt], check=False)
         p.wait(timeout=60)

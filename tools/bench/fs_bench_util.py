@@ -185,6 +185,18 @@ class QuietWaiter:
         self.seen.append(b)
 
 
+# --- processes ---------------------------------------------------------------------
+
+
+def proc_status(pid, field):
+    """A size field of /proc/PID/status (VmHWM, VmRSS, ...), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
+
+
 # --- readers -------------------------------------------------------------------------
 
 

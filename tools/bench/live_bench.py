@@ -283,14 +283,6 @@ def build_store(tools, a, store, cache, steps):
 # --- the mount and one apply ------------------------------------------------------------
 
 
-def proc_status(pid, field):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/{pid}/status")
-
-
 class Bench:
     """One dtefs mount at a time (fresh for each cold state) and timed applies."""
 
@@ -341,7 +333,7 @@ class Bench:
         """`dtectl apply --version`; returns its JSON with the command's wall time,
         the daemon's CPU and memory around it."""
         pid = self.m.proc.pid
-        rss, hwm = proc_status(pid, "VmRSS"), proc_status(pid, "VmHWM")
+        rss, hwm = fu.proc_status(pid, "VmRSS"), fu.proc_status(pid, "VmHWM")
         with open(f"/proc/{pid}/clear_refs", "w") as f:
             f.write("5\n")  # VmHWM := VmRSS
         cpu, t0 = self.m.cpu_seconds(), time.perf_counter()
@@ -351,8 +343,8 @@ class Bench:
         if out["to_version"] != version:
             raise RuntimeError(f"apply of v{version} reports {out}")
         return out | {"wall": wall, "cpu": self.m.cpu_seconds() - cpu, "rss_before": rss,
-                      "hwm_before": hwm, "peak": proc_status(pid, "VmHWM"),
-                      "shmem": proc_status(pid, "RssShmem"),
+                      "hwm_before": hwm, "peak": fu.proc_status(pid, "VmHWM"),
+                      "shmem": fu.proc_status(pid, "RssShmem"),
                       "cache_bytes": self.status()["cache"]["bytes"]}
 
     def timed(self, prepare, body, pids=lambda: [], undo=None):

@@ -67,27 +67,6 @@ def run(argv, env=None, timeout=3600):
     return r
 
 
-def proc_status(pid, field):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/{pid}/status")
-
-
-def read_tree(path):
-    """Reads every file under path in 1 MiB pieces; returns bytes read."""
-    n = 0
-    for name in sorted(os.listdir(path)):
-        with open(os.path.join(path, name), "rb", buffering=0) as f:
-            while True:
-                b = f.read(MIB)
-                if not b:
-                    break
-                n += len(b)
-    return n
-
-
 def mean(xs):
     return sum(xs) / len(xs) if xs else float("nan")
 
@@ -162,7 +141,7 @@ class Run:
                 with open(os.path.join(m.path, n, shard), "rb") as f:
                     while f.read(MIB):
                         pass
-            return proc_status(m.proc.pid, "VmHWM")
+            return fu.proc_status(m.proc.pid, "VmHWM")
         finally:
             m.unmount()
 
@@ -173,7 +152,8 @@ class Run:
         m = self.mount(self.fresh_cache("join"), "--snapshot-every", 0)
         try:
             t0 = time.monotonic()
-            read_tree(os.path.join(m.path, version_dir))
+            d = os.path.join(m.path, version_dir)
+            fu.read_sequential([os.path.join(d, n) for n in sorted(os.listdir(d))])
             return time.monotonic() - t0
         finally:
             m.unmount()
