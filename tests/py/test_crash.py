@@ -154,7 +154,9 @@ def test_commit_killed_at_random_moments(big, tmp_path, policy_anchor):
           f"{landed} landed")
     # The kills must have landed inside commits, on both sides of the manifest write.
     assert killed >= kills // 2, (killed, duration)
-    assert 3 <= landed < len(trials) - 5, (landed, duration)
+    # At least a quarter of the random kills came before the manifest (for the
+    # 24 kills of a plain commit: 6, as always; the 12 of a policy anchor: 3).
+    assert 3 <= landed <= len(trials) - kills // 4, (landed, duration)
     assert not retry_problems, "\n".join(retry_problems)
 
 
