@@ -76,6 +76,14 @@ Result<BlobRef> BlobSink::Adopt(const Hash128& hash, uint64_t size, const std::s
   return ref;
 }
 
+void BlobSink::Include(const BlobRef& ref) {
+  for (const auto& b : used_) {
+    if (b.hash == ref.hash) return;
+  }
+  used_.push_back(ref);
+  if (ref.added) added_.push_back(ref);
+}
+
 Status BlobSink::Refresh() {
   for (const auto& b : used_) {
     std::string key = BlobKey(b.hash);

@@ -54,6 +54,11 @@ class BlobSink {
   // Closes the spool and stores it under its hash.
   Result<BlobRef> Finish(std::unique_ptr<Spool> spool);
 
+  // A blob of the same version written by another writer (a distributed
+  // publish's other ranks): Refresh checks and touches it too, and it counts
+  // in added_bytes() when ref.added.
+  void Include(const BlobRef& ref);
+
   const std::vector<BlobRef>& added() const { return added_; }
   uint64_t added_bytes() const;
 

@@ -21,6 +21,7 @@
 #include "sync/export.h"
 #include "sync/internal/engine_screen.h"
 #include "sync/verify.h"
+#include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 
@@ -31,13 +32,7 @@ namespace fs = std::filesystem;
 using test::TestCheckpoint;
 using test::TestTensor;
 
-// FP32 optimizer state of one tensor: theta_prev, and after one AdamW step
-// theta, m, v.
-struct State {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> prev, theta, m, v;
-};
+using State = test::AdamWTensorState;
 
 kernels::AdamWParams Params(int64_t step, double lr = 3e-5, double wd = 0.1) {
   kernels::AdamWParams p;
@@ -48,56 +43,6 @@ kernels::AdamWParams Params(int64_t step, double lr = 3e-5, double wd = 0.1) {
   p.weight_decay = wd;
   p.step = step;
   return p;
-}
-
-AdamWStep StepOf(const kernels::AdamWParams& p) {
-  AdamWStep h;
-  h.lr = p.lr;
-  h.beta1 = p.beta1;
-  h.beta2 = p.beta2;
-  h.eps = p.eps;
-  h.weight_decay = p.weight_decay;
-  h.step = p.step;
-  return h;
-}
-
-State RandomState(const std::string& name, std::vector<int64_t> shape, uint64_t seed) {
-  State s{name, std::move(shape), {}, {}, {}, {}};
-  size_t n = 1;
-  for (int64_t d : s.shape) n *= static_cast<size_t>(d);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> w(0.0f, 0.02f), g(0.0f, 1e-3f);
-  s.prev.resize(n);
-  s.m.resize(n);
-  s.v.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    s.prev[i] = w(rng);
-    s.m[i] = g(rng);
-    s.v[i] = s.m[i] * s.m[i] * (1.0f + std::abs(g(rng)) * 1e3f) + 1e-12f;
-  }
-  return s;
-}
-
-// Advances s by one AdamW step: prev <- theta (if stepped before), theta <-
-// forward(prev), with fresh moments.
-void Step(State* s, const kernels::AdamWParams& p, uint64_t seed) {
-  if (!s->theta.empty()) s->prev = s->theta;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g(0.0f, 1e-3f);
-  for (size_t i = 0; i < s->m.size(); ++i) {
-    s->m[i] = 0.5f * s->m[i] + g(rng);
-    s->v[i] = s->m[i] * s->m[i] * (1.0f + std::abs(g(rng)) * 1e3f) + 1e-12f;
-  }
-  s->theta.resize(s->prev.size());
-  kernels::AdamWForward(s->prev.data(), s->m.data(), s->v.data(), s->prev.size(), p,
-                        s->theta.data());
-}
-
-TestTensor Bf16Of(const std::string& name, const std::vector<int64_t>& shape,
-                  const std::vector<float>& x) {
-  TestTensor t{name, DType::kBF16, shape, std::string(x.size() * 2, '\0')};
-  kernels::CastFp32ToBf16(x.data(), reinterpret_cast<uint16_t*>(t.data.data()), x.size());
-  return t;
 }
 
 AdamWParamState StateRef(const State& s) {
@@ -114,8 +59,8 @@ AdamWParamState StateRef(const State& s) {
 class PublisherTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    states_.push_back(RandomState("model.embed_tokens.weight", {2200, 1000}, 1));
-    states_.push_back(RandomState("model.norm.weight", {300}, 2));
+    states_.push_back(test::RandomAdamWState("model.embed_tokens.weight", {2200, 1000}, 1));
+    states_.push_back(test::RandomAdamWState("model.norm.weight", {300}, 2));
     for (auto& s : states_) s.theta = s.prev;
     frozen_ = test::Bf16Tensor("model.frozen.weight", {70, 50}, 3);
     inv_freq_ = TestTensor{"model.rotary.inv_freq", DType::kF32, {16}, test::RandomBytes(64, 4)};
@@ -125,7 +70,7 @@ class PublisherTest : public ::testing::Test {
     TestCheckpoint c;
     c.raw_files["config.json"] = "{\"model_type\": \"llama\"}\n";
     test::TestSafetensors f{"model.safetensors", {}, {{"format", "pt"}}};
-    for (const auto& s : states_) f.tensors.push_back(Bf16Of(s.name, s.shape, s.theta));
+    for (const auto& s : states_) f.tensors.push_back(test::Bf16TensorOf(s.name, s.shape, s.theta));
     f.tensors.push_back(frozen_);
     f.tensors.push_back(inv_freq_);
     c.safetensors.push_back(f);
@@ -188,8 +133,9 @@ TEST_P(PublisherModeTest, PublishEqualsCommitOfTheSameWeights) {
   ASSERT_TRUE((*committed)->ImportCheckpoint(WriteCheckpoint()).ok());
   for (int64_t step = 1; step <= 3; ++step) {
     const auto p = Params(step);
-    for (size_t i = 0; i < states_.size(); ++i) Step(&states_[i], p, 100 * step + i);
-    auto r = pub->PublishAdamW(StepOf(p), Refs());
+    for (size_t i = 0; i < states_.size(); ++i)
+      test::AdamWStepState(&states_[i], p, 100 * step + i);
+    auto r = pub->PublishAdamW(test::AdamWStepOf(p), Refs());
     ASSERT_TRUE(r.ok()) << r.status().message();
     auto c = CommitDirectory((*committed)->store(), WriteCheckpoint(), CommitOptions{});
     ASSERT_TRUE(c.ok()) << c.status().message();
@@ -243,7 +189,7 @@ TEST_F(PublisherTest, RejectionsNameTheTensorAndWriteNothing) {
   ASSERT_TRUE(pub->ImportCheckpoint(WriteCheckpoint()).ok());
   const size_t files = StoreFiles();
   const auto p = Params(1);
-  for (size_t i = 0; i < states_.size(); ++i) Step(&states_[i], p, 7 + i);
+  for (size_t i = 0; i < states_.size(); ++i) test::AdamWStepState(&states_[i], p, 7 + i);
   auto expect_rejected = [&](AdamWStep h, std::vector<AdamWParamState> refs,
                              const std::string& needle) {
     auto r = pub->PublishAdamW(h, refs);
@@ -251,39 +197,40 @@ TEST_F(PublisherTest, RejectionsNameTheTensorAndWriteNothing) {
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().message();
     EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
   };
-  AdamWStep h = StepOf(p);
+  AdamWStep h = test::AdamWStepOf(p);
   h.amsgrad = true;
   expect_rejected(h, Refs(), "amsgrad");
-  h = StepOf(p);
+  h = test::AdamWStepOf(p);
   h.maximize = true;
   expect_rejected(h, Refs(), "maximize");
-  h = StepOf(p);
+  h = test::AdamWStepOf(p);
   h.beta2 = 1.0;
   expect_rejected(h, Refs(), "beta2");
 
   auto refs = Refs();
   refs[1].exp_avg.dtype = DType::kBF16;
-  expect_rejected(StepOf(p), refs, "tensor model.norm.weight: exp_avg is BF16");
+  expect_rejected(test::AdamWStepOf(p), refs, "tensor model.norm.weight: exp_avg is BF16");
   refs = Refs();
   refs[0].exp_avg_sq.shape = {1000, 2200};
-  expect_rejected(StepOf(p), refs, "tensor model.embed_tokens.weight: exp_avg_sq has shape");
+  expect_rejected(test::AdamWStepOf(p), refs,
+                  "tensor model.embed_tokens.weight: exp_avg_sq has shape");
   refs = Refs();
   refs[1].state_step = 2;
-  expect_rejected(StepOf(p), refs, "tensor model.norm.weight: optimizer state step 2");
+  expect_rejected(test::AdamWStepOf(p), refs, "tensor model.norm.weight: optimizer state step 2");
   refs = Refs();
   refs[1].weight_decay = 1e9;
-  expect_rejected(StepOf(p), refs, "tensor model.norm.weight: ");
+  expect_rejected(test::AdamWStepOf(p), refs, "tensor model.norm.weight: ");
   refs = Refs();
   refs.push_back(refs[0]);
-  expect_rejected(StepOf(p), refs, "model.embed_tokens.weight is given twice");
+  expect_rejected(test::AdamWStepOf(p), refs, "model.embed_tokens.weight is given twice");
   refs = Refs();
   refs[0].name = "model.missing.weight";
-  expect_rejected(StepOf(p), refs, "model.missing.weight is not in v00000000");
+  expect_rejected(test::AdamWStepOf(p), refs, "model.missing.weight is not in v00000000");
   refs = Refs();
   refs.push_back(refs[1]);
   refs.back().name = inv_freq_.name;
   refs.back().param.shape = refs.back().exp_avg.shape = refs.back().exp_avg_sq.shape = {16};
-  expect_rejected(StepOf(p), refs, "model.rotary.inv_freq is F32 in the store");
+  expect_rejected(test::AdamWStepOf(p), refs, "model.rotary.inv_freq is F32 in the store");
 
   // Nothing reached the store.
   EXPECT_EQ(StoreFiles(), files);
@@ -292,19 +239,19 @@ TEST_F(PublisherTest, RejectionsNameTheTensorAndWriteNothing) {
   EXPECT_EQ(*latest, std::optional<uint64_t>(0));
 
   // A valid publish still works, and the next step must follow it.
-  ASSERT_TRUE(pub->PublishAdamW(StepOf(p), Refs()).ok());
-  expect_rejected(StepOf(Params(3)), Refs(), "step 3 does not follow step 1");
+  ASSERT_TRUE(pub->PublishAdamW(test::AdamWStepOf(p), Refs()).ok());
+  expect_rejected(test::AdamWStepOf(Params(3)), Refs(), "step 3 does not follow step 1");
 }
 
 TEST_F(PublisherTest, AnotherWriterMakesTheNextPublishFailCleanly) {
   auto pub = OpenPublisher();
   ASSERT_TRUE(pub);
   ASSERT_TRUE(pub->ImportCheckpoint(WriteCheckpoint()).ok());
-  for (size_t i = 0; i < states_.size(); ++i) Step(&states_[i], Params(1), 20 + i);
+  for (size_t i = 0; i < states_.size(); ++i) test::AdamWStepState(&states_[i], Params(1), 20 + i);
   // Someone else commits v1 first; its weights are not this trainer's
   // step t-1, so a delta against it would be wrong.
   ASSERT_TRUE(CommitDirectory(pub->store(), WriteCheckpoint(), CommitOptions{}).ok());
-  auto r = pub->PublishAdamW(StepOf(Params(1)), Refs());
+  auto r = pub->PublishAdamW(test::AdamWStepOf(Params(1)), Refs());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("v00000001, not v00000000"), std::string::npos)
       << r.status().message();
@@ -332,7 +279,7 @@ TEST_F(PublisherTest, FalsePositivesNearBoundariesAreCountedAndDropped) {
     auto pub = OpenPublisher(screen ? "screen" : "fused", screen);
     ASSERT_TRUE(pub);
     ASSERT_TRUE(pub->ImportCheckpoint(WriteCheckpoint()).ok());
-    auto r = pub->PublishAdamW(StepOf(p), {StateRef(s)});
+    auto r = pub->PublishAdamW(test::AdamWStepOf(p), {StateRef(s)});
     ASSERT_TRUE(r.ok()) << r.status().message();
     // The fused detector's margin reports all; the screen's bound (2 to 4
     // ulps here, by the mantissa) reports those 1 and 2 ulps away, and some
@@ -361,8 +308,8 @@ TEST_F(PublisherTest, UpdatesThatDwarfTheWeightAreStoredWhole) {
   ASSERT_TRUE(pub);
   ASSERT_TRUE(pub->ImportCheckpoint(WriteCheckpoint()).ok());
   const auto p = Params(1, 1e-3, 0.0);
-  Step(&s, p, 5);
-  auto r = pub->PublishAdamW(StepOf(p), {StateRef(s)});
+  test::AdamWStepState(&s, p, 5);
+  auto r = pub->PublishAdamW(test::AdamWStepOf(p), {StateRef(s)});
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_GT(r->uncertain, s.prev.size() / 2);
   Materializer reader(&pub->store());
@@ -378,7 +325,7 @@ TEST_F(PublisherTest, UpdatesThatDwarfTheWeightAreStoredWhole) {
                   .ReadFile(*v, f, f.header_size + t->begin, t->bytes(),
                             reinterpret_cast<uint8_t*>(got.data()))
                   .ok());
-  EXPECT_EQ(got, Bf16Of(s.name, s.shape, s.theta).data);
+  EXPECT_EQ(got, test::Bf16TensorOf(s.name, s.shape, s.theta).data);
 }
 
 // Every element the screen rules out kept its BF16 bits, and every old value

@@ -1,0 +1,899 @@
+#include "sync/dist_publisher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "kernels/adamw.h"
+#include "kernels/bf16_math.h"
+#include "kernels/parallel.h"
+#include "store/delta_codec.h"
+#include "store/materialize.h"
+#include "store/snapshot.h"
+#include "store/store.h"
+#include "sync/internal/blob_sink.h"
+#include "sync/internal/engine_screen.h"
+#include "sync/internal/engine_version.h"
+
+namespace dte {
+namespace {
+
+using json = nlohmann::json;
+
+// Elements screened per call: 3 MiB of FP32 state per array, and 12 bytes
+// per element of candidate buffers at most.
+constexpr uint64_t kScreenChunk = uint64_t{1} << 18;
+// Blocks encoded in parallel by an owner, as dtectl commit does.
+constexpr uint32_t kOwnerBlocksPerChunk = 16;
+
+std::string StepWhat(const AdamWStep& h) { return "step " + std::to_string(h.step); }
+
+// Little-endian fixed-width fields, for the messages between ranks.
+class Writer {
+ public:
+  template <typename T>
+  void Put(T v) {
+    char b[sizeof(T)];
+    std::memcpy(b, &v, sizeof(T));
+    out_.append(b, sizeof(T));
+  }
+  void PutString(const std::string& s) {
+    Put<uint64_t>(s.size());
+    out_ += s;
+  }
+  void PutHash(const Hash128& h) {
+    Put(h.high);
+    Put(h.low);
+  }
+  void PutStatus(const Status& s) {
+    Put<uint8_t>(static_cast<uint8_t>(s.code()));
+    PutString(s.ok() ? std::string() : s.message());
+  }
+  void PutRecord(const BlockRecord& r) {
+    Put<uint8_t>(static_cast<uint8_t>(r.kind));
+    Put(r.offset);
+    Put(r.length);
+    Put(r.changed);
+    Put(r.hash);
+  }
+  std::string& out() { return out_; }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (in_.size() < sizeof(T)) return false;
+    std::memcpy(v, in_.data(), sizeof(T));
+    in_.remove_prefix(sizeof(T));
+    return true;
+  }
+  bool GetString(std::string* s) {
+    uint64_t n = 0;
+    if (!Get(&n) || in_.size() < n) return false;
+    s->assign(in_.data(), n);
+    in_.remove_prefix(n);
+    return true;
+  }
+  bool GetHash(Hash128* h) { return Get(&h->high) && Get(&h->low); }
+  bool GetStatus(Status* s) {
+    uint8_t code = 0;
+    std::string message;
+    if (!Get(&code) || !GetString(&message)) return false;
+    *s = code == 0 ? Status::Ok() : Status(static_cast<Code>(code), std::move(message));
+    return true;
+  }
+  bool GetRecord(BlockRecord* r) {
+    uint8_t kind = 0;
+    if (!Get(&kind) || !Get(&r->offset) || !Get(&r->length) || !Get(&r->changed) ||
+        !Get(&r->hash)) {
+      return false;
+    }
+    r->kind = static_cast<BlockKind>(kind);
+    return true;
+  }
+  bool Skip(size_t n) {
+    if (in_.size() < n) return false;
+    in_.remove_prefix(n);
+    return true;
+  }
+  const char* data() const { return in_.data(); }
+  bool done() const { return in_.empty(); }
+
+ private:
+  std::string_view in_;
+};
+
+// Every rank sends out[r] to rank r and gets in[r] from rank r: the sizes in
+// one round, then the non-empty payloads in a second, so both ends always
+// agree on every message's size.
+Result<std::vector<std::string>> AllToAll(Transport& t, const std::vector<std::string>& out,
+                                          const std::string& what, DistPublishStats* stats) {
+  const int n = t.size();
+  std::vector<uint64_t> sizes_out(n), sizes_in(n);
+  std::vector<SendBuffer> sends;
+  std::vector<RecvBuffer> recvs;
+  for (int r = 0; r < n; ++r) {
+    sizes_out[r] = out[r].size();
+    sends.push_back({r, &sizes_out[r], sizeof(uint64_t)});
+    recvs.push_back({r, &sizes_in[r], sizeof(uint64_t)});
+  }
+  RETURN_IF_ERROR(t.Exchange(sends, recvs).WithContext(what + " (sizes)"));
+  std::vector<std::string> in(n);
+  sends.clear();
+  recvs.clear();
+  for (int r = 0; r < n; ++r) {
+    if (sizes_in[r] > (uint64_t{1} << 40)) {
+      return Corruption(what + ": rank " + std::to_string(r) + " announced " +
+                        std::to_string(sizes_in[r]) + " bytes");
+    }
+    in[r].resize(sizes_in[r]);
+    if (!out[r].empty()) sends.push_back({r, out[r].data(), out[r].size()});
+    if (!in[r].empty()) recvs.push_back({r, in[r].data(), in[r].size()});
+    if (stats && r != t.rank()) {
+      stats->bytes_sent += out[r].size();
+      stats->bytes_received += in[r].size();
+    }
+  }
+  RETURN_IF_ERROR(t.Exchange(sends, recvs).WithContext(what));
+  return in;
+}
+
+Result<std::vector<std::string>> AllGather(Transport& t, const std::string& mine,
+                                           const std::string& what, DistPublishStats* stats) {
+  return AllToAll(t, std::vector<std::string>(t.size(), mine), what, stats);
+}
+
+kernels::AdamWParams ParamsOf(const AdamWStep& h, std::optional<double> lr,
+                              std::optional<double> wd) {
+  kernels::AdamWParams p{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step, h.order};
+  if (lr) p.lr = *lr;
+  if (wd) p.weight_decay = *wd;
+  return p;
+}
+
+json OptJson(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
+std::optional<double> OptDouble(const json& j) {
+  return j.is_null() ? std::nullopt : std::optional<double>(j.get<double>());
+}
+
+// What a rank tells every other before a publish.
+struct Header {
+  std::string error;
+  json fields;  // step, hyper-parameters, store: must agree across ranks
+  std::optional<uint64_t> latest;
+  std::optional<uint64_t> last_version;
+  struct Range {
+    std::string name;
+    uint64_t begin = 0, end = 0;
+    std::optional<int64_t> state_step;
+    std::optional<double> lr, wd;
+  };
+  std::vector<Range> ranges;
+};
+
+std::string EncodeHeader(const Header& h) {
+  json j;
+  j["error"] = h.error;
+  j["fields"] = h.fields;
+  j["latest"] = h.latest ? json(*h.latest) : json(nullptr);
+  j["last_version"] = h.last_version ? json(*h.last_version) : json(nullptr);
+  json ranges = json::array();
+  for (const auto& r : h.ranges) {
+    ranges.push_back({r.name, r.begin, r.end, r.state_step ? json(*r.state_step) : json(nullptr),
+                      OptJson(r.lr), OptJson(r.wd)});
+  }
+  j["ranges"] = std::move(ranges);
+  return j.dump();
+}
+
+Result<Header> DecodeHeader(const std::string& text, int rank) {
+  try {
+    json j = json::parse(text);
+    Header h;
+    h.error = j.at("error").get<std::string>();
+    h.fields = j.at("fields");
+    if (!j.at("latest").is_null()) h.latest = j.at("latest").get<uint64_t>();
+    if (!j.at("last_version").is_null()) h.last_version = j.at("last_version").get<uint64_t>();
+    for (const auto& r : j.at("ranges")) {
+      Header::Range x;
+      x.name = r.at(0).get<std::string>();
+      x.begin = r.at(1).get<uint64_t>();
+      x.end = r.at(2).get<uint64_t>();
+      if (!r.at(3).is_null()) x.state_step = r.at(3).get<int64_t>();
+      x.lr = OptDouble(r.at(4));
+      x.wd = OptDouble(r.at(5));
+      h.ranges.push_back(std::move(x));
+    }
+    return h;
+  } catch (const json::exception& e) {
+    return Corruption("the publish header of rank " + std::to_string(rank) +
+                      " is malformed: " + e.what());
+  }
+}
+
+// Disjoint, sorted intervals of covered elements.
+using Intervals = std::map<uint64_t, uint64_t>;  // begin -> end
+
+// [begin, end) minus `covered`.
+std::vector<FlatRange> Subtract(const Intervals& covered, uint64_t begin, uint64_t end) {
+  std::vector<FlatRange> out;
+  uint64_t at = begin;
+  auto it = covered.upper_bound(begin);
+  if (it != covered.begin()) --it;
+  for (; it != covered.end() && it->first < end && at < end; ++it) {
+    if (it->second <= at) continue;
+    if (it->first > at) out.push_back({at, it->first});
+    at = std::max(at, it->second);
+  }
+  if (at < end) out.push_back({at, end});
+  return out;
+}
+
+void Cover(Intervals* covered, uint64_t begin, uint64_t end) {
+  for (const FlatRange& piece : Subtract(*covered, begin, end)) {
+    (*covered)[piece.begin] = piece.end;
+  }
+}
+
+}  // namespace
+
+FlatRange RowRange(const std::vector<int64_t>& shape, uint64_t row_begin, uint64_t row_end) {
+  uint64_t row = 1;
+  for (size_t d = 1; d < shape.size(); ++d) row *= static_cast<uint64_t>(shape[d]);
+  return {row_begin * row, row_end * row};
+}
+
+FlatRange ChunkRows(uint64_t rows, int rank, int world) {
+  const uint64_t chunk = world > 0 ? (rows + world - 1) / world : rows;
+  const uint64_t begin = std::min(rows, chunk * static_cast<uint64_t>(rank));
+  return {begin, std::min(rows, begin + chunk)};
+}
+
+// What every rank derives, identically, from all ranks' headers.
+struct DistPublisher::Plan {
+  uint64_t latest = 0;
+  std::shared_ptr<const Version> parent;
+  struct Tensor {
+    size_t file = 0, index = 0;
+    const TensorEntry* entry = nullptr;
+    bool named = false;
+    int owner = -1;
+    std::optional<double> lr, wd;
+  };
+  std::vector<Tensor> tensors;  // the parent's, in manifest order
+  std::map<std::string, size_t> ordinal;
+  // This rank's ranges after replicas held by lower ranks are removed.
+  struct Piece {
+    size_t tensor = 0;
+    FlatRange range;
+    const RangeState* state = nullptr;
+  };
+  std::vector<Piece> mine;
+  AnchorDistance parent_distance;
+  std::string anchor_reason;
+};
+
+DistPublisher::DistPublisher(PublisherOptions options, std::unique_ptr<Store> store)
+    : options_(std::move(options)), store_(std::move(store)) {}
+
+DistPublisher::~DistPublisher() = default;
+
+Result<std::unique_ptr<DistPublisher>> DistPublisher::Open(const PublisherOptions& options) {
+  if (options.converter != "hf") {
+    return InvalidArgument(
+        "the distributed publisher takes Hugging Face tensors (converter \"hf\")"
+        ", not converter \"" +
+        options.converter + "\"");
+  }
+  if (!options.screen) {
+    return InvalidArgument("the distributed publisher finds changes with the screen (screen=true)");
+  }
+  RETURN_IF_ERROR(CheckAnchorPolicy(options.anchor_policy));
+  StoreOptions o;
+  o.uri = options.store;
+  o.cache_dir = options.cache_dir;
+  o.create = true;
+  o.index_optional = true;
+  ASSIGN_OR_RETURN(auto store, Store::Open(o));
+  return std::unique_ptr<DistPublisher>(new DistPublisher(options, std::move(store)));
+}
+
+Result<PublishResult> DistPublisher::PublishAdamW(Transport& transport, const AdamWStep& h,
+                                                  const std::vector<RangeState>& ranges) {
+  stats_ = DistPublishStats{};
+  auto r = Run(transport, h, ranges);
+  if (r.ok()) {
+    last_step_ = h.step;
+    last_version_ = r->version;
+  }
+  return r;
+}
+
+Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
+                                         const std::vector<RangeState>& ranges) {
+  const int rank = t.rank(), world = t.size();
+  const std::string at_step = StepWhat(h);
+
+  // 1. Agreement.
+  Header mine;
+  mine.fields = {{"step", h.step},
+                 {"lr", h.lr},
+                 {"beta1", h.beta1},
+                 {"beta2", h.beta2},
+                 {"eps", h.eps},
+                 {"weight_decay", h.weight_decay},
+                 {"amsgrad", h.amsgrad},
+                 {"maximize", h.maximize},
+                 {"order", static_cast<int>(h.order)},
+                 {"store", store_->store_id()},
+                 {"world_size", world}};
+  mine.last_version = last_version_;
+  for (const auto& r : ranges) {
+    mine.ranges.push_back({r.name, r.begin, r.end, r.state_step, r.lr, r.weight_decay});
+  }
+  if (h.amsgrad) {
+    mine.error = "AdamW amsgrad=True is not supported by the publisher";
+  } else if (h.maximize) {
+    mine.error = "AdamW maximize=True is not supported by the publisher";
+  } else if (std::string e = kernels::AdamWParamsError(ParamsOf(h, {}, {})); !e.empty()) {
+    mine.error = e;
+  } else if (last_step_ && h.step != *last_step_ + 1) {
+    mine.error = at_step + " does not follow step " + std::to_string(*last_step_) +
+                 ", the last one this rank published";
+  }
+  if (mine.error.empty() && rank == 0) {
+    auto latest = store_->Latest();
+    if (!latest.ok()) {
+      mine.error = latest.status().message();
+    } else if (!*latest) {
+      mine.error = "store " + store_->uri() +
+                   " has no version to publish a delta against; import the initial checkpoint "
+                   "first";
+    } else {
+      mine.latest = **latest;
+    }
+  }
+  ASSIGN_OR_RETURN(
+      auto texts, AllGather(t, EncodeHeader(mine), at_step + ": agreeing on the publish", &stats_));
+  std::vector<Header> all;
+  for (int r = 0; r < world; ++r) {
+    ASSIGN_OR_RETURN(Header hr, DecodeHeader(texts[r], r));
+    all.push_back(std::move(hr));
+  }
+  for (int r = 0; r < world; ++r) {
+    if (!all[r].error.empty()) {
+      return InvalidArgument(at_step + ": rank " + std::to_string(r) + ": " + all[r].error);
+    }
+  }
+  for (int r = 1; r < world; ++r) {
+    for (const auto& [key, value] : all[0].fields.items()) {
+      const json& other = all[r].fields.contains(key) ? all[r].fields.at(key) : json(nullptr);
+      if (other != value) {
+        return InvalidArgument(at_step + ": rank " + std::to_string(r) +
+                               " disagrees with rank 0 on " + key + ": " + other.dump() +
+                               " against " + value.dump());
+      }
+    }
+  }
+  Plan plan;
+  plan.latest = *all[0].latest;
+  for (int r = 0; r < world; ++r) {
+    if (all[r].last_version && *all[r].last_version != plan.latest) {
+      return InvalidArgument(at_step + ": the latest version of store " + store_->uri() + " is " +
+                             VersionName(plan.latest) + ", not " +
+                             VersionName(*all[r].last_version) + " which rank " +
+                             std::to_string(r) + " published last: another writer changed it");
+    }
+  }
+  {
+    // The parent and its distance from the last full table, on every rank:
+    // one rank that cannot read them fails them all.
+    Status loaded = [&]() -> Status {
+      ASSIGN_OR_RETURN(plan.parent, store_->GetVersion(plan.latest));
+      ASSIGN_OR_RETURN(plan.parent_distance, DistanceOf(*store_, plan.parent));
+      return Status::Ok();
+    }();
+    Writer w;
+    w.PutStatus(loaded);
+    ASSIGN_OR_RETURN(auto states, AllGather(t, w.out(), at_step + ": reading the parent", &stats_));
+    for (int r = 0; r < world; ++r) {
+      Reader rd(states[r]);
+      Status s;
+      if (!rd.GetStatus(&s))
+        return Corruption(at_step + ": rank " + std::to_string(r) + " sent a malformed status");
+      RETURN_IF_ERROR(s.WithContext(at_step + ": rank " + std::to_string(r)));
+    }
+  }
+  const Manifest& pm = plan.parent->manifest;
+  for (size_t f = 0; f < pm.files.size(); ++f) {
+    for (size_t i = 0; i < pm.files[f].tensors.size(); ++i) {
+      plan.ordinal[pm.files[f].tensors[i].name] = plan.tensors.size();
+      plan.tensors.push_back({f, i, &pm.files[f].tensors[i], false, -1, {}, {}});
+    }
+  }
+
+  // Every range of every rank, checked; coverage; replicas to their lowest
+  // holder.
+  struct Held {
+    int rank;
+    size_t index;  // into all[rank].ranges
+  };
+  std::vector<std::vector<Held>> held(plan.tensors.size());
+  for (int r = 0; r < world; ++r) {
+    for (size_t k = 0; k < all[r].ranges.size(); ++k) {
+      const Header::Range& x = all[r].ranges[k];
+      const std::string who = at_step + ": rank " + std::to_string(r) + ": tensor " + x.name;
+      auto it = plan.ordinal.find(x.name);
+      if (it == plan.ordinal.end()) {
+        return InvalidArgument(who + " is not in " + VersionName(plan.latest) + " of store " +
+                               store_->uri());
+      }
+      const TensorEntry& te = *plan.tensors[it->second].entry;
+      if (te.dtype != DType::kBF16) {
+        return InvalidArgument(who + " is " + DTypeName(te.dtype) +
+                               " in the store; the publisher writes BF16 tensors only");
+      }
+      if (x.begin > x.end || x.end > te.elements()) {
+        return InvalidArgument(who + ": elements [" + std::to_string(x.begin) + ", " +
+                               std::to_string(x.end) + ") are not a range of its " +
+                               std::to_string(te.elements()) + " elements");
+      }
+      if (x.state_step && *x.state_step != h.step) {
+        return InvalidArgument(who + ": optimizer state step " + std::to_string(*x.state_step) +
+                               " does not match the published step " + std::to_string(h.step));
+      }
+      std::string e = kernels::AdamWParamsError(ParamsOf(h, x.lr, x.wd));
+      if (!e.empty()) return InvalidArgument(who + ": " + e);
+      held[it->second].push_back({r, k});
+    }
+  }
+  for (size_t ti = 0; ti < plan.tensors.size(); ++ti) {
+    if (held[ti].empty()) continue;
+    Plan::Tensor& pt = plan.tensors[ti];
+    pt.named = true;
+    const Header::Range& first = all[held[ti][0].rank].ranges[held[ti][0].index];
+    pt.lr = first.lr;
+    pt.wd = first.wd;
+    Intervals covered;
+    int cur_rank = -1;
+    Intervals rank_own;  // the current rank's ranges, which must not overlap
+    Intervals below;     // covered by lower ranks
+    for (const Held& hd : held[ti]) {
+      const Header::Range& x = all[hd.rank].ranges[hd.index];
+      const std::string who = at_step + ": tensor " + x.name;
+      if (x.lr != pt.lr || x.wd != pt.wd) {
+        return InvalidArgument(who + ": ranks " + std::to_string(held[ti][0].rank) + " and " +
+                               std::to_string(hd.rank) +
+                               " give it different param-group lr or weight_decay");
+      }
+      if (hd.rank != cur_rank) {
+        for (const auto& [b, e] : rank_own) Cover(&below, b, e);
+        rank_own.clear();
+        cur_rank = hd.rank;
+      }
+      if (x.begin == x.end) continue;
+      if (Subtract(rank_own, x.begin, x.end).size() != 1 ||
+          Subtract(rank_own, x.begin, x.end)[0].begin != x.begin ||
+          Subtract(rank_own, x.begin, x.end)[0].end != x.end) {
+        return InvalidArgument(who + ": rank " + std::to_string(hd.rank) +
+                               " gives some of elements [" + std::to_string(x.begin) + ", " +
+                               std::to_string(x.end) + ") twice");
+      }
+      rank_own[x.begin] = x.end;
+      Cover(&covered, x.begin, x.end);
+      if (hd.rank == rank) {
+        for (const FlatRange& piece : Subtract(below, x.begin, x.end)) {
+          plan.mine.push_back({ti, piece, &ranges[hd.index]});
+        }
+      }
+    }
+    auto gaps = Subtract(covered, 0, pt.entry->elements());
+    if (!gaps.empty()) {
+      return InvalidArgument(at_step + ": tensor " + pt.entry->name + ": elements [" +
+                             std::to_string(gaps[0].begin) + ", " + std::to_string(gaps[0].end) +
+                             ") are held by no rank; the ranks' ranges must cover every tensor "
+                             "they name");
+    }
+  }
+  for (const Plan::Piece& p : plan.mine) {
+    const RangeState& s = *p.state;
+    if (s.end > s.begin && (!s.param || !s.exp_avg || !s.exp_avg_sq)) {
+      return InvalidArgument(at_step + ": tensor " + s.name + ": a range of " +
+                             std::to_string(s.end - s.begin) + " elements without data");
+    }
+  }
+  plan.anchor_reason =
+      PolicyAnchorReason(options_.anchor_policy, plan.parent_distance, pm.stats.dense_bytes);
+  const bool full = !plan.anchor_reason.empty();
+
+  // 2. Ownership: largest first, to the least loaded rank.
+  {
+    std::vector<size_t> order;
+    for (size_t ti = 0; ti < plan.tensors.size(); ++ti) {
+      if (plan.tensors[ti].named || full) order.push_back(ti);
+    }
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return plan.tensors[a].entry->bytes() > plan.tensors[b].entry->bytes();
+    });
+    std::vector<uint64_t> load(world, 0);
+    for (size_t ti : order) {
+      int best = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      plan.tensors[ti].owner = best;
+      load[best] += plan.tensors[ti].entry->bytes() + 1;
+    }
+  }
+
+  // 3. Detection: the candidates of this rank's pieces not proven unchanged,
+  // as groups (tensor u32, base u64, count u32) of (offset u32, bits u16).
+  std::vector<Writer> routed(world);
+  uint64_t flagged = 0, kept = 0;
+  {
+    std::vector<uint64_t> idx(kScreenChunk + internal::kScreenSlack);
+    std::vector<uint32_t> old(kScreenChunk + internal::kScreenSlack);
+    for (const Plan::Piece& p : plan.mine) {
+      const RangeState& s = *p.state;
+      const Plan::Tensor& pt = plan.tensors[p.tensor];
+      const internal::ScreenScalars scalars =
+          internal::MakeScreenScalars(kernels::MakeAdamWScalars(ParamsOf(h, pt.lr, pt.wd)));
+      Writer& w = routed[pt.owner];
+      for (uint64_t base = p.range.begin; base < p.range.end; base += kScreenChunk) {
+        const uint64_t n = std::min(kScreenChunk, p.range.end - base);
+        const uint64_t off = base - s.begin;
+        internal::ScreenCounts c = internal::ScreenCandidates(
+            s.param + off, s.exp_avg + off, s.exp_avg_sq + off, n, scalars, idx.data(), old.data());
+        flagged += c.flagged;
+        kept += c.kept;
+        if (c.kept == 0) continue;
+        w.Put<uint32_t>(static_cast<uint32_t>(p.tensor));
+        w.Put<uint64_t>(base);
+        w.Put<uint32_t>(static_cast<uint32_t>(c.kept));
+        for (size_t k = 0; k < c.kept; ++k) {
+          w.Put<uint32_t>(static_cast<uint32_t>(idx[k]));
+          w.Put<uint16_t>(kernels::Fp32ToBf16Bits(s.param[off + idx[k]]));
+        }
+      }
+    }
+  }
+  stats_.entries_sent = kept;
+
+  // 4. Routing.
+  std::vector<std::string> out(world);
+  for (int r = 0; r < world; ++r) out[r] = std::move(routed[r].out());
+  ASSIGN_OR_RETURN(auto in, AllToAll(t, out, at_step + ": routing changed elements", &stats_));
+  out.clear();
+
+  // 5. Encoding this rank's tensors; any error goes to rank 0 in the part.
+  struct OwnedTensor {
+    size_t tensor;
+    std::vector<std::pair<uint64_t, uint16_t>> entries;
+  };
+  std::map<size_t, OwnedTensor> owned;
+  for (size_t ti = 0; ti < plan.tensors.size(); ++ti) {
+    if (plan.tensors[ti].owner == rank) owned[ti] = OwnedTensor{ti, {}};
+  }
+  stats_.tensors_owned = owned.size();
+  Status part_status;
+  for (int r = 0; r < world && part_status.ok(); ++r) {
+    Reader rd(in[r]);
+    while (!rd.done()) {
+      uint32_t ti = 0, count = 0;
+      uint64_t base = 0;
+      if (!rd.Get(&ti) || !rd.Get(&base) || !rd.Get(&count) || !owned.count(ti)) {
+        part_status = Corruption(at_step + ": rank " + std::to_string(r) +
+                                 " routed changed elements this rank does not own");
+        break;
+      }
+      auto& entries = owned[ti].entries;
+      const uint64_t elements = plan.tensors[ti].entry->elements();
+      for (uint32_t k = 0; k < count; ++k) {
+        uint32_t offset = 0;
+        uint16_t bits = 0;
+        if (!rd.Get(&offset) || !rd.Get(&bits) || base + offset >= elements) {
+          part_status = Corruption(at_step + ": rank " + std::to_string(r) +
+                                   " routed a truncated "
+                                   "or out-of-range entry of tensor " +
+                                   plan.tensors[ti].entry->name);
+          break;
+        }
+        entries.push_back({base + offset, bits});
+      }
+      if (!part_status.ok()) break;
+    }
+  }
+  in.clear();
+
+  internal::BlobSink sink(&store_->objects());
+  Writer part;
+  uint64_t dropped = 0;
+  std::optional<BlobRef> delta_blob, full_blob;
+  std::vector<std::vector<BlockRecord>> recs(plan.tensors.size()), full_recs(plan.tensors.size());
+  std::vector<Hash128> hashes(plan.tensors.size());
+  std::vector<uint64_t> changed(plan.tensors.size(), 0);
+  if (part_status.ok()) {
+    part_status = [&]() -> Status {
+      ASSIGN_OR_RETURN(auto spool, sink.NewSpool());
+      std::unique_ptr<internal::Spool> full_spool;
+      if (full) {
+        ASSIGN_OR_RETURN(full_spool, sink.NewSpool());
+      }
+      Materializer reader(store_.get());
+      std::unique_ptr<SnapshotSet> snapshots = OpenStoreSnapshots(*store_);
+      reader.SetBase(snapshots.get());
+      const uint64_t bb = pm.block_bytes;
+      std::vector<uint8_t> old_chunk, new_chunk;
+      std::vector<EncodedBlock> enc, full_enc;
+      for (auto& [ti, ot] : owned) {
+        const Plan::Tensor& pt = plan.tensors[ti];
+        const TensorEntry& te = *pt.entry;
+        const FileEntry& fe = pm.files[pt.file];
+        const int width = DTypeWidth(te.dtype);
+        auto& entries = ot.entries;
+        std::sort(entries.begin(), entries.end());
+        for (size_t k = 1; k < entries.size(); ++k) {
+          if (entries[k].first == entries[k - 1].first) {
+            return Corruption(at_step + ": element " + std::to_string(entries[k].first) +
+                              " of tensor " + te.name + " was routed twice");
+          }
+        }
+        recs[ti].resize(te.blocks);
+        if (full) full_recs[ti].resize(te.blocks);
+        Hasher128 hasher;
+        const uint64_t per_block = bb / width;
+        for (uint32_t first = 0; first < te.blocks; first += kOwnerBlocksPerChunk) {
+          const uint32_t count = std::min(kOwnerBlocksPerChunk, te.blocks - first);
+          auto blen = [&](uint32_t b) {
+            return std::min<uint64_t>(bb, te.bytes() - uint64_t{b} * bb);
+          };
+          old_chunk.resize(size_t{count} * bb);
+          new_chunk.resize(size_t{count} * bb);
+          enc.assign(count, EncodedBlock{});
+          full_enc.assign(count, EncodedBlock{});
+          std::vector<Status> errors(count);
+          kernels::ParallelFor(count, 1, [&](size_t lo, size_t hi) {
+            thread_local CodecScratch scratch;
+            for (size_t i = lo; i < hi; ++i) {
+              const uint32_t b = first + static_cast<uint32_t>(i);
+              uint8_t* o = old_chunk.data() + i * bb;
+              uint8_t* nw = new_chunk.data() + i * bb;
+              errors[i] = reader.ReadBlock(plan.parent, fe, te, b, o);
+              if (!errors[i].ok()) continue;
+              std::memcpy(nw, o, blen(b));
+              if (pt.named) {
+                const uint64_t lo_e = uint64_t{b} * per_block, hi_e = lo_e + blen(b) / width;
+                auto it = std::lower_bound(entries.begin(), entries.end(),
+                                           std::pair<uint64_t, uint16_t>{lo_e, 0});
+                for (; it != entries.end() && it->first < hi_e; ++it) {
+                  std::memcpy(nw + (it->first - lo_e) * 2, &it->second, 2);
+                }
+                enc[i] = EncodeBlock(o, nw, blen(b), width, &scratch);
+              }
+              if (full) full_enc[i] = EncodeBlock(nullptr, nw, blen(b), width, &scratch);
+            }
+          });
+          for (const auto& e : errors) RETURN_IF_ERROR(e);
+          stats_.parent_bytes_read +=
+              std::min<uint64_t>(uint64_t{count} * bb, te.bytes() - uint64_t{first} * bb);
+          for (uint32_t i = 0; i < count; ++i) {
+            const uint32_t b = first + i;
+            const size_t r = te.first_block + b;
+            if (pt.named) {
+              hasher.Update(new_chunk.data() + size_t{i} * bb, blen(b));
+              BlockRecord& rec = recs[ti][b];
+              RETURN_IF_ERROR(internal::AppendEncodedBlock(enc[i], 0, spool.get(), &rec));
+              rec.hash = rec.kind == BlockKind::kSame
+                             ? plan.parent->records[r].hash
+                             : HashBlock(new_chunk.data() + size_t{i} * bb, blen(b));
+              changed[ti] += rec.changed;
+            } else {
+              recs[ti][b] = BlockRecord{BlockKind::kSame, 0, 0, 0, 0, plan.parent->records[r].hash};
+            }
+            if (full) {
+              RETURN_IF_ERROR(internal::AppendEncodedBlock(full_enc[i], 0, full_spool.get(),
+                                                           &full_recs[ti][b]));
+            }
+          }
+        }
+        hashes[ti] = pt.named ? hasher.Finish() : te.hash;
+        if (pt.named) {
+          // Routed entries whose bits equal the parent's: the screen could
+          // not prove them unchanged, the parent's bytes do.
+          dropped += entries.size() - std::min<uint64_t>(entries.size(), changed[ti]);
+        }
+        entries.clear();
+        entries.shrink_to_fit();
+      }
+      if (spool->size() > 0) {
+        ASSIGN_OR_RETURN(delta_blob, sink.Finish(std::move(spool)));
+      }
+      if (full_spool && full_spool->size() > 0) {
+        ASSIGN_OR_RETURN(full_blob, sink.Finish(std::move(full_spool)));
+      }
+      return Status::Ok();
+    }();
+  }
+
+  // 6. Parts to rank 0.
+  part.PutStatus(part_status);
+  part.Put<uint64_t>(flagged);
+  part.Put<uint64_t>(kept);
+  part.Put<uint64_t>(dropped);
+  for (const auto* b : {&delta_blob, &full_blob}) {
+    part.Put<uint8_t>(b->has_value());
+    if (b->has_value()) {
+      part.PutHash((*b)->hash);
+      part.Put<uint64_t>((*b)->size);
+      part.Put<uint8_t>((*b)->added);
+    }
+  }
+  if (part_status.ok()) {
+    part.Put<uint64_t>(owned.size());
+    for (const auto& [ti, ot] : owned) {
+      part.Put<uint32_t>(static_cast<uint32_t>(ti));
+      part.PutHash(hashes[ti]);
+      part.Put<uint64_t>(changed[ti]);
+      for (const BlockRecord& rec : recs[ti]) part.PutRecord(rec);
+      for (const BlockRecord& rec : full_recs[ti]) part.PutRecord(rec);
+    }
+  }
+  {
+    std::vector<std::string> to(world);
+    to[0] = std::move(part.out());
+    ASSIGN_OR_RETURN(in, AllToAll(t, to, at_step + ": collecting the parts", &stats_));
+  }
+
+  // 7. Rank 0 commits; every rank learns the outcome.
+  Writer outcome;
+  if (rank == 0) {
+    PublishResult res;
+    Status s = [&]() -> Status {
+      Manifest m;
+      m.version = plan.latest + 1;
+      m.parent = plan.latest;
+      m.created = NowRfc3339();
+      m.block_bytes = pm.block_bytes;
+      m.files = pm.files;
+      for (auto& f : m.files) {
+        for (auto& te : f.tensors) te.changed = 0;
+      }
+      std::vector<BlockRecord> records = plan.parent->records;
+      for (auto& rec : records) rec = BlockRecord{BlockKind::kSame, 0, 0, 0, 0, rec.hash};
+      std::vector<BlockRecord> full_records(full ? records.size() : 0);
+      std::vector<char> full_done(full_records.size(), 0);
+      FullTable ft;
+      uint64_t uncertain_dropped = 0;
+      for (int r = 0; r < world; ++r) {
+        Reader rd(in[r]);
+        const std::string bad =
+            at_step + ": the part of rank " + std::to_string(r) + " is malformed";
+        Status failed;
+        uint64_t fl = 0, kp = 0, dr = 0;
+        if (!rd.GetStatus(&failed) || !rd.Get(&fl) || !rd.Get(&kp) || !rd.Get(&dr)) {
+          return Corruption(bad);
+        }
+        if (!failed.ok()) return failed.WithContext(at_step + ": rank " + std::to_string(r));
+        res.flagged += fl;
+        res.false_positives += fl - kp;
+        uncertain_dropped += dr;
+        std::optional<uint32_t> blob_at[2];
+        for (int k = 0; k < 2; ++k) {
+          uint8_t present = 0;
+          if (!rd.Get(&present)) return Corruption(bad);
+          if (!present) continue;
+          BlobRef ref;
+          uint8_t added = 0;
+          if (!rd.GetHash(&ref.hash) || !rd.Get(&ref.size) || !rd.Get(&added)) {
+            return Corruption(bad);
+          }
+          ref.added = added != 0;
+          sink.Include(ref);
+          auto& blobs = k == 0 ? m.blobs : ft.blobs;
+          blob_at[k] = static_cast<uint32_t>(blobs.size());
+          blobs.push_back(ref);
+        }
+        uint64_t n = 0;
+        if (!rd.Get(&n)) return Corruption(bad);
+        for (uint64_t k = 0; k < n; ++k) {
+          uint32_t ti = 0;
+          Hash128 hash;
+          uint64_t ch = 0;
+          if (!rd.Get(&ti) || ti >= plan.tensors.size() || plan.tensors[ti].owner != r ||
+              !rd.GetHash(&hash) || !rd.Get(&ch)) {
+            return Corruption(bad);
+          }
+          const Plan::Tensor& pt = plan.tensors[ti];
+          TensorEntry& te = m.files[pt.file].tensors[pt.index];
+          te.hash = hash;
+          te.changed = ch;
+          for (int pass = 0; pass < (full ? 2 : 1); ++pass) {
+            for (uint32_t b = 0; b < te.blocks; ++b) {
+              BlockRecord rec;
+              if (!rd.GetRecord(&rec)) return Corruption(bad);
+              const bool payload = rec.kind != BlockKind::kSame;
+              if (payload && !blob_at[pass]) return Corruption(bad);
+              if (payload) rec.blob = *blob_at[pass];
+              if (pass == 0) {
+                records[te.first_block + b] = rec;
+              } else {
+                full_records[te.first_block + b] = rec;
+                full_done[te.first_block + b] = 1;
+              }
+            }
+          }
+          if (pt.named) res.tensors++, res.elements += te.elements();
+        }
+        if (!rd.done()) return Corruption(bad);
+      }
+      if (full) {
+        for (size_t r = 0; r < full_records.size(); ++r) {
+          if (!full_done[r])
+            return Internal(at_step + ": no rank wrote full record " + std::to_string(r));
+          full_records[r].hash = records[r].hash;
+        }
+        ASSIGN_OR_RETURN(ft.block_table, sink.PutBytes(EncodeBlockTable(full_records)));
+        m.full = std::move(ft);
+      }
+      static const std::vector<BlockRecord> kNone;
+      RETURN_IF_ERROR(internal::PublishVersion(store_.get(), &sink, &m, records,
+                                               full ? full_records : kNone, plan.parent_distance,
+                                               plan.latest));
+      res.version = m.version;
+      res.parent = plan.latest;
+      res.changed = m.stats.changed_elements;
+      res.false_positives += uncertain_dropped;
+      res.stored_bytes = m.stats.stored_bytes;
+      res.state_bytes = res.elements * 3 * sizeof(float);
+      res.full_table = full;
+      res.anchor_reason = plan.anchor_reason;
+      if (full) {
+        for (const auto& b : m.full->blobs) res.full_bytes += b.size;
+      }
+      return Status::Ok();
+    }();
+    outcome.PutStatus(s);
+    outcome.Put(res.version);
+    outcome.Put(res.parent);
+    outcome.Put(res.tensors);
+    outcome.Put(res.elements);
+    outcome.Put(res.changed);
+    outcome.Put(res.flagged);
+    outcome.Put(res.false_positives);
+    outcome.Put(res.stored_bytes);
+    outcome.Put(res.state_bytes);
+    outcome.Put(res.full_bytes);
+    outcome.Put<uint8_t>(res.full_table);
+    outcome.PutString(res.anchor_reason);
+  }
+  {
+    std::vector<std::string> to(world);
+    if (rank == 0) to.assign(world, outcome.out());
+    ASSIGN_OR_RETURN(in, AllToAll(t, to, at_step + ": learning the outcome", &stats_));
+  }
+  Reader rd(in[0]);
+  Status failed;
+  PublishResult res;
+  uint8_t full_table = 0;
+  if (!rd.GetStatus(&failed) || !rd.Get(&res.version) || !rd.Get(&res.parent) ||
+      !rd.Get(&res.tensors) || !rd.Get(&res.elements) || !rd.Get(&res.changed) ||
+      !rd.Get(&res.flagged) || !rd.Get(&res.false_positives) || !rd.Get(&res.stored_bytes) ||
+      !rd.Get(&res.state_bytes) || !rd.Get(&res.full_bytes) || !rd.Get(&full_table) ||
+      !rd.GetString(&res.anchor_reason)) {
+    return Corruption(at_step + ": rank 0's outcome is malformed");
+  }
+  RETURN_IF_ERROR(failed);
+  res.full_table = full_table != 0;
+  if (rank != 0) {
+    // Learn the new version now: a listing cached by this rank's store must
+    // not make its next publish see a stale latest.
+    store_->GetVersion(res.version).status().IgnoreError();
+  }
+  return res;
+}
+
+}  // namespace dte

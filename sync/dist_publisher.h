@@ -1,0 +1,126 @@
+// DistPublisher: the AdamW-inverting publisher (sync/publisher.h) run by
+// every rank of a sharded trainer. Each rank hands over only the optimizer
+// state it holds, as flat element ranges of Hugging Face tensors; the ranks
+// agree, find the changed elements of their own ranges, route them to the
+// rank that owns each tensor, and one version appears in the store, once,
+// when every rank's part is in (docs/engine.md, "Distributed publish").
+//
+// One publish, on every rank, over the trainer's Transport (TCP or NCCL,
+// sync/transport.h):
+//   1. Agreement: every rank's step, hyper-parameters, store and latest
+//      version and the ranges it holds reach every rank (sizes, then
+//      payloads). Every rank checks them identically, so they all fail with
+//      the same error, naming the rank and what differs or is wrong, before
+//      anything is written.
+//   2. Ownership: each named tensor (and, for a policy anchor, every tensor)
+//      gets one owner rank, by bytes, the same on every rank. An element held
+//      by several ranks (replicas) is published by the lowest of them.
+//   3. Detection: each rank runs the rigorous screen (docs/engine.md) on its
+//      ranges, a chunk at a time, and keeps the candidates not proven
+//      unchanged as (index, new BF16 bits): 6 bytes per entry.
+//   4. Routing: the entries go to their tensor's owner in two rounds (sizes,
+//      then payloads).
+//   5. Encoding: the owner reads its tensors' parent blocks (from this
+//      host's snapshot of the parent when there is one, else from the
+//      store), applies the entries, hashes blocks and tensor and encodes each
+//      block as dtectl commit does, into its own blobs.
+//   6. Commit: the owners send their records and blobs to rank 0, which
+//      writes the block table and, last, the manifest, and tells every rank
+//      the outcome. The version is byte for byte (on export and block for
+//      block) the one the single-process Publisher or dtectl commit makes
+//      from the same weights.
+//
+// Memory per rank: a chunk of its own state being screened, the entries of
+// its ranges, the entries routed to the tensors it owns, and a chunk of
+// blocks being encoded; no rank holds another rank's state or a whole
+// tensor. Faults: a rank that dies or stalls makes every other rank's call
+// fail within the transport's timeout, naming the peer and the step, with
+// no version written (a failed transport stays broken: connect a new one
+// to retry; the retry publishes the same version number). Blobs a failed
+// publish wrote are removed by gc after its grace window.
+//
+// Thread-safety: not thread-safe; one DistPublisher per rank, used by one
+// thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "store/status.h"
+#include "sync/publisher.h"
+#include "sync/transport.h"
+
+namespace dte {
+
+// The optimizer state one rank holds of one Hugging Face tensor: elements
+// [begin, end) of the tensor flattened in row-major order, as contiguous
+// FP32 arrays of end - begin elements each. A whole tensor is [0, n); an
+// FSDP2 Shard(0) piece is RowRange(); a flat-parameter or distributed-
+// optimizer range is given as it is.
+struct RangeState {
+  std::string name;
+  uint64_t begin = 0, end = 0;
+  const float* param = nullptr;       // FP32 master weights after the step
+  const float* exp_avg = nullptr;     // optimizer state["exp_avg"]
+  const float* exp_avg_sq = nullptr;  // optimizer state["exp_avg_sq"]
+  std::optional<int64_t> state_step;
+  // This range's param group's values, where they differ from AdamWStep's;
+  // every range of one tensor must agree on them.
+  std::optional<double> lr, weight_decay;
+};
+
+// The flat range of rows [row_begin, row_end) of a tensor of `shape`.
+struct FlatRange {
+  uint64_t begin = 0, end = 0;
+};
+FlatRange RowRange(const std::vector<int64_t>& shape, uint64_t row_begin, uint64_t row_end);
+
+// The rows torch.chunk(world) gives rank `rank` of a dimension of `rows`
+// (FSDP2's Shard(0)): chunks of ceil(rows / world), the last ones short or
+// empty.
+FlatRange ChunkRows(uint64_t rows, int rank, int world);
+
+struct DistPublishStats {
+  uint64_t entries_sent = 0;       // (index, bits) entries this rank routed, itself included
+  uint64_t bytes_sent = 0;         // payload bytes this rank sent over the transport
+  uint64_t bytes_received = 0;     // payload bytes it received
+  uint64_t tensors_owned = 0;      // tensors this rank encoded
+  uint64_t parent_bytes_read = 0;  // parent block bytes it read to encode them
+};
+
+class DistPublisher {
+ public:
+  // Opens (creating if needed) the store, as Publisher::Open does. The
+  // options' converter must be "hf" and screen true.
+  static Result<std::unique_ptr<DistPublisher>> Open(const PublisherOptions& options);
+  ~DistPublisher();
+
+  // Publishes the state after optimizer step h.step; every rank of
+  // `transport` calls it with the same h. Returns the same committed version
+  // on every rank, or an error on every rank (the transport's peer errors
+  // name the rank that failed). The ranges of all ranks together must cover
+  // each named tensor exactly; tensors no rank names are unchanged.
+  Result<PublishResult> PublishAdamW(Transport& transport, const AdamWStep& h,
+                                     const std::vector<RangeState>& ranges);
+
+  // What the last PublishAdamW did on this rank.
+  const DistPublishStats& last_stats() const { return stats_; }
+  Store& store() { return *store_; }
+
+ private:
+  DistPublisher(PublisherOptions options, std::unique_ptr<Store> store);
+  struct Plan;
+  Result<PublishResult> Run(Transport& transport, const AdamWStep& h,
+                            const std::vector<RangeState>& ranges);
+
+  PublisherOptions options_;
+  std::unique_ptr<Store> store_;
+  std::optional<int64_t> last_step_;
+  std::optional<uint64_t> last_version_;
+  DistPublishStats stats_;
+};
+
+}  // namespace dte

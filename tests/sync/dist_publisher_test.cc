@@ -1,0 +1,420 @@
+// The distributed publisher: ranks on TCP transports (threads of this
+// process, each with its own store handle) publish the versions the
+// single-process publisher publishes, block for block, for whole tensors,
+// FSDP2 row shards, flat ranges across tensor boundaries and replicas;
+// policy anchors; and every rank fails, writing nothing, when a rank
+// disagrees, leaves elements uncovered or dies, after which a retry
+// publishes the same version.
+#include "sync/dist_publisher.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "store/store.h"
+#include "sync/export.h"
+#include "sync/verify.h"
+#include "tests/testutil/adamw_state.h"
+#include "tests/testutil/checkpoint.h"
+#include "tests/testutil/memory_store.h"
+
+namespace dte {
+namespace {
+
+using State = test::AdamWTensorState;
+
+kernels::AdamWParams Params(int64_t step) {
+  kernels::AdamWParams p;
+  p.lr = 3e-5;
+  p.beta1 = 0.9;
+  p.beta2 = 0.95;
+  p.eps = 1e-8;
+  p.weight_decay = 0.1;
+  p.step = step;
+  return p;
+}
+
+std::string ReadAll(const std::string& path) {
+  auto r = test::ReadFileBytes(path);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? *r : "";
+}
+
+// Which elements each rank holds: layout(rank, world, states) -> ranges.
+using Layout = std::function<std::vector<RangeState>(int, int, const std::vector<State>&)>;
+
+RangeState RangeOf(const State& s, uint64_t begin, uint64_t end) {
+  RangeState r;
+  r.name = s.name;
+  r.begin = begin;
+  r.end = end;
+  r.param = s.theta.data() + begin;
+  r.exp_avg = s.m.data() + begin;
+  r.exp_avg_sq = s.v.data() + begin;
+  return r;
+}
+
+// Every rank holds every tensor (DP replicas without a sharded optimizer).
+std::vector<RangeState> Replicated(int, int, const std::vector<State>& states) {
+  std::vector<RangeState> out;
+  for (const auto& s : states) out.push_back(RangeOf(s, 0, s.theta.size()));
+  return out;
+}
+
+// FSDP2 Shard(0): torch.chunk of dim 0, uneven and possibly empty.
+std::vector<RangeState> RowShards(int rank, int world, const std::vector<State>& states) {
+  std::vector<RangeState> out;
+  for (const auto& s : states) {
+    FlatRange rows = ChunkRows(static_cast<uint64_t>(s.shape[0]), rank, world);
+    FlatRange flat = RowRange(s.shape, rows.begin, rows.end);
+    out.push_back(RangeOf(s, flat.begin, flat.end));
+  }
+  return out;
+}
+
+// A flat buffer of every tensor, cut into `world` equal ranges across tensor
+// boundaries (ZeRO / Megatron's distributed optimizer).
+std::vector<RangeState> FlatBuffer(int rank, int world, const std::vector<State>& states) {
+  uint64_t total = 0;
+  for (const auto& s : states) total += s.theta.size();
+  const uint64_t per = (total + world - 1) / world;
+  const uint64_t lo = std::min(total, per * rank), hi = std::min(total, lo + per);
+  std::vector<RangeState> out;
+  uint64_t at = 0;
+  for (const auto& s : states) {
+    const uint64_t b = std::max(lo, at), e = std::min(hi, at + s.theta.size());
+    if (b < e) out.push_back(RangeOf(s, b - at, e - at));
+    at += s.theta.size();
+  }
+  return out;
+}
+
+// Two replicas of a 2-way row sharding (HSDP); world must be 4.
+std::vector<RangeState> Hybrid(int rank, int world, const std::vector<State>& states) {
+  EXPECT_EQ(world, 4);
+  return RowShards(rank % 2, 2, states);
+}
+
+struct RankOutcome {
+  Status status;
+  PublishResult result;
+  DistPublishStats stats;
+};
+
+class DistPublisherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // A 17-block tensor, one that ends mid-block, a small one and a frozen
+    // tensor no rank names.
+    states_.push_back(test::RandomAdamWState("model.embed_tokens.weight", {2200, 1000}, 1));
+    states_.push_back(test::RandomAdamWState("model.layers.0.mlp.down_proj.weight", {333, 700}, 2));
+    states_.push_back(test::RandomAdamWState("model.norm.weight", {300}, 3));
+    for (auto& s : states_) s.theta = s.prev;
+    frozen_ = test::Bf16Tensor("model.frozen.weight", {70, 50}, 4);
+  }
+
+  test::TestCheckpoint Checkpoint() const {
+    test::TestCheckpoint c;
+    c.raw_files["config.json"] = "{\"model_type\": \"llama\"}\n";
+    test::TestSafetensors f{"model.safetensors", {}, {{"format", "pt"}}};
+    for (const auto& s : states_) f.tensors.push_back(test::Bf16TensorOf(s.name, s.shape, s.theta));
+    f.tensors.push_back(frozen_);
+    c.safetensors.push_back(f);
+    return c;
+  }
+
+  std::string WriteCheckpoint() {
+    std::string dir = tmp_.path() + "/ckpt" + std::to_string(dirs_++);
+    Status s = test::WriteCheckpoint(Checkpoint(), dir);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return dir;
+  }
+
+  PublisherOptions Options(const std::string& name) const {
+    PublisherOptions o;
+    o.store = tmp_.path() + "/" + name;
+    o.anchor_policy = policy_;
+    return o;
+  }
+
+  // Imports the initial weights into `name` with the single-process publisher.
+  std::unique_ptr<Publisher> ImportInto(const std::string& name) {
+    auto p = Publisher::Open(Options(name));
+    EXPECT_TRUE(p.ok()) << p.status().message();
+    auto r = (*p)->ImportCheckpoint(WriteCheckpoint());
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return std::move(p).value();
+  }
+
+  void OpenRanks(const std::string& name, int world) {
+    pubs_.clear();
+    for (int r = 0; r < world; ++r) {
+      auto p = DistPublisher::Open(Options(name));
+      ASSERT_TRUE(p.ok()) << p.status().message();
+      pubs_.push_back(std::move(p).value());
+    }
+  }
+
+  // Runs one publish on every rank, each on its own thread and transport.
+  // `before(rank)` may replace a rank's step or ranges; a rank for which
+  // `absent(rank)` holds connects and then leaves without publishing.
+  std::vector<RankOutcome> PublishAll(
+      const Layout& layout, const AdamWStep& h,
+      std::function<void(int, AdamWStep*, std::vector<RangeState>*)> before = nullptr,
+      std::function<bool(int)> absent = nullptr) {
+    const int world = static_cast<int>(pubs_.size());
+    std::string rendezvous = tmp_.path() + "/rdv" + std::to_string(rendezvous_++);
+    std::filesystem::create_directories(rendezvous);
+    std::vector<RankOutcome> out(world);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < world; ++rank) {
+      threads.emplace_back([&, rank] {
+        TransportOptions o;
+        o.rank = rank;
+        o.size = world;
+        o.rendezvous_dir = rendezvous;
+        o.timeout = std::chrono::milliseconds(timeout_ms_);
+        auto t = ConnectTcpTransport(o);
+        if (!t.ok()) {
+          out[rank].status = t.status();
+          return;
+        }
+        if (absent && absent(rank)) {
+          out[rank].status = Unimplemented("absent");
+          return;  // closes its connections: the rank is gone
+        }
+        AdamWStep step = h;
+        std::vector<RangeState> ranges = layout(rank, world, states_);
+        if (before) before(rank, &step, &ranges);
+        auto r = pubs_[rank]->PublishAdamW(**t, step, ranges);
+        out[rank].status = r.status();
+        if (r.ok()) out[rank].result = *r;
+        out[rank].stats = pubs_[rank]->last_stats();
+      });
+    }
+    for (auto& th : threads) th.join();
+    return out;
+  }
+
+  // Version v of the two stores: the same blocks, tensors and files.
+  void ExpectSameVersion(Store& a, Store& b, uint64_t v) {
+    auto va = a.GetVersion(v);
+    auto vb = b.GetVersion(v);
+    ASSERT_TRUE(va.ok() && vb.ok());
+    ASSERT_EQ((*va)->records.size(), (*vb)->records.size());
+    for (size_t k = 0; k < (*va)->records.size(); ++k) {
+      EXPECT_EQ((*va)->records[k].hash, (*vb)->records[k].hash) << "v" << v << " block " << k;
+      EXPECT_EQ((*va)->records[k].changed, (*vb)->records[k].changed) << "v" << v << " block " << k;
+    }
+    const auto& fa = (*va)->manifest.files;
+    const auto& fb = (*vb)->manifest.files;
+    ASSERT_EQ(fa.size(), fb.size());
+    for (size_t f = 0; f < fa.size(); ++f) {
+      for (size_t t = 0; t < fa[f].tensors.size(); ++t) {
+        EXPECT_EQ(fa[f].tensors[t].hash, fb[f].tensors[t].hash) << fa[f].tensors[t].name;
+        EXPECT_EQ(fa[f].tensors[t].changed, fb[f].tensors[t].changed) << fa[f].tensors[t].name;
+      }
+    }
+    EXPECT_EQ((*va)->manifest.full.has_value(), (*vb)->manifest.full.has_value()) << "v" << v;
+  }
+
+  // Steps the state, publishes it with the single-process publisher into
+  // `ref` and with `world` ranks laid out by `layout` into "dist", and
+  // compares; then exports the last version and checks it is the BF16 cast.
+  void RunAndCompare(const Layout& layout, int world, int steps) {
+    auto ref = ImportInto("ref");
+    auto dist_import = ImportInto("dist");
+    OpenRanks("dist", world);
+    for (int64_t step = 1; step <= steps; ++step) {
+      const auto p = Params(step);
+      for (size_t i = 0; i < states_.size(); ++i) {
+        test::AdamWStepState(&states_[i], p, 100 * step + i);
+      }
+      std::vector<AdamWParamState> whole;
+      for (const auto& s : states_) {
+        AdamWParamState a;
+        a.name = s.name;
+        a.param = {s.theta.data(), DType::kF32, s.shape};
+        a.exp_avg = {s.m.data(), DType::kF32, s.shape};
+        a.exp_avg_sq = {s.v.data(), DType::kF32, s.shape};
+        whole.push_back(a);
+      }
+      auto r = ref->PublishAdamW(test::AdamWStepOf(p), whole);
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      auto out = PublishAll(layout, test::AdamWStepOf(p));
+      for (int rank = 0; rank < world; ++rank) {
+        ASSERT_TRUE(out[rank].status.ok()) << "rank " << rank << ": " << out[rank].status.message();
+        EXPECT_EQ(out[rank].result.version, r->version) << "rank " << rank;
+        EXPECT_EQ(out[rank].result.changed, r->changed) << "rank " << rank;
+        EXPECT_EQ(out[rank].result.full_table, r->full_table) << "rank " << rank;
+        // Entries travel as 6 bytes (plus a 16-byte header per chunk).
+        EXPECT_LE(out[rank].stats.bytes_sent,
+                  out[rank].stats.entries_sent * 6 + 4096 + world * 64 * 1024)
+            << "rank " << rank;
+      }
+      EXPECT_GT(r->changed, 0u);
+      ExpectSameVersion(ref->store(), pubs_[0]->store(), r->version);
+    }
+    auto report = VerifyStore(pubs_[0]->store(), std::nullopt, nullptr);
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    EXPECT_TRUE(report->ok()) << report->problems.front();
+    std::string out = tmp_.path() + "/export";
+    ASSERT_TRUE(ExportVersion(pubs_[0]->store(), steps, out, nullptr).ok());
+    std::string expected = tmp_.path() + "/expected";
+    ASSERT_TRUE(test::WriteCheckpoint(Checkpoint(), expected).ok());
+    EXPECT_EQ(ReadAll(out + "/model.safetensors"), ReadAll(expected + "/model.safetensors"));
+  }
+
+  size_t Versions(const std::string& name) {
+    StoreOptions o;
+    o.uri = tmp_.path() + "/" + name;
+    auto s = Store::Open(o);
+    EXPECT_TRUE(s.ok());
+    auto v = (*s)->ListVersions(true);
+    EXPECT_TRUE(v.ok());
+    return v.ok() ? v->size() : 0;
+  }
+
+  test::ScopedTempDir tmp_;
+  int dirs_ = 0, rendezvous_ = 0;
+  int timeout_ms_ = 20000;
+  AnchorPolicy policy_;
+  std::vector<State> states_;
+  test::TestTensor frozen_;
+  std::vector<std::unique_ptr<DistPublisher>> pubs_;
+};
+
+TEST_F(DistPublisherTest, OneRankEqualsTheSingleProcessPublisher) {
+  RunAndCompare(Replicated, 1, 2);
+}
+
+TEST_F(DistPublisherTest, ReplicasPublishOnce) { RunAndCompare(Replicated, 2, 2); }
+
+TEST_F(DistPublisherTest, Fsdp2RowShardsOverTwoRanks) { RunAndCompare(RowShards, 2, 3); }
+
+TEST_F(DistPublisherTest, UnevenRowShardsOverThreeRanks) { RunAndCompare(RowShards, 3, 2); }
+
+TEST_F(DistPublisherTest, FlatRangesAcrossTensorBoundariesOverFourRanks) {
+  RunAndCompare(FlatBuffer, 4, 2);
+}
+
+TEST_F(DistPublisherTest, HybridShardedReplicasOverFourRanks) { RunAndCompare(Hybrid, 4, 2); }
+
+TEST_F(DistPublisherTest, PolicyAnchorsCarryTheSameFullTable) {
+  policy_.every = 2;  // v2 and v4 carry full tables
+  RunAndCompare(FlatBuffer, 3, 4);
+  auto v = pubs_[0]->store().GetVersion(4);
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE((*v)->manifest.full.has_value());
+  // An empty cache starts at the full table: export v4 from a fresh handle.
+  StoreOptions o;
+  o.uri = tmp_.path() + "/dist";
+  auto fresh = Store::Open(o);
+  ASSERT_TRUE(fresh.ok());
+  std::string out = tmp_.path() + "/export-fresh";
+  ASSERT_TRUE(ExportVersion(**fresh, 4, out, nullptr).ok());
+  EXPECT_EQ(ReadAll(out + "/model.safetensors"),
+            ReadAll(tmp_.path() + "/export/model.safetensors"));
+}
+
+TEST_F(DistPublisherTest, DisagreementsFailEveryRankAndWriteNothing) {
+  ImportInto("dist");
+  OpenRanks("dist", 3);
+  const auto p = Params(1);
+  for (auto& s : states_) test::AdamWStepState(&s, p, 7);
+  auto expect_all_fail = [&](const std::vector<RankOutcome>& out, const std::string& needle) {
+    for (size_t rank = 0; rank < out.size(); ++rank) {
+      EXPECT_FALSE(out[rank].status.ok()) << "rank " << rank;
+      EXPECT_NE(out[rank].status.message().find(needle), std::string::npos)
+          << "rank " << rank << ": " << out[rank].status.message();
+    }
+    EXPECT_EQ(Versions("dist"), 1u);
+  };
+  expect_all_fail(PublishAll(RowShards, test::AdamWStepOf(p),
+                             [](int rank, AdamWStep* h, std::vector<RangeState>*) {
+                               if (rank == 2) h->lr *= 2;
+                             }),
+                  "step 1: rank 2 disagrees with rank 0 on lr");
+  expect_all_fail(PublishAll(RowShards, test::AdamWStepOf(p),
+                             [](int rank, AdamWStep* h, std::vector<RangeState>*) {
+                               if (rank == 1) h->step = 2;
+                             }),
+                  "rank 1 disagrees with rank 0 on step");
+  expect_all_fail(PublishAll(RowShards, test::AdamWStepOf(p),
+                             [](int rank, AdamWStep*, std::vector<RangeState>* r) {
+                               if (rank == 1) r->pop_back();  // model.norm.weight's middle
+                             }),
+                  "tensor model.norm.weight: elements [100, 200) are held by no rank");
+  expect_all_fail(PublishAll(RowShards, test::AdamWStepOf(p),
+                             [](int rank, AdamWStep*, std::vector<RangeState>* r) {
+                               if (rank == 0) r->push_back(r->front());
+                             }),
+                  "rank 0 gives some of elements [0, 734000) twice");
+  expect_all_fail(PublishAll(RowShards, test::AdamWStepOf(p),
+                             [](int rank, AdamWStep*, std::vector<RangeState>* r) {
+                               if (rank == 2) (*r)[0].name = "model.missing.weight";
+                             }),
+                  "rank 2: tensor model.missing.weight is not in v00000000");
+  expect_all_fail(PublishAll(RowShards, test::AdamWStepOf(p),
+                             [](int rank, AdamWStep*, std::vector<RangeState>* r) {
+                               if (rank == 1) (*r)[1].end = 1u << 30;
+                             }),
+                  "are not a range of its 233100 elements");
+  expect_all_fail(PublishAll(RowShards, test::AdamWStepOf(p),
+                             [](int rank, AdamWStep*, std::vector<RangeState>* r) {
+                               if (rank == 2) (*r)[2].lr = 1e-3;
+                             }),
+                  "give it different param-group lr or weight_decay");
+  // Agreed again, the same ranks publish v1.
+  auto out = PublishAll(RowShards, test::AdamWStepOf(p));
+  for (const auto& o : out) {
+    ASSERT_TRUE(o.status.ok()) << o.status.message();
+    EXPECT_EQ(o.result.version, 1u);
+  }
+}
+
+TEST_F(DistPublisherTest, ARankThatDiesFailsTheOthersAndARetrySucceeds) {
+  ImportInto("dist");
+  OpenRanks("dist", 3);
+  timeout_ms_ = 3000;
+  const auto p = Params(1);
+  for (auto& s : states_) test::AdamWStepState(&s, p, 7);
+  auto out = PublishAll(RowShards, test::AdamWStepOf(p), nullptr, [](int r) { return r == 1; });
+  for (int rank : {0, 2}) {
+    EXPECT_FALSE(out[rank].status.ok()) << "rank " << rank;
+    EXPECT_NE(out[rank].status.message().find("step 1"), std::string::npos)
+        << out[rank].status.message();
+    EXPECT_NE(out[rank].status.message().find("rank 1"), std::string::npos)
+        << out[rank].status.message();
+  }
+  EXPECT_EQ(Versions("dist"), 1u);
+  // Retried on fresh transports, the step publishes v1.
+  out = PublishAll(RowShards, test::AdamWStepOf(p));
+  for (const auto& o : out) {
+    ASSERT_TRUE(o.status.ok()) << o.status.message();
+    EXPECT_EQ(o.result.version, 1u);
+  }
+  auto report = VerifyStore(pubs_[0]->store(), std::nullopt, nullptr);
+  ASSERT_TRUE(report.ok());
+  EXPECT_TRUE(report->ok()) << report->problems.front();
+}
+
+TEST(DistPublisherRanges, RowAndChunkRanges) {
+  FlatRange r = RowRange({10, 3, 4}, 2, 5);
+  EXPECT_EQ(r.begin, 24u);
+  EXPECT_EQ(r.end, 60u);
+  // torch.chunk(10, 4): 3, 3, 3, 1; torch.chunk(3, 4): 1, 1, 1, 0.
+  EXPECT_EQ(ChunkRows(10, 3, 4).begin, 9u);
+  EXPECT_EQ(ChunkRows(10, 3, 4).end, 10u);
+  EXPECT_EQ(ChunkRows(3, 3, 4).begin, 3u);
+  EXPECT_EQ(ChunkRows(3, 3, 4).end, 3u);
+  EXPECT_EQ(ChunkRows(2, 3, 4).begin, 2u);
+  EXPECT_EQ(ChunkRows(2, 3, 4).end, 2u);
+}
+
+}  // namespace
+}  // namespace dte
