@@ -13,7 +13,9 @@
 #include "store/materialize.h"
 #include "store/snapshot.h"
 #include "store/store.h"
+#include "sync/convert.h"
 #include "sync/internal/blob_sink.h"
+#include "sync/internal/convert_matrix.h"
 #include "sync/internal/engine_screen.h"
 #include "sync/internal/engine_version.h"
 
@@ -171,6 +173,7 @@ struct Header {
   std::optional<uint64_t> last_version;
   struct Range {
     std::string name;
+    int tp = 0, ep = 0;
     uint64_t begin = 0, end = 0;
     std::optional<int64_t> state_step;
     std::optional<double> lr, wd;
@@ -187,7 +190,7 @@ std::string EncodeHeader(const Header& h) {
   json ranges = json::array();
   for (const auto& r : h.ranges) {
     ranges.push_back({r.name, r.begin, r.end, r.state_step ? json(*r.state_step) : json(nullptr),
-                      OptJson(r.lr), OptJson(r.wd)});
+                      OptJson(r.lr), OptJson(r.wd), r.tp, r.ep});
   }
   j["ranges"] = std::move(ranges);
   return j.dump();
@@ -209,6 +212,8 @@ Result<Header> DecodeHeader(const std::string& text, int rank) {
       if (!r.at(3).is_null()) x.state_step = r.at(3).get<int64_t>();
       x.lr = OptDouble(r.at(4));
       x.wd = OptDouble(r.at(5));
+      x.tp = r.at(6).get<int>();
+      x.ep = r.at(7).get<int>();
       h.ranges.push_back(std::move(x));
     }
     return h;
@@ -242,6 +247,51 @@ void Cover(Intervals* covered, uint64_t begin, uint64_t end) {
   }
 }
 
+// Changed elements bound for one owner: groups of entries of one tensor
+// within 2^32 elements of the group's base.
+class EntryWriter {
+ public:
+  void Add(uint32_t tensor, uint64_t index, uint16_t bits) {
+    const uint64_t base = index & ~uint64_t{0xFFFFFFFF};
+    if (count_at_ == std::string::npos || tensor != tensor_ || base != base_) {
+      Close();
+      tensor_ = tensor;
+      base_ = base;
+      w_.Put(tensor);
+      w_.Put(base);
+      count_at_ = w_.out().size();
+      w_.Put<uint32_t>(0);
+    }
+    w_.Put(static_cast<uint32_t>(index - base));
+    w_.Put(bits);
+    count_++;
+  }
+  std::string Finish() {
+    Close();
+    return std::move(w_.out());
+  }
+
+ private:
+  void Close() {
+    if (count_at_ != std::string::npos) std::memcpy(&w_.out()[count_at_], &count_, 4);
+    count_at_ = std::string::npos;
+    count_ = 0;
+  }
+  Writer w_;
+  uint32_t tensor_ = 0;
+  uint64_t base_ = 0;
+  size_t count_at_ = std::string::npos;
+  uint32_t count_ = 0;
+};
+
+// A run of consecutive elements of a range's target that are consecutive
+// elements of one parent tensor too.
+struct Segment {
+  uint64_t from = 0, len = 0;  // in the target (tensor or MCore shard)
+  size_t tensor = 0;           // the parent tensor
+  uint64_t to = 0;             // its first element there
+};
+
 }  // namespace
 
 FlatRange RowRange(const std::vector<int64_t>& shape, uint64_t row_begin, uint64_t row_end) {
@@ -269,13 +319,6 @@ struct DistPublisher::Plan {
   };
   std::vector<Tensor> tensors;  // the parent's, in manifest order
   std::map<std::string, size_t> ordinal;
-  // This rank's ranges after replicas held by lower ranks are removed.
-  struct Piece {
-    size_t tensor = 0;
-    FlatRange range;
-    const RangeState* state = nullptr;
-  };
-  std::vector<Piece> mine;
   AnchorDistance parent_distance;
   std::string anchor_reason;
 };
@@ -286,11 +329,15 @@ DistPublisher::DistPublisher(PublisherOptions options, std::unique_ptr<Store> st
 DistPublisher::~DistPublisher() = default;
 
 Result<std::unique_ptr<DistPublisher>> DistPublisher::Open(const PublisherOptions& options) {
-  if (options.converter != "hf") {
-    return InvalidArgument(
-        "the distributed publisher takes Hugging Face tensors (converter \"hf\")"
-        ", not converter \"" +
-        options.converter + "\"");
+  std::vector<ConvertUnit> plan;
+  if (options.converter == "mcore") {
+    if (!options.mcore) {
+      return InvalidArgument("converter \"mcore\" needs the model spec and parallel layout");
+    }
+    ASSIGN_OR_RETURN(plan, PlanConversion(options.mcore->spec, options.mcore->layout));
+  } else if (options.converter != "hf") {
+    return InvalidArgument("converter \"" + options.converter +
+                           "\" is not supported by the publisher (supported: hf, mcore)");
   }
   if (!options.screen) {
     return InvalidArgument("the distributed publisher finds changes with the screen (screen=true)");
@@ -302,7 +349,9 @@ Result<std::unique_ptr<DistPublisher>> DistPublisher::Open(const PublisherOption
   o.create = true;
   o.index_optional = true;
   ASSIGN_OR_RETURN(auto store, Store::Open(o));
-  return std::unique_ptr<DistPublisher>(new DistPublisher(options, std::move(store)));
+  std::unique_ptr<DistPublisher> p(new DistPublisher(options, std::move(store)));
+  p->plan_ = std::move(plan);
+  return p;
 }
 
 Result<PublishResult> DistPublisher::PublishAdamW(Transport& transport, const AdamWStep& h,
@@ -336,7 +385,8 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
                  {"world_size", world}};
   mine.last_version = last_version_;
   for (const auto& r : ranges) {
-    mine.ranges.push_back({r.name, r.begin, r.end, r.state_step, r.lr, r.weight_decay});
+    mine.ranges.push_back(
+        {r.name, r.tp_rank, r.ep_rank, r.begin, r.end, r.state_step, r.lr, r.weight_decay});
   }
   if (h.amsgrad) {
     mine.error = "AdamW amsgrad=True is not supported by the publisher";
@@ -419,31 +469,84 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
     }
   }
 
+  // What ranges name: the parent's tensors (converter "hf") or the plan's
+  // MCore shards (converter "mcore").
+  const bool mcore = options_.converter == "mcore";
+  struct Target {
+    std::string what;  // for errors
+    uint64_t elements = 0;
+    size_t tensor = 0;           // "hf": the parent tensor
+    size_t unit = 0, shard = 0;  // "mcore": the plan's unit and shard
+    bool named = false;
+    std::optional<double> lr, wd;
+  };
+  std::vector<Target> targets;
+  std::map<ShardKey, size_t> shard_target;
+  if (mcore) {
+    for (size_t u = 0; u < plan_.size(); ++u) {
+      for (size_t k = 0; k < plan_[u].shards.size(); ++k) {
+        const PlannedShard& ps = plan_[u].shards[k];
+        shard_target[ps.key] = targets.size();
+        targets.push_back(
+            {"MCore shard " + ps.key.ToString(), ps.elements(), 0, u, k, false, {}, {}});
+      }
+    }
+  } else {
+    for (size_t ti = 0; ti < plan.tensors.size(); ++ti) {
+      targets.push_back({"tensor " + plan.tensors[ti].entry->name,
+                         plan.tensors[ti].entry->elements(),
+                         ti,
+                         0,
+                         0,
+                         false,
+                         {},
+                         {}});
+    }
+  }
+  // The target a range names; a replica (a norm on every TP rank, a dense
+  // tensor on every EP rank) names the shard the plan takes from rank 0.
+  auto target_of = [&](const Header::Range& x, const std::string& who) -> Result<size_t> {
+    if (!mcore) {
+      auto it = plan.ordinal.find(x.name);
+      if (it == plan.ordinal.end()) {
+        return InvalidArgument(who + "tensor " + x.name + " is not in " + VersionName(plan.latest) +
+                               " of store " + store_->uri());
+      }
+      const TensorEntry& te = *plan.tensors[it->second].entry;
+      if (te.dtype != DType::kBF16) {
+        return InvalidArgument(who + "tensor " + x.name + " is " + DTypeName(te.dtype) +
+                               " in the store; the publisher writes BF16 tensors only");
+      }
+      return it->second;
+    }
+    for (const ShardKey& key : {ShardKey{x.name, x.tp, x.ep}, ShardKey{x.name, 0, x.ep},
+                                ShardKey{x.name, x.tp, 0}, ShardKey{x.name, 0, 0}}) {
+      auto it = shard_target.find(key);
+      if (it != shard_target.end()) return it->second;
+    }
+    return InvalidArgument(who + "MCore shard " + ShardKey{x.name, x.tp, x.ep}.ToString() +
+                           " is not part of the " + options_.mcore->spec.model_type +
+                           " model with tp " + std::to_string(options_.mcore->layout.tp) + ", ep " +
+                           std::to_string(options_.mcore->layout.ep));
+  };
+
   // Every range of every rank, checked; coverage; replicas to their lowest
   // holder.
   struct Held {
     int rank;
     size_t index;  // into all[rank].ranges
   };
-  std::vector<std::vector<Held>> held(plan.tensors.size());
+  std::vector<std::vector<Held>> held(targets.size());
   for (int r = 0; r < world; ++r) {
     for (size_t k = 0; k < all[r].ranges.size(); ++k) {
       const Header::Range& x = all[r].ranges[k];
-      const std::string who = at_step + ": rank " + std::to_string(r) + ": tensor " + x.name;
-      auto it = plan.ordinal.find(x.name);
-      if (it == plan.ordinal.end()) {
-        return InvalidArgument(who + " is not in " + VersionName(plan.latest) + " of store " +
-                               store_->uri());
-      }
-      const TensorEntry& te = *plan.tensors[it->second].entry;
-      if (te.dtype != DType::kBF16) {
-        return InvalidArgument(who + " is " + DTypeName(te.dtype) +
-                               " in the store; the publisher writes BF16 tensors only");
-      }
-      if (x.begin > x.end || x.end > te.elements()) {
+      const std::string rank_who = at_step + ": rank " + std::to_string(r) + ": ";
+      ASSIGN_OR_RETURN(size_t ti, target_of(x, rank_who));
+      const std::string who = rank_who + targets[ti].what;
+      if (x.begin > x.end || x.end > targets[ti].elements) {
         return InvalidArgument(who + ": elements [" + std::to_string(x.begin) + ", " +
                                std::to_string(x.end) + ") are not a range of its " +
-                               std::to_string(te.elements()) + " elements");
+                               std::to_string(targets[ti].elements) + " elements");
       }
       if (x.state_step && *x.state_step != h.step) {
         return InvalidArgument(who + ": optimizer state step " + std::to_string(*x.state_step) +
@@ -451,24 +554,30 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
       }
       std::string e = kernels::AdamWParamsError(ParamsOf(h, x.lr, x.wd));
       if (!e.empty()) return InvalidArgument(who + ": " + e);
-      held[it->second].push_back({r, k});
+      held[ti].push_back({r, k});
     }
   }
-  for (size_t ti = 0; ti < plan.tensors.size(); ++ti) {
+  struct Piece {
+    size_t target = 0;
+    FlatRange range;
+    const RangeState* state = nullptr;
+  };
+  std::vector<Piece> pieces;  // this rank's
+  for (size_t ti = 0; ti < targets.size(); ++ti) {
     if (held[ti].empty()) continue;
-    Plan::Tensor& pt = plan.tensors[ti];
-    pt.named = true;
+    Target& tg = targets[ti];
+    tg.named = true;
     const Header::Range& first = all[held[ti][0].rank].ranges[held[ti][0].index];
-    pt.lr = first.lr;
-    pt.wd = first.wd;
+    tg.lr = first.lr;
+    tg.wd = first.wd;
     Intervals covered;
     int cur_rank = -1;
     Intervals rank_own;  // the current rank's ranges, which must not overlap
     Intervals below;     // covered by lower ranks
     for (const Held& hd : held[ti]) {
       const Header::Range& x = all[hd.rank].ranges[hd.index];
-      const std::string who = at_step + ": tensor " + x.name;
-      if (x.lr != pt.lr || x.wd != pt.wd) {
+      const std::string who = at_step + ": " + tg.what;
+      if (x.lr != tg.lr || x.wd != tg.wd) {
         return InvalidArgument(who + ": ranks " + std::to_string(held[ti][0].rank) + " and " +
                                std::to_string(hd.rank) +
                                " give it different param-group lr or weight_decay");
@@ -479,9 +588,8 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
         cur_rank = hd.rank;
       }
       if (x.begin == x.end) continue;
-      if (Subtract(rank_own, x.begin, x.end).size() != 1 ||
-          Subtract(rank_own, x.begin, x.end)[0].begin != x.begin ||
-          Subtract(rank_own, x.begin, x.end)[0].end != x.end) {
+      auto fresh = Subtract(rank_own, x.begin, x.end);
+      if (fresh.size() != 1 || fresh[0].begin != x.begin || fresh[0].end != x.end) {
         return InvalidArgument(who + ": rank " + std::to_string(hd.rank) +
                                " gives some of elements [" + std::to_string(x.begin) + ", " +
                                std::to_string(x.end) + ") twice");
@@ -490,22 +598,81 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
       Cover(&covered, x.begin, x.end);
       if (hd.rank == rank) {
         for (const FlatRange& piece : Subtract(below, x.begin, x.end)) {
-          plan.mine.push_back({ti, piece, &ranges[hd.index]});
+          pieces.push_back({ti, piece, &ranges[hd.index]});
         }
       }
     }
-    auto gaps = Subtract(covered, 0, pt.entry->elements());
+    auto gaps = Subtract(covered, 0, tg.elements);
     if (!gaps.empty()) {
-      return InvalidArgument(at_step + ": tensor " + pt.entry->name + ": elements [" +
+      return InvalidArgument(at_step + ": " + tg.what + ": elements [" +
                              std::to_string(gaps[0].begin) + ", " + std::to_string(gaps[0].end) +
                              ") are held by no rank; the ranks' ranges must cover every tensor "
                              "they name");
     }
   }
-  for (const Plan::Piece& p : plan.mine) {
+  // The parent tensors published, and their param groups.
+  if (!mcore) {
+    for (const Target& tg : targets) {
+      Plan::Tensor& pt = plan.tensors[tg.tensor];
+      pt.named = tg.named;
+      pt.lr = tg.lr;
+      pt.wd = tg.wd;
+    }
+  } else {
+    size_t next = 0;  // targets are in plan order
+    for (const ConvertUnit& unit : plan_) {
+      const Target* given = nullptr;
+      const Target* missing = nullptr;
+      for (size_t k = 0; k < unit.shards.size(); ++k) {
+        const Target& tg = targets[next + k];
+        (tg.named ? given : missing) = &tg;
+      }
+      const size_t first = next;
+      next += unit.shards.size();
+      if (!given) continue;
+      if (missing) {
+        return InvalidArgument(at_step + ": " + unit.label + ": " + missing->what +
+                               " is held by no rank, but " + given->what +
+                               " is; give all shards of a unit or none");
+      }
+      std::vector<const Target*> from(unit.tensors.size(), nullptr);
+      for (const BlockCopy& c : unit.copies) {
+        const Target& tg = targets[first + c.shard];
+        const Target*& f = from[c.tensor];
+        if (f == nullptr) {
+          f = &tg;
+        } else if (f->lr != tg.lr || f->wd != tg.wd) {
+          return InvalidArgument(at_step + ": tensor " + unit.tensors[c.tensor].name + ": " +
+                                 f->what + " and " + tg.what +
+                                 " have different param-group lr or weight_decay");
+        }
+      }
+      for (size_t k = 0; k < unit.tensors.size(); ++k) {
+        const PlannedTensor& p = unit.tensors[k];
+        auto it = plan.ordinal.find(p.name);
+        if (it == plan.ordinal.end()) {
+          return InvalidArgument(at_step + ": tensor " + p.name + " is not in " +
+                                 VersionName(plan.latest) + " of store " + store_->uri());
+        }
+        Plan::Tensor& pt = plan.tensors[it->second];
+        if (pt.entry->dtype != DType::kBF16 || pt.entry->shape != p.shape) {
+          return InvalidArgument(at_step + ": tensor " + p.name + " is " +
+                                 DTypeName(pt.entry->dtype) + " " + ShapeString(pt.entry->shape) +
+                                 " in the store; the layout converts to BF16 " +
+                                 ShapeString(p.shape));
+        }
+        pt.named = true;
+        if (from[k]) {
+          pt.lr = from[k]->lr;
+          pt.wd = from[k]->wd;
+        }
+      }
+    }
+  }
+  for (const Piece& p : pieces) {
     const RangeState& s = *p.state;
     if (s.end > s.begin && (!s.param || !s.exp_avg || !s.exp_avg_sq)) {
-      return InvalidArgument(at_step + ": tensor " + s.name + ": a range of " +
+      return InvalidArgument(at_step + ": " + targets[p.target].what + ": a range of " +
                              std::to_string(s.end - s.begin) + " elements without data");
     }
   }
@@ -531,32 +698,63 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   }
 
   // 3. Detection: the candidates of this rank's pieces not proven unchanged,
-  // as groups (tensor u32, base u64, count u32) of (offset u32, bits u16).
-  std::vector<Writer> routed(world);
+  // in Hugging Face coordinates, as groups (tensor u32, base u64, count u32)
+  // of (offset u32, bits u16) for each owner.
+  std::vector<EntryWriter> routed(world);
   uint64_t flagged = 0, kept = 0;
   {
     std::vector<uint64_t> idx(kScreenChunk + internal::kScreenSlack);
     std::vector<uint32_t> old(kScreenChunk + internal::kScreenSlack);
-    for (const Plan::Piece& p : plan.mine) {
+    std::vector<Segment> segments;
+    for (const Piece& p : pieces) {
       const RangeState& s = *p.state;
-      const Plan::Tensor& pt = plan.tensors[p.tensor];
+      const Target& tg = targets[p.target];
+      segments.clear();
+      if (!mcore) {
+        segments.push_back({0, tg.elements, tg.tensor, 0});
+      } else {
+        const ConvertUnit& unit = plan_[tg.unit];
+        const int64_t shard_cols = internal::MatrixCols(unit.shards[tg.shard].shape);
+        for (const BlockCopy& c : unit.copies) {
+          if (c.shard != tg.shard) continue;
+          const size_t tensor = plan.ordinal.at(unit.tensors[c.tensor].name);
+          const int64_t tensor_cols = internal::MatrixCols(unit.tensors[c.tensor].shape);
+          for (int64_t r = 0; r < c.rows; ++r) {
+            const uint64_t from =
+                static_cast<uint64_t>((c.shard_row + r) * shard_cols + c.shard_col);
+            const uint64_t to =
+                static_cast<uint64_t>((c.tensor_row + r) * tensor_cols + c.tensor_col);
+            const uint64_t len = static_cast<uint64_t>(c.cols);
+            Segment* last = segments.empty() ? nullptr : &segments.back();
+            if (last && last->tensor == tensor && last->from + last->len == from &&
+                last->to + last->len == to) {
+              last->len += len;  // rows that stay contiguous on both sides
+            } else {
+              segments.push_back({from, len, tensor, to});
+            }
+          }
+        }
+        std::sort(segments.begin(), segments.end(),
+                  [](const Segment& a, const Segment& b) { return a.from < b.from; });
+      }
       const internal::ScreenScalars scalars =
-          internal::MakeScreenScalars(kernels::MakeAdamWScalars(ParamsOf(h, pt.lr, pt.wd)));
-      Writer& w = routed[pt.owner];
+          internal::MakeScreenScalars(kernels::MakeAdamWScalars(ParamsOf(h, tg.lr, tg.wd)));
+      size_t seg = 0;
       for (uint64_t base = p.range.begin; base < p.range.end; base += kScreenChunk) {
         const uint64_t n = std::min(kScreenChunk, p.range.end - base);
         const uint64_t off = base - s.begin;
         internal::ScreenCounts c = internal::ScreenCandidates(
             s.param + off, s.exp_avg + off, s.exp_avg_sq + off, n, scalars, idx.data(), old.data());
         flagged += c.flagged;
-        kept += c.kept;
-        if (c.kept == 0) continue;
-        w.Put<uint32_t>(static_cast<uint32_t>(p.tensor));
-        w.Put<uint64_t>(base);
-        w.Put<uint32_t>(static_cast<uint32_t>(c.kept));
         for (size_t k = 0; k < c.kept; ++k) {
-          w.Put<uint32_t>(static_cast<uint32_t>(idx[k]));
-          w.Put<uint16_t>(kernels::Fp32ToBf16Bits(s.param[off + idx[k]]));
+          const uint64_t i = base + idx[k];
+          while (seg < segments.size() && segments[seg].from + segments[seg].len <= i) ++seg;
+          if (seg == segments.size() || i < segments[seg].from) continue;  // padding: no tensor
+          const Segment& sg = segments[seg];
+          routed[plan.tensors[sg.tensor].owner].Add(static_cast<uint32_t>(sg.tensor),
+                                                    sg.to + (i - sg.from),
+                                                    kernels::Fp32ToBf16Bits(s.param[off + idx[k]]));
+          kept++;
         }
       }
     }
@@ -565,7 +763,7 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
 
   // 4. Routing.
   std::vector<std::string> out(world);
-  for (int r = 0; r < world; ++r) out[r] = std::move(routed[r].out());
+  for (int r = 0; r < world; ++r) out[r] = routed[r].Finish();
   ASSIGN_OR_RETURN(auto in, AllToAll(t, out, at_step + ": routing changed elements", &stats_));
   out.clear();
 
@@ -586,7 +784,7 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
       uint32_t ti = 0, count = 0;
       uint64_t base = 0;
       if (!rd.Get(&ti) || !rd.Get(&base) || !rd.Get(&count) || !owned.count(ti)) {
-        part_status = Corruption(at_step + ": rank " + std::to_string(r) +
+        part_status = Corruption("rank " + std::to_string(r) +
                                  " routed changed elements this rank does not own");
         break;
       }
@@ -596,7 +794,7 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
         uint32_t offset = 0;
         uint16_t bits = 0;
         if (!rd.Get(&offset) || !rd.Get(&bits) || base + offset >= elements) {
-          part_status = Corruption(at_step + ": rank " + std::to_string(r) +
+          part_status = Corruption("rank " + std::to_string(r) +
                                    " routed a truncated "
                                    "or out-of-range entry of tensor " +
                                    plan.tensors[ti].entry->name);
@@ -638,8 +836,8 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
         std::sort(entries.begin(), entries.end());
         for (size_t k = 1; k < entries.size(); ++k) {
           if (entries[k].first == entries[k - 1].first) {
-            return Corruption(at_step + ": element " + std::to_string(entries[k].first) +
-                              " of tensor " + te.name + " was routed twice");
+            return Corruption("element " + std::to_string(entries[k].first) + " of tensor " +
+                              te.name + " was routed twice");
           }
         }
         recs[ti].resize(te.blocks);

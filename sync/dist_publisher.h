@@ -61,7 +61,10 @@ namespace dte {
 // FSDP2 Shard(0) piece is RowRange(); a flat-parameter or distributed-
 // optimizer range is given as it is.
 struct RangeState {
+  // The Hugging Face tensor; with converter "mcore", the Megatron-Core
+  // parameter, whose shard (name, tp_rank, ep_rank) the range is of.
   std::string name;
+  int tp_rank = 0, ep_rank = 0;
   uint64_t begin = 0, end = 0;
   const float* param = nullptr;       // FP32 master weights after the step
   const float* exp_avg = nullptr;     // optimizer state["exp_avg"]
@@ -94,7 +97,9 @@ struct DistPublishStats {
 class DistPublisher {
  public:
   // Opens (creating if needed) the store, as Publisher::Open does. The
-  // options' converter must be "hf" and screen true.
+  // converter is "hf" (ranges of Hugging Face tensors) or "mcore" (ranges of
+  // Megatron-Core shards, converted to Hugging Face coordinates element by
+  // element); screen must be true.
   static Result<std::unique_ptr<DistPublisher>> Open(const PublisherOptions& options);
   ~DistPublisher();
 
@@ -117,6 +122,7 @@ class DistPublisher {
                             const std::vector<RangeState>& ranges);
 
   PublisherOptions options_;
+  std::vector<ConvertUnit> plan_;  // converter "mcore"
   std::unique_ptr<Store> store_;
   std::optional<int64_t> last_step_;
   std::optional<uint64_t> last_version_;

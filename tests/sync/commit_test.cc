@@ -1,7 +1,6 @@
 // Committing checkpoint directories: anchors, deltas and their statistics,
 // version numbering and races, failure clean-up, and bit-exact round trips.
 #include "sync/commit.h"
-#include "sync/gc.h"
 
 #include <gtest/gtest.h>
 
@@ -18,6 +17,7 @@
 
 #include "store/materialize.h"
 #include "store/store.h"
+#include "sync/gc.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 

@@ -9,11 +9,9 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <filesystem>
+#include <chrono>
 #include <functional>
 #include <string>
-#include <thread>
 
 #include "store/store.h"
 #include "sync/export.h"
@@ -21,6 +19,7 @@
 #include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
+#include "tests/testutil/ranks.h"
 
 namespace dte {
 namespace {
@@ -167,36 +166,25 @@ class DistPublisherTest : public ::testing::Test {
       std::function<void(int, AdamWStep*, std::vector<RangeState>*)> before = nullptr,
       std::function<bool(int)> absent = nullptr) {
     const int world = static_cast<int>(pubs_.size());
-    std::string rendezvous = tmp_.path() + "/rdv" + std::to_string(rendezvous_++);
-    std::filesystem::create_directories(rendezvous);
     std::vector<RankOutcome> out(world);
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < world; ++rank) {
-      threads.emplace_back([&, rank] {
-        TransportOptions o;
-        o.rank = rank;
-        o.size = world;
-        o.rendezvous_dir = rendezvous;
-        o.timeout = std::chrono::milliseconds(timeout_ms_);
-        auto t = ConnectTcpTransport(o);
-        if (!t.ok()) {
-          out[rank].status = t.status();
-          return;
-        }
-        if (absent && absent(rank)) {
-          out[rank].status = Unimplemented("absent");
-          return;  // closes its connections: the rank is gone
-        }
-        AdamWStep step = h;
-        std::vector<RangeState> ranges = layout(rank, world, states_);
-        if (before) before(rank, &step, &ranges);
-        auto r = pubs_[rank]->PublishAdamW(**t, step, ranges);
-        out[rank].status = r.status();
-        if (r.ok()) out[rank].result = *r;
-        out[rank].stats = pubs_[rank]->last_stats();
-      });
-    }
-    for (auto& th : threads) th.join();
+    test::RunRanks(world, tmp_.path(), std::chrono::milliseconds(timeout_ms_),
+                   [&](int rank, Transport* t) {
+                     if (t == nullptr) {
+                       out[rank].status = Internal("no transport");
+                       return;
+                     }
+                     if (absent && absent(rank)) {
+                       out[rank].status = Unimplemented("absent");
+                       return;  // closes its connections: the rank is gone
+                     }
+                     AdamWStep step = h;
+                     std::vector<RangeState> ranges = layout(rank, world, states_);
+                     if (before) before(rank, &step, &ranges);
+                     auto r = pubs_[rank]->PublishAdamW(*t, step, ranges);
+                     out[rank].status = r.status();
+                     if (r.ok()) out[rank].result = *r;
+                     out[rank].stats = pubs_[rank]->last_stats();
+                   });
     return out;
   }
 
@@ -280,7 +268,7 @@ class DistPublisherTest : public ::testing::Test {
   }
 
   test::ScopedTempDir tmp_;
-  int dirs_ = 0, rendezvous_ = 0;
+  int dirs_ = 0;
   int timeout_ms_ = 20000;
   AnchorPolicy policy_;
   std::vector<State> states_;

@@ -16,11 +16,13 @@
 #include "kernels/bf16.h"
 #include "store/store.h"
 #include "sync/convert.h"
+#include "sync/dist_publisher.h"
 #include "sync/export.h"
 #include "sync/publisher.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/convert_fixtures.h"
 #include "tests/testutil/memory_store.h"
+#include "tests/testutil/ranks.h"
 
 namespace dte {
 namespace {
@@ -286,6 +288,227 @@ INSTANTIATE_TEST_SUITE_P(Specs, PublisherMcore, testing::ValuesIn(Cases()),
                                   std::to_string(info.param.tp) + "Ep" +
                                   std::to_string(info.param.ep);
                          });
+
+// Distributed publishing from MCore shards: a shard as one rank holds it
+// (`as`: a replica names its own TP or EP rank), the plan's shard whose state
+// it is (`of`), and the flat range of it the rank holds.
+struct HeldShard {
+  ShardKey as, of;
+  uint64_t begin = 0, end = 0;
+};
+using Holdings = std::function<std::vector<HeldShard>(const McorePublish&, int rank)>;
+
+uint64_t Elements(const TensorData& t) {
+  uint64_t n = 1;
+  for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+// The shards TP rank `tp` and EP rank `ep` hold whole: its own, and replicas
+// of those the plan takes from TP or EP rank 0 (norms, dense layers).
+std::vector<HeldShard> RankShards(const McorePublish& model, int tp, int ep) {
+  const McoreState& state = model.sharded(0);
+  std::vector<HeldShard> out;
+  for (const auto& [key, t] : state) {
+    ShardKey as = key;
+    if (key.tp_rank != tp) {
+      if (key.tp_rank != 0 || state.count({key.name, tp, key.ep_rank})) continue;
+      as.tp_rank = tp;
+    }
+    if (key.ep_rank != ep) {
+      if (key.ep_rank != 0 || state.count({key.name, key.tp_rank, ep})) continue;
+      as.ep_rank = ep;
+    }
+    out.push_back({as, key, 0, Elements(t)});
+  }
+  return out;
+}
+
+// Cuts the concatenation of `whole` into `parts` ranges, across shard
+// boundaries, and keeps range `part`: Megatron's distributed optimizer.
+std::vector<HeldShard> FlatPart(const std::vector<HeldShard>& whole, int part, int parts) {
+  uint64_t total = 0;
+  for (const auto& h : whole) total += h.end;
+  const uint64_t per = (total + parts - 1) / parts;
+  const uint64_t lo = std::min(total, per * part), hi = std::min(total, lo + per);
+  std::vector<HeldShard> out;
+  uint64_t at = 0;
+  for (const auto& h : whole) {
+    const uint64_t b = std::max(lo, at), e = std::min(hi, at + h.end);
+    if (b < e) out.push_back({h.as, h.of, b - at, e - at});
+    at += h.end;
+  }
+  return out;
+}
+
+// The pipeline stage (of 2) an MCore parameter lives on.
+int StageOf(const std::string& name, int64_t layers) {
+  const size_t at = name.find("layers.");
+  if (at != std::string::npos) return std::stoll(name.substr(at + 7)) < (layers + 1) / 2 ? 0 : 1;
+  return name.find("embedding") != std::string::npos ? 0 : 1;
+}
+
+std::vector<RangeState> RangesOf(const McorePublish& model, const std::vector<HeldShard>& held,
+                                 int64_t step) {
+  std::vector<RangeState> out;
+  for (const HeldShard& h : held) {
+    RangeState r;
+    r.name = h.as.name;
+    r.tp_rank = h.as.tp_rank;
+    r.ep_rank = h.as.ep_rank;
+    r.begin = h.begin;
+    r.end = h.end;
+    r.param = reinterpret_cast<const float*>(model.sharded(0).at(h.of).data.data()) + h.begin;
+    r.exp_avg = reinterpret_cast<const float*>(model.sharded(1).at(h.of).data.data()) + h.begin;
+    r.exp_avg_sq = reinterpret_cast<const float*>(model.sharded(2).at(h.of).data.data()) + h.begin;
+    r.state_step = step;
+    if (IsNorm(h.as.name)) {
+      r.lr = 1e-3;
+      r.weight_decay = 0.0;
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// `world` ranks holding what `holdings` gives them publish the versions the
+// single-process publisher makes from the HF state, block for block.
+void ExpectDistributedEqualsHf(const ModelSpec& spec, const ParallelLayout& layout, int world,
+                               const Holdings& holdings, const std::string& root) {
+  McorePublish model(spec, layout, root);
+  auto hf = model.Open("hf", false);
+  auto init = model.Open("dist", true);
+  ASSERT_TRUE(hf && init);
+  ASSERT_TRUE(hf->ImportCheckpoint(model.WriteCheckpoint("init")).ok());
+  ASSERT_TRUE(init->ImportCheckpoint(model.WriteCheckpoint("init2")).ok());
+  std::vector<std::unique_ptr<DistPublisher>> pubs;
+  for (int r = 0; r < world; ++r) {
+    PublisherOptions o;
+    o.store = root + "/dist";
+    o.converter = "mcore";
+    o.mcore = McoreConverter{spec, layout};
+    auto p = DistPublisher::Open(o);
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    pubs.push_back(std::move(p).value());
+  }
+  for (int64_t step = 1; step <= 2; ++step) {
+    model.Step(step);
+    model.Shard();
+    auto a = hf->PublishAdamW(StepOf(step), model.HfParams());
+    ASSERT_TRUE(a.ok()) << a.status().message();
+    std::vector<Result<PublishResult>> results(world, Internal("not run"));
+    test::RunRanks(world, root, std::chrono::milliseconds(20000), [&](int rank, Transport* t) {
+      ASSERT_NE(t, nullptr);
+      results[rank] =
+          pubs[rank]->PublishAdamW(*t, StepOf(step), RangesOf(model, holdings(model, rank), step));
+    });
+    for (int rank = 0; rank < world; ++rank) {
+      ASSERT_TRUE(results[rank].ok())
+          << "rank " << rank << ": " << results[rank].status().message();
+      EXPECT_EQ(results[rank]->version, a->version);
+      EXPECT_EQ(results[rank]->changed, a->changed);
+      EXPECT_EQ(results[rank]->tensors, a->tensors);
+    }
+    auto va = hf->store().GetVersion(a->version);
+    auto vb = pubs[0]->store().GetVersion(a->version);
+    ASSERT_TRUE(va.ok() && vb.ok());
+    ASSERT_EQ((*va)->records.size(), (*vb)->records.size());
+    for (size_t k = 0; k < (*va)->records.size(); ++k) {
+      EXPECT_EQ((*va)->records[k].hash, (*vb)->records[k].hash) << "block " << k;
+      EXPECT_EQ((*va)->records[k].changed, (*vb)->records[k].changed) << "block " << k;
+    }
+    const std::string out = root + "/export_dist" + std::to_string(step);
+    ASSERT_TRUE(ExportVersion(pubs[0]->store(), a->version, out, nullptr).ok());
+    EXPECT_EQ(ReadAll(out + "/model.safetensors"),
+              ReadAll(model.WriteCheckpoint("now" + std::to_string(step)) + "/model.safetensors"));
+  }
+}
+
+class DistPublisherMcore : public testing::Test {
+ protected:
+  test::ScopedTempDir tmp_;
+};
+
+// TP 2 x DP 2 with the distributed optimizer: each DP rank holds a flat
+// range of its TP rank's shards, cut across shard boundaries; norms are on
+// every TP rank.
+TEST_F(DistPublisherMcore, Tp2Dp2WithTheDistributedOptimizer) {
+  ParallelLayout layout;
+  layout.tp = 2;
+  ExpectDistributedEqualsHf(
+      test::TinyQwen3(16, 4), layout, 4,
+      [](const McorePublish& model, int rank) {
+        return FlatPart(RankShards(model, rank % 2, 0), rank / 2, 2);
+      },
+      tmp_.path());
+}
+
+// TP 2 x PP 2: each pipeline stage holds its own layers.
+TEST_F(DistPublisherMcore, Tp2Pp2StagesHoldTheirLayers) {
+  ParallelLayout layout;
+  layout.tp = 2;
+  const ModelSpec spec = test::TinyLlama(8, 4);
+  ExpectDistributedEqualsHf(
+      spec, layout, 4,
+      [&](const McorePublish& model, int rank) {
+        std::vector<HeldShard> out;
+        for (const auto& h : RankShards(model, rank % 2, 0)) {
+          if (StageOf(h.as.name, spec.num_layers) == rank / 2) out.push_back(h);
+        }
+        return out;
+      },
+      tmp_.path());
+}
+
+// EP 2 for an MoE model: each rank holds its experts and a replica of the
+// dense parameters.
+TEST_F(DistPublisherMcore, Ep2ExpertsOnTheirRanks) {
+  ParallelLayout layout;
+  layout.ep = 2;
+  ExpectDistributedEqualsHf(
+      test::TinyQwen3Moe(8, 4), layout, 2,
+      [](const McorePublish& model, int rank) { return RankShards(model, 0, rank); }, tmp_.path());
+}
+
+// A unit given in part (one TP rank missing) fails every rank, naming it.
+TEST_F(DistPublisherMcore, AUnitGivenInPartFailsEveryRank) {
+  ParallelLayout layout;
+  layout.tp = 2;
+  McorePublish model(test::TinyLlama(8, 4), layout, tmp_.path());
+  auto init = model.Open("dist", true);
+  ASSERT_TRUE(init && init->ImportCheckpoint(model.WriteCheckpoint("init")).ok());
+  model.Step(1);
+  model.Shard();
+  std::vector<std::unique_ptr<DistPublisher>> pubs;
+  for (int r = 0; r < 2; ++r) {
+    PublisherOptions o;
+    o.store = tmp_.path() + "/dist";
+    o.converter = "mcore";
+    o.mcore = McoreConverter{test::TinyLlama(8, 4), layout};
+    pubs.push_back(std::move(DistPublisher::Open(o)).value());
+  }
+  std::vector<Status> st(2);
+  test::RunRanks(2, tmp_.path(), std::chrono::milliseconds(20000), [&](int rank, Transport* t) {
+    ASSERT_NE(t, nullptr);
+    auto held = RankShards(model, rank, 0);
+    if (rank == 1) {
+      std::erase_if(held, [](const HeldShard& h) {
+        return h.as.name.find("layers.1.self_attention.linear_qkv.weight") != std::string::npos;
+      });
+    }
+    st[rank] = pubs[rank]->PublishAdamW(*t, StepOf(1), RangesOf(model, held, 1)).status();
+  });
+  for (const Status& s : st) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("layers.1.self_attention.linear_qkv.weight (tp rank 1, ep rank 0)"
+                               " is held by no rank"),
+              std::string::npos)
+        << s.message();
+  }
+  auto latest = pubs[0]->store().Latest();
+  ASSERT_TRUE(latest.ok() && latest->has_value());
+  EXPECT_EQ(**latest, 0u);
+}
 
 // The rejection tests share one TP 2 / EP 2 MoE model at step 1.
 class PublisherMcoreErrors : public testing::Test {
