@@ -15,6 +15,7 @@
 #include "store/snapshot.h"
 #include "store/store.h"
 #include "sync/convert.h"
+#include "sync/dist_publisher.h"
 #include "sync/live_client.h"
 #include "sync/publisher.h"
 
@@ -24,6 +25,14 @@ struct dte_publisher {
 
 struct dte_store {
   std::unique_ptr<dte::Store> impl;
+};
+
+struct dte_transport {
+  std::unique_ptr<dte::Transport> impl;
+};
+
+struct dte_dist_publisher {
+  std::unique_ptr<dte::DistPublisher> impl;
 };
 
 struct dte_live {
@@ -168,6 +177,38 @@ void FillOptimizerState(const In& in, Out* out) {
   if (!std::isnan(in.lr)) out->lr = in.lr;
   if (!std::isnan(in.weight_decay)) out->weight_decay = in.weight_decay;
 }
+
+// A transport whose exchanges a dte_exchange_fn runs; broken after the
+// first failure, as the other transports are.
+class CallbackTransport : public dte::Transport {
+ public:
+  CallbackTransport(int rank, int size, dte_exchange_fn fn, void* ctx)
+      : rank_(rank), size_(size), fn_(fn), ctx_(ctx) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  dte::Status Exchange(std::span<const dte::SendBuffer> sends,
+                       std::span<const dte::RecvBuffer> recvs) override {
+    if (!broken_.ok()) return broken_;
+    std::vector<dte_message> s, r;
+    for (const auto& b : sends) {
+      s.push_back({b.peer, const_cast<void*>(b.data), static_cast<uint64_t>(b.bytes)});
+    }
+    for (const auto& b : recvs) r.push_back({b.peer, b.data, static_cast<uint64_t>(b.bytes)});
+    char error[1024] = {0};
+    if (fn_(ctx_, s.data(), s.size(), r.data(), r.size(), error, sizeof(error)) != 0) {
+      error[sizeof(error) - 1] = 0;
+      broken_ = dte::IOError(std::string("exchange failed: ") +
+                             (error[0] ? error : "the exchange function gave no reason"));
+    }
+    return broken_;
+  }
+
+ private:
+  int rank_, size_;
+  dte_exchange_fn fn_;
+  void* ctx_;
+  dte::Status broken_;
+};
 
 }  // namespace
 
@@ -413,5 +454,113 @@ int dte_live_unregister(dte_live* l, uint64_t id) {
 }
 
 void dte_live_close(dte_live* l) { delete l; }
+
+int dte_transport_tcp(int32_t rank, int32_t size, const char* rendezvous_dir, int64_t timeout_ms,
+                      dte_transport** out) {
+  return Guard([&] {
+    if (rendezvous_dir == nullptr || out == nullptr || timeout_ms <= 0) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "dte_transport_tcp: rendezvous_dir, out and a positive timeout must be set");
+    }
+    dte::TransportOptions o;
+    o.rank = rank;
+    o.size = size;
+    o.rendezvous_dir = rendezvous_dir;
+    o.timeout = std::chrono::milliseconds(timeout_ms);
+    auto t = dte::ConnectTcpTransport(o);
+    if (!t.ok()) return Fail(t.status());
+    *out = new dte_transport{std::move(t).value()};
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_transport_callback(int32_t rank, int32_t size, dte_exchange_fn fn, void* ctx,
+                           dte_transport** out) {
+  return Guard([&] {
+    if (fn == nullptr || out == nullptr || size < 1 || rank < 0 || rank >= size) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "dte_transport_callback: fn and out must be set, 0 <= rank < size");
+    }
+    *out = new dte_transport{std::make_unique<CallbackTransport>(rank, size, fn, ctx)};
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+void dte_transport_close(dte_transport* t) { delete t; }
+
+int dte_dist_publisher_open(const char* store, const char* cache_dir, const char* config_json,
+                            const char* config_file, const dte_mcore_layout* layout,
+                            dte_dist_publisher** out) {
+  return Guard([&] {
+    if (store == nullptr || out == nullptr || (config_json != nullptr && layout == nullptr)) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "dte_dist_publisher_open: store and out (and layout with config_json) must "
+                      "be set");
+    }
+    dte::PublisherOptions o;
+    o.store = store;
+    o.cache_dir = OrEmpty(cache_dir);
+    if (config_json != nullptr) {
+      o.converter = "mcore";
+      auto spec = dte::ParseHfConfig(config_json, config_file ? config_file : "config.json");
+      if (!spec.ok()) return Fail(spec.status());
+      o.mcore = dte::McoreConverter{*spec, {}};
+      if (int rc = ToLayout(*layout, &o.mcore->layout); rc != DTE_OK) return rc;
+    }
+    auto opened = dte::DistPublisher::Open(o);
+    if (!opened.ok()) return Fail(opened.status());
+    *out = new dte_dist_publisher{std::move(opened).value()};
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+void dte_dist_publisher_close(dte_dist_publisher* p) { delete p; }
+
+int dte_dist_publisher_set_anchor_policy(dte_dist_publisher* p, double budget, uint64_t every) {
+  return Guard([&] {
+    if (p == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_dist_publisher_set_anchor_policy: no publisher");
+    }
+    dte::Status s = p->impl->SetAnchorPolicy(dte::AnchorPolicy{budget, every});
+    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
+  });
+}
+
+int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
+                                     const dte_adamw_step* step, const dte_adamw_range* ranges,
+                                     size_t count, dte_publish_result* out) {
+  return Guard([&] {
+    if (p == nullptr || t == nullptr || step == nullptr || (ranges == nullptr && count > 0)) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "dte_dist_publisher_publish_adamw: publisher, transport, step and ranges "
+                      "must be set");
+    }
+    dte::AdamWStep h;
+    if (int rc = ToStep(*step, &h); rc != DTE_OK) return rc;
+    std::vector<dte::RangeState> states(count);
+    for (size_t i = 0; i < count; ++i) {
+      const dte_adamw_range& in = ranges[i];
+      if (in.name == nullptr) {
+        return FailWith(DTE_INVALID_ARGUMENT, "range " + std::to_string(i) + " has no name");
+      }
+      dte::RangeState& r = states[i];
+      r.name = in.name;
+      r.tp_rank = in.tp_rank;
+      r.ep_rank = in.ep_rank;
+      r.begin = in.begin;
+      r.end = in.end;
+      r.param = in.param;
+      r.exp_avg = in.exp_avg;
+      r.exp_avg_sq = in.exp_avg_sq;
+      if (in.state_step >= 0) r.state_step = in.state_step;
+      if (!std::isnan(in.lr)) r.lr = in.lr;
+      if (!std::isnan(in.weight_decay)) r.weight_decay = in.weight_decay;
+    }
+    auto r = p->impl->PublishAdamW(*t->impl, h, states);
+    if (!r.ok()) return Fail(r.status());
+    FillResult(*r, out);
+    return static_cast<int>(DTE_OK);
+  });
+}
 
 }  // extern "C"

@@ -143,6 +143,68 @@ int dte_publisher_publish_adamw_mcore(dte_publisher* p, const dte_adamw_step* st
                                       const dte_mcore_adamw_shard* shards, size_t count,
                                       dte_publish_result* out);
 
+/* Distributed publishing (sync/dist_publisher.h): every rank of a sharded
+ * trainer publishes the optimizer state it holds, over a transport between
+ * the ranks, and one version is committed when every rank's part is in. */
+typedef struct dte_transport dte_transport;
+typedef struct dte_dist_publisher dte_dist_publisher;
+
+/* The project's TCP transport: every one of `size` ranks calls it with the
+ * same fresh directory (on storage every rank sees); timeout_ms bounds
+ * connecting and every exchange. */
+int dte_transport_tcp(int32_t rank, int32_t size, const char* rendezvous_dir, int64_t timeout_ms,
+                      dte_transport** out);
+
+/* One message of an exchange. */
+typedef struct dte_message {
+  int32_t peer;
+  void* data; /* const for sends */
+  uint64_t bytes;
+} dte_message;
+
+/* Runs one exchange: posts every send and receive (a rank may send to
+ * itself; messages between a pair match in posting order) and returns 0
+ * when all are done, or non-zero after writing a message naming the peer
+ * into error (error_size bytes, NUL-terminated). */
+typedef int (*dte_exchange_fn)(void* ctx, const dte_message* sends, size_t n_sends,
+                               const dte_message* recvs, size_t n_recvs, char* error,
+                               size_t error_size);
+
+/* A transport whose exchanges the caller runs, for example over a
+ * torch.distributed process group. fn and ctx must outlive the transport. */
+int dte_transport_callback(int32_t rank, int32_t size, dte_exchange_fn fn, void* ctx,
+                           dte_transport** out);
+void dte_transport_close(dte_transport* t);
+
+/* Elements [begin, end) of a tensor flattened in row-major order, as FP32
+ * arrays of end - begin elements: of the Hugging Face tensor `name`, or with
+ * the mcore converter of the Megatron-Core shard (name, tp_rank, ep_rank). */
+typedef struct dte_adamw_range {
+  const char* name;
+  int32_t tp_rank, ep_rank;
+  uint64_t begin, end;
+  const float* param;
+  const float* exp_avg;
+  const float* exp_avg_sq;
+  int64_t state_step;  /* -1 when unknown */
+  double lr;           /* NaN: the step's */
+  double weight_decay; /* NaN: the step's */
+} dte_adamw_range;
+
+/* config_json NULL: the hf converter (ranges of Hugging Face tensors); else
+ * the mcore converter as for dte_publisher_open_mcore. */
+int dte_dist_publisher_open(const char* store, const char* cache_dir, const char* config_json,
+                            const char* config_file, const dte_mcore_layout* layout,
+                            dte_dist_publisher** out);
+void dte_dist_publisher_close(dte_dist_publisher* p);
+int dte_dist_publisher_set_anchor_policy(dte_dist_publisher* p, double budget, uint64_t every);
+/* Every rank of the transport calls it with the same step; each returns the
+ * same committed version, or fails. A failed transport stays failed: open a
+ * new one to retry the step. */
+int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
+                                     const dte_adamw_step* step, const dte_adamw_range* ranges,
+                                     size_t count, dte_publish_result* out);
+
 /* Reading versions back (verification, tests). */
 int dte_store_open(const char* store, const char* cache_dir, dte_store** out);
 void dte_store_close(dte_store* s);

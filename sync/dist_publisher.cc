@@ -354,6 +354,12 @@ Result<std::unique_ptr<DistPublisher>> DistPublisher::Open(const PublisherOption
   return p;
 }
 
+Status DistPublisher::SetAnchorPolicy(const AnchorPolicy& policy) {
+  RETURN_IF_ERROR(CheckAnchorPolicy(policy));
+  options_.anchor_policy = policy;
+  return Status::Ok();
+}
+
 Result<PublishResult> DistPublisher::PublishAdamW(Transport& transport, const AdamWStep& h,
                                                   const std::vector<RangeState>& ranges) {
   stats_ = DistPublishStats{};
@@ -382,7 +388,22 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
                  {"maximize", h.maximize},
                  {"order", static_cast<int>(h.order)},
                  {"store", store_->store_id()},
-                 {"world_size", world}};
+                 {"world_size", world},
+                 {"anchor_budget", options_.anchor_policy.budget},
+                 {"anchor_every", options_.anchor_policy.every},
+                 {"converter", options_.converter}};
+  if (options_.mcore) {
+    const McoreConverter& c = *options_.mcore;
+    mine.fields["mcore"] = json::array({c.spec.model_type,
+                            c.spec.num_layers,
+                            c.spec.hidden,
+                            c.layout.tp,
+                            c.layout.ep,
+                            c.layout.expert_tp(),
+                            c.layout.vocab_divisible_by,
+                            static_cast<int>(c.layout.norms),
+                            static_cast<int>(c.layout.experts)});
+  }
   mine.last_version = last_version_;
   for (const auto& r : ranges) {
     mine.ranges.push_back(

@@ -111,6 +111,10 @@ class DistPublisher {
   Result<PublishResult> PublishAdamW(Transport& transport, const AdamWStep& h,
                                      const std::vector<RangeState>& ranges);
 
+  // The anchor policy of the following publishes (the same on every rank);
+  // InvalidArgument for a bad budget.
+  Status SetAnchorPolicy(const AnchorPolicy& policy);
+
   // What the last PublishAdamW did on this rank.
   const DistPublishStats& last_stats() const { return stats_; }
   Store& store() { return *store_; }

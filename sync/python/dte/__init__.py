@@ -12,6 +12,13 @@ From Megatron-Core shards, give the model and layout instead of "hf":
     pub = dte.Publisher(store=..., converter={"config": "init/config.json", "tp": 2, "ep": 1})
     pub.publish_adamw(step=step, params={(mcore_name, tp_rank, ep_rank): (master, m, v)}, ...)
 
+On every rank of a sharded trainer, each rank publishing the state it holds
+(whole tensors, rows=(begin, end) of dim 0, or flat=(begin, end) ranges):
+
+    pub = dte.Publisher(store=..., rank=rank, world_size=world)  # torch.distributed group
+    pub.publish_adamw(step=step, params={name: {"param": p, "exp_avg": m,
+                                                "exp_avg_sq": v, "rows": (r0, r1)}}, ...)
+
 No copy of the previous weights is kept: the engine inverts the AdamW step.
 See docs/engine.md.
 
@@ -25,7 +32,8 @@ registered buffers (docs/live.md):
 """
 
 from dte._live import Receiver, SharedWeights, apply, live_status
-from dte._publisher import DteError, Publisher, PublishResult, StoreReader, publish_torch_adamw
+from dte._publisher import (DteError, Publisher, PublishResult, StoreReader, chunk_rows,
+                            publish_torch_adamw)
 
 __all__ = ["DteError", "Publisher", "PublishResult", "Receiver", "SharedWeights", "StoreReader",
-           "apply", "live_status", "publish_torch_adamw"]
+           "apply", "chunk_rows", "live_status", "publish_torch_adamw"]

@@ -45,6 +45,25 @@ class AdamWStep(ctypes.Structure):
                 ("maximize", ctypes.c_int32), ("order", ctypes.c_int32)]
 
 
+class AdamWRange(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("tp_rank", ctypes.c_int32),
+                ("ep_rank", ctypes.c_int32), ("begin", ctypes.c_uint64), ("end", ctypes.c_uint64),
+                ("param", ctypes.c_void_p), ("exp_avg", ctypes.c_void_p),
+                ("exp_avg_sq", ctypes.c_void_p), ("state_step", ctypes.c_int64),
+                ("lr", ctypes.c_double), ("weight_decay", ctypes.c_double)]
+
+
+class Message(ctypes.Structure):
+    _fields_ = [("peer", ctypes.c_int32), ("data", ctypes.c_void_p), ("bytes", ctypes.c_uint64)]
+
+
+# int (*)(void* ctx, const dte_message* sends, size_t, const dte_message* recvs, size_t,
+#         char* error, size_t error_size)
+EXCHANGE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Message),
+                               ctypes.c_size_t, ctypes.POINTER(Message), ctypes.c_size_t,
+                               ctypes.c_void_p, ctypes.c_size_t)
+
+
 class PublishResult(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "version", "parent", "tensors", "elements", "changed", "flagged", "false_positives",
@@ -137,6 +156,22 @@ def _declare(lib):
                                                              ctypes.POINTER(McoreAdamWShard),
                                                              ctypes.c_size_t,
                                                              ctypes.POINTER(PublishResult)]),
+        "dte_transport_tcp": (ctypes.c_int, [ctypes.c_int32, ctypes.c_int32, ctypes.c_char_p,
+                                             ctypes.c_int64, ctypes.POINTER(P)]),
+        "dte_transport_callback": (ctypes.c_int, [ctypes.c_int32, ctypes.c_int32, EXCHANGE_FN,
+                                                  ctypes.c_void_p, ctypes.POINTER(P)]),
+        "dte_transport_close": (None, [P]),
+        "dte_dist_publisher_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
+                                                   ctypes.c_char_p, ctypes.c_char_p,
+                                                   ctypes.POINTER(McoreLayout),
+                                                   ctypes.POINTER(P)]),
+        "dte_dist_publisher_close": (None, [P]),
+        "dte_dist_publisher_set_anchor_policy": (ctypes.c_int, [P, ctypes.c_double,
+                                                                ctypes.c_uint64]),
+        "dte_dist_publisher_publish_adamw": (ctypes.c_int, [P, P, ctypes.POINTER(AdamWStep),
+                                                            ctypes.POINTER(AdamWRange),
+                                                            ctypes.c_size_t,
+                                                            ctypes.POINTER(PublishResult)]),
         "dte_store_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(P)]),
         "dte_store_close": (None, [P]),
         "dte_store_latest": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_int),

@@ -174,7 +174,8 @@ class Publisher(_Handle):
 
     _close_fn = "dte_publisher_close"
 
-    def __init__(self, store, converter="hf", cache_dir=None, anchor_budget=1.0, anchor_every=0):
+    def __init__(self, store, converter="hf", cache_dir=None, anchor_budget=1.0, anchor_every=0,
+                 rank=None, world_size=None, group=None, rendezvous=None, timeout=60.0):
         """anchor_budget, anchor_every: the anchor policy, as dtectl commit's
         --anchor-budget and --anchor-every (docs/cli.md).
 
@@ -183,11 +184,59 @@ class Publisher(_Handle):
         config.json or the config as a dict, "tp": 1, "ep": 1, and optionally
         "etp", "vocab_divisible_by" (128), "norms" ("te" or "local"),
         "experts" ("sequential" or "grouped")}; then params are keyed by
-        (mcore_name, tp_rank, ep_rank)."""
+        (mcore_name, tp_rank, ep_rank).
+
+        Distributed publishing (every rank of a sharded trainer publishes the
+        state it holds; docs/engine.md, "Distributed publish"): give
+        world_size (and rank), or a torch.distributed process group. The
+        ranks exchange over `group` (a torch.distributed ProcessGroup; the
+        default group when torch.distributed is initialized and no
+        rendezvous is given), or over dte's TCP transport when `rendezvous`
+        names a fresh directory every rank sees (connected here, by every
+        rank together). timeout (seconds) bounds the TCP transport's waits;
+        a process group's own timeout bounds its waits."""
         self._h = None
+        self._transport = None
+        self._dist = world_size is not None or group is not None
         handle = ctypes.c_void_p()
         cache = os.fsencode(cache_dir) if cache_dir else None
         self._mcore = not (isinstance(converter, str) and converter == "hf")
+        if self._dist:
+            self._exchange = None
+            if rendezvous is None:
+                import torch.distributed as dist
+                if group is None and not dist.is_initialized():
+                    raise DteError(1, "distributed publishing needs a torch.distributed process "
+                                   "group (group=, or an initialized default group) or a "
+                                   "rendezvous directory for dte's TCP transport")
+                self._exchange = _TorchExchange(group)
+                rank = self._exchange.rank if rank is None else rank
+                world_size = self._exchange.size if world_size is None else world_size
+                if (rank, world_size) != (self._exchange.rank, self._exchange.size):
+                    raise DteError(1, "rank %d of %d does not match the process group's rank %d "
+                                   "of %d" % (rank, world_size, self._exchange.rank,
+                                              self._exchange.size))
+            elif rank is None or world_size is None:
+                raise DteError(1, "dte's TCP transport needs rank and world_size")
+            self.rank, self.world_size = int(rank), int(world_size)
+            text = source = layout = None
+            if self._mcore:
+                text, source, layout = _mcore_spec(converter)
+            elif converter != "hf":
+                raise DteError(1, "converter must be \"hf\" or a Megatron-Core spec dict")
+            _check(lib.dte_dist_publisher_open(os.fsencode(store), cache, text, source,
+                                               ctypes.byref(layout) if layout else None,
+                                               ctypes.byref(handle)))
+            self._h = handle
+            self._close_fn = "dte_dist_publisher_close"
+            _check(lib.dte_dist_publisher_set_anchor_policy(self._h, float(anchor_budget),
+                                                            int(anchor_every)))
+            if rendezvous is not None:
+                t = ctypes.c_void_p()
+                _check(lib.dte_transport_tcp(self.rank, self.world_size, os.fsencode(rendezvous),
+                                             int(timeout * 1000), ctypes.byref(t)))
+                self._transport = t
+            return
         if self._mcore:
             text, source, layout = _mcore_spec(converter)
             _check(lib.dte_publisher_open_mcore(os.fsencode(store), cache, text, source,
@@ -198,6 +247,12 @@ class Publisher(_Handle):
         self._h = handle
         _check(lib.dte_publisher_set_anchor_policy(self._h, float(anchor_budget),
                                                    int(anchor_every)))
+
+    def close(self):
+        if self._transport:
+            lib.dte_transport_close(self._transport)
+            self._transport = None
+        super().close()
 
     def import_checkpoint(self, directory):
         """Commits a Hugging Face checkpoint directory; returns its version."""
@@ -219,6 +274,11 @@ class Publisher(_Handle):
         Arrays are torch CPU tensors or numpy arrays."""
         if order not in _lib.ORDERS:
             raise DteError(1, "unknown order %r (one of %s)" % (order, ", ".join(_lib.ORDERS)))
+        h = _lib.AdamWStep(float(lr), float(betas[0]), float(betas[1]), float(eps),
+                           float(weight_decay), int(step), int(bool(amsgrad)),
+                           int(bool(maximize)), _lib.ORDERS[order])
+        if self._dist:
+            return self._publish_ranges(h, params)
         keep = []
         if self._mcore:
             entries = (_lib.McoreAdamWShard * max(len(params), 1))()
@@ -235,14 +295,167 @@ class Publisher(_Handle):
             keep.append(encoded)
             e.name = encoded
             _fill(e, label, value, keep)
-        h = _lib.AdamWStep(float(lr), float(betas[0]), float(betas[1]), float(eps),
-                           float(weight_decay), int(step), int(bool(amsgrad)),
-                           int(bool(maximize)), _lib.ORDERS[order])
         out = _lib.PublishResult()
         publish = (lib.dte_publisher_publish_adamw_mcore if self._mcore
                    else lib.dte_publisher_publish_adamw)
         _check(publish(self._h, ctypes.byref(h), entries, len(params), ctypes.byref(out)))
         return PublishResult(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
+
+    def _publish_ranges(self, h, params):
+        keep, ranges = [], []
+        for key, value in params.items():
+            if self._mcore:
+                name, tp_rank, ep_rank = _mcore_key(key)
+                label = "%s (tp rank %d, ep rank %d)" % (name, tp_rank, ep_rank)
+            else:
+                if not isinstance(key, str):
+                    raise DteError(1, "params are keyed by Hugging Face tensor names, not %r"
+                                   % (key,))
+                name, tp_rank, ep_rank, label = key, 0, 0, key
+            encoded = name.encode()
+            keep.append(encoded)
+            for piece in (value if isinstance(value, list) else [value]):
+                ranges.append(_range_of(encoded, tp_rank, ep_rank, label, piece, keep))
+        entries = (_lib.AdamWRange * max(len(ranges), 1))(*ranges)
+        out = _lib.PublishResult()
+        if self._exchange is not None:
+            t = ctypes.c_void_p()
+            _check(lib.dte_transport_callback(self.rank, self.world_size, self._exchange.fn, None,
+                                              ctypes.byref(t)))
+        else:
+            if not self._transport:
+                raise DteError(5, "the TCP transport failed earlier; open a new Publisher with a "
+                               "fresh rendezvous directory on every rank to retry")
+            t = self._transport
+        try:
+            rc = lib.dte_dist_publisher_publish_adamw(self._h, t, ctypes.byref(h), entries,
+                                                      len(ranges), ctypes.byref(out))
+        finally:
+            if self._exchange is not None:
+                lib.dte_transport_close(t)
+        if rc != 0 and self._exchange is None:
+            lib.dte_transport_close(self._transport)  # broken now
+            self._transport = None
+        _check(rc)
+        return PublishResult(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
+
+
+def chunk_rows(rows, rank, world_size):
+    """(begin, end) rows of torch.chunk(world_size) that rank holds (FSDP2's
+    Shard(0)): chunks of ceil(rows / world_size), the last short or empty."""
+    chunk = -(-rows // world_size)
+    begin = min(rows, chunk * rank)
+    return begin, min(rows, begin + chunk)
+
+
+def _fp32_view(x, what, name, keep):
+    """(address, elements) of x as contiguous FP32."""
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            raise DteError(1, "tensor %s: %s is on %s; this build of dte publishes from CPU "
+                           "memory only" % (name, what, x.device))
+        x = x.detach()
+        if x.dtype != torch.float32:
+            raise DteError(1, "tensor %s: %s is %s; the publisher needs FP32 master weights and "
+                           "moments" % (name, what, x.dtype))
+        x = x.contiguous()
+        keep.append(x)
+        return x.data_ptr(), x.numel(), tuple(x.shape)
+    import numpy as np
+    x = np.ascontiguousarray(x)
+    if x.dtype != np.float32:
+        raise DteError(1, "tensor %s: %s is %s; the publisher needs FP32 master weights and "
+                       "moments" % (name, what, x.dtype))
+    keep.append(x)
+    return x.ctypes.data, x.size, x.shape
+
+
+def _range_of(encoded, tp_rank, ep_rank, label, value, keep):
+    """The C range of one held piece: (param, exp_avg, exp_avg_sq) for a
+    whole tensor, or a dict with those keys and optionally rows=(begin, end)
+    (a dim-0 shard), flat=(begin, end) (a range of the flattened tensor),
+    step, lr and weight_decay."""
+    if isinstance(value, dict):
+        d = value
+    else:
+        if len(value) != 3:
+            raise DteError(1, "tensor %s: expected (master, exp_avg, exp_avg_sq)" % label)
+        d = dict(zip(("param", "exp_avg", "exp_avg_sq"), value))
+    views = [_fp32_view(d[k], k, label, keep) for k in ("param", "exp_avg", "exp_avg_sq")]
+    n, shape = views[0][1], views[0][2]
+    if any(v[1] != n for v in views):
+        raise DteError(1, "tensor %s: param, exp_avg and exp_avg_sq have different sizes" % label)
+    if "rows" in d and "flat" in d:
+        raise DteError(1, "tensor %s: give rows or flat, not both" % label)
+    if "rows" in d:
+        r0, r1 = (int(x) for x in d["rows"])
+        row = 1
+        for dim in shape[1:]:
+            row *= int(dim)
+        begin, end = r0 * row, r1 * row
+    elif "flat" in d:
+        begin, end = (int(x) for x in d["flat"])
+    else:
+        begin, end = 0, n
+    if end - begin != n:
+        raise DteError(1, "tensor %s: the range [%d, %d) holds %d elements but the arrays %d"
+                       % (label, begin, end, end - begin, n))
+    lr, wd = d.get("lr"), d.get("weight_decay")
+    return _lib.AdamWRange(encoded, tp_rank, ep_rank, begin, end, views[0][0], views[1][0],
+                           views[2][0], _step_value(d.get("step")),
+                           float(lr) if lr is not None else math.nan,
+                           float(wd) if wd is not None else math.nan)
+
+
+class _TorchExchange:
+    """Runs the distributed publisher's exchanges over a torch.distributed
+    process group (gloo, or NCCL with CPU tensors where it supports them):
+    batched isend/irecv of the C buffers, self-messages copied."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+        self.dist, self.group = dist, group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.fn = _lib.EXCHANGE_FN(self._run)  # kept alive with the publisher
+
+    def _peer(self, r):
+        if self.group is None:
+            return r
+        return self.dist.distributed_c10d._get_global_rank(self.group, r)
+
+    def _run(self, ctx, sends, n_sends, recvs, n_recvs, error, error_size):
+        try:
+            torch = _torch()
+            dist = self.dist
+            ops, peers, local_sends, local_recvs = [], [], [], []
+            for msgs, n, local, op in ((sends, n_sends, local_sends, dist.isend),
+                                       (recvs, n_recvs, local_recvs, dist.irecv)):
+                for i in range(n):
+                    m = msgs[i]
+                    if m.bytes == 0:
+                        continue
+                    if m.peer == self.rank:
+                        local.append(m)
+                        continue
+                    buf = (ctypes.c_uint8 * m.bytes).from_address(m.data)
+                    ops.append(dist.P2POp(op, torch.frombuffer(buf, dtype=torch.uint8),
+                                          self._peer(m.peer), self.group))
+                    peers.append(m.peer)
+            for s, r in zip(local_sends, local_recvs):
+                ctypes.memmove(r.data, s.data, s.bytes)
+            if ops:
+                for req, peer in zip(dist.batch_isend_irecv(ops), peers):
+                    try:
+                        req.wait()
+                    except Exception as e:  # noqa: BLE001 - reported through the C ABI
+                        raise RuntimeError("rank %d: %s" % (peer, e)) from e
+            return 0
+        except Exception as e:  # noqa: BLE001 - reported through the C ABI
+            msg = ("%s" % e).encode("utf-8", "replace")[:max(error_size - 1, 0)]
+            ctypes.memmove(error, msg + b"\0", len(msg) + 1)
+            return 1
 
 
 def publish_torch_adamw(publisher, optimizer, named_params, step=None):
