@@ -171,6 +171,7 @@ struct Header {
   json fields;  // step, hyper-parameters, store: must agree across ranks
   std::optional<uint64_t> latest;
   std::optional<uint64_t> last_version;
+  std::optional<int64_t> last_step;
   struct Range {
     std::string name;
     int tp = 0, ep = 0;
@@ -187,6 +188,7 @@ std::string EncodeHeader(const Header& h) {
   j["fields"] = h.fields;
   j["latest"] = h.latest ? json(*h.latest) : json(nullptr);
   j["last_version"] = h.last_version ? json(*h.last_version) : json(nullptr);
+  j["last_step"] = h.last_step ? json(*h.last_step) : json(nullptr);
   json ranges = json::array();
   for (const auto& r : h.ranges) {
     ranges.push_back({r.name, r.begin, r.end, r.state_step ? json(*r.state_step) : json(nullptr),
@@ -204,6 +206,7 @@ Result<Header> DecodeHeader(const std::string& text, int rank) {
     h.fields = j.at("fields");
     if (!j.at("latest").is_null()) h.latest = j.at("latest").get<uint64_t>();
     if (!j.at("last_version").is_null()) h.last_version = j.at("last_version").get<uint64_t>();
+    if (!j.at("last_step").is_null()) h.last_step = j.at("last_step").get<int64_t>();
     for (const auto& r : j.at("ranges")) {
       Header::Range x;
       x.name = r.at(0).get<std::string>();
@@ -394,17 +397,13 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
                  {"converter", options_.converter}};
   if (options_.mcore) {
     const McoreConverter& c = *options_.mcore;
-    mine.fields["mcore"] = json::array({c.spec.model_type,
-                            c.spec.num_layers,
-                            c.spec.hidden,
-                            c.layout.tp,
-                            c.layout.ep,
-                            c.layout.expert_tp(),
-                            c.layout.vocab_divisible_by,
-                            static_cast<int>(c.layout.norms),
-                            static_cast<int>(c.layout.experts)});
+    mine.fields["mcore"] =
+        json::array({c.spec.model_type, c.spec.num_layers, c.spec.hidden, c.layout.tp, c.layout.ep,
+                     c.layout.expert_tp(), c.layout.vocab_divisible_by,
+                     static_cast<int>(c.layout.norms), static_cast<int>(c.layout.experts)});
   }
   mine.last_version = last_version_;
+  mine.last_step = last_step_;
   for (const auto& r : ranges) {
     mine.ranges.push_back(
         {r.name, r.tp_rank, r.ep_rank, r.begin, r.end, r.state_step, r.lr, r.weight_decay});
@@ -415,7 +414,7 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
     mine.error = "AdamW maximize=True is not supported by the publisher";
   } else if (std::string e = kernels::AdamWParamsError(ParamsOf(h, {}, {})); !e.empty()) {
     mine.error = e;
-  } else if (last_step_ && h.step != *last_step_ + 1) {
+  } else if (last_step_ && h.step != *last_step_ + 1 && h.step != *last_step_) {
     mine.error = at_step + " does not follow step " + std::to_string(*last_step_) +
                  ", the last one this rank published";
   }
@@ -454,6 +453,24 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
     }
   }
   Plan plan;
+  if (all[0].last_step && *all[0].last_step == h.step && all[0].last_version) {
+    // Rank 0 committed this step, and the ranks that did not learn it (one
+    // failed while the outcome was sent) retry: the version is there.
+    ASSIGN_OR_RETURN(auto v, store_->GetVersion(*all[0].last_version));
+    PublishResult res;
+    res.version = v->manifest.version;
+    res.parent = v->manifest.parent.value_or(0);
+    res.changed = v->manifest.stats.changed_elements;
+    res.stored_bytes = v->manifest.stats.stored_bytes;
+    res.full_table = v->manifest.full.has_value();
+    return res;
+  }
+  for (int r = 1; r < world; ++r) {
+    if (all[r].last_step && *all[r].last_step == h.step) {
+      return InvalidArgument(at_step + ": rank " + std::to_string(r) + " published it already" +
+                             ", but rank 0 did not: was rank 0 restarted?");
+    }
+  }
   plan.latest = *all[0].latest;
   for (int r = 0; r < world; ++r) {
     if (all[r].last_version && *all[r].last_version != plan.latest) {
@@ -1062,6 +1079,10 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
       RETURN_IF_ERROR(internal::PublishVersion(store_.get(), &sink, &m, records,
                                                full ? full_records : kNone, plan.parent_distance,
                                                plan.latest));
+      // Committed: a retry of this step, after a rank missed the outcome,
+      // returns this version (above).
+      last_step_ = h.step;
+      last_version_ = m.version;
       res.version = m.version;
       res.parent = plan.latest;
       res.changed = m.stats.changed_elements;

@@ -85,7 +85,15 @@ Status TcpTransport::WriteSome(int peer, PeerIo& io) {
       n = send(io.fd, p, left, MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EAGAIN || errno == EINTR) return Status::Ok();
-        return ErrnoStatus("send to " + RankName(peer), errno);
+        Status failed = ErrnoStatus("send to " + RankName(peer), errno);
+        // A peer that failed first sent its reason before closing: report
+        // that (naming the root cause) rather than the broken pipe.
+        uint8_t hdr[8];
+        if (io.in_off == 0 && recv(io.fd, hdr, 8, MSG_PEEK | MSG_DONTWAIT) == 8 &&
+            GetU64(hdr) == kAbortTag && recv(io.fd, hdr, 8, MSG_DONTWAIT) == 8) {
+          return ReadAbort(peer, io.fd);
+        }
+        return failed;
       }
     }
     io.out_off += static_cast<size_t>(n);

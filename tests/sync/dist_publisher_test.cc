@@ -391,6 +391,86 @@ TEST_F(DistPublisherTest, ARankThatDiesFailsTheOthersAndARetrySucceeds) {
   EXPECT_TRUE(report->ok()) << report->problems.front();
 }
 
+// A transport that dies at its `fail_at`-th exchange, as a killed rank
+// does: its connections close and its peers' exchanges fail.
+class DyingTransport : public Transport {
+ public:
+  DyingTransport(Transport* inner, int fail_at) : inner_(inner), fail_at_(fail_at) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Status Exchange(std::span<const SendBuffer> sends, std::span<const RecvBuffer> recvs) override {
+    if (calls_++ == fail_at_) {
+      died = true;
+      return IOError("killed");
+    }
+    return inner_->Exchange(sends, recvs);
+  }
+  bool died = false;
+
+ private:
+  Transport* inner_;
+  int rank_ = inner_->rank(), size_ = inner_->size();
+  int fail_at_;
+  int calls_ = 0;
+};
+
+// Rank 1 (or rank 0) dies at each of the ten exchanges of a publish: the
+// others fail naming it; no version appears unless rank 0 had committed it
+// (only while the outcome is sent), and the retried step then publishes or
+// returns version 1 on every rank, equal to the single-process publisher's.
+TEST_F(DistPublisherTest, ARankDyingAtEveryExchangeLeavesNoHalfVersion) {
+  timeout_ms_ = 3000;
+  for (int victim : {1, 0}) {
+    for (int fail_at = 0; fail_at < 10; ++fail_at) {
+      SCOPED_TRACE("rank " + std::to_string(victim) + " dies at exchange " +
+                   std::to_string(fail_at));
+      const std::string name = "dist-" + std::to_string(victim) + "-" + std::to_string(fail_at);
+      states_.clear();
+      SetUp();
+      ImportInto(name);
+      OpenRanks(name, 3);
+      const auto p = Params(1);
+      for (size_t i = 0; i < states_.size(); ++i) test::AdamWStepState(&states_[i], p, 100 + i);
+      std::vector<Status> first(3);
+      test::RunRanks(
+          3, tmp_.path(), std::chrono::milliseconds(timeout_ms_), [&](int rank, Transport* t) {
+            ASSERT_NE(t, nullptr);
+            if (rank == victim) {
+              auto dying = std::make_unique<DyingTransport>(t, fail_at);
+              first[rank] =
+                  pubs_[rank]
+                      ->PublishAdamW(*dying, test::AdamWStepOf(p), RowShards(rank, 3, states_))
+                      .status();
+              return;  // the transport closes: the rank is gone
+            }
+            first[rank] = pubs_[rank]
+                              ->PublishAdamW(*t, test::AdamWStepOf(p), RowShards(rank, 3, states_))
+                              .status();
+          });
+      // Exchanges 8 and 9 send the outcome: rank 0 has committed by then.
+      const size_t versions = Versions(name);
+      EXPECT_EQ(versions, fail_at >= 8 ? 2u : 1u);
+      for (int rank = 0; rank < 3; ++rank) {
+        if (rank == victim) continue;
+        if (versions == 2 && first[rank].ok()) continue;  // it learned the outcome
+        EXPECT_FALSE(first[rank].ok()) << "rank " << rank;
+        EXPECT_NE(first[rank].message().find("step 1"), std::string::npos) << first[rank].message();
+        EXPECT_NE(first[rank].message().find("rank " + std::to_string(victim)), std::string::npos)
+            << first[rank].message();
+      }
+      auto out = PublishAll(RowShards, test::AdamWStepOf(p));
+      for (int rank = 0; rank < 3; ++rank) {
+        ASSERT_TRUE(out[rank].status.ok()) << "rank " << rank << ": " << out[rank].status.message();
+        EXPECT_EQ(out[rank].result.version, 1u);
+      }
+      EXPECT_EQ(Versions(name), 2u);
+      auto report = VerifyStore(pubs_[0]->store(), std::nullopt, nullptr);
+      ASSERT_TRUE(report.ok());
+      EXPECT_TRUE(report->ok()) << report->problems.front();
+    }
+  }
+}
+
 TEST(DistPublisherRanges, RowAndChunkRanges) {
   FlatRange r = RowRange({10, 3, 4}, 2, 5);
   EXPECT_EQ(r.begin, 24u);

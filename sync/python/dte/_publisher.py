@@ -445,12 +445,19 @@ class _TorchExchange:
                     peers.append(m.peer)
             for s, r in zip(local_sends, local_recvs):
                 ctypes.memmove(r.data, s.data, s.bytes)
+            failed = []
             if ops:
+                # Wait for every message, so that the error names each peer
+                # that failed (the one that died, not only a survivor that
+                # gave up on it first).
                 for req, peer in zip(dist.batch_isend_irecv(ops), peers):
                     try:
                         req.wait()
                     except Exception as e:  # noqa: BLE001 - reported through the C ABI
-                        raise RuntimeError("rank %d: %s" % (peer, e)) from e
+                        if peer not in (p for p, _ in failed):
+                            failed.append((peer, e))
+            if failed:
+                raise RuntimeError("; ".join("rank %d: %s" % (p, e) for p, e in failed))
             return 0
         except Exception as e:  # noqa: BLE001 - reported through the C ABI
             msg = ("%s" % e).encode("utf-8", "replace")[:max(error_size - 1, 0)]

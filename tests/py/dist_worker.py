@@ -1,0 +1,182 @@
+"""One rank of a sharded trainer for tests/py/test_dist_publish.py.
+
+Every rank builds the same small model, runs real torch.optim.AdamW steps
+(gradients from a seeded generator, two param groups) and publishes the
+state it holds under a layout (FSDP2 row shards, a flat buffer cut across
+tensor boundaries, replicas, or hybrid row shards with replicas) through
+dte.Publisher over a torch.distributed gloo group (or dte's TCP transport).
+Steps already in the store are replayed without publishing, so a restarted
+job resumes where the store is. With "ref", rank 0 also publishes every step
+with the single-process publisher into a second store, and reads every
+version it published back, comparing it with param.to(torch.bfloat16).
+
+Usage: python3 dist_worker.py CONFIG_JSON RANK; writes CONFIG["out"]-RANK.json.
+"""
+
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+SOURCE = os.environ.get("DTE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD = os.environ.get("DTE_BUILD_DIR", os.path.join(SOURCE, "build"))
+sys.path.insert(0, os.path.join(SOURCE, "sync", "python"))
+os.environ.setdefault("DTE_LIBRARY", os.path.join(BUILD, "sync", "libdte.so"))
+
+import dte  # noqa: E402
+import safetensors.torch  # noqa: E402
+
+SHAPES = {
+    "model.embed_tokens.weight": (300, 64),
+    "model.layers.0.self_attn.q_proj.weight": (64, 64),
+    "model.layers.0.self_attn.o_proj.weight": (64, 64),
+    "model.layers.0.mlp.down_proj.weight": (64, 170),
+    "model.layers.0.input_layernorm.weight": (64,),
+    "model.norm.weight": (64,),
+    "lm_head.weight": (300, 64),
+}
+LR, NORM_LR, WD = 2e-3, 5e-3, 0.1
+
+
+def build():
+    torch.manual_seed(0)
+    params = {}
+    for name, shape in SHAPES.items():
+        if name.endswith("norm.weight"):
+            params[name] = torch.nn.Parameter(1.0 + 0.02 * torch.randn(shape))
+        else:
+            params[name] = torch.nn.Parameter(0.02 * torch.randn(shape))
+    norms = [p for n, p in params.items() if n.endswith("norm.weight")]
+    mats = [p for n, p in params.items() if not n.endswith("norm.weight")]
+    opt = torch.optim.AdamW([{"params": mats, "lr": LR, "weight_decay": WD},
+                             {"params": norms, "lr": NORM_LR, "weight_decay": 0.0}],
+                            betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    return params, opt
+
+
+def train_step(params, opt, step):
+    g = torch.Generator().manual_seed(1000 + step)
+    for p in params.values():
+        p.grad = torch.randn(p.shape, generator=g) * 1e-2
+    opt.step()
+
+
+def group_of(opt, p):
+    for grp in opt.param_groups:
+        if any(q is p for q in grp["params"]):
+            return grp
+    raise KeyError("not a parameter")
+
+
+def state(opt, name, p, sl=None):
+    st = opt.state[p]
+    grp = group_of(opt, p)
+    flat = sl is not None and sl[0] == "flat"
+
+    def cut(t):
+        t = t.detach()
+        if sl is None:
+            return t
+        return t.reshape(-1)[sl[1]:sl[2]] if flat else t[sl[1]:sl[2]]
+
+    d = {"param": cut(p), "exp_avg": cut(st["exp_avg"]), "exp_avg_sq": cut(st["exp_avg_sq"]),
+         "step": int(st["step"].item()), "lr": grp["lr"], "weight_decay": grp["weight_decay"]}
+    if sl is not None:
+        d["flat" if flat else "rows"] = (sl[1], sl[2])
+    return d
+
+
+def held(layout, rank, world, params, opt):
+    """What this rank holds: {name: state or [states]}."""
+    out = {}
+    if layout == "replicated":
+        return {n: state(opt, n, p) for n, p in params.items()}
+    if layout in ("rows", "hybrid"):
+        r, w = (rank % 2, 2) if layout == "hybrid" else (rank, world)
+        for n, p in params.items():
+            r0, r1 = dte.chunk_rows(p.shape[0], r, w)
+            out[n] = state(opt, n, p, ("rows", r0, r1))
+        return out
+    assert layout == "flat"
+    total = sum(p.numel() for p in params.values())
+    per = -(-total // world)
+    lo, hi = min(total, per * rank), min(total, per * (rank + 1))
+    at = 0
+    for n, p in params.items():
+        b, e = max(lo, at), min(hi, at + p.numel())
+        if b < e:
+            out[n] = state(opt, n, p, ("flat", b - at, e - at))
+        at += p.numel()
+    return out
+
+
+def main():
+    cfg = json.load(open(sys.argv[1]))
+    rank = int(sys.argv[2])
+    world = cfg["world"]
+    result = {"rank": rank, "steps": [], "error": None}
+    out_path = "%s-%d.json" % (cfg["out"], rank)
+    try:
+        timeout = datetime.timedelta(seconds=cfg.get("timeout", 30))
+        dist.init_process_group("gloo", init_method="file://" + cfg["init"], rank=rank,
+                                world_size=world, timeout=timeout)
+        params, opt = build()
+        store = cfg["store"]
+        if rank == 0 and not os.path.exists(os.path.join(store, "store.json")):
+            ckpt = os.path.join(cfg["work"], "init")
+            os.makedirs(ckpt, exist_ok=True)
+            safetensors.torch.save_file(
+                {n: p.detach().to(torch.bfloat16).contiguous() for n, p in params.items()},
+                os.path.join(ckpt, "model.safetensors"), metadata={"format": "pt"})
+            with open(os.path.join(ckpt, "config.json"), "w") as f:
+                f.write('{"model_type": "llama"}\n')
+            for s in [store] + ([cfg["ref"]] if cfg.get("ref") else []):
+                with dte.Publisher(s) as p:
+                    p.import_checkpoint(ckpt)
+        dist.barrier()
+        kwargs = {"rank": rank, "world_size": world}
+        if cfg.get("transport") == "tcp":
+            kwargs["rendezvous"] = cfg["rendezvous"]
+            kwargs["timeout"] = cfg.get("timeout", 30)
+        pub = dte.Publisher(store, **kwargs)
+        latest = dte.StoreReader(store).latest()
+        ref = dte.Publisher(cfg["ref"]) if cfg.get("ref") and rank == 0 else None
+        reader = dte.StoreReader(store) if rank == 0 else None
+        for step in range(1, cfg["steps"] + 1):
+            train_step(params, opt, step)
+            if step <= latest:
+                continue  # already published: replay only
+            if cfg.get("stall") == [rank, step]:
+                time.sleep(3600)
+            t0 = time.time()
+            r = pub.publish_adamw(step=step, params=held(cfg["layout"], rank, world, params, opt),
+                                  lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=WD)
+            rec = {"step": step, "version": r.version, "changed": r.changed,
+                   "seconds": time.time() - t0}
+            if ref is not None:
+                rr = dte.publish_torch_adamw(ref, opt, params)
+                rec["ref_version"], rec["ref_changed"] = rr.version, rr.changed
+            if reader is not None:
+                bad = 0
+                for n, p in params.items():
+                    got = torch.empty(p.shape, dtype=torch.bfloat16)
+                    reader.read_into(r.version, n, got)
+                    bad += int((got.view(torch.int16) !=
+                                p.detach().to(torch.bfloat16).view(torch.int16)).sum())
+                rec["mismatches"] = bad
+            result["steps"].append(rec)
+        pub.close()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        result["error"] = "%s: %s" % (type(e).__name__, e)
+    with open(out_path + ".tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(out_path + ".tmp", out_path)
+    os._exit(0)  # do not wait on a process group whose peers died
+
+
+if __name__ == "__main__":
+    main()
