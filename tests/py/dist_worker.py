@@ -16,6 +16,7 @@ Usage: python3 dist_worker.py CONFIG_JSON RANK; writes CONFIG["out"]-RANK.json.
 import datetime
 import json
 import os
+import signal
 import sys
 import time
 
@@ -95,7 +96,7 @@ def held(layout, rank, world, params, opt):
     out = {}
     if layout == "replicated":
         return {n: state(opt, n, p) for n, p in params.items()}
-    if layout in ("rows", "hybrid"):
+    if layout in ("rows", "hybrid", "disagree"):
         r, w = (rank % 2, 2) if layout == "hybrid" else (rank, world)
         for n, p in params.items():
             r0, r1 = dte.chunk_rows(p.shape[0], r, w)
@@ -114,6 +115,29 @@ def held(layout, rank, world, params, opt):
     return out
 
 
+def arm_kill(point, step_now):
+    """Makes this process SIGKILL itself at `point` = [step, call, after]:
+    right before (after=0) or after (after=1) its call-th exchange of the
+    publish of `step`; call -1: right before that publish."""
+    kstep, kcall, kafter = point
+    run = dte._publisher._TorchExchange._run
+    calls = {"n": 0}
+
+    def dying_run(self, *args):
+        if step_now[0] != kstep:
+            return run(self, *args)
+        n = calls["n"]
+        calls["n"] += 1
+        if n == kcall and not kafter:
+            os.kill(os.getpid(), signal.SIGKILL)
+        rc = run(self, *args)
+        if n == kcall and kafter:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return rc
+
+    dte._publisher._TorchExchange._run = dying_run
+
+
 def main():
     cfg = json.load(open(sys.argv[1]))
     rank = int(sys.argv[2])
@@ -126,7 +150,7 @@ def main():
                                 world_size=world, timeout=timeout)
         params, opt = build()
         store = cfg["store"]
-        if rank == 0 and not os.path.exists(os.path.join(store, "store.json")):
+        if rank == 0 and not os.path.exists(os.path.join(store, "dte-store.json")):
             ckpt = os.path.join(cfg["work"], "init")
             os.makedirs(ckpt, exist_ok=True)
             safetensors.torch.save_file(
@@ -138,6 +162,10 @@ def main():
                 with dte.Publisher(s) as p:
                     p.import_checkpoint(ckpt)
         dist.barrier()
+        step_now = [0]
+        kill = cfg.get("kill")
+        if kill and kill[0] == rank:
+            arm_kill(kill[1:], step_now)
         kwargs = {"rank": rank, "world_size": world}
         if cfg.get("transport") == "tcp":
             kwargs["rendezvous"] = cfg["rendezvous"]
@@ -152,9 +180,13 @@ def main():
                 continue  # already published: replay only
             if cfg.get("stall") == [rank, step]:
                 time.sleep(3600)
+            step_now[0] = step
+            if kill and kill[0] == rank and kill[1] == step and kill[2] == -1:
+                os.kill(os.getpid(), signal.SIGKILL)
             t0 = time.time()
+            lr = LR * 2 if cfg["layout"] == "disagree" and rank == 1 else LR
             r = pub.publish_adamw(step=step, params=held(cfg["layout"], rank, world, params, opt),
-                                  lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=WD)
+                                  lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=WD)
             rec = {"step": step, "version": r.version, "changed": r.changed,
                    "seconds": time.time() - t0}
             if ref is not None:
