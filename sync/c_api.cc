@@ -486,6 +486,26 @@ int dte_transport_callback(int32_t rank, int32_t size, dte_exchange_fn fn, void*
   });
 }
 
+int dte_transport_store(dte_dist_publisher* p, int32_t rank, int32_t size, const char* job,
+                        int64_t timeout_ms, dte_transport** out) {
+  return Guard([&] {
+    if (p == nullptr || job == nullptr || *job == '\0' || out == nullptr || timeout_ms <= 0) {
+      return FailWith(
+          DTE_INVALID_ARGUMENT,
+          "dte_transport_store: publisher, job, out and a positive timeout must be set");
+    }
+    dte::StoreTransportOptions o;
+    o.base.rank = rank;
+    o.base.size = size;
+    o.base.timeout = std::chrono::milliseconds(timeout_ms);
+    o.prefix = std::string("exchange/") + job + "/";
+    auto t = dte::ConnectStoreTransport(&p->impl->store().objects(), o);
+    if (!t.ok()) return Fail(t.status());
+    *out = new dte_transport{std::move(t).value()};
+    return static_cast<int>(DTE_OK);
+  });
+}
+
 void dte_transport_close(dte_transport* t) { delete t; }
 
 int dte_dist_publisher_open(const char* store, const char* cache_dir, const char* config_json,

@@ -155,6 +155,13 @@ typedef struct dte_dist_publisher dte_dist_publisher;
 int dte_transport_tcp(int32_t rank, int32_t size, const char* rendezvous_dir, int64_t timeout_ms,
                       dte_transport** out);
 
+/* A transport through the publisher's store alone (ranks on hosts that
+ * share nothing else): messages are objects under exchange/<job>/ of the
+ * store (docs/formats/store-layout.md); every rank passes the same job, fresh
+ * for each attempt. */
+int dte_transport_store(dte_dist_publisher* p, int32_t rank, int32_t size, const char* job,
+                        int64_t timeout_ms, dte_transport** out);
+
 /* One message of an exchange. */
 typedef struct dte_message {
   int32_t peer;

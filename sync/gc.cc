@@ -174,6 +174,23 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options, const Pr
   // written in one piece at the end), so these get at least an hour.
   ASSIGN_OR_RETURN(r.temp_files_deleted, store.objects().RemoveStaleTemp(std::max<int64_t>(
                                              options.grace_seconds, kMinTempAgeSeconds)));
+  // 5. Messages of distributed publishes that died (the store transport,
+  // sync/transport.h): a live one reads its messages within its timeout.
+  {
+    ASSIGN_OR_RETURN(auto keys, store.objects().List("exchange/"));
+    const int64_t cutoff = static_cast<int64_t>(std::time(nullptr)) - options.grace_seconds;
+    for (const std::string& key : keys) {
+      auto mtime = store.objects().ModifiedTime(key);
+      if (!mtime.ok()) {
+        if (mtime.status().code() == Code::kNotFound) continue;  // read meanwhile
+        return mtime.status();
+      }
+      if (*mtime > cutoff) continue;
+      Status s = store.objects().Delete(key);
+      if (!s.ok() && s.code() != Code::kNotFound) return s;
+      r.exchange_objects_deleted++;
+    }
+  }
   RETURN_IF_ERROR(store.SyncIndex(false));
   return r;
 }

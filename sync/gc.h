@@ -55,6 +55,8 @@ struct GcResult {
   uint64_t blobs_deleted = 0;
   uint64_t bytes_freed = 0;
   uint64_t temp_files_deleted = 0;  // stale spool files of dead commits
+  // Messages of distributed publishes left by dead ranks (exchange/).
+  uint64_t exchange_objects_deleted = 0;
 };
 
 // InvalidArgument naming the option for a keep_last of 0.

@@ -78,6 +78,25 @@ struct NcclTransportOptions {
   size_t max_ops_per_group = 2048;
 };
 
+class ObjectStore;
+
+// Ranks that share nothing but a store (a directory on shared storage, or an
+// S3 bucket): every message is an object under `prefix` (a fresh prefix per
+// job, for example "exchange/<run id>/", in the store's namespace), written
+// by its sender and read, then deleted, by its receiver, which polls for it
+// (every poll_interval) until the timeout. A rank whose Exchange fails
+// writes `<prefix>abort-<rank>` with its reason; peers waiting on it fail
+// naming it. Messages left by dead ranks are removed by gc after its grace
+// window (docs/formats/store-layout.md, "exchange/"). `objects` must
+// outlive the transport.
+struct StoreTransportOptions {
+  TransportOptions base;  // rank, size, timeout (rendezvous_dir unused)
+  std::string prefix;
+  std::chrono::milliseconds poll_interval{20};
+};
+Result<std::unique_ptr<Transport>> ConnectStoreTransport(ObjectStore* objects,
+                                                         const StoreTransportOptions& options);
+
 // An NCCL communicator over the same rendezvous (rank 0 publishes the unique
 // id). Exchange takes host buffers and stages them through device memory.
 // Built without NCCL, returns Unimplemented.

@@ -150,7 +150,9 @@ def main():
                                 world_size=world, timeout=timeout)
         params, opt = build()
         store = cfg["store"]
-        if rank == 0 and not os.path.exists(os.path.join(store, "dte-store.json")):
+        fresh = (cfg.get("import", False) if store.startswith("s3://")
+                 else not os.path.exists(os.path.join(store, "dte-store.json")))
+        if rank == 0 and fresh:
             ckpt = os.path.join(cfg["work"], "init")
             os.makedirs(ckpt, exist_ok=True)
             safetensors.torch.save_file(
@@ -169,6 +171,9 @@ def main():
         kwargs = {"rank": rank, "world_size": world}
         if cfg.get("transport") == "tcp":
             kwargs["rendezvous"] = cfg["rendezvous"]
+            kwargs["timeout"] = cfg.get("timeout", 30)
+        elif cfg.get("transport") == "store":
+            kwargs["job"] = cfg["job"]
             kwargs["timeout"] = cfg.get("timeout", 30)
         pub = dte.Publisher(store, **kwargs)
         latest = dte.StoreReader(store).latest()

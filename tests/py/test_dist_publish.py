@@ -42,7 +42,7 @@ class Job:
             self.cfg["ref"] = os.path.join(root, "ref")
         self.cfg.update(extra)
 
-    def run(self, kill_rank=None, kill_after=None, deadline=120):
+    def run(self, kill_rank=None, kill_after=None, deadline=120, env=None):
         attempt = os.path.join(self.root, "%s-%d" % (self.name, time.monotonic_ns()))
         os.makedirs(attempt)
         cfg = dict(self.cfg, init=os.path.join(attempt, "init"), out=os.path.join(attempt, "out"),
@@ -51,7 +51,7 @@ class Job:
         path = os.path.join(attempt, "config.json")
         with open(path, "w") as f:
             json.dump(cfg, f)
-        env = dict(os.environ, DTE_BUILD_DIR=BUILD, DTE_SOURCE_DIR=SOURCE)
+        env = dict(os.environ, DTE_BUILD_DIR=BUILD, DTE_SOURCE_DIR=SOURCE, **(env or {}))
         procs = [subprocess.Popen([PYTHON, WORKER, path, str(r)], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                  for r in range(self.world)]
@@ -73,12 +73,13 @@ class Job:
         return results
 
 
-def dtectl(*args):
-    return subprocess.run([DTECTL, *args], capture_output=True, text=True)
+def dtectl(*args, env=None):
+    return subprocess.run([DTECTL, *args], capture_output=True, text=True,
+                          env=dict(os.environ, **(env or {})))
 
 
-def versions(store):
-    r = dtectl("log", "--store", store, "--json")
+def versions(store, env=None):
+    r = dtectl("log", "--store", store, "--json", env=env)
     assert r.returncode == 0, r.stderr
     return [v["version"] for v in json.loads(r.stdout)]
 
@@ -192,3 +193,21 @@ def test_ranks_that_disagree_fail_before_anything_is_written(tmp_path):
         assert res["error"] is not None
         assert "step 1: rank 1 disagrees with rank 0 on lr" in res["error"], res["error"]
     assert versions(job.store) == [0]
+
+
+def test_ranks_that_share_only_an_s3_store_publish_through_it(tmp_path, moto):
+    """No process group and no connections between the ranks: the messages
+    are objects under exchange/ of the S3 store (moto), read and deleted."""
+    import s3_util
+    bucket = moto.create_bucket("dist-exchange")
+    store = "s3://%s/run7/policy" % bucket
+    env = moto.env()
+    job = Job(str(tmp_path), "job", 3, "flat", 2, transport="store", job="run7-launch1",
+              store=store, timeout=30)
+    job.cfg["import"] = True
+    check_clean(job.run(env=env), 2)
+    assert versions(store, env) == [0, 1, 2]
+    r = dtectl("verify", "--store", store, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    left = [k for k in s3_util.s3_keys(moto, bucket, "run7/policy") if "exchange/" in k]
+    assert left == []

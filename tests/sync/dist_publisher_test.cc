@@ -12,6 +12,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <thread>
 
 #include "store/store.h"
 #include "sync/export.h"
@@ -469,6 +470,114 @@ TEST_F(DistPublisherTest, ARankDyingAtEveryExchangeLeavesNoHalfVersion) {
       EXPECT_TRUE(report->ok()) << report->problems.front();
     }
   }
+}
+
+// Ranks that share only the store: the messages are objects of the store,
+// read and deleted; a rank that fails leaves its reason for the others.
+TEST_F(DistPublisherTest, RanksThatShareOnlyTheStorePublishThroughIt) {
+  auto ref = ImportInto("ref");
+  ImportInto("dist");
+  OpenRanks("dist", 3);
+  auto publish_all = [&](const AdamWStep& h, const std::string& job, int failing) {
+    std::vector<Result<PublishResult>> out(3, Internal("not run"));
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < 3; ++rank) {
+      threads.emplace_back([&, rank] {
+        StoreTransportOptions o;
+        o.base.rank = rank;
+        o.base.size = 3;
+        o.base.timeout = std::chrono::milliseconds(5000);
+        o.prefix = "exchange/" + job + "/";
+        auto t = ConnectStoreTransport(&pubs_[rank]->store().objects(), o);
+        ASSERT_TRUE(t.ok()) << t.status().message();
+        auto ranges = RowShards(rank, 3, states_);
+        if (rank == failing) ranges[0].name = "model.missing.weight";
+        out[rank] = pubs_[rank]->PublishAdamW(**t, h, ranges);
+      });
+    }
+    for (auto& th : threads) th.join();
+    return out;
+  };
+  for (int64_t step = 1; step <= 2; ++step) {
+    const auto p = Params(step);
+    for (size_t i = 0; i < states_.size(); ++i)
+      test::AdamWStepState(&states_[i], p, 100 * step + i);
+    std::vector<AdamWParamState> whole;
+    for (const auto& s : states_) {
+      whole.push_back({s.name,
+                       {s.theta.data(), DType::kF32, s.shape},
+                       {s.m.data(), DType::kF32, s.shape},
+                       {s.v.data(), DType::kF32, s.shape},
+                       std::nullopt,
+                       std::nullopt,
+                       std::nullopt});
+    }
+    auto r = ref->PublishAdamW(test::AdamWStepOf(p), whole);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    auto out = publish_all(test::AdamWStepOf(p), "job-" + std::to_string(step), -1);
+    for (int rank = 0; rank < 3; ++rank) {
+      ASSERT_TRUE(out[rank].ok()) << "rank " << rank << ": " << out[rank].status().message();
+      EXPECT_EQ(out[rank]->version, r->version);
+    }
+    ExpectSameVersion(ref->store(), pubs_[0]->store(), r->version);
+  }
+  // Every message was read and deleted.
+  auto left = pubs_[0]->store().objects().List("exchange/");
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left->empty()) << left->front();
+  // A rank that fails (here: naming a tensor the store does not have) fails
+  // them all, and nothing is written.
+  const auto p = Params(3);
+  for (size_t i = 0; i < states_.size(); ++i) test::AdamWStepState(&states_[i], p, 300 + i);
+  auto out = publish_all(test::AdamWStepOf(p), "job-3", 2);
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_FALSE(out[rank].ok());
+    EXPECT_NE(out[rank].status().message().find("rank 2: tensor model.missing.weight"),
+              std::string::npos)
+        << out[rank].status().message();
+  }
+  EXPECT_EQ(Versions("dist"), 3u);
+}
+
+TEST(StoreTransport, AFailedRankIsNamedAndASilentOneTimesOut) {
+  test::MemoryStore objects;
+  auto connect = [&](int rank, const std::string& prefix) {
+    StoreTransportOptions o;
+    o.base.rank = rank;
+    o.base.size = 2;
+    o.base.timeout = std::chrono::milliseconds(500);
+    o.prefix = prefix;
+    return std::move(ConnectStoreTransport(&objects, o)).value();
+  };
+  // Messages arrive in order, to the peer and to oneself.
+  {
+    auto a = connect(0, "exchange/ok/"), b = connect(1, "exchange/ok/");
+    uint64_t x = 7, y = 0, z = 0, w = 0;
+    std::vector<SendBuffer> sends{{1, &x, 8}, {0, &x, 8}};
+    std::vector<RecvBuffer> recvs{{0, &z, 8}};
+    ASSERT_TRUE(a->Exchange(sends, recvs).ok());
+    std::vector<RecvBuffer> brecv{{0, &y, 8}};
+    ASSERT_TRUE(b->Exchange({}, brecv).ok());
+    EXPECT_EQ(y, 7u);
+    EXPECT_EQ(z, 7u);
+    std::vector<RecvBuffer> wrong{{0, &w, 4}};
+    ASSERT_TRUE(a->Exchange(std::vector<SendBuffer>{{1, &x, 8}}, {}).ok());
+    Status s = b->Exchange({}, wrong);
+    EXPECT_EQ(s.code(), Code::kCorruption) << s.message();
+  }
+  auto a = connect(0, "exchange/bad/"), b = connect(1, "exchange/bad/");
+  uint64_t x = 0;
+  std::vector<SendBuffer> bad{{5, &x, 8}};
+  EXPECT_FALSE(b->Exchange(bad, {}).ok());
+  std::vector<RecvBuffer> from_b{{1, &x, 8}};
+  Status s = a->Exchange({}, from_b);
+  EXPECT_NE(s.message().find("rank 1 aborted the exchange"), std::string::npos) << s.message();
+  auto c = connect(0, "exchange/silent/");
+  s = c->Exchange({}, from_b);
+  EXPECT_NE(s.message().find("timed out after 500 ms waiting for rank 1"), std::string::npos)
+      << s.message();
+  // Once failed, a transport stays failed.
+  EXPECT_FALSE(c->Exchange({}, {}).ok());
 }
 
 TEST(DistPublisherRanges, RowAndChunkRanges) {

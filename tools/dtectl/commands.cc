@@ -281,6 +281,7 @@ int RunGc(const Common& c, const GcArgs& a) {
                       {"bytes_freed", r->bytes_freed},
                       {"dry_run", a.dry_run},
                       {"temp_files_deleted", r->temp_files_deleted},
+                      {"exchange_objects_deleted", r->exchange_objects_deleted},
                       {"seconds", secs}}
                      .dump()
               << "\n";

@@ -160,6 +160,8 @@ def _declare(lib):
                                              ctypes.c_int64, ctypes.POINTER(P)]),
         "dte_transport_callback": (ctypes.c_int, [ctypes.c_int32, ctypes.c_int32, EXCHANGE_FN,
                                                   ctypes.c_void_p, ctypes.POINTER(P)]),
+        "dte_transport_store": (ctypes.c_int, [P, ctypes.c_int32, ctypes.c_int32, ctypes.c_char_p,
+                                               ctypes.c_int64, ctypes.POINTER(P)]),
         "dte_transport_close": (None, [P]),
         "dte_dist_publisher_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
                                                    ctypes.c_char_p, ctypes.c_char_p,

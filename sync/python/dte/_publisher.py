@@ -175,7 +175,8 @@ class Publisher(_Handle):
     _close_fn = "dte_publisher_close"
 
     def __init__(self, store, converter="hf", cache_dir=None, anchor_budget=1.0, anchor_every=0,
-                 rank=None, world_size=None, group=None, rendezvous=None, timeout=60.0):
+                 rank=None, world_size=None, group=None, rendezvous=None, job=None,
+                 timeout=60.0):
         """anchor_budget, anchor_every: the anchor policy, as dtectl commit's
         --anchor-budget and --anchor-every (docs/cli.md).
 
@@ -193,7 +194,10 @@ class Publisher(_Handle):
         default group when torch.distributed is initialized and no
         rendezvous is given), or over dte's TCP transport when `rendezvous`
         names a fresh directory every rank sees (connected here, by every
-        rank together). timeout (seconds) bounds the TCP transport's waits;
+        rank together), or through the store alone when `job` names the
+        job (ranks on hosts that share nothing but the store: messages are
+        objects under exchange/JOB/ of the store; a restarted job takes a new
+        name). timeout (seconds) bounds the TCP and store transports' waits;
         a process group's own timeout bounds its waits."""
         self._h = None
         self._transport = None
@@ -203,7 +207,14 @@ class Publisher(_Handle):
         self._mcore = not (isinstance(converter, str) and converter == "hf")
         if self._dist:
             self._exchange = None
-            if rendezvous is None:
+            self._job, self._tries = job, {}
+            if rendezvous is not None and job is not None:
+                raise DteError(1, "give rendezvous (TCP transport) or job (store transport), "
+                               "not both")
+            if job is not None:
+                if rank is None or world_size is None:
+                    raise DteError(1, "the store transport needs rank and world_size")
+            elif rendezvous is None:
                 import torch.distributed as dist
                 if group is None and not dist.is_initialized():
                     raise DteError(1, "distributed publishing needs a torch.distributed process "
@@ -231,6 +242,7 @@ class Publisher(_Handle):
             self._close_fn = "dte_dist_publisher_close"
             _check(lib.dte_dist_publisher_set_anchor_policy(self._h, float(anchor_budget),
                                                             int(anchor_every)))
+            self._timeout_ms = int(timeout * 1000)
             if rendezvous is not None:
                 t = ctypes.c_void_p()
                 _check(lib.dte_transport_tcp(self.rank, self.world_size, os.fsencode(rendezvous),
@@ -318,10 +330,19 @@ class Publisher(_Handle):
                 ranges.append(_range_of(encoded, tp_rank, ep_rank, label, piece, keep))
         entries = (_lib.AdamWRange * max(len(ranges), 1))(*ranges)
         out = _lib.PublishResult()
+        per_call = self._exchange is not None or self._job is not None
         if self._exchange is not None:
             t = ctypes.c_void_p()
             _check(lib.dte_transport_callback(self.rank, self.world_size, self._exchange.fn, None,
                                               ctypes.byref(t)))
+        elif self._job is not None:
+            # A fresh prefix per attempt of a step: a retry never reads what
+            # a failed attempt left behind.
+            tries = self._tries.get(h.step, 0)
+            t = ctypes.c_void_p()
+            _check(lib.dte_transport_store(self._h, self.rank, self.world_size,
+                                           ("%s/step-%d/try-%d" % (self._job, h.step, tries))
+                                           .encode(), self._timeout_ms, ctypes.byref(t)))
         else:
             if not self._transport:
                 raise DteError(5, "the TCP transport failed earlier; open a new Publisher with a "
@@ -331,9 +352,11 @@ class Publisher(_Handle):
             rc = lib.dte_dist_publisher_publish_adamw(self._h, t, ctypes.byref(h), entries,
                                                       len(ranges), ctypes.byref(out))
         finally:
-            if self._exchange is not None:
+            if per_call:
                 lib.dte_transport_close(t)
-        if rc != 0 and self._exchange is None:
+        if rc != 0 and self._job is not None:
+            self._tries[h.step] = self._tries.get(h.step, 0) + 1
+        if rc != 0 and not per_call:
             lib.dte_transport_close(self._transport)  # broken now
             self._transport = None
         _check(rc)
