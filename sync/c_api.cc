@@ -546,6 +546,16 @@ int dte_dist_publisher_set_anchor_policy(dte_dist_publisher* p, double budget, u
   });
 }
 
+int dte_dist_publisher_last_stats(dte_dist_publisher* p, dte_dist_stats* out) {
+  if (p == nullptr || out == nullptr) {
+    return FailWith(DTE_INVALID_ARGUMENT, "dte_dist_publisher_last_stats: publisher and out");
+  }
+  const dte::DistPublishStats& s = p->impl->last_stats();
+  *out = dte_dist_stats{s.entries_sent,  s.bytes_sent,        s.bytes_received,
+                        s.tensors_owned, s.parent_bytes_read, s.messages_sent};
+  return DTE_OK;
+}
+
 int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
                                      const dte_adamw_step* step, const dte_adamw_range* ranges,
                                      size_t count, dte_publish_result* out) {

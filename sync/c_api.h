@@ -198,6 +198,16 @@ typedef struct dte_adamw_range {
   double weight_decay; /* NaN: the step's */
 } dte_adamw_range;
 
+/* What the last publish did on this rank (sync/dist_publisher.h). */
+typedef struct dte_dist_stats {
+  uint64_t entries_sent;      /* changed-element entries routed, to itself included */
+  uint64_t bytes_sent;        /* payload bytes sent to other ranks */
+  uint64_t bytes_received;    /* payload bytes received from them */
+  uint64_t tensors_owned;     /* tensors this rank encoded */
+  uint64_t parent_bytes_read; /* parent block bytes read to encode them */
+  uint64_t messages_sent;     /* messages to other ranks */
+} dte_dist_stats;
+
 /* config_json NULL: the hf converter (ranges of Hugging Face tensors); else
  * the mcore converter as for dte_publisher_open_mcore. */
 int dte_dist_publisher_open(const char* store, const char* cache_dir, const char* config_json,
@@ -208,6 +218,7 @@ int dte_dist_publisher_set_anchor_policy(dte_dist_publisher* p, double budget, u
 /* Every rank of the transport calls it with the same step; each returns the
  * same committed version, or fails. A failed transport stays failed: open a
  * new one to retry the step. */
+int dte_dist_publisher_last_stats(dte_dist_publisher* p, dte_dist_stats* out);
 int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
                                      const dte_adamw_step* step, const dte_adamw_range* ranges,
                                      size_t count, dte_publish_result* out);

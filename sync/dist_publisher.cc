@@ -141,6 +141,7 @@ Result<std::vector<std::string>> AllToAll(Transport& t, const std::vector<std::s
     if (stats && r != t.rank()) {
       stats->bytes_sent += out[r].size();
       stats->bytes_received += in[r].size();
+      stats->messages_sent += 1 + !out[r].empty();  // the size, then the payload
     }
   }
   RETURN_IF_ERROR(t.Exchange(sends, recvs).WithContext(what));

@@ -92,6 +92,7 @@ struct DistPublishStats {
   uint64_t bytes_received = 0;     // payload bytes it received
   uint64_t tensors_owned = 0;      // tensors this rank encoded
   uint64_t parent_bytes_read = 0;  // parent block bytes it read to encode them
+  uint64_t messages_sent = 0;      // non-empty messages to other ranks
 };
 
 class DistPublisher {

@@ -53,6 +53,12 @@ class AdamWRange(ctypes.Structure):
                 ("lr", ctypes.c_double), ("weight_decay", ctypes.c_double)]
 
 
+class DistStats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "entries_sent", "bytes_sent", "bytes_received", "tensors_owned", "parent_bytes_read",
+        "messages_sent")]
+
+
 class Message(ctypes.Structure):
     _fields_ = [("peer", ctypes.c_int32), ("data", ctypes.c_void_p), ("bytes", ctypes.c_uint64)]
 
@@ -168,6 +174,7 @@ def _declare(lib):
                                                    ctypes.POINTER(McoreLayout),
                                                    ctypes.POINTER(P)]),
         "dte_dist_publisher_close": (None, [P]),
+        "dte_dist_publisher_last_stats": (ctypes.c_int, [P, ctypes.POINTER(DistStats)]),
         "dte_dist_publisher_set_anchor_policy": (ctypes.c_int, [P, ctypes.c_double,
                                                                 ctypes.c_uint64]),
         "dte_dist_publisher_publish_adamw": (ctypes.c_int, [P, P, ctypes.POINTER(AdamWStep),

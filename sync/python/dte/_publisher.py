@@ -313,6 +313,14 @@ class Publisher(_Handle):
         _check(publish(self._h, ctypes.byref(h), entries, len(params), ctypes.byref(out)))
         return PublishResult(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
 
+    def last_stats(self):
+        """What the last distributed publish did on this rank: entries_sent,
+        bytes_sent, bytes_received, tensors_owned, parent_bytes_read,
+        messages_sent."""
+        if not self._dist:
+            raise DteError(1, "last_stats is for distributed publishers")
+        return _dist_stats(self._h)
+
     def _publish_ranges(self, h, params):
         keep, ranges = [], []
         for key, value in params.items():
@@ -361,6 +369,12 @@ class Publisher(_Handle):
             self._transport = None
         _check(rc)
         return PublishResult(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
+
+
+def _dist_stats(h):
+    out = _lib.DistStats()
+    _check(lib.dte_dist_publisher_last_stats(h, ctypes.byref(out)))
+    return {f: getattr(out, f) for f, _ in _lib.DistStats._fields_}
 
 
 def chunk_rows(rows, rank, world_size):

@@ -1,0 +1,244 @@
+#!/usr/bin/python3
+"""Distributed publishing: per-rank cost at world sizes 1, 2, 4, 8 on the same
+total optimizer state, against the single-process publisher in the same run.
+
+The model is --tensors BF16 matrices of --rows x --cols (a 1 GiB model by
+default: 32 x 4096 x 4096). Every rank of a torch.distributed gloo group
+holds FSDP2 row shards of every tensor (torch.chunk of dim 0) in FP32: theta,
+exp_avg and exp_avg_sq after real torch.optim.AdamW steps taken on its shard
+only (AdamW is elementwise, so a shard's step is the slice of the whole
+step). Rank 0 imports the initial BF16 weights once per world size. Each rank
+publishes two steps; the second is reported:
+
+  wall, cpu   seconds of publish_adamw on the rank (wall clock, and the
+              process's user + system CPU time, all threads)
+  extra       peak RSS during the publish minus RSS before it (the memory the
+              publish adds to the state the trainer holds anyway; VmHWM reset
+              through /proc/self/clear_refs)
+  exchanged   bytes this rank sent to other ranks, per changed element of the
+              version
+  stored      bytes the version added to the store per changed element
+  messages    messages this rank sent (a transport that stores each message
+              as an object, as `job=` does, makes 1 PUT, 1 GET and 1 DELETE
+              per message, plus polls)
+
+The baseline: the single-process Publisher (dte.Publisher without a world
+size) publishing the same two steps of the whole model in one process.
+
+Usage: /usr/bin/python3 tools/bench/dist_publish_bench.py [--build-dir build]
+       [--worlds 1,2,4,8] [--tensors 32 --rows 4096 --cols 4096] [--json out]
+"""
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.normpath(os.path.join(HERE, "..", ".."))
+LR, WD = 1e-4, 0.1
+
+
+def log(msg):
+    print("[dist-bench] %s" % msg, file=sys.stderr, flush=True)
+
+
+def rss_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def hwm_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def reset_hwm():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def names(a):
+    return ["model.layers.%d.mlp.weight" % i for i in range(a.tensors)]
+
+
+def initial(a, i):
+    import torch
+    g = torch.Generator().manual_seed(i)
+    return torch.randn((a.rows, a.cols), generator=g) * 0.02
+
+
+def grad(a, i, step, r0, r1):
+    """Rows [r0, r1) of tensor i's gradient at `step` (the same rows whatever
+    the sharding: row generators)."""
+    import torch
+    out = torch.empty((r1 - r0, a.cols))
+    g = torch.Generator()
+    for r in range(r0, r1):
+        g.manual_seed(1_000_003 * step + 7919 * i + r)
+        out[r - r0] = torch.randn(a.cols, generator=g)
+    return out * 1e-2
+
+
+def worker(a):
+    """One rank (or, with world 0, the single-process baseline)."""
+    import torch
+    import torch.distributed as dist
+    sys.path.insert(0, os.path.join(SOURCE, "sync", "python"))
+    import dte
+    torch.set_num_threads(1)
+    rank, world = a.rank, a.world
+    single = world == 0
+    if not single:
+        dist.init_process_group("gloo", init_method="file://" + a.init, rank=rank,
+                                world_size=world)
+    shards, opts = {}, []
+    for i, n in enumerate(names(a)):
+        r0, r1 = (0, a.rows) if single else dte.chunk_rows(a.rows, rank, world)
+        p = torch.nn.Parameter(initial(a, i)[r0:r1].clone())
+        shards[n] = (p, r0, r1)
+        opts.append(p)
+    opt = torch.optim.AdamW(opts, lr=LR, weight_decay=WD, foreach=False)
+    pub = (dte.Publisher(a.store) if single else
+           dte.Publisher(a.store, rank=rank, world_size=world))
+    rows = []
+    for step in (1, 2):
+        for i, n in enumerate(names(a)):
+            p, r0, r1 = shards[n]
+            p.grad = grad(a, i, step, r0, r1)
+        opt.step()
+        params = {}
+        for n, (p, r0, r1) in shards.items():
+            st = opt.state[p]
+            d = {"param": p.detach(), "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"],
+                 "step": int(st["step"].item())}
+            if not single:
+                d["rows"] = (r0, r1)
+            params[n] = d
+        if not single:
+            dist.barrier()
+        before_rss = rss_kib()
+        reset_hwm()
+        c0, t0 = cpu_seconds(), time.monotonic()
+        r = pub.publish_adamw(step=step, params=params, lr=LR, weight_decay=WD)
+        wall, cpu = time.monotonic() - t0, cpu_seconds() - c0
+        stats = {} if single else pub.last_stats()
+        rows.append({"step": step, "version": r.version, "wall": wall, "cpu": cpu,
+                     "extra_mib": (hwm_kib() - before_rss) / 1024,
+                     "state_mib": sum(3 * p.numel() * 4 for p, _, _ in shards.values()) / 2**20,
+                     "changed": r.changed, "stored_bytes": r.stored_bytes, **stats})
+    with open(a.out, "w") as f:
+        json.dump(rows, f)
+    os._exit(0)
+
+
+def run_world(a, world, root):
+    store = os.path.join(root, "store-%d" % world)
+    init = os.path.join(root, "ckpt")
+    subprocess.run([a.python, "-c", (
+        "import sys; sys.path.insert(0, %r); import dte; "
+        "p = dte.Publisher(%r); p.import_checkpoint(%r)") %
+        (os.path.join(SOURCE, "sync", "python"), store, init)], check=True,
+        env=dict(os.environ, DTE_LIBRARY=a.lib))
+    procs, outs = [], []
+    n = max(world, 1)
+    rdv = os.path.join(root, "init-%d" % world)
+    for rank in range(n):
+        out = os.path.join(root, "out-%d-%d.json" % (world, rank))
+        outs.append(out)
+        argv = [a.python, os.path.abspath(__file__), "--worker", "--rank", str(rank),
+                "--world", str(world), "--init", rdv, "--store", store, "--out", out,
+                "--tensors", str(a.tensors), "--rows", str(a.rows), "--cols", str(a.cols)]
+        procs.append(subprocess.Popen(argv, env=dict(os.environ, DTE_LIBRARY=a.lib)))
+    for p in procs:
+        if p.wait() != 0:
+            raise RuntimeError("a rank of world %d failed" % world)
+    ranks = [json.load(open(o))[-1] for o in outs]
+    shutil.rmtree(store)
+    return ranks
+
+
+def write_initial(a, root):
+    import torch
+    import safetensors.torch
+    d = os.path.join(root, "ckpt")
+    os.makedirs(d)
+    tensors = {n: initial(a, i).to(torch.bfloat16) for i, n in enumerate(names(a))}
+    safetensors.torch.save_file(tensors, os.path.join(d, "model.safetensors"),
+                                metadata={"format": "pt"})
+    with open(os.path.join(d, "config.json"), "w") as f:
+        f.write('{"model_type": "llama"}\n')
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build-dir", default=os.path.join(SOURCE, "build"))
+    ap.add_argument("--worlds", default="1,2,4,8")
+    ap.add_argument("--tensors", type=int, default=32)
+    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--cols", type=int, default=4096)
+    ap.add_argument("--json")
+    ap.add_argument("--work")
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--rank", type=int)
+    ap.add_argument("--world", type=int)
+    ap.add_argument("--init")
+    ap.add_argument("--store")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a)
+    a.python = "/usr/bin/python3"
+    a.lib = os.path.join(os.path.abspath(a.build_dir), "sync", "libdte.so")
+    root = a.work or tempfile.mkdtemp(prefix="dist-bench-")
+    model_gib = a.tensors * a.rows * a.cols * 2 / 2**30
+    log("model %.2f GiB of BF16 (%d x %d x %d), FP32 state %.1f GiB" % (
+        model_gib, a.tensors, a.rows, a.cols, model_gib * 6))
+    write_initial(a, root)
+    results = {"model_gib": model_gib}
+    log("single-process publisher")
+    results["single"] = run_world(a, 0, root)[0]
+    for w in [int(x) for x in a.worlds.split(",")]:
+        log("world %d" % w)
+        results[str(w)] = run_world(a, w, root)
+    base = results["single"]
+    print("| ranks | wall (max) | CPU per rank (max) | CPU all ranks | extra RSS per rank (max) "
+          "| state per rank | exchanged B / changed | stored B / changed | messages per rank |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print("| single process | %.2f s | %.2f s | %.2f s | %.0f MiB | %.0f MiB | - | %.3f | - |" % (
+        base["wall"], base["cpu"], base["cpu"], base["extra_mib"], base["state_mib"],
+        base["stored_bytes"] / base["changed"]))
+    for w in [int(x) for x in a.worlds.split(",")]:
+        rs = results[str(w)]
+        changed = rs[0]["changed"]
+        print("| %d | %.2f s | %.2f s | %.2f s | %.0f MiB | %.0f MiB | %.2f | %.3f | %d |" % (
+            w, max(r["wall"] for r in rs), max(r["cpu"] for r in rs), sum(r["cpu"] for r in rs),
+            max(r["extra_mib"] for r in rs), max(r["state_mib"] for r in rs),
+            sum(r["bytes_sent"] for r in rs) / changed, rs[0]["stored_bytes"] / changed,
+            max(r["messages_sent"] for r in rs)))
+        assert all(r["changed"] == base["changed"] for r in rs), "versions differ"
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if not a.work:
+        shutil.rmtree(root)
+
+
+if __name__ == "__main__":
+    main()
