@@ -211,3 +211,21 @@ def test_ranks_that_share_only_an_s3_store_publish_through_it(tmp_path, moto):
     assert r.returncode == 0, r.stdout + r.stderr
     left = [k for k in s3_util.s3_keys(moto, bucket, "run7/policy") if "exchange/" in k]
     assert left == []
+
+
+@pytest.mark.parametrize("script,nproc,args", [
+    ("fsdp2_publish.py", 3, ["--steps", "3"]),
+    ("fsdp2_publish.py", 2, ["--steps", "2", "--job", "example"]),
+    ("megatron_publish.py", 4, ["--tp", "2", "--steps", "2"]),
+])
+def test_the_examples_run_and_check_themselves(tmp_path, script, nproc, args):
+    examples = os.path.join(SOURCE, "tools", "examples")
+    store = str(tmp_path / "policy")
+    r = subprocess.run([PYTHON, os.path.join(examples, "launch.py"), "--nproc", str(nproc),
+                        os.path.join(examples, script), "--store", store, *args],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, DTE_LIBRARY=os.path.join(BUILD, "sync", "libdte.so")))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "equals the trainer's" in r.stdout and ": True" in r.stdout, r.stdout
+    steps = int(args[args.index("--steps") + 1])
+    assert versions(store) == list(range(steps + 1))
