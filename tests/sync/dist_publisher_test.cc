@@ -293,6 +293,8 @@ TEST_F(DistPublisherTest, FlatRangesAcrossTensorBoundariesOverFourRanks) {
 
 TEST_F(DistPublisherTest, HybridShardedReplicasOverFourRanks) { RunAndCompare(Hybrid, 4, 2); }
 
+TEST_F(DistPublisherTest, FlatRangesOverEightRanks) { RunAndCompare(FlatBuffer, 8, 2); }
+
 TEST_F(DistPublisherTest, PolicyAnchorsCarryTheSameFullTable) {
   policy_.every = 2;  // v2 and v4 carry full tables
   RunAndCompare(FlatBuffer, 3, 4);
