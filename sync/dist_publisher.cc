@@ -333,28 +333,13 @@ DistPublisher::DistPublisher(PublisherOptions options, std::unique_ptr<Store> st
 DistPublisher::~DistPublisher() = default;
 
 Result<std::unique_ptr<DistPublisher>> DistPublisher::Open(const PublisherOptions& options) {
-  std::vector<ConvertUnit> plan;
-  if (options.converter == "mcore") {
-    if (!options.mcore) {
-      return InvalidArgument("converter \"mcore\" needs the model spec and parallel layout");
-    }
-    ASSIGN_OR_RETURN(plan, PlanConversion(options.mcore->spec, options.mcore->layout));
-  } else if (options.converter != "hf") {
-    return InvalidArgument("converter \"" + options.converter +
-                           "\" is not supported by the publisher (supported: hf, mcore)");
-  }
   if (!options.screen) {
     return InvalidArgument("the distributed publisher finds changes with the screen (screen=true)");
   }
   RETURN_IF_ERROR(CheckAnchorPolicy(options.anchor_policy));
-  StoreOptions o;
-  o.uri = options.store;
-  o.cache_dir = options.cache_dir;
-  o.create = true;
-  o.index_optional = true;
-  ASSIGN_OR_RETURN(auto store, Store::Open(o));
-  std::unique_ptr<DistPublisher> p(new DistPublisher(options, std::move(store)));
-  p->plan_ = std::move(plan);
+  ASSIGN_OR_RETURN(auto parts, internal::OpenPublisherParts(options));
+  std::unique_ptr<DistPublisher> p(new DistPublisher(options, std::move(parts.store)));
+  p->plan_ = std::move(parts.plan);
   return p;
 }
 

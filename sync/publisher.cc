@@ -177,13 +177,13 @@ Publisher::Publisher(PublisherOptions options, std::unique_ptr<Store> store)
 
 Publisher::~Publisher() = default;
 
-Result<std::unique_ptr<Publisher>> Publisher::Open(const PublisherOptions& options) {
-  std::vector<ConvertUnit> plan;
+Result<internal::OpenedPublisher> internal::OpenPublisherParts(const PublisherOptions& options) {
+  OpenedPublisher out;
   if (options.converter == "mcore") {
     if (!options.mcore) {
       return InvalidArgument("converter \"mcore\" needs the model spec and parallel layout");
     }
-    ASSIGN_OR_RETURN(plan, PlanConversion(options.mcore->spec, options.mcore->layout));
+    ASSIGN_OR_RETURN(out.plan, PlanConversion(options.mcore->spec, options.mcore->layout));
   } else if (options.converter != "hf") {
     return InvalidArgument("converter \"" + options.converter +
                            "\" is not supported by the publisher (supported: hf, mcore)");
@@ -193,9 +193,14 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(const PublisherOptions& optio
   o.cache_dir = options.cache_dir;
   o.create = true;
   o.index_optional = true;  // as dtectl: work from the store if another process holds the index
-  ASSIGN_OR_RETURN(auto store, Store::Open(o));
-  std::unique_ptr<Publisher> p(new Publisher(options, std::move(store)));
-  p->plan_ = std::move(plan);
+  ASSIGN_OR_RETURN(out.store, Store::Open(o));
+  return out;
+}
+
+Result<std::unique_ptr<Publisher>> Publisher::Open(const PublisherOptions& options) {
+  ASSIGN_OR_RETURN(auto parts, internal::OpenPublisherParts(options));
+  std::unique_ptr<Publisher> p(new Publisher(options, std::move(parts.store)));
+  p->plan_ = std::move(parts.plan);
   return p;
 }
 

@@ -126,6 +126,20 @@ struct PublishResult {
   std::string anchor_reason;     // why it is a policy anchor ("" if it is not)
 };
 
+namespace internal {
+
+// What opening a publisher (Publisher or DistPublisher) takes from its
+// options: the conversion plan of converter "mcore" (empty for "hf";
+// InvalidArgument for another converter or "mcore" without a model), and
+// the store, opened as dtectl opens it.
+struct OpenedPublisher {
+  std::vector<ConvertUnit> plan;
+  std::unique_ptr<Store> store;
+};
+Result<OpenedPublisher> OpenPublisherParts(const PublisherOptions& options);
+
+}  // namespace internal
+
 class Publisher {
  public:
   // Opens (creating if needed) the store, as dtectl does.

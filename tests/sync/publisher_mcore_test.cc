@@ -19,6 +19,7 @@
 #include "sync/dist_publisher.h"
 #include "sync/export.h"
 #include "sync/publisher.h"
+#include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/convert_fixtures.h"
 #include "tests/testutil/memory_store.h"
@@ -43,17 +44,7 @@ kernels::AdamWParams Params(int64_t step, bool norm) {
   return p;
 }
 
-AdamWStep StepOf(int64_t step) {
-  const kernels::AdamWParams p = Params(step, false);
-  AdamWStep h;
-  h.lr = p.lr;
-  h.beta1 = p.beta1;
-  h.beta2 = p.beta2;
-  h.eps = p.eps;
-  h.weight_decay = p.weight_decay;
-  h.step = step;
-  return h;
-}
+AdamWStep StepOf(int64_t step) { return test::AdamWStepOf(Params(step, false)); }
 
 // The FP32 optimizer state of one HF tensor.
 struct HfState {
