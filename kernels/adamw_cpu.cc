@@ -53,8 +53,10 @@ AdamWScalars MakeAdamWScalars(const AdamWParams& p) {
   s.decay = static_cast<float>(1.0 - p.lr * p.weight_decay);
   s.neg_step_size = static_cast<float>(-step_size);
   s.bc2_sqrt = static_cast<float>(bc2_sqrt);
-  // PyTorch's CUDA division by a CPU scalar takes the reciprocal in FP32.
-  s.inv_bc2_sqrt = 1.0f / s.bc2_sqrt;
+  // PyTorch's CUDA division by a CPU scalar multiplies by the scalar's
+  // reciprocal, taken in double and then rounded to FP32 (checked against
+  // torch 2.11 on an H200: the reciprocal of the FP32 scalar mismatches).
+  s.inv_bc2_sqrt = static_cast<float>(1.0 / bc2_sqrt);
   s.eps = static_cast<float>(p.eps);
   s.order = p.order;
   return s;

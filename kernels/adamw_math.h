@@ -51,7 +51,8 @@ enum class AdamWOrder : uint8_t {
   // theta = fma(-step_size, m / denom, p).
   kTorchCudaForeach = 1,
   // torch CUDA tensors, foreach=False: dividing by the scalar bc2_sqrt is a
-  // multiplication by its FP32 reciprocal; theta as for kTorchCudaForeach.
+  // multiplication by its reciprocal (taken in double, rounded to FP32);
+  // theta as for kTorchCudaForeach.
   kTorchCudaSingleTensor = 2,
 };
 
@@ -60,7 +61,7 @@ struct AdamWScalars {
   float decay;          // fp32(1 - lr * weight_decay)
   float neg_step_size;  // fp32(-(lr / (1 - beta1^step)))
   float bc2_sqrt;       // fp32(sqrt(1 - beta2^step))
-  float inv_bc2_sqrt;   // 1.0f / bc2_sqrt in FP32 (kTorchCudaSingleTensor only)
+  float inv_bc2_sqrt;   // fp32(1 / sqrt(1 - beta2^step)) (kTorchCudaSingleTensor only)
   float eps;            // fp32(eps)
   AdamWOrder order;
 };

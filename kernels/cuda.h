@@ -70,6 +70,8 @@ class CudaBuffer {
 // Synchronous copies (they wait for the legacy default stream).
 CudaStatus CudaCopyToDevice(void* d_dst, const void* h_src, size_t bytes);
 CudaStatus CudaCopyToHost(void* h_dst, const void* d_src, size_t bytes);
+// Device to device, asynchronous on `stream` (null: the legacy default stream).
+CudaStatus CudaCopyOnDevice(void* d_dst, const void* d_src, size_t bytes, void* stream);
 CudaStatus CudaStreamSynchronize(void* stream);
 
 // Maps device memory another process exported with cudaIpcGetMemHandle

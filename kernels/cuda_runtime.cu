@@ -59,6 +59,13 @@ CudaStatus CudaCopyToHost(void* h_dst, const void* d_src, size_t bytes) {
   return FromCuda(cudaMemcpy(h_dst, d_src, bytes, cudaMemcpyDeviceToHost), "copy to host");
 }
 
+CudaStatus CudaCopyOnDevice(void* d_dst, const void* d_src, size_t bytes, void* stream) {
+  if (bytes == 0) return {};
+  return FromCuda(cudaMemcpyAsync(d_dst, d_src, bytes, cudaMemcpyDeviceToDevice,
+                                  cuda_internal::AsStream(stream)),
+                  "copy on device");
+}
+
 CudaStatus CudaStreamSynchronize(void* stream) {
   return FromCuda(cudaStreamSynchronize(cuda_internal::AsStream(stream)), "stream synchronize");
 }

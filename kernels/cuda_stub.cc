@@ -29,6 +29,9 @@ CudaStatus CudaBuffer::Allocate(size_t) { return NotBuilt("cudaMalloc"); }
 
 CudaStatus CudaCopyToDevice(void*, const void*, size_t) { return NotBuilt("copy to device"); }
 CudaStatus CudaCopyToHost(void*, const void*, size_t) { return NotBuilt("copy to host"); }
+CudaStatus CudaCopyOnDevice(void*, const void*, size_t, void*) {
+  return NotBuilt("copy on device");
+}
 CudaStatus CudaStreamSynchronize(void*) { return NotBuilt("stream synchronize"); }
 CudaStatus CudaIpcOpenMemHandle(const uint8_t*, int, void**) { return NotBuilt("IPC open"); }
 CudaStatus CudaIpcCloseMemHandle(void*) { return NotBuilt("IPC close"); }

@@ -112,6 +112,12 @@ TEST(Cuda, DetectChangesMatchesCpuForEveryWidth) {
     // Scatter the changes back onto the old data.
     ASSERT_CUDA_OK(CudaScatter(d_a.get(), width, d_idx.get(), d_val.get(), want, nullptr));
     EXPECT_EQ(d_a.Download(n * width), b);
+
+    // And a device-to-device copy brings back the old data.
+    DeviceVector<uint8_t> d_old(a);
+    ASSERT_CUDA_OK(CudaCopyOnDevice(d_a.get(), d_old.get(), n * width, nullptr));
+    ASSERT_CUDA_OK(CudaStreamSynchronize(nullptr));
+    EXPECT_EQ(d_a.Download(n * width), a);
   }
 }
 

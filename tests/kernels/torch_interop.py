@@ -2,6 +2,9 @@
 
 Usage: torch_interop.py OUT_DIR
 
+With DTE_TORCH_DEVICE=cuda the conversions and the optimizer steps run on
+the GPU (tools/gpu_check.sh does this); the default is the CPU.
+
 Files written to OUT_DIR (all little-endian, no headers):
   bf16_in.u32          FP32 inputs as raw bits: 10^7 random bit patterns, then
                        every special class (see special_patterns()).
@@ -9,7 +12,7 @@ Files written to OUT_DIR (all little-endian, no headers):
   bf16_strided.u16     the same conversion on a non-contiguous view, which
                        PyTorch runs through its scalar c10::BFloat16 path.
   adamw.txt            one line per (case, step):
-                         name foreach lr weight_decay beta1 beta2 eps step n file
+                         name device foreach lr weight_decay beta1 beta2 eps step n file
                        floats in repr() form so C++ strtod reads the exact
                        doubles Python used.
   adamw_*.f32          per line: prev, exp_avg, exp_avg_sq, param as four
@@ -30,6 +33,7 @@ except ImportError as e:  # The caller turns this into a test failure.
     sys.exit(3)
 
 RANDOM_PATTERNS = 10_000_000
+DEVICE = os.environ.get("DTE_TORCH_DEVICE", "cpu")
 ADAMW_STEPS = 5
 
 
@@ -59,13 +63,16 @@ def write_bf16(out):
         special_patterns(),
     ])
     bits.tofile(os.path.join(out, "bf16_in.u32"))
-    f = torch.from_numpy(bits.view(np.float32))
-    contig = f.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-    contig.tofile(os.path.join(out, "bf16_contig.u16"))
-    spread = torch.empty(2 * len(bits), dtype=torch.float32)
+    f = torch.from_numpy(bits.view(np.float32)).to(DEVICE)
+
+    def host_bits(t):
+        return t.view(torch.int16).cpu().numpy().view(np.uint16)
+
+    host_bits(f.to(torch.bfloat16)).tofile(os.path.join(out, "bf16_contig.u16"))
+    spread = torch.empty(2 * len(bits), dtype=torch.float32, device=DEVICE)
     spread[::2] = f
     strided = spread[::2].to(torch.bfloat16).contiguous()
-    strided.view(torch.int16).numpy().view(np.uint16).tofile(os.path.join(out, "bf16_strided.u16"))
+    host_bits(strided).tofile(os.path.join(out, "bf16_strided.u16"))
 
 
 def make_params(gen):
@@ -74,11 +81,11 @@ def make_params(gen):
     bias = torch.zeros(1000)
     norm = 1.0 + torch.randn(333, generator=gen) * 0.5
     tiny = torch.randn(77, generator=gen) * 1e-30
-    return [torch.nn.Parameter(t) for t in (w, bias, norm, tiny)]
+    return [torch.nn.Parameter(t.to(DEVICE)) for t in (w, bias, norm, tiny)]
 
 
 def flat(tensors):
-    return torch.cat([t.detach().reshape(-1) for t in tensors]).numpy().astype(np.float32)
+    return torch.cat([t.detach().reshape(-1) for t in tensors]).cpu().numpy().astype(np.float32)
 
 
 def run_adamw(out, lines, name, foreach, lr, wd):
@@ -90,7 +97,7 @@ def run_adamw(out, lines, name, foreach, lr, wd):
     for _ in range(ADAMW_STEPS):
         for p in params:
             scale = torch.pow(10.0, torch.empty(p.shape).uniform_(-6, 0, generator=gen))
-            p.grad = torch.randn(p.shape, generator=gen) * scale
+            p.grad = (torch.randn(p.shape, generator=gen) * scale).to(DEVICE)
         prev = flat(params)
         opt.step()
         state = [opt.state[p] for p in params]
@@ -101,7 +108,7 @@ def run_adamw(out, lines, name, foreach, lr, wd):
                   flat(params)]
         fname = f"adamw_{name}_{step}.f32"
         np.concatenate(arrays).tofile(os.path.join(out, fname))
-        lines.append(f"{name} {int(foreach)} {lr!r} {wd!r} {betas[0]!r} {betas[1]!r} {eps!r} "
+        lines.append(f"{name} {DEVICE} {int(foreach)} {lr!r} {wd!r} {betas[0]!r} {betas[1]!r} {eps!r} "
                      f"{step} {len(prev)} {fname}")
 
 

@@ -1,6 +1,10 @@
 // Bit-exactness against PyTorch itself: runs tests/kernels/torch_interop.py
 // under the system Python (which has torch) and compares its outputs with the
 // kernels. A missing Python, numpy or torch is a failure, not a skip.
+//
+// DTE_PYTHON names another interpreter, and DTE_TORCH_DEVICE=cuda makes the
+// script run PyTorch on the GPU, so the same tests check the CUDA AdamW
+// orders and the GPU's BF16 conversion (tools/gpu_check.sh).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
@@ -30,7 +34,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kPython = "/usr/bin/python3";
+const char* Python() {
+  const char* p = std::getenv("DTE_PYTHON");
+  return p != nullptr && *p != '\0' ? p : "/usr/bin/python3";
+}
+
+bool OnCuda() {
+  const char* d = std::getenv("DTE_TORCH_DEVICE");
+  return d != nullptr && std::string(d) == "cuda";
+}
 
 fs::path ScriptPath() {
   const char* src = std::getenv("DTE_SOURCE_DIR");
@@ -64,17 +76,18 @@ std::string RunScript(const fs::path& out_dir) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  char* argv[] = {const_cast<char*>(kPython), const_cast<char*>(script.c_str()),
+  const char* python = Python();
+  char* argv[] = {const_cast<char*>(python), const_cast<char*>(script.c_str()),
                   const_cast<char*>(out.c_str()), nullptr};
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, kPython, &actions, nullptr, argv, environ);
+  const int rc = posix_spawn(&pid, python, &actions, nullptr, argv, environ);
   posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return std::string("cannot start ") + kPython + ": " + std::strerror(rc);
+  if (rc != 0) return std::string("cannot start ") + python + ": " + std::strerror(rc);
   int status = 0;
   if (waitpid(pid, &status, 0) != pid)
     return "waitpid failed: " + std::string(std::strerror(errno));
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return {};
-  return std::string(kPython) + " " + script + " failed (wait status " + std::to_string(status) +
+  return std::string(python) + " " + script + " failed (wait status " + std::to_string(status) +
          "):\n" + ReadText(log);
 }
 
@@ -125,9 +138,16 @@ TEST_F(TorchInterop, Fp32ToBf16MatchesTorchOnRandomPatternsAndEverySpecialClass)
   for (size_t i = 0; i < in.size(); ++i) {
     if (IsNanBits(in[i])) {
       ++nans;
+      ASSERT_EQ(ours[i], kBf16CanonicalNan);
+      if (OnCuda()) {
+        // The device conversion's NaN encoding is its own; it must be NaN.
+        ASSERT_GT(strided[i] & 0x7FFFu, 0x7F80u) << std::hex << "input " << in[i];
+        ASSERT_GT(contig[i] & 0x7FFFu, 0x7F80u) << std::hex << "input " << in[i];
+        contig_nan_other += contig[i] != kBf16CanonicalNan;
+        continue;
+      }
       // PyTorch's scalar conversion (c10::BFloat16) gives 0x7FC0 like ours.
       ASSERT_EQ(strided[i], kBf16CanonicalNan) << std::hex << "input " << in[i];
-      ASSERT_EQ(ours[i], kBf16CanonicalNan);
       // Its vectorized CPU path picks another NaN encoding; it must still be NaN.
       ASSERT_GT(contig[i] & 0x7FFFu, 0x7F80u) << std::hex << "input " << in[i];
       contig_nan_other += contig[i] != kBf16CanonicalNan;
@@ -143,7 +163,7 @@ TEST_F(TorchInterop, Fp32ToBf16MatchesTorchOnRandomPatternsAndEverySpecialClass)
 }
 
 struct AdamWCase {
-  std::string name, file;
+  std::string name, file, device;
   bool foreach = false;
   AdamWParams params;
   size_t n = 0;
@@ -159,7 +179,7 @@ std::vector<AdamWCase> ReadCases(const fs::path& index) {
     AdamWCase c;
     std::string lr, wd, b1, b2, eps;
     int foreach = 0;
-    ls >> c.name >> foreach >> lr >> wd >> b1 >> b2 >> eps >> c.params.step >> c.n >> c.file;
+    ls >> c.name >> c.device >> foreach >> lr >> wd >> b1 >> b2 >> eps >> c.params.step >> c.n >> c.file;
     EXPECT_FALSE(ls.fail()) << "bad line in adamw.txt: " << line;
     // strtod reads Python's repr() exactly, giving the same doubles.
     c.foreach = foreach != 0;
@@ -168,7 +188,11 @@ std::vector<AdamWCase> ReadCases(const fs::path& index) {
     c.params.beta1 = std::strtod(b1.c_str(), nullptr);
     c.params.beta2 = std::strtod(b2.c_str(), nullptr);
     c.params.eps = std::strtod(eps.c_str(), nullptr);
-    c.params.order = AdamWOrder::kTorchCpu;
+    // Which PyTorch kernel ran the step decides the rounding order.
+    c.params.order = c.device == "cpu" ? AdamWOrder::kTorchCpu
+                     : c.foreach       ? AdamWOrder::kTorchCudaForeach
+                                       : AdamWOrder::kTorchCudaSingleTensor;
+    EXPECT_EQ(c.device, OnCuda() ? "cuda" : "cpu") << line;
     cases.push_back(c);
   }
   return cases;

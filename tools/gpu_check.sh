@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, in one go: the CUDA backend's tests (which skip
+# on machines without a device) must all run and pass here; the PyTorch
+# interop tests run with torch on the GPU (the CUDA AdamW orders and BF16
+# conversion against torch.optim.AdamW there, bit for bit; needs a python3
+# with torch built for CUDA, or DTE_PYTHON naming one); then the CUDA
+# benchmark prints its figures, and with two or more GPUs the NCCL transport
+# test runs too.
+#
+#   tools/gpu_check.sh [BUILD_DIR]     (default: build-gpu)
+#
+# BUILD_DIR may hold prebuilt tests/kernels_test and tools/bench/cuda_bench
+# (both link the CUDA runtime statically and need none of the store's
+# libraries, so they can be built on one machine and run on a GPU host);
+# otherwise they are configured and built there for sm_80 and sm_90 (this
+# needs the project's dependencies: tools/setup.sh installs them).
+# Exits non-zero if any check fails or a CUDA test skips.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-gpu}
+
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu_check: no NVIDIA GPU visible (nvidia-smi -L failed)" >&2
+  exit 1
+fi
+nvidia-smi -L
+gpus=$(nvidia-smi -L | grep -c '^GPU')
+
+if [[ ! -x $build/tests/kernels_test || ! -x $build/tools/bench/cuda_bench ]]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="80;90"
+  cmake --build "$build" --target kernels_test cuda_bench
+fi
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+echo "== CUDA backend tests (Cuda.*)"
+"$build/tests/kernels_test" --gtest_filter='Cuda.*' --gtest_color=no | tee "$log"
+if grep -q '^\[  SKIPPED \]' "$log"; then
+  echo "gpu_check: a CUDA test skipped on a machine with a GPU" >&2
+  exit 1
+fi
+ran=$(grep -c '^\[       OK \]' "$log" || true)
+if [[ $ran -lt 6 ]]; then
+  echo "gpu_check: only $ran CUDA tests passed; expected every Cuda.* test" >&2
+  exit 1
+fi
+
+echo "== AdamW orders and BF16 conversion against PyTorch on the GPU (TorchInterop.*)"
+# The script runs the optimizer steps with torch on the device; the test
+# checks that the CUDA orders reproduce them bit for bit.
+DTE_TORCH_DEVICE=cuda DTE_PYTHON=${DTE_PYTHON:-$(command -v python3)} DTE_SOURCE_DIR=$PWD \
+  "$build/tests/kernels_test" --gtest_filter='TorchInterop.*' --gtest_color=no
+
+echo "== CUDA benchmark (tools/bench/cuda_bench)"
+"$build/tools/bench/cuda_bench" "${DTE_GPU_BENCH_ELEMENTS:-268435456}"
+
+if [[ $gpus -ge 2 && -x $build/tests/sync_test ]]; then
+  echo "== NCCL transport between two GPUs"
+  "$build/tests/sync_test" --gtest_filter='P2P.Nccl*' --gtest_color=no
+else
+  echo "== NCCL transport: not run ($gpus GPU(s); it needs two and a full build's sync_test)"
+fi
+echo "gpu_check: all GPU checks passed"
