@@ -483,16 +483,32 @@ class _TorchExchange:
             for s, r in zip(local_sends, local_recvs):
                 ctypes.memmove(r.data, s.data, s.bytes)
             failed = []
+
+            def fail(peer, e):
+                if peer not in (p for p, _ in failed):
+                    failed.append((peer, e))
+
             if ops:
+                # gloo posts each message on its own anyway, so post them one
+                # by one there: a post that fails (a peer's connection closed)
+                # is then charged to its peer. NCCL needs the batch.
+                posted = []
+                if self.dist.get_backend(self.group) == "gloo":
+                    for o, peer in zip(ops, peers):
+                        try:
+                            posted.append((o.op(o.tensor, o.peer, o.group, o.tag), peer))
+                        except Exception as e:  # noqa: BLE001 - reported through the C ABI
+                            fail(peer, e)
+                else:
+                    posted = list(zip(dist.batch_isend_irecv(ops), peers))
                 # Wait for every message, so that the error names each peer
                 # that failed (the one that died, not only a survivor that
                 # gave up on it first).
-                for req, peer in zip(dist.batch_isend_irecv(ops), peers):
+                for req, peer in posted:
                     try:
                         req.wait()
                     except Exception as e:  # noqa: BLE001 - reported through the C ABI
-                        if peer not in (p for p, _ in failed):
-                            failed.append((peer, e))
+                        fail(peer, e)
             if failed:
                 raise RuntimeError("; ".join("rank %d: %s" % (p, e) for p, e in failed))
             return 0
