@@ -3,7 +3,8 @@
 Every rank builds the same small model, runs real torch.optim.AdamW steps
 (gradients from a seeded generator, two param groups) and publishes the
 state it holds under a layout (FSDP2 row shards, a flat buffer cut across
-tensor boundaries, replicas, or hybrid row shards with replicas) through
+tensor boundaries, replicas, hybrid row shards with replicas, or the same
+as DTensors on a 1- or 2-dimensional device mesh) through
 dte.Publisher over a torch.distributed gloo group (or dte's TCP transport).
 Steps already in the store are replayed without publishing, so a restarted
 job resumes where the store is. With "ref", rank 0 also publishes every step
@@ -91,11 +92,90 @@ def state(opt, name, p, sl=None):
     return d
 
 
+class Shard:
+    """torch.distributed.tensor.Shard's interface (Debian's torch 1.13 has no
+    DTensor)."""
+
+    def __init__(self, dim):
+        self.dim = dim
+
+    def is_shard(self, dim=None):
+        return dim is None or dim == self.dim
+
+    def is_replicate(self):
+        return False
+
+    def __repr__(self):
+        return "Shard(dim=%d)" % self.dim
+
+
+class Replicate:
+    def is_shard(self, dim=None):
+        return False
+
+    def is_replicate(self):
+        return True
+
+
+class Mesh:
+    def __init__(self, coordinate, sizes):
+        self.coordinate, self.sizes = coordinate, sizes
+
+    def get_coordinate(self):
+        return list(self.coordinate)
+
+    def size(self, dim):
+        return self.sizes[dim]
+
+
+class DTensor:
+    """A DTensor's interface over a local shard: global shape, mesh,
+    placements, to_local()."""
+
+    def __init__(self, local, shape, mesh, placements):
+        self._local, self.shape = local, tuple(shape)
+        self.device_mesh, self.placements = mesh, tuple(placements)
+
+    def to_local(self):
+        return self._local
+
+
+def dtensor_state(opt, name, p, mesh, placements):
+    """The param and moments as DTensors holding this rank's rows: each
+    Shard(0) mesh dimension takes its torch.chunk of the rows left."""
+    rows = torch.arange(p.shape[0])
+    for dim, pl in enumerate(placements):
+        if pl.is_shard():
+            chunks = rows.chunk(mesh.sizes[dim])
+            c = mesh.coordinate[dim]
+            rows = chunks[c] if c < len(chunks) else rows[:0]
+    r0 = int(rows[0]) if len(rows) else 0
+    d = state(opt, name, p, ("rows", r0, r0 + len(rows)))
+    del d["rows"]
+    for k in ("param", "exp_avg", "exp_avg_sq"):
+        d[k] = DTensor(d[k], p.shape, mesh, placements)
+    return d
+
+
 def held(layout, rank, world, params, opt):
     """What this rank holds: {name: state or [states]}."""
     out = {}
     if layout == "replicated":
         return {n: state(opt, n, p) for n, p in params.items()}
+    if layout == "dtensor":
+        # FSDP2 (one mesh dimension) or, on 4 ranks, a 2 x 2 mesh: HSDP
+        # (Replicate, Shard(0)) and doubly sharded (Shard(0), Shard(0))
+        # tensors in turn; norms replicated everywhere.
+        mesh = Mesh((rank // 2, rank % 2), (2, 2)) if world == 4 else Mesh((rank,), (world,))
+        for i, (n, p) in enumerate(params.items()):
+            if n.endswith("norm.weight"):
+                pls = [Replicate()] * len(mesh.sizes)
+            elif len(mesh.sizes) == 2:
+                pls = [Replicate(), Shard(0)] if i % 2 == 0 else [Shard(0), Shard(0)]
+            else:
+                pls = [Shard(0)]
+            out[n] = dtensor_state(opt, n, p, mesh, pls)
+        return out
     if layout in ("rows", "hybrid", "disagree"):
         r, w = (rank % 2, 2) if layout == "hybrid" else (rank, world)
         for n, p in params.items():

@@ -5,7 +5,9 @@ torch.distributed gloo group (or dte's TCP transport), that train the same
 model with real torch.optim.AdamW steps and each publish only the state they
 hold: FSDP2 row shards (uneven, with empty ones), a flat buffer cut across
 tensor boundaries (ZeRO, Megatron's distributed optimizer), replicas, and
-hybrid row shards with replicas. Rank 0 also publishes every step with the
+hybrid row shards with replicas, and DTensors (Shard(0) and Replicate
+placements on 1- and 2-dimensional meshes, through DTensor's interface
+since Debian's torch has none). Rank 0 also publishes every step with the
 single-process publisher into a reference store and reads every version back
 against param.to(torch.bfloat16); the test compares the two stores' exports
 byte for byte and runs `dtectl verify`. Faults: kill -9 of one rank at random
@@ -114,6 +116,8 @@ def check_clean(results, steps):
     (4, "flat", "gloo"),
     (4, "hybrid", "gloo"),
     (3, "flat", "tcp"),
+    (3, "dtensor", "gloo"),
+    (4, "dtensor", "gloo"),
 ])
 def test_every_layout_publishes_the_single_process_versions(tmp_path, world, layout, transport):
     steps = 3

@@ -283,7 +283,13 @@ class Publisher(_Handle):
         ep_rank) of every shard of the converter units published (a bare name
         means ranks 0, 0), and the values are the shards' state; the version
         is the one publishing the converted HF state would make.
-        Arrays are torch CPU tensors or numpy arrays."""
+        Arrays are torch CPU tensors or numpy arrays.
+
+        A distributed publisher (world_size given) takes what the rank holds:
+        a dict may add rows=(begin, end) (a dim-0 shard) or flat=(begin, end)
+        (a range of the flattened tensor), a value may be a list of such
+        pieces, and torch DTensors (FSDP2, HSDP) with Shard(0) and Replicate
+        placements give their rows themselves."""
         if order not in _lib.ORDERS:
             raise DteError(1, "unknown order %r (one of %s)" % (order, ", ".join(_lib.ORDERS)))
         h = _lib.AdamWStep(float(lr), float(betas[0]), float(betas[1]), float(eps),
@@ -408,17 +414,85 @@ def _fp32_view(x, what, name, keep):
     return x.ctypes.data, x.size, x.shape
 
 
+def _is_dtensor(x):
+    """A torch DTensor (torch >= 2.0), or anything with its interface."""
+    return (x is not None and hasattr(x, "placements") and hasattr(x, "device_mesh")
+            and hasattr(x, "to_local"))
+
+
+def _dtensor_rows(x, what, label):
+    """(begin, end) rows of the global tensor that this rank's local shard of
+    the DTensor x holds: every Shard(0) mesh dimension, in mesh order, cuts
+    the rows the earlier ones left as torch.chunk does (DTensor's and FSDP2's
+    rule); Replicate mesh dimensions hold every row. Other placements cannot
+    be published from one rank's shard."""
+    mesh = x.device_mesh
+    coord = mesh.get_coordinate()
+    if coord is None:
+        raise DteError(1, "tensor %s: %s is a DTensor on a device mesh this rank is not part of"
+                       % (label, what))
+    rows = int(x.shape[0]) if len(x.shape) else 1
+    begin, end = 0, rows
+    for dim, pl in enumerate(x.placements):
+        if pl.is_replicate():
+            continue
+        if pl.is_shard() and getattr(pl, "dim", None) == 0:
+            b, e = chunk_rows(end - begin, int(coord[dim]), int(mesh.size(dim)))
+            begin, end = begin + b, begin + e
+            continue
+        raise DteError(1, "tensor %s: %s is a DTensor placed %s on mesh dimension %d; the "
+                       "publisher takes Shard(0) and Replicate placements (for other splits "
+                       "pass the local tensor with flat=(begin, end) pieces)"
+                       % (label, what, pl, dim))
+    return begin, end
+
+
+def _from_dtensors(d, label):
+    """d with DTensor param and moments replaced by their local shards and
+    the rows they hold."""
+    if "rows" in d or "flat" in d:
+        raise DteError(1, "tensor %s: a DTensor says which rows it holds; do not also pass rows "
+                       "or flat" % label)
+    out, held = dict(d), None
+    for k in ("param", "exp_avg", "exp_avg_sq"):
+        x = d[k]
+        if not _is_dtensor(x):
+            raise DteError(1, "tensor %s: %s is not a DTensor but the others are; pass param, "
+                           "exp_avg and exp_avg_sq all as DTensors or all as local tensors"
+                           % (label, k))
+        rows = _dtensor_rows(x, k, label)
+        if held is not None and (rows != held[0] or tuple(x.shape) != held[1]):
+            raise DteError(1, "tensor %s: %s is placed differently from param (rows %s of %s, "
+                           "param rows %s of %s)" % (label, k, rows, tuple(x.shape), held[0],
+                                                     held[1]))
+        held = held or (rows, tuple(x.shape))
+        out[k] = x.to_local()
+    begin, end = held[0]
+    shape = held[1]
+    if len(shape) == 0:
+        return out  # a scalar: whole
+    out["rows"] = (begin, end)
+    local = tuple(out["param"].shape)
+    if local != (end - begin,) + shape[1:]:
+        raise DteError(1, "tensor %s: the local shard of the DTensor is %s, but its placements "
+                       "give rows [%d, %d) of %s" % (label, local, begin, end, shape))
+    return out
+
+
 def _range_of(encoded, tp_rank, ep_rank, label, value, keep):
     """The C range of one held piece: (param, exp_avg, exp_avg_sq) for a
     whole tensor, or a dict with those keys and optionally rows=(begin, end)
     (a dim-0 shard), flat=(begin, end) (a range of the flattened tensor),
-    step, lr and weight_decay."""
+    step, lr and weight_decay. DTensors (all three) give their rows through
+    their placements."""
     if isinstance(value, dict):
         d = value
     else:
         if len(value) != 3:
             raise DteError(1, "tensor %s: expected (master, exp_avg, exp_avg_sq)" % label)
         d = dict(zip(("param", "exp_avg", "exp_avg_sq"), value))
+    if any(_is_dtensor(d.get(k)) for k in ("param", "exp_avg", "exp_avg_sq")):
+        d = _from_dtensors(d, label)
     views = [_fp32_view(d[k], k, label, keep) for k in ("param", "exp_avg", "exp_avg_sq")]
     n, shape = views[0][1], views[0][2]
     if any(v[1] != n for v in views):
