@@ -792,16 +792,25 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   out.clear();
 
   // 5. Encoding this rank's tensors; any error goes to rank 0 in the part.
+  // The routed entries stay in the received buffers (6 B each) until their
+  // tensor's turn; only the groups are indexed here, and one tensor at a
+  // time is unpacked for encoding.
+  struct Group {
+    int from;
+    const char* data;  // count entries of 6 bytes: u32 offset from base, u16 bits
+    uint64_t base;
+    uint32_t count;
+  };
   struct OwnedTensor {
-    size_t tensor;
-    std::vector<std::pair<uint64_t, uint16_t>> entries;
+    std::vector<Group> groups;
   };
   std::map<size_t, OwnedTensor> owned;
   for (size_t ti = 0; ti < plan.tensors.size(); ++ti) {
-    if (plan.tensors[ti].owner == rank) owned[ti] = OwnedTensor{ti, {}};
+    if (plan.tensors[ti].owner == rank) owned[ti] = OwnedTensor{};
   }
   stats_.tensors_owned = owned.size();
   Status part_status;
+  constexpr size_t kEntryBytes = sizeof(uint32_t) + sizeof(uint16_t);
   for (int r = 0; r < world && part_status.ok(); ++r) {
     Reader rd(in[r]);
     while (!rd.done()) {
@@ -812,24 +821,49 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
                                  " routed changed elements this rank does not own");
         break;
       }
-      auto& entries = owned[ti].entries;
-      const uint64_t elements = plan.tensors[ti].entry->elements();
-      for (uint32_t k = 0; k < count; ++k) {
-        uint32_t offset = 0;
-        uint16_t bits = 0;
-        if (!rd.Get(&offset) || !rd.Get(&bits) || base + offset >= elements) {
-          part_status = Corruption("rank " + std::to_string(r) +
-                                   " routed a truncated "
-                                   "or out-of-range entry of tensor " +
-                                   plan.tensors[ti].entry->name);
-          break;
-        }
-        entries.push_back({base + offset, bits});
+      const char* data = rd.data();
+      if (!rd.Skip(size_t{count} * kEntryBytes)) {
+        part_status = Corruption("rank " + std::to_string(r) +
+                                 " routed a truncated group of entries of tensor " +
+                                 plan.tensors[ti].entry->name);
+        break;
       }
-      if (!part_status.ok()) break;
+      owned[ti].groups.push_back({r, data, base, count});
     }
   }
-  in.clear();
+  // A tensor's entries as (element << 16 | bits), sorted by element.
+  auto unpack = [&](size_t ti, const OwnedTensor& ot, std::vector<uint64_t>* entries) -> Status {
+    const TensorEntry& te = *plan.tensors[ti].entry;
+    const uint64_t elements = te.elements();
+    if (elements >= uint64_t{1} << 48) {
+      return InvalidArgument("tensor " + te.name + " has more than 2^48 elements");
+    }
+    size_t total = 0;
+    for (const Group& g : ot.groups) total += g.count;
+    entries->clear();
+    entries->reserve(total);
+    for (const Group& g : ot.groups) {
+      for (uint32_t k = 0; k < g.count; ++k) {
+        uint32_t offset = 0;
+        uint16_t bits = 0;
+        std::memcpy(&offset, g.data + size_t{k} * kEntryBytes, sizeof(offset));
+        std::memcpy(&bits, g.data + size_t{k} * kEntryBytes + sizeof(offset), sizeof(bits));
+        if (g.base + offset >= elements) {
+          return Corruption("rank " + std::to_string(g.from) +
+                            " routed an out-of-range entry of tensor " + te.name);
+        }
+        entries->push_back((g.base + offset) << 16 | bits);
+      }
+    }
+    std::sort(entries->begin(), entries->end());
+    for (size_t k = 1; k < entries->size(); ++k) {
+      if ((*entries)[k] >> 16 == (*entries)[k - 1] >> 16) {
+        return Corruption("element " + std::to_string((*entries)[k] >> 16) + " of tensor " +
+                          te.name + " was routed twice");
+      }
+    }
+    return Status::Ok();
+  };
 
   internal::BlobSink sink(&store_->objects());
   Writer part;
@@ -851,19 +885,13 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
       const uint64_t bb = pm.block_bytes;
       std::vector<uint8_t> old_chunk, new_chunk;
       std::vector<EncodedBlock> enc, full_enc;
+      std::vector<uint64_t> entries;
       for (auto& [ti, ot] : owned) {
         const Plan::Tensor& pt = plan.tensors[ti];
         const TensorEntry& te = *pt.entry;
         const FileEntry& fe = pm.files[pt.file];
         const int width = DTypeWidth(te.dtype);
-        auto& entries = ot.entries;
-        std::sort(entries.begin(), entries.end());
-        for (size_t k = 1; k < entries.size(); ++k) {
-          if (entries[k].first == entries[k - 1].first) {
-            return Corruption("element " + std::to_string(entries[k].first) + " of tensor " +
-                              te.name + " was routed twice");
-          }
-        }
+        RETURN_IF_ERROR(unpack(ti, ot, &entries));
         recs[ti].resize(te.blocks);
         if (full) full_recs[ti].resize(te.blocks);
         Hasher128 hasher;
@@ -889,10 +917,10 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
               std::memcpy(nw, o, blen(b));
               if (pt.named) {
                 const uint64_t lo_e = uint64_t{b} * per_block, hi_e = lo_e + blen(b) / width;
-                auto it = std::lower_bound(entries.begin(), entries.end(),
-                                           std::pair<uint64_t, uint16_t>{lo_e, 0});
-                for (; it != entries.end() && it->first < hi_e; ++it) {
-                  std::memcpy(nw + (it->first - lo_e) * 2, &it->second, 2);
+                auto it = std::lower_bound(entries.begin(), entries.end(), lo_e << 16);
+                for (; it != entries.end() && (*it >> 16) < hi_e; ++it) {
+                  const uint16_t bits = static_cast<uint16_t>(*it & 0xFFFF);
+                  std::memcpy(nw + ((*it >> 16) - lo_e) * 2, &bits, 2);
                 }
                 enc[i] = EncodeBlock(o, nw, blen(b), width, &scratch);
               }
@@ -929,7 +957,6 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
           dropped += entries.size() - std::min<uint64_t>(entries.size(), changed[ti]);
         }
         entries.clear();
-        entries.shrink_to_fit();
       }
       if (spool->size() > 0) {
         ASSIGN_OR_RETURN(delta_blob, sink.Finish(std::move(spool)));
@@ -940,6 +967,8 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
       return Status::Ok();
     }();
   }
+
+  in.clear();
 
   // 6. Parts to rank 0.
   part.PutStatus(part_status);

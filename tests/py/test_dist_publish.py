@@ -233,3 +233,53 @@ def test_the_examples_run_and_check_themselves(tmp_path, script, nproc, args):
     assert "equals the trainer's" in r.stdout and ": True" in r.stdout, r.stdout
     steps = int(args[args.index("--steps") + 1])
     assert versions(store) == list(range(steps + 1))
+
+
+def test_dtensor_placements_a_rank_cannot_publish_are_refused(tmp_path):
+    """Shard(1), Partial, rows= beside a DTensor, and moments placed unlike
+    their param: each fails naming the tensor, before any exchange."""
+    script = r'''
+import os, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import dist_worker as w
+import dte, torch
+
+class Partial:
+    def is_shard(self, dim=None): return False
+    def is_replicate(self): return False
+    def __repr__(self): return "Partial(sum)"
+
+mesh = w.Mesh((0,), (1,))
+t = torch.zeros(4, 6)
+def dt(pl, local=t, shape=(4, 6), m=mesh):
+    return w.DTensor(local, shape, m, [pl])
+pub = dte.Publisher(sys.argv[2], rank=0, world_size=1, job="refusals")
+cases = {
+    "shard1": {"param": dt(w.Shard(1)), "exp_avg": dt(w.Shard(1)), "exp_avg_sq": dt(w.Shard(1))},
+    "partial": {"param": dt(Partial()), "exp_avg": dt(Partial()), "exp_avg_sq": dt(Partial())},
+    "rows": {"param": dt(w.Shard(0)), "exp_avg": dt(w.Shard(0)), "exp_avg_sq": dt(w.Shard(0)),
+             "rows": (0, 4)},
+    "mixed": {"param": dt(w.Shard(0)), "exp_avg": t, "exp_avg_sq": dt(w.Shard(0))},
+    "placed": {"param": dt(w.Shard(0)), "exp_avg": dt(w.Shard(0), t[:2], m=w.Mesh((1,), (2,))),
+               "exp_avg_sq": dt(w.Shard(0))},
+}
+for name, d in cases.items():
+    try:
+        pub.publish_adamw(step=1, params={"model.w." + name: d}, lr=1e-3)
+        print(name, "accepted")
+    except dte.DteError as e:
+        print(name, "refused:", e)
+'''
+    store = str(tmp_path / "store")
+    r = subprocess.run([PYTHON, "-c", script, WORKER, store], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, DTE_BUILD_DIR=BUILD,
+                                            DTE_SOURCE_DIR=SOURCE))
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert "model.w.shard1" in got["shard1"] and "Shard(dim=1)" in got["shard1"], got
+    assert "model.w.partial" in got["partial"] and "Partial(sum)" in got["partial"], got
+    assert "do not also pass rows" in got["rows"], got
+    assert "exp_avg is not a DTensor" in got["mixed"], got
+    assert "placed differently from param" in got["placed"], got
+    assert all(v.startswith("refused: ") for v in got.values()), got
+    assert not os.path.exists(os.path.join(store, "dte-store.json")) or versions(store) == []
