@@ -148,6 +148,18 @@ Result<std::vector<std::string>> AllToAll(Transport& t, const std::vector<std::s
   return in;
 }
 
+// AllToAll for large payloads: this rank's message to itself is moved, not
+// copied, and every outgoing message is freed once sent.
+Result<std::vector<std::string>> AllToAllMove(Transport& t, std::vector<std::string> out,
+                                              const std::string& what, DistPublishStats* stats) {
+  const int me = t.rank();
+  std::string mine = std::move(out[me]);
+  out[me].clear();
+  ASSIGN_OR_RETURN(auto in, AllToAll(t, out, what, stats));
+  in[me] = std::move(mine);
+  return in;
+}
+
 Result<std::vector<std::string>> AllGather(Transport& t, const std::string& mine,
                                            const std::string& what, DistPublishStats* stats) {
   return AllToAll(t, std::vector<std::string>(t.size(), mine), what, stats);
@@ -788,8 +800,9 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   // 4. Routing.
   std::vector<std::string> out(world);
   for (int r = 0; r < world; ++r) out[r] = routed[r].Finish();
-  ASSIGN_OR_RETURN(auto in, AllToAll(t, out, at_step + ": routing changed elements", &stats_));
-  out.clear();
+  routed.clear();
+  ASSIGN_OR_RETURN(
+      auto in, AllToAllMove(t, std::move(out), at_step + ": routing changed elements", &stats_));
 
   // 5. Encoding this rank's tensors; any error goes to rank 0 in the part.
   // The routed entries stay in the received buffers (6 B each) until their

@@ -256,6 +256,10 @@ def main():
             kwargs["job"] = cfg["job"]
             kwargs["timeout"] = cfg.get("timeout", 30)
         pub = dte.Publisher(store, **kwargs)
+        if cfg.get("transport") == "staged":
+            # What an NCCL group does (every message through a separate
+            # buffer, received ones copied back), on gloo and the CPU.
+            pub._exchange.device = torch.device("cpu")
         latest = dte.StoreReader(store).latest()
         ref = dte.Publisher(cfg["ref"]) if cfg.get("ref") and rank == 0 else None
         reader = dte.StoreReader(store) if rank == 0 else None

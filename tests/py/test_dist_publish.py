@@ -116,6 +116,7 @@ def check_clean(results, steps):
     (4, "flat", "gloo"),
     (4, "hybrid", "gloo"),
     (3, "flat", "tcp"),
+    (3, "flat", "staged"),
     (3, "dtensor", "gloo"),
     (4, "dtensor", "gloo"),
 ])

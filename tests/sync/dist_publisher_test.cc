@@ -557,7 +557,10 @@ TEST(StoreTransport, AFailedRankIsNamedAndASilentOneTimesOut) {
     uint64_t x = 7, y = 0, z = 0, w = 0;
     std::vector<SendBuffer> sends{{1, &x, 8}, {0, &x, 8}};
     std::vector<RecvBuffer> recvs{{0, &z, 8}};
+    const uint64_t puts = objects.Calls(test::StoreOp::kPut);
     ASSERT_TRUE(a->Exchange(sends, recvs).ok());
+    // A message to oneself is copied, never stored: one object, to rank 1.
+    EXPECT_EQ(objects.Calls(test::StoreOp::kPut) - puts, 1u);
     std::vector<RecvBuffer> brecv{{0, &y, 8}};
     ASSERT_TRUE(b->Exchange({}, brecv).ok());
     EXPECT_EQ(y, 7u);

@@ -30,6 +30,12 @@ must equal the baseline's.
 --lr sets the learning rate (default 2e-6: ~2% of BF16 weights change per
 step, as in RL fine-tuning; 1e-4 changes ~70%).
 
+With --s3 it counts object store requests per version instead, against a
+moto S3 server (the model given by --tensors/--rows/--cols):
+
+  /usr/bin/python3 tools/bench/dist_publish_bench.py --s3 --worlds 1,2,4 \
+      --tensors 8 --rows 2048 --cols 2048
+
 Usage: /usr/bin/python3 tools/bench/dist_publish_bench.py [--build-dir build]
        [--worlds 1,2,4,8] [--tensors 32 --rows 4096 --cols 4096] [--lr 2e-6]
        [--json out]
@@ -72,6 +78,11 @@ def hwm_kib():
 
 
 def reset_hwm():
+    # Return the heap's free memory first, so that what the publish
+    # allocates shows up in the resident set instead of reusing pages the
+    # optimizer step freed.
+    import ctypes
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
 
@@ -122,10 +133,12 @@ def worker(a):
         shards[n] = (p, r0, r1)
         opts.append(p)
     opt = torch.optim.AdamW(opts, lr=a.lr, weight_decay=WD, foreach=False)
-    pub = (dte.Publisher(a.store) if single else
-           dte.Publisher(a.store, rank=rank, world_size=world))
+    kwargs = {} if single else {"rank": rank, "world_size": world}
+    if a.job and not single:
+        kwargs["job"] = a.job
+    pub = dte.Publisher(a.store, **kwargs)
     rows = []
-    for step in (1, 2):
+    for step in range(1, a.steps + 1):
         for i, n in enumerate(names(a)):
             p, r0, r1 = shards[n]
             p.grad = grad(a, i, step, r0, r1)
@@ -155,25 +168,28 @@ def worker(a):
     os._exit(0)
 
 
-def run_world(a, world, root):
-    store = os.path.join(root, "store-%d" % world)
+def run_world(a, world, root, store=None, env=None, steps=2, job=None):
+    s3 = store is not None
+    store = store or os.path.join(root, "store-%d" % world)
+    env = dict(os.environ, DTE_LIBRARY=a.lib, **(env or {}))
     init = os.path.join(root, "ckpt")
     subprocess.run([a.python, "-c", (
         "import sys; sys.path.insert(0, %r); import dte; "
         "p = dte.Publisher(%r); p.import_checkpoint(%r)") %
-        (os.path.join(SOURCE, "sync", "python"), store, init)], check=True,
-        env=dict(os.environ, DTE_LIBRARY=a.lib))
+        (os.path.join(SOURCE, "sync", "python"), store, init)], check=True, env=env)
+    if a.on_imported:
+        a.on_imported()
     procs, outs = [], []
     n = max(world, 1)
-    rdv = os.path.join(root, "init-%d" % world)
+    rdv = os.path.join(root, "init-%d-%d" % (world, time.monotonic_ns()))  # fresh per run
     for rank in range(n):
         out = os.path.join(root, "out-%d-%d.json" % (world, rank))
         outs.append(out)
         argv = [a.python, os.path.abspath(__file__), "--worker", "--rank", str(rank),
                 "--world", str(world), "--init", rdv, "--store", store, "--out", out,
                 "--tensors", str(a.tensors), "--rows", str(a.rows), "--cols", str(a.cols),
-                "--lr", repr(a.lr)]
-        procs.append(subprocess.Popen(argv, env=dict(os.environ, DTE_LIBRARY=a.lib)))
+                "--lr", repr(a.lr), "--steps", str(steps)] + (["--job", job] if job else [])
+        procs.append(subprocess.Popen(argv, env=env))
     for p in procs:
         if p.wait() != 0:
             raise RuntimeError("a rank of world %d failed" % world)
@@ -184,17 +200,19 @@ def run_world(a, world, root):
         # starts from a heap the allocator has not grown yet).
         rows[-1]["extra_mib"] = max(r["extra_mib"] for r in rows)
         ranks.append(rows[-1])
+    if s3:
+        return ranks
     ranks[0]["digest"] = export_digest(a, store, ranks[0]["version"], root)
     shutil.rmtree(store)
     return ranks
 
 
-def export_digest(a, store, version, root):
+def export_digest(a, store, version, root, env=None):
     """SHA-256 over the exported version's files (names and bytes)."""
     out = os.path.join(root, "export")
     subprocess.run([os.path.join(a.build_dir, "tools", "dtectl"), "export", "-q", "--store",
                     store, "--cache-dir", os.path.join(root, "cache"), "--version",
-                    str(version), out], check=True)
+                    str(version), out], check=True, env=env)
     h = hashlib.sha256()
     for name in sorted(os.listdir(out)):
         h.update(name.encode() + b"\0")
@@ -218,6 +236,51 @@ def write_initial(a, root):
         f.write('{"model_type": "llama"}\n')
 
 
+def s3_requests(a, root):
+    """Object store requests per version: each world publishes 1 and then,
+    into a fresh prefix, 2 steps through a counting proxy in front of a moto
+    S3 server; the difference is one version's requests (the import and
+    setup cancel out). With the process group and with the store transport
+    (job=), whose messages are objects too."""
+    sys.path.insert(0, os.path.join(SOURCE, "tests", "py"))
+    import s3_proxy
+    import s3_util
+    moto = s3_util.MotoServer()
+    proxy = s3_proxy.FaultProxy(moto.endpoint, io_timeout=600)
+    bucket = moto.create_bucket("dist-bench")
+    env = dict(moto.env(), AWS_ENDPOINT_URL=proxy.endpoint)
+    a.on_imported = proxy.reset_counters
+    rows = []
+    try:
+        for w in [int(x) for x in a.worlds.split(",")]:
+            for transport in ("group", "store"):
+                counts = []
+                for steps in (1, 2):
+                    store = "s3://%s/w%d-%s-%d" % (bucket, w, transport, steps)
+                    run_world(a, w, root, store=store, env=env, steps=steps,
+                              job="bench-%d-%d" % (w, steps) if transport == "store" else None)
+                    by = {}
+                    for ex in proxy.exchanges():
+                        kind = ex.method + (" (list)" if "list-type" in ex.query else "")
+                        by[kind] = by.get(kind, 0) + 1
+                    counts.append(by)
+                per = {k: counts[1].get(k, 0) - counts[0].get(k, 0)
+                       for k in set(counts[0]) | set(counts[1])}
+                rows.append({"world": w, "transport": transport, "per_version": per})
+                log("world %d, %s: %s" % (w, transport, per))
+    finally:
+        proxy.stop()
+        moto.stop()
+    print("| ranks | exchange | requests per version | by kind |")
+    print("|---|---|---|---|")
+    for r in rows:
+        per = r["per_version"]
+        print("| %d | %s | %d | %s |" % (r["world"], r["transport"], sum(per.values()),
+                                          ", ".join("%s %d" % (k, v) for k, v in sorted(per.items())
+                                                    if v)))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-dir", default=os.path.join(SOURCE, "build"))
@@ -226,6 +289,10 @@ def main():
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--cols", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=2e-6)
+    ap.add_argument("--s3", action="store_true",
+                    help="count object store requests per version instead (moto S3)")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--job")
     ap.add_argument("--json")
     ap.add_argument("--work")
     ap.add_argument("--worker", action="store_true")
@@ -239,7 +306,17 @@ def main():
         return worker(a)
     a.python = "/usr/bin/python3"
     a.lib = os.path.join(os.path.abspath(a.build_dir), "sync", "libdte.so")
+    a.on_imported = None
     root = a.work or tempfile.mkdtemp(prefix="dist-bench-")
+    if a.s3:
+        write_initial(a, root)
+        rows = s3_requests(a, root)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        if not a.work:
+            shutil.rmtree(root)
+        return
     model_gib = a.tensors * a.rows * a.cols * 2 / 2**30
     log("model %.2f GiB of BF16 (%d x %d x %d), FP32 state %.1f GiB, lr %g" % (
         model_gib, a.tensors, a.rows, a.cols, model_gib * 6, a.lr))

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""Megatron-style training (tensor parallel x data parallel with the
-distributed optimizer) that publishes every step from every rank.
+"""Megatron-style training (tensor parallel x pipeline parallel x data
+parallel with the distributed optimizer) that publishes every step from
+every rank.
 
 The model lives in Megatron-Core's layout (Transformer Engine names: fused
 QKV per GQA group, [gate; up] fc1, vocab padded to 128 x TP): TP rank t of
@@ -14,6 +15,12 @@ by element and commits one version.
 
     python3 tools/examples/launch.py --nproc 4 tools/examples/megatron_publish.py \
         --store /tmp/policy --tp 2 --steps 3
+    python3 tools/examples/launch.py --nproc 8 tools/examples/megatron_publish.py \
+        --store /tmp/policy --tp 2 --pp 2 --steps 3
+
+With --pp, pipeline stage p holds its share of the layers (the embedding on
+the first stage, the output layer and final norm on the last), and its DP
+ranks cut only that stage's parameters.
 
 At the end the data-parallel ranks gather their master weights, the BF16
 shards are converted to Hugging Face with `mcore2hf`, and the latest version
@@ -65,6 +72,16 @@ def mcore_shapes(tp):
     return shapes
 
 
+def stage_of(name, pp):
+    """The pipeline stage holding an MCore parameter: layers split evenly,
+    the embedding on the first stage, the output layer and final norm on the
+    last."""
+    if ".layers." in name:
+        layer = int(name.split(".layers.")[1].split(".")[0])
+        return layer * pp // CONFIG["num_hidden_layers"]
+    return 0 if name.startswith("embedding.") else pp - 1
+
+
 def init_value(name, shape, tp_rank):
     """Seeded by name (and TP rank, for split tensors): every DP replica and,
     for norms, every TP rank agree."""
@@ -93,21 +110,31 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--store", required=True)
     ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    tp, dp_size = a.tp, world // a.tp
-    tp_rank, dp_rank = rank % tp, rank // tp
-    dp_groups = [dist.new_group(list(range(t, world, tp))) for t in range(tp)]
-    dp_group = dp_groups[tp_rank]
+    tp, pp = a.tp, a.pp
+    if world % (tp * pp):
+        sys.exit("the world size %d is not a multiple of tp x pp = %d" % (world, tp * pp))
+    dp_size = world // (tp * pp)
+    tp_rank, pp_rank, dp_rank = rank % tp, (rank // tp) % pp, rank // (tp * pp)
+    # Megatron's rank order: TP fastest, then PP, then DP.
+    dp_groups = {(t, p): dist.new_group([t + tp * p + tp * pp * d for d in range(dp_size)])
+                 for p in range(pp) for t in range(tp)}
+    dp_group = dp_groups[(tp_rank, pp_rank)]
 
     shapes = mcore_shapes(tp)
-    names = sorted(shapes)
-    weights = {n: init_value(n, shapes[n], tp_rank) for n in names}
     work = a.store + ".work"
-    if dp_rank == 0:
-        save_mcore(os.path.join(work, "init-mcore"), tp_rank, weights)
+    if dp_rank == 0 and pp_rank == 0:
+        # The initial checkpoint of this TP rank, every stage's layers (only
+        # to import version 0; a real job starts from its own checkpoint).
+        save_mcore(os.path.join(work, "init-mcore"), tp_rank,
+                   {n: init_value(n, shapes[n], tp_rank) for n in shapes})
+    # This stage's parameters.
+    names = sorted(n for n in shapes if stage_of(n, pp) == pp_rank)
+    weights = {n: init_value(n, shapes[n], tp_rank) for n in names}
     dist.barrier()
     if rank == 0:
         mcore2hf(os.path.join(work, "init-mcore"), os.path.join(work, "init-hf"), tp)
@@ -155,12 +182,19 @@ def main():
     dist.all_gather(pieces, mine, group=dp_group)
     full = torch.cat(pieces)[:at]
     if dp_rank == 0:
-        save_mcore(os.path.join(work, "final-mcore"), tp_rank,
+        save_mcore(os.path.join(work, "final-stage%d" % pp_rank), tp_rank,
                    {n: full[offsets[n]:offsets[n] + weights[n].numel()].reshape(shapes[n])
                     for n in names})
     dist.barrier()
     ok = True
     if rank == 0:
+        # Each TP rank's checkpoint file holds every stage's parameters.
+        for t in range(tp):
+            merged = {}
+            for p in range(pp):
+                merged.update(safetensors.torch.load_file(os.path.join(
+                    work, "final-stage%d" % p, "mp_rank_%02d_000.safetensors" % t)))
+            save_mcore(os.path.join(work, "final-mcore"), t, merged)
         mcore2hf(os.path.join(work, "final-mcore"), os.path.join(work, "final-hf"), tp)
         expected = safetensors.torch.load_file(os.path.join(work, "final-hf",
                                                             "model.safetensors"))

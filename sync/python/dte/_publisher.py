@@ -521,14 +521,21 @@ def _range_of(encoded, tp_rank, ep_rank, label, value, keep):
 
 class _TorchExchange:
     """Runs the distributed publisher's exchanges over a torch.distributed
-    process group (gloo, or NCCL with CPU tensors where it supports them):
-    batched isend/irecv of the C buffers, self-messages copied."""
+    process group: isend/irecv of the C buffers (batched, except on gloo),
+    self-messages copied. On an NCCL group, which moves only device memory,
+    each message is staged through a buffer on the rank's current CUDA
+    device."""
 
     def __init__(self, group):
         import torch.distributed as dist
         self.dist, self.group = dist, group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+        self.backend = str(dist.get_backend(group)).lower()
+        self.device = None
+        if self.backend == "nccl":
+            torch = _torch()
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.fn = _lib.EXCHANGE_FN(self._run)  # kept alive with the publisher
 
     def _peer(self, r):
@@ -540,7 +547,7 @@ class _TorchExchange:
         try:
             torch = _torch()
             dist = self.dist
-            ops, peers, local_sends, local_recvs = [], [], [], []
+            ops, peers, local_sends, local_recvs, staged = [], [], [], [], []
             for msgs, n, local, op in ((sends, n_sends, local_sends, dist.isend),
                                        (recvs, n_recvs, local_recvs, dist.irecv)):
                 for i in range(n):
@@ -551,8 +558,15 @@ class _TorchExchange:
                         local.append(m)
                         continue
                     buf = (ctypes.c_uint8 * m.bytes).from_address(m.data)
-                    ops.append(dist.P2POp(op, torch.frombuffer(buf, dtype=torch.uint8),
-                                          self._peer(m.peer), self.group))
+                    host = torch.frombuffer(buf, dtype=torch.uint8)
+                    if self.device is None:
+                        wire = host
+                    elif op is dist.isend:
+                        wire = host.to(self.device)
+                    else:
+                        wire = torch.empty(m.bytes, dtype=torch.uint8, device=self.device)
+                        staged.append((host, wire))
+                    ops.append(dist.P2POp(op, wire, self._peer(m.peer), self.group))
                     peers.append(m.peer)
             for s, r in zip(local_sends, local_recvs):
                 ctypes.memmove(r.data, s.data, s.bytes)
@@ -567,7 +581,7 @@ class _TorchExchange:
                 # by one there: a post that fails (a peer's connection closed)
                 # is then charged to its peer. NCCL needs the batch.
                 posted = []
-                if self.dist.get_backend(self.group) == "gloo":
+                if self.backend == "gloo":
                     for o, peer in zip(ops, peers):
                         try:
                             posted.append((o.op(o.tensor, o.peer, o.group, o.tag), peer))
@@ -585,6 +599,8 @@ class _TorchExchange:
                         fail(peer, e)
             if failed:
                 raise RuntimeError("; ".join("rank %d: %s" % (p, e) for p, e in failed))
+            for host, wire in staged:
+                host.copy_(wire)  # device to host; synchronizes with the receive
             return 0
         except Exception as e:  # noqa: BLE001 - reported through the C ABI
             msg = ("%s" % e).encode("utf-8", "replace")[:max(error_size - 1, 0)]
