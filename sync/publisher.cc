@@ -191,6 +191,7 @@ Result<internal::OpenedPublisher> internal::OpenPublisherParts(const PublisherOp
   StoreOptions o;
   o.uri = options.store;
   o.cache_dir = options.cache_dir;
+  o.blob_cache_bytes = options.blob_cache_bytes;
   o.create = true;
   o.index_optional = true;  // as dtectl: work from the store if another process holds the index
   ASSIGN_OR_RETURN(out.store, Store::Open(o));

@@ -51,6 +51,12 @@ struct McoreConverter {
 struct PublisherOptions {
   std::string store;      // local directory or s3://bucket/prefix
   std::string cache_dir;  // host-local index directory; empty: none
+  // s3:// stores with a cache_dir: blob ranges read from the store, and the
+  // blobs published, are kept on local disk up to this many bytes, read
+  // and fetched in 4 MiB chunks (StoreOptions::blob_cache_bytes). A
+  // distributed publisher's owners then read the parent blocks they
+  // published the step before from disk. 0: no blob cache.
+  uint64_t blob_cache_bytes = uint64_t{4} << 30;
   // "hf": PublishAdamW takes Hugging Face tensors. "mcore": `mcore` must be
   // set, and PublishAdamWMcore also takes sharded Megatron-Core state.
   std::string converter = "hf";

@@ -255,6 +255,8 @@ def main():
         elif cfg.get("transport") == "store":
             kwargs["job"] = cfg["job"]
             kwargs["timeout"] = cfg.get("timeout", 30)
+        if cfg.get("cache"):
+            kwargs["cache_dir"] = os.path.join(cfg["work"], "cache-rank%d" % rank)
         pub = dte.Publisher(store, **kwargs)
         if cfg.get("transport") == "staged":
             # What an NCCL group does (every message through a separate

@@ -12,7 +12,10 @@ single-process publisher into a reference store and reads every version back
 against param.to(torch.bfloat16); the test compares the two stores' exports
 byte for byte and runs `dtectl verify`. Faults: kill -9 of one rank at random
 points inside and between publishes, a stalled rank, and ranks that
-disagree; then the job restarts and resumes where the store is.
+disagree; then the job restarts and resumes where the store is. The
+examples (FSDP2-style; Megatron-style TP x DP with the distributed optimizer,
+TP x PP, and EP for a Qwen3-MoE model) run as processes too and check
+themselves.
 """
 
 import json
@@ -208,7 +211,7 @@ def test_ranks_that_share_only_an_s3_store_publish_through_it(tmp_path, moto):
     store = "s3://%s/run7/policy" % bucket
     env = moto.env()
     job = Job(str(tmp_path), "job", 3, "flat", 2, transport="store", job="run7-launch1",
-              store=store, timeout=30)
+              store=store, timeout=30, cache=True)  # each rank with its blob cache
     job.cfg["import"] = True
     check_clean(job.run(env=env), 2)
     assert versions(store, env) == [0, 1, 2]
@@ -222,6 +225,8 @@ def test_ranks_that_share_only_an_s3_store_publish_through_it(tmp_path, moto):
     ("fsdp2_publish.py", 3, ["--steps", "3"]),
     ("fsdp2_publish.py", 2, ["--steps", "2", "--job", "example"]),
     ("megatron_publish.py", 4, ["--tp", "2", "--steps", "2"]),
+    ("megatron_publish.py", 4, ["--tp", "2", "--pp", "2", "--steps", "2"]),
+    ("megatron_publish.py", 2, ["--tp", "1", "--moe", "--ep", "2", "--steps", "2"]),
 ])
 def test_the_examples_run_and_check_themselves(tmp_path, script, nproc, args):
     examples = os.path.join(SOURCE, "tools", "examples")

@@ -77,12 +77,15 @@ def hwm_kib():
     return 0
 
 
-def reset_hwm():
-    # Return the heap's free memory first, so that what the publish
-    # allocates shows up in the resident set instead of reusing pages the
-    # optimizer step freed.
+def trim_heap():
+    """Returns the heap's free memory to the system, so that what the publish
+    allocates shows up in the resident set instead of reusing pages the
+    optimizer step freed."""
     import ctypes
     ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def reset_hwm():
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
 
@@ -136,6 +139,8 @@ def worker(a):
     kwargs = {} if single else {"rank": rank, "world_size": world}
     if a.job and not single:
         kwargs["job"] = a.job
+    if a.cache_root:
+        kwargs["cache_dir"] = os.path.join(a.cache_root, "rank%d" % rank)
     pub = dte.Publisher(a.store, **kwargs)
     rows = []
     for step in range(1, a.steps + 1):
@@ -153,6 +158,7 @@ def worker(a):
             params[n] = d
         if not single:
             dist.barrier()
+        trim_heap()
         before_rss = rss_kib()
         reset_hwm()
         c0, t0 = cpu_seconds(), time.monotonic()
@@ -168,7 +174,7 @@ def worker(a):
     os._exit(0)
 
 
-def run_world(a, world, root, store=None, env=None, steps=2, job=None):
+def run_world(a, world, root, store=None, env=None, steps=2, job=None, cache_root=None):
     s3 = store is not None
     store = store or os.path.join(root, "store-%d" % world)
     env = dict(os.environ, DTE_LIBRARY=a.lib, **(env or {}))
@@ -188,7 +194,8 @@ def run_world(a, world, root, store=None, env=None, steps=2, job=None):
         argv = [a.python, os.path.abspath(__file__), "--worker", "--rank", str(rank),
                 "--world", str(world), "--init", rdv, "--store", store, "--out", out,
                 "--tensors", str(a.tensors), "--rows", str(a.rows), "--cols", str(a.cols),
-                "--lr", repr(a.lr), "--steps", str(steps)] + (["--job", job] if job else [])
+                "--lr", repr(a.lr), "--steps", str(steps)] + (["--job", job] if job else []) + \
+            (["--cache-root", cache_root] if cache_root else [])
         procs.append(subprocess.Popen(argv, env=env))
     for p in procs:
         if p.wait() != 0:
@@ -241,7 +248,9 @@ def s3_requests(a, root):
     into a fresh prefix, 2 steps through a counting proxy in front of a moto
     S3 server; the difference is one version's requests (the import and
     setup cancel out). With the process group and with the store transport
-    (job=), whose messages are objects too."""
+    (job=), whose messages are objects too; without and with a cache_dir per
+    rank (its blob cache: parent blocks read in 4 MiB chunks, and those the
+    rank published the step before read from disk)."""
     sys.path.insert(0, os.path.join(SOURCE, "tests", "py"))
     import s3_proxy
     import s3_util
@@ -253,12 +262,14 @@ def s3_requests(a, root):
     rows = []
     try:
         for w in [int(x) for x in a.worlds.split(",")]:
-            for transport in ("group", "store"):
+            for transport, cached in (("group", False), ("group", True), ("store", True)):
                 counts = []
                 for steps in (1, 2):
-                    store = "s3://%s/w%d-%s-%d" % (bucket, w, transport, steps)
+                    name = "w%d-%s-%d-%d" % (w, transport, cached, steps)
+                    store = "s3://%s/%s" % (bucket, name)
                     run_world(a, w, root, store=store, env=env, steps=steps,
-                              job="bench-%d-%d" % (w, steps) if transport == "store" else None)
+                              job="bench-" + name if transport == "store" else None,
+                              cache_root=os.path.join(root, "cache-" + name) if cached else None)
                     by = {}
                     for ex in proxy.exchanges():
                         kind = ex.method + (" (list)" if "list-type" in ex.query else "")
@@ -266,16 +277,19 @@ def s3_requests(a, root):
                     counts.append(by)
                 per = {k: counts[1].get(k, 0) - counts[0].get(k, 0)
                        for k in set(counts[0]) | set(counts[1])}
-                rows.append({"world": w, "transport": transport, "per_version": per})
-                log("world %d, %s: %s" % (w, transport, per))
+                rows.append({"world": w, "transport": transport, "blob_cache": cached,
+                             "per_version": per})
+                log("world %d, %s, blob cache %s: %s" % (w, transport, cached, per))
     finally:
         proxy.stop()
         moto.stop()
-    print("| ranks | exchange | requests per version | by kind |")
-    print("|---|---|---|---|")
+    print("| ranks | exchange | blob cache | requests per version | by kind |")
+    print("|---|---|---|---|---|")
     for r in rows:
         per = r["per_version"]
-        print("| %d | %s | %d | %s |" % (r["world"], r["transport"], sum(per.values()),
+        print("| %d | %s | %s | %d | %s |" % (r["world"], r["transport"],
+                                               "yes" if r["blob_cache"] else "no",
+                                               sum(per.values()),
                                           ", ".join("%s %d" % (k, v) for k, v in sorted(per.items())
                                                     if v)))
     return rows
@@ -293,6 +307,7 @@ def main():
                     help="count object store requests per version instead (moto S3)")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--job")
+    ap.add_argument("--cache-root")
     ap.add_argument("--json")
     ap.add_argument("--work")
     ap.add_argument("--worker", action="store_true")

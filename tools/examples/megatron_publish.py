@@ -20,7 +20,15 @@ by element and commits one version.
 
 With --pp, pipeline stage p holds its share of the layers (the embedding on
 the first stage, the output layer and final norm on the last), and its DP
-ranks cut only that stage's parameters.
+ranks cut only that stage's parameters. With --moe the model is a small
+Qwen3-MoE (layer 0 dense, layer 1 with 4 experts) and --ep E splits the
+experts over E expert-parallel ranks inside each DP group: EP rank e holds
+its experts' shards (keyed with its EP rank) and cuts them over its expert
+data-parallel group, while the dense parameters are cut over the whole DP
+group as before:
+
+    python3 tools/examples/launch.py --nproc 2 tools/examples/megatron_publish.py \
+        --store /tmp/policy --tp 1 --moe --ep 2 --steps 3
 
 At the end the data-parallel ranks gather their master weights, the BF16
 shards are converted to Hugging Face with `mcore2hf`, and the latest version
@@ -49,61 +57,136 @@ import safetensors.torch  # noqa: E402
 CONFIG = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
           "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 160,
           "vocab_size": 500, "tie_word_embeddings": False, "rms_norm_eps": 1e-6}
+MOE_CONFIG = {"model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": 64,
+              "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8,
+              "intermediate_size": 160, "moe_intermediate_size": 48, "num_experts": 4,
+              "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [0],
+              "vocab_size": 500, "tie_word_embeddings": False, "rms_norm_eps": 1e-6}
+LR, WD = 1e-3, 0.1
 
 
-def mcore_shapes(tp):
-    """{mcore_name: shape of TP rank's shard} and the replicated names."""
-    c = CONFIG
-    h, hd = c["hidden_size"], c["hidden_size"] // c["num_attention_heads"]
-    padded = -(-c["vocab_size"] // (128 * tp)) * 128 * tp
-    qkv = (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * hd
+def mcore_shapes(cfg, tp, ep):
+    """{mcore_name: shape of a TP (and, for experts, EP) rank's shard}."""
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    hd = cfg.get("head_dim", h // heads)
+    padded = -(-cfg["vocab_size"] // (128 * tp)) * 128 * tp
+    qkv = (heads + 2 * cfg["num_key_value_heads"]) * hd
+    moe = cfg["model_type"] == "qwen3_moe"
     shapes = {"embedding.word_embeddings.weight": (padded // tp, h),
               "output_layer.weight": (padded // tp, h),
               "decoder.final_layernorm.weight": (h,)}
-    for layer in range(c["num_hidden_layers"]):
+    for layer in range(cfg["num_hidden_layers"]):
         m = "decoder.layers.%d." % layer
         shapes.update({
             m + "self_attention.linear_qkv.layer_norm_weight": (h,),
             m + "self_attention.linear_qkv.weight": (qkv // tp, h),
-            m + "self_attention.linear_proj.weight": (h, c["num_attention_heads"] * hd // tp),
-            m + "mlp.linear_fc1.layer_norm_weight": (h,),
-            m + "mlp.linear_fc1.weight": (2 * c["intermediate_size"] // tp, h),
-            m + "mlp.linear_fc2.weight": (h, c["intermediate_size"] // tp)})
+            m + "self_attention.linear_proj.weight": (h, heads * hd // tp)})
+        if moe:
+            shapes.update({m + "self_attention.q_layernorm.weight": (hd,),
+                           m + "self_attention.k_layernorm.weight": (hd,)})
+        if not moe or layer in cfg["mlp_only_layers"]:
+            shapes.update({
+                m + "mlp.linear_fc1.layer_norm_weight": (h,),
+                m + "mlp.linear_fc1.weight": (2 * cfg["intermediate_size"] // tp, h),
+                m + "mlp.linear_fc2.weight": (h, cfg["intermediate_size"] // tp)})
+            continue
+        f = cfg["moe_intermediate_size"]
+        shapes.update({m + "pre_mlp_layernorm.weight": (h,),
+                       m + "mlp.router.weight": (cfg["num_experts"], h)})
+        for j in range(cfg["num_experts"] // ep):
+            x = m + "mlp.experts.local_experts.%d." % j
+            shapes.update({x + "linear_fc1.weight": (2 * f // tp, h),
+                           x + "linear_fc2.weight": (h, f // tp)})
     return shapes
 
 
-def stage_of(name, pp):
+def is_expert(name):
+    return ".local_experts." in name
+
+
+def stage_of(name, pp, cfg):
     """The pipeline stage holding an MCore parameter: layers split evenly,
     the embedding on the first stage, the output layer and final norm on the
     last."""
     if ".layers." in name:
         layer = int(name.split(".layers.")[1].split(".")[0])
-        return layer * pp // CONFIG["num_hidden_layers"]
+        return layer * pp // cfg["num_hidden_layers"]
     return 0 if name.startswith("embedding.") else pp - 1
 
 
-def init_value(name, shape, tp_rank):
-    """Seeded by name (and TP rank, for split tensors): every DP replica and,
-    for norms, every TP rank agree."""
-    norm = name.endswith("layernorm.weight") or name.endswith("layer_norm_weight")
-    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) + (0 if norm else tp_rank))
-    return 1.0 + 0.02 * torch.randn(shape, generator=g) if norm else \
+def is_norm(name):
+    return name.endswith("layernorm.weight") or name.endswith("layer_norm_weight")
+
+
+def init_value(name, shape, tp_rank, ep_rank):
+    """Seeded by name and the ranks that split it: every DP replica and, for
+    norms and the router, every TP rank agree."""
+    split = 0 if is_norm(name) or name.endswith("router.weight") else tp_rank
+    seed = zlib.crc32(name.encode()) + split + (1000 * ep_rank if is_expert(name) else 0)
+    g = torch.Generator().manual_seed(seed)
+    return 1.0 + 0.02 * torch.randn(shape, generator=g) if is_norm(name) else \
         0.02 * torch.randn(shape, generator=g)
 
 
-def save_mcore(directory, tp_rank, shards):
-    """A Megatron-Core checkpoint file of one TP rank, as mcore2hf reads it."""
+def save_mcore(directory, cfg, tp_rank, ep_rank, shards):
+    """A Megatron-Core checkpoint file of one TP and EP rank, as mcore2hf
+    reads it."""
     os.makedirs(directory, exist_ok=True)
     safetensors.torch.save_file({n: t.to(torch.bfloat16).contiguous() for n, t in shards.items()},
-                                os.path.join(directory, "mp_rank_%02d_000.safetensors" % tp_rank),
-                                metadata={"format": "pt"})
+                                os.path.join(directory, "mp_rank_%02d_%03d.safetensors"
+                                             % (tp_rank, ep_rank)), metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(CONFIG, f)
+        json.dump(cfg, f)
 
 
-def mcore2hf(src, dst, tp):
-    subprocess.run([os.path.join(BUILD, "tools", "mcore2hf"), "--tp", str(tp), src, dst],
-                   check=True, stdout=subprocess.DEVNULL)
+def mcore2hf(src, dst, tp, ep):
+    subprocess.run([os.path.join(BUILD, "tools", "mcore2hf"), "--tp", str(tp), "--ep", str(ep),
+                    src, dst], check=True, stdout=subprocess.DEVNULL)
+
+
+class FlatBuffer:
+    """The distributed optimizer's view of some shards: their flattened FP32
+    master weights, cut into equal ranges over a data-parallel group; this
+    rank keeps its range only (`master`)."""
+
+    def __init__(self, names, weights, group, group_rank, group_size):
+        self.names, self.group, self.size = names, group, group_size
+        self.numel = {n: weights[n].numel() for n in names}
+        self.offsets, at = {}, 0
+        for n in names:
+            self.offsets[n] = at
+            at += self.numel[n]
+        self.total, self.per = at, -(-at // group_size)
+        self.lo = min(at, self.per * group_rank)
+        self.hi = min(at, self.lo + self.per)
+        flat = torch.cat([weights[n].reshape(-1) for n in names]) if names else torch.empty(0)
+        self.master = torch.nn.Parameter(flat[self.lo:self.hi].clone())
+
+    def pieces(self, opt, tp_rank, ep_rank):
+        """{(name, tp_rank, ep_rank): this rank's range of the shard}."""
+        st, out = opt.state[self.master], {}
+        for n in self.names:
+            b = max(self.lo, self.offsets[n])
+            e = min(self.hi, self.offsets[n] + self.numel[n])
+            if b < e:
+                out[(n, tp_rank, ep_rank)] = {
+                    "param": self.master.detach()[b - self.lo:e - self.lo],
+                    "exp_avg": st["exp_avg"][b - self.lo:e - self.lo],
+                    "exp_avg_sq": st["exp_avg_sq"][b - self.lo:e - self.lo],
+                    "step": int(st["step"]), "flat": (b - self.offsets[n], e - self.offsets[n])}
+        return out
+
+    def gather(self, shapes):
+        """Every shard whole (a collective of the group)."""
+        if self.total == 0:
+            return {}
+        pieces = [torch.empty(self.per) for _ in range(self.size)]
+        mine = torch.zeros(self.per)
+        mine[:self.hi - self.lo] = self.master.detach()
+        dist.all_gather(pieces, mine, group=self.group)
+        full = torch.cat(pieces)[:self.total]
+        return {n: full[self.offsets[n]:self.offsets[n] + self.numel[n]].reshape(shapes[n])
+                for n in self.names}
 
 
 def main():
@@ -111,98 +194,105 @@ def main():
     ap.add_argument("--store", required=True)
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--moe", action="store_true", help="a Qwen3-MoE model")
+    ap.add_argument("--ep", type=int, default=1, help="expert parallel size (with --moe)")
     ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    tp, pp = a.tp, a.pp
-    if world % (tp * pp):
-        sys.exit("the world size %d is not a multiple of tp x pp = %d" % (world, tp * pp))
-    dp_size = world // (tp * pp)
+    tp, pp, ep = a.tp, a.pp, a.ep
+    cfg = MOE_CONFIG if a.moe else CONFIG
+    if world % (tp * pp) or (world // (tp * pp)) % ep or (ep > 1 and not a.moe):
+        sys.exit("world size %d: needs a multiple of tp x pp = %d whose DP size the EP size %d "
+                 "divides (EP only with --moe)" % (world, tp * pp, ep))
+    dp = world // (tp * pp)
+    # Megatron's rank order: TP fastest, then PP, then DP; EP ranks are
+    # consecutive DP ranks.
     tp_rank, pp_rank, dp_rank = rank % tp, (rank // tp) % pp, rank // (tp * pp)
-    # Megatron's rank order: TP fastest, then PP, then DP.
-    dp_groups = {(t, p): dist.new_group([t + tp * p + tp * pp * d for d in range(dp_size)])
-                 for p in range(pp) for t in range(tp)}
-    dp_group = dp_groups[(tp_rank, pp_rank)]
+    ep_rank, edp_rank = dp_rank % ep, dp_rank // ep
 
-    shapes = mcore_shapes(tp)
+    def ranks_of(t, p, ds):
+        return [t + tp * p + tp * pp * d for d in ds]
+
+    groups = {}
+    for p in range(pp):
+        for t in range(tp):
+            groups[("dp", t, p)] = dist.new_group(ranks_of(t, p, range(dp)))
+            for e in range(ep):
+                groups[("edp", t, p, e)] = dist.new_group(ranks_of(t, p, range(e, dp, ep)))
+
+    shapes = mcore_shapes(cfg, tp, ep)
     work = a.store + ".work"
-    if dp_rank == 0 and pp_rank == 0:
-        # The initial checkpoint of this TP rank, every stage's layers (only
-        # to import version 0; a real job starts from its own checkpoint).
-        save_mcore(os.path.join(work, "init-mcore"), tp_rank,
-                   {n: init_value(n, shapes[n], tp_rank) for n in shapes})
-    # This stage's parameters.
-    names = sorted(n for n in shapes if stage_of(n, pp) == pp_rank)
-    weights = {n: init_value(n, shapes[n], tp_rank) for n in names}
+    if pp_rank == 0 and dp_rank == ep_rank:
+        # The initial checkpoint of this TP and EP rank, every stage's
+        # parameters (only to import version 0; a real job starts from its
+        # own checkpoint).
+        save_mcore(os.path.join(work, "init-mcore"), cfg, tp_rank, ep_rank,
+                   {n: init_value(n, shapes[n], tp_rank, ep_rank) for n in shapes})
     dist.barrier()
     if rank == 0:
-        mcore2hf(os.path.join(work, "init-mcore"), os.path.join(work, "init-hf"), tp)
+        mcore2hf(os.path.join(work, "init-mcore"), os.path.join(work, "init-hf"), tp, ep)
         with dte.Publisher(a.store) as p:
             print("imported version", p.import_checkpoint(os.path.join(work, "init-hf")))
     dist.barrier()
 
-    # The distributed optimizer: this DP rank's range of the flat FP32 master.
-    offsets, at = {}, 0
-    for n in names:
-        offsets[n] = at
-        at += weights[n].numel()
-    per = -(-at // dp_size)
-    lo, hi = min(at, per * dp_rank), min(at, per * (dp_rank + 1))
-    flat = torch.cat([weights[n].reshape(-1) for n in names])
-    master = torch.nn.Parameter(flat[lo:hi].clone())
-    opt = torch.optim.AdamW([master], lr=1e-3, weight_decay=0.1, foreach=False)
+    # This stage's parameters: dense ones cut over the DP group, this EP
+    # rank's experts over its expert-DP group.
+    mine = sorted(n for n in shapes if stage_of(n, pp, cfg) == pp_rank)
+    weights = {n: init_value(n, shapes[n], tp_rank, ep_rank) for n in mine}
+    dense = FlatBuffer([n for n in mine if not is_expert(n)], weights,
+                       groups[("dp", tp_rank, pp_rank)], dp_rank, dp)
+    experts = FlatBuffer([n for n in mine if is_expert(n)], weights,
+                         groups[("edp", tp_rank, pp_rank, ep_rank)], edp_rank, dp // ep)
+    opt = torch.optim.AdamW([dense.master, experts.master], lr=LR, weight_decay=WD,
+                            foreach=False)
 
-    converter = {"config": CONFIG, "tp": tp}
-    pub = dte.Publisher(a.store, converter=converter, rank=rank, world_size=world)
+    pub = dte.Publisher(a.store, converter={"config": cfg, "tp": tp, "ep": ep}, rank=rank,
+                        world_size=world)
     for step in range(1, a.steps + 1):
-        g = torch.Generator().manual_seed(1000 * step + tp_rank)
-        grad = torch.randn(at, generator=g) * 1e-2  # stand-in for the reduced gradient
-        master.grad = grad[lo:hi]
+        # Stand-ins for the reduced gradients, the same on every replica.
+        for buf, seed in ((dense, 1000 * step + 10 * tp_rank + pp_rank),
+                          (experts, 2000 * step + 100 * ep_rank + 10 * tp_rank + pp_rank)):
+            g = torch.Generator().manual_seed(seed)
+            buf.master.grad = (torch.randn(buf.total, generator=g) * 1e-2)[buf.lo:buf.hi]
         opt.step()
-        st = opt.state[master]
-        params = {}
-        for n in names:
-            b, e = max(lo, offsets[n]), min(hi, offsets[n] + weights[n].numel())
-            if b >= e:
-                continue
-            params[(n, tp_rank, 0)] = {
-                "param": master.detach()[b - lo:e - lo], "exp_avg": st["exp_avg"][b - lo:e - lo],
-                "exp_avg_sq": st["exp_avg_sq"][b - lo:e - lo], "step": int(st["step"]),
-                "flat": (b - offsets[n], e - offsets[n])}
-        r = pub.publish_adamw(step=step, params=params, lr=1e-3, weight_decay=0.1)
+        params = dense.pieces(opt, tp_rank, 0)
+        params.update(experts.pieces(opt, tp_rank, ep_rank))
+        r = pub.publish_adamw(step=step, params=params, lr=LR, weight_decay=WD)
         if rank == 0:
             print("step %d: version %d, %d changed elements" % (step, r.version, r.changed))
 
-    # Check: gather the master weights of each TP rank, convert to Hugging
-    # Face and compare with the latest version.
-    pieces = [torch.empty(per) for _ in range(dp_size)]
-    mine = torch.zeros(per)
-    mine[:hi - lo] = master.detach()
-    dist.all_gather(pieces, mine, group=dp_group)
-    full = torch.cat(pieces)[:at]
+    # Check: gather the master weights, convert to Hugging Face and compare
+    # with the latest version.
+    stage_dir = os.path.join(work, "final-stage%d" % pp_rank)
+    whole = dense.gather(shapes)
     if dp_rank == 0:
-        save_mcore(os.path.join(work, "final-stage%d" % pp_rank), tp_rank,
-                   {n: full[offsets[n]:offsets[n] + weights[n].numel()].reshape(shapes[n])
-                    for n in names})
+        save_mcore(os.path.join(stage_dir, "dense"), cfg, tp_rank, 0, whole)
+    whole = experts.gather(shapes)
+    if edp_rank == 0:
+        save_mcore(os.path.join(stage_dir, "experts"), cfg, tp_rank, ep_rank, whole)
     dist.barrier()
     ok = True
     if rank == 0:
-        # Each TP rank's checkpoint file holds every stage's parameters.
         for t in range(tp):
-            merged = {}
-            for p in range(pp):
-                merged.update(safetensors.torch.load_file(os.path.join(
-                    work, "final-stage%d" % p, "mp_rank_%02d_000.safetensors" % t)))
-            save_mcore(os.path.join(work, "final-mcore"), t, merged)
-        mcore2hf(os.path.join(work, "final-mcore"), os.path.join(work, "final-hf"), tp)
-        expected = safetensors.torch.load_file(os.path.join(work, "final-hf",
-                                                            "model.safetensors"))
+            for e in range(ep):
+                merged = {}
+                for p in range(pp):
+                    for part, pe in (("dense", 0), ("experts", e)):
+                        merged.update(safetensors.torch.load_file(os.path.join(
+                            work, "final-stage%d" % p, part,
+                            "mp_rank_%02d_%03d.safetensors" % (t, pe))))
+                save_mcore(os.path.join(work, "final-mcore"), cfg, t, e, merged)
+        mcore2hf(os.path.join(work, "final-mcore"), os.path.join(work, "final-hf"), tp, ep)
         reader = dte.StoreReader(a.store)
-        for n, t in expected.items():
-            got = torch.empty(t.shape, dtype=torch.bfloat16)
-            reader.read_into(reader.latest(), n, got)
-            ok &= bool(torch.equal(got.view(torch.int16), t.view(torch.int16)))
+        for f in sorted(os.listdir(os.path.join(work, "final-hf"))):
+            if not f.endswith(".safetensors"):
+                continue
+            expected = safetensors.torch.load_file(os.path.join(work, "final-hf", f))
+            for n, t in expected.items():
+                got = torch.empty(t.shape, dtype=torch.bfloat16)
+                reader.read_into(reader.latest(), n, got)
+                ok &= bool(torch.equal(got.view(torch.int16), t.view(torch.int16)))
         print("latest version equals the trainer's weights converted to Hugging Face:", ok)
     flags = [None] * world
     dist.all_gather_object(flags, ok)
