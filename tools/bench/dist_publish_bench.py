@@ -308,6 +308,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--job")
     ap.add_argument("--cache-root")
+    ap.add_argument("--python", help="interpreter of the ranks (default /usr/bin/python3)")
     ap.add_argument("--json")
     ap.add_argument("--work")
     ap.add_argument("--worker", action="store_true")
@@ -319,7 +320,7 @@ def main():
     a = ap.parse_args()
     if a.worker:
         return worker(a)
-    a.python = "/usr/bin/python3"
+    a.python = a.python or "/usr/bin/python3"
     a.lib = os.path.join(os.path.abspath(a.build_dir), "sync", "libdte.so")
     a.on_imported = None
     root = a.work or tempfile.mkdtemp(prefix="dist-bench-")
