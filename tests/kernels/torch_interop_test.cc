@@ -179,7 +179,8 @@ std::vector<AdamWCase> ReadCases(const fs::path& index) {
     AdamWCase c;
     std::string lr, wd, b1, b2, eps;
     int foreach = 0;
-    ls >> c.name >> c.device >> foreach >> lr >> wd >> b1 >> b2 >> eps >> c.params.step >> c.n >> c.file;
+    ls >> c.name >> c.device >> foreach >> lr >> wd >> b1 >> b2 >> eps >> c.params.step >> c.n >>
+        c.file;
     EXPECT_FALSE(ls.fail()) << "bad line in adamw.txt: " << line;
     // strtod reads Python's repr() exactly, giving the same doubles.
     c.foreach = foreach != 0;
