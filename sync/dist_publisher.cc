@@ -810,9 +810,8 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   // time is unpacked for encoding.
   struct Group {
     int from;
-    const char* data;  // count entries of 6 bytes: u32 offset from base, u16 bits
     uint64_t base;
-    uint32_t count;
+    std::string_view entries;  // as EntryWriter wrote them: u32 offset from base, u16 bits
   };
   struct OwnedTensor {
     std::vector<Group> groups;
@@ -834,14 +833,15 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
                                  " routed changed elements this rank does not own");
         break;
       }
-      const char* data = rd.data();
-      if (!rd.Skip(size_t{count} * kEntryBytes)) {
+      const char* at = rd.data();
+      const size_t bytes = size_t{count} * kEntryBytes;
+      if (!rd.Skip(bytes)) {
         part_status = Corruption("rank " + std::to_string(r) +
                                  " routed a truncated group of entries of tensor " +
                                  plan.tensors[ti].entry->name);
         break;
       }
-      owned[ti].groups.push_back({r, data, base, count});
+      owned[ti].groups.push_back({r, base, std::string_view(at, bytes)});
     }
   }
   // A tensor's entries as (element << 16 | bits), sorted by element.
@@ -852,15 +852,14 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
       return InvalidArgument("tensor " + te.name + " has more than 2^48 elements");
     }
     size_t total = 0;
-    for (const Group& g : ot.groups) total += g.count;
+    for (const Group& g : ot.groups) total += g.entries.size() / kEntryBytes;
     entries->clear();
     entries->reserve(total);
     for (const Group& g : ot.groups) {
-      for (uint32_t k = 0; k < g.count; ++k) {
-        uint32_t offset = 0;
-        uint16_t bits = 0;
-        std::memcpy(&offset, g.data + size_t{k} * kEntryBytes, sizeof(offset));
-        std::memcpy(&bits, g.data + size_t{k} * kEntryBytes + sizeof(offset), sizeof(bits));
+      Reader rd(g.entries);
+      uint32_t offset = 0;
+      uint16_t bits = 0;
+      while (rd.Get(&offset) && rd.Get(&bits)) {
         if (g.base + offset >= elements) {
           return Corruption("rank " + std::to_string(g.from) +
                             " routed an out-of-range entry of tensor " + te.name);

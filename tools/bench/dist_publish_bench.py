@@ -174,7 +174,8 @@ def worker(a):
     os._exit(0)
 
 
-def run_world(a, world, root, store=None, env=None, steps=2, job=None, cache_root=None):
+def run_world(a, world, root, store=None, env=None, steps=2, job=None, cache_root=None,
+              on_imported=None):
     s3 = store is not None
     store = store or os.path.join(root, "store-%d" % world)
     env = dict(os.environ, DTE_LIBRARY=a.lib, **(env or {}))
@@ -183,8 +184,8 @@ def run_world(a, world, root, store=None, env=None, steps=2, job=None, cache_roo
         "import sys; sys.path.insert(0, %r); import dte; "
         "p = dte.Publisher(%r); p.import_checkpoint(%r)") %
         (os.path.join(SOURCE, "sync", "python"), store, init)], check=True, env=env)
-    if a.on_imported:
-        a.on_imported()
+    if on_imported:
+        on_imported()  # the S3 count starts after the import
     procs, outs = [], []
     n = max(world, 1)
     rdv = os.path.join(root, "init-%d-%d" % (world, time.monotonic_ns()))  # fresh per run
@@ -214,12 +215,12 @@ def run_world(a, world, root, store=None, env=None, steps=2, job=None, cache_roo
     return ranks
 
 
-def export_digest(a, store, version, root, env=None):
+def export_digest(a, store, version, root):
     """SHA-256 over the exported version's files (names and bytes)."""
     out = os.path.join(root, "export")
     subprocess.run([os.path.join(a.build_dir, "tools", "dtectl"), "export", "-q", "--store",
                     store, "--cache-dir", os.path.join(root, "cache"), "--version",
-                    str(version), out], check=True, env=env)
+                    str(version), out], check=True)
     h = hashlib.sha256()
     for name in sorted(os.listdir(out)):
         h.update(name.encode() + b"\0")
@@ -258,7 +259,6 @@ def s3_requests(a, root):
     proxy = s3_proxy.FaultProxy(moto.endpoint, io_timeout=600)
     bucket = moto.create_bucket("dist-bench")
     env = dict(moto.env(), AWS_ENDPOINT_URL=proxy.endpoint)
-    a.on_imported = proxy.reset_counters
     rows = []
     try:
         for w in [int(x) for x in a.worlds.split(",")]:
@@ -268,6 +268,7 @@ def s3_requests(a, root):
                     name = "w%d-%s-%d-%d" % (w, transport, cached, steps)
                     store = "s3://%s/%s" % (bucket, name)
                     run_world(a, w, root, store=store, env=env, steps=steps,
+                              on_imported=proxy.reset_counters,
                               job="bench-" + name if transport == "store" else None,
                               cache_root=os.path.join(root, "cache-" + name) if cached else None)
                     by = {}
@@ -322,7 +323,6 @@ def main():
         return worker(a)
     a.python = a.python or "/usr/bin/python3"
     a.lib = os.path.join(os.path.abspath(a.build_dir), "sync", "libdte.so")
-    a.on_imported = None
     root = a.work or tempfile.mkdtemp(prefix="dist-bench-")
     if a.s3:
         write_initial(a, root)
