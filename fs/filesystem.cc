@@ -85,7 +85,17 @@ Result<std::shared_ptr<const Version>> Filesystem::VersionOf(uint64_t version) {
     }
     key = it->second;
   }
-  return Load(version, key);
+  auto v = Load(version, key);
+  if (v.ok() || v.status().code() != Code::kNotFound) return v;
+  // gc on another host rewrites kept versions under new manifest keys and
+  // deletes the old ones; until the next refresh the listing here is
+  // behind. The store looks the version up in fresher listings.
+  auto fresh = store_->GetVersion(version);
+  if (!fresh.ok()) return fresh;
+  MutexLock lock(&mu_);
+  auto it = versions_.find(version);
+  if (it != versions_.end() && it->second == key) it->second = (*fresh)->key;
+  return fresh;
 }
 
 Result<std::shared_ptr<const Version>> Filesystem::Load(uint64_t version, const std::string& key) {

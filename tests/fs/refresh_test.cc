@@ -249,6 +249,35 @@ TEST_F(RefreshTest, OpenFileOfARemovedDeltaKeepsReading) {
   ExpectReadsAsCommitted(*superseded, 2, ModelSeries::kShard1);
 }
 
+// gc on another host rewrote v2 under a new manifest revision and deleted
+// the old one before this mount refreshed: a lookup of v2, not loaded yet,
+// finds the new revision instead of failing.
+TEST_F(RefreshTest, VersionRewrittenByGcBeforeARefreshIsFoundAtItsNewRevision) {
+  StoreOptions o;
+  o.uri = env_.uri();
+  o.version_cache_bytes = 1;  // v2 is not held in memory when gc runs
+  auto opened = Store::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  std::unique_ptr<Store> store = std::move(opened).value();
+  Filesystem fs(store.get(), uint64_t{16} << 20);
+  ASSERT_TRUE(fs.Refresh().ok());
+  const std::string old_key = ManifestKey(2, 0);
+  ASSERT_TRUE(writer_->objects().Size(old_key).value().has_value());
+  Gc(2);
+  ASSERT_FALSE(writer_->objects().Size(old_key).value().has_value()) << "gc kept the old revision";
+  for (uint64_t v : {2, 3}) {
+    auto dir = fs.Lookup(kRootIno, VersionName(v));
+    ASSERT_TRUE(dir.ok()) << VersionName(v) << ": " << dir.status().message();
+    auto file = fs.Lookup(dir->ino, ModelSeries::kShard1);
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    auto f = fs.Open(file->ino, O_RDONLY);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    ExpectReadsAsCommitted(**f, v, ModelSeries::kShard1, &fs);
+  }
+  EXPECT_TRUE(fs.VersionOf(2).value()->manifest.anchor());
+  EXPECT_NE(fs.Versions().at(2), old_key);
+}
+
 // A version whose manifest does not load is skipped, reported once in
 // .dte/status, and the others stay readable.
 TEST_F(RefreshTest, VersionThatDoesNotLoadIsSkippedAndReportedOnce) {
