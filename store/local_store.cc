@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -144,7 +145,12 @@ Result<std::unique_ptr<LocalStore>> LocalStore::Open(const std::string& root,
   if (!S_ISDIR(st.st_mode)) return InvalidArgument("store " + dir + " is not a directory");
   // ROOT/tmp is made by the first write, so opening a directory to read it
   // (or to find out it is not a store) changes nothing.
-  return std::unique_ptr<LocalStore>(new LocalStore(std::move(dir), options.max_open_fds));
+  size_t max_fds = options.max_open_fds;
+  struct rlimit nofile {};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+    max_fds = std::min<size_t>(max_fds, nofile.rlim_cur / 4);
+  }
+  return std::unique_ptr<LocalStore>(new LocalStore(std::move(dir), max_fds));
 }
 
 Status LocalStore::CheckKey(const std::string& key) const {

@@ -57,8 +57,13 @@ Status ValidateObjectKey(std::string_view key);
 Status ValidateObjectKeyPrefix(std::string_view prefix);
 
 struct LocalStoreOptions {
-  bool create = false;       // mkdir -p the root if it is missing
-  size_t max_open_fds = 64;  // capacity of the read descriptor cache; 0 disables it
+  bool create = false;  // mkdir -p the root if it is missing
+  // Capacity of the read descriptor cache; 0 disables it. A read of a
+  // version walks the blobs of every version back to its full table (up to
+  // the anchor budget's worth, often a hundred or more), so the cache holds
+  // that many; it never takes more than a quarter of RLIMIT_NOFILE's soft
+  // limit.
+  size_t max_open_fds = 1024;
 };
 
 class LocalStore final : public ObjectStore {

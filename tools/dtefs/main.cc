@@ -10,6 +10,7 @@
 // dtefs options can be given as cache_dir=DIR, cache_size=N, poll_ms=N,
 // snapshot_every=N, snapshots=N, readahead_kb=N, endpoint=URL,
 // blob_cache_size=N, blob_chunk_size=N, prefetch=latest, log_file=PATH.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -176,6 +177,13 @@ int main(int argc, char** argv) {
                  "Version live/ shows at mount (default: the newest); dtectl apply moves it");
   app.add_option("-o", opts, "Mount options, comma-separated (allow_other, ro, ...)");
   CLI11_PARSE(app, argc, argv);
+  // The store keeps a descriptor open per blob of a version's chain (up to a
+  // quarter of the soft limit): take the hard limit, as servers do.
+  struct rlimit nofile {};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
   if (o.cache_dir.empty()) o.cache_dir = dte::DefaultCacheDir();
   if (!TakeMountOptions(opts, &o, &text)) {
     std::cerr << "dtefs: bad -o value (poll_ms=, snapshot_every=, snapshots=, readahead_kb=, "
