@@ -25,6 +25,7 @@
 #include "kernels/remap_math.h"
 #include "kernels/width.h"
 #include "sync/convert.h"
+#include "sync/push.h"
 
 namespace dte::fs {
 
@@ -185,11 +186,6 @@ bool IsRows(const kernels::RemapPlan& p) { return p.ndim == 2 && p.dst_stride[1]
 
 std::string CString(const char* field, size_t size) {
   return std::string(field, strnlen(field, size));
-}
-
-std::string LayoutText(const ShardLayout& l, int rank) {
-  return "tp=" + std::to_string(l.tp) + " rank " + std::to_string(rank) +
-         (l.fuse_qkv ? ", fused qkv_proj" : "") + (l.fuse_gate_up ? ", fused gate_up_proj" : "");
 }
 
 }  // namespace
@@ -581,28 +577,8 @@ Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const 
 Result<const Live::Plan*> Live::PlanFor(const Version& v, const ShardLayout& layout) {
   const auto key = std::make_tuple(layout.tp, layout.fuse_qkv, layout.fuse_gate_up);
   if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
-  const std::string name = VersionName(v.manifest.version);
-  const FileEntry* config = nullptr;
-  std::vector<PlanTensor> canonical;
-  for (const FileEntry& f : v.manifest.files) {
-    if (f.name == "config.json") config = &f;
-    for (const TensorEntry& t : f.tensors) {
-      PlanTensor p{t.name, t.dtype, {}};
-      for (int64_t d : t.shape) p.shape.push_back(static_cast<uint64_t>(d));
-      canonical.push_back(std::move(p));
-    }
-  }
-  if (!config) {
-    return InvalidArgument("receivers need the attention geometry from config.json, and " + name +
-                           " has none");
-  }
-  ASSIGN_OR_RETURN(std::string json, reader_->materializer().ReadWholeBlob(
-                                         config->blob, config->size, name + "/config.json"));
-  ASSIGN_OR_RETURN(ModelSpec spec, ParseHfConfig(json, name + "/config.json"));
-  AttentionGeometry g{static_cast<uint64_t>(spec.num_attention_heads),
-                      static_cast<uint64_t>(spec.num_kv_heads),
-                      static_cast<uint64_t>(spec.head_dim)};
-  auto plan = MakeTransferPlan(canonical, g, ShardLayout{1, false, false}, layout);
+  ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(*store_, v));
+  auto plan = MakeTransferPlan(in.canonical, in.geometry, ShardLayout{1, false, false}, layout);
   if (!plan.ok()) return plan.status().WithContext("receiver layout " + LayoutText(layout, 0));
   Plan entry;
   entry.plan = std::move(plan).value();

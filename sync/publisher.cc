@@ -266,12 +266,17 @@ class Publisher::Draft {
   Status Encode(TensorAt at, const AdamWStep& h, const AdamWParamState& s) {
     TensorEntry& t = m_.files[at.file].tensors[at.tensor];
     encoder_.SetParams(ParamsFor(h, &s));
+    if (collect_changes_) {
+      changes_.push_back({s.name, {}, {}});
+      encoder_.SetChanges(&changes_.back());
+    }
     RETURN_IF_ERROR(encoder_
                         .EncodeTensor(static_cast<const float*>(s.param.data),
                                       static_cast<const float*>(s.exp_avg.data),
                                       static_cast<const float*>(s.exp_avg_sq.data), &t,
                                       records_.data() + t.first_block, spool_.get(), 0, &counts_)
                         .WithContext("tensor " + s.name));
+    encoder_.SetChanges(nullptr);
     r_.tensors++;
     r_.elements += t.elements();
     return Status::Ok();
@@ -292,6 +297,8 @@ class Publisher::Draft {
   std::unique_ptr<internal::FullTableBuilder> full_;
   internal::EngineCounts counts_;
   PublishResult r_;
+  bool collect_changes_ = false;        // for a push
+  std::vector<TensorChanges> changes_;  // per published tensor
 };
 
 Result<std::unique_ptr<Publisher::Draft>> Publisher::Begin(const AdamWStep& h) {
@@ -315,6 +322,7 @@ Result<std::unique_ptr<Publisher::Draft>> Publisher::Begin(const AdamWStep& h) {
   }
   ASSIGN_OR_RETURN(auto parent, store_->GetVersion(*latest));
   auto d = std::make_unique<Draft>(options_, store_.get(), *latest, std::move(parent));
+  d->collect_changes_ = push_ != nullptr;
   ASSIGN_OR_RETURN(d->spool_, d->sink_.NewSpool());
   ASSIGN_OR_RETURN(d->parent_distance_, DistanceOf(*store_, d->parent_));
   d->anchor_reason_ = PolicyAnchorReason(options_.anchor_policy, d->parent_distance_,
@@ -376,7 +384,27 @@ Result<PublishResult> Publisher::Finish(const AdamWStep& h, Draft& d) {
   r.full_table = d.full_ != nullptr;
   r.full_bytes = d.full_ ? d.full_->payload_bytes() : 0;
   r.anchor_reason = d.anchor_reason_;
+  if (push_) {
+    // The version is committed: a push that cannot run is reported, not
+    // failed; receivers catch up from the store.
+    auto v = store_->GetVersion(d.m_.version);
+    auto pushed = v.ok() ? push_->Push(*store_, *v, d.changes_) : Result<PushReport>(v.status());
+    if (pushed.ok()) {
+      r.push = std::move(pushed).value();
+    } else {
+      r.push_error = pushed.status().message();
+    }
+  }
   return r;
+}
+
+Status Publisher::SetPush(PushServer* push) {
+  push_ = push;
+  if (!push_) return Status::Ok();
+  ASSIGN_OR_RETURN(auto latest, store_->Latest());
+  if (!latest) return Status::Ok();
+  ASSIGN_OR_RETURN(auto v, store_->GetVersion(*latest));
+  return push_->SetLatest(*store_, v);
 }
 
 Result<PublishResult> Publisher::PublishAdamW(const AdamWStep& h,

@@ -37,6 +37,7 @@
 #include "sync/anchor_policy.h"
 #include "sync/commit.h"
 #include "sync/convert.h"
+#include "sync/push.h"
 
 namespace dte {
 
@@ -130,6 +131,11 @@ struct PublishResult {
   bool full_table = false;       // a policy anchor: the version also carries a full table
   uint64_t full_bytes = 0;       // its payload bytes (compressed)
   std::string anchor_reason;     // why it is a policy anchor ("" if it is not)
+  // With a push server (Publisher::SetPush): what the push after the commit
+  // did; push_error says why it did not run (the version is committed
+  // either way, and receivers catch up from the store).
+  std::optional<PushReport> push;
+  std::string push_error;
 };
 
 namespace internal {
@@ -186,6 +192,11 @@ class Publisher {
   Result<PublishResult> PublishAdamWMcore(const AdamWStep& h,
                                           const std::vector<McoreAdamWShard>& shards);
 
+  // After each successful publish, push its changed elements to the
+  // server's receivers (sync/push.h); null: stop. Not owned; tells the
+  // server the store's latest version.
+  Status SetPush(PushServer* push);
+
   Store& store() { return *store_; }
   // The step of the last successful PublishAdamW, if any.
   std::optional<int64_t> last_step() const { return last_step_; }
@@ -207,6 +218,7 @@ class Publisher {
   std::unique_ptr<Store> store_;
   std::optional<int64_t> last_step_;
   std::optional<uint64_t> last_version_;  // committed by this publisher
+  PushServer* push_ = nullptr;
 };
 
 }  // namespace dte

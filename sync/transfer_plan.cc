@@ -188,4 +188,9 @@ size_t RemapOpIndices(const TransferOp& op, const uint64_t* src_idx, size_t n,
   return kernels::RemapIndices(op.remap, src_idx, n, dst_idx_out, pos_out);
 }
 
+std::string LayoutText(const ShardLayout& l, int rank) {
+  return "tp=" + std::to_string(l.tp) + " rank " + std::to_string(rank) +
+         (l.fuse_qkv ? ", fused qkv_proj" : "") + (l.fuse_gate_up ? ", fused gate_up_proj" : "");
+}
+
 }  // namespace dte

@@ -62,6 +62,9 @@ struct ShardLayout {
 // The receiver layout of vLLM and SGLang: fused qkv_proj and gate_up_proj.
 inline ShardLayout FusedReceiverLayout(int tp) { return {tp, true, true}; }
 
+// "tp=2 rank 1, fused qkv_proj, fused gate_up_proj", for messages.
+std::string LayoutText(const ShardLayout& layout, int rank);
+
 struct TransferOp {
   uint32_t canonical = 0;           // index into TransferPlan::canonical
   int sender = 0;                   // sender rank

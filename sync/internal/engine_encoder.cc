@@ -122,6 +122,10 @@ void EngineEncoder::FinishBlock(const BlockEntries& e, uint64_t block_elems, siz
   const uint64_t block_first = slot * (block_bytes_ / kWidth);  // chunk-relative
   const auto count = static_cast<uint32_t>(e.count);
   counts->changed += count;
+  if (changes_) {
+    block_changes_[slot].first.assign(e.idx.begin(), e.idx.begin() + count);
+    block_changes_[slot].second.assign(e.new_bits.begin(), e.new_bits.begin() + count);
+  }
   EncodedBlock& out = encoded_[slot];
   out = EncodedBlock{};
   if (count == 0) return;  // kSame
@@ -167,6 +171,7 @@ Status EngineEncoder::EncodeTensor(const float* theta, const float* m, const flo
     }
     encoded_.assign(nblocks, EncodedBlock{});
     if (full_) full_encoded_.assign(nblocks, EncodedBlock{});
+    if (changes_) block_changes_.assign(nblocks, {});
     std::vector<EngineCounts> per_block(nblocks);
     // Task 0 feeds the previous chunk to the tensor hash (which must see the
     // chunks in order) while the other threads start on this chunk's blocks.
@@ -198,8 +203,8 @@ Status EngineEncoder::EncodeTensor(const float* theta, const float* m, const flo
       }
     });
     prev_len = len;
-    RETURN_IF_ERROR(AppendChunk(per_block, records + first, size_t{t->first_block} + first, spool,
-                                blob_index, &t->changed, counts));
+    RETURN_IF_ERROR(AppendChunk(per_block, records + first, size_t{t->first_block} + first, e0,
+                                spool, blob_index, &t->changed, counts));
   }
   if (prev_len > 0) hasher.Update(cast_.data(), prev_len * kWidth);
   t->hash = hasher.Finish();
@@ -207,9 +212,18 @@ Status EngineEncoder::EncodeTensor(const float* theta, const float* m, const flo
 }
 
 Status EngineEncoder::AppendChunk(const std::vector<EngineCounts>& per_block, BlockRecord* records,
-                                  size_t first_record, Spool* spool, uint32_t blob_index,
-                                  uint64_t* tensor_changed, EngineCounts* counts) {
+                                  size_t first_record, uint64_t first_element, Spool* spool,
+                                  uint32_t blob_index, uint64_t* tensor_changed,
+                                  EngineCounts* counts) {
+  const uint64_t block_elems = block_bytes_ / kWidth;
   for (size_t b = 0; b < per_block.size(); ++b) {
+    if (changes_) {
+      const auto& [idx, bits] = block_changes_[b];
+      const uint64_t base = first_element + b * block_elems;
+      for (uint32_t i : idx) changes_->indices.push_back(base + i);
+      const auto* v = reinterpret_cast<const uint8_t*>(bits.data());
+      changes_->values.insert(changes_->values.end(), v, v + bits.size() * kWidth);
+    }
     const EngineCounts& c = per_block[b];
     counts->flagged += c.flagged;
     counts->false_positives += c.false_positives;

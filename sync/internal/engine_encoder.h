@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kernels/adamw.h"
@@ -28,6 +29,7 @@
 #include "store/status.h"
 #include "sync/internal/blob_sink.h"
 #include "sync/internal/engine_screen.h"
+#include "sync/push.h"
 
 namespace dte::internal {
 
@@ -60,6 +62,10 @@ class EngineEncoder {
   // Also encode every block of the following EncodeTensor calls dense into
   // `full` (a policy anchor's full table; not owned); null: stop.
   void SetFull(FullTableBuilder* full) { full_ = full; }
+  // Also append every stored entry of the following EncodeTensor calls to
+  // `changes` (flat element index and new BF16 bits, in index order; not
+  // owned), as a push sends them (sync/push.h); null: stop.
+  void SetChanges(TensorChanges* changes) { changes_ = changes; }
 
   // Encodes the BF16 tensor t from theta, m, v (t->elements() FP32 values
   // each): sets t->hash and t->changed, fills records[0, t->blocks) (t's
@@ -89,8 +95,8 @@ class EngineEncoder {
   // and spool, adding to *tensor_changed and counts.
   // `first_record` is records[0]'s index in the version's block table.
   Status AppendChunk(const std::vector<EngineCounts>& per_block, BlockRecord* records,
-                     size_t first_record, Spool* spool, uint32_t blob_index,
-                     uint64_t* tensor_changed, EngineCounts* counts);
+                     size_t first_record, uint64_t first_element, Spool* spool,
+                     uint32_t blob_index, uint64_t* tensor_changed, EngineCounts* counts);
 
   uint64_t block_bytes_;
   kernels::AdamWParams params_;
@@ -104,6 +110,10 @@ class EngineEncoder {
   std::vector<uint16_t> new_bits_;   // detector output: new BF16 bits
   std::vector<EncodedBlock> encoded_;
   FullTableBuilder* full_ = nullptr;
+  TensorChanges* changes_ = nullptr;
+  // The chunk's entries per block when changes_ is set: block-relative
+  // indices and new bits.
+  std::vector<std::pair<std::vector<uint32_t>, std::vector<uint16_t>>> block_changes_;
   std::vector<EncodedBlock> full_encoded_;  // the chunk's blocks, dense, for full_
 };
 

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -107,6 +108,111 @@ Result<ScopedFd> ConnectLoopback(int port, const Deadline& deadline, const std::
     if (err != 0) return ErrnoStatus("connect to " + who, err);
   }
   return fd;
+}
+
+Status SplitHostPort(const std::string& address, std::string* host, int* port) {
+  const size_t colon = address.rfind(':');
+  auto bad = [&](const std::string& why) {
+    return InvalidArgument("address \"" + address + "\": " + why + " (expected HOST:PORT)");
+  };
+  if (colon == std::string::npos) return bad("no port");
+  std::string h = address.substr(0, colon);
+  const std::string p = address.substr(colon + 1);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos) {
+    return bad("port is not a number");
+  }
+  const int n = std::stoi(p);
+  if (n > 65535) return bad("port out of range");
+  *host = h;
+  *port = n;
+  return Status::Ok();
+}
+
+namespace {
+
+struct AddrInfoDeleter {
+  void operator()(addrinfo* a) const { freeaddrinfo(a); }
+};
+
+Result<std::unique_ptr<addrinfo, AddrInfoDeleter>> Resolve(const std::string& address,
+                                                           bool passive) {
+  std::string host;
+  int port = 0;
+  RETURN_IF_ERROR(SplitHostPort(address, &host, &port));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+  if (rc != 0) {
+    return IOError("cannot resolve \"" + address + "\": " + std::string(gai_strerror(rc)));
+  }
+  return std::unique_ptr<addrinfo, AddrInfoDeleter>(found);
+}
+
+}  // namespace
+
+Result<ScopedFd> ListenTcp(const std::string& address, int backlog, int* bound_port) {
+  ASSIGN_OR_RETURN(auto found, Resolve(address, /*passive=*/true));
+  Status last = IOError("no address to listen on for \"" + address + "\"");
+  for (addrinfo* a = found.get(); a != nullptr; a = a->ai_next) {
+    ScopedFd fd(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (fd.get() < 0) {
+      last = ErrnoStatus("socket for " + address, errno);
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
+      last = ErrnoStatus("bind " + address, errno);
+      continue;
+    }
+    if (listen(fd.get(), backlog) != 0) return ErrnoStatus("listen on " + address, errno);
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+      return ErrnoStatus("getsockname", errno);
+    }
+    *bound_port = ntohs(bound.ss_family == AF_INET6
+                           ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    return fd;
+  }
+  return last;
+}
+
+Result<ScopedFd> ConnectTcp(const std::string& address, const Deadline& deadline,
+                            const std::string& who) {
+  ASSIGN_OR_RETURN(auto found, Resolve(address, /*passive=*/false));
+  Status last = IOError("no address to connect to for " + who + " at " + address);
+  for (addrinfo* a = found.get(); a != nullptr; a = a->ai_next) {
+    ScopedFd fd(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (fd.get() < 0) {
+      last = ErrnoStatus("socket for " + address, errno);
+      continue;
+    }
+    RETURN_IF_ERROR(PrepareStream(fd.get()));
+    if (connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS) {
+        last = ErrnoStatus("connect to " + who + " at " + address, errno);
+        continue;
+      }
+      Status ready = WaitReady(fd.get(), POLLOUT, deadline, "connecting to " + who);
+      if (!ready.ok()) return ready;
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {
+        last = ErrnoStatus("connect to " + who + " at " + address, err);
+        continue;
+      }
+    }
+    return fd;
+  }
+  return last;
 }
 
 Result<ScopedFd> AcceptOne(int listen_fd, const Deadline& deadline,

@@ -41,6 +41,20 @@ Result<ScopedFd> ListenLoopback(int backlog, int* port);
 // A connected, non-blocking socket to 127.0.0.1:port (TCP_NODELAY).
 Result<ScopedFd> ConnectLoopback(int port, const Deadline& deadline, const std::string& who);
 
+// "host:port" split at the last ':' (IPv6 hosts in brackets: "[::1]:29600");
+// InvalidArgument naming the address otherwise. Port 0 asks for an
+// ephemeral port when listening.
+Status SplitHostPort(const std::string& address, std::string* host, int* port);
+
+// A listening TCP socket on host:port (resolved with getaddrinfo; "" or
+// "0.0.0.0" for every interface), its bound port stored to *bound_port.
+Result<ScopedFd> ListenTcp(const std::string& address, int backlog, int* bound_port);
+
+// A connected, non-blocking socket to host:port (TCP_NODELAY), trying each
+// resolved address until the deadline.
+Result<ScopedFd> ConnectTcp(const std::string& address, const Deadline& deadline,
+                            const std::string& who);
+
 // Accepts one connection on a listening socket, or fails on the deadline.
 Result<ScopedFd> AcceptOne(int listen_fd, const Deadline& deadline, const std::string& waiting_for);
 

@@ -1,0 +1,28 @@
+// What both ends of a push (sync/push.h) derive from a version and a
+// receiver's layout: the transfer plan, and how the receiver's own tensor
+// list lines up with the plan's receiver tensors.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "store/status.h"
+#include "sync/transfer_plan.h"
+
+namespace dte::push_internal {
+
+// For each of the plan's receiver tensors of `rank`, the index of the tensor
+// of the same name in `have`, which must hold exactly those tensors with
+// the same dtypes and shapes; InvalidArgument naming the first tensor that
+// is missing, extra or different.
+Result<std::vector<uint32_t>> MatchReceiverTensors(const TransferPlan& plan, int rank,
+                                                   const std::vector<PlanTensor>& have,
+                                                   const std::string& what);
+
+// Copies the part of canonical tensor `op.canonical` (all of it at `src`,
+// row-major) that op covers into the receiver tensor at `dst`.
+void CopyOpBox(const TransferPlan& plan, const TransferOp& op, const void* src, void* dst);
+
+}  // namespace dte::push_internal

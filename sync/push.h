@@ -1,0 +1,184 @@
+// Same-cluster push: a trainer delivers each published version's changed
+// elements straight into the weights of registered receivers (the ranks of
+// inference servers), remapped to each receiver's tensor-parallel, fused
+// layout (sync/transfer_plan.h), over TCP. The store commit of the same
+// step carries the same version number and bytes; the push is the fast
+// path, the store the path every receiver can always fall back to.
+//
+// PushServer (trainer side) listens on an address. A PushReceiver connects
+// and says which receiver rank and layout it is, the tensors it holds
+// (names, dtypes, shapes in its layout) and the version they hold; the
+// server checks them against the transfer plan of its latest version and
+// answers with that version. After each publish, Push() sends every
+// receiver that holds the parent version its part of the changes in two
+// rounds, as sync/p2p.h does (round 1: one u64 count per plan op of that
+// receiver, zeros included, with the receiver tensor each op lands in;
+// round 2: per dtype in DType order, the receiver-local u64 indices then
+// the values), and waits, bounded by the timeout, for each to confirm
+// receipt. A receiver that fails, stalls past the timeout or answers with
+// an error is dropped (its connection closed) and reported; the push still
+// completes. A receiver that holds another version is told it is behind and
+// catches up from the store (PushReceiver::CatchUp) before it is pushed to
+// again. Wire format and states: docs/push.md.
+//
+// A receiver checks a whole push (every count against its tensor, every
+// index in range, the parent against the version it holds) before it
+// writes a byte; pushes are applied in version order; it always knows the
+// version it holds, or that it is inconsistent (a catch-up failed part way).
+//
+// Thread-safety: PushServer: Push() from one thread at a time; Status()
+// from any. PushReceiver: every method from any thread; tensors are written
+// only by ApplyPending/WaitFor/CatchUp (or, with auto_apply, the receiver's
+// own thread).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "store/dtype.h"
+#include "store/status.h"
+#include "sync/transfer_plan.h"
+
+namespace dte {
+
+class Store;
+struct Version;
+
+// The changed elements of one canonical (Hugging Face) tensor at a version:
+// increasing flat indices and their new values (DTypeWidth bytes each).
+struct TensorChanges {
+  std::string name;
+  std::vector<uint64_t> indices;
+  std::vector<uint8_t> values;
+};
+
+// The canonical tensors of a version and its attention geometry (from its
+// config.json): the inputs of MakeTransferPlan for receivers of it.
+struct PlanInputs {
+  std::vector<PlanTensor> canonical;
+  AttentionGeometry geometry;
+};
+Result<PlanInputs> PlanInputsOf(Store& store, const Version& v);
+
+struct PushServerOptions {
+  std::string address = "127.0.0.1:0";  // HOST:PORT to listen on; port 0: any free port
+  // Bound on each push (sending to every receiver and their confirmations)
+  // and on a new connection's hello.
+  std::chrono::milliseconds timeout{30000};
+};
+
+// One receiver as the server sees it.
+struct PushReceiverInfo {
+  uint64_t id = 0;  // connection number, unique for the server's life
+  int rank = 0;
+  ShardLayout layout;
+  std::optional<uint64_t> version;  // what it holds or was sent; nullopt: unknown
+  bool behind = false;              // told to catch up
+  uint64_t pushes = 0, elements = 0, bytes = 0;
+};
+
+struct PushReport {
+  uint64_t version = 0;
+  uint64_t pushed = 0;    // receivers that confirmed the push
+  uint64_t behind = 0;    // receivers told to catch up instead
+  uint64_t elements = 0;  // elements sent, over all receivers
+  uint64_t bytes = 0;     // bytes sent, both rounds, over all receivers
+  double seconds = 0;
+  std::vector<std::string> dropped;  // one line per receiver dropped, with the reason
+};
+
+class PushServer {
+ public:
+  static Result<std::unique_ptr<PushServer>> Start(const PushServerOptions& options);
+  ~PushServer();
+
+  // The port it listens on (the bound one when options asked for port 0).
+  int port() const;
+
+  // Makes `v` the version new receivers are checked against and told of
+  // (done by Push; a publisher calls it once at open with its latest).
+  Status SetLatest(Store& store, const std::shared_ptr<const Version>& v);
+
+  // Sends `changes` (canonical tensors of v; tensors not named are
+  // unchanged) to every receiver holding v's parent. Never fails for a
+  // receiver's fault: those are dropped and listed in the report. Fails
+  // (InvalidArgument naming the tensor) only for changes that do not fit v.
+  Result<PushReport> Push(Store& store, const std::shared_ptr<const Version>& v,
+                          const std::vector<TensorChanges>& changes);
+
+  std::vector<PushReceiverInfo> Receivers() const;
+  // Lines about receivers dropped outside a push (bad hello, disconnect).
+  std::vector<std::string> TakeEvents();
+
+  class Impl;
+
+ private:
+  explicit PushServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One tensor a receiver holds, in its layout (row-major, host memory).
+struct PushTensor {
+  std::string name;
+  DType dtype = DType::kBF16;
+  std::vector<uint64_t> shape;
+  void* data = nullptr;
+};
+
+struct PushReceiverOptions {
+  std::string address;  // the server's HOST:PORT
+  int rank = 0;         // receiver rank in `layout` (its tensor-parallel rank)
+  ShardLayout layout;
+  std::vector<PushTensor> tensors;
+  std::optional<uint64_t> version;  // what the tensors hold now; nullopt: unknown
+  // Apply pushes on the receiver's own thread as they arrive; otherwise
+  // they wait (received, checked) until ApplyPending or WaitFor.
+  bool auto_apply = false;
+  std::chrono::milliseconds timeout{30000};  // bound on each receive once a push starts
+  // After a lost connection, reconnect every this long (doubling up to 8x).
+  std::chrono::milliseconds reconnect{200};
+};
+
+struct PushReceiverStatus {
+  std::optional<uint64_t> version;  // held; nullopt: unknown or inconsistent
+  bool inconsistent = false;        // a catch-up failed part way: reload
+  bool connected = false;
+  std::optional<uint64_t> behind;  // the server's version when told to catch up
+  uint64_t pending = 0;            // pushes received, not applied yet
+  uint64_t pushes = 0;             // pushes applied
+  uint64_t elements = 0;           // elements written by pushes
+  std::string error;               // the last error (a refused hello, a bad push, a lost link)
+};
+
+class PushReceiver {
+ public:
+  // Checks the tensors and starts the receiver's thread, which connects
+  // (and reconnects) to the server. Returns at once.
+  static Result<std::unique_ptr<PushReceiver>> Open(const PushReceiverOptions& options);
+  ~PushReceiver();
+
+  // Applies every push received so far, in order. Returns how many.
+  Result<uint64_t> ApplyPending();
+  // Applies pushes as they arrive until the held version is >= `version`.
+  // Fails with IOError on timeout, FailedPrecondition when the
+  // server says this receiver is behind (catch up first), or the refusal.
+  Status WaitFor(uint64_t version, std::chrono::milliseconds timeout);
+  // Copies `version` (default: the one the server said it is at) from the
+  // store into the tensors, then tells the server. While it copies, and if
+  // it fails, the receiver is inconsistent.
+  Status CatchUp(Store& store, std::optional<uint64_t> version);
+
+  PushReceiverStatus GetStatus() const;
+
+  class Impl;
+
+ private:
+  explicit PushReceiver(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dte

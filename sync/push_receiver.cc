@@ -1,0 +1,472 @@
+// The push receiver of sync/push.h: a thread that connects (and
+// reconnects) to the server, reads each push whole, checks it against the
+// receiver's tensors and queues it; applying writes the queued pushes into
+// the tensors in version order, on the caller's thread (or this one, with
+// auto_apply). A catch-up copies a version from the store through the same
+// transfer plan the server uses.
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "kernels/change_detect.h"
+#include "store/materialize.h"
+#include "store/store.h"
+#include "sync/internal/push_plan.h"
+#include "sync/internal/push_wire.h"
+#include "sync/push.h"
+
+namespace dte {
+
+using push_internal::Frame;
+using push_internal::Msg;
+using transport_internal::Deadline;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One push, checked: per op the own tensor and its slice of `data`.
+struct Pending {
+  uint64_t version = 0, parent = 0;
+  std::string data;
+  struct Op {
+    uint32_t tensor;
+    uint64_t count;
+    size_t idx_off, val_off;  // byte offsets into data
+  };
+  std::vector<Op> ops;
+  uint64_t elements = 0;
+};
+
+}  // namespace
+
+class PushReceiver::Impl {
+ public:
+  explicit Impl(PushReceiverOptions o) : options_(std::move(o)) {
+    for (const PushTensor& t : options_.tensors) {
+      numel_.push_back(ShapeElements(t.shape));
+      plan_tensors_.push_back({t.name, t.dtype, t.shape});
+    }
+    held_ = options_.version;
+    expected_parent_ = options_.version;
+  }
+  ~Impl() {
+    stop_ = true;
+    {
+      std::lock_guard lock(send_mu_);
+      if (fd_.get() >= 0) shutdown(fd_.get(), SHUT_RDWR);
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void Start() {
+    thread_ = std::thread([this] { Run(); });
+  }
+
+  Result<uint64_t> ApplyPending() {
+    std::lock_guard apply(apply_mu_);
+    return ApplyPendingLocked();
+  }
+
+  Status WaitFor(uint64_t version, std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      {
+        std::lock_guard apply(apply_mu_);
+        RETURN_IF_ERROR(ApplyPendingLocked().status());
+      }
+      std::unique_lock lock(mu_);
+      if (held_ && *held_ >= version) return Status::Ok();
+      if (!refused_.empty()) return InvalidArgument(refused_);
+      if (inconsistent_) {
+        return Corruption("receiver is inconsistent after a failed catch-up: catch up again");
+      }
+      if (behind_ && pending_.empty() && (!held_ || *held_ < *behind_)) {
+        return NotFound("receiver holds " + HeldText() + " and missed pushes; the trainer is at " +
+                        VersionName(*behind_) + ": catch up from the store");
+      }
+      if (Clock::now() >= deadline) {
+        return IOError("timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
+                       VersionName(version) + " (holding " + HeldText() +
+                       (connected_ ? ")" : ", not connected: " + error_ + ")"));
+      }
+      cv_.wait_until(lock, deadline);
+    }
+  }
+
+  Status CatchUp(Store& store, std::optional<uint64_t> version);
+
+  PushReceiverStatus GetStatus() const {
+    std::lock_guard lock(mu_);
+    PushReceiverStatus s;
+    s.version = inconsistent_ ? std::nullopt : held_;
+    s.inconsistent = inconsistent_;
+    s.connected = connected_;
+    s.behind = behind_;
+    s.pending = pending_.size();
+    s.pushes = pushes_;
+    s.elements = elements_;
+    s.error = !refused_.empty() ? refused_ : error_;
+    return s;
+  }
+
+ private:
+  std::string HeldText() const {
+    if (inconsistent_) return "an inconsistent state";
+    return held_ ? VersionName(*held_) : "an unknown version";
+  }
+
+  // Writes every queued push in order; apply_mu_ held.
+  Result<uint64_t> ApplyPendingLocked() {
+    uint64_t n = 0;
+    for (;;) {
+      Pending p;
+      {
+        std::lock_guard lock(mu_);
+        if (pending_.empty()) break;
+        p = std::move(pending_.front());
+        pending_.pop_front();
+        // Parents were checked when queued; only a catch-up in between can
+        // leave a push that does not fit. The server learns the truth at the
+        // next push (refused) and the reconnect's hello.
+        if (inconsistent_ || !held_ || *held_ != p.parent) {
+          error_ = "dropped the push of " + VersionName(p.version) + " onto " +
+                   VersionName(p.parent) + ": this receiver holds " + HeldText();
+          continue;
+        }
+      }
+      for (const Pending::Op& op : p.ops) {
+        if (op.count == 0) continue;
+        const PushTensor& t = options_.tensors[op.tensor];
+        kernels::ScatterParallel(t.data, DTypeWidth(t.dtype),
+                                 reinterpret_cast<const uint64_t*>(p.data.data() + op.idx_off),
+                                 p.data.data() + op.val_off, op.count);
+      }
+      {
+        std::lock_guard lock(mu_);
+        held_ = p.version;
+        pushes_++;
+        elements_ += p.elements;
+        if (behind_ && *behind_ <= p.version) behind_.reset();
+      }
+      Send(Msg::kApplied, {{"version", p.version}});
+      cv_.notify_all();
+      ++n;
+    }
+    return n;
+  }
+
+  void Send(Msg type, const nlohmann::json& j) {
+    std::lock_guard lock(send_mu_);
+    if (fd_.get() < 0) return;
+    const std::string f = Frame(type, j.dump());
+    Status s = transport_internal::SendAll(fd_.get(), f.data(), f.size(),
+                                           Deadline(options_.timeout), "the push server");
+    if (!s.ok()) shutdown(fd_.get(), SHUT_RDWR);
+  }
+
+  // Checks a push against the tensors; Corruption naming what is wrong.
+  Result<Pending> Check(const push_internal::CountsMsg& c, std::string data) {
+    Pending p;
+    p.version = c.version;
+    p.parent = c.parent;
+    p.data = std::move(data);
+    const std::string what = "push of " + VersionName(c.version);
+    // Per dtype: total counts; groups are laid out in DType order.
+    std::map<DType, uint64_t> total;
+    for (size_t k = 0; k < c.count.size(); ++k) {
+      if (c.tensor[k] >= options_.tensors.size()) {
+        return Corruption(what + ": op " + std::to_string(k) + " names tensor " +
+                          std::to_string(c.tensor[k]) + " of " +
+                          std::to_string(options_.tensors.size()));
+      }
+      if (c.count[k] > numel_[c.tensor[k]]) {
+        return Corruption(what + ": " + std::to_string(c.count[k]) + " elements for tensor " +
+                          options_.tensors[c.tensor[k]].name + " of " +
+                          std::to_string(numel_[c.tensor[k]]));
+      }
+      total[options_.tensors[c.tensor[k]].dtype] += c.count[k];
+    }
+    std::map<DType, std::pair<size_t, size_t>> cursor;  // dtype -> (idx_off, val_off)
+    size_t off = 0;
+    for (const auto& [dtype, n] : total) {
+      if (n == 0) continue;
+      const size_t w = DTypeWidth(dtype);
+      cursor[dtype] = {off, off + n * 8};
+      off += n * (8 + w);
+    }
+    if (off != p.data.size()) {
+      return Corruption(what + ": " + std::to_string(p.data.size()) +
+                        " data bytes where the counts call for " + std::to_string(off));
+    }
+    for (size_t k = 0; k < c.count.size(); ++k) {
+      const PushTensor& t = options_.tensors[c.tensor[k]];
+      const size_t w = DTypeWidth(t.dtype);
+      auto& [io, vo] = cursor[t.dtype];
+      Pending::Op op{c.tensor[k], c.count[k], io, vo};
+      if (op.count > 0) {
+        const auto* idx = reinterpret_cast<const uint64_t*>(p.data.data() + io);
+        const uint64_t numel = numel_[op.tensor];
+        for (uint64_t j = 0; j < op.count; ++j) {
+          if (idx[j] >= numel || (j > 0 && idx[j] <= idx[j - 1])) {
+            return Corruption(what + ": index " + std::to_string(idx[j]) + " for tensor " + t.name +
+                              " of " + std::to_string(numel) +
+                              " elements is out of range or out of order");
+          }
+        }
+      }
+      io += op.count * 8;
+      vo += op.count * w;
+      p.elements += op.count;
+      p.ops.push_back(op);
+    }
+    return p;
+  }
+
+  // One connection's life: hello, then pushes until it fails or stops.
+  Status Session();
+  void Run() {
+    auto wait = options_.reconnect;
+    while (!stop_) {
+      Status s = Session();
+      {
+        std::lock_guard lock(mu_);
+        connected_ = false;
+        if (!s.ok() && !stop_) error_ = s.message();
+      }
+      {
+        std::lock_guard lock(send_mu_);
+        fd_ = ScopedFd();
+      }
+      cv_.notify_all();
+      if (stop_ || !refused_.empty()) return;
+      const auto until = Clock::now() + wait;
+      while (!stop_ && Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      wait = std::min(wait * 2, options_.reconnect * 8);
+    }
+  }
+
+  PushReceiverOptions options_;
+  std::vector<uint64_t> numel_;
+  std::vector<PlanTensor> plan_tensors_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+
+  std::mutex send_mu_;  // fd_ writes and replacement
+  ScopedFd fd_;
+  std::mutex apply_mu_;  // tensor writes
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<uint64_t> held_;             // what the tensors hold
+  std::optional<uint64_t> expected_parent_;  // the last version queued or held
+  std::deque<Pending> pending_;
+  std::optional<uint64_t> behind_;
+  bool inconsistent_ = false;
+  bool connected_ = false;
+  std::string error_, refused_;
+  uint64_t pushes_ = 0, elements_ = 0;
+};
+
+Status PushReceiver::Impl::Session() {
+  const std::string who = "the push server at " + options_.address;
+  ASSIGN_OR_RETURN(ScopedFd fd, transport_internal::ConnectTcp(options_.address,
+                                                               Deadline(options_.timeout), who));
+  const int raw = fd.get();
+  {
+    std::lock_guard lock(send_mu_);
+    if (stop_) return Status::Ok();
+    fd_ = std::move(fd);
+  }
+  nlohmann::json hello = {{"rank", options_.rank},
+                          {"tp", options_.layout.tp},
+                          {"fuse_qkv", options_.layout.fuse_qkv},
+                          {"fuse_gate_up", options_.layout.fuse_gate_up}};
+  {
+    std::lock_guard lock(mu_);
+    // The version the server may push onto: the last one queued, else held.
+    std::optional<uint64_t> v = pending_.empty() ? held_ : pending_.back().version;
+    if (inconsistent_) v.reset();
+    hello["version"] = v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+    expected_parent_ = v;
+  }
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const PushTensor& t : options_.tensors) {
+    tensors.push_back({{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}});
+  }
+  hello["tensors"] = std::move(tensors);
+  Send(Msg::kHello, hello);
+  for (;;) {
+    // Between pushes, wait for the next frame as long as it takes.
+    for (;;) {
+      if (stop_) return Status::Ok();
+      pollfd p{raw, POLLIN, 0};
+      const int n = poll(&p, 1, 100);
+      if (n > 0) break;
+    }
+    ASSIGN_OR_RETURN(auto m, push_internal::RecvFrame(raw, push_internal::kMaxControlBytes,
+                                                      Deadline(options_.timeout), who));
+    if (m.type == Msg::kCounts) {
+      ASSIGN_OR_RETURN(auto counts, push_internal::DecodeCounts(m.body, who));
+      ASSIGN_OR_RETURN(auto data, push_internal::RecvFrame(raw, UINT64_MAX >> 8,
+                                                           Deadline(options_.timeout), who));
+      if (data.type != Msg::kData) return Corruption(who + " sent counts without data");
+      auto checked = Check(counts, std::move(data.body));
+      Status bad = checked.status();
+      std::optional<uint64_t> expected;
+      {
+        std::lock_guard lock(mu_);
+        expected = expected_parent_;
+      }
+      if (bad.ok() && expected != counts.parent) {
+        bad = Corruption("push of " + VersionName(counts.version) + " onto " +
+                         VersionName(counts.parent) + ", but this receiver's last version is " +
+                         (expected ? VersionName(*expected) : "unknown"));
+      }
+      if (!bad.ok()) {
+        Send(Msg::kError, {{"error", bad.message()}});
+        return bad;
+      }
+      {
+        std::lock_guard lock(mu_);
+        pending_.push_back(std::move(checked).value());
+        expected_parent_ = counts.version;
+      }
+      Send(Msg::kReceived, {{"version", counts.version}});
+      cv_.notify_all();
+      if (options_.auto_apply) {
+        std::lock_guard apply(apply_mu_);
+        RETURN_IF_ERROR(ApplyPendingLocked().status());
+      }
+      continue;
+    }
+    nlohmann::json j = nlohmann::json::parse(m.body, nullptr, false);
+    if (m.type == Msg::kWelcome) {
+      if (j.is_object() && j["error"].is_string()) {
+        std::lock_guard lock(mu_);
+        refused_ = "the push server refused this receiver: " + j["error"].get<std::string>();
+        return InvalidArgument(refused_);
+      }
+      std::lock_guard lock(mu_);
+      connected_ = true;
+      error_.clear();
+      if (j.is_object() && j["latest"].is_number_unsigned()) {
+        const uint64_t latest = j["latest"].get<uint64_t>();
+        if (expected_parent_ != latest) behind_ = latest;
+      }
+      cv_.notify_all();
+    } else if (m.type == Msg::kBehind) {
+      if (!j.is_object() || !j["latest"].is_number_unsigned()) {
+        return Corruption(who + " sent a behind message without a version");
+      }
+      std::lock_guard lock(mu_);
+      behind_ = j["latest"].get<uint64_t>();
+      cv_.notify_all();
+    } else {
+      return Corruption(who + " sent an unexpected " + push_internal::MsgName(m.type));
+    }
+  }
+}
+
+Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version) {
+  std::lock_guard apply(apply_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (!version) version = behind_;
+    if (!version) {
+      return InvalidArgument("catch-up: no version given and the server has not said one");
+    }
+  }
+  ASSIGN_OR_RETURN(auto v, store.GetVersion(*version));
+  ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(store, *v));
+  ASSIGN_OR_RETURN(
+      TransferPlan plan,
+      MakeTransferPlan(in.canonical, in.geometry, ShardLayout{1, false, false}, options_.layout));
+  const std::string what = "catch-up to " + VersionName(*version) + " of receiver " +
+                           LayoutText(options_.layout, options_.rank);
+  ASSIGN_OR_RETURN(auto own,
+                   push_internal::MatchReceiverTensors(plan, options_.rank, plan_tensors_, what));
+  {
+    std::lock_guard lock(mu_);
+    inconsistent_ = true;
+  }
+  // One canonical tensor at a time: memory is the largest tensor.
+  std::map<std::string, std::pair<const FileEntry*, const TensorEntry*>> where;
+  for (const FileEntry& f : v->manifest.files) {
+    for (const TensorEntry& t : f.tensors) where[t.name] = {&f, &t};
+  }
+  Materializer reader(&store);
+  std::vector<uint8_t> buf;
+  for (uint32_t c = 0; c < plan.canonical.size(); ++c) {
+    std::vector<const TransferOp*> ops;
+    for (const TransferOp& op : plan.ops) {
+      if (op.canonical == c && op.receiver == options_.rank) ops.push_back(&op);
+    }
+    if (ops.empty()) continue;
+    const auto [file, tensor] = where.at(plan.canonical[c].name);
+    buf.resize(tensor->bytes());
+    RETURN_IF_ERROR(
+        reader.ReadFile(v, *file, file->header_size + tensor->begin, tensor->bytes(), buf.data())
+            .WithContext(what));
+    for (const TransferOp* op : ops) {
+      push_internal::CopyOpBox(plan, *op, buf.data(),
+                               options_.tensors[own[op->receiver_tensor]].data);
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    inconsistent_ = false;
+    held_ = *version;
+    // Pushes queued onto older versions are stale now; newer ones apply on top.
+    while (!pending_.empty() && pending_.front().version <= *version) pending_.pop_front();
+    if (pending_.empty()) expected_parent_ = *version;
+    if (behind_ && *behind_ <= *version) behind_.reset();
+  }
+  Send(Msg::kHeld, {{"version", *version}});
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+PushReceiver::PushReceiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PushReceiver::~PushReceiver() = default;
+
+Result<std::unique_ptr<PushReceiver>> PushReceiver::Open(const PushReceiverOptions& options) {
+  if (options.layout.tp < 1 || options.rank < 0 || options.rank >= options.layout.tp) {
+    return InvalidArgument("push receiver: rank " + std::to_string(options.rank) + " of tp " +
+                           std::to_string(options.layout.tp));
+  }
+  std::string host;
+  int port = 0;
+  RETURN_IF_ERROR(transport_internal::SplitHostPort(options.address, &host, &port));
+  for (const PushTensor& t : options.tensors) {
+    if (t.data == nullptr && ShapeElements(t.shape) > 0) {
+      return InvalidArgument("push receiver: tensor " + t.name + " has no memory");
+    }
+  }
+  auto impl = std::make_unique<Impl>(options);
+  impl->Start();
+  return std::unique_ptr<PushReceiver>(new PushReceiver(std::move(impl)));
+}
+
+Result<uint64_t> PushReceiver::ApplyPending() { return impl_->ApplyPending(); }
+
+Status PushReceiver::WaitFor(uint64_t version, std::chrono::milliseconds timeout) {
+  return impl_->WaitFor(version, timeout);
+}
+
+Status PushReceiver::CatchUp(Store& store, std::optional<uint64_t> version) {
+  return impl_->CatchUp(store, version);
+}
+
+PushReceiverStatus PushReceiver::GetStatus() const { return impl_->GetStatus(); }
+
+}  // namespace dte

@@ -1,0 +1,385 @@
+// Same-cluster push (sync/push.h): a PushServer and PushReceivers of several
+// layouts in one process, over real loopback TCP. Receivers' buffers are
+// compared with a sharding of each committed version written with plain
+// row and column slicing (tests/sync/transfer_test_util.h), not with the
+// plan's box math. Faults use raw sockets that speak the wire format
+// (sync/internal/push_wire.h) wrongly or not at all.
+#include "sync/push.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/adamw.h"
+#include "store/store.h"
+#include "sync/commit.h"
+#include "sync/internal/push_wire.h"
+#include "sync/internal/transport_socket.h"
+#include "sync/publisher.h"
+#include "tests/sync/transfer_test_util.h"
+#include "tests/testutil/adamw_state.h"
+#include "tests/testutil/checkpoint.h"
+#include "tests/testutil/memory_store.h"
+
+namespace dte {
+namespace {
+
+using namespace std::chrono_literals;
+using transfer_test::Bytes;
+using transfer_test::ModelConfig;
+using transfer_test::State;
+
+std::string ConfigJson(const ModelConfig& c) {
+  return "{\"model_type\": \"llama\", \"num_hidden_layers\": " + std::to_string(c.layers) +
+         ", \"hidden_size\": " + std::to_string(c.hidden) +
+         ", \"num_attention_heads\": " + std::to_string(c.heads) +
+         ", \"num_key_value_heads\": " + std::to_string(c.kv_heads) +
+         ", \"head_dim\": " + std::to_string(c.head_dim) +
+         ", \"intermediate_size\": " + std::to_string(c.intermediate) +
+         ", \"vocab_size\": " + std::to_string(c.vocab) + "}\n";
+}
+
+// One receiver: its layout, rank, buffers (by local name) and the receiver.
+struct Rx {
+  ShardLayout layout;
+  int rank = 0;
+  State buffers;
+  std::unique_ptr<PushReceiver> rx;
+};
+
+class PushTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::mt19937_64 rng(11);
+    std::tie(specs_, state_) = transfer_test::RandomModel(config_, rng);
+    store_ = test::OpenTestStore(tmp_.path() + "/store");
+    ASSERT_TRUE(store_);
+    Commit(state_);
+  }
+
+  // Commits `state` as the next version.
+  uint64_t Commit(const State& state) {
+    test::TestCheckpoint c;
+    c.raw_files["config.json"] = ConfigJson(config_);
+    test::TestSafetensors f{"model.safetensors", {}, {{"format", "pt"}}};
+    for (const PlanTensor& t : specs_) {
+      const Bytes& b = state.at(t.name);
+      std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
+      f.tensors.push_back({t.name, t.dtype, shape, std::string(b.begin(), b.end())});
+    }
+    c.safetensors.push_back(f);
+    const std::string dir = tmp_.path() + "/ckpt" + std::to_string(dirs_++);
+    EXPECT_TRUE(test::WriteCheckpoint(c, dir).ok());
+    auto r = CommitDirectory(*store_, dir, CommitOptions{});
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? r->version : 0;
+  }
+
+  std::shared_ptr<const Version> V(uint64_t version) {
+    auto v = store_->GetVersion(version);
+    EXPECT_TRUE(v.ok()) << v.status().message();
+    return v.ok() ? *v : nullptr;
+  }
+
+  // The elements that differ between two states, per tensor.
+  std::vector<TensorChanges> Diff(const State& a, const State& b) {
+    std::vector<TensorChanges> out;
+    for (const PlanTensor& t : specs_) {
+      const int w = DTypeWidth(t.dtype);
+      const Bytes &x = a.at(t.name), &y = b.at(t.name);
+      TensorChanges c{t.name, {}, {}};
+      for (size_t i = 0; i < x.size() / w; ++i) {
+        if (std::memcmp(&x[i * w], &y[i * w], w) == 0) continue;
+        c.indices.push_back(i);
+        c.values.insert(c.values.end(), y.begin() + i * w, y.begin() + (i + 1) * w);
+      }
+      if (!c.indices.empty()) out.push_back(std::move(c));
+    }
+    return out;
+  }
+
+  std::unique_ptr<PushServer> StartServer(std::chrono::milliseconds timeout = 10s) {
+    PushServerOptions o;
+    o.timeout = timeout;
+    auto s = PushServer::Start(o);
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    if (!s.ok()) return nullptr;
+    Status latest = (*s)->SetLatest(*store_, V(*store_->Latest().value()));
+    EXPECT_TRUE(latest.ok()) << latest.message();
+    return std::move(s).value();
+  }
+
+  // A receiver of `layout`/`rank` whose buffers hold `state` as `version`.
+  std::unique_ptr<Rx> Receiver(const PushServer& server, ShardLayout layout, int rank,
+                               const State& state, uint64_t version, bool auto_apply) {
+    auto r = std::make_unique<Rx>();
+    r->layout = layout;
+    r->rank = rank;
+    r->buffers = transfer_test::ShardModel(config_, specs_, state, layout, rank);
+    PushReceiverOptions o;
+    o.address = "127.0.0.1:" + std::to_string(server.port());
+    o.rank = rank;
+    o.layout = layout;
+    o.version = version;
+    o.auto_apply = auto_apply;
+    o.timeout = 10s;
+    // Shapes of the local tensors: from a plan, the same way a server's
+    // model would have them.
+    auto plan = MakeTransferPlan(specs_, config_.Geometry(), ShardLayout{1, false, false}, layout);
+    EXPECT_TRUE(plan.ok()) << plan.status().message();
+    for (const PlanTensor& t : plan->receiver_tensors[rank]) {
+      o.tensors.push_back({t.name, t.dtype, t.shape, r->buffers.at(t.name).data()});
+    }
+    auto rx = PushReceiver::Open(o);
+    EXPECT_TRUE(rx.ok()) << rx.status().message();
+    if (rx.ok()) r->rx = std::move(rx).value();
+    return r;
+  }
+
+  void ExpectHolds(const Rx& r, const State& state) {
+    const State want = transfer_test::ShardModel(config_, specs_, state, r.layout, r.rank);
+    for (const auto& [name, bytes] : want) {
+      ASSERT_TRUE(r.buffers.at(name) == bytes)
+          << LayoutText(r.layout, r.rank) << ": tensor " << name << " differs";
+    }
+  }
+
+  // Waits until the server lists `n` receivers past their hello.
+  void AwaitReceivers(const PushServer& s, size_t n) {
+    for (int i = 0; i < 500 && s.Receivers().size() < n; ++i) {
+      std::this_thread::sleep_for(10ms);
+    }
+    ASSERT_EQ(s.Receivers().size(), n);
+  }
+
+  ModelConfig config_;
+  std::vector<PlanTensor> specs_;
+  State state_;
+  test::ScopedTempDir tmp_;
+  int dirs_ = 0;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(PushTest, ReceiversOfEveryLayoutHoldEachVersionBitForBit) {
+  auto server = StartServer();
+  ASSERT_TRUE(server);
+  std::vector<std::unique_ptr<Rx>> rxs;
+  rxs.push_back(Receiver(*server, {1, false, false}, 0, state_, 0, true));
+  for (int r = 0; r < 2; ++r)
+    rxs.push_back(Receiver(*server, FusedReceiverLayout(2), r, state_, 0, false));
+  // tp 4 > 2 kv heads: each rank holds one replicated kv head.
+  for (int r = 0; r < 4; ++r)
+    rxs.push_back(Receiver(*server, FusedReceiverLayout(4), r, state_, 0, r % 2 == 0));
+  AwaitReceivers(*server, rxs.size());
+  std::mt19937_64 rng(5);
+  State state = state_;
+  for (int step = 1; step <= 3; ++step) {
+    State next = transfer_test::RandomChange(specs_, state, 0.05, rng);
+    const uint64_t v = Commit(next);
+    ASSERT_EQ(v, static_cast<uint64_t>(step));
+    auto report = server->Push(*store_, V(v), Diff(state, next));
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    EXPECT_EQ(report->pushed, rxs.size());
+    EXPECT_TRUE(report->dropped.empty()) << report->dropped[0];
+    EXPECT_GT(report->elements, 0u);
+    for (auto& r : rxs) {
+      Status s = r->rx->WaitFor(v, 10s);
+      ASSERT_TRUE(s.ok()) << LayoutText(r->layout, r->rank) << ": " << s.message();
+      ExpectHolds(*r, next);
+      EXPECT_EQ(r->rx->GetStatus().version, v);
+    }
+    state = std::move(next);
+  }
+  for (const PushReceiverInfo& info : server->Receivers()) EXPECT_EQ(info.version, 3u);
+}
+
+TEST_F(PushTest, ReceiverThatMissedAPushIsToldAndCatchesUpFromTheStore) {
+  std::mt19937_64 rng(6);
+  State v1 = transfer_test::RandomChange(specs_, state_, 0.05, rng);
+  ASSERT_EQ(Commit(v1), 1u);
+  auto server = StartServer();  // latest: v1
+  ASSERT_TRUE(server);
+  auto r = Receiver(*server, FusedReceiverLayout(2), 1, state_, /*version=*/0, false);
+  Status s = r->rx->WaitFor(1, 10s);
+  EXPECT_EQ(s.code(), Code::kNotFound) << s.message();
+  EXPECT_NE(s.message().find("catch up"), std::string::npos) << s.message();
+  EXPECT_EQ(r->rx->GetStatus().behind, 1u);
+  ASSERT_TRUE(r->rx->CatchUp(*store_, std::nullopt).ok());
+  ExpectHolds(*r, v1);
+  EXPECT_EQ(r->rx->GetStatus().version, 1u);
+  // The server hears of it and pushes the next version.
+  for (int i = 0; i < 500; ++i) {
+    auto rs = server->Receivers();
+    if (rs.size() == 1 && rs[0].version == 1u && !rs[0].behind) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  State v2 = transfer_test::RandomChange(specs_, v1, 0.05, rng);
+  ASSERT_EQ(Commit(v2), 2u);
+  auto report = server->Push(*store_, V(2), Diff(v1, v2));
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->pushed, 1u);
+  ASSERT_TRUE(r->rx->WaitFor(2, 10s).ok());
+  ExpectHolds(*r, v2);
+}
+
+TEST_F(PushTest, StalledReceiverIsDroppedAndThePushCompletes) {
+  auto server = StartServer(/*timeout=*/500ms);
+  ASSERT_TRUE(server);
+  auto good = Receiver(*server, {1, false, false}, 0, state_, 0, true);
+  // A receiver that says hello and then reads nothing and confirms nothing.
+  transport_internal::Deadline d(5s);
+  auto fd =
+      transport_internal::ConnectTcp("127.0.0.1:" + std::to_string(server->port()), d, "server");
+  ASSERT_TRUE(fd.ok()) << fd.status().message();
+  nlohmann::json hello = {
+      {"rank", 0}, {"tp", 1}, {"version", 0}, {"tensors", nlohmann::json::array()}};
+  auto plan = MakeTransferPlan(specs_, config_.Geometry(), ShardLayout{1, false, false},
+                               ShardLayout{1, false, false});
+  for (const PlanTensor& t : plan->receiver_tensors[0]) {
+    hello["tensors"].push_back(
+        {{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}});
+  }
+  const std::string f = push_internal::Frame(push_internal::Msg::kHello, hello.dump());
+  ASSERT_TRUE(transport_internal::SendAll(fd->get(), f.data(), f.size(), d, "server").ok());
+  AwaitReceivers(*server, 2);
+  std::mt19937_64 rng(7);
+  State next = transfer_test::RandomChange(specs_, state_, 0.05, rng);
+  ASSERT_EQ(Commit(next), 1u);
+  auto report = server->Push(*store_, V(1), Diff(state_, next));
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->pushed, 1u);
+  ASSERT_EQ(report->dropped.size(), 1u);
+  EXPECT_NE(report->dropped[0].find("did not confirm v00000001"), std::string::npos)
+      << report->dropped[0];
+  EXPECT_LT(report->seconds, 5.0);
+  ASSERT_TRUE(good->rx->WaitFor(1, 10s).ok());
+  ExpectHolds(*good, next);
+  EXPECT_EQ(server->Receivers().size(), 1u);
+}
+
+TEST_F(PushTest, ReceiverWhoseTensorsDoNotFitThePlanIsRefusedNamingTheTensor) {
+  auto server = StartServer();
+  ASSERT_TRUE(server);
+  PushReceiverOptions o;
+  o.address = "127.0.0.1:" + std::to_string(server->port());
+  o.layout = FusedReceiverLayout(2);
+  std::vector<uint8_t> buf(1 << 16);
+  o.tensors.push_back(
+      {"model.layers.0.self_attn.qkv_proj.weight", DType::kBF16, {7, 16}, buf.data()});
+  auto rx = PushReceiver::Open(o);
+  ASSERT_TRUE(rx.ok());
+  Status s = (*rx)->WaitFor(1, 10s);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.message();
+  EXPECT_NE(s.message().find("refused"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("qkv_proj"), std::string::npos) << s.message();
+  EXPECT_TRUE(server->Receivers().empty());
+}
+
+// A server that sends a push with an index past its tensor: the receiver
+// refuses it whole and its buffers keep the version they had.
+TEST_F(PushTest, MalformedPushIsRefusedBeforeAnyByteIsWritten) {
+  int port = 0;
+  auto listen = transport_internal::ListenTcp("127.0.0.1:0", 4, &port);
+  ASSERT_TRUE(listen.ok());
+  std::vector<uint16_t> tensor(64, 7);
+  PushReceiverOptions o;
+  o.address = "127.0.0.1:" + std::to_string(port);
+  o.version = 4;
+  o.tensors.push_back({"t", DType::kBF16, {64}, tensor.data()});
+  auto rx = PushReceiver::Open(o);
+  ASSERT_TRUE(rx.ok());
+  transport_internal::Deadline d(10s);
+  auto conn = transport_internal::AcceptOne(listen->get(), d, "the receiver");
+  ASSERT_TRUE(conn.ok()) << conn.status().message();
+  auto hello = push_internal::RecvFrame(conn->get(), 1 << 20, d, "receiver");
+  ASSERT_TRUE(hello.ok() && hello->type == push_internal::Msg::kHello);
+  push_internal::CountsMsg counts{5, 4, {0, 0}, {2, 1}};
+  std::string data;
+  for (uint64_t idx : {uint64_t{3}, uint64_t{9}, uint64_t{64}}) {  // 64 is past the end
+    data.append(reinterpret_cast<const char*>(&idx), 8);
+  }
+  data.append(6, '\x01');
+  std::string frames =
+      push_internal::Frame(push_internal::Msg::kWelcome, "{\"latest\": 4}") +
+      push_internal::Frame(push_internal::Msg::kCounts, push_internal::EncodeCounts(counts)) +
+      push_internal::Frame(push_internal::Msg::kData, data);
+  ASSERT_TRUE(transport_internal::SendAll(conn->get(), frames.data(), frames.size(), d, "rx").ok());
+  auto answer = push_internal::RecvFrame(conn->get(), 1 << 20, d, "receiver");
+  ASSERT_TRUE(answer.ok()) << answer.status().message();
+  EXPECT_EQ(answer->type, push_internal::Msg::kError);
+  EXPECT_NE(answer->body.find("index 64 for tensor t of 64 elements"), std::string::npos)
+      << answer->body;
+  for (uint16_t x : tensor) ASSERT_EQ(x, 7);
+  PushReceiverStatus st = (*rx)->GetStatus();
+  EXPECT_EQ(st.version, 4u);
+  EXPECT_EQ(st.pending, 0u);
+}
+
+// The AdamW publisher pushes what it commits: receivers equal the store's
+// version after every publish.
+TEST_F(PushTest, PublisherPushesEachVersionItCommits) {
+  // A store of AdamW-trained BF16 tensors: the model's BF16 tensors from
+  // FP32 state; F32 norms stay as committed.
+  std::vector<test::AdamWTensorState> states;
+  State state = state_;
+  for (const PlanTensor& t : specs_) {
+    if (t.dtype != DType::kBF16) continue;
+    std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
+    states.push_back(test::RandomAdamWState(t.name, shape, states.size() + 1));
+    states.back().theta = states.back().prev;
+    test::TestTensor bf = test::Bf16TensorOf(t.name, shape, states.back().theta);
+    state[t.name] = Bytes(bf.data.begin(), bf.data.end());
+  }
+  ASSERT_EQ(Commit(state), 1u);
+  PublisherOptions po;
+  po.store = tmp_.path() + "/store";
+  auto pub = Publisher::Open(po);
+  ASSERT_TRUE(pub.ok()) << pub.status().message();
+  auto server = StartServer();
+  ASSERT_TRUE(server);
+  ASSERT_TRUE((*pub)->SetPush(server.get()).ok());
+  auto r = Receiver(*server, FusedReceiverLayout(2), 0, state, 1, true);
+  AwaitReceivers(*server, 1);
+  kernels::AdamWParams p;
+  p.lr = 3e-3;
+  p.beta1 = 0.9;
+  p.beta2 = 0.95;
+  p.eps = 1e-8;
+  p.weight_decay = 0.1;
+  for (int64_t step = 1; step <= 2; ++step) {
+    p.step = step;
+    std::vector<AdamWParamState> params;
+    for (size_t i = 0; i < states.size(); ++i) {
+      test::AdamWStepState(&states[i], p, 40 * step + i);
+      auto& s = states[i];
+      params.push_back({s.name,
+                        {s.theta.data(), DType::kF32, s.shape},
+                        {s.m.data(), DType::kF32, s.shape},
+                        {s.v.data(), DType::kF32, s.shape},
+                        std::nullopt,
+                        std::nullopt,
+                        std::nullopt});
+    }
+    auto res = (*pub)->PublishAdamW(test::AdamWStepOf(p), params);
+    ASSERT_TRUE(res.ok()) << res.status().message();
+    ASSERT_TRUE(res->push.has_value()) << res->push_error;
+    EXPECT_EQ(res->push->pushed, 1u);
+    EXPECT_GT(res->push->elements, 0u);
+    ASSERT_TRUE(r->rx->WaitFor(res->version, 10s).ok());
+    for (const auto& s : states) {
+      test::TestTensor bf = test::Bf16TensorOf(s.name, s.shape, s.theta);
+      state[s.name] = Bytes(bf.data.begin(), bf.data.end());
+    }
+    ExpectHolds(*r, state);
+  }
+}
+
+}  // namespace
+}  // namespace dte
