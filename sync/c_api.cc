@@ -18,9 +18,21 @@
 #include "sync/dist_publisher.h"
 #include "sync/live_client.h"
 #include "sync/publisher.h"
+#include "sync/push.h"
 
 struct dte_publisher {
   std::unique_ptr<dte::Publisher> impl;
+  std::string last_push = "null";  // dte_publisher_last_push_json
+};
+
+struct dte_push_server {
+  std::unique_ptr<dte::PushServer> impl;
+  std::string json;
+};
+
+struct dte_push_receiver {
+  std::unique_ptr<dte::PushReceiver> impl;
+  std::string error;
 };
 
 struct dte_store {
@@ -68,6 +80,21 @@ int ToCode(dte::Code code) {
       return DTE_INTERNAL;
   }
   return DTE_INTERNAL;
+}
+
+void RememberPush(dte_publisher* p, const dte::PublishResult& r) {
+  if (r.push) {
+    p->last_push = dte::PushReportJson(*r.push);
+  } else if (!r.push_error.empty()) {
+    std::string quoted;
+    for (char c : r.push_error) {
+      if (c == '"' || c == '\\') quoted += '\\';
+      quoted += (static_cast<unsigned char>(c) < 0x20) ? ' ' : c;
+    }
+    p->last_push = "{\"error\": \"" + quoted + "\"}";
+  } else {
+    p->last_push = "null";
+  }
 }
 
 int Fail(const dte::Status& s) {
@@ -298,6 +325,7 @@ int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
     auto r = p->impl->PublishAdamW(h, states);
     if (!r.ok()) return Fail(r.status());
     FillResult(*r, out);
+    RememberPush(p, *r);
     return static_cast<int>(DTE_OK);
   });
 }
@@ -324,6 +352,7 @@ int dte_publisher_publish_adamw_mcore(dte_publisher* p, const dte_adamw_step* st
     auto r = p->impl->PublishAdamWMcore(h, states);
     if (!r.ok()) return Fail(r.status());
     FillResult(*r, out);
+    RememberPush(p, *r);
     return static_cast<int>(DTE_OK);
   });
 }
@@ -594,3 +623,160 @@ int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
 }
 
 }  // extern "C"
+
+int dte_push_server_start(const char* address, int64_t timeout_ms, dte_push_server** out) {
+  return Guard([&] {
+    if (address == nullptr || out == nullptr || timeout_ms <= 0) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "dte_push_server_start: address and out must be set, timeout_ms > 0");
+    }
+    dte::PushServerOptions o;
+    o.address = address;
+    o.timeout = std::chrono::milliseconds(timeout_ms);
+    auto s = dte::PushServer::Start(o);
+    if (!s.ok()) return Fail(s.status());
+    *out = new dte_push_server{std::move(s).value(), {}};
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+void dte_push_server_close(dte_push_server* s) { delete s; }
+
+int dte_push_server_port(dte_push_server* s, int32_t* port_out) {
+  if (s == nullptr || port_out == nullptr) {
+    return FailWith(DTE_INVALID_ARGUMENT, "dte_push_server_port: arguments must be set");
+  }
+  *port_out = s->impl->port();
+  return DTE_OK;
+}
+
+int dte_push_server_status_json(dte_push_server* s, const char** json_out) {
+  return Guard([&] {
+    if (s == nullptr || json_out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_server_status_json: arguments must be set");
+    }
+    s->json = s->impl->StatusJson();
+    *json_out = s->json.c_str();
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_publisher_set_push(dte_publisher* p, dte_push_server* s) {
+  return Guard([&] {
+    if (p == nullptr) return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_set_push: no publisher");
+    dte::Status st = p->impl->SetPush(s ? s->impl.get() : nullptr);
+    return st.ok() ? static_cast<int>(DTE_OK) : Fail(st);
+  });
+}
+
+int dte_publisher_last_push_json(dte_publisher* p, const char** json_out) {
+  if (p == nullptr || json_out == nullptr) {
+    return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_last_push_json: arguments must be set");
+  }
+  *json_out = p->last_push.c_str();
+  return DTE_OK;
+}
+
+int dte_push_receiver_open(const char* address, int32_t rank, int32_t tp, int32_t fuse_qkv,
+                           int32_t fuse_gate_up, int32_t has_version, uint64_t version,
+                           const dte_push_tensor* tensors, size_t count, int32_t auto_apply,
+                           int64_t timeout_ms, dte_push_receiver** out) {
+  return Guard([&] {
+    if (address == nullptr || out == nullptr || (tensors == nullptr && count > 0) ||
+        timeout_ms <= 0) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "dte_push_receiver_open: address, tensors and out must be set, "
+                      "timeout_ms > 0");
+    }
+    dte::PushReceiverOptions o;
+    o.address = address;
+    o.rank = rank;
+    o.layout = dte::ShardLayout{tp, fuse_qkv != 0, fuse_gate_up != 0};
+    if (has_version) o.version = version;
+    o.auto_apply = auto_apply != 0;
+    o.timeout = std::chrono::milliseconds(timeout_ms);
+    for (size_t i = 0; i < count; ++i) {
+      const dte_push_tensor& t = tensors[i];
+      if (t.name == nullptr || t.dtype == nullptr || (t.shape == nullptr && t.ndim > 0) ||
+          t.ndim < 0) {
+        return FailWith(DTE_INVALID_ARGUMENT,
+                        "push receiver tensor " + std::to_string(i) + ": name, dtype, shape");
+      }
+      auto dtype = dte::ParseDType(t.dtype);
+      if (!dtype) {
+        return FailWith(DTE_INVALID_ARGUMENT, std::string("push receiver tensor ") + t.name +
+                                                  ": unknown dtype " + t.dtype);
+      }
+      dte::PushTensor pt{t.name, *dtype, {}, t.data};
+      for (int32_t d = 0; d < t.ndim; ++d) {
+        if (t.shape[d] < 0) {
+          return FailWith(DTE_INVALID_ARGUMENT,
+                          std::string("push receiver tensor ") + t.name + ": negative shape");
+        }
+        pt.shape.push_back(static_cast<uint64_t>(t.shape[d]));
+      }
+      o.tensors.push_back(std::move(pt));
+    }
+    auto r = dte::PushReceiver::Open(o);
+    if (!r.ok()) return Fail(r.status());
+    *out = new dte_push_receiver{std::move(r).value(), {}};
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+void dte_push_receiver_close(dte_push_receiver* r) { delete r; }
+
+int dte_push_receiver_apply_pending(dte_push_receiver* r, uint64_t* applied_out) {
+  return Guard([&] {
+    if (r == nullptr) return FailWith(DTE_INVALID_ARGUMENT, "no push receiver");
+    auto n = r->impl->ApplyPending();
+    if (!n.ok()) return Fail(n.status());
+    if (applied_out) *applied_out = *n;
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_push_receiver_wait_for(dte_push_receiver* r, uint64_t version, int64_t timeout_ms) {
+  return Guard([&] {
+    if (r == nullptr || timeout_ms < 0) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_receiver_wait_for: bad arguments");
+    }
+    dte::Status s = r->impl->WaitFor(version, std::chrono::milliseconds(timeout_ms));
+    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
+  });
+}
+
+int dte_push_receiver_catch_up(dte_push_receiver* r, dte_store* s, int32_t has_version,
+                               uint64_t version) {
+  return Guard([&] {
+    if (r == nullptr || s == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_receiver_catch_up: receiver and store");
+    }
+    dte::Status st =
+        r->impl->CatchUp(*s->impl, has_version ? std::optional<uint64_t>(version) : std::nullopt);
+    return st.ok() ? static_cast<int>(DTE_OK) : Fail(st);
+  });
+}
+
+int dte_push_receiver_get_status(dte_push_receiver* r, dte_push_receiver_status* out,
+                                 const char** error_out) {
+  return Guard([&] {
+    if (r == nullptr || out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_receiver_get_status: bad arguments");
+    }
+    dte::PushReceiverStatus st = r->impl->GetStatus();
+    *out = dte_push_receiver_status{};
+    out->has_version = st.version.has_value();
+    out->version = st.version.value_or(0);
+    out->inconsistent = st.inconsistent;
+    out->connected = st.connected;
+    out->has_behind = st.behind.has_value();
+    out->behind = st.behind.value_or(0);
+    out->pending = st.pending;
+    out->pushes = st.pushes;
+    out->elements = st.elements;
+    r->error = st.error;
+    if (error_out) *error_out = r->error.c_str();
+    return static_cast<int>(DTE_OK);
+  });
+}

@@ -223,6 +223,68 @@ int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
                                      const dte_adamw_step* step, const dte_adamw_range* ranges,
                                      size_t count, dte_publish_result* out);
 
+/* Same-cluster push (sync/push.h, docs/push.md). A push server runs on the
+ * trainer; after each publish of a publisher it is set on, the version's
+ * changed elements go to every receiver that holds the parent version.
+ * Strings returned through `const char**` stay valid until the next call on
+ * the same handle. */
+typedef struct dte_push_server dte_push_server;
+typedef struct dte_push_receiver dte_push_receiver;
+/* address "HOST:PORT" (port 0: any free port); timeout_ms bounds each push
+ * and each new receiver's hello. */
+int dte_push_server_start(const char* address, int64_t timeout_ms, dte_push_server** out);
+void dte_push_server_close(dte_push_server* s);
+int dte_push_server_port(dte_push_server* s, int32_t* port_out);
+/* PushServer::StatusJson: receivers and the events since the last call. */
+int dte_push_server_status_json(dte_push_server* s, const char** json_out);
+/* Push after each successful publish of p (s NULL: stop). The server must
+ * outlive p or be unset first. */
+int dte_publisher_set_push(dte_publisher* p, dte_push_server* s);
+/* The push of p's last publish: PushReportJson, {"error": "..."} when it
+ * could not run, or "null" without a push server. */
+int dte_publisher_last_push_json(dte_publisher* p, const char** json_out);
+
+/* One tensor of a receiver, in its own layout, in host memory. dtype is a
+ * safetensors name ("BF16", "F32", ...). */
+typedef struct dte_push_tensor {
+  const char* name;
+  const char* dtype;
+  int32_t ndim;
+  const int64_t* shape;
+  void* data;
+} dte_push_tensor;
+
+typedef struct dte_push_receiver_status {
+  int32_t has_version; /* 0: unknown, or inconsistent */
+  uint64_t version;
+  int32_t inconsistent; /* a catch-up failed part way */
+  int32_t connected;
+  int32_t has_behind; /* the server said it is at `behind`: catch up */
+  uint64_t behind;
+  uint64_t pending, pushes, elements;
+} dte_push_receiver_status;
+
+/* Starts a receiver: rank `rank` of a layout of degree tp (fuse_* nonzero:
+ * vLLM/SGLang fused qkv_proj / gate_up_proj); has_version nonzero: the
+ * tensors hold `version`. auto_apply nonzero: pushes are written as they
+ * arrive, on the receiver's thread. */
+int dte_push_receiver_open(const char* address, int32_t rank, int32_t tp, int32_t fuse_qkv,
+                           int32_t fuse_gate_up, int32_t has_version, uint64_t version,
+                           const dte_push_tensor* tensors, size_t count, int32_t auto_apply,
+                           int64_t timeout_ms, dte_push_receiver** out);
+void dte_push_receiver_close(dte_push_receiver* r);
+int dte_push_receiver_apply_pending(dte_push_receiver* r, uint64_t* applied_out);
+/* DTE_OK once the tensors hold `version` or newer; DTE_NOT_FOUND when the
+ * receiver missed pushes (catch up), DTE_IO_ERROR on timeout. */
+int dte_push_receiver_wait_for(dte_push_receiver* r, uint64_t version, int64_t timeout_ms);
+/* Copies `version` (has_version 0: the one the server said) from the store
+ * into the tensors and tells the server. */
+int dte_push_receiver_catch_up(dte_push_receiver* r, dte_store* s, int32_t has_version,
+                               uint64_t version);
+/* error_out (may be NULL): the last error ("" if none). */
+int dte_push_receiver_get_status(dte_push_receiver* r, dte_push_receiver_status* out,
+                                 const char** error_out);
+
 /* Reading versions back (verification, tests). */
 int dte_store_open(const char* store, const char* cache_dir, dte_store** out);
 void dte_store_close(dte_store* s);

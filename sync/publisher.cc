@@ -215,6 +215,11 @@ Result<CommitResult> Publisher::ImportCheckpoint(const std::string& dir) {
   ASSIGN_OR_RETURN(CommitResult r, CommitDirectory(*store_, dir, CommitOptions{}));
   last_version_ = r.version;
   last_step_.reset();
+  if (push_) {
+    // Receivers are told of the new version; they catch up from the store.
+    ASSIGN_OR_RETURN(auto v, store_->GetVersion(r.version));
+    RETURN_IF_ERROR(push_->SetLatest(*store_, v));
+  }
   return r;
 }
 

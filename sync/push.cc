@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -97,8 +98,17 @@ class PushServer::Impl {
 
   Status SetLatest(Store& store, const std::shared_ptr<const Version>& v) {
     ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(store, *v));
-    std::lock_guard lock(mu_);
-    InstallLocked(v, std::move(in));
+    {
+      std::lock_guard lock(mu_);
+      InstallLocked(v, std::move(in));
+      // Receivers that hold something else catch up to it.
+      for (auto& [id, c] : conns_) {
+        if (!c->hello_done || !c->drop.empty() || c->info.version == v->manifest.version) continue;
+        c->info.behind = true;
+        SendLocked(*c, Frame(Msg::kBehind, Json({{"latest", v->manifest.version}})));
+      }
+    }
+    Wake();
     return Status::Ok();
   }
 
@@ -206,6 +216,10 @@ class PushServer::Impl {
   std::shared_ptr<const Version> latest_;
   std::map<LayoutKey, TransferPlan> plans_;
   std::vector<std::string> events_;
+  // Receivers dropped and closed while a push awaited them: id -> reason,
+  // for that push's report (cleared by each push).
+  std::map<uint64_t, std::string> gone_;
+  std::set<uint64_t> confirmed_;  // receivers that confirmed the current push
 };
 
 void PushServer::Impl::OnHello(Conn& c, const std::string& body) {
@@ -281,6 +295,7 @@ void PushServer::Impl::OnMessage(Conn& c, const push_internal::Parsed& m) {
         return DropLocked(c, "confirmed a push it was not sent");
       }
       c.awaiting.reset();
+      confirmed_.insert(c.info.id);
       c.info.version = v;
       c.info.behind = false;
       c.info.pushes++;
@@ -331,7 +346,10 @@ void PushServer::Impl::Loop() {
           DropLocked(c, "no hello within the timeout");
         }
         if (!c.drop.empty() || (c.close_after_flush && c.out.empty())) {
-          if (c.awaiting) cv_.notify_all();
+          if (c.awaiting) {
+            gone_[it->first] = "receiver " + c.who + ": " + c.drop;
+            cv_.notify_all();
+          }
           it = conns_.erase(it);
           continue;
         }
@@ -529,6 +547,8 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
   std::vector<uint64_t> sent;
   {
     std::lock_guard lock(mu_);
+    gone_.clear();
+    confirmed_.clear();
     for (Target& t : targets) {
       auto it = conns_.find(t.id);
       if (it == conns_.end() || !it->second->drop.empty()) continue;
@@ -572,9 +592,15 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
   cv_.wait_until(lock, deadline, [&] { return !pending(); });
   for (uint64_t id : sent) {
     auto it = conns_.find(id);
+    if (confirmed_.count(id)) {
+      report.pushed++;  // also when it closed after confirming (a receiver that is done)
+      continue;
+    }
     if (it == conns_.end()) {
-      report.dropped.push_back("receiver connection " + std::to_string(id) +
-                               " closed during the push");
+      auto g = gone_.find(id);
+      report.dropped.push_back(g != gone_.end() ? g->second
+                                                : "receiver connection " + std::to_string(id) +
+                                                      " closed during the push");
       continue;
     }
     Conn& c = *it->second;
@@ -592,6 +618,33 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
   Wake();
   report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return report;
+}
+
+std::string PushReportJson(const PushReport& r) {
+  return Json({{"version", r.version},
+               {"pushed", r.pushed},
+               {"behind", r.behind},
+               {"elements", r.elements},
+               {"bytes", r.bytes},
+               {"seconds", r.seconds},
+               {"dropped", r.dropped}});
+}
+
+std::string PushServer::StatusJson() {
+  nlohmann::json rs = nlohmann::json::array();
+  for (const PushReceiverInfo& i : Receivers()) {
+    rs.push_back({{"id", i.id},
+                  {"rank", i.rank},
+                  {"tp", i.layout.tp},
+                  {"fuse_qkv", i.layout.fuse_qkv},
+                  {"fuse_gate_up", i.layout.fuse_gate_up},
+                  {"version", i.version ? nlohmann::json(*i.version) : nlohmann::json(nullptr)},
+                  {"behind", i.behind},
+                  {"pushes", i.pushes},
+                  {"elements", i.elements},
+                  {"bytes", i.bytes}});
+  }
+  return Json({{"port", port()}, {"receivers", rs}, {"events", TakeEvents()}});
 }
 
 PushServer::PushServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -91,6 +91,9 @@ struct PushReport {
   std::vector<std::string> dropped;  // one line per receiver dropped, with the reason
 };
 
+// {"version", "pushed", "behind", "elements", "bytes", "seconds", "dropped": [...]}
+std::string PushReportJson(const PushReport& r);
+
 class PushServer {
  public:
   static Result<std::unique_ptr<PushServer>> Start(const PushServerOptions& options);
@@ -111,8 +114,12 @@ class PushServer {
                           const std::vector<TensorChanges>& changes);
 
   std::vector<PushReceiverInfo> Receivers() const;
-  // Lines about receivers dropped outside a push (bad hello, disconnect).
+  // Lines about receivers refused or dropped, oldest first, taken.
   std::vector<std::string> TakeEvents();
+  // {"port", "receivers": [{"id", "rank", "tp", "fuse_qkv", "fuse_gate_up",
+  // "version" (null: unknown), "behind", "pushes", "elements", "bytes"}],
+  // "events": [...]} (the events are taken).
+  std::string StatusJson();
 
   class Impl;
 

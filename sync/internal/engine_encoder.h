@@ -95,8 +95,8 @@ class EngineEncoder {
   // and spool, adding to *tensor_changed and counts.
   // `first_record` is records[0]'s index in the version's block table.
   Status AppendChunk(const std::vector<EngineCounts>& per_block, BlockRecord* records,
-                     size_t first_record, uint64_t first_element, Spool* spool,
-                     uint32_t blob_index, uint64_t* tensor_changed, EngineCounts* counts);
+                     size_t first_record, uint64_t first_element, Spool* spool, uint32_t blob_index,
+                     uint64_t* tensor_changed, EngineCounts* counts);
 
   uint64_t block_bytes_;
   kernels::AdamWParams params_;

@@ -146,7 +146,8 @@ Result<std::unique_ptr<addrinfo, AddrInfoDeleter>> Resolve(const std::string& ad
   hints.ai_flags = passive ? AI_PASSIVE : 0;
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
-  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+  const int rc =
+      getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
   if (rc != 0) {
     return IOError("cannot resolve \"" + address + "\": " + std::string(gai_strerror(rc)));
   }
@@ -176,9 +177,9 @@ Result<ScopedFd> ListenTcp(const std::string& address, int backlog, int* bound_p
     if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
       return ErrnoStatus("getsockname", errno);
     }
-    *bound_port = ntohs(bound.ss_family == AF_INET6
-                           ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    *bound_port =
+        ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                          : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
     return fd;
   }
   return last;

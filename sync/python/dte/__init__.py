@@ -29,11 +29,22 @@ registered buffers (docs/live.md):
          dte.Receiver("/mnt/policy", tp=2, rank=0) as rx:
         rx.register_shared(w)
         dte.apply("/mnt/policy")            # or `dtectl apply /mnt/policy`
+
+Inside one cluster, the trainer can push each version's changed elements
+straight into inference ranks' weights (docs/push.md):
+
+    pub = dte.Publisher(store=..., push=dte.PushGroup(address="0.0.0.0:29600"))
+    rx = dte.PushReceiver(address="trainer-0:29600", rank=tp_rank,
+                          layout=dte.FusedReceiverLayout(tp),
+                          tensors=dict(model.named_parameters()), version=loaded_version)
+    rx.wait_for(version)
 """
 
 from dte._live import Receiver, SharedWeights, apply, live_status
+from dte._push import FusedReceiverLayout, PushGroup, PushReceiver, ReceiverLayout
 from dte._publisher import (DteError, Publisher, PublishResult, StoreReader, chunk_rows,
                             publish_torch_adamw)
 
-__all__ = ["DteError", "Publisher", "PublishResult", "Receiver", "SharedWeights", "StoreReader",
-           "apply", "chunk_rows", "live_status", "publish_torch_adamw"]
+__all__ = ["DteError", "FusedReceiverLayout", "Publisher", "PublishResult", "PushGroup",
+           "PushReceiver", "Receiver", "ReceiverLayout", "SharedWeights", "StoreReader", "apply",
+           "chunk_rows", "live_status", "publish_torch_adamw"]

@@ -76,6 +76,19 @@ class PublishResult(ctypes.Structure):
         "uncertain", "stored_bytes", "state_bytes")]
 
 
+class PushTensor(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_char_p), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("data", ctypes.c_void_p)]
+
+
+class PushReceiverStatus(ctypes.Structure):
+    _fields_ = [("has_version", ctypes.c_int32), ("version", ctypes.c_uint64),
+                ("inconsistent", ctypes.c_int32), ("connected", ctypes.c_int32),
+                ("has_behind", ctypes.c_int32), ("behind", ctypes.c_uint64),
+                ("pending", ctypes.c_uint64), ("pushes", ctypes.c_uint64),
+                ("elements", ctypes.c_uint64)]
+
+
 # Live apply (sync/live_abi.h): the ioctl structs, field for field.
 LIVE_ABI_VERSION = 2
 LIVE_LATEST = 2**64 - 1  # DTE_LIVE_LATEST
@@ -187,6 +200,25 @@ def _declare(lib):
                                             ctypes.POINTER(ctypes.c_uint64)]),
         "dte_store_read_tensor": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.c_char_p,
                                                  ctypes.c_void_p, ctypes.c_uint64]),
+        "dte_push_server_start": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int64,
+                                                 ctypes.POINTER(P)]),
+        "dte_push_server_close": (None, [P]),
+        "dte_push_server_port": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_int32)]),
+        "dte_push_server_status_json": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
+        "dte_publisher_set_push": (ctypes.c_int, [P, P]),
+        "dte_publisher_last_push_json": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
+        "dte_push_receiver_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int32,
+                                                  ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                                  ctypes.c_int32, ctypes.c_uint64,
+                                                  ctypes.POINTER(PushTensor), ctypes.c_size_t,
+                                                  ctypes.c_int32, ctypes.c_int64,
+                                                  ctypes.POINTER(P)]),
+        "dte_push_receiver_close": (None, [P]),
+        "dte_push_receiver_apply_pending": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_uint64)]),
+        "dte_push_receiver_wait_for": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.c_int64]),
+        "dte_push_receiver_catch_up": (ctypes.c_int, [P, P, ctypes.c_int32, ctypes.c_uint64]),
+        "dte_push_receiver_get_status": (ctypes.c_int, [P, ctypes.POINTER(PushReceiverStatus),
+                                                        ctypes.POINTER(ctypes.c_char_p)]),
         "dte_live_apply_version": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_uint64,
                                                   ctypes.POINTER(LiveCounts)]),
         "dte_live_get_status": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(LiveStatus)]),

@@ -102,6 +102,9 @@ class PublishResult:
     uncertain: int        # stored whole; at most this many stored elements are unchanged
     stored_bytes: int
     state_bytes: int      # optimizer state read: 12 bytes per element
+    # With push=: {"version", "pushed", "behind", "elements", "bytes", "seconds",
+    # "dropped": [lines]}, or {"error": ...} when the push could not run.
+    push: object = None
 
     def __int__(self):
         return self.version
@@ -176,7 +179,7 @@ class Publisher(_Handle):
 
     def __init__(self, store, converter="hf", cache_dir=None, anchor_budget=1.0, anchor_every=0,
                  rank=None, world_size=None, group=None, rendezvous=None, job=None,
-                 timeout=60.0):
+                 timeout=60.0, push=None):
         """anchor_budget, anchor_every: the anchor policy, as dtectl commit's
         --anchor-budget and --anchor-every (docs/cli.md).
 
@@ -198,10 +201,18 @@ class Publisher(_Handle):
         job (ranks on hosts that share nothing but the store: messages are
         objects under exchange/JOB/ of the store; a restarted job takes a new
         name). timeout (seconds) bounds the TCP and store transports' waits;
-        a process group's own timeout bounds its waits."""
+        a process group's own timeout bounds its waits.
+
+        push: a dte.PushGroup; after each publish, the version's changed
+        elements go to its receivers (docs/push.md). Single-process
+        publishers only in this build."""
         self._h = None
         self._transport = None
+        self._push = None
         self._dist = world_size is not None or group is not None
+        if push is not None and self._dist:
+            raise DteError(1, "push= is not supported by distributed publishers yet: push from "
+                           "a single-process publisher, or have receivers follow the store")
         handle = ctypes.c_void_p()
         cache = os.fsencode(cache_dir) if cache_dir else None
         self._mcore = not (isinstance(converter, str) and converter == "hf")
@@ -259,8 +270,14 @@ class Publisher(_Handle):
         self._h = handle
         _check(lib.dte_publisher_set_anchor_policy(self._h, float(anchor_budget),
                                                    int(anchor_every)))
+        if push is not None:
+            _check(lib.dte_publisher_set_push(self._h, push._h))
+            self._push = push  # the server must outlive this publisher's use of it
 
     def close(self):
+        if self._push is not None and self._h:
+            lib.dte_publisher_set_push(self._h, None)
+            self._push = None
         if self._transport:
             lib.dte_transport_close(self._transport)
             self._transport = None
@@ -317,7 +334,12 @@ class Publisher(_Handle):
         publish = (lib.dte_publisher_publish_adamw_mcore if self._mcore
                    else lib.dte_publisher_publish_adamw)
         _check(publish(self._h, ctypes.byref(h), entries, len(params), ctypes.byref(out)))
-        return PublishResult(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
+        result = PublishResult(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
+        if self._push is not None:
+            text = ctypes.c_char_p()
+            _check(lib.dte_publisher_last_push_json(self._h, ctypes.byref(text)))
+            result.push = json.loads(text.value.decode())
+        return result
 
     def last_stats(self):
         """What the last distributed publish did on this rank: entries_sent,

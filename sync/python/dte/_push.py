@@ -1,0 +1,165 @@
+"""Same-cluster push from Python (sync/push.h, docs/push.md): the trainer's
+PushGroup, given to a Publisher, sends each published version's changed
+elements straight into the tensors of every registered PushReceiver (the
+ranks of inference servers), remapped to their tensor-parallel, fused
+layouts.
+
+    # trainer
+    pub = dte.Publisher(store=..., push=dte.PushGroup(address="0.0.0.0:29600"))
+    r = pub.publish_adamw(...)            # r.push: what the push did
+
+    # every inference rank
+    rx = dte.PushReceiver(address="trainer-0:29600", rank=tp_rank,
+                          layout=dte.FusedReceiverLayout(tp),
+                          tensors=dict(model.named_parameters()), version=loaded_version)
+    rx.wait_for(version)                  # applies the pushes (pause generation around it)
+"""
+
+import ctypes
+import json
+
+from dte import _lib
+from dte._lib import lib
+from dte._publisher import DteError, StoreReader, _check, _Handle, _torch
+
+_TORCH_DTYPES = {"bfloat16": "BF16", "float32": "F32", "float16": "F16", "float64": "F64",
+                 "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
+                 "bool": "BOOL"}
+
+
+def ReceiverLayout(tp=1, fuse_qkv=False, fuse_gate_up=False):
+    """How a receiver holds the model: tensor-parallel degree and fusions."""
+    return {"tp": int(tp), "fuse_qkv": bool(fuse_qkv), "fuse_gate_up": bool(fuse_gate_up)}
+
+
+def FusedReceiverLayout(tp):
+    """vLLM's and SGLang's layout: qkv_proj and gate_up_proj fused, TP of degree tp."""
+    return ReceiverLayout(tp, True, True)
+
+
+class PushGroup(_Handle):
+    """The trainer's push server. address "HOST:PORT" (port 0: any free port;
+    see .port); timeout (seconds) bounds each push: a receiver that has not
+    confirmed by then is dropped and the publish goes on."""
+
+    _close_fn = "dte_push_server_close"
+
+    def __init__(self, address="127.0.0.1:0", timeout=30.0):
+        handle = ctypes.c_void_p()
+        _check(lib.dte_push_server_start(address.encode(), int(timeout * 1000),
+                                         ctypes.byref(handle)))
+        self._h = handle
+        host = address.rsplit(":", 1)[0]
+        self.address = "%s:%d" % (host if host not in ("", "0.0.0.0") else "127.0.0.1", self.port)
+
+    @property
+    def port(self):
+        port = ctypes.c_int32()
+        _check(lib.dte_push_server_port(self._h, ctypes.byref(port)))
+        return port.value
+
+    def status(self):
+        """{"port", "receivers": [{"rank", "tp", "version", "behind", "pushes", ...}],
+        "events": [lines about receivers refused or dropped since the last call]}"""
+        text = ctypes.c_char_p()
+        _check(lib.dte_push_server_status_json(self._h, ctypes.byref(text)))
+        return json.loads(text.value.decode())
+
+
+def _tensor_entry(name, value, keep):
+    """A _lib.PushTensor over the memory of a CPU torch tensor or a
+    ("DTYPE", numpy array) pair, written in place by pushes."""
+    torch = _torch()
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            raise DteError(1, "tensor %s is on %s; this build of dte pushes into CPU memory only"
+                           % (name, value.device))
+        if not value.is_contiguous():
+            raise DteError(1, "tensor %s is not contiguous: pushes write it in place" % name)
+        dtype = _TORCH_DTYPES.get(str(value.dtype).replace("torch.", ""))
+        if dtype is None:
+            raise DteError(1, "tensor %s: dtype %s has no safetensors name" % (name, value.dtype))
+        ptr, shape = value.data_ptr(), tuple(value.shape)
+    else:
+        try:
+            dtype, array = value
+        except (TypeError, ValueError):
+            raise DteError(1, "tensor %s: give a torch tensor or a (\"DTYPE\", numpy array) pair"
+                           % name) from None
+        if not array.flags["C_CONTIGUOUS"] or not array.flags["WRITEABLE"]:
+            raise DteError(1, "tensor %s: the array must be C-contiguous and writeable" % name)
+        ptr, shape = array.ctypes.data, tuple(array.shape)
+        value = array
+    dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+    encoded, dt = name.encode(), dtype.encode()
+    keep.extend((value, dims, encoded, dt))
+    return _lib.PushTensor(encoded, dt, len(shape), dims, ptr or None)
+
+
+class PushReceiver(_Handle):
+    """One inference rank's receiver. tensors: {name: tensor} in the rank's
+    own layout (e.g. dict(model.named_parameters()) of a vLLM worker), CPU
+    torch tensors or ("DTYPE", numpy array) pairs, written in place.
+    version: the version they hold now (None: unknown; the server then says
+    which one it is at and the receiver catches up). With auto_apply, pushes
+    are written as they arrive, on the receiver's own thread; otherwise they
+    wait, received and checked, until apply_pending() or wait_for()."""
+
+    _close_fn = "dte_push_receiver_close"
+
+    def __init__(self, address, tensors, rank=0, layout=None, version=None, auto_apply=False,
+                 timeout=30.0):
+        layout = layout or ReceiverLayout()
+        self._keep = []
+        entries = (_lib.PushTensor * max(len(tensors), 1))()
+        for i, (name, value) in enumerate(tensors.items()):
+            entries[i] = _tensor_entry(name, value, self._keep)
+        handle = ctypes.c_void_p()
+        _check(lib.dte_push_receiver_open(
+            address.encode(), int(rank), int(layout["tp"]), int(layout["fuse_qkv"]),
+            int(layout["fuse_gate_up"]), int(version is not None),
+            int(version if version is not None else 0), entries, len(tensors),
+            int(bool(auto_apply)), int(timeout * 1000), ctypes.byref(handle)))
+        self._h = handle
+        self.rank, self.layout = int(rank), layout
+
+    def apply_pending(self):
+        """Writes every push received so far into the tensors; returns how many."""
+        n = ctypes.c_uint64()
+        _check(lib.dte_push_receiver_apply_pending(self._h, ctypes.byref(n)))
+        return n.value
+
+    def wait_for(self, version, timeout=60.0):
+        """Applies pushes until the tensors hold `version` or newer. Raises
+        DteError with code 2 (not found) when this receiver missed pushes
+        (catch_up() first), code 5 on timeout."""
+        _check(lib.dte_push_receiver_wait_for(self._h, int(version), int(timeout * 1000)))
+
+    def catch_up(self, store, version=None, cache_dir=None):
+        """Copies `version` (default: the one the server said it is at) from
+        the store (a path, an s3:// URI or a dte.StoreReader) into the
+        tensors and tells the server, which pushes again from there."""
+        reader = store if isinstance(store, StoreReader) else StoreReader(store, cache_dir)
+        try:
+            _check(lib.dte_push_receiver_catch_up(self._h, reader._h, int(version is not None),
+                                                  int(version if version is not None else 0)))
+        finally:
+            if reader is not store:
+                reader.close()
+
+    def status(self):
+        """{"version" (None: unknown or inconsistent), "inconsistent", "connected",
+        "behind" (the server's version when told to catch up, else None),
+        "pending", "pushes", "elements", "error"}"""
+        st = _lib.PushReceiverStatus()
+        err = ctypes.c_char_p()
+        _check(lib.dte_push_receiver_get_status(self._h, ctypes.byref(st), ctypes.byref(err)))
+        return {"version": st.version if st.has_version else None,
+                "inconsistent": bool(st.inconsistent), "connected": bool(st.connected),
+                "behind": st.behind if st.has_behind else None, "pending": st.pending,
+                "pushes": st.pushes, "elements": st.elements,
+                "error": err.value.decode("utf-8", "replace") if err.value else ""}
+
+    @property
+    def version(self):
+        return self.status()["version"]

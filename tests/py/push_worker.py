@@ -1,0 +1,121 @@
+"""A process of the push tests (tests/py/test_push.py).
+
+receiver: one inference rank. Its tensors start as zeros of its layout with
+no version; it catches up from the store whenever the server says it is
+behind, applies pushes, and after each version it reaches checks every
+tensor against the store's version sharded by plain slicing
+(push_util.local_state), then writes DIR/TAG-VERSION. Exits once it holds
+--steps; writes the versions it checked (and how: "push" or "catch-up") as
+JSON to --out.
+
+trainer: imports v0, publishes --steps AdamW steps with a push group on
+--address, prints "published N" after each, then waits to be killed.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import push_util  # noqa: E402
+
+import dte  # noqa: E402
+import torch  # noqa: E402
+
+
+def canonical_shapes():
+    return {n: tuple(p.shape) for n, p in push_util.TinyGqaLM().named().items()}
+
+
+def receiver(a):
+    shapes = canonical_shapes()
+    zeros = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in shapes.items()}
+    tensors = push_util.local_state(zeros, a.tp, a.rank, a.fused)
+    layout = dte.FusedReceiverLayout(a.tp) if a.fused else dte.ReceiverLayout(a.tp)
+    rx = dte.PushReceiver(a.address, tensors, rank=a.rank, layout=layout, version=None,
+                          timeout=10.0)
+    checked = []
+    target = 0
+    how = "push"
+    while True:
+        try:
+            rx.wait_for(target, timeout=120.0)
+        except dte.DteError as e:
+            if e.code != 2:  # not "behind"
+                raise
+            rx.catch_up(a.store)
+            how = "catch-up"
+        v = rx.version
+        want = push_util.local_state(push_util.read_version(dte, a.store, v, shapes), a.tp,
+                                     a.rank, a.fused)
+        for n, t in want.items():
+            if not torch.equal(tensors[n].view(torch.int16), t.view(torch.int16)):
+                raise SystemExit("%s: tensor %s differs from v%d (%s)" % (a.tag, n, v, how))
+        checked.append([v, how])
+        how = "push"
+        with open(os.path.join(a.marks, "%s-%d" % (a.tag, v)), "w"):
+            pass
+        if v >= a.steps:
+            break
+        target = v + 1
+    with open(a.out, "w") as f:
+        json.dump({"checked": checked, "status": rx.status()}, f)
+    rx.close()
+
+
+def train_step(model, opt, step):
+    g = torch.Generator().manual_seed(1000 + step)
+    opt.zero_grad()
+    loss = sum((p * torch.randn(p.shape, generator=g)).sum() for p in model.parameters())
+    loss.backward()
+    opt.step()
+
+
+def params_for(model, opt):
+    out = {}
+    for name, p in model.named().items():
+        st = opt.state[p]
+        out[name] = {"param": p, "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"],
+                     "step": st["step"]}
+    return out
+
+
+def trainer(a):
+    model = push_util.TinyGqaLM(seed=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-6, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.0)
+    group = dte.PushGroup(a.address, timeout=5.0)
+    pub = dte.Publisher(store=a.store, push=group)
+    push_util.save_checkpoint(a.ckpt, model)
+    pub.import_checkpoint(a.ckpt)
+    print("published 0", flush=True)
+    for step in range(1, a.steps + 1):
+        train_step(model, opt, step)
+        r = pub.publish_adamw(step=step, params=params_for(model, opt), lr=5e-6,
+                              betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+        print("published %d %s" % (r.version, json.dumps(r.push)), flush=True)
+    while True:
+        time.sleep(1)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["receiver", "trainer"])
+    p.add_argument("--address", required=True)
+    p.add_argument("--store", required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--fused", action="store_true")
+    p.add_argument("--tag", default="rx")
+    p.add_argument("--marks")
+    p.add_argument("--out")
+    p.add_argument("--ckpt")
+    a = p.parse_args()
+    receiver(a) if a.mode == "receiver" else trainer(a)
+
+
+if __name__ == "__main__":
+    main()

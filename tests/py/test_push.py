@@ -1,0 +1,242 @@
+"""Same-cluster push end to end (docs/push.md): a trainer trains a small GQA
+Llama-shaped model with torch.optim.AdamW and publishes every step with a
+dte.PushGroup; 1, 2 and 4 receiver processes (tests/py/push_worker.py) in
+tensor-parallel, fused layouts hold every version bit for bit, checked
+against the store's version sharded by plain slicing. Faults: a receiver
+stopped with SIGSTOP misses a push, is dropped within the timeout, and
+catches up from the store; a receiver killed with kill -9 does not stop the
+publishes; a trainer killed with kill -9 leaves receivers holding their
+last version, whole, and saying so.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import push_util  # noqa: E402
+
+import dte  # noqa: E402
+
+WORKER = os.path.join(os.path.dirname(__file__), "push_worker.py")
+LAYOUTS = {1: [(1, 0, False)], 2: [(2, 0, True), (2, 1, True)],
+           4: [(4, r, True) for r in range(4)]}  # tp 4 > 2 kv heads: replicated heads
+
+
+def wait_until(pred, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting for " + what)
+
+
+class Run:
+    """A trainer in this process and receiver processes."""
+
+    def __init__(self, tmp, receivers, timeout=10.0):
+        self.tmp = tmp
+        self.store = str(tmp / "store")
+        self.marks = tmp / "marks"
+        self.marks.mkdir()
+        self.model = push_util.TinyGqaLM(seed=3)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=5e-6, betas=(0.9, 0.95),
+                                     eps=1e-8, weight_decay=0.0)
+        self.group = dte.PushGroup("127.0.0.1:0", timeout=timeout)
+        self.pub = dte.Publisher(store=self.store, push=self.group)
+        push_util.save_checkpoint(tmp / "v0", self.model)
+        assert self.pub.import_checkpoint(str(tmp / "v0")) == 0
+        self.procs = {}
+        self.layouts = receivers
+
+    def start(self, steps):
+        for tp, rank, fused in self.layouts:
+            self.start_one(tp, rank, fused, steps)
+        # Every receiver connected, caught up to v0 and checked it.
+        self.await_marks(0)
+
+    def start_one(self, tp, rank, fused, steps):
+        tag = "tp%d-r%d" % (tp, rank)
+        argv = [sys.executable, WORKER, "receiver", "--address", self.group.address,
+                "--store", self.store, "--steps", str(steps), "--rank", str(rank),
+                "--tp", str(tp), "--tag", tag, "--marks", str(self.marks),
+                "--out", str(self.tmp / (tag + ".json"))] + (["--fused"] if fused else [])
+        self.procs[tag] = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+        return tag
+
+    def await_marks(self, version, tags=None):
+        tags = tags or list(self.procs)
+
+        def done():
+            for tag in tags:
+                if self.procs[tag].poll() is not None:
+                    raise AssertionError("%s exited: %s" % (tag, self.procs[tag].stderr.read()))
+            return all((self.marks / ("%s-%d" % (t, version))).exists() for t in tags)
+        wait_until(done, 60, "receivers %s to check v%d" % (tags, version))
+
+    def publish(self, step):
+        g = torch.Generator().manual_seed(1000 + step)
+        self.opt.zero_grad()
+        loss = sum((p * torch.randn(p.shape, generator=g)).sum() for p in self.model.parameters())
+        loss.backward()
+        self.opt.step()
+        params = {n: {"param": p, "exp_avg": self.opt.state[p]["exp_avg"],
+                      "exp_avg_sq": self.opt.state[p]["exp_avg_sq"],
+                      "step": self.opt.state[p]["step"]} for n, p in self.model.named().items()}
+        t0 = time.monotonic()
+        r = self.pub.publish_adamw(step=step, params=params, lr=5e-6, betas=(0.9, 0.95),
+                                   eps=1e-8, weight_decay=0.0)
+        return r, time.monotonic() - t0
+
+    def results(self):
+        out = {}
+        for tag, p in self.procs.items():
+            assert p.wait(60) == 0, "%s: %s" % (tag, p.stderr.read())
+            with open(self.tmp / (tag + ".json")) as f:
+                out[tag] = json.load(f)
+        return out
+
+    def close(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.pub.close()
+        self.group.close()
+
+
+@pytest.fixture
+def run(tmp_path):
+    runs = []
+
+    def make(receivers, timeout=10.0):
+        r = Run(tmp_path, receivers, timeout)
+        runs.append(r)
+        return r
+    yield make
+    for r in runs:
+        r.close()
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_receivers_hold_every_version_bit_for_bit(run, n):
+    steps = 4
+    r = run(LAYOUTS[n])
+    r.start(steps)
+    for step in range(1, steps + 1):
+        res, _ = r.publish(step)
+        assert res.version == step
+        assert res.changed > 0
+        assert res.push["pushed"] == n and res.push["dropped"] == [], (res.push, r.group.status())
+        assert res.push["elements"] >= res.changed  # every change reaches each TP group
+        r.await_marks(step)
+    for tag, out in r.results().items():
+        assert out["checked"] == [[0, "catch-up"]] + [[v, "push"] for v in range(1, steps + 1)]
+        assert out["status"]["pushes"] == steps and out["status"]["version"] == steps
+
+
+def test_stopped_receiver_is_dropped_and_catches_up_from_the_store(run):
+    r = run(LAYOUTS[2], timeout=1.0)
+    r.start(3)
+    res, _ = r.publish(1)
+    assert res.push["pushed"] == 2
+    r.await_marks(1)
+    stopped = r.procs["tp2-r1"]
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        res, secs = r.publish(2)
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+    assert res.version == 2
+    assert res.push["pushed"] == 1
+    assert len(res.push["dropped"]) == 1 and "did not confirm v00000002" in res.push["dropped"][0]
+    assert secs < 5.0, "a stalled receiver held the publish for %.1f s" % secs
+    r.await_marks(2)
+    # The stopped receiver reconnects and holds v2: from the push that sat in
+    # its socket (whole, so it applies) or from the store.
+    wait_until(lambda: [x["version"] for x in r.group.status()["receivers"]] == [2, 2], 30,
+               "both receivers to be back at v2")
+    res, _ = r.publish(3)
+    assert res.push["pushed"] == 2, res.push
+    out = r.results()
+    assert out["tp2-r0"]["checked"] == [[0, "catch-up"], [1, "push"], [2, "push"], [3, "push"]]
+    checked = out["tp2-r1"]["checked"]
+    assert checked[:2] == [[0, "catch-up"], [1, "push"]] and checked[-1] == [3, "push"], checked
+    assert checked[2][0] == 2, checked
+
+
+def test_killed_receiver_does_not_stop_publishing_and_its_restart_catches_up(run):
+    r = run(LAYOUTS[2], timeout=2.0)
+    r.start(4)
+    res, _ = r.publish(1)
+    r.await_marks(1)
+    victim = r.procs.pop("tp2-r0")
+    victim.kill()
+    victim.wait()
+    for step in (2, 3):
+        res, secs = r.publish(step)
+        assert res.version == step
+        assert res.push["pushed"] == 1, res.push
+        assert secs < 5.0
+    r.await_marks(3)
+    events = r.group.status()["events"]
+    assert any("rank 0" in e and "closed the connection" in e for e in events), events
+    # Restarted, it joins late with empty tensors: the store brings it to v3,
+    # then it is pushed to again.
+    tag = r.start_one(2, 0, True, 4)
+    r.await_marks(3, [tag])
+    wait_until(lambda: [x["version"] for x in r.group.status()["receivers"]] == [3, 3], 30,
+               "the restarted receiver to be registered at v3")
+    res, _ = r.publish(4)
+    assert res.push["pushed"] == 2, res.push
+    out = r.results()
+    assert out["tp2-r0"]["checked"] == [[3, "catch-up"], [4, "push"]]
+    assert out["tp2-r1"]["status"]["version"] == 4
+
+
+def test_receiver_keeps_its_version_when_the_trainer_dies(tmp_path):
+    store = str(tmp_path / "store")
+    port_probe = dte.PushGroup("127.0.0.1:0")
+    address = port_probe.address
+    port_probe.close()
+    trainer = subprocess.Popen([sys.executable, WORKER, "trainer", "--address", address,
+                                "--store", store, "--steps", "2", "--ckpt",
+                                str(tmp_path / "v0")], stdout=subprocess.PIPE, text=True)
+    try:
+        shapes = {n: tuple(p.shape) for n, p in push_util.TinyGqaLM().named().items()}
+        zeros = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in shapes.items()}
+        tensors = push_util.local_state(zeros, 1, 0, False)
+        assert trainer.stdout.readline().startswith("published 0")
+        with dte.PushReceiver(address, tensors, version=None, auto_apply=True,
+                              timeout=5.0) as rx:
+            wait_until(lambda: rx.status()["behind"] is not None or rx.version is not None, 30,
+                       "the server's welcome")
+            if rx.version is None:
+                rx.catch_up(store)
+            for line in iter(trainer.stdout.readline, ""):
+                if line.startswith("published 2"):
+                    break
+            rx.wait_for(2, timeout=30)
+            trainer.kill()
+            trainer.wait()
+            wait_until(lambda: not rx.status()["connected"], 10, "the receiver to notice")
+            st = rx.status()
+            assert st["version"] == 2 and not st["inconsistent"], st
+            with pytest.raises(dte.DteError) as e:
+                rx.wait_for(3, timeout=0.5)
+            assert e.value.code == 5 and "holding v00000002, not connected" in str(e.value)
+            want = push_util.local_state(push_util.read_version(dte, store, 2, shapes), 1, 0,
+                                         False)
+            for n, t in want.items():
+                assert torch.equal(tensors[n].view(torch.int16), t.view(torch.int16)), n
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
