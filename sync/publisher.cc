@@ -272,7 +272,8 @@ class Publisher::Draft {
     TensorEntry& t = m_.files[at.file].tensors[at.tensor];
     encoder_.SetParams(ParamsFor(h, &s));
     if (collect_changes_) {
-      changes_.push_back({s.name, {}, {}});
+      changes_.emplace_back();
+      changes_.back().name = s.name;
       encoder_.SetChanges(&changes_.back());
     }
     RETURN_IF_ERROR(encoder_

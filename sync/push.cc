@@ -25,10 +25,8 @@
 #include "store/materialize.h"
 #include "store/store.h"
 #include "sync/convert.h"
-#include "sync/internal/p2p_pairs.h"
 #include "sync/internal/push_plan.h"
 #include "sync/internal/push_wire.h"
-#include "sync/p2p.h"
 
 namespace dte {
 
@@ -444,11 +442,10 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
   }
   const uint64_t parent = *v->manifest.parent;
   ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(store, *v));
-  // The changes as the plan's single sender holds them: one update per
-  // canonical tensor, in canonical order.
+  // The changes, checked against the version's tensors.
   std::map<std::string, size_t> where;
   for (size_t i = 0; i < in.canonical.size(); ++i) where[in.canonical[i].name] = i;
-  std::vector<SparseUpdate> updates(in.canonical.size());
+  std::map<std::string, const TensorChanges*> by_name;
   for (const TensorChanges& c : changes) {
     auto it = where.find(c.name);
     const std::string what = "push of " + VersionName(v->manifest.version) + ": tensor " + c.name;
@@ -465,7 +462,11 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
                                " is out of range or out of order");
       }
     }
-    updates[it->second] = {c.indices.data(), c.values.data(), c.indices.size()};
+    if ((!c.old_values.empty() && c.old_values.size() != c.values.size()) ||
+        (!c.known.empty() && c.known.size() != c.indices.size())) {
+      return InvalidArgument(what + ": old values or known flags do not match the entries");
+    }
+    if (!by_name.emplace(c.name, &c).second) return InvalidArgument(what + " is given twice");
   }
 
   // Which receivers get what: snapshot them, then pack outside the lock.
@@ -509,39 +510,47 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
   }
   Wake();
 
-  // One PackOutgoing per layout gives every rank's messages.
+  // Each layout's messages, per receiver rank, packed once: the plan's ops
+  // of that rank in plan order, each op's entries remapped into the
+  // receiver tensor and encoded (sync/internal/push_wire.h).
   struct Packed {
     push_internal::CountsMsg counts;
     std::string data;
     uint64_t elements = 0;
   };
   std::map<std::pair<LayoutKey, int>, Packed> packed;
+  std::vector<uint64_t> dst, pos;
   for (const auto& [key, plan] : plans) {
-    P2PRoles roles;
-    roles.sender_ranks = {0};
-    for (int r = 0; r < std::get<0>(key); ++r) roles.receiver_ranks.push_back(r + 1);
-    ASSIGN_OR_RETURN(auto pairs, p2p_internal::PairOps(*plan, roles, 0, std::get<0>(key) + 1));
-    std::map<int, p2p_internal::Outgoing> out;
-    std::vector<SparseUpdate> sender_updates;
-    for (const PlanTensor& t : plan->sender_tensors[0]) {
-      auto it = where.find(t.name);
-      sender_updates.push_back(it == where.end() ? SparseUpdate{} : updates[it->second]);
+    std::vector<const TensorChanges*> of(plan->canonical.size(), nullptr);
+    for (size_t c = 0; c < plan->canonical.size(); ++c) {
+      auto it = by_name.find(plan->canonical[c].name);
+      if (it != by_name.end()) of[c] = it->second;
     }
-    RETURN_IF_ERROR(p2p_internal::PackOutgoing(*plan, pairs, sender_updates, &out));
-    for (auto& [peer, o] : out) {
-      Packed p;
+    std::vector<Packed> ranks(std::get<0>(key));
+    for (Packed& p : ranks) {
       p.counts.version = v->manifest.version;
       p.counts.parent = parent;
-      p.counts.count = o.counts;
-      const std::vector<uint32_t>& ops = pairs.out.at(peer);
-      for (uint32_t op : ops) p.counts.tensor.push_back(plan->ops[op].receiver_tensor);
-      for (auto& [dtype, g] : o.groups) {
-        p.data.append(reinterpret_cast<const char*>(g.idx.data()), g.idx.size() * 8);
-        p.data.append(reinterpret_cast<const char*>(g.vals.data()), g.vals.size());
-        p.elements += g.idx.size();
-      }
-      packed[{key, peer - 1}] = std::move(p);
     }
+    for (const TransferOp& op : plan->ops) {
+      Packed& p = ranks[op.receiver];
+      p.counts.tensor.push_back(op.receiver_tensor);
+      const TensorChanges* c = of[op.canonical];
+      const size_t n = c ? c->indices.size() : 0;
+      size_t j = 0;
+      if (n > 0) {
+        dst.resize(n);
+        pos.resize(n);
+        j = RemapOpIndices(op, c->indices.data(), n, dst.data(), pos.data());
+      }
+      p.counts.count.push_back(j);
+      if (j == 0) continue;
+      const int w = DTypeWidth(plan->canonical[op.canonical].dtype);
+      push_internal::AppendOpSegments(dst.data(), pos.data(), j, w, c->values.data(),
+                                      c->old_values.empty() ? nullptr : c->old_values.data(),
+                                      c->known.empty() ? nullptr : c->known.data(), &p.data);
+      p.elements += j;
+    }
+    for (int r = 0; r < std::get<0>(key); ++r) packed[{key, r}] = std::move(ranks[r]);
   }
 
   std::vector<uint64_t> sent;

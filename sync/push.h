@@ -13,8 +13,8 @@
 // receiver that holds the parent version its part of the changes in two
 // rounds, as sync/p2p.h does (round 1: one u64 count per plan op of that
 // receiver, zeros included, with the receiver tensor each op lands in;
-// round 2: per dtype in DType order, the receiver-local u64 indices then
-// the values), and waits, bounded by the timeout, for each to confirm
+// round 2: each op's entries at receiver-local indices, encoded with the
+// delta codec, sync/internal/push_wire.h), and waits, bounded by the timeout, for each to confirm
 // receipt. A receiver that fails, stalls past the timeout or answers with
 // an error is dropped (its connection closed) and reported; the push still
 // completes. A receiver that holds another version is told it is behind and
@@ -50,10 +50,16 @@ struct Version;
 
 // The changed elements of one canonical (Hugging Face) tensor at a version:
 // increasing flat indices and their new values (DTypeWidth bytes each).
+// Where the sender knows the parent's elements (old_values, same layout as
+// values; known[k] != 0 for entry k, or `known` empty: all of them), a push
+// sends the difference, which the delta codec stores in about a byte;
+// otherwise the whole value.
 struct TensorChanges {
   std::string name;
   std::vector<uint64_t> indices;
   std::vector<uint8_t> values;
+  std::vector<uint8_t> old_values;
+  std::vector<uint8_t> known;
 };
 
 // The canonical tensors of a version and its attention geometry (from its

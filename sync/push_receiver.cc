@@ -16,7 +16,6 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "kernels/change_detect.h"
 #include "store/materialize.h"
 #include "store/store.h"
 #include "sync/internal/push_plan.h"
@@ -33,14 +32,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One push, checked: per op the own tensor and its slice of `data`.
+// One push, checked and decoded: per op the own tensor and its entries.
 struct Pending {
   uint64_t version = 0, parent = 0;
-  std::string data;
   struct Op {
     uint32_t tensor;
-    uint64_t count;
-    size_t idx_off, val_off;  // byte offsets into data
+    push_internal::OpEntries entries;
   };
   std::vector<Op> ops;
   uint64_t elements = 0;
@@ -144,11 +141,8 @@ class PushReceiver::Impl {
         }
       }
       for (const Pending::Op& op : p.ops) {
-        if (op.count == 0) continue;
         const PushTensor& t = options_.tensors[op.tensor];
-        kernels::ScatterParallel(t.data, DTypeWidth(t.dtype),
-                                 reinterpret_cast<const uint64_t*>(p.data.data() + op.idx_off),
-                                 p.data.data() + op.val_off, op.count);
+        push_internal::ApplyOpEntries(op.entries, DTypeWidth(t.dtype), t.data);
       }
       {
         std::lock_guard lock(mu_);
@@ -173,60 +167,35 @@ class PushReceiver::Impl {
     if (!s.ok()) shutdown(fd_.get(), SHUT_RDWR);
   }
 
-  // Checks a push against the tensors; Corruption naming what is wrong.
-  Result<Pending> Check(const push_internal::CountsMsg& c, std::string data) {
+  // Checks and decodes a push against the tensors; Corruption naming what
+  // is wrong. Nothing is written here.
+  Result<Pending> Check(const push_internal::CountsMsg& c, const std::string& data) {
     Pending p;
     p.version = c.version;
     p.parent = c.parent;
-    p.data = std::move(data);
     const std::string what = "push of " + VersionName(c.version);
-    // Per dtype: total counts; groups are laid out in DType order.
-    std::map<DType, uint64_t> total;
+    std::string_view in(data);
     for (size_t k = 0; k < c.count.size(); ++k) {
       if (c.tensor[k] >= options_.tensors.size()) {
         return Corruption(what + ": op " + std::to_string(k) + " names tensor " +
                           std::to_string(c.tensor[k]) + " of " +
                           std::to_string(options_.tensors.size()));
       }
+      const PushTensor& t = options_.tensors[c.tensor[k]];
       if (c.count[k] > numel_[c.tensor[k]]) {
         return Corruption(what + ": " + std::to_string(c.count[k]) + " elements for tensor " +
-                          options_.tensors[c.tensor[k]].name + " of " +
-                          std::to_string(numel_[c.tensor[k]]));
+                          t.name + " of " + std::to_string(numel_[c.tensor[k]]));
       }
-      total[options_.tensors[c.tensor[k]].dtype] += c.count[k];
+      if (c.count[k] == 0) continue;
+      Pending::Op op{c.tensor[k], {}};
+      RETURN_IF_ERROR(push_internal::ReadOpSegments(&in, c.count[k], numel_[c.tensor[k]],
+                                                    DTypeWidth(t.dtype),
+                                                    what + ", tensor " + t.name, &op.entries));
+      p.elements += c.count[k];
+      p.ops.push_back(std::move(op));
     }
-    std::map<DType, std::pair<size_t, size_t>> cursor;  // dtype -> (idx_off, val_off)
-    size_t off = 0;
-    for (const auto& [dtype, n] : total) {
-      if (n == 0) continue;
-      const size_t w = DTypeWidth(dtype);
-      cursor[dtype] = {off, off + n * 8};
-      off += n * (8 + w);
-    }
-    if (off != p.data.size()) {
-      return Corruption(what + ": " + std::to_string(p.data.size()) +
-                        " data bytes where the counts call for " + std::to_string(off));
-    }
-    for (size_t k = 0; k < c.count.size(); ++k) {
-      const PushTensor& t = options_.tensors[c.tensor[k]];
-      const size_t w = DTypeWidth(t.dtype);
-      auto& [io, vo] = cursor[t.dtype];
-      Pending::Op op{c.tensor[k], c.count[k], io, vo};
-      if (op.count > 0) {
-        const auto* idx = reinterpret_cast<const uint64_t*>(p.data.data() + io);
-        const uint64_t numel = numel_[op.tensor];
-        for (uint64_t j = 0; j < op.count; ++j) {
-          if (idx[j] >= numel || (j > 0 && idx[j] <= idx[j - 1])) {
-            return Corruption(what + ": index " + std::to_string(idx[j]) + " for tensor " + t.name +
-                              " of " + std::to_string(numel) +
-                              " elements is out of range or out of order");
-          }
-        }
-      }
-      io += op.count * 8;
-      vo += op.count * w;
-      p.elements += op.count;
-      p.ops.push_back(op);
+    if (!in.empty()) {
+      return Corruption(what + ": " + std::to_string(in.size()) + " bytes after the last op");
     }
     return p;
   }
@@ -320,7 +289,7 @@ Status PushReceiver::Impl::Session() {
       ASSIGN_OR_RETURN(auto data, push_internal::RecvFrame(raw, UINT64_MAX >> 8,
                                                            Deadline(options_.timeout), who));
       if (data.type != Msg::kData) return Corruption(who + " sent counts without data");
-      auto checked = Check(counts, std::move(data.body));
+      auto checked = Check(counts, data.body);
       Status bad = checked.status();
       std::optional<uint64_t> expected;
       {

@@ -123,8 +123,11 @@ void EngineEncoder::FinishBlock(const BlockEntries& e, uint64_t block_elems, siz
   const auto count = static_cast<uint32_t>(e.count);
   counts->changed += count;
   if (changes_) {
-    block_changes_[slot].first.assign(e.idx.begin(), e.idx.begin() + count);
-    block_changes_[slot].second.assign(e.new_bits.begin(), e.new_bits.begin() + count);
+    BlockChanges& c = block_changes_[slot];
+    c.idx.assign(e.idx.begin(), e.idx.begin() + count);
+    c.now.assign(e.new_bits.begin(), e.new_bits.begin() + count);
+    c.was.assign(e.old_bits.begin(), e.old_bits.begin() + count);
+    c.known.assign(e.known.begin(), e.known.begin() + count);
   }
   EncodedBlock& out = encoded_[slot];
   out = EncodedBlock{};
@@ -218,11 +221,14 @@ Status EngineEncoder::AppendChunk(const std::vector<EngineCounts>& per_block, Bl
   const uint64_t block_elems = block_bytes_ / kWidth;
   for (size_t b = 0; b < per_block.size(); ++b) {
     if (changes_) {
-      const auto& [idx, bits] = block_changes_[b];
+      const BlockChanges& c = block_changes_[b];
       const uint64_t base = first_element + b * block_elems;
-      for (uint32_t i : idx) changes_->indices.push_back(base + i);
-      const auto* v = reinterpret_cast<const uint8_t*>(bits.data());
-      changes_->values.insert(changes_->values.end(), v, v + bits.size() * kWidth);
+      for (uint32_t i : c.idx) changes_->indices.push_back(base + i);
+      const auto* now = reinterpret_cast<const uint8_t*>(c.now.data());
+      const auto* was = reinterpret_cast<const uint8_t*>(c.was.data());
+      changes_->values.insert(changes_->values.end(), now, now + c.now.size() * kWidth);
+      changes_->old_values.insert(changes_->old_values.end(), was, was + c.was.size() * kWidth);
+      changes_->known.insert(changes_->known.end(), c.known.begin(), c.known.end());
     }
     const EngineCounts& c = per_block[b];
     counts->flagged += c.flagged;

@@ -63,8 +63,9 @@ class EngineEncoder {
   // `full` (a policy anchor's full table; not owned); null: stop.
   void SetFull(FullTableBuilder* full) { full_ = full; }
   // Also append every stored entry of the following EncodeTensor calls to
-  // `changes` (flat element index and new BF16 bits, in index order; not
-  // owned), as a push sends them (sync/push.h); null: stop.
+  // `changes` (flat element index, new BF16 bits, and the old bits where
+  // proven, in index order; not owned), as a push sends them
+  // (sync/push.h); null: stop.
   void SetChanges(TensorChanges* changes) { changes_ = changes; }
 
   // Encodes the BF16 tensor t from theta, m, v (t->elements() FP32 values
@@ -113,7 +114,12 @@ class EngineEncoder {
   TensorChanges* changes_ = nullptr;
   // The chunk's entries per block when changes_ is set: block-relative
   // indices and new bits.
-  std::vector<std::pair<std::vector<uint32_t>, std::vector<uint16_t>>> block_changes_;
+  struct BlockChanges {
+    std::vector<uint32_t> idx;
+    std::vector<uint16_t> now, was;
+    std::vector<uint8_t> known;
+  };
+  std::vector<BlockChanges> block_changes_;
   std::vector<EncodedBlock> full_encoded_;  // the chunk's blocks, dense, for full_
 };
 

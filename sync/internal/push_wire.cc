@@ -110,6 +110,133 @@ Result<CountsMsg> DecodeCounts(std::string_view body, const std::string& who) {
   return m;
 }
 
+namespace {
+
+constexpr uint64_t kMaxSegmentSpan = uint64_t{1} << 31;
+constexpr size_t kSegmentHeader = 24;
+
+template <typename T>
+void ApplyTyped(const OpEntries& e, void* tensor) {
+  auto* t = static_cast<T*>(tensor);
+  const auto* v = reinterpret_cast<const T*>(e.vals.data());
+  if (e.sets.empty()) {
+    for (size_t k = 0; k < e.idx.size(); ++k) t[e.idx[k]] = static_cast<T>(t[e.idx[k]] + v[k]);
+    return;
+  }
+  for (size_t k = 0; k < e.idx.size(); ++k) {
+    t[e.idx[k]] = e.sets[k] ? v[k] : static_cast<T>(t[e.idx[k]] + v[k]);
+  }
+}
+
+}  // namespace
+
+void AppendOpSegments(const uint64_t* dst, const uint64_t* pos, size_t n, int width,
+                      const uint8_t* new_values, const uint8_t* old_values, const uint8_t* known,
+                      std::string* out) {
+  thread_local CodecScratch scratch;
+  std::vector<uint32_t> idx;
+  std::vector<uint8_t> nv, ov, kn;
+  for (size_t s = 0; s < n;) {
+    const uint64_t base = dst[s];
+    size_t e = s;
+    while (e < n && dst[e] - base < kMaxSegmentSpan) ++e;
+    const size_t count = e - s;
+    idx.resize(count);
+    nv.resize(count * width);
+    ov.assign(count * width, 0);
+    kn.assign(count, 0);
+    for (size_t k = 0; k < count; ++k) {
+      idx[k] = static_cast<uint32_t>(dst[s + k] - base);
+      const uint8_t* now = new_values + pos[s + k] * width;
+      std::memcpy(&nv[k * width], now, width);
+      if (old_values && (!known || known[pos[s + k]])) {
+        const uint8_t* was = old_values + pos[s + k] * width;
+        // A difference needs the old element to differ; otherwise store it whole.
+        if (std::memcmp(was, now, width) != 0) {
+          std::memcpy(&ov[k * width], was, width);
+          kn[k] = 1;
+        }
+      }
+    }
+    const std::string payload = EncodeSparseEntries(idx.data(), nv.data(), ov.data(), kn.data(),
+                                                    static_cast<uint32_t>(count), width, &scratch);
+    std::string header(kSegmentHeader, '\0');
+    auto* h = reinterpret_cast<uint8_t*>(header.data());
+    PutU64(h, base);
+    PutU64(h + 8, dst[e - 1] - base + 1);
+    PutU32(h + 16, static_cast<uint32_t>(count));
+    PutU32(h + 20, static_cast<uint32_t>(payload.size()));
+    out->append(header);
+    out->append(payload);
+    s = e;
+  }
+}
+
+Status ReadOpSegments(std::string_view* in, uint64_t count, uint64_t numel, int width,
+                      const std::string& what, OpEntries* out) {
+  thread_local CodecScratch scratch;
+  thread_local std::vector<uint32_t> idx;
+  thread_local std::vector<uint8_t> vals, sets;
+  out->idx.clear();
+  out->vals.clear();
+  out->sets.clear();
+  uint64_t got = 0;
+  bool any_sets = false;
+  while (got < count) {
+    if (in->size() < kSegmentHeader)
+      return Corruption(what + ": data ends inside a segment header");
+    const auto* h = reinterpret_cast<const uint8_t*>(in->data());
+    const uint64_t base = GetU64(h), span = GetU64(h + 8);
+    const uint32_t n = GetU32(h + 16), bytes = GetU32(h + 20);
+    in->remove_prefix(kSegmentHeader);
+    if (span == 0 || span > kMaxSegmentSpan || base >= numel || span > numel - base || n == 0 ||
+        n > count - got || bytes > in->size()) {
+      return Corruption(what + ": segment at element " + std::to_string(base) + " spanning " +
+                        std::to_string(span) + " with " + std::to_string(n) +
+                        " entries does not fit the tensor of " + std::to_string(numel) +
+                        " elements or the data");
+    }
+    RETURN_IF_ERROR(DecodeSparseEntries(in->substr(0, bytes), span * width, width, &idx, &vals,
+                                        &sets, &scratch, what));
+    in->remove_prefix(bytes);
+    if (idx.size() != n) {
+      return Corruption(what + ": a segment decodes to " + std::to_string(idx.size()) +
+                        " entries, its header says " + std::to_string(n));
+    }
+    if (!out->idx.empty() && base + idx[0] <= out->idx.back()) {
+      return Corruption(what + ": segments overlap or are out of order");
+    }
+    if (!sets.empty() && !any_sets) {
+      out->sets.assign(out->idx.size(), 0);
+      any_sets = true;
+    }
+    for (uint32_t k = 0; k < n; ++k) out->idx.push_back(base + idx[k]);
+    out->vals.insert(out->vals.end(), vals.begin(), vals.begin() + size_t{n} * width);
+    if (any_sets) {
+      if (sets.empty()) {
+        out->sets.insert(out->sets.end(), n, 0);
+      } else {
+        out->sets.insert(out->sets.end(), sets.begin(), sets.begin() + n);
+      }
+    }
+    got += n;
+  }
+  return Status::Ok();
+}
+
+void ApplyOpEntries(const OpEntries& e, int width, void* tensor) {
+  switch (width) {
+    case 1:
+      return ApplyTyped<uint8_t>(e, tensor);
+    case 2:
+      return ApplyTyped<uint16_t>(e, tensor);
+    case 4:
+      return ApplyTyped<uint32_t>(e, tensor);
+    default:
+      return ApplyTyped<uint64_t>(e, tensor);
+  }
+}
+
 Result<Parsed> RecvFrame(int fd, uint64_t max_body, const transport_internal::Deadline& deadline,
                          const std::string& who) {
   uint8_t header[kHeaderBytes];

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "store/delta_codec.h"
 #include "store/status.h"
 #include "sync/internal/transport_socket.h"
 
@@ -65,6 +66,40 @@ struct CountsMsg {
 };
 std::string EncodeCounts(const CountsMsg& m);
 Result<CountsMsg> DecodeCounts(std::string_view body, const std::string& who);
+
+// Round 2 of a push to one receiver: for each op with a non-zero count, in
+// plan order, the op's entries in segments of at most 2^31 receiver-local
+// elements: u64 base (the first entry's flat index in the receiver
+// tensor), u64 span (elements from base to the last entry, inclusive),
+// u32 count, u32 payload bytes, then a kSparse payload of the delta codec
+// (store/delta_codec.h) over a "block" of `span` elements at `base`: the
+// wrapping difference from the parent's element where the sender knew it,
+// the whole new value otherwise (a "set" element). About 1.2 bytes per
+// changed BF16 element at RL densities, against 10 for a u64 index and the
+// value.
+//
+// Appends the segments of one op's `n` entries: receiver-local indices dst
+// (increasing), and for entry k the sender's entry pos[k] of `changes`.
+void AppendOpSegments(const uint64_t* dst, const uint64_t* pos, size_t n, int width,
+                      const uint8_t* new_values, const uint8_t* old_values, const uint8_t* known,
+                      std::string* out);
+
+// One op's entries decoded: receiver-local indices, and per entry its
+// wrapping difference or (sets[k] != 0) its whole value.
+struct OpEntries {
+  std::vector<uint64_t> idx;
+  std::vector<uint8_t> vals;
+  std::vector<uint8_t> sets;  // empty: no set elements
+};
+// Reads the segments of one op of `count` entries from `in` (advanced past
+// them) into *out, checking every index against `numel`; Corruption naming
+// `what` otherwise.
+Status ReadOpSegments(std::string_view* in, uint64_t count, uint64_t numel, int width,
+                      const std::string& what, OpEntries* out);
+
+// Writes entries into a tensor of `width`-byte elements: the difference
+// is added (wrapping), a set element stored.
+void ApplyOpEntries(const OpEntries& e, int width, void* tensor);
 
 // Blocking reads of one frame over a non-blocking socket, bounded by the
 // deadline.

@@ -88,17 +88,21 @@ class PushTest : public ::testing::Test {
     return v.ok() ? *v : nullptr;
   }
 
-  // The elements that differ between two states, per tensor.
-  std::vector<TensorChanges> Diff(const State& a, const State& b) {
+  // The elements that differ between two states, per tensor; with_old:
+  // also the old elements (then a push sends differences, else whole values).
+  std::vector<TensorChanges> Diff(const State& a, const State& b, bool with_old = true) {
     std::vector<TensorChanges> out;
     for (const PlanTensor& t : specs_) {
       const int w = DTypeWidth(t.dtype);
       const Bytes &x = a.at(t.name), &y = b.at(t.name);
-      TensorChanges c{t.name, {}, {}};
+      TensorChanges c;
+      c.name = t.name;
       for (size_t i = 0; i < x.size() / w; ++i) {
         if (std::memcmp(&x[i * w], &y[i * w], w) == 0) continue;
         c.indices.push_back(i);
         c.values.insert(c.values.end(), y.begin() + i * w, y.begin() + (i + 1) * w);
+        if (with_old)
+          c.old_values.insert(c.old_values.end(), x.begin() + i * w, x.begin() + (i + 1) * w);
       }
       if (!c.indices.empty()) out.push_back(std::move(c));
     }
@@ -184,7 +188,9 @@ TEST_F(PushTest, ReceiversOfEveryLayoutHoldEachVersionBitForBit) {
     State next = transfer_test::RandomChange(specs_, state, 0.05, rng);
     const uint64_t v = Commit(next);
     ASSERT_EQ(v, static_cast<uint64_t>(step));
-    auto report = server->Push(*store_, V(v), Diff(state, next));
+    // Step 2 sends whole values, as for elements whose old bits the
+    // publisher could not prove.
+    auto report = server->Push(*store_, V(v), Diff(state, next, /*with_old=*/step != 2));
     ASSERT_TRUE(report.ok()) << report.status().message();
     EXPECT_EQ(report->pushed, rxs.size());
     EXPECT_TRUE(report->dropped.empty()) << report->dropped[0];
@@ -300,12 +306,15 @@ TEST_F(PushTest, MalformedPushIsRefusedBeforeAnyByteIsWritten) {
   ASSERT_TRUE(conn.ok()) << conn.status().message();
   auto hello = push_internal::RecvFrame(conn->get(), 1 << 20, d, "receiver");
   ASSERT_TRUE(hello.ok() && hello->type == push_internal::Msg::kHello);
+  // Two ops on tensor t: a valid one, then one whose segment runs past the end.
   push_internal::CountsMsg counts{5, 4, {0, 0}, {2, 1}};
   std::string data;
-  for (uint64_t idx : {uint64_t{3}, uint64_t{9}, uint64_t{64}}) {  // 64 is past the end
-    data.append(reinterpret_cast<const char*>(&idx), 8);
-  }
-  data.append(6, '\x01');
+  const uint64_t ok_dst[] = {3, 9}, bad_dst[] = {70}, pos[] = {0, 1};
+  const uint16_t vals[] = {1, 2};
+  push_internal::AppendOpSegments(ok_dst, pos, 2, 2, reinterpret_cast<const uint8_t*>(vals),
+                                  nullptr, nullptr, &data);
+  push_internal::AppendOpSegments(bad_dst, pos, 1, 2, reinterpret_cast<const uint8_t*>(vals),
+                                  nullptr, nullptr, &data);
   std::string frames =
       push_internal::Frame(push_internal::Msg::kWelcome, "{\"latest\": 4}") +
       push_internal::Frame(push_internal::Msg::kCounts, push_internal::EncodeCounts(counts)) +
@@ -314,7 +323,9 @@ TEST_F(PushTest, MalformedPushIsRefusedBeforeAnyByteIsWritten) {
   auto answer = push_internal::RecvFrame(conn->get(), 1 << 20, d, "receiver");
   ASSERT_TRUE(answer.ok()) << answer.status().message();
   EXPECT_EQ(answer->type, push_internal::Msg::kError);
-  EXPECT_NE(answer->body.find("index 64 for tensor t of 64 elements"), std::string::npos)
+  EXPECT_NE(answer->body.find("tensor t: segment at element 70 spanning 1 with 1 entries does "
+                              "not fit the tensor of 64 elements"),
+            std::string::npos)
       << answer->body;
   for (uint16_t x : tensor) ASSERT_EQ(x, 7);
   PushReceiverStatus st = (*rx)->GetStatus();
@@ -378,6 +389,53 @@ TEST_F(PushTest, PublisherPushesEachVersionItCommits) {
       state[s.name] = Bytes(bf.data.begin(), bf.data.end());
     }
     ExpectHolds(*r, state);
+  }
+}
+
+}  // namespace
+}  // namespace dte
+
+namespace dte {
+namespace {
+
+// The round-2 encoding alone: entries spread over more than one segment,
+// with and without old values, decode and apply to the new bits.
+TEST(PushWire, SegmentsRoundTripIntoTheTensor) {
+  std::mt19937_64 rng(3);
+  const uint64_t numel = (uint64_t{1} << 20) + 77;
+  std::vector<uint16_t> old(numel), now;
+  for (auto& x : old) x = static_cast<uint16_t>(rng());
+  now = old;
+  std::vector<uint64_t> dst, pos;
+  std::vector<uint16_t> nv, ov;
+  for (uint64_t i = 0; i < numel; i += 1 + rng() % 200) {
+    now[i] = static_cast<uint16_t>(old[i] + 1 + rng() % 5);
+    pos.push_back(dst.size());
+    dst.push_back(i);
+    nv.push_back(now[i]);
+    ov.push_back(old[i]);
+  }
+  for (bool with_old : {true, false}) {
+    std::string data;
+    push_internal::AppendOpSegments(
+        dst.data(), pos.data(), dst.size(), 2, reinterpret_cast<const uint8_t*>(nv.data()),
+        with_old ? reinterpret_cast<const uint8_t*>(ov.data()) : nullptr, nullptr, &data);
+    std::string_view in(data);
+    push_internal::OpEntries e;
+    Status s = push_internal::ReadOpSegments(&in, dst.size(), numel, 2, "t", &e);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_TRUE(in.empty());
+    ASSERT_EQ(e.idx, dst);
+    std::vector<uint16_t> t = old;
+    push_internal::ApplyOpEntries(e, 2, t.data());
+    for (uint64_t i = 0; i < numel; ++i) {
+      ASSERT_EQ(t[i], now[i]) << "element " << i << " with_old " << with_old << " sets "
+                              << e.sets.size() << " first idx " << e.idx[0] << " val "
+                              << reinterpret_cast<const uint16_t*>(e.vals.data())[0];
+    }
+    if (with_old) {
+      EXPECT_LT(data.size(), dst.size() * 2) << "differences are not compact";
+    }
   }
 }
 
