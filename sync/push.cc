@@ -22,6 +22,7 @@
 #include <thread>
 #include <tuple>
 
+#include "kernels/parallel.h"
 #include "store/materialize.h"
 #include "store/store.h"
 #include "sync/convert.h"
@@ -519,40 +520,73 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
     uint64_t elements = 0;
   };
   std::map<std::pair<LayoutKey, int>, Packed> packed;
-  std::vector<uint64_t> dst, pos;
   for (const auto& [key, plan] : plans) {
     std::vector<const TensorChanges*> of(plan->canonical.size(), nullptr);
     for (size_t c = 0; c < plan->canonical.size(); ++c) {
       auto it = by_name.find(plan->canonical[c].name);
       if (it != by_name.end()) of[c] = it->second;
     }
+    // Ops are independent, and so are runs of an op's entries (each becomes
+    // its own segments): remap and encode pieces of at most kPieceEntries
+    // source entries in parallel, then lay them out per rank in plan order.
+    constexpr size_t kPieceEntries = size_t{1} << 18;
+    struct Piece {
+      size_t op, begin, end;
+      uint64_t count = 0;
+      std::string data;
+    };
+    std::vector<Piece> pieces;
+    for (size_t k = 0; k < plan->ops.size(); ++k) {
+      const TensorChanges* c = of[plan->ops[k].canonical];
+      const size_t n = c ? c->indices.size() : 0;
+      for (size_t b = 0; b < n; b += kPieceEntries) {
+        pieces.push_back({k, b, std::min(n, b + kPieceEntries), 0, {}});
+      }
+    }
+    kernels::ParallelFor(pieces.size(), 1, [&](size_t lo, size_t hi) {
+      std::vector<uint64_t> dst, pos;
+      for (size_t i = lo; i < hi; ++i) {
+        Piece& pc = pieces[i];
+        const TransferOp& op = plan->ops[pc.op];
+        const TensorChanges* c = of[op.canonical];
+        const size_t n = pc.end - pc.begin;
+        dst.resize(n);
+        pos.resize(n);
+        const size_t j =
+            RemapOpIndices(op, c->indices.data() + pc.begin, n, dst.data(), pos.data());
+        pc.count = j;
+        if (j == 0) continue;
+        for (size_t q = 0; q < j; ++q) pos[q] += pc.begin;
+        push_internal::AppendOpSegments(
+            dst.data(), pos.data(), j, DTypeWidth(plan->canonical[op.canonical].dtype),
+            c->values.data(), c->old_values.empty() ? nullptr : c->old_values.data(),
+            c->known.empty() ? nullptr : c->known.data(), &pc.data);
+      }
+    });
+    std::vector<uint64_t> counts(plan->ops.size(), 0);
+    std::vector<std::string> encoded(plan->ops.size());
+    for (Piece& pc : pieces) {
+      counts[pc.op] += pc.count;
+      encoded[pc.op] += pc.data;
+      std::string().swap(pc.data);
+    }
     std::vector<Packed> ranks(std::get<0>(key));
     for (Packed& p : ranks) {
       p.counts.version = v->manifest.version;
       p.counts.parent = parent;
     }
-    for (const TransferOp& op : plan->ops) {
-      Packed& p = ranks[op.receiver];
-      p.counts.tensor.push_back(op.receiver_tensor);
-      const TensorChanges* c = of[op.canonical];
-      const size_t n = c ? c->indices.size() : 0;
-      size_t j = 0;
-      if (n > 0) {
-        dst.resize(n);
-        pos.resize(n);
-        j = RemapOpIndices(op, c->indices.data(), n, dst.data(), pos.data());
-      }
-      p.counts.count.push_back(j);
-      if (j == 0) continue;
-      const int w = DTypeWidth(plan->canonical[op.canonical].dtype);
-      push_internal::AppendOpSegments(dst.data(), pos.data(), j, w, c->values.data(),
-                                      c->old_values.empty() ? nullptr : c->old_values.data(),
-                                      c->known.empty() ? nullptr : c->known.data(), &p.data);
-      p.elements += j;
+    for (size_t k = 0; k < plan->ops.size(); ++k) {
+      Packed& p = ranks[plan->ops[k].receiver];
+      p.counts.tensor.push_back(plan->ops[k].receiver_tensor);
+      p.counts.count.push_back(counts[k]);
+      p.data += encoded[k];
+      p.elements += counts[k];
+      std::string().swap(encoded[k]);
     }
     for (int r = 0; r < std::get<0>(key); ++r) packed[{key, r}] = std::move(ranks[r]);
   }
 
+  report.pack_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<uint64_t> sent;
   {
     std::lock_guard lock(mu_);
@@ -636,6 +670,7 @@ std::string PushReportJson(const PushReport& r) {
                {"elements", r.elements},
                {"bytes", r.bytes},
                {"seconds", r.seconds},
+               {"pack_seconds", r.pack_seconds},
                {"dropped", r.dropped}});
 }
 

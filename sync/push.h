@@ -94,6 +94,7 @@ struct PushReport {
   uint64_t elements = 0;  // elements sent, over all receivers
   uint64_t bytes = 0;     // bytes sent, both rounds, over all receivers
   double seconds = 0;
+  double pack_seconds = 0;  // of which remapping and encoding every receiver's messages
   std::vector<std::string> dropped;  // one line per receiver dropped, with the reason
 };
 

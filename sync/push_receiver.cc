@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "kernels/parallel.h"
 #include "store/materialize.h"
 #include "store/store.h"
 #include "sync/internal/push_plan.h"
@@ -32,14 +33,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One push, checked and decoded: per op the own tensor and its entries.
+// One push, checked and decoded: per segment (an op has one or more) the
+// own tensor and its entries.
 struct Pending {
   uint64_t version = 0, parent = 0;
-  struct Op {
+  struct Segment {
     uint32_t tensor;
+    size_t op;  // which op of the push it belongs to
     push_internal::OpEntries entries;
   };
-  std::vector<Op> ops;
+  std::vector<Segment> segments;
   uint64_t elements = 0;
 };
 
@@ -140,10 +143,13 @@ class PushReceiver::Impl {
           continue;
         }
       }
-      for (const Pending::Op& op : p.ops) {
-        const PushTensor& t = options_.tensors[op.tensor];
-        push_internal::ApplyOpEntries(op.entries, DTypeWidth(t.dtype), t.data);
-      }
+      // Segments write disjoint elements (the plan ships each element once).
+      kernels::ParallelFor(p.segments.size(), 1, [&](size_t lo, size_t hi) {
+        for (size_t i = lo; i < hi; ++i) {
+          const PushTensor& t = options_.tensors[p.segments[i].tensor];
+          push_internal::ApplyOpEntries(p.segments[i].entries, DTypeWidth(t.dtype), t.data);
+        }
+      });
       {
         std::lock_guard lock(mu_);
         held_ = p.version;
@@ -175,6 +181,7 @@ class PushReceiver::Impl {
     p.parent = c.parent;
     const std::string what = "push of " + VersionName(c.version);
     std::string_view in(data);
+    std::vector<push_internal::SegmentBytes> bytes;
     for (size_t k = 0; k < c.count.size(); ++k) {
       if (c.tensor[k] >= options_.tensors.size()) {
         return Corruption(what + ": op " + std::to_string(k) + " names tensor " +
@@ -186,16 +193,35 @@ class PushReceiver::Impl {
         return Corruption(what + ": " + std::to_string(c.count[k]) + " elements for tensor " +
                           t.name + " of " + std::to_string(numel_[c.tensor[k]]));
       }
-      if (c.count[k] == 0) continue;
-      Pending::Op op{c.tensor[k], {}};
-      RETURN_IF_ERROR(push_internal::ReadOpSegments(&in, c.count[k], numel_[c.tensor[k]],
-                                                    DTypeWidth(t.dtype),
-                                                    what + ", tensor " + t.name, &op.entries));
+      const size_t first = bytes.size();
+      RETURN_IF_ERROR(
+          push_internal::SplitOpSegments(&in, c.count[k], what + ", tensor " + t.name, &bytes));
+      for (size_t i = first; i < bytes.size(); ++i) p.segments.push_back({c.tensor[k], k, {}});
       p.elements += c.count[k];
-      p.ops.push_back(std::move(op));
     }
     if (!in.empty()) {
       return Corruption(what + ": " + std::to_string(in.size()) + " bytes after the last op");
+    }
+    // Decode the segments in parallel; the first error (in order) is reported.
+    std::vector<Status> errors(p.segments.size());
+    kernels::ParallelFor(p.segments.size(), 1, [&](size_t lo, size_t hi) {
+      for (size_t i = lo; i < hi; ++i) {
+        Pending::Segment& seg = p.segments[i];
+        const PushTensor& t = options_.tensors[seg.tensor];
+        std::string_view b = bytes[i].bytes;
+        errors[i] = push_internal::ReadOpSegments(&b, bytes[i].count, numel_[seg.tensor],
+                                                  DTypeWidth(t.dtype), what + ", tensor " + t.name,
+                                                  &seg.entries);
+      }
+    });
+    for (const Status& e : errors) RETURN_IF_ERROR(e);
+    // Within an op, segments must follow each other: no element twice.
+    for (size_t i = 1; i < p.segments.size(); ++i) {
+      const Pending::Segment &a = p.segments[i - 1], &b = p.segments[i];
+      if (a.op == b.op && b.entries.idx.front() <= a.entries.idx.back()) {
+        return Corruption(what + ", tensor " + options_.tensors[b.tensor].name +
+                          ": segments overlap or are out of order");
+      }
     }
     return p;
   }

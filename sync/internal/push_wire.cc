@@ -172,6 +172,26 @@ void AppendOpSegments(const uint64_t* dst, const uint64_t* pos, size_t n, int wi
   }
 }
 
+Status SplitOpSegments(std::string_view* in, uint64_t count, const std::string& what,
+                       std::vector<SegmentBytes>* segments) {
+  uint64_t got = 0;
+  while (got < count) {
+    if (in->size() < kSegmentHeader) {
+      return Corruption(what + ": data ends inside a segment header");
+    }
+    const auto* h = reinterpret_cast<const uint8_t*>(in->data());
+    const uint32_t n = GetU32(h + 16), bytes = GetU32(h + 20);
+    if (n == 0 || n > count - got || bytes > in->size() - kSegmentHeader) {
+      return Corruption(what + ": a segment of " + std::to_string(n) + " entries and " +
+                        std::to_string(bytes) + " bytes does not fit the op or the data");
+    }
+    segments->push_back({in->substr(0, kSegmentHeader + bytes), n});
+    in->remove_prefix(kSegmentHeader + bytes);
+    got += n;
+  }
+  return Status::Ok();
+}
+
 Status ReadOpSegments(std::string_view* in, uint64_t count, uint64_t numel, int width,
                       const std::string& what, OpEntries* out) {
   thread_local CodecScratch scratch;

@@ -91,9 +91,18 @@ struct OpEntries {
   std::vector<uint8_t> vals;
   std::vector<uint8_t> sets;  // empty: no set elements
 };
-// Reads the segments of one op of `count` entries from `in` (advanced past
-// them) into *out, checking every index against `numel`; Corruption naming
-// `what` otherwise.
+// Takes one op's segments (`count` entries in all) off the front of `in`:
+// each segment's bytes and entry count, appended to *segments, checking
+// only their headers' counts; Corruption naming `what` when they do not
+// add up or the data ends.
+struct SegmentBytes {
+  std::string_view bytes;
+  uint32_t count;
+};
+Status SplitOpSegments(std::string_view* in, uint64_t count, const std::string& what,
+                       std::vector<SegmentBytes>* segments);
+// Decodes one op's segments (as SplitOpSegments cut them) into *out,
+// checking every index against `numel`; Corruption naming `what` otherwise.
 Status ReadOpSegments(std::string_view* in, uint64_t count, uint64_t numel, int width,
                       const std::string& what, OpEntries* out);
 

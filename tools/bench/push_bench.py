@@ -1,0 +1,344 @@
+#!/usr/bin/python3
+"""Same-cluster push against full-weight sync, on the same model, transport
+and receivers (docs/push.md, figures in docs/benchmarks.md).
+
+A Llama-shaped model of about --size (BF16; GQA, untied head) is trained
+with torch.optim.AdamW (random gradients, --lr 2e-6: ~1.5% of BF16 weights
+change per step, as in RL fine-tuning). The trainer (this process)
+publishes every step with dte.Publisher(push=dte.PushGroup(...)) to
+--receivers processes that hold the model as the ranks of one
+tensor-parallel inference server (TP = receivers, vLLM's fused qkv_proj and
+gate_up_proj), in CPU memory, applying pushes as they arrive.
+
+Per receiver count and step it reports:
+  push      seconds from the start of the push (the commit done) until every
+            receiver holds the version (their clocks: same host)
+  publish   seconds of publish_adamw (detection, commit to a local store and
+            the push, which ends when every receiver confirmed receipt)
+  bytes     bytes the push sent, over all receivers
+and the baseline RL frameworks use, in the same run: every tensor sent whole
+(BF16) over TCP to every receiver, which keeps its shard (copies it into
+its fused, split tensors): seconds until every receiver has copied, and
+bytes sent. Ratios: baseline / push.
+
+Usage: /usr/bin/python3 tools/bench/push_bench.py [--size 1GiB] [--receivers 1,2,4]
+       [--steps 3] [--lr 2e-6] [--json out]
+"""
+
+import argparse
+import json
+import math
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.normpath(os.path.join(HERE, "..", ".."))
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def config_for(size):
+    """A Llama-shaped config of about `size` bytes of BF16."""
+    hidden, heads, kv, head_dim, vocab = 2048, 16, 4, 128, 32000
+    ffn = 5632
+    per_layer = (heads * head_dim * hidden * 2 + kv * head_dim * hidden * 2 + 3 * ffn * hidden +
+                 2 * hidden)
+    fixed = 2 * vocab * hidden + hidden
+    layers = max(1, round((size / 2 - fixed) / per_layer))
+    return {"model_type": "llama", "hidden_size": hidden, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
+            "intermediate_size": ffn, "vocab_size": vocab}
+
+
+def shapes(c):
+    h, q, kv, f, v = (c["hidden_size"], c["num_attention_heads"] * c["head_dim"],
+                      c["num_key_value_heads"] * c["head_dim"], c["intermediate_size"],
+                      c["vocab_size"])
+    out = {"model.embed_tokens.weight": (v, h)}
+    for l in range(c["num_hidden_layers"]):
+        p = "model.layers.%d." % l
+        out.update({p + "input_layernorm.weight": (h,), p + "self_attn.q_proj.weight": (q, h),
+                    p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.v_proj.weight": (kv, h),
+                    p + "self_attn.o_proj.weight": (h, q),
+                    p + "post_attention_layernorm.weight": (h,),
+                    p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
+                    p + "mlp.down_proj.weight": (h, f)})
+    out["model.norm.weight"] = (h,)
+    out["lm_head.weight"] = (v, h)
+    return out
+
+
+def shard(c, name, t, tp, rank):
+    """Rank `rank`'s part of canonical tensor t (vLLM's splits)."""
+    import torch
+    heads, kv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    if ".q_proj." in name:
+        rows = heads // tp * hd
+        return t[rank * rows:(rank + 1) * rows]
+    if ".k_proj." in name or ".v_proj." in name:
+        per, first = (kv // tp, rank * kv // tp) if kv >= tp else (1, rank * kv // tp)
+        return t[first * hd:(first + per) * hd]
+    if ".gate_proj." in name or ".up_proj." in name:
+        rows = t.shape[0] // tp
+        return t[rank * rows:(rank + 1) * rows]
+    if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
+        cols = t.shape[1] // tp
+        return t[:, rank * cols:(rank + 1) * cols]
+    if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
+        per = math.ceil(t.shape[0] / tp)
+        part = t[rank * per:(rank + 1) * per]
+        out = torch.zeros((per,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+        if t.device.type == "meta":
+            return out
+        out[:part.shape[0]] = part
+        return out
+    return t
+
+
+def local_layout(c, tp, rank):
+    """{local name: [(canonical name, row offset)]}: where each canonical
+    tensor's shard lands in the rank's fused tensors, and the local shapes."""
+    import torch
+    names = shapes(c)
+    parts, local = {}, {}
+    for n, s in names.items():
+        z = shard(c, n, torch.empty(s, dtype=torch.bfloat16, device="meta"), tp, rank)
+        target = n
+        for group, fused in ((("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+                             (("gate_proj", "up_proj"), "gate_up_proj")):
+            for g in group:
+                if "." + g + "." in n:
+                    target = n.replace(g, fused)
+        parts.setdefault(target, []).append((n, tuple(z.shape)))
+    for target, ps in parts.items():
+        rows = sum(s[0] for _, s in ps)
+        local[target] = (rows,) + ps[0][1][1:]
+    return parts, local
+
+
+# --- receiver process --------------------------------------------------------
+
+def receiver(a):
+    sys.path.insert(0, os.path.join(SOURCE, "sync", "python"))
+    import dte
+    import torch
+    c = json.load(open(a.config))
+    parts, local = local_layout(c, a.tp, a.rank)
+    tensors = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in local.items()}
+    rx = dte.PushReceiver(a.address, tensors, rank=a.rank, layout=dte.FusedReceiverLayout(a.tp),
+                          version=None, auto_apply=True, timeout=60.0)
+    out = open(a.out, "w", buffering=1)
+    # Baseline listener: whole tensors in, the shard copied into the fused tensors.
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    out.write(json.dumps({"baseline_port": srv.getsockname()[1]}) + "\n")
+    held = None
+    target = 0
+    while target <= a.steps:
+        try:
+            rx.wait_for(target, timeout=600)
+        except dte.DteError as e:
+            if e.code != 2:
+                raise
+            rx.catch_up(a.store)
+        held = rx.version
+        out.write(json.dumps({"version": held, "t": time.time()}) + "\n")
+        target = held + 1
+    # The baseline, --steps times.
+    names = shapes(c)
+    offsets = {}
+    for target_name, ps in parts.items():
+        row = 0
+        for n, s in ps:
+            offsets[n] = (target_name, row, s[0])
+            row += s[0]
+    conn, _ = srv.accept()
+    f = conn.makefile("rb")
+    buf = {n: torch.empty(s, dtype=torch.bfloat16) for n, s in names.items()}
+    for _ in range(a.steps):
+        for n in names:
+            mv = memoryview(buf[n].view(torch.uint8).numpy()).cast("B")
+            got = 0
+            while got < len(mv):
+                k = f.readinto(mv[got:])
+                if not k:
+                    raise SystemExit("baseline sender closed")
+                got += k
+            target_name, row, rows = offsets[n]
+            tensors[target_name][row:row + rows].copy_(shard(c, n, buf[n], a.tp, a.rank))
+        conn.sendall(struct.pack("<d", time.time()))
+    conn.close()
+    rx.close()
+
+
+# --- trainer -----------------------------------------------------------------
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", nargs="?", default="bench")
+    p.add_argument("--size", default="1GiB")
+    p.add_argument("--receivers", default="1,2,4")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--lr", type=float, default=2e-6)
+    p.add_argument("--build-dir", default=os.path.join(SOURCE, "build"))
+    p.add_argument("--work", default=None)
+    p.add_argument("--json", default=None)
+    # receiver mode
+    p.add_argument("--address")
+    p.add_argument("--store")
+    p.add_argument("--config")
+    p.add_argument("--tp", type=int)
+    p.add_argument("--rank", type=int)
+    p.add_argument("--out")
+    a = p.parse_args()
+    os.environ.setdefault("DTE_LIBRARY", os.path.join(a.build_dir, "sync", "libdte.so"))
+    if a.mode == "receiver":
+        return receiver(a)
+    sys.path.insert(0, os.path.join(SOURCE, "sync", "python"))
+    import dte
+    import safetensors.torch
+    import torch
+    torch.set_num_threads(os.cpu_count())
+    units = {"GiB": 1 << 30, "MiB": 1 << 20}
+    size = int(float(a.size[:-3]) * units[a.size[-3:]])
+    c = config_for(size)
+    names = shapes(c)
+    elements = sum(math.prod(s) for s in names.values())
+    log("model: %d layers, %.2f GiB of BF16" % (c["num_hidden_layers"], elements * 2 / 2**30))
+    rows = []
+    work = tempfile.mkdtemp(prefix="dte-push-bench-", dir=a.work)
+    for n_rx in [int(x) for x in a.receivers.split(",")]:
+        root = os.path.join(work, "rx%d" % n_rx)
+        os.makedirs(root)
+        g = torch.Generator().manual_seed(1)
+        params = {n: torch.nn.Parameter(torch.randn(s, generator=g) * 0.02 if len(s) > 1
+                                        else torch.ones(s)) for n, s in names.items()}
+        opt = torch.optim.AdamW(params.values(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
+                                weight_decay=0.0, foreach=False)
+        ckpt = os.path.join(root, "v0")
+        os.makedirs(ckpt)
+        safetensors.torch.save_file({n: t.detach().to(torch.bfloat16) for n, t in params.items()},
+                                    os.path.join(ckpt, "model.safetensors"))
+        json.dump(c, open(os.path.join(ckpt, "config.json"), "w"))
+        json.dump(c, open(os.path.join(root, "config.json"), "w"))
+        store = os.path.join(root, "store")
+        group = dte.PushGroup("127.0.0.1:0", timeout=120.0)
+        pub = dte.Publisher(store=store, push=group)
+        pub.import_checkpoint(ckpt)
+        procs, outs = [], []
+        for r in range(n_rx):
+            out = os.path.join(root, "rx%d.jsonl" % r)
+            outs.append(out)
+            procs.append(subprocess.Popen(
+                [sys.executable, __file__, "receiver", "--address", group.address, "--store",
+                 store, "--config", os.path.join(root, "config.json"), "--tp", str(n_rx),
+                 "--rank", str(r), "--steps", str(a.steps), "--out", out, "--build-dir",
+                 a.build_dir]))
+
+        def records(i):
+            try:
+                return [json.loads(x) for x in open(outs[i])]
+            except FileNotFoundError:
+                return []
+
+        def held(i):
+            return max([x["version"] for x in records(i) if "version" in x], default=-1)
+
+        while not all(held(i) >= 0 for i in range(n_rx)):
+            if any(pr.poll() is not None for pr in procs):
+                raise SystemExit("a receiver exited")
+            time.sleep(0.05)
+        log("%d receiver(s) at v0" % n_rx)
+        for step in range(1, a.steps + 1):
+            gs = torch.Generator().manual_seed(100 + step)
+            for t in params.values():
+                t.grad = torch.randn(t.shape, generator=gs)
+            opt.step()
+            state = {n: {"param": t, "exp_avg": opt.state[t]["exp_avg"],
+                         "exp_avg_sq": opt.state[t]["exp_avg_sq"], "step": opt.state[t]["step"]}
+                     for n, t in params.items()}
+            t0 = time.time()
+            res = pub.publish_adamw(step=step, params=state, lr=a.lr, betas=(0.9, 0.95),
+                                    eps=1e-8, weight_decay=0.0)
+            t1 = time.time()
+            push = res.push
+            assert push["pushed"] == n_rx and not push["dropped"], push
+            while not all(held(i) >= step for i in range(n_rx)):
+                time.sleep(0.002)
+            applied = max(x["t"] for i in range(n_rx) for x in records(i)
+                          if x.get("version") == step)
+            push_start = t1 - push["seconds"]
+            row = {"receivers": n_rx, "step": step, "changed": res.changed,
+                   "changed_fraction": res.changed / elements, "publish_s": t1 - t0,
+                   "push_s": applied - push_start, "push_bytes": push["bytes"],
+                   "push_confirmed_s": push["seconds"]}
+            rows.append(row)
+            row["push_pack_s"] = push["pack_seconds"]
+            log("rx %d step %d: %.2f%% changed, publish %.3f s, push %.3f s (packed %.3f, "
+                "received %.3f s), %d bytes" % (
+                    n_rx, step, 100 * row["changed_fraction"], row["publish_s"], row["push_s"],
+                    push["pack_seconds"], push["seconds"], row["push_bytes"]))
+        # The baseline: whole BF16 tensors to every receiver over TCP.
+        bf16 = {n: t.detach().to(torch.bfloat16).contiguous() for n, t in params.items()}
+        socks = []
+        for i in range(n_rx):
+            port = next(x["baseline_port"] for x in records(i) if "baseline_port" in x)
+            s = socket.create_connection(("127.0.0.1", port))
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            socks.append(s)
+        import threading
+        for step in range(1, a.steps + 1):
+            t0 = time.time()
+            done = []
+
+            def send(s):
+                for n in names:
+                    s.sendall(memoryview(bf16[n].view(torch.uint8).numpy()))
+                done.append(struct.unpack("<d", s.recv(8))[0])
+            threads = [threading.Thread(target=send, args=(s,)) for s in socks]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            base = {"receivers": n_rx, "step": step, "baseline_s": max(done) - t0,
+                    "baseline_bytes": n_rx * elements * 2}
+            rows.append(base)
+            log("rx %d baseline %d: %.3f s, %d bytes" % (n_rx, step, base["baseline_s"],
+                                                         base["baseline_bytes"]))
+        for s in socks:
+            s.close()
+        for pr in procs:
+            if pr.wait(600) != 0:
+                raise SystemExit("a receiver failed")
+        pub.close()
+        group.close()
+        import shutil
+        shutil.rmtree(root)
+    # Summary: medians over steps.
+    print("| receivers | changed | publish | push | baseline | time ratio | push bytes | "
+          "baseline bytes | bytes ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n_rx in sorted({r["receivers"] for r in rows}):
+        pr = [r for r in rows if r["receivers"] == n_rx and "push_s" in r]
+        br = [r for r in rows if r["receivers"] == n_rx and "baseline_s" in r]
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        push_s, base_s = med([r["push_s"] for r in pr]), med([r["baseline_s"] for r in br])
+        pb, bb = med([r["push_bytes"] for r in pr]), br[0]["baseline_bytes"]
+        print("| %d | %.2f%% | %.3f s | %.3f s | %.3f s | %.1fx | %.1f MB | %.1f MB | %.0fx |" % (
+            n_rx, 100 * med([r["changed_fraction"] for r in pr]),
+            med([r["publish_s"] for r in pr]), push_s, base_s, base_s / push_s, pb / 1e6,
+            bb / 1e6, bb / pb))
+    if a.json:
+        json.dump({"config": c, "rows": rows}, open(a.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
