@@ -32,6 +32,7 @@ using transport_internal::Deadline;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
 
 // One push, checked and decoded: per segment (an op has one or more) the
 // own tensor and its entries.
@@ -242,7 +243,10 @@ class PushReceiver::Impl {
         fd_ = ScopedFd();
       }
       cv_.notify_all();
-      if (stop_ || !refused_.empty()) return;
+      {
+        std::lock_guard lock(mu_);
+        if (stop_ || !refused_.empty()) return;
+      }
       const auto until = Clock::now() + wait;
       while (!stop_ && Clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -274,8 +278,12 @@ class PushReceiver::Impl {
 
 Status PushReceiver::Impl::Session() {
   const std::string who = "the push server at " + options_.address;
-  ASSIGN_OR_RETURN(ScopedFd fd, transport_internal::ConnectTcp(options_.address,
-                                                               Deadline(options_.timeout), who));
+  // A short connect deadline: the receiver's destructor waits for it.
+  ASSIGN_OR_RETURN(
+      ScopedFd fd,
+      transport_internal::ConnectTcp(
+          options_.address, Deadline(std::min<std::chrono::milliseconds>(options_.timeout, 1000ms)),
+          who));
   const int raw = fd.get();
   {
     std::lock_guard lock(send_mu_);

@@ -21,6 +21,22 @@ bool KnownType(uint32_t t) {
   return t >= static_cast<uint32_t>(Msg::kHello) && t <= static_cast<uint32_t>(Msg::kError);
 }
 
+// A frame header's type and body length, checked.
+Result<std::pair<Msg, uint64_t>> ParseHeader(const uint8_t* p, uint64_t max_body,
+                                             const std::string& who) {
+  if (GetU32(p) != kMagic) return Corruption(who + " sent a frame without the push magic");
+  const uint32_t type = GetU32(p + 4);
+  if (!KnownType(type)) {
+    return Corruption(who + " sent unknown message type " + std::to_string(type));
+  }
+  const uint64_t len = GetU64(p + 8);
+  if (len > max_body) {
+    return Corruption(who + " sent a " + MsgName(static_cast<Msg>(type)) + " of " +
+                      std::to_string(len) + " bytes (at most " + std::to_string(max_body) + ")");
+  }
+  return std::make_pair(static_cast<Msg>(type), len);
+}
+
 }  // namespace
 
 const char* MsgName(Msg m) {
@@ -59,18 +75,11 @@ std::string Frame(Msg type, std::string_view body) {
 
 Result<std::optional<Parsed>> FrameReader::Next(uint64_t max_body, const std::string& who) {
   if (buf_.size() < kHeaderBytes) return std::optional<Parsed>();
-  const auto* p = reinterpret_cast<const uint8_t*>(buf_.data());
-  if (GetU32(p) != kMagic) return Corruption(who + " sent a frame without the push magic");
-  const uint32_t type = GetU32(p + 4);
-  if (!KnownType(type))
-    return Corruption(who + " sent unknown message type " + std::to_string(type));
-  const uint64_t len = GetU64(p + 8);
-  if (len > max_body) {
-    return Corruption(who + " sent a " + MsgName(static_cast<Msg>(type)) + " of " +
-                      std::to_string(len) + " bytes (at most " + std::to_string(max_body) + ")");
-  }
+  ASSIGN_OR_RETURN(auto header,
+                   ParseHeader(reinterpret_cast<const uint8_t*>(buf_.data()), max_body, who));
+  const auto [type, len] = header;
   if (buf_.size() - kHeaderBytes < len) return std::optional<Parsed>();
-  Parsed out{static_cast<Msg>(type), buf_.substr(kHeaderBytes, len)};
+  Parsed out{type, buf_.substr(kHeaderBytes, len)};
   buf_.erase(0, kHeaderBytes + len);
   return std::optional<Parsed>(std::move(out));
 }
@@ -261,16 +270,9 @@ Result<Parsed> RecvFrame(int fd, uint64_t max_body, const transport_internal::De
                          const std::string& who) {
   uint8_t header[kHeaderBytes];
   RETURN_IF_ERROR(transport_internal::RecvAll(fd, header, sizeof header, deadline, who));
-  if (GetU32(header) != kMagic) return Corruption(who + " sent a frame without the push magic");
-  const uint32_t type = GetU32(header + 4);
-  if (!KnownType(type))
-    return Corruption(who + " sent unknown message type " + std::to_string(type));
-  const uint64_t len = GetU64(header + 8);
-  if (len > max_body) {
-    return Corruption(who + " sent a " + MsgName(static_cast<Msg>(type)) + " of " +
-                      std::to_string(len) + " bytes (at most " + std::to_string(max_body) + ")");
-  }
-  Parsed out{static_cast<Msg>(type), std::string(len, '\0')};
+  ASSIGN_OR_RETURN(auto parsed, ParseHeader(header, max_body, who));
+  const auto [type, len] = parsed;
+  Parsed out{type, std::string(len, '\0')};
   RETURN_IF_ERROR(transport_internal::RecvAll(fd, out.body.data(), len, deadline, who));
   return out;
 }

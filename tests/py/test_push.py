@@ -240,3 +240,11 @@ def test_receiver_keeps_its_version_when_the_trainer_dies(tmp_path):
         if trainer.poll() is None:
             trainer.kill()
             trainer.wait()
+
+
+def test_publish_refuses_a_closed_push_group(run):
+    r = run(LAYOUTS[1])
+    r.group.close()
+    with pytest.raises(dte.DteError) as e:
+        r.publish(1)
+    assert "PushGroup given as push= was closed" in str(e.value)

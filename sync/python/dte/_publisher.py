@@ -314,6 +314,9 @@ class Publisher(_Handle):
                            int(bool(maximize)), _lib.ORDERS[order])
         if self._dist:
             return self._publish_ranges(h, params)
+        if self._push is not None and not self._push._h:
+            raise DteError(1, "the PushGroup given as push= was closed; close the Publisher "
+                           "first, or open it without push=")
         keep = []
         if self._mcore:
             entries = (_lib.McoreAdamWShard * max(len(params), 1))()
