@@ -31,10 +31,13 @@ PY=/usr/bin/python3
 # honours `If-None-Match: *` on PutObject). It pulls a cryptography release
 # Debian's python3-openssl cannot load, which Debian's awscli imports:
 # pyOpenSSL>=25 matches it.
-if ! "$PY" -c 'import safetensors, xxhash, tokenizers, moto.server, OpenSSL.SSL' 2>/dev/null; then
-  echo "setup: installing python packages (safetensors, xxhash, tokenizers, moto)"
+# transformers serves the push example's model (4.44 is the last release that
+# runs on Debian's torch 1.13).
+if ! "$PY" -c 'import safetensors, xxhash, tokenizers, moto.server, OpenSSL.SSL, transformers' \
+    2>/dev/null; then
+  echo "setup: installing python packages (safetensors, xxhash, tokenizers, moto, transformers)"
   "$PY" -m pip install -q --break-system-packages --root-user-action=ignore \
-    safetensors xxhash tokenizers 'moto[server]==5.2.5' 'pyOpenSSL>=25'
+    safetensors xxhash tokenizers 'moto[server]==5.2.5' 'pyOpenSSL>=25' 'transformers==4.44.2'
 fi
 
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then
