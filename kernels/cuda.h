@@ -73,6 +73,8 @@ CudaStatus CudaCopyToHost(void* h_dst, const void* d_src, size_t bytes);
 // Device to device, asynchronous on `stream` (null: the legacy default stream).
 CudaStatus CudaCopyOnDevice(void* d_dst, const void* d_src, size_t bytes, void* stream);
 CudaStatus CudaStreamSynchronize(void* stream);
+// Makes `device` the calling thread's current device.
+CudaStatus CudaSetDevice(int device);
 
 // Maps device memory another process exported with cudaIpcGetMemHandle
 // (`handle`: the 64 bytes of its cudaIpcMemHandle_t) on `device` into this

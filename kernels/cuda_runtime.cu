@@ -70,6 +70,10 @@ CudaStatus CudaStreamSynchronize(void* stream) {
   return FromCuda(cudaStreamSynchronize(cuda_internal::AsStream(stream)), "stream synchronize");
 }
 
+CudaStatus CudaSetDevice(int device) {
+  return FromCuda(cudaSetDevice(device), "set device");
+}
+
 CudaStatus CudaIpcOpenMemHandle(const uint8_t* handle, int device, void** d_ptr) {
   static_assert(sizeof(cudaIpcMemHandle_t) == 64, "cudaIpcMemHandle_t is 64 bytes");
   if (handle == nullptr || d_ptr == nullptr) {

@@ -33,6 +33,7 @@ CudaStatus CudaCopyOnDevice(void*, const void*, size_t, void*) {
   return NotBuilt("copy on device");
 }
 CudaStatus CudaStreamSynchronize(void*) { return NotBuilt("stream synchronize"); }
+CudaStatus CudaSetDevice(int) { return NotBuilt("set device"); }
 CudaStatus CudaIpcOpenMemHandle(const uint8_t*, int, void**) { return NotBuilt("IPC open"); }
 CudaStatus CudaIpcCloseMemHandle(void*) { return NotBuilt("IPC close"); }
 

@@ -707,7 +707,7 @@ int dte_push_receiver_open(const char* address, int32_t rank, int32_t tp, int32_
         return FailWith(DTE_INVALID_ARGUMENT, std::string("push receiver tensor ") + t.name +
                                                   ": unknown dtype " + t.dtype);
       }
-      dte::PushTensor pt{t.name, *dtype, {}, t.data};
+      dte::PushTensor pt{t.name, *dtype, {}, t.data, t.device};
       for (int32_t d = 0; d < t.ndim; ++d) {
         if (t.shape[d] < 0) {
           return FailWith(DTE_INVALID_ARGUMENT,

@@ -244,14 +244,15 @@ int dte_publisher_set_push(dte_publisher* p, dte_push_server* s);
  * could not run, or "null" without a push server. */
 int dte_publisher_last_push_json(dte_publisher* p, const char** json_out);
 
-/* One tensor of a receiver, in its own layout, in host memory. dtype is a
- * safetensors name ("BF16", "F32", ...). */
+/* One tensor of a receiver, in its own layout, in host or CUDA device
+ * memory. dtype is a safetensors name ("BF16", "F32", ...). */
 typedef struct dte_push_tensor {
   const char* name;
   const char* dtype;
   int32_t ndim;
   const int64_t* shape;
   void* data;
+  int32_t device; /* -1: host memory; else the CUDA device `data` is on */
 } dte_push_tensor;
 
 typedef struct dte_push_receiver_status {

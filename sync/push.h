@@ -135,12 +135,15 @@ class PushServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// One tensor a receiver holds, in its layout (row-major, host memory).
+// One tensor a receiver holds, in its layout (row-major): in host memory,
+// or with device >= 0 in that CUDA device's memory (data is a device
+// pointer; pushes are written with the CUDA remap-and-apply kernel).
 struct PushTensor {
   std::string name;
   DType dtype = DType::kBF16;
   std::vector<uint64_t> shape;
   void* data = nullptr;
+  int device = -1;
 };
 
 struct PushReceiverOptions {

@@ -16,7 +16,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "kernels/cuda.h"
 #include "kernels/parallel.h"
+#include "kernels/remap.h"
+#include "kernels/remap_cuda.h"
 #include "store/materialize.h"
 #include "store/store.h"
 #include "sync/internal/push_plan.h"
@@ -148,9 +151,23 @@ class PushReceiver::Impl {
       kernels::ParallelFor(p.segments.size(), 1, [&](size_t lo, size_t hi) {
         for (size_t i = lo; i < hi; ++i) {
           const PushTensor& t = options_.tensors[p.segments[i].tensor];
-          push_internal::ApplyOpEntries(p.segments[i].entries, DTypeWidth(t.dtype), t.data);
+          if (t.device < 0) {
+            push_internal::ApplyOpEntries(p.segments[i].entries, DTypeWidth(t.dtype), t.data);
+          }
         }
       });
+      // Device tensors: each segment's entries copied over and applied there.
+      for (const Pending::Segment& seg : p.segments) {
+        const PushTensor& t = options_.tensors[seg.tensor];
+        if (t.device < 0) continue;
+        Status s = ApplyOnDevice(seg.entries, t, numel_[seg.tensor]);
+        if (!s.ok()) {
+          std::lock_guard lock(mu_);
+          inconsistent_ = true;
+          error_ = s.message();
+          return s;
+        }
+      }
       {
         std::lock_guard lock(mu_);
         held_ = p.version;
@@ -163,6 +180,39 @@ class PushReceiver::Impl {
       ++n;
     }
     return n;
+  }
+
+  static Status FromCuda(const kernels::CudaStatus& s, const std::string& what) {
+    return s.ok() ? Status::Ok() : IOError(what + ": " + s.message);
+  }
+
+  // Writes one segment's entries into a tensor in device memory: indices,
+  // values and set flags copied over, then the remap-and-apply kernel with
+  // an identity plan over the whole tensor.
+  static Status ApplyOnDevice(const push_internal::OpEntries& e, const PushTensor& t,
+                              uint64_t numel) {
+    const std::string what = "push into tensor " + t.name + " on cuda:" + std::to_string(t.device);
+    kernels::RemapPlan plan;
+    const std::string bad = kernels::MakeRemapPlan({{numel}, {0}, {numel}, {numel}, {0}}, &plan);
+    if (!bad.empty()) return Internal(what + ": " + bad);
+    RETURN_IF_ERROR(FromCuda(kernels::CudaSetDevice(t.device), what));
+    kernels::CudaBuffer d_idx, d_vals, d_sets;
+    RETURN_IF_ERROR(FromCuda(d_idx.Allocate(e.idx.size() * 8), what));
+    RETURN_IF_ERROR(FromCuda(d_vals.Allocate(e.vals.size()), what));
+    RETURN_IF_ERROR(FromCuda(d_sets.Allocate(e.sets.size()), what));
+    RETURN_IF_ERROR(
+        FromCuda(kernels::CudaCopyToDevice(d_idx.data(), e.idx.data(), e.idx.size() * 8), what));
+    RETURN_IF_ERROR(
+        FromCuda(kernels::CudaCopyToDevice(d_vals.data(), e.vals.data(), e.vals.size()), what));
+    RETURN_IF_ERROR(
+        FromCuda(kernels::CudaCopyToDevice(d_sets.data(), e.sets.data(), e.sets.size()), what));
+    RETURN_IF_ERROR(
+        FromCuda(kernels::CudaRemapApply(
+                     plan, static_cast<const uint64_t*>(d_idx.data()), d_vals.data(),
+                     e.sets.empty() ? nullptr : static_cast<const uint8_t*>(d_sets.data()),
+                     /*all_whole=*/false, e.idx.size(), DTypeWidth(t.dtype), t.data, nullptr),
+                 what));
+    return FromCuda(kernels::CudaStreamSynchronize(nullptr), what);
   }
 
   void Send(Msg type, const nlohmann::json& j) {
@@ -408,21 +458,36 @@ Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version
     for (const TensorEntry& t : f.tensors) where[t.name] = {&f, &t};
   }
   Materializer reader(&store);
-  std::vector<uint8_t> buf;
-  for (uint32_t c = 0; c < plan.canonical.size(); ++c) {
-    std::vector<const TransferOp*> ops;
-    for (const TransferOp& op : plan.ops) {
-      if (op.canonical == c && op.receiver == options_.rank) ops.push_back(&op);
+  // One receiver tensor at a time (a host copy of it when it lives on a
+  // device), filled from the canonical tensors its ops read: memory is one
+  // receiver tensor and one canonical tensor.
+  std::vector<uint8_t> buf, mirror;
+  std::optional<uint32_t> in_buf;
+  for (uint32_t rt = 0; rt < plan.receiver_tensors[options_.rank].size(); ++rt) {
+    const PushTensor& t = options_.tensors[own[rt]];
+    const size_t bytes = numel_[own[rt]] * DTypeWidth(t.dtype);
+    void* dst = t.data;
+    if (t.device >= 0) {
+      mirror.resize(bytes);
+      RETURN_IF_ERROR(FromCuda(kernels::CudaSetDevice(t.device), what));
+      RETURN_IF_ERROR(FromCuda(kernels::CudaCopyToHost(mirror.data(), t.data, bytes), what));
+      dst = mirror.data();
     }
-    if (ops.empty()) continue;
-    const auto [file, tensor] = where.at(plan.canonical[c].name);
-    buf.resize(tensor->bytes());
-    RETURN_IF_ERROR(
-        reader.ReadFile(v, *file, file->header_size + tensor->begin, tensor->bytes(), buf.data())
-            .WithContext(what));
-    for (const TransferOp* op : ops) {
-      push_internal::CopyOpBox(plan, *op, buf.data(),
-                               options_.tensors[own[op->receiver_tensor]].data);
+    for (const TransferOp& op : plan.ops) {
+      if (op.receiver != options_.rank || op.receiver_tensor != rt) continue;
+      if (in_buf != op.canonical) {
+        const auto [file, tensor] = where.at(plan.canonical[op.canonical].name);
+        buf.resize(tensor->bytes());
+        RETURN_IF_ERROR(
+            reader
+                .ReadFile(v, *file, file->header_size + tensor->begin, tensor->bytes(), buf.data())
+                .WithContext(what));
+        in_buf = op.canonical;
+      }
+      push_internal::CopyOpBox(plan, op, buf.data(), dst);
+    }
+    if (t.device >= 0) {
+      RETURN_IF_ERROR(FromCuda(kernels::CudaCopyToDevice(t.data, mirror.data(), bytes), what));
     }
   }
   {
@@ -453,6 +518,12 @@ Result<std::unique_ptr<PushReceiver>> PushReceiver::Open(const PushReceiverOptio
   for (const PushTensor& t : options.tensors) {
     if (t.data == nullptr && ShapeElements(t.shape) > 0) {
       return InvalidArgument("push receiver: tensor " + t.name + " has no memory");
+    }
+    if (t.device >= 0 && !kernels::CudaDeviceAvailable()) {
+      return InvalidArgument("push receiver: tensor " + t.name +
+                             " is on cuda:" + std::to_string(t.device) +
+                             ", but this process has no CUDA device (or dte was built without "
+                             "CUDA)");
     }
   }
   auto impl = std::make_unique<Impl>(options);

@@ -248,3 +248,34 @@ def test_publish_refuses_a_closed_push_group(run):
     with pytest.raises(dte.DteError) as e:
         r.publish(1)
     assert "PushGroup given as push= was closed" in str(e.value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device here: pushes into GPU memory need one "
+                           "(tools/gpu_check.sh runs this test on a GPU host)")
+def test_cuda_receivers_hold_every_version_bit_for_bit(run):
+    r = run([])
+    shapes = {n: tuple(p.shape) for n, p in r.model.named().items()}
+    zeros = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in shapes.items()}
+    rxs = []
+    for rank in range(2):
+        tensors = {n: t.cuda() for n, t in push_util.local_state(zeros, 2, rank, True).items()}
+        rx = dte.PushReceiver(r.group.address, tensors, rank=rank,
+                              layout=dte.FusedReceiverLayout(2), version=None, timeout=10.0)
+        rxs.append((rank, tensors, rx))
+    for rank, tensors, rx in rxs:
+        wait_until(lambda: rx.status()["behind"] is not None, 30, "the server's welcome")
+        rx.catch_up(r.store)
+    wait_until(lambda: [x["version"] for x in r.group.status()["receivers"]] == [0, 0], 30,
+               "both receivers at v0")
+    for step in range(1, 4):
+        res, _ = r.publish(step)
+        assert res.push["pushed"] == 2, res.push
+        want = push_util.read_version(dte, r.store, step, shapes)
+        for rank, tensors, rx in rxs:
+            rx.wait_for(step, timeout=30)
+            for n, t in push_util.local_state(want, 2, rank, True).items():
+                assert torch.equal(tensors[n].cpu().view(torch.int16), t.view(torch.int16)), \
+                    (rank, n, step)
+    for _, _, rx in rxs:
+        rx.close()

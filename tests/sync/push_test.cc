@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/adamw.h"
+#include "kernels/cuda.h"
 #include "store/store.h"
 #include "sync/commit.h"
 #include "sync/internal/push_wire.h"
@@ -286,6 +287,81 @@ TEST_F(PushTest, ReceiverWhoseTensorsDoNotFitThePlanIsRefusedNamingTheTensor) {
   EXPECT_NE(s.message().find("refused"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("qkv_proj"), std::string::npos) << s.message();
   EXPECT_TRUE(server->Receivers().empty());
+}
+
+// Receivers whose tensors live in GPU memory: a catch-up into them and
+// pushes applied there by the CUDA kernel, read back after every version.
+TEST_F(PushTest, CudaReceiversHoldEachVersionBitForBit) {
+  if (!kernels::CudaDeviceAvailable()) {
+    GTEST_SKIP() << "no CUDA device here: pushes into GPU memory need one (tools/gpu_check.sh "
+                    "runs this test on a GPU host)";
+  }
+  auto server = StartServer();
+  ASSERT_TRUE(server);
+  const ShardLayout layout = FusedReceiverLayout(2);
+  auto plan = MakeTransferPlan(specs_, config_.Geometry(), ShardLayout{1, false, false}, layout);
+  ASSERT_TRUE(plan.ok());
+  struct DeviceRx {
+    std::vector<kernels::CudaBuffer> buffers;
+    std::unique_ptr<PushReceiver> rx;
+  };
+  std::vector<DeviceRx> rxs(2);
+  for (int r = 0; r < 2; ++r) {
+    PushReceiverOptions o;
+    o.address = "127.0.0.1:" + std::to_string(server->port());
+    o.rank = r;
+    o.layout = layout;
+    o.timeout = 10s;
+    for (const PlanTensor& t : plan->receiver_tensors[r]) {
+      kernels::CudaBuffer b;
+      const size_t bytes = ShapeElements(t.shape) * DTypeWidth(t.dtype);
+      ASSERT_TRUE(b.Allocate(bytes).ok());
+      std::vector<uint8_t> zeros(bytes, 0);  // padding rows stay zero, as in ShardModel
+      ASSERT_TRUE(kernels::CudaCopyToDevice(b.data(), zeros.data(), bytes).ok());
+      o.tensors.push_back({t.name, t.dtype, t.shape, b.data(), 0});
+      rxs[r].buffers.push_back(std::move(b));
+    }
+    auto rx = PushReceiver::Open(o);  // no version: it catches up to v0
+    ASSERT_TRUE(rx.ok()) << rx.status().message();
+    rxs[r].rx = std::move(rx).value();
+  }
+  auto expect = [&](int r, const State& state, uint64_t v) {
+    const State want = transfer_test::ShardModel(config_, specs_, state, layout, r);
+    const auto& tensors = plan->receiver_tensors[r];
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      Bytes got(want.at(tensors[i].name).size());
+      ASSERT_TRUE(kernels::CudaCopyToHost(got.data(), rxs[r].buffers[i].data(), got.size()).ok());
+      ASSERT_TRUE(got == want.at(tensors[i].name))
+          << "rank " << r << " tensor " << tensors[i].name << " differs at " << VersionName(v);
+    }
+  };
+  for (int r = 0; r < 2; ++r) {
+    Status s = rxs[r].rx->WaitFor(0, 10s);
+    ASSERT_EQ(s.code(), Code::kNotFound) << s.message();
+    ASSERT_TRUE(rxs[r].rx->CatchUp(*store_, std::nullopt).ok());
+    expect(r, state_, 0);
+  }
+  for (int i = 0;
+       i < 500 && !(server->Receivers().size() == 2 && server->Receivers()[0].version == 0u &&
+                    server->Receivers()[1].version == 0u);
+       ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  std::mt19937_64 rng(9);
+  State state = state_;
+  for (int step = 1; step <= 2; ++step) {
+    State next = transfer_test::RandomChange(specs_, state, 0.05, rng);
+    const uint64_t v = Commit(next);
+    auto report = server->Push(*store_, V(v), Diff(state, next, /*with_old=*/step == 1));
+    ASSERT_TRUE(report.ok());
+    EXPECT_EQ(report->pushed, 2u) << (report->dropped.empty() ? "" : report->dropped[0]);
+    for (int r = 0; r < 2; ++r) {
+      Status s = rxs[r].rx->WaitFor(v, 10s);
+      ASSERT_TRUE(s.ok()) << s.message();
+      expect(r, next, v);
+    }
+    state = std::move(next);
+  }
 }
 
 // A server that sends a push with an index past its tensor: the receiver

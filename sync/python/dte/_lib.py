@@ -78,7 +78,8 @@ class PublishResult(ctypes.Structure):
 
 class PushTensor(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_char_p), ("ndim", ctypes.c_int32),
-                ("shape", ctypes.POINTER(ctypes.c_int64)), ("data", ctypes.c_void_p)]
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("data", ctypes.c_void_p),
+                ("device", ctypes.c_int32)]
 
 
 class PushReceiverStatus(ctypes.Structure):

@@ -67,12 +67,15 @@ class PushGroup(_Handle):
 
 
 def _tensor_entry(name, value, keep):
-    """A _lib.PushTensor over the memory of a CPU torch tensor or a
+    """A _lib.PushTensor over the memory of a CPU or CUDA torch tensor or a
     ("DTYPE", numpy array) pair, written in place by pushes."""
     torch = _torch()
+    device = -1
     if torch is not None and isinstance(value, torch.Tensor):
-        if value.device.type != "cpu":
-            raise DteError(1, "tensor %s is on %s; this build of dte pushes into CPU memory only"
+        if value.device.type == "cuda":
+            device = value.device.index if value.device.index is not None else 0
+        elif value.device.type != "cpu":
+            raise DteError(1, "tensor %s is on %s; pushes go into CPU or CUDA memory"
                            % (name, value.device))
         if not value.is_contiguous():
             raise DteError(1, "tensor %s is not contiguous: pushes write it in place" % name)
@@ -93,13 +96,14 @@ def _tensor_entry(name, value, keep):
     dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
     encoded, dt = name.encode(), dtype.encode()
     keep.extend((value, dims, encoded, dt))
-    return _lib.PushTensor(encoded, dt, len(shape), dims, ptr or None)
+    return _lib.PushTensor(encoded, dt, len(shape), dims, ptr or None, device)
 
 
 class PushReceiver(_Handle):
     """One inference rank's receiver. tensors: {name: tensor} in the rank's
     own layout (e.g. dict(model.named_parameters()) of a vLLM worker), CPU
-    torch tensors or ("DTYPE", numpy array) pairs, written in place.
+    or CUDA torch tensors or ("DTYPE", numpy array) pairs, written in place
+    (on a GPU with the CUDA remap-and-apply kernel).
     version: the version they hold now (None: unknown; the server then says
     which one it is at and the receiver catches up). With auto_apply, pushes
     are written as they arrive, on the receiver's own thread; otherwise they
