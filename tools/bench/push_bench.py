@@ -21,8 +21,11 @@ and the baseline RL frameworks use, in the same run: every tensor sent whole
 its fused, split tensors): seconds until every receiver has copied, and
 bytes sent. Ratios: baseline / push.
 
+With --cuda the receivers hold their tensors in GPU memory (pushes are
+written by the CUDA kernel; the baseline copies each shard host to device).
+
 Usage: /usr/bin/python3 tools/bench/push_bench.py [--size 1GiB] [--receivers 1,2,4]
-       [--steps 4] [--lr 7e-7] [--json out]
+       [--steps 4] [--lr 7e-7] [--cuda] [--json out]
 """
 
 import argparse
@@ -131,7 +134,8 @@ def receiver(a):
     import torch
     c = json.load(open(a.config))
     parts, local = local_layout(c, a.tp, a.rank)
-    tensors = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in local.items()}
+    device = "cuda:%d" % (a.rank % torch.cuda.device_count()) if a.cuda else "cpu"
+    tensors = {n: torch.zeros(s, dtype=torch.bfloat16, device=device) for n, s in local.items()}
     rx = dte.PushReceiver(a.address, tensors, rank=a.rank, layout=dte.FusedReceiverLayout(a.tp),
                           version=None, auto_apply=True, timeout=60.0)
     out = open(a.out, "w", buffering=1)
@@ -191,6 +195,8 @@ def main():
     p.add_argument("--build-dir", default=os.path.join(SOURCE, "build"))
     p.add_argument("--work", default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--cuda", action="store_true",
+                   help="receivers hold their tensors in GPU memory (rank r on GPU r mod count)")
     # receiver mode
     p.add_argument("--address")
     p.add_argument("--store")
@@ -241,7 +247,7 @@ def main():
                 [sys.executable, __file__, "receiver", "--address", group.address, "--store",
                  store, "--config", os.path.join(root, "config.json"), "--tp", str(n_rx),
                  "--rank", str(r), "--steps", str(a.steps), "--out", out, "--build-dir",
-                 a.build_dir]))
+                 a.build_dir] + (["--cuda"] if a.cuda else [])))
 
         def records(i):
             try:
