@@ -4,8 +4,9 @@
 # interop tests run with torch on the GPU (the CUDA AdamW orders and BF16
 # conversion against torch.optim.AdamW there, bit for bit; needs a python3
 # with torch built for CUDA, or DTE_PYTHON naming one); then the CUDA
-# benchmark prints its figures, and with two or more GPUs the NCCL transport
-# test runs too.
+# benchmark prints its figures; with a full build in BUILD_DIR the pushes into
+# GPU memory are tested (C++ and Python), and with two or more GPUs the NCCL
+# transport test runs too.
 #
 #   tools/gpu_check.sh [BUILD_DIR]     (default: build-gpu)
 #
@@ -53,6 +54,24 @@ DTE_TORCH_DEVICE=cuda DTE_PYTHON=${DTE_PYTHON:-$(command -v python3)} DTE_SOURCE
 
 echo "== CUDA benchmark (tools/bench/cuda_bench)"
 "$build/tools/bench/cuda_bench" "${DTE_GPU_BENCH_ELEMENTS:-268435456}"
+
+if [[ -x $build/tests/sync_test && -f $build/sync/libdte.so ]]; then
+  echo "== Pushes into GPU memory (PushTest.Cuda*, tests/py/test_push.py -k cuda)"
+  "$build/tests/sync_test" --gtest_filter='PushTest.Cuda*' --gtest_color=no | tee "$log"
+  if grep -q '^\[  SKIPPED \]' "$log" || ! grep -q '^\[       OK \]' "$log"; then
+    echo "gpu_check: the CUDA push test did not run and pass" >&2
+    exit 1
+  fi
+  DTE_LIBRARY=$PWD/$build/sync/libdte.so DTE_SOURCE_DIR=$PWD \
+    "${DTE_PYTHON:-$(command -v python3)}" -m pytest -q -p no:cacheprovider -rs \
+    tests/py/test_push.py -k cuda | tee "$log"
+  if grep -q 'skipped' "$log"; then
+    echo "gpu_check: the Python CUDA push test skipped on a machine with a GPU" >&2
+    exit 1
+  fi
+else
+  echo "== Pushes into GPU memory: not run (needs a full build's sync_test and libdte.so in $build)"
+fi
 
 if [[ $gpus -ge 2 && -x $build/tests/sync_test ]]; then
   echo "== NCCL transport between two GPUs"
