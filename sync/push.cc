@@ -147,11 +147,6 @@ class PushServer::Impl {
     std::optional<uint64_t> awaiting;   // version sent, receipt not yet confirmed
     std::vector<uint32_t> plan_to_own;  // plan receiver tensor -> index in `tensors`
   };
-  struct PlanEntry {
-    TransferPlan plan;
-    std::vector<PlanTensor> canonical;  // the inputs it was made from
-  };
-
   void Wake() {
     const uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(wake_.get(), &one, sizeof one);
@@ -188,9 +183,16 @@ class PushServer::Impl {
   void DropLocked(Conn& c, const std::string& why) {
     if (!c.drop.empty()) return;
     c.drop = why;
-    events_.push_back("receiver " + c.who + " dropped: " + why);
+    EventLocked("receiver " + c.who + " dropped: " + why);
     shutdown(c.fd.get(), SHUT_RDWR);
     cv_.notify_all();
+  }
+
+  // Kept for StatusJson/TakeEvents; the oldest go past kMaxEvents.
+  void EventLocked(std::string line) {
+    constexpr size_t kMaxEvents = 1000;
+    if (events_.size() == kMaxEvents) events_.erase(events_.begin());
+    events_.push_back(std::move(line));
   }
 
   void SendLocked(Conn& c, std::string frame) {
@@ -225,7 +227,7 @@ void PushServer::Impl::OnHello(Conn& c, const std::string& body) {
   auto refuse = [&](const std::string& why) {
     SendLocked(c, Frame(Msg::kWelcome, Json({{"error", why}})));
     c.close_after_flush = true;
-    events_.push_back("receiver " + c.who + " refused: " + why);
+    EventLocked("receiver " + c.who + " refused: " + why);
   };
   nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j["rank"].is_number_integer() || !j["tp"].is_number_integer() ||

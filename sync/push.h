@@ -121,7 +121,8 @@ class PushServer {
                           const std::vector<TensorChanges>& changes);
 
   std::vector<PushReceiverInfo> Receivers() const;
-  // Lines about receivers refused or dropped, oldest first, taken.
+  // Lines about receivers refused or dropped, oldest first (the newest
+  // 1000), taken.
   std::vector<std::string> TakeEvents();
   // {"port", "receivers": [{"id", "rank", "tp", "fuse_qkv", "fuse_gate_up",
   // "version" (null: unknown), "behind", "pushes", "elements", "bytes"}],
