@@ -105,6 +105,13 @@ class Materializer {
 
   ReadCounters& counters() { return counters_; }
 
+  // The payload of one of v's block records, from its blob (checked as
+  // every read is); `what` names the block in errors.
+  Status ReadRecordPayload(const Version& v, const BlockRecord& rec, std::string* out,
+                           const std::string& what) {
+    return ReadRecord(v, rec, out, what);
+  }
+
  private:
   Status ReadData(const std::shared_ptr<const Version>& v, const FileEntry& file, uint64_t offset,
                   uint64_t len, uint8_t* dst);

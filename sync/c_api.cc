@@ -45,6 +45,7 @@ struct dte_transport {
 
 struct dte_dist_publisher {
   std::unique_ptr<dte::DistPublisher> impl;
+  std::string last_push = "null";  // dte_dist_publisher_last_push_json
 };
 
 struct dte_live {
@@ -82,20 +83,19 @@ int ToCode(dte::Code code) {
   return DTE_INTERNAL;
 }
 
-void RememberPush(dte_publisher* p, const dte::PublishResult& r) {
-  if (r.push) {
-    p->last_push = dte::PushReportJson(*r.push);
-  } else if (!r.push_error.empty()) {
-    std::string quoted;
-    for (char c : r.push_error) {
-      if (c == '"' || c == '\\') quoted += '\\';
-      quoted += (static_cast<unsigned char>(c) < 0x20) ? ' ' : c;
-    }
-    p->last_push = "{\"error\": \"" + quoted + "\"}";
-  } else {
-    p->last_push = "null";
+// The push report of a publish, as dte_publisher_last_push_json gives it.
+std::string PushJson(const dte::PublishResult& r) {
+  if (r.push) return dte::PushReportJson(*r.push);
+  if (r.push_error.empty()) return "null";
+  std::string quoted;
+  for (char c : r.push_error) {
+    if (c == '"' || c == '\\') quoted += '\\';
+    quoted += (static_cast<unsigned char>(c) < 0x20) ? ' ' : c;
   }
+  return "{\"error\": \"" + quoted + "\"}";
 }
+
+void RememberPush(dte_publisher* p, const dte::PublishResult& r) { p->last_push = PushJson(r); }
 
 int Fail(const dte::Status& s) {
   last_error = s.message();
@@ -618,6 +618,7 @@ int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
     auto r = p->impl->PublishAdamW(*t->impl, h, states);
     if (!r.ok()) return Fail(r.status());
     FillResult(*r, out);
+    p->last_push = PushJson(*r);
     return static_cast<int>(DTE_OK);
   });
 }
@@ -779,4 +780,23 @@ int dte_push_receiver_get_status(dte_push_receiver* r, dte_push_receiver_status*
     if (error_out) *error_out = r->error.c_str();
     return static_cast<int>(DTE_OK);
   });
+}
+
+int dte_dist_publisher_set_push(dte_dist_publisher* p, dte_push_server* s) {
+  return Guard([&] {
+    if (p == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_dist_publisher_set_push: no publisher");
+    }
+    dte::Status st = p->impl->SetPush(s ? s->impl.get() : nullptr);
+    return st.ok() ? static_cast<int>(DTE_OK) : Fail(st);
+  });
+}
+
+int dte_dist_publisher_last_push_json(dte_dist_publisher* p, const char** json_out) {
+  if (p == nullptr || json_out == nullptr) {
+    return FailWith(DTE_INVALID_ARGUMENT,
+                    "dte_dist_publisher_last_push_json: arguments must be set");
+  }
+  *json_out = p->last_push.c_str();
+  return DTE_OK;
 }

@@ -243,6 +243,10 @@ int dte_publisher_set_push(dte_publisher* p, dte_push_server* s);
 /* The push of p's last publish: PushReportJson, {"error": "..."} when it
  * could not run, or "null" without a push server. */
 int dte_publisher_last_push_json(dte_publisher* p, const char** json_out);
+/* The same for a distributed publisher, on rank 0 (DistPublisher::SetPush:
+ * the version's changes are read back from the store). */
+int dte_dist_publisher_set_push(dte_dist_publisher* p, dte_push_server* s);
+int dte_dist_publisher_last_push_json(dte_dist_publisher* p, const char** json_out);
 
 /* One tensor of a receiver, in its own layout, in host or CUDA device
  * memory. dtype is a safetensors name ("BF16", "F32", ...). */

@@ -51,6 +51,7 @@
 
 #include "store/status.h"
 #include "sync/publisher.h"
+#include "sync/push.h"
 #include "sync/transport.h"
 
 namespace dte {
@@ -116,6 +117,13 @@ class DistPublisher {
   // InvalidArgument for a bad budget.
   Status SetAnchorPolicy(const AnchorPolicy& policy);
 
+  // On rank 0: after each committed version, push it to the server's
+  // receivers (sync/push.h), its changes read back from the store
+  // (ChangesFromStore; the owners' entries are not gathered); null: stop.
+  // The result's push and push_error say what happened, on rank 0. Not
+  // owned; tells the server the store's latest version.
+  Status SetPush(PushServer* push);
+
   // What the last PublishAdamW did on this rank.
   const DistPublishStats& last_stats() const { return stats_; }
   Store& store() { return *store_; }
@@ -132,6 +140,7 @@ class DistPublisher {
   std::optional<int64_t> last_step_;
   std::optional<uint64_t> last_version_;
   DistPublishStats stats_;
+  PushServer* push_ = nullptr;
 };
 
 }  // namespace dte

@@ -23,6 +23,7 @@
 #include <tuple>
 
 #include "kernels/parallel.h"
+#include "store/delta_codec.h"
 #include "store/materialize.h"
 #include "store/store.h"
 #include "sync/convert.h"
@@ -663,6 +664,64 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
   Wake();
   report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return report;
+}
+
+Result<std::vector<TensorChanges>> ChangesFromStore(Store& store,
+                                                    const std::shared_ptr<const Version>& v) {
+  const std::string name = VersionName(v->manifest.version);
+  if (!v->manifest.parent) return InvalidArgument(name + " has no parent: it is not a change");
+  ASSIGN_OR_RETURN(auto parent, store.GetVersion(*v->manifest.parent));
+  Materializer reader(&store);
+  const uint64_t bb = v->manifest.block_bytes;
+  std::vector<TensorChanges> out;
+  std::string payload;
+  std::vector<uint32_t> idx;
+  std::vector<uint8_t> vals, sets, old_block, new_block;
+  for (const FileEntry& f : v->manifest.files) {
+    for (const TensorEntry& t : f.tensors) {
+      const int w = DTypeWidth(t.dtype);
+      const uint64_t block_elems = bb / w;
+      TensorChanges c;
+      c.name = t.name;
+      for (uint32_t b = 0; b < t.blocks; ++b) {
+        const BlockRecord& rec = v->records[size_t{t.first_block} + b];
+        if (rec.kind == BlockKind::kSame) continue;
+        const uint64_t len = std::min<uint64_t>(bb, t.bytes() - uint64_t{b} * bb);
+        const uint64_t first = uint64_t{b} * block_elems;
+        const std::string what =
+            name + "/" + f.name + ": tensor " + t.name + " block " + std::to_string(b);
+        if (rec.kind == BlockKind::kSparse) {
+          // Differences where the record has them (old value 0 makes the
+          // push send the difference itself), whole values where not.
+          RETURN_IF_ERROR(reader.ReadRecordPayload(*v, rec, &payload, what));
+          RETURN_IF_ERROR(DecodeSparseEntries(payload, len, w, &idx, &vals, &sets, nullptr, what));
+          for (size_t k = 0; k < idx.size(); ++k) {
+            c.indices.push_back(first + idx[k]);
+            c.values.insert(c.values.end(), vals.begin() + k * w, vals.begin() + (k + 1) * w);
+            c.old_values.insert(c.old_values.end(), w, 0);
+            c.known.push_back(sets.empty() || !sets[k]);
+          }
+          continue;
+        }
+        // Stored dense: compare with the parent's block.
+        old_block.resize(len);
+        new_block.resize(len);
+        RETURN_IF_ERROR(reader.ReadBlock(parent, f, t, b, old_block.data()));
+        RETURN_IF_ERROR(reader.ReadBlock(v, f, t, b, new_block.data()));
+        for (uint64_t k = 0; k < len / w; ++k) {
+          if (std::memcmp(&old_block[k * w], &new_block[k * w], w) == 0) continue;
+          c.indices.push_back(first + k);
+          c.values.insert(c.values.end(), new_block.begin() + k * w,
+                          new_block.begin() + (k + 1) * w);
+          c.old_values.insert(c.old_values.end(), old_block.begin() + k * w,
+                              old_block.begin() + (k + 1) * w);
+          c.known.push_back(1);
+        }
+      }
+      if (!c.indices.empty()) out.push_back(std::move(c));
+    }
+  }
+  return out;
 }
 
 std::string PushReportJson(const PushReport& r) {

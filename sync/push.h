@@ -94,9 +94,17 @@ struct PushReport {
   uint64_t elements = 0;  // elements sent, over all receivers
   uint64_t bytes = 0;     // bytes sent, both rounds, over all receivers
   double seconds = 0;
-  double pack_seconds = 0;  // of which remapping and encoding every receiver's messages
+  double pack_seconds = 0;           // of which remapping and encoding every receiver's messages
   std::vector<std::string> dropped;  // one line per receiver dropped, with the reason
 };
+
+// The changes of version v against its parent, read back from the store:
+// every sparse record decoded (its differences and whole values, exactly
+// what a push sends), and blocks stored dense compared with the parent's.
+// What a publisher that did not see every change itself (a distributed
+// publisher's rank 0) pushes. Memory: the version's changed elements.
+Result<std::vector<TensorChanges>> ChangesFromStore(Store& store,
+                                                    const std::shared_ptr<const Version>& v);
 
 // {"version", "pushed", "behind", "elements", "bytes", "seconds", "dropped": [...]}
 std::string PushReportJson(const PushReport& r);

@@ -279,3 +279,76 @@ def test_cuda_receivers_hold_every_version_bit_for_bit(run):
                     (rank, n, step)
     for _, _, rx in rxs:
         rx.close()
+
+
+def test_distributed_publisher_pushes_from_rank_0(tmp_path):
+    """Two ranks (threads, dte's TCP transport) publish row halves of every
+    tensor; rank 0 pushes each committed version, read back from the store,
+    to a TP-2 fused server whose ranks hold it bit for bit."""
+    import threading
+    store = str(tmp_path / "store")
+    model = push_util.TinyGqaLM(seed=5)
+    push_util.save_checkpoint(tmp_path / "v0", model)
+    with dte.Publisher(store=store) as first:
+        first.import_checkpoint(str(tmp_path / "v0"))
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-6, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.0)
+    group = dte.PushGroup("127.0.0.1:0", timeout=10.0)
+    shapes = {n: tuple(p.shape) for n, p in model.named().items()}
+    v0 = push_util.read_version(dte, store, 0, shapes)
+    rxs = []
+    for rank in range(2):
+        tensors = push_util.local_state(v0, 2, rank, True)
+        rxs.append((rank, tensors, dte.PushReceiver(group.address, tensors, rank=rank,
+                                                    layout=dte.FusedReceiverLayout(2), version=0,
+                                                    auto_apply=True, timeout=10.0)))
+    rendezvous = tmp_path / "rendezvous"
+    rendezvous.mkdir()
+    pubs = [None, None]
+
+    def open_rank(r):
+        pubs[r] = dte.Publisher(store=store, rank=r, world_size=2, rendezvous=str(rendezvous),
+                                timeout=30.0, push=group if r == 0 else None)
+    threads = [threading.Thread(target=open_rank, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    wait_until(lambda: len(group.status()["receivers"]) == 2, 30, "both receivers")
+    try:
+        for step in range(1, 4):
+            g = torch.Generator().manual_seed(2000 + step)
+            opt.zero_grad()
+            sum((p * torch.randn(p.shape, generator=g)).sum() for p in model.parameters()).backward()
+            opt.step()
+            results = [None, None]
+
+            def publish(r):
+                params = {}
+                for n, p in model.named().items():
+                    st = opt.state[p]
+                    half = (p.shape[0] + 1) // 2
+                    r0, r1 = (0, half) if r == 0 else (half, p.shape[0])
+                    params[n] = {"param": p.detach()[r0:r1], "exp_avg": st["exp_avg"][r0:r1],
+                                 "exp_avg_sq": st["exp_avg_sq"][r0:r1], "rows": (r0, r1),
+                                 "step": st["step"]}
+                results[r] = pubs[r].publish_adamw(step=step, params=params, lr=5e-6,
+                                                   betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+            threads = [threading.Thread(target=publish, args=(r,)) for r in range(2)]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
+            assert results[0].version == results[1].version == step
+            push = results[0].push
+            assert push["pushed"] == 2 and push["dropped"] == [], push
+            assert results[1].push is None
+            want = push_util.read_version(dte, store, step, shapes)
+            for rank, tensors, rx in rxs:
+                rx.wait_for(step, timeout=30)
+                for n, t in push_util.local_state(want, 2, rank, True).items():
+                    assert torch.equal(tensors[n].view(torch.int16), t.view(torch.int16)), \
+                        (rank, n, step)
+    finally:
+        for _, _, rx in rxs:
+            rx.close()
+        for p in pubs:
+            if p is not None:
+                p.close()
+        group.close()

@@ -364,6 +364,43 @@ TEST_F(PushTest, CudaReceiversHoldEachVersionBitForBit) {
   }
 }
 
+// A distributed publisher's rank 0 pushes a version from its stored
+// records: sparse blocks as recorded, dense ones (a step that changed most
+// of a block) compared with the parent. Receivers end up at the version.
+TEST_F(PushTest, ChangesReadBackFromTheStorePushTheVersionWhole) {
+  auto server = StartServer();
+  ASSERT_TRUE(server);
+  std::vector<std::unique_ptr<Rx>> rxs;
+  rxs.push_back(Receiver(*server, {1, false, false}, 0, state_, 0, true));
+  for (int r = 0; r < 2; ++r) {
+    rxs.push_back(Receiver(*server, FusedReceiverLayout(2), r, state_, 0, true));
+  }
+  AwaitReceivers(*server, rxs.size());
+  std::mt19937_64 rng(12);
+  State state = state_;
+  for (double density : {0.05, 0.7}) {
+    State next = transfer_test::RandomChange(specs_, state, density, rng);
+    const uint64_t v = Commit(next);
+    auto changes = ChangesFromStore(*store_, V(v));
+    ASSERT_TRUE(changes.ok()) << changes.status().message();
+    // The same elements as the difference of the two states.
+    const auto diff = Diff(state, next);
+    ASSERT_EQ(changes->size(), diff.size());
+    for (size_t i = 0; i < diff.size(); ++i) {
+      EXPECT_EQ((*changes)[i].name, diff[i].name);
+      EXPECT_EQ((*changes)[i].indices, diff[i].indices) << diff[i].name;
+    }
+    auto report = server->Push(*store_, V(v), *changes);
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    EXPECT_EQ(report->pushed, rxs.size());
+    for (auto& r : rxs) {
+      ASSERT_TRUE(r->rx->WaitFor(v, 10s).ok());
+      ExpectHolds(*r, next);
+    }
+    state = std::move(next);
+  }
+}
+
 // A server that sends a push with an index past its tensor: the receiver
 // refuses it whole and its buffers keep the version they had.
 TEST_F(PushTest, MalformedPushIsRefusedBeforeAnyByteIsWritten) {

@@ -208,6 +208,8 @@ def _declare(lib):
         "dte_push_server_status_json": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
         "dte_publisher_set_push": (ctypes.c_int, [P, P]),
         "dte_publisher_last_push_json": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
+        "dte_dist_publisher_set_push": (ctypes.c_int, [P, P]),
+        "dte_dist_publisher_last_push_json": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
         "dte_push_receiver_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int32,
                                                   ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                                   ctypes.c_int32, ctypes.c_uint64,

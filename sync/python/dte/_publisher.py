@@ -204,15 +204,13 @@ class Publisher(_Handle):
         a process group's own timeout bounds its waits.
 
         push: a dte.PushGroup; after each publish, the version's changed
-        elements go to its receivers (docs/push.md). Single-process
-        publishers only in this build."""
+        elements go to its receivers (docs/push.md). A distributed publisher
+        takes it on rank 0 only, which pushes each committed version from
+        the store's records."""
         self._h = None
         self._transport = None
         self._push = None
         self._dist = world_size is not None or group is not None
-        if push is not None and self._dist:
-            raise DteError(1, "push= is not supported by distributed publishers yet: push from "
-                           "a single-process publisher, or have receivers follow the store")
         handle = ctypes.c_void_p()
         cache = os.fsencode(cache_dir) if cache_dir else None
         self._mcore = not (isinstance(converter, str) and converter == "hf")
@@ -254,6 +252,12 @@ class Publisher(_Handle):
             _check(lib.dte_dist_publisher_set_anchor_policy(self._h, float(anchor_budget),
                                                             int(anchor_every)))
             self._timeout_ms = int(timeout * 1000)
+            if push is not None:
+                if self.rank != 0:
+                    raise DteError(1, "push= is for rank 0 of a distributed publisher (rank %d "
+                                   "was given one)" % self.rank)
+                _check(lib.dte_dist_publisher_set_push(self._h, push._h))
+                self._push = push
             if rendezvous is not None:
                 t = ctypes.c_void_p()
                 _check(lib.dte_transport_tcp(self.rank, self.world_size, os.fsencode(rendezvous),
@@ -276,7 +280,8 @@ class Publisher(_Handle):
 
     def close(self):
         if self._push is not None and self._h:
-            lib.dte_publisher_set_push(self._h, None)
+            (lib.dte_dist_publisher_set_push if self._dist else lib.dte_publisher_set_push)(
+                self._h, None)
             self._push = None
         if self._transport:
             lib.dte_transport_close(self._transport)
@@ -312,11 +317,11 @@ class Publisher(_Handle):
         h = _lib.AdamWStep(float(lr), float(betas[0]), float(betas[1]), float(eps),
                            float(weight_decay), int(step), int(bool(amsgrad)),
                            int(bool(maximize)), _lib.ORDERS[order])
-        if self._dist:
-            return self._publish_ranges(h, params)
         if self._push is not None and not self._push._h:
             raise DteError(1, "the PushGroup given as push= was closed; close the Publisher "
                            "first, or open it without push=")
+        if self._dist:
+            return self._publish_ranges(h, params)
         keep = []
         if self._mcore:
             entries = (_lib.McoreAdamWShard * max(len(params), 1))()
@@ -399,7 +404,12 @@ class Publisher(_Handle):
             lib.dte_transport_close(self._transport)  # broken now
             self._transport = None
         _check(rc)
-        return PublishResult(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
+        result = PublishResult(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
+        if self._push is not None:
+            text = ctypes.c_char_p()
+            _check(lib.dte_dist_publisher_last_push_json(self._h, ctypes.byref(text)))
+            result.push = json.loads(text.value.decode())
+        return result
 
 
 def _dist_stats(h):
