@@ -546,11 +546,12 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
         pieces.push_back({k, b, std::min(n, b + kPieceEntries), 0, {}});
       }
     }
+    const TransferPlan* layout_plan = plan;  // lambdas cannot capture structured bindings
     kernels::ParallelFor(pieces.size(), 1, [&](size_t lo, size_t hi) {
       std::vector<uint64_t> dst, pos;
       for (size_t i = lo; i < hi; ++i) {
         Piece& pc = pieces[i];
-        const TransferOp& op = plan->ops[pc.op];
+        const TransferOp& op = layout_plan->ops[pc.op];
         const TensorChanges* c = of[op.canonical];
         const size_t n = pc.end - pc.begin;
         dst.resize(n);
@@ -561,7 +562,7 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
         if (j == 0) continue;
         for (size_t q = 0; q < j; ++q) pos[q] += pc.begin;
         push_internal::AppendOpSegments(
-            dst.data(), pos.data(), j, DTypeWidth(plan->canonical[op.canonical].dtype),
+            dst.data(), pos.data(), j, DTypeWidth(layout_plan->canonical[op.canonical].dtype),
             c->values.data(), c->old_values.empty() ? nullptr : c->old_values.data(),
             c->known.empty() ? nullptr : c->known.data(), &pc.data);
       }
