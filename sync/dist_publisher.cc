@@ -369,17 +369,7 @@ Result<PublishResult> DistPublisher::PublishAdamW(Transport& transport, const Ad
     last_step_ = h.step;
     last_version_ = r->version;
     if (push_ && transport.rank() == 0) {
-      // Committed: a push that cannot run is reported, not failed.
-      auto v = store_->GetVersion(r->version);
-      Result<std::vector<TensorChanges>> changes =
-          v.ok() ? ChangesFromStore(*store_, *v) : Result<std::vector<TensorChanges>>(v.status());
-      auto pushed =
-          changes.ok() ? push_->Push(*store_, *v, *changes) : Result<PushReport>(changes.status());
-      if (pushed.ok()) {
-        r->push = std::move(pushed).value();
-      } else {
-        r->push_error = pushed.status().message();
-      }
+      internal::PushCommitted(*push_, *store_, r->version, /*changes=*/nullptr, &*r);
     }
   }
   return r;
@@ -387,11 +377,7 @@ Result<PublishResult> DistPublisher::PublishAdamW(Transport& transport, const Ad
 
 Status DistPublisher::SetPush(PushServer* push) {
   push_ = push;
-  if (!push_) return Status::Ok();
-  ASSIGN_OR_RETURN(auto latest, store_->Latest());
-  if (!latest) return Status::Ok();
-  ASSIGN_OR_RETURN(auto v, store_->GetVersion(*latest));
-  return push_->SetLatest(*store_, v);
+  return push_ ? internal::TellPushLatest(*push_, *store_) : Status::Ok();
 }
 
 Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,

@@ -390,28 +390,40 @@ Result<PublishResult> Publisher::Finish(const AdamWStep& h, Draft& d) {
   r.full_table = d.full_ != nullptr;
   r.full_bytes = d.full_ ? d.full_->payload_bytes() : 0;
   r.anchor_reason = d.anchor_reason_;
-  if (push_) {
-    // The version is committed: a push that cannot run is reported, not
-    // failed; receivers catch up from the store.
-    auto v = store_->GetVersion(d.m_.version);
-    auto pushed = v.ok() ? push_->Push(*store_, *v, d.changes_) : Result<PushReport>(v.status());
-    if (pushed.ok()) {
-      r.push = std::move(pushed).value();
-    } else {
-      r.push_error = pushed.status().message();
-    }
-  }
+  if (push_) internal::PushCommitted(*push_, *store_, d.m_.version, &d.changes_, &r);
   return r;
 }
 
 Status Publisher::SetPush(PushServer* push) {
   push_ = push;
-  if (!push_) return Status::Ok();
-  ASSIGN_OR_RETURN(auto latest, store_->Latest());
-  if (!latest) return Status::Ok();
-  ASSIGN_OR_RETURN(auto v, store_->GetVersion(*latest));
-  return push_->SetLatest(*store_, v);
+  return push_ ? internal::TellPushLatest(*push_, *store_) : Status::Ok();
 }
+
+namespace internal {
+
+Status TellPushLatest(PushServer& push, Store& store) {
+  ASSIGN_OR_RETURN(auto latest, store.Latest());
+  if (!latest) return Status::Ok();
+  ASSIGN_OR_RETURN(auto v, store.GetVersion(*latest));
+  return push.SetLatest(store, v);
+}
+
+void PushCommitted(PushServer& push, Store& store, uint64_t version,
+                   const std::vector<TensorChanges>* changes, PublishResult* r) {
+  auto pushed = [&]() -> Result<PushReport> {
+    ASSIGN_OR_RETURN(auto v, store.GetVersion(version));
+    if (changes) return push.Push(store, v, *changes);
+    ASSIGN_OR_RETURN(auto read_back, ChangesFromStore(store, v));
+    return push.Push(store, v, read_back);
+  }();
+  if (pushed.ok()) {
+    r->push = std::move(pushed).value();
+  } else {
+    r->push_error = pushed.status().message();
+  }
+}
+
+}  // namespace internal
 
 Result<PublishResult> Publisher::PublishAdamW(const AdamWStep& h,
                                               const std::vector<AdamWParamState>& params) {

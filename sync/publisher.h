@@ -150,6 +150,17 @@ struct OpenedPublisher {
 };
 Result<OpenedPublisher> OpenPublisherParts(const PublisherOptions& options);
 
+// Tells a publisher's push server the store's latest version (nothing for
+// an empty store): SetPush of Publisher and DistPublisher.
+Status TellPushLatest(PushServer& push, Store& store);
+
+// Pushes committed `version`: `changes` as the publisher collected them, or
+// (null) read back from the store (ChangesFromStore). The version is
+// committed either way, so a push that cannot run is reported in
+// r->push_error, not failed.
+void PushCommitted(PushServer& push, Store& store, uint64_t version,
+                   const std::vector<TensorChanges>* changes, PublishResult* r);
+
 }  // namespace internal
 
 class Publisher {

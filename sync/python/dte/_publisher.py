@@ -344,10 +344,16 @@ class Publisher(_Handle):
         _check(publish(self._h, ctypes.byref(h), entries, len(params), ctypes.byref(out)))
         result = PublishResult(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
         if self._push is not None:
-            text = ctypes.c_char_p()
-            _check(lib.dte_publisher_last_push_json(self._h, ctypes.byref(text)))
-            result.push = json.loads(text.value.decode())
+            result.push = self._last_push()
         return result
+
+    def _last_push(self):
+        """The push report of the last publish (docs/push.md)."""
+        text = ctypes.c_char_p()
+        last = (lib.dte_dist_publisher_last_push_json if self._dist
+                else lib.dte_publisher_last_push_json)
+        _check(last(self._h, ctypes.byref(text)))
+        return json.loads(text.value.decode())
 
     def last_stats(self):
         """What the last distributed publish did on this rank: entries_sent,
@@ -406,9 +412,7 @@ class Publisher(_Handle):
         _check(rc)
         result = PublishResult(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
         if self._push is not None:
-            text = ctypes.c_char_p()
-            _check(lib.dte_dist_publisher_last_push_json(self._h, ctypes.byref(text)))
-            result.push = json.loads(text.value.decode())
+            result.push = self._last_push()
         return result
 
 
