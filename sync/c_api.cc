@@ -6,6 +6,7 @@
 #include <cmath>
 #include <exception>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -87,12 +88,7 @@ int ToCode(dte::Code code) {
 std::string PushJson(const dte::PublishResult& r) {
   if (r.push) return dte::PushReportJson(*r.push);
   if (r.push_error.empty()) return "null";
-  std::string quoted;
-  for (char c : r.push_error) {
-    if (c == '"' || c == '\\') quoted += '\\';
-    quoted += (static_cast<unsigned char>(c) < 0x20) ? ' ' : c;
-  }
-  return "{\"error\": \"" + quoted + "\"}";
+  return nlohmann::json{{"error", r.push_error}}.dump();
 }
 
 void RememberPush(dte_publisher* p, const dte::PublishResult& r) { p->last_push = PushJson(r); }
