@@ -217,8 +217,10 @@ Result<CommitResult> Publisher::ImportCheckpoint(const std::string& dir) {
   last_step_.reset();
   if (push_) {
     // Receivers are told of the new version; they catch up from the store.
-    ASSIGN_OR_RETURN(auto v, store_->GetVersion(r.version));
-    RETURN_IF_ERROR(push_->SetLatest(*store_, v));
+    // The import is committed either way: a version the server cannot plan
+    // for (no config.json, say) fails at the next publish's push, which
+    // reports it in push_error.
+    internal::TellPushLatest(*push_, *store_).IgnoreError();
   }
   return r;
 }

@@ -359,3 +359,28 @@ def test_distributed_publisher_pushes_from_rank_0(tmp_path):
             if p is not None:
                 p.close()
         group.close()
+
+
+def test_push_that_cannot_run_is_reported_and_the_version_still_committed(tmp_path):
+    """A checkpoint without config.json has no attention geometry to plan
+    receivers with: the import and the publish commit, and the publish
+    result says why nothing was pushed."""
+    model = push_util.TinyGqaLM(seed=1)
+    push_util.save_checkpoint(tmp_path / "v0", model)
+    os.remove(tmp_path / "v0" / "config.json")
+    store = str(tmp_path / "store")
+    with dte.PushGroup() as group, dte.Publisher(store=store, push=group) as pub:
+        assert pub.import_checkpoint(str(tmp_path / "v0")) == 0
+        opt = torch.optim.AdamW(model.parameters(), lr=5e-6)
+        for p in model.parameters():
+            p.grad = torch.ones(p.shape)
+        opt.step()
+        params = {n: {"param": p, "exp_avg": opt.state[p]["exp_avg"],
+                      "exp_avg_sq": opt.state[p]["exp_avg_sq"], "step": opt.state[p]["step"]}
+                  for n, p in model.named().items()}
+        r = pub.publish_adamw(step=1, params=params, lr=5e-6, weight_decay=0.01)
+        assert r.version == 1
+        assert r.push == {"error": "receivers need the attention geometry from config.json, "
+                                   "and v00000001 has none"}, r.push
+    with dte.StoreReader(store) as reader:
+        assert reader.latest() == 1
