@@ -353,7 +353,7 @@ Result<std::unique_ptr<OpenFile>> Filesystem::Open(uint64_t ino, int flags) {
   }
   if (key->file == kDirFile) return InvalidArgument(VersionName(key->version) + " is a directory");
   ASSIGN_OR_RETURN(f->version, VersionOf(key->version));
-  f->chain = reader_.ChainOf(f->version);
+  f->chain = reader_.ChainOf(f->version, /*stop_at_joins=*/true);
   f->file_index = key->file;
   return f;
 }

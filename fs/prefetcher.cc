@@ -11,10 +11,12 @@ namespace {
 
 // v and its ancestors (chain[i + 1] is the parent of chain[i]) as far as the
 // records of v's blocks can reach: back to the anchor, or to the first
-// version with a full table (a policy anchor), however long the run.
+// version with a full table (a policy anchor) or a join table, however long
+// the run.
 Result<VersionChain> ChainOf(Store* store, const std::shared_ptr<const Version>& v) {
   VersionChain chain{v};
-  while (chain.back()->manifest.parent && !chain.back()->manifest.full) {
+  while (chain.back()->manifest.parent && !chain.back()->manifest.full &&
+         !store->JoinOf(*chain.back())) {
     ASSIGN_OR_RETURN(auto parent, store->GetVersion(*chain.back()->manifest.parent));
     if (parent->records.size() != v->records.size()) break;  // the reader reports it
     chain.push_back(std::move(parent));
@@ -52,6 +54,14 @@ Result<std::vector<ChunkId>> PlanPrefetch(Store* store, CachedStore* cache, Snap
         RETURN_IF_ERROR(AddRange(cache, cur.manifest.full->blobs[full.blob].hash, full.offset,
                                  full.length, &chunks));
         break;
+      }
+      if (depth + 1 == chain.size() && cur.manifest.parent && !cur.manifest.full) {
+        if (auto join = store->JoinOf(cur)) {  // ...or a join table's
+          const BlockRecord& rec = join->records[r];
+          RETURN_IF_ERROR(AddRange(cache, join->join.table.blobs[rec.blob].hash, rec.offset,
+                                   rec.length, &chunks));
+          break;
+        }
       }
       const BlockRecord& rec = cur.records[r];
       if (rec.kind == BlockKind::kSame) continue;

@@ -60,7 +60,9 @@ class ReadPath {
     return Block(v, f, f.tensors[tensor], block, chain);
   }
 
-  VersionChain ChainOf(const std::shared_ptr<const Version>& v) { return materializer_.ChainOf(v); }
+  VersionChain ChainOf(const std::shared_ptr<const Version>& v, bool stop_at_joins = false) {
+    return materializer_.ChainOf(v, stop_at_joins);
+  }
 
   // Chain walks stop at the first version whose block is in the block cache
   // (blocks there were checked against their hash when they were made), or

@@ -108,6 +108,9 @@ Status Filesystem::RefreshNew() {
     }
   }
   if (found.empty()) return Status::Ok();
+  // Something was committed: the join tables may have moved too (one more
+  // small listing per commit seen; a failure only costs reads the shortcut).
+  store_->ListJoins().status().IgnoreError();
   const VersionMap current = Versions();
   VersionMap listed = current;
   for (const auto& [version, revision_key] : found) {

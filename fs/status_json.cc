@@ -38,7 +38,8 @@ std::string Filesystem::StatusJson() {
   j["hash_failures"] = c.hash_failures.load();
   const uint64_t cached_base = reader_.cached_base_blocks();
   j["snapshot_block_reads"] = c.base_blocks.load() - std::min(c.base_blocks.load(), cached_base);
-  j["cached_parent_blocks"] = cached_base;  // chain walks that began at a cached block
+  j["cached_parent_blocks"] = cached_base;       // chain walks that began at a cached block
+  j["join_block_reads"] = c.join_blocks.load();  // blocks read from a join table
   const CacheStats s = reader_.cache().Stats();
   j["cache"] = {{"capacity_bytes", s.capacity_bytes},
                 {"bytes", s.bytes},

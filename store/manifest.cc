@@ -422,6 +422,83 @@ std::optional<std::pair<uint64_t, uint32_t>> ParseManifestKey(std::string_view k
   return std::make_pair(version, static_cast<uint32_t>(revision));
 }
 
+std::string JoinKey(uint64_t version) {
+  return std::string(kJoinPrefix) + VersionName(version) + ".json";
+}
+
+std::optional<uint64_t> ParseJoinKey(std::string_view key) {
+  const std::string prefix = std::string(kJoinPrefix) + "v";
+  if (key.size() < prefix.size() + 8 + 5 || key.size() > prefix.size() + 12 + 5 ||
+      key.substr(0, prefix.size()) != prefix || key.substr(key.size() - 5) != ".json") {
+    return std::nullopt;
+  }
+  uint64_t v = 0;
+  for (char c : key.substr(prefix.size(), key.size() - prefix.size() - 5)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (JoinKey(v) != key) return std::nullopt;  // non-canonical spelling
+  return v;
+}
+
+namespace {
+constexpr char kJoinMagic[8] = {'D', 'T', 'E', 'J', 'O', 'I', 'N', '1'};
+}  // namespace
+
+std::string JoinBlobHeader(uint64_t version, uint32_t part) {
+  std::string out(kJoinMagic, sizeof(kJoinMagic));
+  PutLE<uint64_t>(&out, version);
+  PutLE<uint32_t>(&out, part);
+  out.resize(kJoinBlobHeaderBytes, '\0');
+  return out;
+}
+
+Result<std::string_view> JoinTableBody(std::string_view blob, uint64_t version,
+                                       const std::string& what) {
+  if (blob.size() < kJoinBlobHeaderBytes ||
+      blob.substr(0, kJoinBlobHeaderBytes) != JoinBlobHeader(version, kJoinTablePart)) {
+    return Corruption(what + ": block table blob has no join header for " + VersionName(version));
+  }
+  return blob.substr(kJoinBlobHeaderBytes);
+}
+
+std::string EncodeJoin(const JoinTable& jt) {
+  json blobs = json::array();
+  for (const auto& b : jt.table.blobs) blobs.push_back(BlobJson(b));
+  json j{{"format", "dte-join"},     {"format_version", 1},
+         {"version", jt.version},    {"manifest", jt.manifest_key},
+         {"created", jt.created},    {"block_table", BlobJson(jt.table.block_table)},
+         {"blobs", std::move(blobs)}};
+  return j.dump(1) + "\n";
+}
+
+Result<JoinTable> DecodeJoin(std::string_view text, const std::string& what) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Corruption(what + ": not valid JSON");
+  std::string format;
+  uint64_t format_version = 0;
+  RETURN_IF_ERROR(Field(j, "format", &format, what));
+  RETURN_IF_ERROR(Field(j, "format_version", &format_version, what));
+  if (format != "dte-join" || format_version != 1) {
+    return Corruption(what + ": not a dte-join format 1 object");
+  }
+  JoinTable jt;
+  RETURN_IF_ERROR(Field(j, "version", &jt.version, what));
+  RETURN_IF_ERROR(Field(j, "manifest", &jt.manifest_key, what));
+  RETURN_IF_ERROR(Field(j, "created", &jt.created, what));
+  if (!j.contains("block_table") || !j.contains("blobs")) {
+    return Corruption(what + ": missing block_table or blobs");
+  }
+  RETURN_IF_ERROR(ParseBlob(j["block_table"], &jt.table.block_table, what));
+  RETURN_IF_ERROR(ParseBlobArray(j["blobs"], &jt.table.blobs, what));
+  auto parsed = ParseManifestKey(jt.manifest_key);
+  if (!parsed || parsed->first != jt.version) {
+    return Corruption(what + ": manifest \"" + jt.manifest_key + "\" is not a manifest of " +
+                      VersionName(jt.version));
+  }
+  return jt;
+}
+
 bool IsPlainFileName(std::string_view name) {
   if (name.empty() || name == "." || name == ".." || name.size() > 255) return false;
   for (char c : name) {

@@ -109,6 +109,40 @@ struct Manifest {
   bool self_contained() const { return anchor() || full.has_value(); }
 };
 
+// A join table (docs/formats/join.md): a full table of a delta version
+// kept outside its manifest, in object joins/vNNNNNNNN.json, so a host that
+// joins late reads the newest versions from it instead of decoding every
+// delta since the last policy anchor. Writers keep only the newest few
+// (sync/anchor_policy.h, join_budget) and delete older ones with their
+// blobs; readers that lose one walk the delta chain instead. Manifests never
+// point at join tables, so gc, verify and rebase ignore them (gc only keeps
+// their blobs while they are listed).
+struct JoinTable {
+  uint64_t version = 0;
+  std::string manifest_key;  // the manifest revision whose block hashes it holds
+  std::string created;       // RFC 3339, UTC
+  FullTable table;           // records in table.block_table, payloads in table.blobs
+};
+
+std::string EncodeJoin(const JoinTable& j);
+Result<JoinTable> DecodeJoin(std::string_view json, const std::string& what);
+std::string JoinKey(uint64_t version);  // "joins/v00000012.json"
+std::optional<uint64_t> ParseJoinKey(std::string_view key);
+inline constexpr char kJoinPrefix[] = "joins/";
+
+// Every blob of a join table starts with this header (magic "DTEJOIN1",
+// version:u64, part:u32, zero padding), so no manifest ever shares one of
+// its blobs and a writer may delete them without a store-wide search. The
+// block table blob is the header (part kJoinTablePart) and then an encoded
+// block table; payload blobs are the header and then dense records, whose
+// offsets count from the blob's first byte.
+inline constexpr size_t kJoinBlobHeaderBytes = 32;
+inline constexpr uint32_t kJoinTablePart = 0xffffffffu;
+std::string JoinBlobHeader(uint64_t version, uint32_t part);
+// The block table bytes of a join table blob, after checking its header.
+Result<std::string_view> JoinTableBody(std::string_view blob, uint64_t version,
+                                       const std::string& what);
+
 // Serializes to the JSON stored in the manifest object.
 std::string EncodeManifest(const Manifest& m);
 // Parses and validates (format version, names, tensor layout, block ranges).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
+#include <optional>
 #include <vector>
 
 #include "kernels/parallel.h"
@@ -76,12 +77,13 @@ Status Materializer::ReadDense(const std::vector<BlobRef>& blobs, const BlockRec
   return Status::Ok();
 }
 
-VersionChain Materializer::ChainOf(std::shared_ptr<const Version> v) {
+VersionChain Materializer::ChainOf(std::shared_ptr<const Version> v, bool stop_at_joins) {
   VersionChain chain;
   while (v) {
     chain.push_back(v);
-    // A self-contained version ends every chain walk (ReadBlock).
-    if (v->manifest.self_contained()) break;
+    // A self-contained version, or one with a join table, ends every chain
+    // walk (ReadBlock).
+    if (v->manifest.self_contained() || (stop_at_joins && store_->JoinOf(*v))) break;
     auto parent = store_->GetVersion(*v->manifest.parent);
     v = parent.ok() ? *parent : nullptr;
   }
@@ -99,6 +101,19 @@ Result<std::shared_ptr<const Version>> Materializer::ParentOf(const Version& cur
 Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,
                                const TensorEntry& tensor, uint32_t block, uint8_t* dst,
                                const VersionChain* chain) {
+  std::optional<uint64_t> from_join;
+  Status s = WalkBlock(v, file, tensor, block, dst, chain, /*use_joins=*/true, &from_join);
+  if (s.code() != Code::kCorruption || !from_join) return s;
+  // A join table is only a shortcut: one whose record did not make the
+  // block is forgotten, and the block is read along the deltas.
+  store_->DropJoin(*from_join);
+  return WalkBlock(v, file, tensor, block, dst, chain, /*use_joins=*/false, &from_join);
+}
+
+Status Materializer::WalkBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,
+                               const TensorEntry& tensor, uint32_t block, uint8_t* dst,
+                               const VersionChain* chain, bool use_joins,
+                               std::optional<uint64_t>* from_join) {
   const uint64_t bb = v->manifest.block_bytes;
   const size_t r = size_t{tensor.first_block} + block;
   if (block >= tensor.blocks || r >= v->records.size()) {
@@ -151,6 +166,25 @@ Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const Fi
       }
       break;
     }
+    if (auto join = use_joins ? store_->JoinOf(*cur) : nullptr) {
+      // A join table: the same, unless a writer pruned it meanwhile (its
+      // blobs are gone): then the walk goes on along the deltas.
+      auto parent = ParentOf(*cur, depth, chain);
+      if (base && parent.ok() && base->ReadBlock(**parent, r, len, dst)) {
+        counters_.base_blocks++;
+        if (rec.kind == BlockKind::kSparse) sparse.push_back({cur, &rec});
+        break;
+      }
+      Status read = ReadDense(join->join.table.blobs, join->records[r], width, dst, len,
+                              what + " (join table)");
+      if (read.ok()) {
+        counters_.join_blocks++;
+        *from_join = cur->manifest.version;
+        break;
+      }
+      if (read.code() != Code::kNotFound && read.code() != Code::kCorruption) return read;
+      store_->DropJoin(cur->manifest.version);
+    }
     if (rec.kind == BlockKind::kSparse) sparse.push_back({cur, &rec});
     ASSIGN_OR_RETURN(cur, ParentOf(*cur, depth, chain));
   }
@@ -173,16 +207,34 @@ Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const Fi
 Status Materializer::ReadFullBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,
                                    const TensorEntry& tensor, uint32_t block, uint8_t* dst) {
   const size_t r = size_t{tensor.first_block} + block;
-  const std::string what = BlockWhat(*v, file, tensor, block) + " (full table)";
-  if (!v->manifest.full || block >= tensor.blocks || r >= v->full_records.size()) {
+  if (!v->manifest.full || r >= v->full_records.size()) {
+    return InvalidArgument(BlockWhat(*v, file, tensor, block) + " (full table): no such record");
+  }
+  return ReadStandalone(*v, v->manifest.full->blobs, v->full_records, file, tensor, block, dst,
+                        " (full table)");
+}
+
+Status Materializer::ReadJoinBlock(const std::shared_ptr<const Version>& v, const LoadedJoin& join,
+                                   const FileEntry& file, const TensorEntry& tensor, uint32_t block,
+                                   uint8_t* dst) {
+  return ReadStandalone(*v, join.join.table.blobs, join.records, file, tensor, block, dst,
+                        " (join table)");
+}
+
+Status Materializer::ReadStandalone(const Version& v, const std::vector<BlobRef>& blobs,
+                                    const std::vector<BlockRecord>& records, const FileEntry& file,
+                                    const TensorEntry& tensor, uint32_t block, uint8_t* dst,
+                                    const char* table) {
+  const size_t r = size_t{tensor.first_block} + block;
+  const std::string what = BlockWhat(v, file, tensor, block) + table;
+  if (block >= tensor.blocks || r >= records.size() || r >= v.records.size()) {
     return InvalidArgument(what + ": no such record");
   }
-  const uint64_t bb = v->manifest.block_bytes;
+  const uint64_t bb = v.manifest.block_bytes;
   const uint64_t len = std::min<uint64_t>(bb, tensor.bytes() - uint64_t{block} * bb);
-  RETURN_IF_ERROR(ReadDense(v->manifest.full->blobs, v->full_records[r], DTypeWidth(tensor.dtype),
-                            dst, len, what));
+  RETURN_IF_ERROR(ReadDense(blobs, records[r], DTypeWidth(tensor.dtype), dst, len, what));
   counters_.blocks++;
-  if (HashBlock(dst, len) != v->records[r].hash) {
+  if (HashBlock(dst, len) != v.records[r].hash) {
     counters_.hash_failures++;
     return Corruption(what + ": bytes do not match the block hash (a blob is corrupt)");
   }

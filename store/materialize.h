@@ -4,8 +4,10 @@
 // section, from blocks: a block at version v is its nearest dense record
 // back along the parent chain with every later sparse record applied in
 // order; the walk also stops at a version with a full table (a policy
-// anchor that kept its delta), whose dense record ends it unless the base
-// holds the parent's block. With a BlockBase (SetBase), the walk stops earlier: at the first
+// anchor that kept its delta) or with a join table (store/manifest.h,
+// JoinTable), whose dense record ends it unless the base holds the parent's
+// block; a join table whose blobs are gone (pruned by a newer one) is
+// skipped and the walk goes on. With a BlockBase (SetBase), the walk stops earlier: at the first
 // version, starting with v itself, whose block the base holds, so the cost
 // of a block is bounded by the distance to the nearest version the base
 // holds instead of the distance to the anchor. Only the blocks overlapping
@@ -20,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +36,7 @@ struct ReadCounters {
   std::atomic<uint64_t> payload_bytes{0};  // record bytes read from blobs
   std::atomic<uint64_t> hash_failures{0};  // blocks whose content hash did not match
   std::atomic<uint64_t> base_blocks{0};    // blocks whose walk started from the BlockBase
+  std::atomic<uint64_t> join_blocks{0};    // blocks read from a join table
 };
 
 // Fully materialized blocks of some versions, kept outside the store (see
@@ -80,11 +84,18 @@ class Materializer {
   // itself, not the chain.
   Status ReadFullBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,
                        const TensorEntry& tensor, uint32_t block, uint8_t* dst);
+  // The same from `join`, a join table of v (Store::JoinOf).
+  Status ReadJoinBlock(const std::shared_ptr<const Version>& v, const LoadedJoin& join,
+                       const FileEntry& file, const TensorEntry& tensor, uint32_t block,
+                       uint8_t* dst);
 
   // v and its ancestors back to the first self-contained one (an anchor or
-  // a version with a full table), as far as they load from the store now (a
-  // parent that does not load ends the chain early).
-  VersionChain ChainOf(std::shared_ptr<const Version> v);
+  // a version with a full table) or, with `stop_at_joins`, to the first
+  // with a join table (what a read of v's blocks walks; live apply, which
+  // composes the deltas between two versions, needs them all), as far as
+  // they load from the store now (a parent that does not load ends the
+  // chain early).
+  VersionChain ChainOf(std::shared_ptr<const Version> v, bool stop_at_joins = false);
 
   // The content of a raw file or a safetensors header, verified against its
   // hash.
@@ -125,6 +136,16 @@ class Materializer {
                    uint8_t* dst, uint64_t len, const std::string& what);
   // The parent of `cur`, found `depth` hops from the start of a walk: from
   // `chain` when it holds it, else from the store.
+  // A dense record of a table that stands alone (full or join), checked
+  // against v's block hash; `table` names it in errors.
+  Status ReadStandalone(const Version& v, const std::vector<BlobRef>& blobs,
+                        const std::vector<BlockRecord>& records, const FileEntry& file,
+                        const TensorEntry& tensor, uint32_t block, uint8_t* dst, const char* table);
+  // ReadBlock's chain walk; with `use_joins`, it may end at a join table
+  // (*from_join: whose, when it did).
+  Status WalkBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,
+                   const TensorEntry& tensor, uint32_t block, uint8_t* dst,
+                   const VersionChain* chain, bool use_joins, std::optional<uint64_t>* from_join);
   Result<std::shared_ptr<const Version>> ParentOf(const Version& cur, size_t depth,
                                                   const VersionChain* chain);
 

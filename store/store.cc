@@ -96,6 +96,22 @@ Status CheckFullTable(const Manifest& m, const std::vector<BlockRecord>& records
   return CheckRecords(m, m.full->blobs, records, "a full table stands alone", what + " full table");
 }
 
+Status CheckJoinTable(const Manifest& m, const std::vector<BlockRecord>& m_records,
+                      const FullTable& join, const std::vector<BlockRecord>& records,
+                      const std::string& what) {
+  RETURN_IF_ERROR(CheckRecords(m, join.blobs, records, "a join table stands alone", what));
+  for (size_t r = 0; r < records.size(); ++r) {
+    if (records[r].offset < kJoinBlobHeaderBytes) {
+      return Corruption(what + ": record " + std::to_string(r) + " overlaps its blob's header");
+    }
+    if (r >= m_records.size() || records[r].hash != m_records[r].hash) {
+      return Corruption(what + ": record " + std::to_string(r) +
+                        " does not hold the version's block hash");
+    }
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
   std::unique_ptr<Store> store(new Store(options));
   RETURN_IF_ERROR(store->Init());
@@ -211,7 +227,79 @@ int64_t NowSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
 
 }  // namespace
 
+Result<std::map<uint64_t, std::string>> Store::ListJoins() {
+  ASSIGN_OR_RETURN(auto keys, objects_->List(kJoinPrefix));
+  std::map<uint64_t, std::string> out;
+  for (const auto& key : keys) {
+    if (auto v = ParseJoinKey(key)) out[*v] = key;
+  }
+  MutexLock lock(&mu_);
+  for (auto it = joins_.begin(); it != joins_.end();) {
+    it = out.count(it->first) ? std::next(it) : joins_.erase(it);
+  }
+  join_keys_ = out;
+  return out;
+}
+
+std::shared_ptr<const LoadedJoin> Store::JoinOf(const Version& v) {
+  const uint64_t version = v.manifest.version;
+  std::string key;
+  {
+    MutexLock lock(&mu_);
+    auto it = join_keys_.find(version);
+    if (it == join_keys_.end()) return nullptr;
+    auto loaded = joins_.find(version);
+    if (loaded != joins_.end()) {
+      if (loaded->second->join.manifest_key == v.key) return loaded->second;
+      return nullptr;  // a join of another revision of v: not this one's
+    }
+    key = it->second;
+  }
+  // Loaded outside the lock; concurrent first uses may load it twice.
+  const std::string what = options_.uri + "/" + key;
+  auto load = [&]() -> Result<std::shared_ptr<const LoadedJoin>> {
+    ASSIGN_OR_RETURN(std::string text, objects_->Get(key));
+    auto j = std::make_shared<LoadedJoin>();
+    ASSIGN_OR_RETURN(j->join, DecodeJoin(text, what));
+    if (j->join.version != version) {
+      return Corruption(what + ": names version " + std::to_string(j->join.version));
+    }
+    const BlobRef& bt = j->join.table.block_table;
+    ASSIGN_OR_RETURN(std::string table, objects_->Get(BlobKey(bt.hash)));
+    if (table.size() != bt.size || HashBytes(table.data(), table.size()) != bt.hash) {
+      return Corruption(what + ": block table blob " + bt.hash.Hex() + " does not match its hash");
+    }
+    ASSIGN_OR_RETURN(std::string_view body, JoinTableBody(table, version, what));
+    ASSIGN_OR_RETURN(j->records, DecodeBlockTable(body, what + " block table"));
+    return std::shared_ptr<const LoadedJoin>(std::move(j));
+  };
+  auto j = load();
+  MutexLock lock(&mu_);
+  if (!j.ok()) {
+    join_keys_.erase(version);  // retried when a listing shows it again
+    return nullptr;
+  }
+  if ((*j)->join.manifest_key != v.key) {
+    joins_[version] = *j;  // it matches another revision of v
+    return nullptr;
+  }
+  if (!CheckJoinTable(v.manifest, v.records, (*j)->join.table, (*j)->records, what).ok()) {
+    join_keys_.erase(version);
+    return nullptr;
+  }
+  joins_[version] = *j;
+  return *j;
+}
+
+void Store::DropJoin(uint64_t version) {
+  MutexLock lock(&mu_);
+  join_keys_.erase(version);
+  joins_.erase(version);
+}
+
 Result<std::map<uint64_t, std::string>> Store::ListVersions(bool fresh) {
+  // The join tables with every listing: a few keys, one more request.
+  RETURN_IF_ERROR(ListJoins().status());
   if (!fresh) {
     ASSIGN_OR_RETURN(auto incremental, IncrementalListing());
     if (incremental) {

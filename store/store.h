@@ -61,6 +61,13 @@ struct Version {
   std::vector<BlockRecord> full_records;
 };
 
+// A join table (store/manifest.h) loaded and checked against its version:
+// one dense record per block, with the version's own block hashes.
+struct LoadedJoin {
+  JoinTable join;
+  std::vector<BlockRecord> records;
+};
+
 class CachedStore;
 
 class Store {
@@ -90,6 +97,19 @@ class Store {
   Result<std::map<uint64_t, std::string>> ListVersions(bool fresh = false);
   static constexpr int64_t kListingTtlSeconds = 60;
   Result<std::optional<uint64_t>> Latest();
+
+  // Join tables (joins/), version -> key. ListVersions lists them too (one
+  // more listing of a prefix that holds a few objects), and JoinOf uses
+  // what the last listing showed.
+  Result<std::map<uint64_t, std::string>> ListJoins();
+  // v's join table, loaded on first use and checked against v (its manifest
+  // revision and block hashes); null when the last listing showed none for
+  // v, or it could not be read or did not match (then it is not tried again
+  // until a later listing shows it).
+  std::shared_ptr<const LoadedJoin> JoinOf(const Version& v) EXCLUDES(mu_);
+  // Forgets v's join table until a later listing shows it (a reader found
+  // one of its blobs gone: a writer pruned it).
+  void DropJoin(uint64_t version) EXCLUDES(mu_);
 
   // A version, from memory, the index, or the object store (in that order).
   // NotFound naming the version if it is not committed.
@@ -160,7 +180,9 @@ class Store {
   std::map<uint64_t, uint64_t> by_use_ GUARDED_BY(mu_);  // use stamp -> version
   uint64_t cache_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t use_clock_ GUARDED_BY(mu_) = 0;
-  std::map<uint64_t, std::string> listed_ GUARDED_BY(mu_);  // the last listing
+  std::map<uint64_t, std::string> listed_ GUARDED_BY(mu_);     // the last listing
+  std::map<uint64_t, std::string> join_keys_ GUARDED_BY(mu_);  // the last join listing
+  std::map<uint64_t, std::shared_ptr<const LoadedJoin>> joins_ GUARDED_BY(mu_);
 };
 
 // The store marker object, created on first import.
@@ -175,6 +197,11 @@ Status CheckBlockTable(const Manifest& m, const std::vector<BlockRecord>& record
 // Validates the records of a version's full table (manifest.full): dense
 // kinds only, pointing into full->blobs.
 Status CheckFullTable(const Manifest& m, const std::vector<BlockRecord>& records,
+                      const std::string& what);
+// Same for a join table of m: dense records only, pointing into its blobs
+// past their header, with m's block hashes.
+Status CheckJoinTable(const Manifest& m, const std::vector<BlockRecord>& m_records,
+                      const FullTable& join, const std::vector<BlockRecord>& records,
                       const std::string& what);
 
 }  // namespace dte

@@ -1,6 +1,7 @@
 #include "sync/anchor_policy.h"
 
 #include <cmath>
+#include <iterator>
 #include <vector>
 
 #include "store/store.h"
@@ -12,6 +13,10 @@ Status CheckAnchorPolicy(const AnchorPolicy& policy) {
   if (!(policy.budget >= 0) || !std::isfinite(policy.budget)) {
     return InvalidArgument("--anchor-budget must be a number >= 0 (0: no budget), not " +
                            std::to_string(policy.budget));
+  }
+  if (!(policy.join_budget >= 0) || !std::isfinite(policy.join_budget)) {
+    return InvalidArgument("--join-budget must be a number >= 0 (0: no join tables), not " +
+                           std::to_string(policy.join_budget));
   }
   return Status::Ok();
 }
@@ -44,6 +49,36 @@ std::string PolicyAnchorReason(const AnchorPolicy& policy, const AnchorDistance&
   if (policy.budget > 0 && static_cast<double>(parent_distance.bytes) >= budget) {
     return "anchor policy: deltas since the last anchor hold " +
            FormatByteSize(parent_distance.bytes) + ", the budget is " +
+           FormatByteSize(static_cast<uint64_t>(budget));
+  }
+  return "";
+}
+
+Result<AnchorDistance> JoinDistanceOf(Store& store, const std::shared_ptr<const Version>& v,
+                                      const AnchorDistance& v_distance) {
+  if (v->manifest.self_contained()) return v_distance;
+  ASSIGN_OR_RETURN(auto joins, store.ListJoins());
+  auto it = joins.upper_bound(v->manifest.version);
+  if (it == joins.begin()) return v_distance;
+  const uint64_t j = std::prev(it)->first;
+  // A join of a version before v's nearest self-contained one is behind it.
+  if (v->manifest.version - j > v_distance.versions) return v_distance;
+  auto jv = store.GetVersion(j);
+  if (!jv.ok()) {
+    if (jv.status().code() == Code::kNotFound) return v_distance;  // removed by gc
+    return jv.status();
+  }
+  ASSIGN_OR_RETURN(AnchorDistance jd, DistanceOf(store, *jv));
+  if (jd.versions > v_distance.versions || jd.bytes > v_distance.bytes) return v_distance;
+  return AnchorDistance{v_distance.versions - jd.versions, v_distance.bytes - jd.bytes};
+}
+
+std::string JoinTableReason(const AnchorPolicy& policy, const AnchorDistance& parent_join_distance,
+                            uint64_t dense_bytes) {
+  const double budget = policy.join_budget * static_cast<double>(dense_bytes);
+  if (policy.join_budget > 0 && static_cast<double>(parent_join_distance.bytes) >= budget) {
+    return "join table: deltas since the last full or join table hold " +
+           FormatByteSize(parent_join_distance.bytes) + ", the join budget is " +
            FormatByteSize(static_cast<uint64_t>(budget));
   }
   return "";

@@ -34,7 +34,20 @@ struct AnchorPolicy {
   double budget = 1.0;
   // ...or once this many versions have passed since it; 0: never.
   uint64_t every = 0;
+  // A join table (store/manifest.h, JoinTable) on a version that is not a
+  // policy anchor once the deltas since the nearest self-contained version
+  // or join table have added this many times its dense bytes; 0: never.
+  // Only the newest kJoinTablesKept join tables stay in the store, so a
+  // host that joins late decodes at most about this much of deltas after a
+  // dense read, while the store holds at most that many extra full tables
+  // whatever the run's length (docs/architecture.md, "Join tables").
+  double join_budget = 0.125;
 };
+
+// Join tables a writer keeps: the newest two, so a reader that started from
+// the older one has a whole join interval to finish before it is deleted
+// (and one that is slower falls back to the deltas, store/materialize.h).
+inline constexpr size_t kJoinTablesKept = 2;
 
 // InvalidArgument naming the option for a budget that is negative or not a
 // number.
@@ -49,6 +62,19 @@ Result<AnchorDistance> DistanceOf(Store& store, const std::shared_ptr<const Vers
 // "" when it need not.
 std::string PolicyAnchorReason(const AnchorPolicy& policy, const AnchorDistance& parent_distance,
                                uint64_t dense_bytes);
+
+// v's distance from the nearest self-contained version or join table on its
+// chain: `v_distance` (DistanceOf(v)) less that of the newest listed join
+// table at or below v, when that join is of a version after v's nearest
+// self-contained one. Lists the store's join tables (one small listing).
+Result<AnchorDistance> JoinDistanceOf(Store& store, const std::shared_ptr<const Version>& v,
+                                      const AnchorDistance& v_distance);
+
+// Why the next version after `parent` (at `parent_join_distance` from the
+// nearest self-contained version or join table) gets a join table; "" when
+// it need not. Asked only of versions that are not policy anchors.
+std::string JoinTableReason(const AnchorPolicy& policy, const AnchorDistance& parent_join_distance,
+                            uint64_t dense_bytes);
 
 // The distance of a new version: 0 if it is self-contained, else one more
 // version and `stored_bytes` more bytes than its parent's.

@@ -294,7 +294,22 @@ int dte_publisher_set_anchor_policy(dte_publisher* p, double budget, uint64_t ev
     if (p == nullptr) {
       return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_set_anchor_policy: no publisher");
     }
-    dte::Status s = p->impl->SetAnchorPolicy(dte::AnchorPolicy{budget, every});
+    dte::AnchorPolicy policy = p->impl->anchor_policy();
+    policy.budget = budget;
+    policy.every = every;
+    dte::Status s = p->impl->SetAnchorPolicy(policy);
+    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
+  });
+}
+
+int dte_publisher_set_join_budget(dte_publisher* p, double join_budget) {
+  return Guard([&] {
+    if (p == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_set_join_budget: no publisher");
+    }
+    dte::AnchorPolicy policy = p->impl->anchor_policy();
+    policy.join_budget = join_budget;
+    dte::Status s = p->impl->SetAnchorPolicy(policy);
     return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
   });
 }
@@ -566,7 +581,22 @@ int dte_dist_publisher_set_anchor_policy(dte_dist_publisher* p, double budget, u
     if (p == nullptr) {
       return FailWith(DTE_INVALID_ARGUMENT, "dte_dist_publisher_set_anchor_policy: no publisher");
     }
-    dte::Status s = p->impl->SetAnchorPolicy(dte::AnchorPolicy{budget, every});
+    dte::AnchorPolicy policy = p->impl->anchor_policy();
+    policy.budget = budget;
+    policy.every = every;
+    dte::Status s = p->impl->SetAnchorPolicy(policy);
+    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
+  });
+}
+
+int dte_dist_publisher_set_join_budget(dte_dist_publisher* p, double join_budget) {
+  return Guard([&] {
+    if (p == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_dist_publisher_set_join_budget: no publisher");
+    }
+    dte::AnchorPolicy policy = p->impl->anchor_policy();
+    policy.join_budget = join_budget;
+    dte::Status s = p->impl->SetAnchorPolicy(policy);
     return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
   });
 }

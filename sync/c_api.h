@@ -126,6 +126,10 @@ int dte_publisher_import(dte_publisher* p, const char* dir, uint64_t* version_ou
  * to budget times the model's dense size (0: never), or once `every`
  * versions have passed (0: never). Default 1.0 and 0. */
 int dte_publisher_set_anchor_policy(dte_publisher* p, double budget, uint64_t every);
+/* Join tables of later publishes (sync/anchor_policy.h, join_budget): a
+ * version gets one once the deltas since the last full or join table add
+ * up to join_budget times the dense size (0: never). Default 0.125. */
+int dte_publisher_set_join_budget(dte_publisher* p, double join_budget);
 int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
                                 const dte_adamw_param* params, size_t count,
                                 dte_publish_result* out);
@@ -215,6 +219,7 @@ int dte_dist_publisher_open(const char* store, const char* cache_dir, const char
                             dte_dist_publisher** out);
 void dte_dist_publisher_close(dte_dist_publisher* p);
 int dte_dist_publisher_set_anchor_policy(dte_dist_publisher* p, double budget, uint64_t every);
+int dte_dist_publisher_set_join_budget(dte_dist_publisher* p, double join_budget);
 /* Every rank of the transport calls it with the same step; each returns the
  * same committed version, or fails. A failed transport stays failed: open a
  * new one to retry the step. */

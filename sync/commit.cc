@@ -77,6 +77,8 @@ class Committer {
   std::optional<uint64_t> latest_;
   std::unique_ptr<Spool> delta_spool_;  // all sparse payloads of a delta version
   std::string anchor_reason_;
+  std::string join_reason_;
+  internal::JoinOutcome join_;
   uint64_t total_bytes_ = 0, done_bytes_ = 0;
   std::vector<uint8_t> chunk_, old_chunk_;
   std::vector<EncodedBlock> encoded_;
@@ -141,6 +143,13 @@ Status Committer::Plan(const std::vector<InputFile>& files) {
   anchor_reason_ = PolicyAnchorReason(options_.anchor_policy, parent_distance_, dense_bytes);
   if (!anchor_reason_.empty()) {
     ASSIGN_OR_RETURN(full_, FullTableBuilder::Start(&sink_, blocks));
+    return Status::Ok();
+  }
+  ASSIGN_OR_RETURN(AnchorDistance join_distance,
+                   JoinDistanceOf(*store_, parent_, parent_distance_));
+  join_reason_ = JoinTableReason(options_.anchor_policy, join_distance, dense_bytes);
+  if (!join_reason_.empty()) {
+    ASSIGN_OR_RETURN(full_, FullTableBuilder::Start(&sink_, blocks, manifest_.version));
   }
   return Status::Ok();
 }
@@ -318,7 +327,8 @@ Status Committer::Publish() {
   static const std::vector<BlockRecord> kNone;
   if (full_) RETURN_IF_ERROR(full_->Finish(&sink_, records_, &manifest_));
   return internal::PublishVersion(store_, &sink_, &manifest_, records_,
-                                  full_ ? full_->records() : kNone, parent_distance_, latest_);
+                                  full_ ? full_->records() : kNone, parent_distance_, latest_,
+                                  full_ && full_->join(), &join_);
 }
 
 Result<CommitResult> Committer::Run(const std::string& dir) {
@@ -366,8 +376,12 @@ CommitResult Committer::Summary() const {
   r.version = manifest_.version;
   r.parent = manifest_.parent;
   r.anchor_reason = anchor_reason_;
-  r.full_table = full_ != nullptr;
-  r.full_bytes = full_ ? full_->payload_bytes() : 0;
+  r.full_table = full_ && !full_->join();
+  r.full_bytes = r.full_table ? full_->payload_bytes() : 0;
+  r.join_reason = join_reason_;
+  r.join_table = join_.written;
+  r.join_bytes = join_.bytes;
+  r.join_error = join_.error;
   r.parent_snapshot_blocks = snapshots_ ? snapshots_->Stats().block_reads : 0;
   r.snapshot = snapshot_note_;
   r.tensors = manifest_.stats.tensors;

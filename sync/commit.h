@@ -50,6 +50,10 @@ struct CommitResult {
   std::string anchor_reason;  // why a version became an anchor or policy anchor ("" for a delta)
   bool full_table = false;    // a delta that also carries a full table (a policy anchor)
   uint64_t full_bytes = 0;    // the full table's payload bytes (compressed)
+  std::string join_reason;    // why a join table was built ("" for none)
+  bool join_table = false;    // ...and was stored (else join_error says why not)
+  uint64_t join_bytes = 0;
+  std::string join_error;
   uint64_t parent_snapshot_blocks = 0;  // parent blocks read from a snapshot
   std::string snapshot;                 // the new version's snapshot file, or why none was left
   uint64_t tensors = 0;

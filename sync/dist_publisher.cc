@@ -336,7 +336,9 @@ struct DistPublisher::Plan {
   std::vector<Tensor> tensors;  // the parent's, in manifest order
   std::map<std::string, size_t> ordinal;
   AnchorDistance parent_distance;
+  AnchorDistance join_distance;  // rank 0's (sync/anchor_policy.h, JoinDistanceOf)
   std::string anchor_reason;
+  std::string join_reason;
 };
 
 DistPublisher::DistPublisher(PublisherOptions options, std::unique_ptr<Store> store)
@@ -492,17 +494,27 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
     Status loaded = [&]() -> Status {
       ASSIGN_OR_RETURN(plan.parent, store_->GetVersion(plan.latest));
       ASSIGN_OR_RETURN(plan.parent_distance, DistanceOf(*store_, plan.parent));
+      if (rank == 0) {
+        ASSIGN_OR_RETURN(plan.join_distance,
+                         JoinDistanceOf(*store_, plan.parent, plan.parent_distance));
+      }
       return Status::Ok();
     }();
     Writer w;
     w.PutStatus(loaded);
+    w.Put<uint64_t>(plan.join_distance.versions);
+    w.Put<uint64_t>(plan.join_distance.bytes);
     ASSIGN_OR_RETURN(auto states, AllGather(t, w.out(), at_step + ": reading the parent", &stats_));
     for (int r = 0; r < world; ++r) {
       Reader rd(states[r]);
       Status s;
-      if (!rd.GetStatus(&s))
+      AnchorDistance jd;
+      if (!rd.GetStatus(&s) || !rd.Get(&jd.versions) || !rd.Get(&jd.bytes))
         return Corruption(at_step + ": rank " + std::to_string(r) + " sent a malformed status");
       RETURN_IF_ERROR(s.WithContext(at_step + ": rank " + std::to_string(r)));
+      // Whether this version gets a join table is rank 0's call, so every
+      // rank plans the same full table.
+      if (r == 0) plan.join_distance = jd;
     }
   }
   const Manifest& pm = plan.parent->manifest;
@@ -722,7 +734,14 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   }
   plan.anchor_reason =
       PolicyAnchorReason(options_.anchor_policy, plan.parent_distance, pm.stats.dense_bytes);
-  const bool full = !plan.anchor_reason.empty();
+  if (plan.anchor_reason.empty()) {
+    plan.join_reason =
+        JoinTableReason(options_.anchor_policy, plan.join_distance, pm.stats.dense_bytes);
+  }
+  // A policy anchor's full table, or a join table: built the same way (a
+  // join table's blobs start with the join header).
+  const bool join = !plan.join_reason.empty();
+  const bool full = !plan.anchor_reason.empty() || join;
 
   // 2. Ownership: largest first, to the least loaded rank.
   {
@@ -898,6 +917,10 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
       std::unique_ptr<internal::Spool> full_spool;
       if (full) {
         ASSIGN_OR_RETURN(full_spool, sink.NewSpool());
+        if (join) {
+          const std::string header = JoinBlobHeader(plan.latest + 1, static_cast<uint32_t>(rank));
+          RETURN_IF_ERROR(full_spool->Append(header.data(), header.size()));
+        }
       }
       Materializer reader(store_.get());
       std::unique_ptr<SnapshotSet> snapshots = OpenStoreSnapshots(*store_);
@@ -1107,13 +1130,17 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
             return Internal(at_step + ": no rank wrote full record " + std::to_string(r));
           full_records[r].hash = records[r].hash;
         }
-        ASSIGN_OR_RETURN(ft.block_table, sink.PutBytes(EncodeBlockTable(full_records)));
+        ASSIGN_OR_RETURN(ft.block_table,
+                         sink.PutBytes(join ? JoinBlobHeader(m.version, kJoinTablePart) +
+                                                  EncodeBlockTable(full_records)
+                                            : EncodeBlockTable(full_records)));
         m.full = std::move(ft);
       }
       static const std::vector<BlockRecord> kNone;
+      internal::JoinOutcome join_out;
       RETURN_IF_ERROR(internal::PublishVersion(store_.get(), &sink, &m, records,
                                                full ? full_records : kNone, plan.parent_distance,
-                                               plan.latest));
+                                               plan.latest, join, &join_out));
       // Committed: a retry of this step, after a rank missed the outcome,
       // returns this version (above).
       last_step_ = h.step;
@@ -1124,11 +1151,15 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
       res.false_positives += uncertain_dropped;
       res.stored_bytes = m.stats.stored_bytes;
       res.state_bytes = res.elements * 3 * sizeof(float);
-      res.full_table = full;
+      res.full_table = full && !join;
       res.anchor_reason = plan.anchor_reason;
-      if (full) {
+      if (res.full_table) {
         for (const auto& b : m.full->blobs) res.full_bytes += b.size;
       }
+      res.join_reason = plan.join_reason;
+      res.join_table = join_out.written;
+      res.join_bytes = join_out.bytes;
+      res.join_error = join_out.error;
       return Status::Ok();
     }();
     outcome.PutStatus(s);
@@ -1144,6 +1175,10 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
     outcome.Put(res.full_bytes);
     outcome.Put<uint8_t>(res.full_table);
     outcome.PutString(res.anchor_reason);
+    outcome.PutString(res.join_reason);
+    outcome.Put<uint8_t>(res.join_table);
+    outcome.Put(res.join_bytes);
+    outcome.PutString(res.join_error);
   }
   {
     std::vector<std::string> to(world);
@@ -1153,16 +1188,18 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   Reader rd(in[0]);
   Status failed;
   PublishResult res;
-  uint8_t full_table = 0;
+  uint8_t full_table = 0, join_table = 0;
   if (!rd.GetStatus(&failed) || !rd.Get(&res.version) || !rd.Get(&res.parent) ||
       !rd.Get(&res.tensors) || !rd.Get(&res.elements) || !rd.Get(&res.changed) ||
       !rd.Get(&res.flagged) || !rd.Get(&res.false_positives) || !rd.Get(&res.stored_bytes) ||
       !rd.Get(&res.state_bytes) || !rd.Get(&res.full_bytes) || !rd.Get(&full_table) ||
-      !rd.GetString(&res.anchor_reason)) {
+      !rd.GetString(&res.anchor_reason) || !rd.GetString(&res.join_reason) ||
+      !rd.Get(&join_table) || !rd.Get(&res.join_bytes) || !rd.GetString(&res.join_error)) {
     return Corruption(at_step + ": rank 0's outcome is malformed");
   }
   RETURN_IF_ERROR(failed);
   res.full_table = full_table != 0;
+  res.join_table = join_table != 0;
   if (rank != 0) {
     // Learn the new version now: a listing cached by this rank's store must
     // not make its next publish see a stale latest.

@@ -116,6 +116,7 @@ class DistPublisher {
   // The anchor policy of the following publishes (the same on every rank);
   // InvalidArgument for a bad budget.
   Status SetAnchorPolicy(const AnchorPolicy& policy);
+  const AnchorPolicy& anchor_policy() const { return options_.anchor_policy; }
 
   // On rank 0: after each committed version, push it to the server's
   // receivers (sync/push.h), its changes read back from the store

@@ -126,7 +126,34 @@ Result<uint64_t> DeleteManifests(Store& store, const GcPlan& plan) {
   return removed.size();
 }
 
-// 3. Sweeps blobs no listed version reaches, except young ones.
+// Join tables (store/manifest.h, JoinTable) of versions still at the
+// revision they were built for, or newer than `versions` (committed since
+// it was listed), keep their blobs; the others are deleted (their blobs
+// are swept with the rest).
+Status KeepJoinTables(Store& store, const std::map<uint64_t, std::string>& versions,
+                      std::set<std::string>* live) {
+  ASSIGN_OR_RETURN(auto joins, store.ListJoins());
+  const uint64_t newest = versions.empty() ? 0 : versions.rbegin()->first;
+  for (const auto& [v, key] : joins) {
+    auto text = store.objects().Get(key);
+    if (!text.ok() && text.status().code() == Code::kNotFound) continue;  // pruned meanwhile
+    RETURN_IF_ERROR(text.status());
+    auto jt = DecodeJoin(*text, store.uri() + "/" + key);
+    auto listed = versions.find(v);
+    const bool current =
+        jt.ok() && (v > newest || (listed != versions.end() && listed->second == jt->manifest_key));
+    if (!current) {
+      RETURN_IF_ERROR(store.objects().Delete(key));
+      store.DropJoin(v);
+      continue;
+    }
+    live->insert(BlobKey(jt->table.block_table.hash));
+    for (const auto& b : jt->table.blobs) live->insert(BlobKey(b.hash));
+  }
+  return Status::Ok();
+}
+
+// 3. Sweeps blobs no listed version or join table reaches, except young ones.
 Status SweepBlobs(Store& store, int64_t grace_seconds, GcResult* r) {
   std::set<std::string> live;
   ASSIGN_OR_RETURN(auto versions, store.ListVersions(/*fresh=*/true));
@@ -134,6 +161,7 @@ Status SweepBlobs(Store& store, int64_t grace_seconds, GcResult* r) {
     ASSIGN_OR_RETURN(auto v, store.GetVersionAt(k, key));
     Reachable(v->manifest, &live);
   }
+  RETURN_IF_ERROR(KeepJoinTables(store, versions, &live));
   ASSIGN_OR_RETURN(auto blobs, store.objects().List("blobs/"));
   const int64_t cutoff = static_cast<int64_t>(std::time(nullptr)) - grace_seconds;
   for (const auto& key : blobs) {

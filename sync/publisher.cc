@@ -302,6 +302,7 @@ class Publisher::Draft {
   internal::EngineEncoder encoder_;
   AnchorDistance parent_distance_;
   std::string anchor_reason_;
+  std::string join_reason_;
   std::unique_ptr<internal::FullTableBuilder> full_;
   internal::EngineCounts counts_;
   PublishResult r_;
@@ -335,8 +336,16 @@ Result<std::unique_ptr<Publisher::Draft>> Publisher::Begin(const AdamWStep& h) {
   ASSIGN_OR_RETURN(d->parent_distance_, DistanceOf(*store_, d->parent_));
   d->anchor_reason_ = PolicyAnchorReason(options_.anchor_policy, d->parent_distance_,
                                          d->parent_->manifest.stats.dense_bytes);
-  if (!d->anchor_reason_.empty()) {
-    ASSIGN_OR_RETURN(d->full_, internal::FullTableBuilder::Start(&d->sink_, d->records_.size()));
+  std::optional<uint64_t> join;
+  if (d->anchor_reason_.empty()) {
+    ASSIGN_OR_RETURN(AnchorDistance jd, JoinDistanceOf(*store_, d->parent_, d->parent_distance_));
+    d->join_reason_ =
+        JoinTableReason(options_.anchor_policy, jd, d->parent_->manifest.stats.dense_bytes);
+    if (!d->join_reason_.empty()) join = d->m_.version;
+  }
+  if (!d->anchor_reason_.empty() || join) {
+    ASSIGN_OR_RETURN(d->full_,
+                     internal::FullTableBuilder::Start(&d->sink_, d->records_.size(), join));
     d->encoder_.SetFull(d->full_.get());
   }
   return d;
@@ -375,9 +384,10 @@ Result<PublishResult> Publisher::Finish(const AdamWStep& h, Draft& d) {
   }
   static const std::vector<BlockRecord> kNone;
   if (d.full_) RETURN_IF_ERROR(FillUnclaimedFull(d));
+  internal::JoinOutcome join;
   RETURN_IF_ERROR(internal::PublishVersion(store_.get(), &d.sink_, &d.m_, d.records_,
                                            d.full_ ? d.full_->records() : kNone, d.parent_distance_,
-                                           d.latest_));
+                                           d.latest_, d.full_ && d.full_->join(), &join));
   last_version_ = d.m_.version;
   last_step_ = h.step;
   PublishResult r = d.r_;
@@ -389,9 +399,13 @@ Result<PublishResult> Publisher::Finish(const AdamWStep& h, Draft& d) {
   r.uncertain = d.counts_.uncertain;
   r.stored_bytes = d.m_.stats.stored_bytes;
   r.state_bytes = r.elements * 3 * sizeof(float);
-  r.full_table = d.full_ != nullptr;
-  r.full_bytes = d.full_ ? d.full_->payload_bytes() : 0;
+  r.full_table = d.full_ && !d.full_->join();
+  r.full_bytes = r.full_table ? d.full_->payload_bytes() : 0;
   r.anchor_reason = d.anchor_reason_;
+  r.join_reason = d.join_reason_;
+  r.join_table = join.written;
+  r.join_bytes = join.bytes;
+  r.join_error = join.error;
   if (push_) internal::PushCommitted(*push_, *store_, d.m_.version, &d.changes_, &r);
   return r;
 }

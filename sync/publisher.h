@@ -131,6 +131,10 @@ struct PublishResult {
   bool full_table = false;       // a policy anchor: the version also carries a full table
   uint64_t full_bytes = 0;       // its payload bytes (compressed)
   std::string anchor_reason;     // why it is a policy anchor ("" if it is not)
+  std::string join_reason;       // why it got a join table ("" if it did not)
+  bool join_table = false;       // ...and the join table was stored (else join_error says why)
+  uint64_t join_bytes = 0;
+  std::string join_error;
   // With a push server (Publisher::SetPush): what the push after the commit
   // did; push_error says why it did not run (the version is committed
   // either way, and receivers catch up from the store).
@@ -176,6 +180,7 @@ class Publisher {
   // The anchor policy of the following publishes (PublisherOptions'
   // anchor_policy); InvalidArgument for a bad budget.
   Status SetAnchorPolicy(const AnchorPolicy& policy);
+  const AnchorPolicy& anchor_policy() const { return options_.anchor_policy; }
 
   // Publishes the BF16 state after optimizer step `h.step`. Every tensor
   // named must exist in the latest version as BF16 with the same shape;

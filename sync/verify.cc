@@ -81,6 +81,68 @@ Status CheckFullTable(Materializer& reader, const std::shared_ptr<const Version>
   return Status::Ok();
 }
 
+// The join tables of the versions checked (every one, or `only`'s) that
+// belong to the version's current revision: the object parses, its blobs
+// match their hashes, and every block decodes from it alone to the version's
+// bytes. A join table of a rewritten or removed version is stale, not
+// damage (readers ignore it, gc deletes it), and is not checked.
+void CheckJoinTables(Store& store, const std::map<uint64_t, std::string>& versions,
+                     std::optional<uint64_t> only, Materializer& reader, VerifyReport* report) {
+  auto joins = store.ListJoins();
+  if (!joins.ok()) {
+    report->problems.push_back(joins.status().message());
+    return;
+  }
+  for (const auto& [num, key] : *joins) {
+    if (only && num != *only) continue;
+    auto listed = versions.find(num);
+    if (listed == versions.end()) continue;
+    const std::string what = store.uri() + "/" + key;
+    auto text = store.objects().Get(key);
+    if (!text.ok()) {
+      if (text.status().code() != Code::kNotFound)
+        report->problems.push_back(text.status().message());
+      continue;  // pruned meanwhile
+    }
+    auto jt = DecodeJoin(*text, what);
+    if (!jt.ok()) {
+      report->problems.push_back(jt.status().message());
+      continue;
+    }
+    if (jt->manifest_key != listed->second) continue;
+    bool blobs_ok = true;
+    std::vector<BlobRef> blobs{jt->table.block_table};
+    blobs.insert(blobs.end(), jt->table.blobs.begin(), jt->table.blobs.end());
+    for (const auto& b : blobs) {
+      Status s = CheckBlob(store.objects(), b.hash, b.size);
+      if (!s.ok()) {
+        report->problems.push_back(what + ": " + s.message());
+        blobs_ok = false;
+      }
+      report->blobs++;
+      report->blob_bytes += b.size;
+    }
+    if (!blobs_ok) continue;
+    auto v = store.GetVersion(num);
+    if (!v.ok()) continue;  // reported with the versions
+    auto join = store.JoinOf(**v);
+    if (!join) {
+      report->problems.push_back(what + ": its block table does not match " + VersionName(num));
+      continue;
+    }
+    std::vector<uint8_t> buf((*v)->manifest.block_bytes);
+    Status s = Status::Ok();
+    for (const auto& f : (*v)->manifest.files) {
+      for (const auto& t : f.tensors) {
+        for (uint32_t b = 0; b < t.blocks && s.ok(); ++b) {
+          s = reader.ReadJoinBlock(*v, *join, f, t, b, buf.data());
+        }
+      }
+    }
+    if (!s.ok()) report->problems.push_back(s.message());
+  }
+}
+
 // A private directory for the rolling snapshots of one verify run, removed
 // with it.
 class ScratchSnapshots {
@@ -188,6 +250,7 @@ Result<VerifyReport> VerifyStore(Store& store, std::optional<uint64_t> only,
     }
     if (scratch.get()) scratch.get()->KeepNewest(2);
   }
+  CheckJoinTables(store, versions, only, reader, &report);
   // The same damage can surface through several versions; report it once.
   std::set<std::string> seen;
   std::vector<std::string> unique;

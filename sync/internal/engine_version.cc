@@ -1,15 +1,24 @@
 #include "sync/internal/engine_version.h"
 
+#include <algorithm>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "sync/anchor_policy.h"
 
 namespace dte::internal {
 
-Result<std::unique_ptr<FullTableBuilder>> FullTableBuilder::Start(BlobSink* sink, size_t blocks) {
+Result<std::unique_ptr<FullTableBuilder>> FullTableBuilder::Start(
+    BlobSink* sink, size_t blocks, std::optional<uint64_t> join_version) {
   auto b = std::make_unique<FullTableBuilder>();
   ASSIGN_OR_RETURN(b->spool_, sink->NewSpool());
+  b->join_version_ = join_version;
+  if (join_version) {
+    const std::string header = JoinBlobHeader(*join_version, 0);
+    RETURN_IF_ERROR(b->spool_->Append(header.data(), header.size()));
+  }
   b->records_.resize(blocks);
   return b;
 }
@@ -28,7 +37,10 @@ Status FullTableBuilder::Finish(BlobSink* sink, const std::vector<BlockRecord>& 
   FullTable full;
   ASSIGN_OR_RETURN(BlobRef data, sink->Finish(std::move(spool_)));
   full.blobs.push_back(data);
-  ASSIGN_OR_RETURN(full.block_table, sink->PutBytes(EncodeBlockTable(records_)));
+  ASSIGN_OR_RETURN(full.block_table,
+                   sink->PutBytes(join_version_ ? JoinBlobHeader(*join_version_, kJoinTablePart) +
+                                                      EncodeBlockTable(records_)
+                                                : EncodeBlockTable(records_)));
   m->full = std::move(full);
   return Status::Ok();
 }
@@ -37,7 +49,16 @@ Status PublishVersion(Store* store, BlobSink* sink, Manifest* m,
                       const std::vector<BlockRecord>& records,
                       const std::vector<BlockRecord>& full_records,
                       const AnchorDistance& parent_distance,
-                      const std::optional<uint64_t>& expected_latest) {
+                      const std::optional<uint64_t>& expected_latest, bool join,
+                      JoinOutcome* join_out) {
+  std::optional<FullTable> join_table;
+  uint64_t join_added = 0;
+  if (join && m->full) {
+    join_table = std::move(*m->full);
+    m->full.reset();
+    if (join_table->block_table.added) join_added += join_table->block_table.size;
+    for (const auto& b : join_table->blobs) join_added += b.added ? b.size : 0;
+  }
   ASSIGN_OR_RETURN(BlobRef table, sink->PutBytes(EncodeBlockTable(records)));
   m->block_table = table;
   VersionStats& s = m->stats;
@@ -50,7 +71,7 @@ Status PublishVersion(Store* store, BlobSink* sink, Manifest* m,
       s.dense_bytes += t.bytes();
     }
   }
-  s.stored_bytes = sink->added_bytes();
+  s.stored_bytes = sink->added_bytes() - std::min(join_added, sink->added_bytes());
   m->since_full = NextDistance(parent_distance, m->self_contained(), s.stored_bytes);
   std::string text = EncodeManifest(*m);
   RETURN_IF_ERROR(sink->Refresh());
@@ -74,11 +95,79 @@ Status PublishVersion(Store* store, BlobSink* sink, Manifest* m,
   v->manifest_bytes = std::move(text);
   v->manifest = *m;
   v->records = records;
-  v->full_records = full_records;
+  if (!join_table) v->full_records = full_records;
   // The version exists now: an error here must neither fail the commit (a
   // retry would publish it twice) nor roll back the blobs it references. The
   // index is only a cache, re-synced from the manifests on the next open.
   store->Remember(std::move(v)).IgnoreError();
+  if (join_table) {
+    Status js = WriteJoinTable(store, *m, ManifestKey(m->version, 0), *join_table);
+    if (join_out) {
+      join_out->written = js.ok();
+      join_out->bytes = join_table->block_table.size;
+      for (const auto& b : join_table->blobs) join_out->bytes += b.size;
+      join_out->error = js.ok() ? "" : js.message();
+    }
+  }
+  return Status::Ok();
+}
+
+Status WriteJoinTable(Store* store, const Manifest& m, const std::string& manifest_key,
+                      const FullTable& table) {
+  JoinTable jt;
+  jt.version = m.version;
+  jt.manifest_key = manifest_key;
+  jt.created = NowRfc3339();
+  jt.table = table;
+  RETURN_IF_ERROR(store->objects().Put(JoinKey(m.version), EncodeJoin(jt)));
+  return PruneJoinTables(store);
+}
+
+Status PruneJoinTables(Store* store) {
+  ASSIGN_OR_RETURN(auto joins, store->ListJoins());
+  ASSIGN_OR_RETURN(auto versions, store->ListVersions());
+  const uint64_t newest_listed = versions.empty() ? 0 : versions.rbegin()->first;
+  struct Listed {
+    std::string key;
+    std::optional<JoinTable> table;  // nullopt: unreadable
+  };
+  std::map<uint64_t, Listed> listed;
+  for (const auto& [v, key] : joins) {
+    auto text = store->objects().Get(key);
+    if (!text.ok() && text.status().code() == Code::kNotFound) continue;  // pruned by another
+    RETURN_IF_ERROR(text.status());
+    auto jt = DecodeJoin(*text, store->uri() + "/" + key);
+    listed[v] = Listed{key, jt.ok() ? std::optional<JoinTable>(std::move(*jt)) : std::nullopt};
+  }
+  // Kept: the newest kJoinTablesKept that belong to the current revision of
+  // their version (or to a version newer than the listing).
+  std::set<uint64_t> keep;
+  for (auto it = listed.rbegin(); it != listed.rend() && keep.size() < kJoinTablesKept; ++it) {
+    if (!it->second.table) continue;
+    auto v = versions.find(it->first);
+    const bool current = it->first > newest_listed ||
+                         (v != versions.end() && v->second == it->second.table->manifest_key);
+    if (current) keep.insert(it->first);
+  }
+  std::set<std::string> kept_blobs;
+  for (uint64_t v : keep) {
+    const FullTable& t = listed[v].table->table;
+    kept_blobs.insert(BlobKey(t.block_table.hash));
+    for (const auto& b : t.blobs) kept_blobs.insert(BlobKey(b.hash));
+  }
+  for (const auto& [v, l] : listed) {
+    if (keep.count(v)) continue;
+    RETURN_IF_ERROR(store->objects().Delete(l.key));
+    store->DropJoin(v);
+    if (!l.table) continue;  // its blobs, if any, are gc's to sweep
+    std::vector<std::string> blobs{BlobKey(l.table->table.block_table.hash)};
+    for (const auto& b : l.table->table.blobs) blobs.push_back(BlobKey(b.hash));
+    for (const std::string& blob : blobs) {
+      if (kept_blobs.count(blob)) continue;
+      Status d = store->objects().Delete(blob);
+      if (!d.ok() && d.code() != Code::kNotFound) return d;
+    }
+  }
   return Status::Ok();
 }
 

@@ -78,10 +78,15 @@ def reachable_blobs(manifest):
 
 
 def all_reachable_blobs(store):
-    """Every blob the store's current manifests name."""
+    """Every blob the store's current manifests and join tables name."""
     out = set()
     for _, m in manifests(store).values():
         out |= reachable_blobs(m)
+    joins = os.path.join(store, "joins")
+    for name in os.listdir(joins) if os.path.isdir(joins) else []:
+        with open(os.path.join(joins, name)) as f:
+            j = json.load(f)
+        out |= {j["block_table"]["hash"]} | {b["hash"] for b in j["blobs"]}
     return out
 
 

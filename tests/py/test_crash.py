@@ -86,31 +86,48 @@ def snapshot_temps(dte):
     return found
 
 
+def listing(path):
+    """Sorted names in a directory; [] if it does not exist."""
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
 def assert_no_garbage_after_gc(dte):
     """Once gc has run with no grace window, only reachable blobs remain."""
     dte.ok("gc", "--keep-last", 1000, "--grace-seconds", 0)
     assert set(store_util.blobs(dte.store)) == store_util.all_reachable_blobs(dte.store)
 
 
-@pytest.mark.parametrize("policy_anchor", [False, True], ids=["delta", "policy-anchor"])
-def test_commit_killed_at_random_moments(big, tmp_path, policy_anchor):
-    """With policy_anchor, the commit also writes a full table (--anchor-every 1)
-    and fewer moments are tried. Every commit also writes its snapshot into
-    the cache, so kills land while a snapshot is being written too: the next
+@pytest.mark.parametrize("kind", ["delta", "policy-anchor", "join-table"])
+def test_commit_killed_at_random_moments(big, tmp_path, kind):
+    """A policy anchor also writes a full table (--anchor-every 1), a join
+    table commit (v2 onto v1) a join table after its manifest and prunes;
+    both try fewer moments. Every commit also writes its snapshot into the
+    cache, so kills land while a snapshot is being written too: the next
     command must clear its temporary file and the retry must commit right."""
-    rng = random.Random(SEED + policy_anchor)
+    policy_anchor, join = kind == "policy-anchor", kind == "join-table"
+    rng = random.Random(SEED + policy_anchor + 2 * join)
     base = Dtectl(tmp_path / "base", tmp_path / "base-cache")
     base.ok("import", big.dir(0))
+    target = 1
+    if join:  # a join table needs a delta before it
+        base.ok("commit", big.dir(1), "--join-budget", 0)
+        target = 2
+    before = list(range(target))
     env = dict(base.env, DTE_THREADS="1")
-    extra = ("--anchor-every", 1) if policy_anchor else ()
-    kills = KILLS // 2 if policy_anchor else KILLS
+    extra = (("--anchor-every", 1) if policy_anchor else
+             ("--anchor-budget", 0, "--join-budget", "1e-9") if join else ())
+    kills = KILLS if kind == "delta" else KILLS // 2
+    version = ("--version", target)
 
     probes = [copy_store(base, tmp_path / f"probe{i}", env) for i in range(3)]
     # The median of three: one probe slowed by a busy machine must not
     # spread the kills past the end of a typical run.
     duration = statistics.median(
-        timed_run(p.argv("commit", big.dir(1), "--version", 1, *extra), env) for p in probes)
-    assert all(p.versions() == [0, 1] for p in probes)
+        timed_run(p.argv("commit", big.dir(target), *version, *extra), env) for p in probes)
+    assert all(p.versions() == before + [target] for p in probes)
+    if join:
+        assert all(os.listdir(os.path.join(p.store, "joins")) == ["v00000002.json"]
+                   for p in probes)
     # Random moments; right after the manifest appears (before the index
     # hears of it); and once not at all, so the landed path always runs.
     trials = [("after", d) for d in delays(duration, kills, rng)]
@@ -119,7 +136,7 @@ def test_commit_killed_at_random_moments(big, tmp_path, policy_anchor):
     retry_problems = []
     for i, (how, when) in enumerate(trials):
         dte = copy_store(base, tmp_path / f"t{i}", env)
-        argv = dte.argv("commit", big.dir(1), "--version", 1, *extra)
+        argv = dte.argv("commit", big.dir(target), *version, *extra)
         if how == "after":
             killed += kill_after(argv, env, when)
             when = "never killed" if when is None else f"killed after {when:.3f}s"
@@ -130,23 +147,30 @@ def test_commit_killed_at_random_moments(big, tmp_path, policy_anchor):
         r = dte.run("verify")
         assert r.returncode == OK, f"{context}: {r.stderr}"
         log = dte.log()
-        assert [v["version"] for v in log] in ([0], [0, 1]), context
-        if len(log) == 2:
+        assert [v["version"] for v in log] in (before, before + [target]), context
+        joins = os.path.join(dte.store, "joins")
+        if len(log) == target + 1:
             landed += 1
-            assert (log[1]["kind"], log[1]["parent"]) == ("delta", 0), context
-            assert ("full" in store_util.manifests(dte.store)[1][1]) == policy_anchor, context
-            store_util.same_tree(dte.export(1, tmp_path / f"t{i}" / "out"), big.dir(1))
+            assert (log[-1]["kind"], log[-1]["parent"]) == ("delta", target - 1), context
+            assert ("full" in store_util.manifests(dte.store)[target][1]) == policy_anchor, context
+            # The join object comes after the manifest: a kill in between
+            # leaves the version without one.
+            assert listing(joins) in (([], ["v00000002.json"]) if join else ([],)), context
+            store_util.same_tree(dte.export(target, tmp_path / f"t{i}" / "out"), big.dir(target))
             # Retrying a commit that landed is a version conflict. Collected, not
             # asserted here, so that every crash trial still runs.
-            r = dte.run("commit", big.dir(1), "--version", 1)
-            if r.returncode != CONFLICT or "version 1 " not in r.stderr:
+            r = dte.run("commit", big.dir(target), *version)
+            if r.returncode != CONFLICT or f"version {target} " not in r.stderr:
                 retry_problems.append(f"{context}: exit {r.returncode}: {r.stderr.strip()}")
         else:
-            r = dte.run("commit", big.dir(1), "--version", 1, *extra)
-            assert r.stdout == "1\n", context
-            assert dte.ok("verify", "--version", 1)
+            assert listing(joins) == [], context
+            r = dte.run("commit", big.dir(target), *version, *extra)
+            assert r.stdout == f"{target}\n", context
+            assert dte.ok("verify", "--version", target)
             assert not snapshot_temps(dte), context  # the dead commit's, cleared
-        assert dte.versions() == [0, 1], context
+            if join:
+                assert listing(joins) == ["v00000002.json"], context
+        assert dte.versions() == before + [target], context
         if i % 4 == 0:
             assert_no_garbage_after_gc(dte)
         shutil.rmtree(tmp_path / f"t{i}")
@@ -155,7 +179,7 @@ def test_commit_killed_at_random_moments(big, tmp_path, policy_anchor):
     # The kills must have landed inside commits, on both sides of the manifest write.
     assert killed >= kills // 2, (killed, duration)
     # At least a quarter of the random kills came before the manifest (for the
-    # 24 kills of a plain commit: 6, as always; the 12 of a policy anchor: 3).
+    # 24 kills of a plain commit: 6, as always; the 12 of the others: 3).
     assert 3 <= landed <= len(trials) - kills // 4, (landed, duration)
     assert not retry_problems, "\n".join(retry_problems)
 

@@ -258,6 +258,11 @@ def test_every_version_equals_bf16_of_the_trainer(work, foreach):
             # The budget: a version past it would have been a policy anchor.
             assert every or before["bytes"] < m["stats"]["dense_bytes"], version
     assert sum("full" in m for m in ms.values()) >= (STEPS // every if every else 1)
+    # Join tables (default join budget), where full tables leave room: the
+    # newest two, written by the publisher; the reader above read the
+    # versions through them.
+    if not every:
+        assert len(os.listdir(os.path.join(store, "joins"))) == 2
     assert totals["false_positives"] <= 0.02 * entries
     assert totals["false_positives"] <= 0.02 * totals["stored"]
     reader.close()
@@ -303,6 +308,8 @@ def test_rejections_name_the_tensor(work):
     assert r.version == 1 and r.changed == 0
     with pytest.raises(dte.DteError, match="step 3 does not follow step 1"):
         pub.publish_adamw(step=3, params={"lm_head.weight": good}, lr=1e-5)
+    with pytest.raises(dte.DteError, match="--join-budget"):
+        dte.Publisher(store=str(tmp_path / "store"), join_budget=-1)
 
 
 # --- Publishing from sharded Megatron-Core state ---------------------------

@@ -189,20 +189,23 @@ def test_follows_new_versions_with_one_listing_per_poll(moto, gen, follower, tmp
     assert m.status()["versions"] == list(range(0, STEPS + 1))
 
     # Idle polling: one ListObjectsV2 of manifests/ per poll, starting after
-    # the newest manifest except on the periodic full listings; no other
-    # request.
+    # the newest manifest except on the periodic full listings, which also
+    # list joins/ (the join tables); no other request.
     before, s1 = len(moto_requests(moto)), m.status()["poll"]
     wait_for(lambda: m.status()["poll"]["polls"] >= s1["polls"] + 12, 60, "12 more polls")
     s2 = m.status()["poll"]
     requests = moto_requests(moto)[before:]
     polls, full = s2["polls"] - s1["polls"], s2["full_listings"] - s1["full_listings"]
     assert all(method == "GET" and "list-type=2" in url and
-               re.search(r"[?&]prefix=policy/manifests/(&|$)", url)
+               re.search(r"[?&]prefix=policy/(manifests|joins)/(&|$)", url)
                for method, url in requests), requests
+    joins = [url for _, url in requests if "prefix=policy/joins/" in url]
+    requests = [r for r in requests if "prefix=policy/joins/" not in r[1]]
     assert abs(len(requests) - polls) <= 1, (len(requests), polls)
     incremental = [url for _, url in requests if "start-after=policy/manifests/v00000006.json"
                    in url]
     assert full >= 1 and len(incremental) >= polls - full - 1, (requests, polls, full)
+    assert abs(len(joins) - full) <= 1, (joins, full)
     assert s2["failed"] == 0 and m.status()["errors"] == []
 
 

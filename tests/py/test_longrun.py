@@ -161,3 +161,43 @@ def test_thinned_history_rebases_onto_kept_versions_with_full_tables_past_the_bu
         store_util.same_tree(d.export(v, tmp_path / f"out{v}"), run_ckpts(v))
     assert json.loads(d.ok("verify", "--json").stdout)["ok"]
     assert set(store_util.blobs(d.store)) == store_util.all_reachable_blobs(d.store)
+
+
+def test_fresh_mount_reads_latest_from_the_newest_join_table(run_ckpts, tmp_path):
+    """Join tables (--join-budget): a full copy of a recent version kept
+    outside its manifest, the newest two only. A mount with an empty cache
+    reads latest from the newest one plus the deltas since, and the same
+    store without them walks back to the anchor."""
+    d = Dtectl(tmp_path / "store", tmp_path / "cache")
+    d.ok("import", run_ckpts(0))
+    joins = []
+    for step in range(1, STEPS + 1):
+        r = json.loads(d.ok("commit", run_ckpts(step), "--anchor-budget", 0, "--join-budget",
+                            "0.015", "--json").stdout)
+        assert not r["full_table"] and r["join_error"] == "", r
+        if r["join_table"]:
+            assert "join budget" in r["join_reason"] and r["join_bytes"] > 0, r
+            joins.append(step)
+    assert len(joins) >= 3, joins
+    listed = sorted(os.listdir(tmp_path / "store" / "joins"))
+    assert listed == ["v%08d.json" % v for v in joins[-2:]]
+    for step, m in manifests(d.store).items():
+        assert "full" not in m, step  # the manifests do not know about them
+
+    def read_latest(cache):
+        with fs_util.mounts(tmp_path) as start:
+            m = start(d.store, "--snapshot-every", 0, cache=str(tmp_path / cache))
+            for name in os.listdir(run_ckpts(STEPS)):
+                with open(os.path.join(m.path, "latest", name), "rb") as f:
+                    got = f.read()
+                with open(os.path.join(run_ckpts(STEPS), name), "rb") as f:
+                    assert got == f.read(), name
+            return m.status()
+
+    s = read_latest("empty")
+    assert s["join_block_reads"] == s["blocks_decoded"], s
+    assert s["records_decoded"] / s["blocks_decoded"] <= STEPS - joins[-1] + 1, s
+    shutil.rmtree(tmp_path / "store" / "joins")
+    s = read_latest("empty2")
+    assert s["join_block_reads"] == 0, s
+    assert s["records_decoded"] / s["blocks_decoded"] > STEPS - joins[-1] + 1, s

@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "store/materialize.h"
 #include "store/store.h"
 #include "sync/export.h"
 #include "sync/verify.h"
@@ -240,6 +241,8 @@ class DistPublisherTest : public ::testing::Test {
         EXPECT_EQ(out[rank].result.version, r->version) << "rank " << rank;
         EXPECT_EQ(out[rank].result.changed, r->changed) << "rank " << rank;
         EXPECT_EQ(out[rank].result.full_table, r->full_table) << "rank " << rank;
+        EXPECT_EQ(out[rank].result.join_table, r->join_table) << "rank " << rank;
+        EXPECT_EQ(out[rank].result.join_error, "") << "rank " << rank;
         // Entries travel as 6 bytes (plus a 16-byte header per chunk).
         EXPECT_LE(out[rank].stats.bytes_sent,
                   out[rank].stats.entries_sent * 6 + 4096 + world * 64 * 1024)
@@ -310,6 +313,39 @@ TEST_F(DistPublisherTest, PolicyAnchorsCarryTheSameFullTable) {
   ASSERT_TRUE(ExportVersion(**fresh, 4, out, nullptr).ok());
   EXPECT_EQ(ReadAll(out + "/model.safetensors"),
             ReadAll(tmp_.path() + "/export/model.safetensors"));
+}
+
+TEST_F(DistPublisherTest, JoinTablesAreBuiltFromEveryRanksPart) {
+  policy_ = {0, 0, 1e-9};  // a join table whenever the parent has none: v2 and v4
+  RunAndCompare(FlatBuffer, 3, 4);
+  StoreOptions o;
+  o.uri = tmp_.path() + "/dist";
+  auto fresh = Store::Open(o);
+  ASSERT_TRUE(fresh.ok());
+  auto joins = (*fresh)->ListJoins();
+  ASSERT_TRUE(joins.ok());
+  ASSERT_EQ(joins->size(), 2u);
+  EXPECT_EQ(joins->begin()->first, 2u);
+  EXPECT_EQ(joins->rbegin()->first, 4u);
+  // An empty cache reads v4 from its join table alone (a payload blob per
+  // rank), to the bytes of the export.
+  auto v4 = (*fresh)->GetVersion(4);
+  ASSERT_TRUE(v4.ok());
+  EXPECT_FALSE((*v4)->manifest.full.has_value());
+  auto join = (*fresh)->JoinOf(**v4);
+  ASSERT_NE(join, nullptr);
+  EXPECT_EQ(join->join.table.blobs.size(), 3u);
+  Materializer reader(fresh->get());
+  const FileEntry* file = nullptr;
+  for (const auto& e : (*v4)->manifest.files) {
+    if (e.safetensors) file = &e;
+  }
+  ASSERT_NE(file, nullptr);
+  const FileEntry& f = *file;
+  std::string got(f.size, '\0');
+  ASSERT_TRUE(reader.ReadFile(*v4, f, 0, f.size, reinterpret_cast<uint8_t*>(got.data())).ok());
+  EXPECT_EQ(got, ReadAll(tmp_.path() + "/export/" + f.name));
+  EXPECT_EQ(reader.counters().join_blocks.load(), (*v4)->records.size());
 }
 
 TEST_F(DistPublisherTest, DisagreementsFailEveryRankAndWriteNothing) {

@@ -6,13 +6,17 @@ same run:
 
   commit    dtectl commit wall time, mean of the first and last 50 versions
             (ratio last/first; goal <= 1.2)
-  store     bytes of the store (every blob of every version) against the
-            same run's deltas alone (the store minus every full table: what a
-            store without policy anchors holds; goal <= 2 with the default
-            policy), and the zstd ratio of the full tables
+  store     bytes of the store (every blob of every version, and the join
+            tables kept) against the same run's deltas alone (the store minus
+            every full and join table: what a store without policy anchors
+            holds; goal <= 2 with the default policy), the zstd ratio of the
+            full tables, and the bytes written against the deltas (join
+            tables are written and deleted again)
   join      a fresh dtefs mount (empty cache directory) reading every file of
-            `latest`, against a fresh mount reading the first anchor
-            (goal <= 2), medians of --reps
+            `latest`, and of the worst recent version (the one just before
+            the newest join table: the most deltas past a join table a read
+            of latest can meet), against a fresh mount reading the first
+            anchor (goal <= 2), medians of --reps
   export    dtectl export of latest with an empty cache, against export of
             the anchor
   memory    dtefs VmHWM after `ls` of the mount and reading one shard of
@@ -25,7 +29,9 @@ Runs: `small` (--small-steps versions of a --small-size model, local store),
 `tiny` (--tiny-steps versions of a --tiny-size model: the memory curve up to
 10,000 versions and the listing latencies), `budget` (--budget-steps
 versions of a --small-size model for each of --budgets: store bytes against
-join cost, the trade of the anchor budget), `big` (--big-steps of
+join cost, the trade of the anchor budget), `joins` (--budget-steps
+versions of a --joins-size model for each of --join-budgets: bytes written
+against join cost, the trade of the join budget), `big` (--big-steps of
 --big-size, local store) and `s3` (--s3-steps of --s3-size on the moto S3
 server the tests use; commit and store only).
 Checkpoints are generated in batches of --batch steps (dte-gen replays the
@@ -111,7 +117,9 @@ class Run:
                 j = json.loads(r.stdout)
                 self.commits.append({"seconds": secs, "stored": j["stored_bytes"],
                                      "dense": j["dense_bytes"], "full": j.get("full_table", False),
-                                     "full_bytes": j.get("full_bytes", 0)})
+                                     "full_bytes": j.get("full_bytes", 0),
+                                     "join": j.get("join_table", False),
+                                     "join_bytes": j.get("join_bytes", 0)})
                 shutil.rmtree(d)
                 if step in checkpoints:
                     self.memory.append((step + 1, self.dtefs_memory()))
@@ -167,8 +175,20 @@ class Run:
         shutil.rmtree(out)
         return secs
 
+    def join_tables(self):
+        """(versions with a join table now, their blob bytes)."""
+        jdir = os.path.join(self.store, "joins")
+        versions, size = [], 0
+        for name in sorted(os.listdir(jdir)) if os.path.isdir(jdir) else []:
+            with open(os.path.join(jdir, name)) as f:
+                j = json.load(f)
+            versions.append(j["version"])
+            size += j["block_table"]["size"] + sum(b["size"] for b in j["blobs"])
+        return versions, size
+
     def store_bytes(self):
-        """(all blob bytes, full-table bytes, full-table dense bytes) from the manifests."""
+        """(all blob bytes, full- and join-table bytes, full-table dense bytes)
+        from the manifests and the join tables kept."""
         total = full = full_dense = 0
         mdir = os.path.join(self.store, "manifests")
         for name in os.listdir(mdir):
@@ -179,7 +199,21 @@ class Run:
                 fb = m["full"]["block_table"]["size"] + sum(b["size"] for b in m["full"]["blobs"])
                 full += fb
                 full_dense += m["stats"]["dense_bytes"]
-        return total, full, full_dense
+        _, joins = self.join_tables()
+        return total + joins, full + joins, full_dense
+
+    def worst_recent(self):
+        """The version just before the newest join table (read from the older
+        one plus a join interval of deltas), or None without two join tables."""
+        versions, _ = self.join_tables()
+        return versions[-1] - 1 if len(versions) >= 2 else None
+
+    def written_ratio(self):
+        """Bytes written to the store (deltas, full tables, join tables written
+        and later deleted) over the deltas alone."""
+        c = self.commits[1:]
+        deltas = sum(x["stored"] - x["full_bytes"] for x in c)
+        return sum(x["stored"] + x["join_bytes"] for x in c) / deltas if deltas else None
 
     def timed(self, argv, reps=5):
         ts = []
@@ -205,7 +239,8 @@ class Run:
         out = {"run": self.name, "size": self.size, "versions": len(self.commits),
                "commit_first50_s": mean(first), "commit_last50_s": mean(last),
                "commit_ratio": mean(last) / mean(first),
-               "full_tables": sum(1 for x in c if x["full"])}
+               "full_tables": sum(1 for x in c if x["full"]),
+               "join_tables_written": sum(1 for x in c if x["join"])}
         if not local:
             out["store_bytes"] = sum(x["stored"] for x in self.commits)
             return out
@@ -213,6 +248,7 @@ class Run:
         out.update({"store_bytes": total, "deltas_only_bytes": total - full,
                     "store_ratio": total / (total - full),
                     "full_zstd_ratio": full_dense / full if full else None})
+        out["written_ratio"] = self.written_ratio()
         out["dtefs_hwm"] = [(n, b) for n, b in self.memory]
         if listing:
             out.update(self.listing())
@@ -224,10 +260,53 @@ class Run:
         out.update({"join_latest_s": statistics.median(joins),
                     "join_anchor_s": statistics.median(anchors)})
         out["join_ratio"] = out["join_latest_s"] / out["join_anchor_s"]
+        worst = self.worst_recent()
+        if worst is not None:
+            out["join_worst_version"] = worst
+            out["join_worst_s"] = statistics.median(
+                self.join(f"v{worst:08d}") for _ in range(reps))
+            out["join_worst_ratio"] = out["join_worst_s"] / out["join_anchor_s"]
         latest = len(self.commits) - 1
         out["export_latest_s"] = statistics.median(self.export(latest) for _ in range(reps))
         out["export_anchor_s"] = statistics.median(self.export(0) for _ in range(reps))
         return out
+
+
+def join_rows(a):
+    """The trade of the join budget at the default anchor budget: bytes
+    written against the cost of a fresh mount reading latest and the worst
+    recent version, for each --join-budgets value over --budget-steps
+    versions of a --joins-size model."""
+    rows = []
+    for b in a.join_budgets.split(","):
+        r = Run(a, f"joins-{b}", a.joins_size, a.budget_steps, commit_args=("--join-budget", b))
+        r.commit_all()
+        total, full, _ = r.store_bytes()
+        reps = a.reps
+        anchor = statistics.median(r.join("v00000000") for _ in range(reps))
+        latest = statistics.median(r.join("latest") for _ in range(reps))
+        worst = r.worst_recent()
+        if worst is None:  # no join tables: the version just before the last full table
+            fulls = [i + 1 for i, c in enumerate(r.commits[1:]) if c["full"]]
+            worst = (fulls[-1] - 1) if fulls else len(r.commits) - 1
+        join_worst = statistics.median(r.join(f"v{worst:08d}") for _ in range(reps))
+        rows.append({"join_budget": float(b), "versions": len(r.commits),
+                     "full_tables": sum(1 for c in r.commits[1:] if c["full"]),
+                     "join_tables_written": sum(1 for c in r.commits[1:] if c["join"]),
+                     "store_ratio": total / (total - full), "written_ratio": r.written_ratio(),
+                     "join_anchor_s": anchor, "join_latest_ratio": latest / anchor,
+                     "join_worst_ratio": join_worst / anchor, "worst_version": worst})
+        log(json.dumps(rows[-1]))
+        shutil.rmtree(r.root, ignore_errors=True)
+    print("| `--join-budget` | full / join tables written | store / deltas only | "
+          "written / deltas | join latest / anchor | join worst recent / anchor |")
+    print("|---|---|---|---|---|---|")
+    for x in rows:
+        print(f"| {x['join_budget']:g} | {x['full_tables']} / {x['join_tables_written']} in "
+              f"{x['versions']} | {x['store_ratio']:.2f}x | {x['written_ratio']:.2f}x | "
+              f"{x['join_latest_ratio']:.2f}x | {x['join_worst_ratio']:.2f}x "
+              f"(v{x['worst_version']}) |")
+    return rows
 
 
 def budget_rows(a):
@@ -272,9 +351,10 @@ def s3_env(a):
 def print_report(rows):
     for r in rows:
         log(json.dumps(r))
-    print("| run | versions | commit first 50 | last 50 | ratio | full tables | store / deltas "
-          "only | zstd | join latest / anchor | export latest / anchor | dtefs VmHWM |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| run | versions | commit first 50 | last 50 | ratio | full / join tables written | "
+          "store / deltas only | written / deltas | zstd | join latest / anchor | "
+          "join worst recent / anchor | export latest / anchor | dtefs VmHWM |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mem = ", ".join(f"{n}: {b / MIB:.0f} MiB" for n, b in r.get("dtefs_hwm", []))
         store = (f"{r['store_bytes'] / MIB:.1f} / {r['deltas_only_bytes'] / MIB:.1f} MiB "
@@ -283,11 +363,15 @@ def print_report(rows):
         zstd = f"{r['full_zstd_ratio']:.2f}x" if r.get("full_zstd_ratio") else "-"
         join = (f"{r['join_latest_s']:.3f} / {r['join_anchor_s']:.3f} s = "
                 f"{r['join_ratio']:.2f}x" if "join_ratio" in r else "-")
+        worst = (f"{r['join_worst_s']:.3f} s = {r['join_worst_ratio']:.2f}x "
+                 f"(v{r['join_worst_version']})" if "join_worst_ratio" in r else "-")
+        written = f"{r['written_ratio']:.2f}x" if r.get("written_ratio") else "-"
         exp = (f"{r['export_latest_s']:.3f} / {r['export_anchor_s']:.3f} s"
                if "export_latest_s" in r else "-")
         print(f"| {r['run']} ({r['size']}) | {r['versions']} | {r['commit_first50_s']:.3f} s | "
-              f"{r['commit_last50_s']:.3f} s | {r['commit_ratio']:.2f}x | {r['full_tables']} | "
-              f"{store} | {zstd} | {join} | {exp} | {mem or '-'} |")
+              f"{r['commit_last50_s']:.3f} s | {r['commit_ratio']:.2f}x | {r['full_tables']} / "
+              f"{r['join_tables_written']} | {store} | {written} | {zstd} | {join} | {worst} | "
+              f"{exp} | {mem or '-'} |")
     for r in rows:
         if "ls" in r:
             print(f"{r['run']}: ls {r['ls'] * 1000:.1f} ms, ls -l {r['ls_l'] * 1000:.1f} ms, "
@@ -304,6 +388,8 @@ def main():
     p.add_argument("--small-steps", type=int, default=2000)
     p.add_argument("--budgets", default="0.25,0.5,1,2")
     p.add_argument("--budget-steps", type=int, default=400)
+    p.add_argument("--join-budgets", default="0,0.0625,0.125,0.25")
+    p.add_argument("--joins-size", default="64MiB")
     p.add_argument("--tiny-size", default="1MiB")
     p.add_argument("--tiny-steps", type=int, default=10000)
     p.add_argument("--big-size", default="512MiB")
@@ -330,6 +416,9 @@ def main():
                 rows.append(r.report())
             elif name == "budget":
                 budget_rows(a)
+                continue
+            elif name == "joins":
+                join_rows(a)
                 continue
             elif name == "tiny":
                 steps = a.tiny_steps

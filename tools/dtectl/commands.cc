@@ -117,7 +117,7 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
   CommitOptions o;
   o.version = a.version;
   o.force_anchor = import || a.anchor;
-  o.anchor_policy = AnchorPolicy{a.anchor_budget, a.anchor_every};
+  o.anchor_policy = AnchorPolicy{a.anchor_budget, a.anchor_every, a.join_budget};
   o.keep_snapshots = a.keep_snapshots;
   o.progress = progress.Callback();
   if (Status s = CheckAnchorPolicy(o.anchor_policy); !s.ok()) return Fail(cmd, s);
@@ -140,6 +140,10 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
            {"anchor_reason", r->anchor_reason},
            {"full_table", r->full_table},
            {"full_bytes", r->full_bytes},
+           {"join_reason", r->join_reason},
+           {"join_table", r->join_table},
+           {"join_bytes", r->join_bytes},
+           {"join_error", r->join_error},
            {"parent_snapshot_blocks", r->parent_snapshot_blocks},
            {"snapshot", r->snapshot},
            {"tensors", r->tensors},
@@ -159,6 +163,10 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
   if (r->full_table) {
     kind += ", full copy " + HumanBytes(static_cast<double>(r->full_bytes)) + " (" +
             r->anchor_reason + ")";
+  }
+  if (!r->join_reason.empty()) {
+    kind += r->join_table ? ", join table " + HumanBytes(static_cast<double>(r->join_bytes))
+                          : ", no join table: " + r->join_error;
   }
   std::cerr << cmd << ": " << VersionName(r->version) << " (" << kind << "), "
             << Percent(r->changed_elements, r->elements) << " of " << r->elements

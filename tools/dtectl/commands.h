@@ -26,6 +26,7 @@ struct CommitArgs {
   bool anchor = false;
   double anchor_budget = 1.0;  // sync/anchor_policy.h
   uint64_t anchor_every = 0;
+  double join_budget = 0.125;
   uint32_t keep_snapshots = 3;
 };
 

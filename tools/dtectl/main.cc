@@ -98,6 +98,11 @@ int main(int argc, char** argv) {
                    "Also store the version whole once this many versions passed since the "
                    "last full one (default 0: never)")
       ->check(CLI::NonNegativeNumber);
+  commit->add_option("--join-budget", ca.join_budget,
+                     "Also store a join table (a full copy kept outside the manifest, only the "
+                     "newest two stay) once the deltas since the last full copy add up to this "
+                     "many times the model's dense size, so late joiners read latest quickly "
+                     "(default 0.125; 0: never)");
   for (CLI::App* cmd : {import, commit}) {
     cmd->add_option("--keep-snapshots", ca.keep_snapshots,
                     "Leave a snapshot of the new version in the cache directory for the next "

@@ -179,9 +179,10 @@ class Publisher(_Handle):
 
     def __init__(self, store, converter="hf", cache_dir=None, anchor_budget=1.0, anchor_every=0,
                  rank=None, world_size=None, group=None, rendezvous=None, job=None,
-                 timeout=60.0, push=None):
-        """anchor_budget, anchor_every: the anchor policy, as dtectl commit's
-        --anchor-budget and --anchor-every (docs/cli.md).
+                 timeout=60.0, push=None, join_budget=0.125):
+        """anchor_budget, anchor_every, join_budget: the anchor policy and
+        join tables, as dtectl commit's --anchor-budget, --anchor-every and
+        --join-budget (docs/cli.md).
 
         converter: "hf" (params are keyed by Hugging Face tensor names) or a
         Megatron-Core spec, a dict {"config": path to the model's HF
@@ -251,6 +252,7 @@ class Publisher(_Handle):
             self._close_fn = "dte_dist_publisher_close"
             _check(lib.dte_dist_publisher_set_anchor_policy(self._h, float(anchor_budget),
                                                             int(anchor_every)))
+            _check(lib.dte_dist_publisher_set_join_budget(self._h, float(join_budget)))
             self._timeout_ms = int(timeout * 1000)
             if push is not None:
                 if self.rank != 0:
@@ -274,6 +276,7 @@ class Publisher(_Handle):
         self._h = handle
         _check(lib.dte_publisher_set_anchor_policy(self._h, float(anchor_budget),
                                                    int(anchor_every)))
+        _check(lib.dte_publisher_set_join_budget(self._h, float(join_budget)))
         if push is not None:
             _check(lib.dte_publisher_set_push(self._h, push._h))
             self._push = push  # the server must outlive this publisher's use of it
