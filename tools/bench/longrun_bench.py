@@ -200,6 +200,7 @@ class Run:
                 full += fb
                 full_dense += m["stats"]["dense_bytes"]
         _, joins = self.join_tables()
+        self.join_bytes_kept = joins
         return total + joins, full + joins, full_dense
 
     def worst_recent(self):
@@ -247,7 +248,8 @@ class Run:
         total, full, full_dense = self.store_bytes()
         out.update({"store_bytes": total, "deltas_only_bytes": total - full,
                     "store_ratio": total / (total - full),
-                    "full_zstd_ratio": full_dense / full if full else None})
+                    "full_zstd_ratio": (full_dense / (full - self.join_bytes_kept)
+                                        if full > self.join_bytes_kept else None)})
         out["written_ratio"] = self.written_ratio()
         out["dtefs_hwm"] = [(n, b) for n, b in self.memory]
         if listing:
@@ -390,6 +392,8 @@ def main():
     p.add_argument("--budget-steps", type=int, default=400)
     p.add_argument("--join-budgets", default="0,0.0625,0.125,0.25")
     p.add_argument("--joins-size", default="64MiB")
+    p.add_argument("--join-budget", default=None,
+                   help="--join-budget of the small, tiny, big and s3 runs (default: dtectl's)")
     p.add_argument("--tiny-size", default="1MiB")
     p.add_argument("--tiny-steps", type=int, default=10000)
     p.add_argument("--big-size", default="512MiB")
@@ -406,12 +410,13 @@ def main():
     a.work = a.work or tempfile.mkdtemp(prefix="dte-longrun-")
     fu.install_cleanup()
     rows = []
+    jb = ("--join-budget", a.join_budget) if a.join_budget is not None else ()
     try:
         for name in a.runs.split(","):
             if name == "small":
                 steps = a.small_steps
                 marks = {s - 1 for s in (100, 500, 1000, 2000, 5000, 10000) if s <= steps + 1}
-                r = Run(a, "small", a.small_size, steps)
+                r = Run(a, "small", a.small_size, steps, commit_args=jb)
                 r.commit_all(marks)
                 rows.append(r.report())
             elif name == "budget":
@@ -423,17 +428,18 @@ def main():
             elif name == "tiny":
                 steps = a.tiny_steps
                 marks = {s - 1 for s in (100, 1000, 3000, 10000) if s <= steps + 1}
-                r = Run(a, "tiny", a.tiny_size, steps)
+                r = Run(a, "tiny", a.tiny_size, steps, commit_args=jb)
                 r.commit_all(marks)
                 rows.append(r.report(joins=False, listing=True))
             elif name == "big":
-                r = Run(a, "big", a.big_size, a.big_steps)
+                r = Run(a, "big", a.big_size, a.big_steps, commit_args=jb)
                 r.commit_all({a.big_steps})
                 rows.append(r.report())
             elif name == "s3":
                 server, env = s3_env(a)
                 try:
-                    r = Run(a, "s3", a.s3_size, a.s3_steps, store="s3://longrun/run", env=env)
+                    r = Run(a, "s3", a.s3_size, a.s3_steps, store="s3://longrun/run", env=env,
+                            commit_args=jb)
                     r.commit_all()
                     rows.append(r.report(local=False))
                 finally:
