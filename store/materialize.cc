@@ -153,26 +153,23 @@ Status Materializer::WalkBlock(const std::shared_ptr<const Version>& v, const Fi
       break;
     }
     if (!cur->manifest.parent) return Corruption(what + ": no dense record in its chain");
-    if (!cur->full_records.empty()) {
-      // A policy anchor that kept its delta: one record onto the parent's
-      // block where the base holds that, else its own full record.
+    // A policy anchor that kept its delta, or a version with a join table:
+    // one record onto the parent's block where the base holds that, else
+    // its own full record. A join table that a writer pruned meanwhile (its
+    // blobs are gone) or that is damaged is dropped and the walk goes on.
+    const bool full = !cur->full_records.empty();
+    std::shared_ptr<const LoadedJoin> join;
+    if (!full && use_joins) join = store_->JoinOf(*cur);
+    if (full || join) {
       auto parent = ParentOf(*cur, depth, chain);
       if (base && parent.ok() && base->ReadBlock(**parent, r, len, dst)) {
         counters_.base_blocks++;
         if (rec.kind == BlockKind::kSparse) sparse.push_back({cur, &rec});
-      } else {
+        break;
+      }
+      if (full) {
         RETURN_IF_ERROR(ReadDense(cur->manifest.full->blobs, cur->full_records[r], width, dst, len,
                                   what + " (full table)"));
-      }
-      break;
-    }
-    if (auto join = use_joins ? store_->JoinOf(*cur) : nullptr) {
-      // A join table: the same, unless a writer pruned it meanwhile (its
-      // blobs are gone): then the walk goes on along the deltas.
-      auto parent = ParentOf(*cur, depth, chain);
-      if (base && parent.ok() && base->ReadBlock(**parent, r, len, dst)) {
-        counters_.base_blocks++;
-        if (rec.kind == BlockKind::kSparse) sparse.push_back({cur, &rec});
         break;
       }
       Status read = ReadDense(join->join.table.blobs, join->records[r], width, dst, len,

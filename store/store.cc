@@ -112,6 +112,29 @@ Status CheckJoinTable(const Manifest& m, const std::vector<BlockRecord>& m_recor
   return Status::Ok();
 }
 
+Result<std::map<uint64_t, ListedJoin>> ReadJoinTables(Store& store) {
+  ASSIGN_OR_RETURN(auto joins, store.ListJoins());
+  std::map<uint64_t, ListedJoin> out;
+  for (const auto& [v, key] : joins) {
+    auto text = store.objects().Get(key);
+    if (!text.ok() && text.status().code() == Code::kNotFound) continue;  // pruned meanwhile
+    RETURN_IF_ERROR(text.status());
+    auto jt = DecodeJoin(*text, store.uri() + "/" + key);
+    ListedJoin& l = out[v];
+    l.key = key;
+    l.status = jt.status();
+    if (jt.ok()) l.table = std::move(*jt);
+  }
+  return out;
+}
+
+bool JoinIsCurrent(uint64_t version, const JoinTable& join,
+                   const std::map<uint64_t, std::string>& versions) {
+  if (versions.empty() || version > versions.rbegin()->first) return true;
+  auto it = versions.find(version);
+  return it != versions.end() && it->second == join.manifest_key;
+}
+
 Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
   std::unique_ptr<Store> store(new Store(options));
   RETURN_IF_ERROR(store->Init());

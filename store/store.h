@@ -194,6 +194,21 @@ Index::Entry IndexEntry(const Version& v);
 // Validates a version's block table against its manifest.
 Status CheckBlockTable(const Manifest& m, const std::vector<BlockRecord>& records,
                        const std::string& what);
+// Every join table listed now, its object read: `table` is nullopt (and
+// `status` says why) when the object does not parse; objects deleted while
+// listing are left out.
+struct ListedJoin {
+  std::string key;
+  Status status;
+  std::optional<JoinTable> table;
+};
+Result<std::map<uint64_t, ListedJoin>> ReadJoinTables(Store& store);
+// True if `join` (of `version`) belongs to the version's current revision in
+// `versions` (a listing), or to a version newer than all of them (committed
+// since that listing): a join table gc and writers keep.
+bool JoinIsCurrent(uint64_t version, const JoinTable& join,
+                   const std::map<uint64_t, std::string>& versions);
+
 // Validates the records of a version's full table (manifest.full): dense
 // kinds only, pointing into full->blobs.
 Status CheckFullTable(const Manifest& m, const std::vector<BlockRecord>& records,

@@ -132,23 +132,15 @@ Result<uint64_t> DeleteManifests(Store& store, const GcPlan& plan) {
 // are swept with the rest).
 Status KeepJoinTables(Store& store, const std::map<uint64_t, std::string>& versions,
                       std::set<std::string>* live) {
-  ASSIGN_OR_RETURN(auto joins, store.ListJoins());
-  const uint64_t newest = versions.empty() ? 0 : versions.rbegin()->first;
-  for (const auto& [v, key] : joins) {
-    auto text = store.objects().Get(key);
-    if (!text.ok() && text.status().code() == Code::kNotFound) continue;  // pruned meanwhile
-    RETURN_IF_ERROR(text.status());
-    auto jt = DecodeJoin(*text, store.uri() + "/" + key);
-    auto listed = versions.find(v);
-    const bool current =
-        jt.ok() && (v > newest || (listed != versions.end() && listed->second == jt->manifest_key));
-    if (!current) {
-      RETURN_IF_ERROR(store.objects().Delete(key));
+  ASSIGN_OR_RETURN(auto joins, ReadJoinTables(store));
+  for (const auto& [v, l] : joins) {
+    if (!l.table || !JoinIsCurrent(v, *l.table, versions)) {
+      RETURN_IF_ERROR(store.objects().Delete(l.key));
       store.DropJoin(v);
       continue;
     }
-    live->insert(BlobKey(jt->table.block_table.hash));
-    for (const auto& b : jt->table.blobs) live->insert(BlobKey(b.hash));
+    live->insert(BlobKey(l.table->table.block_table.hash));
+    for (const auto& b : l.table->table.blobs) live->insert(BlobKey(b.hash));
   }
   return Status::Ok();
 }

@@ -68,13 +68,16 @@ Status CheckManifestObject(Store& store, const Version& v) {
                     ": differs from the copy this host has cached (manifests are immutable)");
 }
 
-// Every block of v's full table decodes alone to v's bytes.
-Status CheckFullTable(Materializer& reader, const std::shared_ptr<const Version>& v) {
+// Every block of a table that stands alone (v's full table, or `join`, a
+// join table of v) decodes alone to v's bytes.
+Status CheckStandaloneTable(Materializer& reader, const std::shared_ptr<const Version>& v,
+                            const LoadedJoin* join = nullptr) {
   std::vector<uint8_t> buf(v->manifest.block_bytes);
   for (const auto& f : v->manifest.files) {
     for (const auto& t : f.tensors) {
       for (uint32_t b = 0; b < t.blocks; ++b) {
-        RETURN_IF_ERROR(reader.ReadFullBlock(v, f, t, b, buf.data()));
+        RETURN_IF_ERROR(join ? reader.ReadJoinBlock(v, *join, f, t, b, buf.data())
+                             : reader.ReadFullBlock(v, f, t, b, buf.data()));
       }
     }
   }
@@ -130,15 +133,7 @@ void CheckJoinTables(Store& store, const std::map<uint64_t, std::string>& versio
       report->problems.push_back(what + ": its block table does not match " + VersionName(num));
       continue;
     }
-    std::vector<uint8_t> buf((*v)->manifest.block_bytes);
-    Status s = Status::Ok();
-    for (const auto& f : (*v)->manifest.files) {
-      for (const auto& t : f.tensors) {
-        for (uint32_t b = 0; b < t.blocks && s.ok(); ++b) {
-          s = reader.ReadJoinBlock(*v, *join, f, t, b, buf.data());
-        }
-      }
-    }
+    Status s = CheckStandaloneTable(reader, *v, join.get());
     if (!s.ok()) report->problems.push_back(s.message());
   }
 }
@@ -241,7 +236,7 @@ Result<VerifyReport> VerifyStore(Store& store, std::optional<uint64_t> only,
       report.tensors += f.tensors.size();
     }
     if ((*v)->manifest.full) {
-      Status s = CheckFullTable(reader, *v);
+      Status s = CheckStandaloneTable(reader, *v);
       if (!s.ok()) report.problems.push_back(s.message());
     }
     if ((*v)->manifest.parent && !versions.count(*(*v)->manifest.parent)) {

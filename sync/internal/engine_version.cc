@@ -124,30 +124,15 @@ Status WriteJoinTable(Store* store, const Manifest& m, const std::string& manife
 }
 
 Status PruneJoinTables(Store* store) {
-  ASSIGN_OR_RETURN(auto joins, store->ListJoins());
   ASSIGN_OR_RETURN(auto versions, store->ListVersions());
-  const uint64_t newest_listed = versions.empty() ? 0 : versions.rbegin()->first;
-  struct Listed {
-    std::string key;
-    std::optional<JoinTable> table;  // nullopt: unreadable
-  };
-  std::map<uint64_t, Listed> listed;
-  for (const auto& [v, key] : joins) {
-    auto text = store->objects().Get(key);
-    if (!text.ok() && text.status().code() == Code::kNotFound) continue;  // pruned by another
-    RETURN_IF_ERROR(text.status());
-    auto jt = DecodeJoin(*text, store->uri() + "/" + key);
-    listed[v] = Listed{key, jt.ok() ? std::optional<JoinTable>(std::move(*jt)) : std::nullopt};
-  }
+  ASSIGN_OR_RETURN(auto listed, ReadJoinTables(*store));
   // Kept: the newest kJoinTablesKept that belong to the current revision of
   // their version (or to a version newer than the listing).
   std::set<uint64_t> keep;
   for (auto it = listed.rbegin(); it != listed.rend() && keep.size() < kJoinTablesKept; ++it) {
-    if (!it->second.table) continue;
-    auto v = versions.find(it->first);
-    const bool current = it->first > newest_listed ||
-                         (v != versions.end() && v->second == it->second.table->manifest_key);
-    if (current) keep.insert(it->first);
+    if (it->second.table && JoinIsCurrent(it->first, *it->second.table, versions)) {
+      keep.insert(it->first);
+    }
   }
   std::set<std::string> kept_blobs;
   for (uint64_t v : keep) {
