@@ -9,13 +9,12 @@ import os
 import random
 import shutil
 import signal
-import statistics
 import subprocess
-import time
 
 import pytest
 
 import store_util
+from crash_util import RunLength, fractions, timed_run
 from ckpt_util import CheckpointSequence
 from dtectl_util import CONFLICT, OK, Dtectl
 
@@ -38,29 +37,6 @@ def copy_store(base, root, env):
     copies), with a cache of its own."""
     shutil.copytree(base.store, root / "store", copy_function=os.link)
     return Dtectl(root / "store", root / "cache", env)
-
-
-def timed_run(argv, env):
-    start = time.monotonic()
-    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == OK, r.stderr
-    return time.monotonic() - start
-
-
-def kill_after(argv, env, delay):
-    """Starts argv, SIGKILLs it after `delay` seconds (None: never); returns True
-    if it was still running."""
-    p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        p.wait(timeout=120 if delay is None else delay)
-    except subprocess.TimeoutExpired:
-        p.send_signal(signal.SIGKILL)
-    return p.wait() == -signal.SIGKILL
-
-
-def delays(duration, n, rng):
-    """n moments spread evenly (with jitter) over [0, 1.2 * duration]."""
-    return [(i + rng.random()) / n * 1.2 * duration for i in range(n)]
 
 
 def kill_on_manifest_change(argv, env, manifests, n):
@@ -122,15 +98,15 @@ def test_commit_killed_at_random_moments(big, tmp_path, kind):
     probes = [copy_store(base, tmp_path / f"probe{i}", env) for i in range(3)]
     # The median of three: one probe slowed by a busy machine must not
     # spread the kills past the end of a typical run.
-    duration = statistics.median(
-        timed_run(p.argv("commit", big.dir(target), *version, *extra), env) for p in probes)
+    length = RunLength(
+        [timed_run(p.argv("commit", big.dir(target), *version, *extra), env) for p in probes])
     assert all(p.versions() == before + [target] for p in probes)
     if join:
         assert all(os.listdir(os.path.join(p.store, "joins")) == ["v00000002.json"]
                    for p in probes)
     # Random moments; right after the manifest appears (before the index
     # hears of it); and once not at all, so the landed path always runs.
-    trials = [("after", d) for d in delays(duration, kills, rng)]
+    trials = [("after", f) for f in fractions(kills, rng)]
     trials += [("change", 1), ("change", 1), ("after", None)]
     killed = landed = 0
     retry_problems = []
@@ -138,12 +114,13 @@ def test_commit_killed_at_random_moments(big, tmp_path, kind):
         dte = copy_store(base, tmp_path / f"t{i}", env)
         argv = dte.argv("commit", big.dir(target), *version, *extra)
         if how == "after":
-            killed += kill_after(argv, env, when)
-            when = "never killed" if when is None else f"killed after {when:.3f}s"
+            moment = length.at(when)
+            killed += length.kill(argv, env, when)
+            when = "never killed" if when is None else f"killed after {moment:.3f}s"
         else:
             killed += kill_on_manifest_change(argv, env, os.path.join(dte.store, "manifests"), 1)
             when = "killed when its manifest appeared"
-        context = f"trial {i}, {when}, of a {duration:.3f}s commit"
+        context = f"trial {i}, {when}, of a {length.seconds:.3f}s commit"
         r = dte.run("verify")
         assert r.returncode == OK, f"{context}: {r.stderr}"
         log = dte.log()
@@ -174,30 +151,32 @@ def test_commit_killed_at_random_moments(big, tmp_path, kind):
         if i % 4 == 0:
             assert_no_garbage_after_gc(dte)
         shutil.rmtree(tmp_path / f"t{i}")
-    print(f"commit {duration:.3f}s: {killed} of {len(trials)} killed while running, "
+    print(f"commit {length.seconds:.3f}s: {killed} of {len(trials)} killed while running, "
           f"{landed} landed")
     # The kills must have landed inside commits, on both sides of the manifest write.
-    assert killed >= kills // 2, (killed, duration)
+    assert killed >= kills // 2, (killed, length.seconds)
     # At least a quarter of the random kills came before the manifest (for the
     # 24 kills of a plain commit: 6, as always; the 12 of the others: 3).
-    assert 3 <= landed <= len(trials) - kills // 4, (landed, duration)
+    assert 3 <= landed <= len(trials) - kills // 4, (landed, length.seconds)
     assert not retry_problems, "\n".join(retry_problems)
 
 
-# Checkpoint steps committed as v0..v3, gc's options, and the (version,
-# parent) pairs it keeps.
+# Checkpoint steps committed as v0..v3, gc's options, the (version, parent)
+# pairs it keeps, and how many changes of the manifests directory it makes.
 GC_CASES = {
-    # v2 and v3 revisit earlier weights (still deltas); v2 is rebased to an anchor.
-    "keep-last": ((0, 1, 0, 1), ("--keep-last", 2), [(2, None), (3, 2)]),
-    # v1 goes; v2 is rebased as a delta of v0.
+    # v2 and v3 revisit earlier weights (still deltas); v2 is rebased to an
+    # anchor: its new revision, then v0, v1 and v2's old revision go.
+    "keep-last": ((0, 1, 0, 1), ("--keep-last", 2), [(2, None), (3, 2)], 4),
+    # v1 goes; v2 is rebased as a delta of v0: its new revision, then v1 and
+    # v2's old revision go.
     "keep-every": ((0, 1, 2, 1), ("--keep-last", 1, "--keep-every", 2),
-                   [(0, None), (2, 0), (3, 2)]),
+                   [(0, None), (2, 0), (3, 2)], 3),
 }
 
 
 @pytest.mark.parametrize("case", GC_CASES)
 def test_gc_killed_at_random_moments(big, tmp_path, case):
-    steps, keep_args, kept = GC_CASES[case]
+    steps, keep_args, kept, changes = GC_CASES[case]
     rng = random.Random(SEED + 1 + list(GC_CASES).index(case))
     base = Dtectl(tmp_path / "base", tmp_path / "base-cache")
     base.ok("import", big.dir(steps[0]))
@@ -208,20 +187,21 @@ def test_gc_killed_at_random_moments(big, tmp_path, case):
     gc_args = ("gc", *keep_args, "--grace-seconds", 0)
     kept_versions = [v for v, _ in kept]
     probes = [copy_store(base, tmp_path / f"probe{i}", env) for i in range(3)]
-    duration = statistics.median(timed_run(p.argv(*gc_args), env) for p in probes)
+    length = RunLength([timed_run(p.argv(*gc_args), env) for p in probes])
     assert all(p.versions() == kept_versions for p in probes)
     # Random moments, then the moments right after each of gc's manifest
     # changes (rebased revision written, old manifests deleted one by one),
     # where the order of its steps shows.
-    trials = [("after", d) for d in delays(duration, KILLS // 2, rng)]
-    trials += [("change", n) for n in (1, 2, 3, 4) for _ in range(2)]
+    trials = [("after", f) for f in fractions(KILLS // 2, rng)]
+    trials += [("change", n) for n in range(1, changes + 1) for _ in range(2)]
     killed = 0
     broken = []  # stores left failing verify; collected so that recovery is still checked
     for i, (how, when) in enumerate(trials):
         dte = copy_store(base, tmp_path / f"g{i}", env)
         if how == "after":
-            killed += kill_after(dte.argv(*gc_args), env, when)
-            context = f"trial {i}, killed after {when:.3f}s of a {duration:.3f}s gc"
+            moment = length.at(when)
+            killed += length.kill(dte.argv(*gc_args), env, when)
+            context = f"trial {i}, killed after {moment:.3f}s of a {length.seconds:.3f}s gc"
         else:
             manifests = os.path.join(dte.store, "manifests")
             killed += kill_on_manifest_change(dte.argv(*gc_args), env, manifests, when)
@@ -247,7 +227,7 @@ def test_gc_killed_at_random_moments(big, tmp_path, case):
         assert set(store_util.blobs(dte.store)) == reachable, context
         assert dte.ok("verify")
         shutil.rmtree(tmp_path / f"g{i}")
-    print(f"gc {case} {duration:.3f}s: {killed} of {len(trials)} killed while running, "
+    print(f"gc {case} {length.seconds:.3f}s: {killed} of {len(trials)} killed while running, "
           f"{len(broken)} left broken")
-    assert killed >= len(trials) // 2, (killed, duration)
+    assert killed >= len(trials) // 2, (killed, length.seconds)
     assert not broken, "a killed gc left versions that do not verify:\n" + "\n".join(broken)

@@ -24,6 +24,7 @@ import pytest
 
 import s3_util
 import store_util
+from crash_util import RunLength, fractions, timed_run
 from ckpt_util import CheckpointSequence
 from dtectl_util import CONFLICT, OK, Dtectl
 from s3_proxy import Rule
@@ -57,17 +58,6 @@ class Host:
 def start(host, ckpt):
     return subprocess.Popen(host.dte.argv("commit", ckpt, "--version", 1), env=host.dte.env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def kill_after(host, ckpt, delay):
-    """SIGKILLs the commit after `delay` s; True if it was still running."""
-    p = start(host, ckpt)
-    try:
-        p.wait(timeout=delay)
-    except subprocess.TimeoutExpired:
-        p.send_signal(signal.SIGKILL)
-    p.communicate(timeout=60)
-    return p.returncode == -signal.SIGKILL
 
 
 def kill_on(proxy, host, ckpt, **rule):
@@ -111,16 +101,11 @@ def test_commit_to_s3_killed_at_random_moments(moto, proxy, models, tmp_path):
         s3_util.copy_prefix(moto, bucket, "base", name)
         return Host(moto, proxy, f"s3://{bucket}/{name}", tmp_path / "h" / name)
 
-    durations = []
-    for i in range(2):
-        host = fresh(f"probe{i}")
-        started = time.monotonic()
-        host.dte.ok("commit", v1, "--version", 1)
-        durations.append(time.monotonic() - started)
-    duration = min(durations)  # a slow probe would push the random kills past the end
+    probes = [fresh(f"probe{i}") for i in range(3)]
+    length = RunLength([timed_run(h.dte.argv("commit", v1, "--version", 1), h.dte.env)
+                        for h in probes])
     rng = random.Random(SEED)
-    trials = [("after", (i + rng.random()) / RANDOM_KILLS * 1.1 * duration)
-              for i in range(RANDOM_KILLS)]
+    trials = [("after", f) for f in fractions(RANDOM_KILLS, rng, reach=1.1)]
     trials += [("keyed", k) for k in KEYED]
     killed, landed, problems = 0, 0, []
     started = time.monotonic()
@@ -128,8 +113,10 @@ def test_commit_to_s3_killed_at_random_moments(moto, proxy, models, tmp_path):
         name = f"t{i}"
         host = fresh(name)
         if how == "after":
-            was_killed = kill_after(host, v1, what)
-            context = f"trial {i}: killed after {what:.3f}s of a {duration:.3f}s commit"
+            moment = length.at(what)
+            was_killed = length.kill(host.dte.argv("commit", v1, "--version", 1), host.dte.env,
+                                     what)
+            context = f"trial {i}: killed after {moment:.3f}s of a {length.seconds:.3f}s commit"
         else:
             was_killed = kill_on(proxy, host, v1, **what[1])
             context = f"trial {i}: killed {what[0]}"
@@ -151,7 +138,7 @@ def test_commit_to_s3_killed_at_random_moments(moto, proxy, models, tmp_path):
         if versions == [0, 1] or i % 3 == 0:  # what landed is what was committed
             out = tmp_path / "out" / name
             store_util.same_tree(host.dte.export(1, out), v1)
-    print(f"commit {duration:.2f}s: {killed} of {len(trials)} trials killed while running, "
+    print(f"commit {length.seconds:.2f}s: {killed} of {len(trials)} trials killed while running, "
           f"{landed} landed; trials took {time.monotonic() - started:.1f}s")
     assert not problems, "\n".join(problems)
     assert killed >= 20, killed
