@@ -542,6 +542,13 @@ const char* BlockKindName(BlockKind kind) {
   return "unknown";
 }
 
+EncodedBlock EncodeRawBlock(const uint8_t* data, size_t len, int width) {
+  const bool valid = ValidWidth(width) && len % width == 0;
+  const size_t elements = valid ? len / width : len;
+  return {BlockKind::kDenseRaw, std::string(reinterpret_cast<const char*>(data), len),
+          static_cast<uint32_t>(std::min<size_t>(elements, UINT32_MAX))};
+}
+
 EncodedBlock EncodeBlock(const uint8_t* old_data, const uint8_t* new_data, size_t len, int width,
                          CodecScratch* scratch) {
   CodecScratch& s = ScratchOrThread(scratch);

@@ -69,6 +69,10 @@ struct CodecScratch {
 EncodedBlock EncodeBlock(const uint8_t* old_data, const uint8_t* new_data, size_t len, int width,
                          CodecScratch* scratch);
 
+// The block `data` as kDenseRaw, whatever zstd would save: what
+// EncodeBlock(nullptr, ...) gives for a block that does not compress.
+EncodedBlock EncodeRawBlock(const uint8_t* data, size_t len, int width);
+
 // Encodes a kSparse payload from a list of changed elements of a block,
 // without the parent block: for entry i, element idx[i]
 // (block-relative, strictly increasing) becomes new_vals[i] (width bytes).

@@ -249,7 +249,7 @@ Status Committer::ProcessChunk(int fd, const InputFile& in, const FileEntry& ent
       errors[i] = reader_.ReadBlock(parent_, *parent, pt, b, old);
       if (!errors[i].ok()) break;
       encoded_[i] = EncodeBlock(old, now, blen(b), width, &scratch);
-      if (full_) full_encoded_[i] = EncodeBlock(nullptr, now, blen(b), width, &scratch);
+      if (full_) full_encoded_[i] = full_->Encode(now, blen(b), width, &scratch);
     }
   });
   for (const auto& e : errors) RETURN_IF_ERROR(e);

@@ -967,7 +967,9 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
                 }
                 enc[i] = EncodeBlock(o, nw, blen(b), width, &scratch);
               }
-              if (full) full_enc[i] = EncodeBlock(nullptr, nw, blen(b), width, &scratch);
+              if (full) {
+                full_enc[i] = internal::EncodeFullTableBlock(join, nw, blen(b), width, &scratch);
+              }
             }
           });
           for (const auto& e : errors) RETURN_IF_ERROR(e);

@@ -369,8 +369,7 @@ Status Publisher::FillUnclaimedFull(Draft& d) {
         const uint64_t len = std::min(pm.block_bytes, te.bytes() - uint64_t{b} * pm.block_bytes);
         RETURN_IF_ERROR(reader.ReadBlock(d.parent_, pm.files[f], te, b, block.data()));
         RETURN_IF_ERROR(d.full_->Append(
-            te.first_block + b,
-            EncodeBlock(nullptr, block.data(), len, DTypeWidth(te.dtype), nullptr)));
+            te.first_block + b, d.full_->Encode(block.data(), len, DTypeWidth(te.dtype), nullptr)));
       }
     }
   }

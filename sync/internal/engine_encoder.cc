@@ -199,9 +199,8 @@ Status EngineEncoder::EncodeTensor(const float* theta, const float* m, const flo
         }
         records[first + b].hash = HashBlock(cast_.data() + bb, (be - bb) * kWidth);
         if (full_) {
-          full_encoded_[b] =
-              dte::EncodeBlock(nullptr, reinterpret_cast<const uint8_t*>(cast_.data() + bb),
-                               (be - bb) * kWidth, kWidth, nullptr);
+          full_encoded_[b] = full_->Encode(reinterpret_cast<const uint8_t*>(cast_.data() + bb),
+                                           (be - bb) * kWidth, kWidth, nullptr);
         }
       }
     });

@@ -11,12 +11,24 @@
 #include <string>
 #include <vector>
 
+#include "store/delta_codec.h"
 #include "store/manifest.h"
 #include "store/status.h"
 #include "store/store.h"
 #include "sync/internal/blob_sink.h"
 
 namespace dte::internal {
+
+// The dense record of block `data` in a full table. A join table's is raw:
+// a host that joins late reads it at the speed of a copy (decoding zstd
+// costs far more than a copy and saves about a fifth of BF16 weights'
+// bytes), and only the newest two join tables are kept. An anchor's is compressed
+// where that saves an eighth (EncodeBlock without a parent): anchors stay
+// in the store.
+inline EncodedBlock EncodeFullTableBlock(bool join, const uint8_t* data, size_t len, int width,
+                                         CodecScratch* scratch) {
+  return join ? EncodeRawBlock(data, len, width) : EncodeBlock(nullptr, data, len, width, scratch);
+}
 
 // The full table of a policy anchor being built (sync/anchor_policy.h): a
 // dense record for every block, their payloads in one blob.
@@ -28,8 +40,12 @@ class FullTableBuilder {
   // (store/manifest.h, JoinTable): its blobs start with the join header.
   static Result<std::unique_ptr<FullTableBuilder>> Start(
       BlobSink* sink, size_t blocks, std::optional<uint64_t> join_version = std::nullopt);
-  // Block `record` as `dense` (an EncodeBlock without a parent). Records
-  // may come in any order, one call at a time.
+  // The dense record of a block for this table (EncodeFullTableBlock).
+  EncodedBlock Encode(const uint8_t* data, size_t len, int width, CodecScratch* scratch) const {
+    return EncodeFullTableBlock(join(), data, len, width, scratch);
+  }
+  // Block `record` as `dense` (from Encode). Records may come in any order,
+  // one call at a time.
   Status Append(size_t record, const EncodedBlock& dense);
   // Stores the payload blob and the table, with each record's hash taken
   // from `records` (the version's own table), and sets m->full (a join

@@ -346,6 +346,10 @@ TEST_F(LongRun, HostThatJoinsLateReadsLatestFromTheJoinTable) {
   EXPECT_EQ(ExpectHolds(*fresh, kSteps - 1), (*latest)->records.size());
   EXPECT_EQ(Materializer(fresh.get()).ChainOf(*latest, /*stop_at_joins=*/true).size(), 1u);
   EXPECT_EQ(Materializer(fresh.get()).ChainOf(*latest).size(), kSteps);
+  // Its records are raw: read at the speed of a copy. Anchors compress.
+  auto join = fresh->JoinOf(**latest);
+  ASSERT_NE(join, nullptr);
+  for (const auto& r : join->records) EXPECT_EQ(r.kind, BlockKind::kDenseRaw);
   // The same store without its join tables decodes the whole chain.
   fs::remove_all(dir_.path() + "/store/joins");
   auto bare = Open("");

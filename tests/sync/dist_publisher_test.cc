@@ -335,6 +335,7 @@ TEST_F(DistPublisherTest, JoinTablesAreBuiltFromEveryRanksPart) {
   auto join = (*fresh)->JoinOf(**v4);
   ASSERT_NE(join, nullptr);
   EXPECT_EQ(join->join.table.blobs.size(), 3u);
+  for (const auto& r : join->records) EXPECT_EQ(r.kind, BlockKind::kDenseRaw);
   Materializer reader(fresh->get());
   const FileEntry* file = nullptr;
   for (const auto& e : (*v4)->manifest.files) {
