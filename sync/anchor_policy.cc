@@ -40,18 +40,27 @@ Result<AnchorDistance> DistanceOf(Store& store, const std::shared_ptr<const Vers
   return base;
 }
 
+namespace {
+
+// `what` + bytes + ", " + `name` + " is " + the budget, once `bytes` reach
+// `fraction` (> 0) of dense_bytes; "" before, and for fraction 0 (off).
+std::string OverBudget(const std::string& what, const std::string& name, double fraction,
+                       uint64_t bytes, uint64_t dense_bytes) {
+  const double budget = fraction * static_cast<double>(dense_bytes);
+  if (fraction <= 0 || static_cast<double>(bytes) < budget) return "";
+  return what + FormatByteSize(bytes) + ", " + name + " is " +
+         FormatByteSize(static_cast<uint64_t>(budget));
+}
+
+}  // namespace
+
 std::string PolicyAnchorReason(const AnchorPolicy& policy, const AnchorDistance& parent_distance,
                                uint64_t dense_bytes) {
   if (policy.every > 0 && parent_distance.versions + 1 >= policy.every) {
     return "anchor policy: " + std::to_string(policy.every) + " versions since the last anchor";
   }
-  const double budget = policy.budget * static_cast<double>(dense_bytes);
-  if (policy.budget > 0 && static_cast<double>(parent_distance.bytes) >= budget) {
-    return "anchor policy: deltas since the last anchor hold " +
-           FormatByteSize(parent_distance.bytes) + ", the budget is " +
-           FormatByteSize(static_cast<uint64_t>(budget));
-  }
-  return "";
+  return OverBudget("anchor policy: deltas since the last anchor hold ", "the budget",
+                    policy.budget, parent_distance.bytes, dense_bytes);
 }
 
 Result<AnchorDistance> JoinDistanceOf(Store& store, const std::shared_ptr<const Version>& v,
@@ -75,13 +84,8 @@ Result<AnchorDistance> JoinDistanceOf(Store& store, const std::shared_ptr<const 
 
 std::string JoinTableReason(const AnchorPolicy& policy, const AnchorDistance& parent_join_distance,
                             uint64_t dense_bytes) {
-  const double budget = policy.join_budget * static_cast<double>(dense_bytes);
-  if (policy.join_budget > 0 && static_cast<double>(parent_join_distance.bytes) >= budget) {
-    return "join table: deltas since the last full or join table hold " +
-           FormatByteSize(parent_join_distance.bytes) + ", the join budget is " +
-           FormatByteSize(static_cast<uint64_t>(budget));
-  }
-  return "";
+  return OverBudget("join table: deltas since the last full or join table hold ", "the join budget",
+                    policy.join_budget, parent_join_distance.bytes, dense_bytes);
 }
 
 AnchorDistance NextDistance(const AnchorDistance& parent_distance, bool self_contained,

@@ -115,6 +115,19 @@ int Guard(const Fn& fn) {
   }
 }
 
+// Changes a publisher's anchor policy with edit(&policy): the setters of
+// both publishers' C functions. `fn` names the C function in errors.
+template <typename Handle, typename Edit>
+int EditAnchorPolicy(Handle* p, const char* fn, const Edit& edit) {
+  return Guard([&] {
+    if (p == nullptr) return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": no publisher");
+    dte::AnchorPolicy policy = p->impl->anchor_policy();
+    edit(&policy);
+    dte::Status s = p->impl->SetAnchorPolicy(policy);
+    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
+  });
+}
+
 dte::DType ToDType(int32_t d) {
   switch (d) {
     case DTE_DTYPE_F32:
@@ -290,28 +303,14 @@ int dte_publisher_import(dte_publisher* p, const char* dir, uint64_t* version_ou
 }
 
 int dte_publisher_set_anchor_policy(dte_publisher* p, double budget, uint64_t every) {
-  return Guard([&] {
-    if (p == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_set_anchor_policy: no publisher");
-    }
-    dte::AnchorPolicy policy = p->impl->anchor_policy();
-    policy.budget = budget;
-    policy.every = every;
-    dte::Status s = p->impl->SetAnchorPolicy(policy);
-    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
+  return EditAnchorPolicy(p, __func__, [&](dte::AnchorPolicy* a) {
+    a->budget = budget;
+    a->every = every;
   });
 }
 
 int dte_publisher_set_join_budget(dte_publisher* p, double join_budget) {
-  return Guard([&] {
-    if (p == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_set_join_budget: no publisher");
-    }
-    dte::AnchorPolicy policy = p->impl->anchor_policy();
-    policy.join_budget = join_budget;
-    dte::Status s = p->impl->SetAnchorPolicy(policy);
-    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
-  });
+  return EditAnchorPolicy(p, __func__, [&](dte::AnchorPolicy* a) { a->join_budget = join_budget; });
 }
 
 int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
@@ -577,28 +576,14 @@ int dte_dist_publisher_open(const char* store, const char* cache_dir, const char
 void dte_dist_publisher_close(dte_dist_publisher* p) { delete p; }
 
 int dte_dist_publisher_set_anchor_policy(dte_dist_publisher* p, double budget, uint64_t every) {
-  return Guard([&] {
-    if (p == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT, "dte_dist_publisher_set_anchor_policy: no publisher");
-    }
-    dte::AnchorPolicy policy = p->impl->anchor_policy();
-    policy.budget = budget;
-    policy.every = every;
-    dte::Status s = p->impl->SetAnchorPolicy(policy);
-    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
+  return EditAnchorPolicy(p, __func__, [&](dte::AnchorPolicy* a) {
+    a->budget = budget;
+    a->every = every;
   });
 }
 
 int dte_dist_publisher_set_join_budget(dte_dist_publisher* p, double join_budget) {
-  return Guard([&] {
-    if (p == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT, "dte_dist_publisher_set_join_budget: no publisher");
-    }
-    dte::AnchorPolicy policy = p->impl->anchor_policy();
-    policy.join_budget = join_budget;
-    dte::Status s = p->impl->SetAnchorPolicy(policy);
-    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
-  });
+  return EditAnchorPolicy(p, __func__, [&](dte::AnchorPolicy* a) { a->join_budget = join_budget; });
 }
 
 int dte_dist_publisher_last_stats(dte_dist_publisher* p, dte_dist_stats* out) {
