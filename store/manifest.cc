@@ -409,15 +409,16 @@ std::optional<std::pair<uint64_t, uint32_t>> ParseManifestKey(std::string_view k
     }
     return true;
   };
+  // Only the canonical spelling (ManifestKey's): the version in 8 digits, or
+  // more without a leading zero; a revision from 1 to 2^32-1 without one.
+  // Checked without building the key: listings parse every manifest's.
   uint64_t version = 0, revision = 0;
-  size_t dot = key.find(".r");
-  if (!digits(key.substr(0, dot), &version) || key.substr(0, dot).size() < 8) return std::nullopt;
-  if (dot != std::string_view::npos && (!digits(key.substr(dot + 2), &revision) || revision == 0)) {
-    return std::nullopt;
-  }
-  if (ManifestKey(version, static_cast<uint32_t>(revision)) !=
-      "manifests/v" + std::string(key) + ".json") {
-    return std::nullopt;  // non-canonical spelling, e.g. leading zeros in the revision
+  const size_t dot = key.find(".r");
+  const std::string_view v = key.substr(0, dot);
+  if (!digits(v, &version) || v.size() < 8 || (v.size() > 8 && v[0] == '0')) return std::nullopt;
+  if (dot != std::string_view::npos) {
+    const std::string_view r = key.substr(dot + 2);
+    if (!digits(r, &revision) || r[0] == '0' || revision > UINT32_MAX) return std::nullopt;
   }
   return std::make_pair(version, static_cast<uint32_t>(revision));
 }

@@ -328,6 +328,7 @@ Result<std::map<uint64_t, std::string>> Store::ListVersions(bool fresh) {
     if (incremental) {
       MutexLock lock(&mu_);
       listed_ = *incremental;
+      has_listed_ = true;
       return std::move(*incremental);
     }
   }
@@ -340,6 +341,7 @@ Result<std::map<uint64_t, std::string>> Store::ListVersions(bool fresh) {
   SaveListing(out).IgnoreError();
   MutexLock lock(&mu_);
   listed_ = out;
+  has_listed_ = true;
   return out;
 }
 
@@ -395,6 +397,17 @@ Status Store::SaveListing(const std::map<uint64_t, std::string>& listed) {
   }
   puts.emplace_back(kListingMeta, std::to_string(NowSeconds()) + " " + greatest);
   return index_->UpdateCacheEntries(puts, deletes);
+}
+
+Result<std::optional<uint64_t>> Store::LatestListed() {
+  {
+    MutexLock lock(&mu_);
+    if (has_listed_) {
+      if (listed_.empty()) return std::optional<uint64_t>();
+      return std::optional<uint64_t>(listed_.rbegin()->first);
+    }
+  }
+  return Latest();
 }
 
 Result<std::optional<uint64_t>> Store::Latest() {

@@ -95,6 +95,12 @@ class Store {
   // listing). The listing is also remembered in memory: a version missing
   // from the index and the memory cache is looked up in it first.
   Result<std::map<uint64_t, std::string>> ListVersions(bool fresh = false);
+  // The latest version of the last listing this object took (opening the
+  // store with an index takes one), with the versions it committed since;
+  // a new listing if it took none. For a caller that checks again before
+  // it acts (a commit plans on it, and lists afresh just before it creates
+  // its manifest), so that one command lists a long run once less.
+  Result<std::optional<uint64_t>> LatestListed() EXCLUDES(mu_);
   static constexpr int64_t kListingTtlSeconds = 60;
   Result<std::optional<uint64_t>> Latest();
 
@@ -181,6 +187,7 @@ class Store {
   uint64_t cache_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t use_clock_ GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::string> listed_ GUARDED_BY(mu_);     // the last listing
+  bool has_listed_ GUARDED_BY(mu_) = false;                    // listed_ holds one
   std::map<uint64_t, std::string> join_keys_ GUARDED_BY(mu_);  // the last join listing
   std::map<uint64_t, std::shared_ptr<const LoadedJoin>> joins_ GUARDED_BY(mu_);
 };

@@ -91,7 +91,8 @@ class Committer {
 };
 
 Status Committer::Plan(const std::vector<InputFile>& files) {
-  ASSIGN_OR_RETURN(latest_, store_->Latest());
+  // PublishVersion checks again, with a new listing, before the manifest.
+  ASSIGN_OR_RETURN(latest_, store_->LatestListed());
   uint64_t version = latest_ ? *latest_ + 1 : 0;
   if (options_.version) {
     if (latest_ && *options_.version <= *latest_) {

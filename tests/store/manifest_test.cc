@@ -119,7 +119,8 @@ TEST(Manifest, RoundTripKeepsEveryField) {
 
 TEST(Manifest, FullTableAndDistanceRoundTrip) {
   Manifest m = Sample();
-  m.full = FullTable{BlobRef{H(0xf1, 0x1f), 16 + 32 * 3, true}, {BlobRef{H(0xf2, 0x2f), 999, true}}};
+  m.full =
+      FullTable{BlobRef{H(0xf1, 0x1f), 16 + 32 * 3, true}, {BlobRef{H(0xf2, 0x2f), 999, true}}};
   m.since_full = AnchorDistance{0, 0};
   auto d = DecodeManifest(EncodeManifest(m), kWhat);
   ASSERT_TRUE(d.ok()) << d.status().message();
@@ -361,6 +362,7 @@ TEST(ManifestKey, RejectsJunk) {
                           "manifests/v000000012.json",
                           "manifests/v00000012.r0.json",
                           "manifests/v00000012.r03.json",
+                          "manifests/v00000012.r4294967296.json",
                           "manifests/v00000012.r.json",
                           "manifests/v00000012.rx.json",
                           "manifests/v00000012.json.tmp",
