@@ -328,7 +328,7 @@ Result<std::map<uint64_t, std::string>> Store::ListVersions(bool fresh) {
     if (incremental) {
       MutexLock lock(&mu_);
       listed_ = *incremental;
-      has_listed_ = true;
+      listed_at_ = std::chrono::steady_clock::now();
       return std::move(*incremental);
     }
   }
@@ -341,7 +341,7 @@ Result<std::map<uint64_t, std::string>> Store::ListVersions(bool fresh) {
   SaveListing(out).IgnoreError();
   MutexLock lock(&mu_);
   listed_ = out;
-  has_listed_ = true;
+  listed_at_ = std::chrono::steady_clock::now();
   return out;
 }
 
@@ -402,7 +402,9 @@ Status Store::SaveListing(const std::map<uint64_t, std::string>& listed) {
 Result<std::optional<uint64_t>> Store::LatestListed() {
   {
     MutexLock lock(&mu_);
-    if (has_listed_) {
+    const std::chrono::duration<double> age = std::chrono::steady_clock::now() - listed_at_;
+    if (listed_at_ != std::chrono::steady_clock::time_point() &&
+        age.count() < kListingReuseSeconds) {
       if (listed_.empty()) return std::optional<uint64_t>();
       return std::optional<uint64_t>(listed_.rbegin()->first);
     }

@@ -13,6 +13,7 @@
 // Thread-safety: all methods may be called concurrently.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -96,11 +97,13 @@ class Store {
   // from the index and the memory cache is looked up in it first.
   Result<std::map<uint64_t, std::string>> ListVersions(bool fresh = false);
   // The latest version of the last listing this object took (opening the
-  // store with an index takes one), with the versions it committed since;
-  // a new listing if it took none. For a caller that checks again before
-  // it acts (a commit plans on it, and lists afresh just before it creates
-  // its manifest), so that one command lists a long run once less.
+  // store with an index takes one), with the versions it committed since,
+  // if that listing is under kListingReuseSeconds old; else Latest(). For a
+  // caller that checks again before it acts (a commit plans on it, and
+  // lists afresh just before it creates its manifest), so that one command
+  // lists a long run once less.
   Result<std::optional<uint64_t>> LatestListed() EXCLUDES(mu_);
+  static constexpr double kListingReuseSeconds = 1.0;
   static constexpr int64_t kListingTtlSeconds = 60;
   Result<std::optional<uint64_t>> Latest();
 
@@ -186,9 +189,9 @@ class Store {
   std::map<uint64_t, uint64_t> by_use_ GUARDED_BY(mu_);  // use stamp -> version
   uint64_t cache_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t use_clock_ GUARDED_BY(mu_) = 0;
-  std::map<uint64_t, std::string> listed_ GUARDED_BY(mu_);     // the last listing
-  bool has_listed_ GUARDED_BY(mu_) = false;                    // listed_ holds one
-  std::map<uint64_t, std::string> join_keys_ GUARDED_BY(mu_);  // the last join listing
+  std::map<uint64_t, std::string> listed_ GUARDED_BY(mu_);           // the last listing
+  std::chrono::steady_clock::time_point listed_at_ GUARDED_BY(mu_);  // of listed_; 0: none
+  std::map<uint64_t, std::string> join_keys_ GUARDED_BY(mu_);        // the last join listing
   std::map<uint64_t, std::shared_ptr<const LoadedJoin>> joins_ GUARDED_BY(mu_);
 };
 
