@@ -22,9 +22,9 @@ namespace dte::internal {
 // The dense record of block `data` in a full table. A join table's is raw:
 // a host that joins late reads it at the speed of a copy (decoding zstd
 // costs far more than a copy and saves about a fifth of BF16 weights'
-// bytes), and only the newest two join tables are kept. An anchor's is compressed
-// where that saves an eighth (EncodeBlock without a parent): anchors stay
-// in the store.
+// bytes), and only the newest two join tables are kept. An anchor's is
+// compressed where that saves an eighth (EncodeBlock without a parent):
+// anchors stay in the store.
 inline EncodedBlock EncodeFullTableBlock(bool join, const uint8_t* data, size_t len, int width,
                                          CodecScratch* scratch) {
   return join ? EncodeRawBlock(data, len, width) : EncodeBlock(nullptr, data, len, width, scratch);
