@@ -187,8 +187,8 @@ class Run:
         return versions, size
 
     def store_bytes(self):
-        """(all blob bytes, full- and join-table bytes, full-table dense bytes)
-        from the manifests and the join tables kept."""
+        """(all blob bytes, full- and join-table bytes, full-table dense bytes,
+        join-table bytes) from the manifests and the join tables kept."""
         total = full = full_dense = 0
         mdir = os.path.join(self.store, "manifests")
         for name in os.listdir(mdir):
@@ -200,8 +200,7 @@ class Run:
                 full += fb
                 full_dense += m["stats"]["dense_bytes"]
         _, joins = self.join_tables()
-        self.join_bytes_kept = joins
-        return total + joins, full + joins, full_dense
+        return total + joins, full + joins, full_dense, joins
 
     def worst_recent(self):
         """The version just before the newest join table (read from the older
@@ -245,11 +244,10 @@ class Run:
         if not local:
             out["store_bytes"] = sum(x["stored"] for x in self.commits)
             return out
-        total, full, full_dense = self.store_bytes()
+        total, full, full_dense, joins = self.store_bytes()
         out.update({"store_bytes": total, "deltas_only_bytes": total - full,
                     "store_ratio": total / (total - full),
-                    "full_zstd_ratio": (full_dense / (full - self.join_bytes_kept)
-                                        if full > self.join_bytes_kept else None)})
+                    "full_zstd_ratio": full_dense / (full - joins) if full > joins else None})
         out["written_ratio"] = self.written_ratio()
         out["dtefs_hwm"] = [(n, b) for n, b in self.memory]
         if listing:
@@ -283,7 +281,7 @@ def join_rows(a):
     for b in a.join_budgets.split(","):
         r = Run(a, f"joins-{b}", a.joins_size, a.budget_steps, commit_args=("--join-budget", b))
         r.commit_all()
-        total, full, _ = r.store_bytes()
+        total, full, _, _ = r.store_bytes()
         reps = a.reps
         anchor = statistics.median(r.join("v00000000") for _ in range(reps))
         latest = statistics.median(r.join("latest") for _ in range(reps))
@@ -319,7 +317,7 @@ def budget_rows(a):
     for b in a.budgets.split(","):
         r = Run(a, f"budget-{b}", a.small_size, a.budget_steps, commit_args=("--anchor-budget", b))
         r.commit_all()
-        total, full, full_dense = r.store_bytes()
+        total, full, _, _ = r.store_bytes()
         fulls = [i + 1 for i, c in enumerate(r.commits[1:]) if c["full"]]
         worst = (fulls[-1] - 1) if fulls else len(r.commits) - 1
         reps = a.reps
