@@ -122,7 +122,6 @@ Result<std::map<uint64_t, ListedJoin>> ReadJoinTables(Store& store) {
     auto jt = DecodeJoin(*text, store.uri() + "/" + key);
     ListedJoin& l = out[v];
     l.key = key;
-    l.status = jt.status();
     if (jt.ok()) l.table = std::move(*jt);
   }
   return out;

@@ -204,12 +204,10 @@ Index::Entry IndexEntry(const Version& v);
 // Validates a version's block table against its manifest.
 Status CheckBlockTable(const Manifest& m, const std::vector<BlockRecord>& records,
                        const std::string& what);
-// Every join table listed now, its object read: `table` is nullopt (and
-// `status` says why) when the object does not parse; objects deleted while
-// listing are left out.
+// Every join table listed now, its object read: `table` is nullopt when the
+// object does not parse; objects deleted while listing are left out.
 struct ListedJoin {
   std::string key;
-  Status status;
   std::optional<JoinTable> table;
 };
 Result<std::map<uint64_t, ListedJoin>> ReadJoinTables(Store& store);
