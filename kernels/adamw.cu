@@ -1,6 +1,7 @@
 // CUDA AdamW inversion and fused invert + cast + compare + compact.
 #include "kernels/adamw.h"
 #include "kernels/adamw_math.h"
+#include "kernels/adamw_resolve_math.h"
 #include "kernels/cuda.h"
 #include "kernels/internal/cuda_util.cuh"
 
@@ -30,6 +31,17 @@ struct ChangedAt {
   uint32_t margin_ulps;
   __device__ bool operator()(uint64_t i) const {
     return AdamWElementChanged(theta[i], m[i], v[i], s, use_margin, margin_ulps);
+  }
+};
+
+struct KeptAt {
+  const float* theta;
+  const float* m;
+  const float* v;
+  AdamWScalars s;
+  uint32_t margin_ulps;
+  __device__ bool operator()(uint64_t i) const {
+    return AdamWElementKept(theta[i], m[i], v[i], s, margin_ulps);
   }
 };
 
@@ -68,6 +80,23 @@ CudaStatus CudaAdamWInvertDetect(void* d_workspace, size_t workspace_bytes, cons
   return cuda_internal::CheckedSelect("CUDA AdamW change detection", d_workspace, workspace_bytes,
                                       n, pred, WriteBf16{d_theta, d_idx_out, d_bf16_out},
                                       d_count_out, AsStream(stream));
+}
+
+CudaStatus CudaAdamWFindChangesWorkspaceBytes(size_t n, size_t* bytes) {
+  *bytes = 0;
+  return FromCuda(
+      cuda_internal::SelectIndices(nullptr, *bytes, n, KeptAt{}, WriteBf16{}, nullptr, nullptr),
+      "CUDA AdamW change finding workspace query");
+}
+
+CudaStatus CudaAdamWFindChanges(void* d_workspace, size_t workspace_bytes, const float* d_theta,
+                                const float* d_m, const float* d_v, size_t n, const AdamWParams& p,
+                                uint32_t margin_ulps, uint64_t* d_idx_out, uint16_t* d_bf16_out,
+                                uint64_t* d_count_out, void* stream) {
+  const KeptAt pred{d_theta, d_m, d_v, MakeAdamWScalars(p), margin_ulps};
+  return cuda_internal::CheckedSelect("CUDA AdamW change finding", d_workspace, workspace_bytes, n,
+                                      pred, WriteBf16{d_theta, d_idx_out, d_bf16_out}, d_count_out,
+                                      AsStream(stream));
 }
 
 }  // namespace dte::kernels

@@ -78,4 +78,15 @@ AdamWDetectResult AdamWInvertDetect(const float* theta, const float* m, const fl
                                     const AdamWParams& p, const AdamWDetectOptions& options,
                                     uint64_t* idx_out, uint16_t* bf16_out);
 
+// The elements a publisher stores, for inputs on the host: for each i in
+// [0, n), in increasing order, where AdamWElementKept(..., margin_ulps)
+// holds (kernels/adamw_resolve_math.h: the fused detector with its margin,
+// then the exact resolution of each reported element), writes i to
+// idx_out[k] and Fp32ToBf16Bits(theta[i]) to bf16_out[k]; returns the count.
+// CudaAdamWFindChanges (kernels/cuda.h) is the same on device memory. Room
+// for n entries in the worst case.
+size_t AdamWFindChanges(const float* theta, const float* m, const float* v, size_t n,
+                        const AdamWParams& p, uint32_t margin_ulps, uint64_t* idx_out,
+                        uint16_t* bf16_out);
+
 }  // namespace dte::kernels

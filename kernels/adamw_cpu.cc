@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/adamw.h"
+#include "kernels/adamw_resolve_math.h"
 #include "kernels/bf16_math.h"
 #include "kernels/internal/compact.h"
 #include "kernels/parallel.h"
@@ -108,6 +109,27 @@ AdamWDetectResult AdamWInvertDetect(const float* theta, const float* m, const fl
   result.count = internal::ParallelCompact(n, run, move);
   result.near_boundary = near.load();
   return result;
+}
+
+size_t AdamWFindChanges(const float* theta, const float* m, const float* v, size_t n,
+                        const AdamWParams& p, uint32_t margin_ulps, uint64_t* idx_out,
+                        uint16_t* bf16_out) {
+  const AdamWScalars s = MakeAdamWScalars(p);
+  auto run = [&](size_t begin, size_t end) {
+    size_t k = begin;
+    for (size_t i = begin; i < end; ++i) {
+      if (!AdamWElementKept(theta[i], m[i], v[i], s, margin_ulps)) continue;
+      idx_out[k] = i;
+      bf16_out[k] = Fp32ToBf16Bits(theta[i]);
+      ++k;
+    }
+    return k - begin;
+  };
+  auto move = [&](size_t from, size_t to, size_t count) {
+    std::memmove(idx_out + to, idx_out + from, count * sizeof(uint64_t));
+    std::memmove(bf16_out + to, bf16_out + from, count * sizeof(uint16_t));
+  };
+  return internal::ParallelCompact(n, run, move);
 }
 
 }  // namespace dte::kernels

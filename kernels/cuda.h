@@ -113,6 +113,15 @@ CudaStatus CudaAdamWInvertDetect(void* d_workspace, size_t workspace_bytes, cons
                                  const AdamWDetectOptions& options, uint64_t* d_idx_out,
                                  uint16_t* d_bf16_out, uint64_t* d_count_out, void* stream);
 
+CudaStatus CudaAdamWFindChangesWorkspaceBytes(size_t n, size_t* bytes);
+// Same selection and order as AdamWFindChanges (kernels/adamw.h): the
+// elements a publisher stores, with the exact resolution run on the device,
+// so only those leave it.
+CudaStatus CudaAdamWFindChanges(void* d_workspace, size_t workspace_bytes, const float* d_theta,
+                                const float* d_m, const float* d_v, size_t n, const AdamWParams& p,
+                                uint32_t margin_ulps, uint64_t* d_idx_out, uint16_t* d_bf16_out,
+                                uint64_t* d_count_out, void* stream);
+
 // --- Remap (see kernels/remap.h) ---
 
 CudaStatus CudaRemapWorkspaceBytes(size_t n, size_t* bytes);

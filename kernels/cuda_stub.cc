@@ -65,6 +65,14 @@ CudaStatus CudaAdamWInvertDetect(void*, size_t, const float*, const float*, cons
                                  uint16_t*, uint64_t*, void*) {
   return NotBuilt("CUDA AdamW change detection");
 }
+CudaStatus CudaAdamWFindChangesWorkspaceBytes(size_t, size_t*) {
+  return NotBuilt("CUDA AdamW change finding workspace query");
+}
+CudaStatus CudaAdamWFindChanges(void*, size_t, const float*, const float*, const float*, size_t,
+                                const AdamWParams&, uint32_t, uint64_t*, uint16_t*, uint64_t*,
+                                void*) {
+  return NotBuilt("CUDA AdamW change finding");
+}
 CudaStatus CudaRemapWorkspaceBytes(size_t, size_t*) {
   return NotBuilt("CUDA remap workspace query");
 }

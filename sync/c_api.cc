@@ -625,6 +625,18 @@ int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
       if (in.state_step >= 0) r.state_step = in.state_step;
       if (!std::isnan(in.lr)) r.lr = in.lr;
       if (!std::isnan(in.weight_decay)) r.weight_decay = in.weight_decay;
+      if (in.memory == DTE_MEMORY_CUDA) {
+        if (in.device < 0) {
+          return FailWith(DTE_INVALID_ARGUMENT, "range " + std::to_string(i) + " (" + r.name +
+                                                    "): CUDA device " + std::to_string(in.device) +
+                                                    " is not a device ordinal");
+        }
+        r.device = in.device;
+      } else if (in.memory != DTE_MEMORY_HOST) {
+        return FailWith(DTE_INVALID_ARGUMENT, "range " + std::to_string(i) + " (" + r.name +
+                                                  "): unknown memory kind " +
+                                                  std::to_string(in.memory));
+      }
     }
     auto r = p->impl->PublishAdamW(*t->impl, h, states);
     if (!r.ok()) return Fail(r.status());

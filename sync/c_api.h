@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define DTE_C_API_VERSION 1
+#define DTE_C_API_VERSION 2
 
 /* Result codes (the store's error classes). */
 enum dte_code {
@@ -187,6 +187,11 @@ int dte_transport_callback(int32_t rank, int32_t size, dte_exchange_fn fn, void*
                            dte_transport** out);
 void dte_transport_close(dte_transport* t);
 
+/* Where a range's arrays are. With DTE_MEMORY_CUDA the changes are found on
+ * that device and only the changed elements are copied to the host; the
+ * arrays must be ready (the caller's stream synchronized). */
+enum dte_memory { DTE_MEMORY_HOST = 0, DTE_MEMORY_CUDA = 1 };
+
 /* Elements [begin, end) of a tensor flattened in row-major order, as FP32
  * arrays of end - begin elements: of the Hugging Face tensor `name`, or with
  * the mcore converter of the Megatron-Core shard (name, tp_rank, ep_rank). */
@@ -200,6 +205,8 @@ typedef struct dte_adamw_range {
   int64_t state_step;  /* -1 when unknown */
   double lr;           /* NaN: the step's */
   double weight_decay; /* NaN: the step's */
+  int32_t memory;      /* enum dte_memory: where param, exp_avg and exp_avg_sq are */
+  int32_t device;      /* with DTE_MEMORY_CUDA: the CUDA device ordinal */
 } dte_adamw_range;
 
 /* What the last publish did on this rank (sync/dist_publisher.h). */

@@ -8,6 +8,7 @@
 
 #include "kernels/adamw.h"
 #include "kernels/bf16_math.h"
+#include "kernels/cuda.h"
 #include "kernels/parallel.h"
 #include "store/delta_codec.h"
 #include "store/materialize.h"
@@ -27,6 +28,9 @@ using json = nlohmann::json;
 // Elements screened per call: 3 MiB of FP32 state per array, and 12 bytes
 // per element of candidate buffers at most.
 constexpr uint64_t kScreenChunk = uint64_t{1} << 18;
+// Elements searched per call on a device: 192 MiB of FP32 state, and 160
+// MiB of device buffers for the kept entries at most.
+constexpr uint64_t kDeviceChunk = uint64_t{1} << 24;
 // Blocks encoded in parallel by an owner, as dtectl commit does.
 constexpr uint32_t kOwnerBlocksPerChunk = 16;
 
@@ -346,6 +350,72 @@ DistPublisher::DistPublisher(PublisherOptions options, std::unique_ptr<Store> st
 
 DistPublisher::~DistPublisher() = default;
 
+// Buffers on one CUDA device for finding the changes of ranges held there,
+// a chunk of kDeviceChunk elements at a time; moved to another device when
+// a range is on one.
+struct DistPublisher::DeviceFinder {
+  int device = -1;
+  kernels::CudaBuffer workspace, idx, bits, count;
+  size_t workspace_bytes = 0;
+  std::vector<uint64_t> host_idx;
+  std::vector<uint16_t> host_bits;
+
+  static Status Failed(const std::string& what, const kernels::CudaStatus& st) {
+    return Internal(what + ": " + st.message);
+  }
+
+  // Makes `dev` the thread's current device, with the buffers allocated on it.
+  Status Prepare(int dev, const std::string& what) {
+    const std::string on = what + ": CUDA device " + std::to_string(dev);
+    if (kernels::CudaStatus st = kernels::CudaSetDevice(dev); !st.ok()) return Failed(on, st);
+    if (device == dev) return Status::Ok();
+    device = -1;
+    size_t ws = 0;
+    if (kernels::CudaStatus st = kernels::CudaAdamWFindChangesWorkspaceBytes(kDeviceChunk, &ws);
+        !st.ok()) {
+      return Failed(on, st);
+    }
+    for (auto [buf, bytes] : {std::pair{&workspace, ws}, std::pair{&idx, kDeviceChunk * 8},
+                              std::pair{&bits, kDeviceChunk * 2}, std::pair{&count, size_t{8}}}) {
+      if (kernels::CudaStatus st = buf->Allocate(bytes); !st.ok()) return Failed(on, st);
+    }
+    workspace_bytes = ws;
+    device = dev;
+    return Status::Ok();
+  }
+
+  // The kept elements (kernels::AdamWFindChanges) of n <= kDeviceChunk
+  // elements of device state, into host_idx and host_bits; returns how many.
+  Result<size_t> Find(const float* theta, const float* m, const float* v, size_t n,
+                      const kernels::AdamWParams& p, uint32_t margin_ulps,
+                      const std::string& what) {
+    auto* d_idx = static_cast<uint64_t*>(idx.data());
+    auto* d_bits = static_cast<uint16_t*>(bits.data());
+    auto* d_count = static_cast<uint64_t*>(count.data());
+    if (kernels::CudaStatus st =
+            kernels::CudaAdamWFindChanges(workspace.data(), workspace_bytes, theta, m, v, n, p,
+                                          margin_ulps, d_idx, d_bits, d_count, nullptr);
+        !st.ok()) {
+      return Failed(what, st);
+    }
+    uint64_t kept = 0;
+    if (kernels::CudaStatus st = kernels::CudaCopyToHost(&kept, d_count, sizeof kept); !st.ok()) {
+      return Failed(what, st);
+    }
+    host_idx.resize(kept);
+    host_bits.resize(kept);
+    if (kernels::CudaStatus st = kernels::CudaCopyToHost(host_idx.data(), d_idx, kept * 8);
+        !st.ok()) {
+      return Failed(what, st);
+    }
+    if (kernels::CudaStatus st = kernels::CudaCopyToHost(host_bits.data(), d_bits, kept * 2);
+        !st.ok()) {
+      return Failed(what, st);
+    }
+    return static_cast<size_t>(kept);
+  }
+};
+
 Result<std::unique_ptr<DistPublisher>> DistPublisher::Open(const PublisherOptions& options) {
   if (!options.screen) {
     return InvalidArgument("the distributed publisher finds changes with the screen (screen=true)");
@@ -492,6 +562,13 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
     // The parent and its distance from the last full table, on every rank:
     // one rank that cannot read them fails them all.
     Status loaded = [&]() -> Status {
+      // Ranges in device memory: the device and its buffers, checked here so
+      // that a rank without them fails every rank before anything is routed.
+      for (const RangeState& r : ranges) {
+        if (r.device < 0 || r.end == r.begin) continue;
+        if (!device_) device_ = std::make_unique<DeviceFinder>();
+        RETURN_IF_ERROR(device_->Prepare(r.device, "tensor " + r.name + " (state on the GPU)"));
+      }
       ASSIGN_OR_RETURN(plan.parent, store_->GetVersion(plan.latest));
       ASSIGN_OR_RETURN(plan.parent_distance, DistanceOf(*store_, plan.parent));
       if (rank == 0) {
@@ -763,9 +840,11 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   // 3. Detection: the candidates of this rank's pieces not proven unchanged,
   // in Hugging Face coordinates, as groups (tensor u32, base u64, count u32)
   // of (offset u32, bits u16) for each owner.
+  // A failure here (a device error) still lets the exchange run, and goes
+  // to rank 0 in this rank's part: no version is committed.
   std::vector<EntryWriter> routed(world);
   uint64_t flagged = 0, kept = 0;
-  {
+  const Status detected = [&]() -> Status {
     std::vector<uint64_t> idx(kScreenChunk + internal::kScreenSlack);
     std::vector<uint32_t> old(kScreenChunk + internal::kScreenSlack);
     std::vector<Segment> segments;
@@ -800,28 +879,55 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
         std::sort(segments.begin(), segments.end(),
                   [](const Segment& a, const Segment& b) { return a.from < b.from; });
       }
+      const kernels::AdamWParams params = ParamsOf(h, tg.lr, tg.wd);
       const internal::ScreenScalars scalars =
-          internal::MakeScreenScalars(kernels::MakeAdamWScalars(ParamsOf(h, tg.lr, tg.wd)));
+          internal::MakeScreenScalars(kernels::MakeAdamWScalars(params));
       size_t seg = 0;
+      // Entry k of a chunk starting at element `base`: its index in the
+      // chunk and its new bits.
+      auto route = [&](uint64_t base, size_t count, const auto& index_of, const auto& bits_of) {
+        for (size_t k = 0; k < count; ++k) {
+          const uint64_t i = base + index_of(k);
+          while (seg < segments.size() && segments[seg].from + segments[seg].len <= i) ++seg;
+          if (seg == segments.size() || i < segments[seg].from) continue;  // padding: no tensor
+          const Segment& sg = segments[seg];
+          routed[plan.tensors[sg.tensor].owner].Add(static_cast<uint32_t>(sg.tensor),
+                                                    sg.to + (i - sg.from), bits_of(k));
+          kept++;
+        }
+      };
+      if (s.device >= 0) {
+        // On the device: only the kept entries come back.
+        const std::string what =
+            at_step + ": " + tg.what + " (state on CUDA device " + std::to_string(s.device) + ")";
+        RETURN_IF_ERROR(device_->Prepare(s.device, what));
+        for (uint64_t base = p.range.begin; base < p.range.end; base += kDeviceChunk) {
+          const uint64_t n = std::min(kDeviceChunk, p.range.end - base);
+          const uint64_t off = base - s.begin;
+          ASSIGN_OR_RETURN(size_t count,
+                           device_->Find(s.param + off, s.exp_avg + off, s.exp_avg_sq + off, n,
+                                         params, options_.margin_ulps, what));
+          flagged += count;
+          const DeviceFinder& d = *device_;
+          route(
+              base, count, [&](size_t k) { return d.host_idx[k]; },
+              [&](size_t k) { return d.host_bits[k]; });
+        }
+        continue;
+      }
       for (uint64_t base = p.range.begin; base < p.range.end; base += kScreenChunk) {
         const uint64_t n = std::min(kScreenChunk, p.range.end - base);
         const uint64_t off = base - s.begin;
         internal::ScreenCounts c = internal::ScreenCandidates(
             s.param + off, s.exp_avg + off, s.exp_avg_sq + off, n, scalars, idx.data(), old.data());
         flagged += c.flagged;
-        for (size_t k = 0; k < c.kept; ++k) {
-          const uint64_t i = base + idx[k];
-          while (seg < segments.size() && segments[seg].from + segments[seg].len <= i) ++seg;
-          if (seg == segments.size() || i < segments[seg].from) continue;  // padding: no tensor
-          const Segment& sg = segments[seg];
-          routed[plan.tensors[sg.tensor].owner].Add(static_cast<uint32_t>(sg.tensor),
-                                                    sg.to + (i - sg.from),
-                                                    kernels::Fp32ToBf16Bits(s.param[off + idx[k]]));
-          kept++;
-        }
+        route(
+            base, c.kept, [&](size_t k) { return idx[k]; },
+            [&](size_t k) { return kernels::Fp32ToBf16Bits(s.param[off + idx[k]]); });
       }
     }
-  }
+    return Status::Ok();
+  }();
   stats_.entries_sent = kept;
 
   // 4. Routing.
@@ -848,7 +954,7 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
     if (plan.tensors[ti].owner == rank) owned[ti] = OwnedTensor{};
   }
   stats_.tensors_owned = owned.size();
-  Status part_status;
+  Status part_status = detected;
   constexpr size_t kEntryBytes = sizeof(uint32_t) + sizeof(uint16_t);
   for (int r = 0; r < world && part_status.ok(); ++r) {
     Reader rd(in[r]);

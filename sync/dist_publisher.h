@@ -17,7 +17,10 @@
 //      by several ranks (replicas) is published by the lowest of them.
 //   3. Detection: each rank runs the rigorous screen (docs/engine.md) on its
 //      ranges, a chunk at a time, and keeps the candidates not proven
-//      unchanged as (index, new BF16 bits): 6 bytes per entry.
+//      unchanged as (index, new BF16 bits): 6 bytes per entry. Ranges in
+//      CUDA device memory are searched on their device (the fused detector
+//      and the exact resolution, kernels/cuda.h); only the kept entries
+//      leave it.
 //   4. Routing: the entries go to their tensor's owner in two rounds (sizes,
 //      then payloads).
 //   5. Encoding: the owner reads its tensors' parent blocks (from this
@@ -70,6 +73,10 @@ struct RangeState {
   const float* param = nullptr;       // FP32 master weights after the step
   const float* exp_avg = nullptr;     // optimizer state["exp_avg"]
   const float* exp_avg_sq = nullptr;  // optimizer state["exp_avg_sq"]
+  // -1: the three arrays are host memory. Otherwise they are memory of this
+  // CUDA device, and the changes are found there (CudaAdamWFindChanges):
+  // only the kept entries (10 bytes each) are copied to the host.
+  int device = -1;
   std::optional<int64_t> state_step;
   // This range's param group's values, where they differ from AdamWStep's;
   // every range of one tensor must agree on them.
@@ -142,6 +149,8 @@ class DistPublisher {
   std::optional<uint64_t> last_version_;
   DistPublishStats stats_;
   PushServer* push_ = nullptr;
+  struct DeviceFinder;  // device buffers for ranges in CUDA memory, kept between publishes
+  std::unique_ptr<DeviceFinder> device_;
 };
 
 }  // namespace dte

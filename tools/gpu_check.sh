@@ -4,7 +4,8 @@
 # interop tests run with torch on the GPU (the CUDA AdamW orders and BF16
 # conversion against torch.optim.AdamW there, bit for bit; needs a python3
 # with torch built for CUDA, or DTE_PYTHON naming one); then the CUDA
-# benchmark prints its figures; with a full build in BUILD_DIR the pushes into
+# benchmark prints its figures; with a full build in BUILD_DIR the
+# distributed publisher's detection on GPU-resident state and the pushes into
 # GPU memory are tested (C++ and Python), and with two or more GPUs the NCCL
 # transport test runs too.
 #
@@ -55,22 +56,25 @@ DTE_TORCH_DEVICE=cuda DTE_PYTHON=${DTE_PYTHON:-$(command -v python3)} DTE_SOURCE
 echo "== CUDA benchmark (tools/bench/cuda_bench)"
 "$build/tools/bench/cuda_bench" "${DTE_GPU_BENCH_ELEMENTS:-268435456}"
 
-if [[ -x $build/tests/sync_test && -f $build/sync/libdte.so ]]; then
-  echo "== Pushes into GPU memory (PushTest.Cuda*, tests/py/test_push.py -k cuda)"
-  "$build/tests/sync_test" --gtest_filter='PushTest.Cuda*' --gtest_color=no | tee "$log"
-  if grep -q '^\[  SKIPPED \]' "$log" || ! grep -q '^\[       OK \]' "$log"; then
-    echo "gpu_check: the CUDA push test did not run and pass" >&2
+if [[ -x $build/tests/sync_test && -f $build/sync/libdte.so && -x $build/tools/dtectl ]]; then
+  echo "== Publishing from GPU memory and pushes into it (sync_test, tests/py -k 'cuda or gpu')"
+  "$build/tests/sync_test" --gtest_filter='PushTest.Cuda*:DistPublisherTest.StateOnTheGpu*' \
+    --gtest_color=no | tee "$log"
+  if grep -q '^\[  SKIPPED \]' "$log" || [[ $(grep -c '^\[       OK \]' "$log") -lt 2 ]]; then
+    echo "gpu_check: a CUDA publish or push test did not run and pass" >&2
     exit 1
   fi
-  DTE_LIBRARY=$PWD/$build/sync/libdte.so DTE_SOURCE_DIR=$PWD \
-    "${DTE_PYTHON:-$(command -v python3)}" -m pytest -q -p no:cacheprovider -rs \
-    tests/py/test_push.py -k cuda | tee "$log"
-  if grep -q 'skipped' "$log"; then
-    echo "gpu_check: the Python CUDA push test skipped on a machine with a GPU" >&2
+  python=${DTE_PYTHON:-$(command -v python3)}
+  DTE_LIBRARY=$PWD/$build/sync/libdte.so DTE_BUILD_DIR=$PWD/$build DTE_SOURCE_DIR=$PWD \
+    DTE_PYTHON=$python "$python" -m pytest -q -p no:cacheprovider -rs \
+    tests/py/test_push.py tests/py/test_dist_publish.py -k 'cuda or gpu' | tee "$log"
+  if grep -q 'skipped' "$log" || ! grep -q ' passed' "$log"; then
+    echo "gpu_check: a Python CUDA test skipped or failed on a machine with a GPU" >&2
     exit 1
   fi
 else
-  echo "== Pushes into GPU memory: not run (needs a full build's sync_test and libdte.so in $build)"
+  echo "== Publishing from and pushes into GPU memory: not run (needs a full build's sync_test," \
+    "dtectl and libdte.so in $build)"
 fi
 
 if [[ $gpus -ge 2 && -x $build/tests/sync_test ]]; then

@@ -4,11 +4,11 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/adamw_resolve_math.h"
 #include "kernels/bf16.h"
 #include "kernels/parallel.h"
 #include "store/delta_codec.h"
 #include "store/hash.h"
-#include "sync/internal/engine_math.h"
 #include "sync/internal/engine_version.h"
 
 namespace dte::internal {
@@ -47,15 +47,15 @@ namespace {
 void AddCandidate(const float* theta, const float* m, const float* v, uint64_t i,
                   uint64_t block_first, const kernels::AdamWScalars& s, BlockEntries* e,
                   EngineCounts* counts) {
-  const ResolvedOld r = ResolveOldBf16(theta[i], m[i], v[i], s);
+  const kernels::ResolvedOld r = kernels::ResolveOldBf16(theta[i], m[i], v[i], s);
   counts->resolved++;
-  if (r.state == OldBits::kUnchanged) {
+  if (r.state == kernels::OldBits::kUnchanged) {
     counts->false_positives++;
     return;
   }
   e->Add(static_cast<uint32_t>(i - block_first), kernels::Fp32ToBf16Bits(theta[i]), r.bits,
-         r.state == OldBits::kKnown);
-  counts->uncertain += r.state == OldBits::kUnknown;
+         r.state == kernels::OldBits::kKnown);
+  counts->uncertain += r.state == kernels::OldBits::kUnknown;
 }
 
 BlockEntries& ThreadEntries() {

@@ -7,7 +7,7 @@
 // come from these bytes, exactly as CommitDirectory hashes a saved
 // checkpoint), find the candidates, establish each candidate's old bits (the
 // screen's signed estimate, sync/internal/engine_screen.h, or the exact
-// resolution, sync/internal/engine_math.h), and encode each block as a
+// resolution, kernels/adamw_resolve_math.h), and encode each block as a
 // kSparse payload (differences where the old bits are known, whole values
 // where not), or dense when that is smaller. With the screen, cast, screen
 // and resolution are one pass over kScreenStride elements at a time, so the

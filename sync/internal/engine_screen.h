@@ -22,7 +22,7 @@
 // cell is x's: the old bits are Fp32ToBf16Bits(c), unchanged or a change,
 // proven without any preimage search. Only the candidates with a tie within
 // E of c (under 1% of them in practice) are left undecided for the exact
-// resolution (sync/internal/engine_math.h).
+// resolution (kernels/adamw_resolve_math.h).
 //
 // Neither stage needs a bit-exact model of the update beyond u, which is
 // computed exactly as the step computed it (for the fused multiply-add

@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/adamw_resolve_math.h"
 #include "kernels/bf16.h"
 #include "kernels/change_detect.h"
 
@@ -228,6 +229,58 @@ TEST(AdamW, MarginReportsEveryTrueChangeAndCountsTheExtras) {
     }
     EXPECT_EQ(missed, 0u);
     for (size_t k = 0; k < r.count; ++k) EXPECT_EQ(vals[k], Fp32ToBf16Bits(d.theta[wide[k]]));
+  }
+}
+
+// The publisher's selection: every true change kept, every dropped element
+// provably unchanged, and what is kept beyond the true changes is exactly
+// the elements whose old bits the resolution cannot prove.
+TEST(AdamW, FindChangesKeepsEveryChangeAndDropsWhatResolutionProves) {
+  constexpr size_t kN = 1 << 18;
+  constexpr uint32_t kMargin = 16;
+  for (const AdamWParams& p : Configs()) {
+    SCOPED_TRACE(Describe(p));
+    const StepData d = MakeStep(kN, p, 11);
+    const AdamWScalars s = MakeAdamWScalars(p);
+    std::vector<uint64_t> idx(kN), flagged(kN);
+    std::vector<uint16_t> vals(kN), flagged_vals(kN);
+    const size_t kept = AdamWFindChanges(d.theta.data(), d.m.data(), d.v.data(), kN, p, kMargin,
+                                         idx.data(), vals.data());
+    AdamWDetectOptions opt;
+    opt.report_near_boundary = true;
+    opt.margin_ulps = kMargin;
+    const size_t reported = AdamWInvertDetect(d.theta.data(), d.m.data(), d.v.data(), kN, p, opt,
+                                              flagged.data(), flagged_vals.data())
+                                .count;
+    std::vector<uint8_t> is_kept(kN);
+    for (size_t k = 0; k < kept; ++k) {
+      ASSERT_TRUE(k == 0 || idx[k] > idx[k - 1]);
+      is_kept[idx[k]] = 1;
+      EXPECT_EQ(vals[k], Fp32ToBf16Bits(d.theta[idx[k]]));
+    }
+    size_t changes = 0, unknown = 0;
+    for (size_t i = 0; i < kN; ++i) {
+      const bool changed = Fp32ToBf16Bits(d.prev[i]) != Fp32ToBf16Bits(d.theta[i]);
+      changes += changed;
+      if (changed) {
+        ASSERT_TRUE(is_kept[i]) << "a change at " << i << " was dropped";
+      }
+      if (is_kept[i] && !changed) {
+        ASSERT_EQ(ResolveOldBf16(d.theta[i], d.m[i], d.v[i], s).state, OldBits::kUnknown) << i;
+        ++unknown;
+      }
+    }
+    EXPECT_EQ(kept, changes + unknown);
+    EXPECT_GT(changes, 0u);
+    EXPECT_LT(kept, reported);  // the resolution dropped some of the detector's reports
+    // Known old bits are the real previous weight's.
+    for (size_t k = 0; k < kept; ++k) {
+      const size_t i = idx[k];
+      const ResolvedOld r = ResolveOldBf16(d.theta[i], d.m[i], d.v[i], s);
+      if (r.state == OldBits::kKnown) {
+        ASSERT_EQ(r.bits, Fp32ToBf16Bits(d.prev[i])) << i;
+      }
+    }
   }
 }
 

@@ -138,7 +138,8 @@ TEST(Cuda, Bf16CastsMatchCpuBitForBit) {
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(FloatBits(back[i]), uint32_t{want[i]} << 16);
 }
 
-// Inversion and fused detection of one step on the device vs the CPU.
+// Inversion, fused detection and the publisher's selection of one step on
+// the device vs the CPU.
 void ExpectAdamWMatchesCpu(const std::vector<float>& theta, const std::vector<float>& m,
                            const std::vector<float>& v, const AdamWParams& p) {
   const size_t n = theta.size();
@@ -169,9 +170,30 @@ void ExpectAdamWMatchesCpu(const std::vector<float>& theta, const std::vector<fl
   want_val.resize(want);
   EXPECT_EQ(d_idx.Download(want), want_idx);
   EXPECT_EQ(d_val.Download(want), want_val);
+
+  // The publisher's selection, with the exact resolution on the device.
+  constexpr uint32_t kMargin = 16;
+  const size_t kept = AdamWFindChanges(theta.data(), m.data(), v.data(), n, p, kMargin,
+                                       want_idx.data(), want_val.data());
+  ASSERT_GT(kept, 0u);
+  ASSERT_LE(kept, want);
+  // At RL's small steps the resolution drops some of the detector's reports.
+  if (p.lr < 1e-4) {
+    EXPECT_LT(kept, want);
+  }
+  ASSERT_CUDA_OK(CudaAdamWFindChangesWorkspaceBytes(n, &ws_bytes));
+  DeviceVector<uint8_t> d_ws2(ws_bytes);
+  ASSERT_CUDA_OK(CudaAdamWFindChanges(d_ws2.get(), ws_bytes, d_theta.get(), d_m.get(), d_v.get(), n,
+                                      p, kMargin, d_idx.get(), d_val.get(), d_count.get(),
+                                      nullptr));
+  ASSERT_EQ(DownloadCount(d_count), kept);
+  want_idx.resize(kept);
+  want_val.resize(kept);
+  EXPECT_EQ(d_idx.Download(kept), want_idx);
+  EXPECT_EQ(d_val.Download(kept), want_val);
 }
 
-TEST(Cuda, AdamWInvertAndFusedDetectMatchCpuForEveryOrder) {
+TEST(Cuda, AdamWInvertDetectAndFindChangesMatchCpuForEveryOrder) {
   SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(9);
   std::normal_distribution<float> w(0.0f, 0.02f), g(0.0f, 1e-3f);
@@ -186,11 +208,15 @@ TEST(Cuda, AdamWInvertAndFusedDetectMatchCpuForEveryOrder) {
   for (AdamWOrder order :
        {AdamWOrder::kTorchCpu, AdamWOrder::kTorchCudaForeach, AdamWOrder::kTorchCudaSingleTensor}) {
     SCOPED_TRACE(static_cast<int>(order));
-    AdamWParams p;
-    p.order = order;
-    p.step = 4;
-    AdamWForward(prev.data(), m.data(), v.data(), n, p, theta.data());
-    ExpectAdamWMatchesCpu(theta, m, v, p);
+    for (double lr : {1e-3, 1e-6}) {  // a large step (nearly every element changes), RL's
+      SCOPED_TRACE(lr);
+      AdamWParams p;
+      p.order = order;
+      p.step = 4;
+      p.lr = lr;
+      AdamWForward(prev.data(), m.data(), v.data(), n, p, theta.data());
+      ExpectAdamWMatchesCpu(theta, m, v, p);
+    }
   }
 }
 

@@ -44,7 +44,9 @@ SHAPES = {
 LR, NORM_LR, WD = 2e-3, 5e-3, 0.1
 
 
-def build():
+def build(device="cpu"):
+    """The model and its optimizer; on a CUDA device, torch's default CUDA
+    AdamW (foreach) steps it there."""
     torch.manual_seed(0)
     params = {}
     for name, shape in SHAPES.items():
@@ -52,18 +54,20 @@ def build():
             params[name] = torch.nn.Parameter(1.0 + 0.02 * torch.randn(shape))
         else:
             params[name] = torch.nn.Parameter(0.02 * torch.randn(shape))
+    if device != "cpu":
+        params = {n: torch.nn.Parameter(p.detach().to(device)) for n, p in params.items()}
     norms = [p for n, p in params.items() if n.endswith("norm.weight")]
     mats = [p for n, p in params.items() if not n.endswith("norm.weight")]
     opt = torch.optim.AdamW([{"params": mats, "lr": LR, "weight_decay": WD},
                              {"params": norms, "lr": NORM_LR, "weight_decay": 0.0}],
-                            betas=(0.9, 0.95), eps=1e-8, foreach=False)
+                            betas=(0.9, 0.95), eps=1e-8, foreach=device != "cpu")
     return params, opt
 
 
 def train_step(params, opt, step):
     g = torch.Generator().manual_seed(1000 + step)
     for p in params.values():
-        p.grad = torch.randn(p.shape, generator=g) * 1e-2
+        p.grad = (torch.randn(p.shape, generator=g) * 1e-2).to(p.device)
     opt.step()
 
 
@@ -228,7 +232,11 @@ def main():
         timeout = datetime.timedelta(seconds=cfg.get("timeout", 30))
         dist.init_process_group("gloo", init_method="file://" + cfg["init"], rank=rank,
                                 world_size=world, timeout=timeout)
-        params, opt = build()
+        # "cuda": train on the GPU with torch's CUDA AdamW; every rank's
+        # state stays there and is published from device memory.
+        device = "cuda" if cfg.get("cuda") else "cpu"
+        order = "torch_cuda_foreach" if cfg.get("cuda") else "torch_cpu"
+        params, opt = build(device)
         store = cfg["store"]
         fresh = (cfg.get("import", False) if store.startswith("s3://")
                  else not os.path.exists(os.path.join(store, "dte-store.json")))
@@ -236,7 +244,7 @@ def main():
             ckpt = os.path.join(cfg["work"], "init")
             os.makedirs(ckpt, exist_ok=True)
             safetensors.torch.save_file(
-                {n: p.detach().to(torch.bfloat16).contiguous() for n, p in params.items()},
+                {n: p.detach().cpu().to(torch.bfloat16).contiguous() for n, p in params.items()},
                 os.path.join(ckpt, "model.safetensors"), metadata={"format": "pt"})
             with open(os.path.join(ckpt, "config.json"), "w") as f:
                 f.write('{"model_type": "llama"}\n')
@@ -277,11 +285,19 @@ def main():
             t0 = time.time()
             lr = LR * 2 if cfg["layout"] == "disagree" and rank == 1 else LR
             r = pub.publish_adamw(step=step, params=held(cfg["layout"], rank, world, params, opt),
-                                  lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=WD)
+                                  lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=WD,
+                                  order=order)
             rec = {"step": step, "version": r.version, "changed": r.changed,
                    "seconds": time.time() - t0}
             if ref is not None:
-                rr = dte.publish_torch_adamw(ref, opt, params)
+                if device == "cpu":
+                    rr = dte.publish_torch_adamw(ref, opt, params)
+                else:  # the single-process publisher reads host copies
+                    rr = ref.publish_adamw(
+                        step=step, params={n: {k: v.cpu() if torch.is_tensor(v) else v
+                                               for k, v in state(opt, n, p).items()}
+                                           for n, p in params.items()},
+                        lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=WD, order=order)
                 rec["ref_version"], rec["ref_changed"] = rr.version, rr.changed
             if reader is not None:
                 bad = 0
@@ -289,7 +305,7 @@ def main():
                     got = torch.empty(p.shape, dtype=torch.bfloat16)
                     reader.read_into(r.version, n, got)
                     bad += int((got.view(torch.int16) !=
-                                p.detach().to(torch.bfloat16).view(torch.int16)).sum())
+                                p.detach().cpu().to(torch.bfloat16).view(torch.int16)).sum())
                 rec["mismatches"] = bad
             result["steps"].append(rec)
         pub.close()

@@ -31,7 +31,7 @@ import pytest
 SOURCE = os.environ.get("DTE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.environ.get("DTE_BUILD_DIR", os.path.join(SOURCE, "build"))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.py")
-PYTHON = "/usr/bin/python3"  # where Debian's python3-torch lives
+PYTHON = os.environ.get("DTE_PYTHON", "/usr/bin/python3")  # Debian's python3-torch by default
 DTECTL = os.path.join(BUILD, "tools", "dtectl")
 
 pytest.importorskip("torch")  # not reached with the project's setup, which installs it
@@ -110,6 +110,32 @@ def check_clean(results, steps):
         assert rec["mismatches"] == 0
     for res in results[1:]:
         assert [s["changed"] for s in res["steps"]] == [s["changed"] for s in results[0]["steps"]]
+
+
+def _cuda_devices():
+    try:
+        out = subprocess.run([PYTHON, "-c", "import torch; print(torch.cuda.device_count())"],
+                             capture_output=True, text=True, timeout=120)
+        return int(out.stdout.strip() or 0)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return 0
+
+
+@pytest.mark.parametrize("world,layout", [(1, "replicated"), (2, "rows"), (3, "flat")])
+def test_state_on_the_gpu_publishes_the_single_process_versions(tmp_path, world, layout):
+    """Every rank trains on the GPU (torch's CUDA AdamW) and publishes from
+    device memory: the changes are found there; the versions equal the
+    single-process publisher's from host copies of the same state."""
+    if _cuda_devices() == 0:
+        pytest.skip("no CUDA device visible to torch; the CPU tests cover the shared element "
+                    "math (AdamW.FindChanges*)")
+    steps = 3
+    job = Job(str(tmp_path), "job", world, layout, steps, transport="tcp", cuda=True)
+    check_clean(job.run(), steps)
+    for v in range(1, steps + 1):
+        assert same_exports(str(tmp_path), job.store, job.cfg["ref"], v), "version %d" % v
+    r = dtectl("verify", "--store", job.store)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("world,layout,transport", [

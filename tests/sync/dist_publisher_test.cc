@@ -9,11 +9,13 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <functional>
 #include <string>
 #include <thread>
 
+#include "kernels/cuda.h"
 #include "store/materialize.h"
 #include "store/store.h"
 #include "sync/export.h"
@@ -224,6 +226,7 @@ class DistPublisherTest : public ::testing::Test {
       for (size_t i = 0; i < states_.size(); ++i) {
         test::AdamWStepState(&states_[i], p, 100 * step + i);
       }
+      if (on_step_) on_step_();
       std::vector<AdamWParamState> whole;
       for (const auto& s : states_) {
         AdamWParamState a;
@@ -278,10 +281,50 @@ class DistPublisherTest : public ::testing::Test {
   std::vector<State> states_;
   test::TestTensor frozen_;
   std::vector<std::unique_ptr<DistPublisher>> pubs_;
+  std::function<void()> on_step_;  // after RunAndCompare steps the state
 };
 
 TEST_F(DistPublisherTest, OneRankEqualsTheSingleProcessPublisher) {
   RunAndCompare(Replicated, 1, 2);
+}
+
+// Rank 0 holds its shards in GPU memory (found there), rank 1 in host
+// memory (the screen): the same versions as the single-process publisher.
+TEST_F(DistPublisherTest, StateOnTheGpuPublishesTheSameVersion) {
+  if (!kernels::CudaDeviceAvailable()) {
+    GTEST_SKIP() << "no CUDA device: the runtime reports none (or dte was built without CUDA); "
+                    "the CPU tests cover the shared element math (AdamW.FindChanges*)";
+  }
+  std::vector<std::array<kernels::CudaBuffer, 3>> dev(states_.size());
+  on_step_ = [&] {
+    for (size_t i = 0; i < states_.size(); ++i) {
+      const State& s = states_[i];
+      const std::vector<float>* host[3] = {&s.theta, &s.m, &s.v};
+      for (int a = 0; a < 3; ++a) {
+        const size_t bytes = host[a]->size() * sizeof(float);
+        if (dev[i][a].size() != bytes) {
+          ASSERT_TRUE(dev[i][a].Allocate(bytes).ok());
+        }
+        const kernels::CudaStatus st =
+            kernels::CudaCopyToDevice(dev[i][a].data(), host[a]->data(), bytes);
+        ASSERT_TRUE(st.ok()) << st.message;
+      }
+    }
+  };
+  auto layout = [&](int rank, int world, const std::vector<State>& states) {
+    std::vector<RangeState> out = RowShards(rank, world, states);
+    if (rank == 0) {
+      for (size_t i = 0; i < out.size(); ++i) {
+        RangeState& r = out[i];
+        r.device = 0;
+        r.param = static_cast<const float*>(dev[i][0].data()) + r.begin;
+        r.exp_avg = static_cast<const float*>(dev[i][1].data()) + r.begin;
+        r.exp_avg_sq = static_cast<const float*>(dev[i][2].data()) + r.begin;
+      }
+    }
+    return out;
+  };
+  RunAndCompare(layout, 2, 3);
 }
 
 TEST_F(DistPublisherTest, ReplicasPublishOnce) { RunAndCompare(Replicated, 2, 2); }
@@ -397,6 +440,13 @@ TEST_F(DistPublisherTest, DisagreementsFailEveryRankAndWriteNothing) {
                                if (rank == 2) (*r)[2].lr = 1e-3;
                              }),
                   "give it different param-group lr or weight_decay");
+  // State said to be on a GPU the rank does not have (999: no machine has
+  // it): every rank fails before anything is routed.
+  expect_all_fail(PublishAll(RowShards, test::AdamWStepOf(p),
+                             [](int rank, AdamWStep*, std::vector<RangeState>* r) {
+                               if (rank == 1) (*r)[0].device = 999;
+                             }),
+                  "rank 1: tensor model.embed_tokens.weight (state on the GPU): CUDA device 999");
   // Agreed again, the same ranks publish v1.
   auto out = PublishAll(RowShards, test::AdamWStepOf(p));
   for (const auto& o : out) {

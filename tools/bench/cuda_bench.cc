@@ -11,15 +11,18 @@
 //     bandwidth counts bytes read plus bytes written);
 //   - invert_detect: CudaAdamWInvertDetect (inverse + BF16 cast + compare +
 //     compaction), in bytes of optimizer state (12 B/element) per second;
+//   - find_changes: CudaAdamWFindChanges (invert_detect plus the exact
+//     resolution of each reported element: what a distributed publisher
+//     runs on state in GPU memory), in bytes of optimizer state per second;
 //   - invert: CudaAdamWInvert (writes the FP32 previous weights);
 //   - cast: CudaCastFp32ToBf16 of theta;
 //   - detect_bf16: CudaDetectChanges of the previous against the new BF16
 //     weights (width 2).
 // and the CPU backend's AdamWInvertDetect on the same host data with the
 // engine's thread pool. It checks that both backends select the same indices
-// and BF16 values, and prints one JSON object with every rate, the ratios
-// invert_detect/copy and gpu/cpu, and the selected count. Exit 77 without a
-// device.
+// and BF16 values (for invert_detect and find_changes), and prints one JSON object with every rate,
+// the ratios invert_detect/copy and gpu/cpu, and the selected count. Exit 77 without a device.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -109,10 +112,11 @@ int main(int argc, char** argv) {
   Check("upload m", k::CudaCopyToDevice(state + f32, m.data(), f32));
   Check("upload v", k::CudaCopyToDevice(state + 2 * f32, v.data(), f32));
   Check("upload previous BF16", k::CudaCopyToDevice(d_prev.data(), prev.data(), 2 * n));
-  size_t ws_detect = 0, ws_changes = 0;
+  size_t ws_detect = 0, ws_changes = 0, ws_find = 0;
   Check("workspace query", k::CudaAdamWInvertDetectWorkspaceBytes(n, &ws_detect));
   Check("workspace query", k::CudaDetectChangesWorkspaceBytes(n, 2, &ws_changes));
-  k::CudaBuffer d_ws = Alloc(std::max(ws_detect, ws_changes));
+  Check("workspace query", k::CudaAdamWFindChangesWorkspaceBytes(n, &ws_find));
+  k::CudaBuffer d_ws = Alloc(std::max({ws_detect, ws_changes, ws_find}));
   auto* idx = static_cast<uint64_t*>(d_idx.data());
   auto* count = static_cast<uint64_t*>(d_count.data());
 
@@ -136,6 +140,23 @@ int main(int argc, char** argv) {
       same = gi[i] == cpu_idx[i] && gb[i] == cpu_bits[i];
     }
   }
+  const double t_find = Best("find_changes", reps, [&] {
+    return k::CudaAdamWFindChanges(d_ws.data(), ws_find, d_theta, d_m, d_v, n, p, o.margin_ulps,
+                                   idx, static_cast<uint16_t*>(d_vals.data()), count, nullptr);
+  });
+  uint64_t kept = 0;
+  Check("download count", k::CudaCopyToHost(&kept, count, 8));
+  {
+    // The CPU backend's selection on the same data, element for element.
+    std::vector<uint64_t> gi(kept);
+    std::vector<uint16_t> gb(kept);
+    Check("download indices", k::CudaCopyToHost(gi.data(), idx, 8 * kept));
+    Check("download values", k::CudaCopyToHost(gb.data(), d_vals.data(), 2 * kept));
+    const size_t cpu_kept = k::AdamWFindChanges(theta.data(), m.data(), v.data(), n, p,
+                                                o.margin_ulps, cpu_idx.data(), cpu_bits.data());
+    same = same && cpu_kept == kept;
+    for (size_t i = 0; i < kept && same; ++i) same = gi[i] == cpu_idx[i] && gb[i] == cpu_bits[i];
+  }
   const double t_invert = Best("invert", reps, [&] {
     return k::CudaAdamWInvert(d_theta, d_m, d_v, n, p, static_cast<float*>(d_f32.data()), nullptr);
   });
@@ -155,10 +176,13 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"elements\": %zu, \"state_bytes\": %.0f, \"copy_gbps\": %.1f, "
       "\"invert_detect_gbps\": %.1f, \"invert_detect_over_copy\": %.3f, "
+      "\"find_changes_gbps\": %.1f, \"find_changes_over_copy\": %.3f, \"kept\": %llu, "
       "\"invert_gbps\": %.1f, \"cast_gbps\": %.1f, \"detect_bf16_gbps\": %.1f, "
       "\"cpu_invert_detect_gbps\": %.2f, \"cpu_threads\": %zu, \"gpu_over_cpu\": %.1f, "
       "\"selected\": %llu, \"bf16_changed\": %llu, \"same_selection\": %s}\n",
       n, state_bytes, copy_bw / 1e9, detect_bw / 1e9, detect_bw / copy_bw,
+      state_bytes / t_find / 1e9, state_bytes / t_find / copy_bw,
+      static_cast<unsigned long long>(kept),
       // invert reads 12 B and writes 4 B; cast reads 4 and writes 2; detect
       // reads 2 + 2 (the few changes written are not counted).
       16.0 * static_cast<double>(n) / t_invert / 1e9, 6.0 * static_cast<double>(n) / t_cast / 1e9,

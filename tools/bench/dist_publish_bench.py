@@ -27,6 +27,10 @@ size) publishing the same two steps of the whole model in one process. The
 version each world size commits is exported and hashed file by file and
 must equal the baseline's.
 
+With --cuda every rank moves its state to its GPU before the timed publish,
+which then finds the changes there (docs/engine.md, "State on the GPU"); the
+baseline still publishes from host memory, and the versions must match.
+
 --lr sets the learning rate (default 2e-6: ~2% of BF16 weights change per
 step, as in RL fine-tuning; 1e-4 changes ~70%).
 
@@ -156,6 +160,12 @@ def worker(a):
             if not single:
                 d["rows"] = (r0, r1)
             params[n] = d
+        if a.cuda and not single:
+            # The state as a GPU trainer holds it: the changes are found on
+            # the device (the same values as on the host: the same version).
+            params = {n: {k: (v.to("cuda") if torch.is_tensor(v) else v) for k, v in d.items()}
+                      for n, d in params.items()}
+            torch.cuda.synchronize()
         if not single:
             dist.barrier()
         trim_heap()
@@ -196,6 +206,7 @@ def run_world(a, world, root, store=None, env=None, steps=2, job=None, cache_roo
                 "--world", str(world), "--init", rdv, "--store", store, "--out", out,
                 "--tensors", str(a.tensors), "--rows", str(a.rows), "--cols", str(a.cols),
                 "--lr", repr(a.lr), "--steps", str(steps)] + (["--job", job] if job else []) + \
+            (["--cuda"] if a.cuda else []) + \
             (["--cache-root", cache_root] if cache_root else [])
         procs.append(subprocess.Popen(argv, env=env))
     for p in procs:
@@ -310,6 +321,9 @@ def main():
     ap.add_argument("--job")
     ap.add_argument("--cache-root")
     ap.add_argument("--python", help="interpreter of the ranks (default /usr/bin/python3)")
+    ap.add_argument("--cuda", action="store_true",
+                    help="ranks hand their state over in GPU memory (the baseline stays on the "
+                         "host)")
     ap.add_argument("--json")
     ap.add_argument("--work")
     ap.add_argument("--worker", action="store_true")

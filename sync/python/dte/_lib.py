@@ -4,6 +4,7 @@ import ctypes
 import os
 
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F64, DTYPE_OTHER = 0, 1, 2, 3, 255
+MEMORY_HOST, MEMORY_CUDA = 0, 1
 ORDERS = {"torch_cpu": 0, "torch_cuda_foreach": 1, "torch_cuda_single_tensor": 2}
 CODE_NAMES = {1: "invalid argument", 2: "not found", 3: "already exists", 4: "corruption",
               5: "I/O error", 6: "busy", 7: "unimplemented", 8: "internal",
@@ -50,7 +51,8 @@ class AdamWRange(ctypes.Structure):
                 ("ep_rank", ctypes.c_int32), ("begin", ctypes.c_uint64), ("end", ctypes.c_uint64),
                 ("param", ctypes.c_void_p), ("exp_avg", ctypes.c_void_p),
                 ("exp_avg_sq", ctypes.c_void_p), ("state_step", ctypes.c_int64),
-                ("lr", ctypes.c_double), ("weight_decay", ctypes.c_double)]
+                ("lr", ctypes.c_double), ("weight_decay", ctypes.c_double),
+                ("memory", ctypes.c_int32), ("device", ctypes.c_int32)]
 
 
 class DistStats(ctypes.Structure):
@@ -236,8 +238,8 @@ def _declare(lib):
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
-    if lib.dte_c_api_version() != 1:
-        raise ImportError("dte: libdte.so speaks C API version %d, this module version 1"
+    if lib.dte_c_api_version() != 2:
+        raise ImportError("dte: libdte.so speaks C API version %d, this module version 2"
                           % lib.dte_c_api_version())
     return lib
 

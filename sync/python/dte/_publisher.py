@@ -38,8 +38,9 @@ def _as_array(x, what, name, keep):
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
-            raise DteError(1, "tensor %s: %s is on %s; this build of dte publishes from CPU "
-                           "memory only" % (name, what, x.device))
+            raise DteError(1, "tensor %s: %s is on %s; a single-process Publisher reads host "
+                           "memory (a distributed one, world_size= and rank=, finds the "
+                           "changes of CUDA tensors on their GPU)" % (name, what, x.device))
         x = x.detach()
         if not x.is_contiguous():
             x = x.contiguous()
@@ -308,7 +309,9 @@ class Publisher(_Handle):
         ep_rank) of every shard of the converter units published (a bare name
         means ranks 0, 0), and the values are the shards' state; the version
         is the one publishing the converted HF state would make.
-        Arrays are torch CPU tensors or numpy arrays.
+        Arrays are torch CPU tensors or numpy arrays; a distributed
+        publisher also takes torch CUDA tensors, whose changes it finds on
+        their GPU (docs/engine.md, "State on the GPU").
 
         A distributed publisher (world_size given) takes what the rank holds:
         a dict may add rows=(begin, end) (a dim-0 shard) or flat=(begin, end)
@@ -382,6 +385,12 @@ class Publisher(_Handle):
             for piece in (value if isinstance(value, list) else [value]):
                 ranges.append(_range_of(encoded, tp_rank, ep_rank, label, piece, keep))
         entries = (_lib.AdamWRange * max(len(ranges), 1))(*ranges)
+        # The C side reads device memory on the legacy default stream: wait
+        # for the work queued on each device's current stream (the optimizer
+        # step, the copies contiguous() made).
+        torch = _torch()
+        for device in sorted({r.device for r in ranges if r.memory == _lib.MEMORY_CUDA}):
+            torch.cuda.current_stream(device).synchronize()
         out = _lib.PublishResult()
         per_call = self._exchange is not None or self._job is not None
         if self._exchange is not None:
@@ -434,26 +443,28 @@ def chunk_rows(rows, rank, world_size):
 
 
 def _fp32_view(x, what, name, keep):
-    """(address, elements) of x as contiguous FP32."""
+    """(address, elements, shape, device) of x as contiguous FP32; device is
+    None for host memory, else the torch CUDA device."""
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
-        if x.device.type != "cpu":
-            raise DteError(1, "tensor %s: %s is on %s; this build of dte publishes from CPU "
-                           "memory only" % (name, what, x.device))
+        if x.device.type not in ("cpu", "cuda"):
+            raise DteError(1, "tensor %s: %s is on %s; the distributed publisher reads host or "
+                           "CUDA memory" % (name, what, x.device))
         x = x.detach()
         if x.dtype != torch.float32:
             raise DteError(1, "tensor %s: %s is %s; the publisher needs FP32 master weights and "
                            "moments" % (name, what, x.dtype))
         x = x.contiguous()
         keep.append(x)
-        return x.data_ptr(), x.numel(), tuple(x.shape)
+        device = x.device if x.device.type == "cuda" else None
+        return x.data_ptr(), x.numel(), tuple(x.shape), device
     import numpy as np
     x = np.ascontiguousarray(x)
     if x.dtype != np.float32:
         raise DteError(1, "tensor %s: %s is %s; the publisher needs FP32 master weights and "
                        "moments" % (name, what, x.dtype))
     keep.append(x)
-    return x.ctypes.data, x.size, x.shape
+    return x.ctypes.data, x.size, x.shape, None
 
 
 def _is_dtensor(x):
@@ -536,9 +547,12 @@ def _range_of(encoded, tp_rank, ep_rank, label, value, keep):
     if any(_is_dtensor(d.get(k)) for k in ("param", "exp_avg", "exp_avg_sq")):
         d = _from_dtensors(d, label)
     views = [_fp32_view(d[k], k, label, keep) for k in ("param", "exp_avg", "exp_avg_sq")]
-    n, shape = views[0][1], views[0][2]
+    n, shape, device = views[0][1], views[0][2], views[0][3]
     if any(v[1] != n for v in views):
         raise DteError(1, "tensor %s: param, exp_avg and exp_avg_sq have different sizes" % label)
+    if any(v[3] != device for v in views):
+        raise DteError(1, "tensor %s: param, exp_avg and exp_avg_sq are on different devices "
+                       "(%s)" % (label, ", ".join(str(v[3] or "cpu") for v in views)))
     if "rows" in d and "flat" in d:
         raise DteError(1, "tensor %s: give rows or flat, not both" % label)
     if "rows" in d:
@@ -558,7 +572,9 @@ def _range_of(encoded, tp_rank, ep_rank, label, value, keep):
     return _lib.AdamWRange(encoded, tp_rank, ep_rank, begin, end, views[0][0], views[1][0],
                            views[2][0], _step_value(d.get("step")),
                            float(lr) if lr is not None else math.nan,
-                           float(wd) if wd is not None else math.nan)
+                           float(wd) if wd is not None else math.nan,
+                           _lib.MEMORY_CUDA if device is not None else _lib.MEMORY_HOST,
+                           device.index if device is not None else 0)
 
 
 class _TorchExchange:

@@ -1,7 +1,8 @@
 // Per-element resolution of the AdamW-inverting publisher: for an element the
-// fused detector (kernels::AdamWInvertDetect) reported, or the screen
+// fused detector (AdamWInvertDetect) reported, or the screen
 // (sync/internal/engine_screen.h) left undecided, decide exactly what its
-// BF16 value was before the step, without any copy of the old weights.
+// BF16 value was before the step, without any copy of the old weights. Shared
+// by the CPU backend and the CUDA one (CudaAdamWFindChanges, kernels/cuda.h).
 //
 // The forward update x -> AdamWForwardElement(x, m, v) is monotone
 // non-decreasing in x (a product with a positive decay, then a rounded sum or
@@ -23,7 +24,7 @@
 #include "kernels/bf16_math.h"
 #include "kernels/hd.h"
 
-namespace dte::internal {
+namespace dte::kernels {
 
 enum class OldBits : uint8_t {
   kUnchanged = 0,  // provably the same BF16 bits as theta: not a change
@@ -44,12 +45,11 @@ inline constexpr int kMaxPreimageWalk = 32;
 // it is more than kMaxPreimageWalk ulps away.
 template <typename Forward>
 DTE_HD bool PreimageEnd(float q, float theta, const Forward& forward, bool up, float* end) {
-  using kernels::FloatBits;
   const uint32_t target = FloatBits(theta);
   float x = q;
   for (int i = 0; i < kMaxPreimageWalk; ++i) {
-    const float y = kernels::adamw_internal::StepUlp(x, up);
-    if (!kernels::IsFiniteBits(FloatBits(y)) || FloatBits(forward(y)) != target) {
+    const float y = adamw_internal::StepUlp(x, up);
+    if (!IsFiniteBits(FloatBits(y)) || FloatBits(forward(y)) != target) {
       *end = x;
       return true;
     }
@@ -61,9 +61,7 @@ DTE_HD bool PreimageEnd(float q, float theta, const Forward& forward, bool up, f
 // Classifies from the reconstruction q and the element's forward map.
 template <typename Forward>
 DTE_HD ResolvedOld ResolveWith(float theta, float q, const Forward& forward) {
-  using kernels::FloatBits;
-  using kernels::Fp32ToBf16Bits;
-  if (!kernels::IsFiniteBits(FloatBits(theta)) || !kernels::IsFiniteBits(FloatBits(q)) ||
+  if (!IsFiniteBits(FloatBits(theta)) || !IsFiniteBits(FloatBits(q)) ||
       FloatBits(forward(q)) != FloatBits(theta)) {
     return {};
   }
@@ -80,17 +78,28 @@ DTE_HD ResolvedOld ResolveWith(float theta, float q, const Forward& forward) {
 }
 
 // The old BF16 bits of one element. The forward map is
-// kernels::AdamWForwardElement with the update computed once.
-DTE_HD ResolvedOld ResolveOldBf16(float theta, float m, float v, const kernels::AdamWScalars& s) {
-  namespace ai = kernels::adamw_internal;
-  const float q = kernels::AdamWInvertElement(theta, m, v, s);
-  const float denom = kernels::AdamWDenom(v, s);
-  if (s.order == kernels::AdamWOrder::kTorchCpu) {
-    const float u = kernels::rn::Div(kernels::rn::Mul(s.neg_step_size, m), denom);
+// AdamWForwardElement with the update computed once.
+DTE_HD ResolvedOld ResolveOldBf16(float theta, float m, float v, const AdamWScalars& s) {
+  namespace ai = adamw_internal;
+  const float q = AdamWInvertElement(theta, m, v, s);
+  const float denom = AdamWDenom(v, s);
+  if (s.order == AdamWOrder::kTorchCpu) {
+    const float u = rn::Div(rn::Mul(s.neg_step_size, m), denom);
     return ResolveWith(theta, q, ai::DecayThenUpdate<ai::AddUpdateCpu>{s.decay, {u}});
   }
-  const ai::AddUpdateFma add{s.neg_step_size, kernels::rn::Div(m, denom)};
+  const ai::AddUpdateFma add{s.neg_step_size, rn::Div(m, denom)};
   return ResolveWith(theta, q, ai::DecayThenUpdate<ai::AddUpdateFma>{s.decay, add});
 }
 
-}  // namespace dte::internal
+// True when a publisher must store the element: the fused detector reports it
+// (AdamWElementChanged with the near-boundary margin of margin_ulps) and the
+// exact resolution does not prove it unchanged. Every element whose BF16 bits
+// the step changed is kept; a kept element that did not change is one whose
+// old bits cannot be proven (ResolveOldBf16's kUnknown).
+DTE_HD bool AdamWElementKept(float theta, float m, float v, const AdamWScalars& s,
+                             uint32_t margin_ulps) {
+  return AdamWElementChanged(theta, m, v, s, true, margin_ulps) &&
+         ResolveOldBf16(theta, m, v, s).state != OldBits::kUnchanged;
+}
+
+}  // namespace dte::kernels
