@@ -428,8 +428,10 @@ void PushCommitted(PushServer& push, Store& store, uint64_t version,
   auto pushed = [&]() -> Result<PushReport> {
     ASSIGN_OR_RETURN(auto v, store.GetVersion(version));
     if (changes) return push.Push(store, v, *changes);
-    ASSIGN_OR_RETURN(auto read_back, ChangesFromStore(store, v));
-    return push.Push(store, v, read_back);
+    // Read back one tensor at a time: a distributed publisher's rank 0
+    // never holds the whole version's changes.
+    ASSIGN_OR_RETURN(auto read_back, StoreChanges(store, v));
+    return push.Push(store, v, *read_back);
   }();
   if (pushed.ok()) {
     r->push = std::move(pushed).value();

@@ -1,7 +1,9 @@
 // The push server of sync/push.h: one I/O thread owns every socket (accepts,
 // hellos, acknowledgements, and the queued frames of pushes, written as the
-// sockets take them); Push() packs each layout's messages once, queues them
-// for the receivers that hold the parent, and waits for their receipts.
+// sockets take them); Push() reads the changes a tensor at a time (counts
+// first, then each tensor's data, packed once per layout and rank and
+// queued for the receivers that hold the parent, their queues bounded),
+// and waits for their receipts.
 #include "sync/push.h"
 
 #include <fcntl.h>
@@ -15,6 +17,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -113,7 +116,7 @@ class PushServer::Impl {
   }
 
   Result<PushReport> Push(Store& store, const std::shared_ptr<const Version>& v,
-                          const std::vector<TensorChanges>& changes);
+                          ChangesSource& changes);
 
   std::vector<PushReceiverInfo> Receivers() const {
     std::lock_guard lock(mu_);
@@ -199,6 +202,15 @@ class PushServer::Impl {
   void SendLocked(Conn& c, std::string frame) {
     c.out.push_back({std::make_shared<const std::string>(std::move(frame)), 0});
   }
+  // One frame for several receivers, not copied.
+  void SendLocked(Conn& c, const std::shared_ptr<const std::string>& frame) {
+    c.out.push_back({frame, 0});
+  }
+  static uint64_t QueuedBytes(const Conn& c) {
+    uint64_t n = 0;
+    for (const Out& o : c.out) n += o.data->size() - o.off;
+    return n;
+  }
 
   void OnHello(Conn& c, const std::string& body);
   void OnMessage(Conn& c, const push_internal::Parsed& m);
@@ -211,7 +223,8 @@ class PushServer::Impl {
   std::atomic<bool> stop_{false};
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;  // a receipt arrived or a receiver was dropped
+  // A receipt arrived, a receiver was dropped, or a queue was written out.
+  std::condition_variable cv_;
   std::map<uint64_t, std::unique_ptr<Conn>> conns_;
   uint64_t next_id_ = 1;
   std::optional<PlanInputs> inputs_;
@@ -409,6 +422,7 @@ void PushServer::Impl::Loop() {
           if (o.off < o.data->size()) break;
           c.out.pop_front();
         }
+        cv_.notify_all();  // a push may be waiting for this queue to shrink
       }
       if (re & (POLLIN | POLLHUP | POLLERR)) {
         const ssize_t r = recv(c.fd.get(), buf, sizeof buf, 0);
@@ -435,50 +449,142 @@ void PushServer::Impl::Loop() {
   }
 }
 
+namespace {
+
+// Checks one tensor's changes against the version's tensor t.
+Status CheckChanges(const TensorChanges& c, const PlanTensor& t, const std::string& what) {
+  const uint64_t numel = ShapeElements(t.shape);
+  if (c.values.size() != c.indices.size() * DTypeWidth(t.dtype)) {
+    return InvalidArgument(what + ": " + std::to_string(c.values.size()) + " value bytes for " +
+                           std::to_string(c.indices.size()) + " indices");
+  }
+  for (size_t k = 0; k < c.indices.size(); ++k) {
+    if (c.indices[k] >= numel || (k > 0 && c.indices[k] <= c.indices[k - 1])) {
+      return InvalidArgument(what + ": index " + std::to_string(c.indices[k]) +
+                             " is out of range or out of order");
+    }
+  }
+  if ((!c.old_values.empty() && c.old_values.size() != c.values.size()) ||
+      (!c.known.empty() && c.known.size() != c.indices.size())) {
+    return InvalidArgument(what + ": old values or known flags do not match the entries");
+  }
+  return Status::Ok();
+}
+
+// Changes held whole in memory (a single-process publisher's).
+class VectorChanges : public ChangesSource {
+ public:
+  explicit VectorChanges(const std::vector<TensorChanges>& changes) {
+    for (const TensorChanges& c : changes) by_name_.emplace(c.name, &c);
+  }
+  // Every tensor named once and in the version.
+  Status Validate(const std::vector<TensorChanges>& changes, const PlanInputs& in,
+                  uint64_t version) const {
+    std::set<std::string> names;
+    for (const PlanTensor& t : in.canonical) names.insert(t.name);
+    std::set<std::string> seen;
+    for (const TensorChanges& c : changes) {
+      const std::string what = "push of " + VersionName(version) + ": tensor " + c.name;
+      if (!names.count(c.name)) return InvalidArgument(what + " is not in the version");
+      if (!seen.insert(c.name).second) return InvalidArgument(what + " is given twice");
+    }
+    return Status::Ok();
+  }
+  bool MayChange(const std::string& name) const override { return by_name_.count(name) > 0; }
+  bool Stable() const override { return true; }
+  Result<const TensorChanges*> Read(const std::string& name) override {
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? &empty_ : it->second;
+  }
+
+ private:
+  std::map<std::string, const TensorChanges*> by_name_;
+  TensorChanges empty_;
+};
+
+// One op of a plan applied to one tensor's changes.
+struct OpJob {
+  const TransferPlan* plan;
+  size_t op;  // index into plan->ops
+  const TensorChanges* changes;
+};
+
+// An op's entries for its receiver rank: how many, and (in round 2) their
+// encoding.
+struct OpOut {
+  uint64_t count = 0;
+  std::string data;
+};
+
+// Remaps each job's changes into its op and, when `encode`, encodes them
+// (sync/internal/push_wire.h). Runs of an op's entries are independent
+// (each becomes its own segments): pieces of at most kPieceEntries of every
+// job run in parallel.
+std::vector<OpOut> PackOps(const std::vector<OpJob>& jobs, bool encode) {
+  constexpr size_t kPieceEntries = size_t{1} << 18;
+  struct Piece {
+    size_t job, begin, end;
+    uint64_t count = 0;
+    std::string data;
+  };
+  std::vector<Piece> pieces;
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    const size_t n = jobs[k].changes->indices.size();
+    for (size_t b = 0; b < n; b += kPieceEntries) {
+      pieces.push_back({k, b, std::min(n, b + kPieceEntries), 0, {}});
+    }
+  }
+  kernels::ParallelFor(pieces.size(), 1, [&](size_t lo, size_t hi) {
+    std::vector<uint64_t> dst, pos;
+    for (size_t i = lo; i < hi; ++i) {
+      Piece& pc = pieces[i];
+      const OpJob& job = jobs[pc.job];
+      const TransferOp& op = job.plan->ops[job.op];
+      const TensorChanges& c = *job.changes;
+      const size_t len = pc.end - pc.begin;
+      dst.resize(len);
+      pos.resize(len);
+      const size_t j = RemapOpIndices(op, c.indices.data() + pc.begin, len, dst.data(), pos.data());
+      pc.count = j;
+      if (j == 0 || !encode) continue;
+      for (size_t q = 0; q < j; ++q) pos[q] += pc.begin;
+      push_internal::AppendOpSegments(
+          dst.data(), pos.data(), j, DTypeWidth(job.plan->canonical[op.canonical].dtype),
+          c.values.data(), c.old_values.empty() ? nullptr : c.old_values.data(),
+          c.known.empty() ? nullptr : c.known.data(), &pc.data);
+    }
+  });
+  std::vector<OpOut> out(jobs.size());
+  for (Piece& pc : pieces) {
+    out[pc.job].count += pc.count;
+    out[pc.job].data += pc.data;
+    std::string().swap(pc.data);
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<const Version>& v,
-                                          const std::vector<TensorChanges>& changes) {
+                                          ChangesSource& changes) {
   const auto t0 = Clock::now();
   PushReport report;
   report.version = v->manifest.version;
+  const std::string vname = VersionName(v->manifest.version);
   if (!v->manifest.parent) {
-    return InvalidArgument("push of " + VersionName(v->manifest.version) +
+    return InvalidArgument("push of " + vname +
                            ": a version without a parent is not a change (receivers catch up)");
   }
   const uint64_t parent = *v->manifest.parent;
   ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(store, *v));
-  // The changes, checked against the version's tensors.
-  std::map<std::string, size_t> where;
-  for (size_t i = 0; i < in.canonical.size(); ++i) where[in.canonical[i].name] = i;
-  std::map<std::string, const TensorChanges*> by_name;
-  for (const TensorChanges& c : changes) {
-    auto it = where.find(c.name);
-    const std::string what = "push of " + VersionName(v->manifest.version) + ": tensor " + c.name;
-    if (it == where.end()) return InvalidArgument(what + " is not in the version");
-    const PlanTensor& t = in.canonical[it->second];
-    const uint64_t numel = ShapeElements(t.shape);
-    if (c.values.size() != c.indices.size() * DTypeWidth(t.dtype)) {
-      return InvalidArgument(what + ": " + std::to_string(c.values.size()) + " value bytes for " +
-                             std::to_string(c.indices.size()) + " indices");
-    }
-    for (size_t k = 0; k < c.indices.size(); ++k) {
-      if (c.indices[k] >= numel || (k > 0 && c.indices[k] <= c.indices[k - 1])) {
-        return InvalidArgument(what + ": index " + std::to_string(c.indices[k]) +
-                               " is out of range or out of order");
-      }
-    }
-    if ((!c.old_values.empty() && c.old_values.size() != c.values.size()) ||
-        (!c.known.empty() && c.known.size() != c.indices.size())) {
-      return InvalidArgument(what + ": old values or known flags do not match the entries");
-    }
-    if (!by_name.emplace(c.name, &c).second) return InvalidArgument(what + " is given twice");
-  }
+  const std::vector<PlanTensor> canonical = in.canonical;
 
   // Which receivers get what: snapshot them, then pack outside the lock.
   struct Target {
     uint64_t id;
-    ShardLayout layout;
-    int rank;
+    std::pair<LayoutKey, int> key;  // layout and receiver rank: who shares its messages
     std::vector<uint32_t> plan_to_own;
+    uint64_t elements = 0;
   };
   std::vector<Target> targets;
   std::map<LayoutKey, const TransferPlan*> plans;
@@ -504,7 +610,7 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
           c.plan_to_own = std::move(match).value();
         }
         plans[KeyOf(c.info.layout)] = *plan;
-        targets.push_back({id, c.info.layout, c.info.rank, c.plan_to_own});
+        targets.push_back({id, {KeyOf(c.info.layout), c.info.rank}, c.plan_to_own, 0});
       } else if (c.info.version != v->manifest.version) {
         c.info.behind = true;
         SendLocked(c, Frame(Msg::kBehind, Json({{"latest", v->manifest.version}})));
@@ -514,84 +620,130 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
   }
   Wake();
 
-  // Each layout's messages, per receiver rank, packed once: the plan's ops
-  // of that rank in plan order, each op's entries remapped into the
-  // receiver tensor and encoded (sync/internal/push_wire.h).
-  struct Packed {
-    push_internal::CountsMsg counts;
-    std::string data;
-    uint64_t elements = 0;
-  };
-  std::map<std::pair<LayoutKey, int>, Packed> packed;
+  // Each plan's ops by the canonical tensor they come from (plan order:
+  // canonical order, so tensors in order are plan order for every rank).
+  std::map<LayoutKey, std::vector<std::vector<size_t>>> ops_of;
   for (const auto& [key, plan] : plans) {
-    std::vector<const TensorChanges*> of(plan->canonical.size(), nullptr);
-    for (size_t c = 0; c < plan->canonical.size(); ++c) {
-      auto it = by_name.find(plan->canonical[c].name);
-      if (it != by_name.end()) of[c] = it->second;
-    }
-    // Ops are independent, and so are runs of an op's entries (each becomes
-    // its own segments): remap and encode pieces of at most kPieceEntries
-    // source entries in parallel, then lay them out per rank in plan order.
-    constexpr size_t kPieceEntries = size_t{1} << 18;
-    struct Piece {
-      size_t op, begin, end;
-      uint64_t count = 0;
-      std::string data;
-    };
-    std::vector<Piece> pieces;
-    for (size_t k = 0; k < plan->ops.size(); ++k) {
-      const TensorChanges* c = of[plan->ops[k].canonical];
-      const size_t n = c ? c->indices.size() : 0;
-      for (size_t b = 0; b < n; b += kPieceEntries) {
-        pieces.push_back({k, b, std::min(n, b + kPieceEntries), 0, {}});
-      }
-    }
-    const TransferPlan* layout_plan = plan;  // lambdas cannot capture structured bindings
-    kernels::ParallelFor(pieces.size(), 1, [&](size_t lo, size_t hi) {
-      std::vector<uint64_t> dst, pos;
-      for (size_t i = lo; i < hi; ++i) {
-        Piece& pc = pieces[i];
-        const TransferOp& op = layout_plan->ops[pc.op];
-        const TensorChanges* c = of[op.canonical];
-        const size_t n = pc.end - pc.begin;
-        dst.resize(n);
-        pos.resize(n);
-        const size_t j =
-            RemapOpIndices(op, c->indices.data() + pc.begin, n, dst.data(), pos.data());
-        pc.count = j;
-        if (j == 0) continue;
-        for (size_t q = 0; q < j; ++q) pos[q] += pc.begin;
-        push_internal::AppendOpSegments(
-            dst.data(), pos.data(), j, DTypeWidth(layout_plan->canonical[op.canonical].dtype),
-            c->values.data(), c->old_values.empty() ? nullptr : c->old_values.data(),
-            c->known.empty() ? nullptr : c->known.data(), &pc.data);
-      }
-    });
-    std::vector<uint64_t> counts(plan->ops.size(), 0);
-    std::vector<std::string> encoded(plan->ops.size());
-    for (Piece& pc : pieces) {
-      counts[pc.op] += pc.count;
-      encoded[pc.op] += pc.data;
-      std::string().swap(pc.data);
-    }
-    std::vector<Packed> ranks(std::get<0>(key));
-    for (Packed& p : ranks) {
-      p.counts.version = v->manifest.version;
-      p.counts.parent = parent;
-    }
-    for (size_t k = 0; k < plan->ops.size(); ++k) {
-      Packed& p = ranks[plan->ops[k].receiver];
-      p.counts.tensor.push_back(plan->ops[k].receiver_tensor);
-      p.counts.count.push_back(counts[k]);
-      p.data += encoded[k];
-      p.elements += counts[k];
-      std::string().swap(encoded[k]);
-    }
-    for (int r = 0; r < std::get<0>(key); ++r) packed[{key, r}] = std::move(ranks[r]);
+    auto& by = ops_of[key];
+    by.resize(canonical.size());
+    for (size_t k = 0; k < plan->ops.size(); ++k) by[plan->ops[k].canonical].push_back(k);
   }
+  std::vector<size_t> changed;  // canonical tensors with changes, in order
+  if (!plans.empty()) {
+    for (size_t c = 0; c < canonical.size(); ++c) {
+      if (changes.MayChange(canonical[c].name)) changed.push_back(c);
+    }
+  }
+  // Consecutive changed tensors of about options_.batch_entries entries in
+  // all (or one tensor), packed together. Round 1 packs each batch whole
+  // while the encodings kept so far fit options_.cache_bytes (then round 2
+  // only sends them: one pass, as for most versions), and only counts the
+  // rest, which round 2 reads and packs again.
+  struct PackedBatch {
+    std::vector<size_t> tensors;
+    bool encoded = false;
+    std::map<std::pair<LayoutKey, int>, std::string> data;  // while encoded, until sent
+  };
+  std::vector<PackedBatch> packed;
+  uint64_t cached = 0;
+  using Batch = std::vector<std::pair<size_t, const TensorChanges*>>;
+  // Reads tensor c, checked; copied into `held` unless the source keeps it.
+  auto read = [&](size_t c, std::deque<TensorChanges>* held) -> Result<const TensorChanges*> {
+    const std::string what = "push of " + vname + ": tensor " + canonical[c].name;
+    ASSIGN_OR_RETURN(const TensorChanges* tc, changes.Read(canonical[c].name));
+    RETURN_IF_ERROR(CheckChanges(*tc, canonical[c], what));
+    if (changes.Stable()) return tc;
+    held->push_back(*tc);
+    return &held->back();
+  };
+  // Packs a batch: per op (plan order within each layout and rank) its
+  // count and, when `encode`, the ranks' data in op order.
+  std::map<LayoutKey, std::vector<uint64_t>> op_counts;
+  for (const auto& [key, plan] : plans) op_counts[key].assign(plan->ops.size(), 0);
+  auto pack_batch = [&](const Batch& batch, bool encode, bool check,
+                        std::map<std::pair<LayoutKey, int>, std::string>* data) -> Status {
+    std::vector<OpJob> jobs;
+    std::vector<LayoutKey> keys;
+    for (const auto& [c, tc] : batch) {
+      for (const auto& [key, plan] : plans) {
+        for (size_t k : ops_of[key][c]) {
+          jobs.push_back({plan, k, tc});
+          keys.push_back(key);
+        }
+      }
+    }
+    std::vector<OpOut> out = PackOps(jobs, encode);
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const TransferOp& op = jobs[j].plan->ops[jobs[j].op];
+      uint64_t& count = op_counts[keys[j]][jobs[j].op];
+      if (check && out[j].count != count) {
+        return Internal("push of " + vname + ": tensor " + canonical[op.canonical].name +
+                        " read differently in the second pass");
+      }
+      count = out[j].count;
+      if (encode) (*data)[{keys[j], op.receiver}] += out[j].data;
+      std::string().swap(out[j].data);
+    }
+    return Status::Ok();
+  };
 
-  report.pack_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  // Round 1: every op's count, from a first pass over the changes.
+  {
+    Batch batch;
+    std::deque<TensorChanges> held;
+    uint64_t entries = 0;
+    auto flush = [&]() -> Status {
+      PackedBatch pb;
+      for (const auto& item : batch) pb.tensors.push_back(item.first);
+      pb.encoded = cached < options_.cache_bytes;
+      RETURN_IF_ERROR(pack_batch(batch, pb.encoded, false, &pb.data));
+      for (const auto& [rk, bytes] : pb.data) cached += bytes.size();
+      packed.push_back(std::move(pb));
+      batch.clear();
+      held.clear();
+      entries = 0;
+      return Status::Ok();
+    };
+    for (size_t c : changed) {
+      ASSIGN_OR_RETURN(const TensorChanges* tc, read(c, &held));
+      if (tc->indices.empty()) continue;
+      batch.emplace_back(c, tc);
+      entries += tc->indices.size();
+      if (entries >= options_.batch_entries) RETURN_IF_ERROR(flush());
+    }
+    if (!batch.empty()) RETURN_IF_ERROR(flush());
+  }
+  std::map<std::pair<LayoutKey, int>, push_internal::CountsMsg> counts;
+  std::map<std::pair<LayoutKey, int>, uint64_t> elements;
+  for (const auto& [key, plan] : plans) {
+    for (int r = 0; r < std::get<0>(key); ++r) {
+      counts[{key, r}].version = v->manifest.version;
+      counts[{key, r}].parent = parent;
+    }
+    for (size_t k = 0; k < plan->ops.size(); ++k) {
+      const auto rk = std::make_pair(key, plan->ops[k].receiver);
+      counts[rk].tensor.push_back(plan->ops[k].receiver_tensor);
+      counts[rk].count.push_back(op_counts[key][k]);
+      elements[rk] += op_counts[key][k];
+    }
+  }
+  double pack = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  const auto deadline = Clock::now() + options_.timeout;
   std::vector<uint64_t> sent;
+  // Queues a frame for every live target of `rk` (every target: null).
+  auto send_all = [&](const std::pair<LayoutKey, int>* rk,
+                      const std::shared_ptr<const std::string>& frame) {
+    for (Target& t : targets) {
+      if (rk && t.key != *rk) continue;
+      auto it = conns_.find(t.id);
+      if (it == conns_.end() || !it->second->drop.empty()) continue;
+      Conn& c = *it->second;
+      SendLocked(c, frame);
+      report.bytes += frame->size();
+      c.info.bytes += frame->size();
+    }
+  };
   {
     std::lock_guard lock(mu_);
     gone_.clear();
@@ -600,35 +752,88 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
       auto it = conns_.find(t.id);
       if (it == conns_.end() || !it->second->drop.empty()) continue;
       Conn& c = *it->second;
-      auto pk = packed.find({KeyOf(t.layout), t.rank});
-      push_internal::CountsMsg counts;
-      std::string data;
-      uint64_t elements = 0;
-      if (pk != packed.end()) {
-        counts = pk->second.counts;
-        for (uint32_t& tensor : counts.tensor) tensor = t.plan_to_own[tensor];
-        data = pk->second.data;
-        elements = pk->second.elements;
-      } else {
-        counts.version = v->manifest.version;
-        counts.parent = parent;
-      }
-      std::string f1 = Frame(Msg::kCounts, push_internal::EncodeCounts(counts));
-      std::string f2 = Frame(Msg::kData, data);
-      report.bytes += f1.size() + f2.size();
-      report.elements += elements;
-      c.info.elements += elements;
-      c.info.bytes += f1.size() + f2.size();
+      push_internal::CountsMsg m = counts[t.key];
+      for (uint32_t& tensor : m.tensor) tensor = t.plan_to_own[tensor];
+      std::string f1 = Frame(Msg::kCounts, push_internal::EncodeCounts(m));
+      report.bytes += f1.size();
+      c.info.bytes += f1.size();
+      t.elements = elements[t.key];
+      report.elements += t.elements;
+      c.info.elements += t.elements;
       SendLocked(c, std::move(f1));
-      SendLocked(c, std::move(f2));
       c.awaiting = v->manifest.version;
       sent.push_back(t.id);
     }
   }
   Wake();
 
+  // Round 2, a batch at a time: each layout and rank's data of the batch
+  // (kept from round 1, or read and packed again), queued once for every
+  // receiver of that layout and rank. Before the next batch, every
+  // receiver's queue drains below options_.queue_bytes (or it is dropped at
+  // the deadline).
+  Status streamed = [&]() -> Status {
+    for (PackedBatch& pb : packed) {
+      if (sent.empty()) break;
+      const auto p0 = Clock::now();
+      std::map<std::pair<LayoutKey, int>, std::string> data = std::move(pb.data);
+      if (!pb.encoded) {
+        Batch batch;
+        std::deque<TensorChanges> held;
+        for (size_t c : pb.tensors) {
+          ASSIGN_OR_RETURN(const TensorChanges* tc, read(c, &held));
+          batch.emplace_back(c, tc);
+        }
+        RETURN_IF_ERROR(pack_batch(batch, true, true, &data));
+      }
+      pack += std::chrono::duration<double>(Clock::now() - p0).count();
+      std::unique_lock lock(mu_);
+      for (auto& [rk, bytes] : data) {
+        if (bytes.empty()) continue;
+        send_all(&rk, std::make_shared<const std::string>(Frame(Msg::kData, bytes)));
+      }
+      Wake();
+      cv_.wait_until(lock, deadline, [&] {
+        for (const Target& t : targets) {
+          auto it = conns_.find(t.id);
+          if (it != conns_.end() && it->second->drop.empty() &&
+              QueuedBytes(*it->second) > options_.queue_bytes) {
+            return false;
+          }
+        }
+        return true;
+      });
+      for (const Target& t : targets) {
+        auto it = conns_.find(t.id);
+        if (it != conns_.end() && QueuedBytes(*it->second) > options_.queue_bytes) {
+          DropLocked(*it->second, "did not take " + vname + " within " +
+                                      std::to_string(options_.timeout.count()) + " ms");
+        }
+      }
+    }
+    return Status::Ok();
+  }();
+  {
+    std::lock_guard lock(mu_);
+    if (!streamed.ok()) {
+      // Receivers hold part of round 2 and never apply it: close them (they
+      // reconnect and catch up from the store).
+      for (uint64_t id : sent) {
+        auto it = conns_.find(id);
+        if (it != conns_.end()) DropLocked(*it->second, "push aborted: " + streamed.message());
+      }
+    } else {
+      send_all(nullptr, std::make_shared<const std::string>(Frame(Msg::kDataEnd, {})));
+    }
+  }
+  if (!streamed.ok()) {
+    Wake();
+    return streamed;
+  }
+  Wake();
+  report.pack_seconds = pack;
+
   std::unique_lock lock(mu_);
-  const auto deadline = Clock::now() + options_.timeout;
   auto pending = [&] {
     for (uint64_t id : sent) {
       auto it = conns_.find(id);
@@ -652,7 +857,7 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
     }
     Conn& c = *it->second;
     if (c.drop.empty() && c.awaiting) {
-      DropLocked(c, "did not confirm " + VersionName(v->manifest.version) + " within " +
+      DropLocked(c, "did not confirm " + vname + " within " +
                         std::to_string(options_.timeout.count()) + " ms");
     }
     if (!c.drop.empty()) {
@@ -667,59 +872,109 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
   return report;
 }
 
-Result<std::vector<TensorChanges>> ChangesFromStore(Store& store,
+namespace {
+
+// Reads one tensor's changes of v against its parent from the store: every
+// sparse record decoded (its differences and whole values, exactly what a
+// push sends), and blocks stored dense compared with the parent's.
+class StoreChangesSource : public ChangesSource {
+ public:
+  StoreChangesSource(Store& store, std::shared_ptr<const Version> v,
+                     std::shared_ptr<const Version> parent)
+      : v_(std::move(v)), parent_(std::move(parent)), reader_(&store) {
+    for (const FileEntry& f : v_->manifest.files) {
+      for (const TensorEntry& t : f.tensors) where_[t.name] = {&f, &t};
+    }
+  }
+
+  bool MayChange(const std::string& name) const override {
+    auto it = where_.find(name);
+    if (it == where_.end()) return false;
+    const TensorEntry& t = *it->second.second;
+    for (uint32_t b = 0; b < t.blocks; ++b) {
+      if (v_->records[size_t{t.first_block} + b].kind != BlockKind::kSame) return true;
+    }
+    return false;
+  }
+
+  Result<const TensorChanges*> Read(const std::string& name) override {
+    c_ = TensorChanges{};
+    c_.name = name;
+    auto it = where_.find(name);
+    if (it == where_.end()) return &c_;
+    const FileEntry& f = *it->second.first;
+    const TensorEntry& t = *it->second.second;
+    const uint64_t bb = v_->manifest.block_bytes;
+    const int w = DTypeWidth(t.dtype);
+    const uint64_t block_elems = bb / w;
+    for (uint32_t b = 0; b < t.blocks; ++b) {
+      const BlockRecord& rec = v_->records[size_t{t.first_block} + b];
+      if (rec.kind == BlockKind::kSame) continue;
+      const uint64_t len = std::min<uint64_t>(bb, t.bytes() - uint64_t{b} * bb);
+      const uint64_t first = uint64_t{b} * block_elems;
+      const std::string what = VersionName(v_->manifest.version) + "/" + f.name + ": tensor " +
+                               t.name + " block " + std::to_string(b);
+      if (rec.kind == BlockKind::kSparse) {
+        // Differences where the record has them (old value 0 makes the
+        // push send the difference itself), whole values where not.
+        RETURN_IF_ERROR(reader_.ReadRecordPayload(*v_, rec, &payload_, what));
+        RETURN_IF_ERROR(
+            DecodeSparseEntries(payload_, len, w, &idx_, &vals_, &sets_, nullptr, what));
+        for (size_t k = 0; k < idx_.size(); ++k) {
+          c_.indices.push_back(first + idx_[k]);
+          c_.values.insert(c_.values.end(), vals_.begin() + k * w, vals_.begin() + (k + 1) * w);
+          c_.old_values.insert(c_.old_values.end(), w, 0);
+          c_.known.push_back(sets_.empty() || !sets_[k]);
+        }
+        continue;
+      }
+      // Stored dense: compare with the parent's block.
+      old_block_.resize(len);
+      new_block_.resize(len);
+      RETURN_IF_ERROR(reader_.ReadBlock(parent_, f, t, b, old_block_.data()));
+      RETURN_IF_ERROR(reader_.ReadBlock(v_, f, t, b, new_block_.data()));
+      for (uint64_t k = 0; k < len / w; ++k) {
+        if (std::memcmp(&old_block_[k * w], &new_block_[k * w], w) == 0) continue;
+        c_.indices.push_back(first + k);
+        c_.values.insert(c_.values.end(), new_block_.begin() + k * w,
+                         new_block_.begin() + (k + 1) * w);
+        c_.old_values.insert(c_.old_values.end(), old_block_.begin() + k * w,
+                             old_block_.begin() + (k + 1) * w);
+        c_.known.push_back(1);
+      }
+    }
+    return &c_;
+  }
+
+ private:
+  std::shared_ptr<const Version> v_, parent_;
+  Materializer reader_;
+  std::map<std::string, std::pair<const FileEntry*, const TensorEntry*>> where_;
+  TensorChanges c_;
+  std::string payload_;
+  std::vector<uint32_t> idx_;
+  std::vector<uint8_t> vals_, sets_, old_block_, new_block_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ChangesSource>> StoreChanges(Store& store,
                                                     const std::shared_ptr<const Version>& v) {
   const std::string name = VersionName(v->manifest.version);
   if (!v->manifest.parent) return InvalidArgument(name + " has no parent: it is not a change");
   ASSIGN_OR_RETURN(auto parent, store.GetVersion(*v->manifest.parent));
-  Materializer reader(&store);
-  const uint64_t bb = v->manifest.block_bytes;
+  return std::unique_ptr<ChangesSource>(new StoreChangesSource(store, v, std::move(parent)));
+}
+
+Result<std::vector<TensorChanges>> ChangesFromStore(Store& store,
+                                                    const std::shared_ptr<const Version>& v) {
+  ASSIGN_OR_RETURN(auto source, StoreChanges(store, v));
   std::vector<TensorChanges> out;
-  std::string payload;
-  std::vector<uint32_t> idx;
-  std::vector<uint8_t> vals, sets, old_block, new_block;
   for (const FileEntry& f : v->manifest.files) {
     for (const TensorEntry& t : f.tensors) {
-      const int w = DTypeWidth(t.dtype);
-      const uint64_t block_elems = bb / w;
-      TensorChanges c;
-      c.name = t.name;
-      for (uint32_t b = 0; b < t.blocks; ++b) {
-        const BlockRecord& rec = v->records[size_t{t.first_block} + b];
-        if (rec.kind == BlockKind::kSame) continue;
-        const uint64_t len = std::min<uint64_t>(bb, t.bytes() - uint64_t{b} * bb);
-        const uint64_t first = uint64_t{b} * block_elems;
-        const std::string what =
-            name + "/" + f.name + ": tensor " + t.name + " block " + std::to_string(b);
-        if (rec.kind == BlockKind::kSparse) {
-          // Differences where the record has them (old value 0 makes the
-          // push send the difference itself), whole values where not.
-          RETURN_IF_ERROR(reader.ReadRecordPayload(*v, rec, &payload, what));
-          RETURN_IF_ERROR(DecodeSparseEntries(payload, len, w, &idx, &vals, &sets, nullptr, what));
-          for (size_t k = 0; k < idx.size(); ++k) {
-            c.indices.push_back(first + idx[k]);
-            c.values.insert(c.values.end(), vals.begin() + k * w, vals.begin() + (k + 1) * w);
-            c.old_values.insert(c.old_values.end(), w, 0);
-            c.known.push_back(sets.empty() || !sets[k]);
-          }
-          continue;
-        }
-        // Stored dense: compare with the parent's block.
-        old_block.resize(len);
-        new_block.resize(len);
-        RETURN_IF_ERROR(reader.ReadBlock(parent, f, t, b, old_block.data()));
-        RETURN_IF_ERROR(reader.ReadBlock(v, f, t, b, new_block.data()));
-        for (uint64_t k = 0; k < len / w; ++k) {
-          if (std::memcmp(&old_block[k * w], &new_block[k * w], w) == 0) continue;
-          c.indices.push_back(first + k);
-          c.values.insert(c.values.end(), new_block.begin() + k * w,
-                          new_block.begin() + (k + 1) * w);
-          c.old_values.insert(c.old_values.end(), old_block.begin() + k * w,
-                              old_block.begin() + (k + 1) * w);
-          c.known.push_back(1);
-        }
-      }
-      if (!c.indices.empty()) out.push_back(std::move(c));
+      if (!source->MayChange(t.name)) continue;
+      ASSIGN_OR_RETURN(const TensorChanges* c, source->Read(t.name));
+      if (!c->indices.empty()) out.push_back(*c);
     }
   }
   return out;
@@ -770,6 +1025,14 @@ Status PushServer::SetLatest(Store& store, const std::shared_ptr<const Version>&
 
 Result<PushReport> PushServer::Push(Store& store, const std::shared_ptr<const Version>& v,
                                     const std::vector<TensorChanges>& changes) {
+  ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(store, *v));
+  VectorChanges source(changes);
+  RETURN_IF_ERROR(source.Validate(changes, in, v->manifest.version));
+  return impl_->Push(store, v, source);
+}
+
+Result<PushReport> PushServer::Push(Store& store, const std::shared_ptr<const Version>& v,
+                                    ChangesSource& changes) {
   return impl_->Push(store, v, changes);
 }
 

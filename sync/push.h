@@ -14,12 +14,12 @@
 // rounds, as sync/p2p.h does (round 1: one u64 count per plan op of that
 // receiver, zeros included, with the receiver tensor each op lands in;
 // round 2: each op's entries at receiver-local indices, encoded with the
-// delta codec, sync/internal/push_wire.h), and waits, bounded by the timeout, for each to confirm
-// receipt. A receiver that fails, stalls past the timeout or answers with
-// an error is dropped (its connection closed) and reported; the push still
-// completes. A receiver that holds another version is told it is behind and
-// catches up from the store (PushReceiver::CatchUp) before it is pushed to
-// again. Wire format and states: docs/push.md.
+// delta codec, sync/internal/push_wire.h, sent a tensor at a time), and
+// waits, bounded by the timeout, for each to confirm receipt. A receiver that fails, stalls past
+// the timeout or answers with an error is dropped (its connection closed) and reported; the push
+// still completes. A receiver that holds another version is told it is behind and catches up from
+// the store (PushReceiver::CatchUp) before it is pushed to again. Wire format and states:
+// docs/push.md.
 //
 // A receiver checks a whole push (every count against its tensor, every
 // index in range, the parent against the version it holds) before it
@@ -75,6 +75,17 @@ struct PushServerOptions {
   // Bound on each push (sending to every receiver and their confirmations)
   // and on a new connection's hello.
   std::chrono::milliseconds timeout{30000};
+  // The most bytes of round 2 queued for one receiver before a push waits
+  // for it to take them.
+  uint64_t queue_bytes = uint64_t{64} << 20;
+  // A push packs consecutive tensors of about this many changed entries
+  // together (their pieces in parallel).
+  uint64_t batch_entries = uint64_t{1} << 22;
+  // Round 1 packs the data of round 2 too while what it kept stays under
+  // this many bytes (about 1.2 per changed BF16 element and distinct
+  // receiver layout and rank); the rest of the changes are read and packed
+  // again in round 2.
+  uint64_t cache_bytes = uint64_t{256} << 20;
 };
 
 // One receiver as the server sees it.
@@ -97,6 +108,28 @@ struct PushReport {
   double pack_seconds = 0;           // of which remapping and encoding every receiver's messages
   std::vector<std::string> dropped;  // one line per receiver dropped, with the reason
 };
+
+// A version's changes, read one canonical tensor at a time: a push reads
+// them in the version's tensor order, twice (the counts of round 1, then the
+// data of round 2), so the pusher holds one tensor's changes at a time.
+class ChangesSource {
+ public:
+  virtual ~ChangesSource() = default;
+  // False when tensor `name` has no changes (it is then not read).
+  virtual bool MayChange(const std::string& name) const = 0;
+  // Its changes (empty when none), valid until the next call, or for the
+  // source's life when Stable().
+  virtual Result<const TensorChanges*> Read(const std::string& name) = 0;
+  // True when Read's results stay valid (changes held in memory anyway):
+  // they are then used in place, neither copied nor read twice.
+  virtual bool Stable() const { return false; }
+};
+
+// The changes of version v against its parent, from the store, one tensor
+// at a time (what ChangesFromStore reads): what a distributed publisher's
+// rank 0 pushes. Memory: one tensor's changed elements.
+Result<std::unique_ptr<ChangesSource>> StoreChanges(Store& store,
+                                                    const std::shared_ptr<const Version>& v);
 
 // The changes of version v against its parent, read back from the store:
 // every sparse record decoded (its differences and whole values, exactly
@@ -127,6 +160,13 @@ class PushServer {
   // (InvalidArgument naming the tensor) only for changes that do not fit v.
   Result<PushReport> Push(Store& store, const std::shared_ptr<const Version>& v,
                           const std::vector<TensorChanges>& changes);
+  // The same from a source read a batch of consecutive tensors at a time
+  // (batch_entries; read twice past options' cache_bytes); round 2 is sent
+  // a batch at a time, each receiver's queue kept under queue_bytes (a slow
+  // receiver makes the push wait for it, up to the timeout), so the
+  // server's memory is bounded whatever the version's size.
+  Result<PushReport> Push(Store& store, const std::shared_ptr<const Version>& v,
+                          ChangesSource& changes);
 
   std::vector<PushReceiverInfo> Receivers() const;
   // Lines about receivers refused or dropped, oldest first (the newest

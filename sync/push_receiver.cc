@@ -370,10 +370,23 @@ Status PushReceiver::Impl::Session() {
                                                       Deadline(options_.timeout), who));
     if (m.type == Msg::kCounts) {
       ASSIGN_OR_RETURN(auto counts, push_internal::DecodeCounts(m.body, who));
-      ASSIGN_OR_RETURN(auto data, push_internal::RecvFrame(raw, UINT64_MAX >> 8,
-                                                           Deadline(options_.timeout), who));
-      if (data.type != Msg::kData) return Corruption(who + " sent counts without data");
-      auto checked = Check(counts, data.body);
+      // Round 2: data frames (a tensor's ops at a time) up to the end mark.
+      std::string data;
+      for (;;) {
+        ASSIGN_OR_RETURN(auto f, push_internal::RecvFrame(raw, UINT64_MAX >> 8,
+                                                          Deadline(options_.timeout), who));
+        if (f.type == Msg::kDataEnd) break;
+        if (f.type != Msg::kData) {
+          return Corruption(who + " sent a " + push_internal::MsgName(f.type) +
+                            " inside the data of a push");
+        }
+        if (data.empty()) {
+          data = std::move(f.body);
+        } else {
+          data += f.body;
+        }
+      }
+      auto checked = Check(counts, data);
       Status bad = checked.status();
       std::optional<uint64_t> expected;
       {

@@ -18,7 +18,7 @@ void PutU32(uint8_t* p, uint32_t v) {
 }
 
 bool KnownType(uint32_t t) {
-  return t >= static_cast<uint32_t>(Msg::kHello) && t <= static_cast<uint32_t>(Msg::kError);
+  return t >= static_cast<uint32_t>(Msg::kHello) && t <= static_cast<uint32_t>(Msg::kDataEnd);
 }
 
 // A frame header's type and body length, checked.
@@ -59,6 +59,8 @@ const char* MsgName(Msg m) {
       return "held";
     case Msg::kError:
       return "error";
+    case Msg::kDataEnd:
+      return "data end";
   }
   return "unknown";
 }

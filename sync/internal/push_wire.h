@@ -21,12 +21,13 @@ enum class Msg : uint32_t {
   kHello = 1,     // receiver -> server, JSON: rank, layout, version, tensors
   kWelcome = 2,   // server -> receiver, JSON: {"latest": N|null} or {"error": "..."}
   kCounts = 3,    // server -> receiver, round 1 (binary, below)
-  kData = 4,      // server -> receiver, round 2: per dtype, indices then values
+  kData = 4,      // server -> receiver, round 2 (one or more): ops' entries, plan order
   kReceived = 5,  // receiver -> server, JSON {"version": N}: checked and queued
   kApplied = 6,   // receiver -> server, JSON {"version": N}: written into its tensors
   kBehind = 7,    // server -> receiver, JSON {"latest": N}: catch up from the store
   kHeld = 8,      // receiver -> server, JSON {"version": N}: after a catch-up
   kError = 9,     // either way, JSON {"error": "..."}: the sender closes next
+  kDataEnd = 10,  // server -> receiver, empty: round 2 is complete
 };
 
 inline constexpr uint32_t kMagic = 0x48535044;  // "DPSH"

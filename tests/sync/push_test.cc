@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -110,8 +111,8 @@ class PushTest : public ::testing::Test {
     return out;
   }
 
-  std::unique_ptr<PushServer> StartServer(std::chrono::milliseconds timeout = 10s) {
-    PushServerOptions o;
+  std::unique_ptr<PushServer> StartServer(std::chrono::milliseconds timeout = 10s,
+                                          PushServerOptions o = {}) {
     o.timeout = timeout;
     auto s = PushServer::Start(o);
     EXPECT_TRUE(s.ok()) << s.status().message();
@@ -170,6 +171,30 @@ class PushTest : public ::testing::Test {
   test::ScopedTempDir tmp_;
   int dirs_ = 0;
   std::unique_ptr<Store> store_;
+};
+
+// A ChangesSource over another that records the tensors read; with
+// drop_on_second_read, a tensor's second read loses its last entry.
+struct Recording : ChangesSource {
+  explicit Recording(ChangesSource& inner) : inner(inner) {}
+  bool MayChange(const std::string& name) const override { return inner.MayChange(name); }
+  Result<const TensorChanges*> Read(const std::string& name) override {
+    const bool again = std::count(reads.begin(), reads.end(), name) > 0;
+    reads.push_back(name);
+    ASSIGN_OR_RETURN(const TensorChanges* c, inner.Read(name));
+    if (!again || !drop_on_second_read || c->indices.empty()) return c;
+    copy = *c;
+    const size_t w = copy.values.size() / copy.indices.size();
+    copy.indices.pop_back();
+    copy.values.resize(copy.values.size() - w);
+    if (!copy.old_values.empty()) copy.old_values.resize(copy.old_values.size() - w);
+    if (!copy.known.empty()) copy.known.pop_back();
+    return &copy;
+  }
+  ChangesSource& inner;
+  std::vector<std::string> reads;
+  bool drop_on_second_read = false;
+  TensorChanges copy;
 };
 
 TEST_F(PushTest, ReceiversOfEveryLayoutHoldEachVersionBitForBit) {
@@ -368,7 +393,12 @@ TEST_F(PushTest, CudaReceiversHoldEachVersionBitForBit) {
 // records: sparse blocks as recorded, dense ones (a step that changed most
 // of a block) compared with the parent. Receivers end up at the version.
 TEST_F(PushTest, ChangesReadBackFromTheStorePushTheVersionWhole) {
-  auto server = StartServer();
+  // No cache: every tensor read twice (counts, then data); one tensor per
+  // batch: round 2 in many data frames.
+  PushServerOptions no_cache;
+  no_cache.cache_bytes = 0;
+  no_cache.batch_entries = 1;
+  auto server = StartServer(10s, no_cache);
   ASSERT_TRUE(server);
   std::vector<std::unique_ptr<Rx>> rxs;
   rxs.push_back(Receiver(*server, {1, false, false}, 0, state_, 0, true));
@@ -390,14 +420,57 @@ TEST_F(PushTest, ChangesReadBackFromTheStorePushTheVersionWhole) {
       EXPECT_EQ((*changes)[i].name, diff[i].name);
       EXPECT_EQ((*changes)[i].indices, diff[i].indices) << diff[i].name;
     }
-    auto report = server->Push(*store_, V(v), *changes);
+    // Pushed from the store a tensor at a time: each changed tensor read
+    // twice, in the version's order.
+    auto source = StoreChanges(*store_, V(v));
+    ASSERT_TRUE(source.ok()) << source.status().message();
+    Recording recording(**source);
+    auto report = server->Push(*store_, V(v), recording);
     ASSERT_TRUE(report.ok()) << report.status().message();
     EXPECT_EQ(report->pushed, rxs.size());
+    std::vector<std::string> once;
+    for (const auto& c : diff) once.push_back(c.name);
+    std::vector<std::string> twice = once;
+    twice.insert(twice.end(), once.begin(), once.end());
+    EXPECT_EQ(recording.reads, twice);
     for (auto& r : rxs) {
       ASSERT_TRUE(r->rx->WaitFor(v, 10s).ok());
       ExpectHolds(*r, next);
     }
     state = std::move(next);
+  }
+}
+
+// A source whose second read of a tensor differs from its first (a store
+// changed under the push): the push fails naming the tensor, every receiver
+// is closed holding its version whole, and catches up from the store.
+TEST_F(PushTest, AChangeSourceThatReadsDifferentlyAbortsThePushWhole) {
+  PushServerOptions no_cache;
+  no_cache.cache_bytes = 0;
+  auto server = StartServer(10s, no_cache);
+  ASSERT_TRUE(server);
+  std::vector<std::unique_ptr<Rx>> rxs;
+  rxs.push_back(Receiver(*server, {1, false, false}, 0, state_, 0, true));
+  rxs.push_back(Receiver(*server, FusedReceiverLayout(2), 1, state_, 0, true));
+  AwaitReceivers(*server, rxs.size());
+  std::mt19937_64 rng(13);
+  State next = transfer_test::RandomChange(specs_, state_, 0.05, rng);
+  const uint64_t v = Commit(next);
+  auto source = StoreChanges(*store_, V(v));
+  ASSERT_TRUE(source.ok());
+  Recording shrinking(**source);
+  shrinking.drop_on_second_read = true;
+  auto report = server->Push(*store_, V(v), shrinking);
+  ASSERT_FALSE(report.ok());
+  EXPECT_NE(report.status().message().find("read differently in the second pass"),
+            std::string::npos)
+      << report.status().message();
+  for (auto& r : rxs) {
+    EXPECT_FALSE(r->rx->WaitFor(v, 2s).ok());
+    EXPECT_EQ(r->rx->GetStatus().version, std::optional<uint64_t>(0));
+    ExpectHolds(*r, state_);
+    ASSERT_TRUE(r->rx->CatchUp(*store_, std::nullopt).ok());
+    ExpectHolds(*r, next);
   }
 }
 
@@ -419,19 +492,22 @@ TEST_F(PushTest, MalformedPushIsRefusedBeforeAnyByteIsWritten) {
   ASSERT_TRUE(conn.ok()) << conn.status().message();
   auto hello = push_internal::RecvFrame(conn->get(), 1 << 20, d, "receiver");
   ASSERT_TRUE(hello.ok() && hello->type == push_internal::Msg::kHello);
-  // Two ops on tensor t: a valid one, then one whose segment runs past the end.
+  // Two ops on tensor t, in two data frames (as a push sends a tensor at a
+  // time): a valid one, then one whose segment runs past the end.
   push_internal::CountsMsg counts{5, 4, {0, 0}, {2, 1}};
-  std::string data;
+  std::string ok_data, bad_data;
   const uint64_t ok_dst[] = {3, 9}, bad_dst[] = {70}, pos[] = {0, 1};
   const uint16_t vals[] = {1, 2};
   push_internal::AppendOpSegments(ok_dst, pos, 2, 2, reinterpret_cast<const uint8_t*>(vals),
-                                  nullptr, nullptr, &data);
+                                  nullptr, nullptr, &ok_data);
   push_internal::AppendOpSegments(bad_dst, pos, 1, 2, reinterpret_cast<const uint8_t*>(vals),
-                                  nullptr, nullptr, &data);
+                                  nullptr, nullptr, &bad_data);
   std::string frames =
       push_internal::Frame(push_internal::Msg::kWelcome, "{\"latest\": 4}") +
       push_internal::Frame(push_internal::Msg::kCounts, push_internal::EncodeCounts(counts)) +
-      push_internal::Frame(push_internal::Msg::kData, data);
+      push_internal::Frame(push_internal::Msg::kData, ok_data) +
+      push_internal::Frame(push_internal::Msg::kData, bad_data) +
+      push_internal::Frame(push_internal::Msg::kDataEnd, "");
   ASSERT_TRUE(transport_internal::SendAll(conn->get(), frames.data(), frames.size(), d, "rx").ok());
   auto answer = push_internal::RecvFrame(conn->get(), 1 << 20, d, "receiver");
   ASSERT_TRUE(answer.ok()) << answer.status().message();

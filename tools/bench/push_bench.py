@@ -21,11 +21,17 @@ and the baseline RL frameworks use, in the same run: every tensor sent whole
 its fused, split tensors): seconds until every receiver has copied, and
 bytes sent. Ratios: baseline / push.
 
+Each step also reports the trainer's extra memory during publish_adamw
+(peak resident set minus the resident set before it, VmHWM reset through
+/proc/self/clear_refs). With --dist the trainer is a distributed publisher
+of one rank (rank 0 pushes each committed version read back from the
+store, a tensor at a time).
+
 With --cuda the receivers hold their tensors in GPU memory (pushes are
 written by the CUDA kernel; the baseline copies each shard host to device).
 
 Usage: /usr/bin/python3 tools/bench/push_bench.py [--size 1GiB] [--receivers 1,2,4]
-       [--steps 4] [--lr 7e-7] [--cuda] [--json out]
+       [--steps 4] [--lr 7e-7] [--dist] [--cuda] [--json out]
 """
 
 import argparse
@@ -45,6 +51,21 @@ SOURCE = os.path.normpath(os.path.join(HERE, "..", ".."))
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
+
+
+def status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def trim_heap():
+    """Returns freed heap to the system, so the publish's own allocations
+    show in the resident set."""
+    import ctypes
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def config_for(size):
@@ -195,6 +216,9 @@ def main():
     p.add_argument("--build-dir", default=os.path.join(SOURCE, "build"))
     p.add_argument("--work", default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--dist", action="store_true",
+                   help="publish with a distributed publisher of one rank, which pushes each "
+                        "version read back from the store a tensor at a time")
     p.add_argument("--cuda", action="store_true",
                    help="receivers hold their tensors in GPU memory (rank r on GPU r mod count)")
     # receiver mode
@@ -237,8 +261,14 @@ def main():
         json.dump(c, open(os.path.join(root, "config.json"), "w"))
         store = os.path.join(root, "store")
         group = dte.PushGroup("127.0.0.1:0", timeout=120.0)
-        pub = dte.Publisher(store=store, push=group)
-        pub.import_checkpoint(ckpt)
+        with dte.Publisher(store=store) as importer:
+            importer.import_checkpoint(ckpt)
+        if a.dist:
+            rdv = os.path.join(root, "rendezvous")
+            os.makedirs(rdv)
+            pub = dte.Publisher(store=store, push=group, rank=0, world_size=1, rendezvous=rdv)
+        else:
+            pub = dte.Publisher(store=store, push=group)
         procs, outs = [], []
         for r in range(n_rx):
             out = os.path.join(root, "rx%d.jsonl" % r)
@@ -271,10 +301,15 @@ def main():
             state = {n: {"param": t, "exp_avg": opt.state[t]["exp_avg"],
                          "exp_avg_sq": opt.state[t]["exp_avg_sq"], "step": opt.state[t]["step"]}
                      for n, t in params.items()}
+            trim_heap()
+            rss0 = status_kib("VmRSS")
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current resident set
             t0 = time.time()
             res = pub.publish_adamw(step=step, params=state, lr=a.lr, betas=(0.9, 0.95),
                                     eps=1e-8, weight_decay=0.0)
             t1 = time.time()
+            extra_mib = (status_kib("VmHWM") - rss0) / 1024
             push = res.push
             assert push["pushed"] == n_rx and not push["dropped"], push
             while not all(held(i) >= step for i in range(n_rx)):
@@ -288,10 +323,11 @@ def main():
                    "push_confirmed_s": push["seconds"]}
             rows.append(row)
             row["push_pack_s"] = push["pack_seconds"]
+            row["publish_extra_mib"] = extra_mib
             log("rx %d step %d: %.2f%% changed, publish %.3f s, push %.3f s (packed %.3f, "
-                "received %.3f s), %d bytes" % (
+                "received %.3f s), %d bytes, publish's extra memory %.0f MiB" % (
                     n_rx, step, 100 * row["changed_fraction"], row["publish_s"], row["push_s"],
-                    push["pack_seconds"], push["seconds"], row["push_bytes"]))
+                    push["pack_seconds"], push["seconds"], row["push_bytes"], extra_mib))
         # The baseline: whole BF16 tensors to every receiver over TCP.
         bf16 = {n: t.detach().to(torch.bfloat16).contiguous() for n, t in params.items()}
         socks = []
