@@ -55,6 +55,25 @@ struct WriteBf16 {
   }
 };
 
+// The workspace of SelectBf16 with predicate type Pred for n elements.
+template <typename Pred>
+CudaStatus SelectWorkspace(size_t n, size_t* bytes, const char* op) {
+  *bytes = 0;
+  return FromCuda(
+      cuda_internal::SelectIndices(nullptr, *bytes, n, Pred{}, WriteBf16{}, nullptr, nullptr), op);
+}
+
+// Writes, in increasing i, each i < n where pred(i) holds and theta[i]'s
+// BF16 bits, and their number to *d_count_out.
+template <typename Pred>
+CudaStatus SelectBf16(const char* op, void* d_workspace, size_t workspace_bytes, size_t n,
+                      const Pred& pred, const float* d_theta, uint64_t* d_idx_out,
+                      uint16_t* d_bf16_out, uint64_t* d_count_out, void* stream) {
+  return cuda_internal::CheckedSelect(op, d_workspace, workspace_bytes, n, pred,
+                                      WriteBf16{d_theta, d_idx_out, d_bf16_out}, d_count_out,
+                                      AsStream(stream));
+}
+
 }  // namespace
 
 CudaStatus CudaAdamWInvert(const float* d_theta, const float* d_m, const float* d_v, size_t n,
@@ -65,10 +84,7 @@ CudaStatus CudaAdamWInvert(const float* d_theta, const float* d_m, const float* 
 }
 
 CudaStatus CudaAdamWInvertDetectWorkspaceBytes(size_t n, size_t* bytes) {
-  *bytes = 0;
-  return FromCuda(
-      cuda_internal::SelectIndices(nullptr, *bytes, n, ChangedAt{}, WriteBf16{}, nullptr, nullptr),
-      "CUDA AdamW change detection workspace query");
+  return SelectWorkspace<ChangedAt>(n, bytes, "CUDA AdamW change detection workspace query");
 }
 
 CudaStatus CudaAdamWInvertDetect(void* d_workspace, size_t workspace_bytes, const float* d_theta,
@@ -77,16 +93,12 @@ CudaStatus CudaAdamWInvertDetect(void* d_workspace, size_t workspace_bytes, cons
                                  uint16_t* d_bf16_out, uint64_t* d_count_out, void* stream) {
   const ChangedAt pred{
       d_theta, d_m, d_v, MakeAdamWScalars(p), options.report_near_boundary, options.margin_ulps};
-  return cuda_internal::CheckedSelect("CUDA AdamW change detection", d_workspace, workspace_bytes,
-                                      n, pred, WriteBf16{d_theta, d_idx_out, d_bf16_out},
-                                      d_count_out, AsStream(stream));
+  return SelectBf16("CUDA AdamW change detection", d_workspace, workspace_bytes, n, pred, d_theta,
+                    d_idx_out, d_bf16_out, d_count_out, stream);
 }
 
 CudaStatus CudaAdamWFindChangesWorkspaceBytes(size_t n, size_t* bytes) {
-  *bytes = 0;
-  return FromCuda(
-      cuda_internal::SelectIndices(nullptr, *bytes, n, KeptAt{}, WriteBf16{}, nullptr, nullptr),
-      "CUDA AdamW change finding workspace query");
+  return SelectWorkspace<KeptAt>(n, bytes, "CUDA AdamW change finding workspace query");
 }
 
 CudaStatus CudaAdamWFindChanges(void* d_workspace, size_t workspace_bytes, const float* d_theta,
@@ -94,9 +106,8 @@ CudaStatus CudaAdamWFindChanges(void* d_workspace, size_t workspace_bytes, const
                                 uint32_t margin_ulps, uint64_t* d_idx_out, uint16_t* d_bf16_out,
                                 uint64_t* d_count_out, void* stream) {
   const KeptAt pred{d_theta, d_m, d_v, MakeAdamWScalars(p), margin_ulps};
-  return cuda_internal::CheckedSelect("CUDA AdamW change finding", d_workspace, workspace_bytes, n,
-                                      pred, WriteBf16{d_theta, d_idx_out, d_bf16_out}, d_count_out,
-                                      AsStream(stream));
+  return SelectBf16("CUDA AdamW change finding", d_workspace, workspace_bytes, n, pred, d_theta,
+                    d_idx_out, d_bf16_out, d_count_out, stream);
 }
 
 }  // namespace dte::kernels

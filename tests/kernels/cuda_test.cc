@@ -56,6 +56,13 @@ class DeviceVector {
 
 uint64_t DownloadCount(const DeviceVector<uint64_t>& d_count) { return d_count.Download(1)[0]; }
 
+// The first `count` elements on the device are want's first `count`.
+template <typename T>
+void ExpectPrefix(const DeviceVector<T>& d, std::vector<T> want, size_t count) {
+  want.resize(count);
+  EXPECT_EQ(d.Download(count), want);
+}
+
 TEST(Cuda, CallsFailCleanlyWithoutDeviceAndSucceedWithOne) {
   CudaBuffer buf;
   const CudaStatus alloc = buf.Allocate(1024);
@@ -166,10 +173,8 @@ void ExpectAdamWMatchesCpu(const std::vector<float>& theta, const std::vector<fl
   ASSERT_CUDA_OK(CudaAdamWInvertDetect(d_ws.get(), ws_bytes, d_theta.get(), d_m.get(), d_v.get(), n,
                                        p, opt, d_idx.get(), d_val.get(), d_count.get(), nullptr));
   ASSERT_EQ(DownloadCount(d_count), want);
-  want_idx.resize(want);
-  want_val.resize(want);
-  EXPECT_EQ(d_idx.Download(want), want_idx);
-  EXPECT_EQ(d_val.Download(want), want_val);
+  ExpectPrefix(d_idx, want_idx, want);
+  ExpectPrefix(d_val, want_val, want);
 
   // The publisher's selection, with the exact resolution on the device.
   constexpr uint32_t kMargin = 16;
@@ -187,10 +192,8 @@ void ExpectAdamWMatchesCpu(const std::vector<float>& theta, const std::vector<fl
                                       p, kMargin, d_idx.get(), d_val.get(), d_count.get(),
                                       nullptr));
   ASSERT_EQ(DownloadCount(d_count), kept);
-  want_idx.resize(kept);
-  want_val.resize(kept);
-  EXPECT_EQ(d_idx.Download(kept), want_idx);
-  EXPECT_EQ(d_val.Download(kept), want_val);
+  ExpectPrefix(d_idx, want_idx, kept);
+  ExpectPrefix(d_val, want_val, kept);
 }
 
 TEST(Cuda, AdamWInvertDetectAndFindChangesMatchCpuForEveryOrder) {
@@ -238,10 +241,8 @@ TEST(Cuda, RemapMatchesCpu) {
   ASSERT_CUDA_OK(CudaRemapIndices(d_ws.get(), ws_bytes, plan, d_src.get(), n, d_dst.get(),
                                   d_pos.get(), d_count.get(), nullptr));
   ASSERT_EQ(DownloadCount(d_count), want);
-  want_dst.resize(want);
-  want_pos.resize(want);
-  EXPECT_EQ(d_dst.Download(want), want_dst);
-  EXPECT_EQ(d_pos.Download(want), want_pos);
+  ExpectPrefix(d_dst, want_dst, want);
+  ExpectPrefix(d_pos, want_pos, want);
 }
 
 TEST(Cuda, WorkspaceSmallerThanQueriedIsRejected) {
