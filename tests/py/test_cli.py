@@ -250,6 +250,136 @@ def test_log_limit_and_since_select_the_newest_versions(base_store, ckpts, tmp_p
         assert r.returncode == USAGE and r.stdout == "" and bad[0] in r.stderr, (bad, r.stderr)
 
 
+# --- 3b. stats ------------------------------------------------------------------
+
+def block_records(store, manifest):
+    """The version's block table records: (kind, length) per block."""
+    import struct
+    with open(store_util.blob_path(store, manifest["block_table"]["hash"]), "rb") as f:
+        data = f.read()
+    assert data[:8] == b"DTEBLKT1"
+    count = struct.unpack_from("<I", data, 12)[0]
+    return [(data[16 + 32 * i], struct.unpack_from("<I", data, 16 + 32 * i + 16)[0])
+            for i in range(count)]
+
+
+def kind_of(name):
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        if "." + proj + "." in name:
+            return proj
+    if ".mlp." in name:
+        return "mlp"
+    if "norm" in name:
+        return "norm"
+    return {"model.embed_tokens.weight": "embedding", "lm_head.weight": "lm_head"}.get(name, "other")
+
+
+def test_stats_match_the_checkpoints_and_the_block_tables(dte, ckpts):
+    for step in range(4):
+        dte.ok("import" if step == 0 else "commit", ckpts.dir(step))
+    manifests = store_util.manifests(dte.store)
+    rows = json.loads(dte.ok("stats", "--json").stdout)
+    want = []
+    for step in range(4):
+        ckpt, prev = ckpts.state(step), (ckpts.state(step - 1) if step else None)
+        m = manifests[step][1]
+        records = block_records(dte.store, m)
+        for f in m["files"]:
+            for t in f.get("tensors", []):
+                _, arr = ckpt.tensors[t["name"]]
+                mine = records[t["first_block"]:t["first_block"] + t["blocks"]]
+                changed = (arr.size if prev is None else
+                           int(np.count_nonzero(prev.tensors[t["name"]][1] != arr)))
+                want.append({"version": step, "kind": "anchor" if step == 0 else "delta",
+                             "group": t["name"], "tensors": 1, "elements": arr.size,
+                             "changed": changed, "changed_fraction": changed / arr.size,
+                             "blocks": t["blocks"],
+                             "blocks_changed": sum(1 for k, _ in mine if k != 0),
+                             "stored_bytes": sum(n for k, n in mine if k != 0),
+                             "dense_bytes": arr.nbytes})
+    assert rows == want
+    assert any(r["changed"] == 0 for r in rows[len(rows) // 4:])  # untouched tensors too
+
+    # Groupings add up the same rows.
+    def totals(by):
+        out = {}
+        for r in json.loads(dte.ok("stats", "--json", "--by", by).stdout):
+            key = (r["version"], r["group"])
+            assert key not in out
+            out[key] = r
+        return out
+    per_version = totals("version")
+    assert sorted(per_version) == [(v, "all") for v in range(4)]
+    for by, group_of in (("layer", lambda n: n.split("layers.")[1].split(".")[0]
+                          if "layers." in n else "-"), ("kind", kind_of)):
+        got = totals(by)
+        for v in range(4):
+            mine = [r for r in rows if r["version"] == v]
+            groups = sorted({group_of(r["group"]) for r in mine})
+            assert sorted(g for (ver, g) in got if ver == v) == groups, by
+            for g in groups:
+                part = [r for r in mine if group_of(r["group"]) == g]
+                for field in ("tensors", "elements", "changed", "blocks", "blocks_changed",
+                              "stored_bytes", "dense_bytes"):
+                    assert got[(v, g)][field] == sum(r[field] for r in part), (by, v, g, field)
+            for field in ("elements", "changed", "stored_bytes"):
+                assert per_version[(v, "all")][field] == sum(r[field] for r in mine)
+    layers = [r["group"] for r in json.loads(dte.ok("stats", "--json", "--by", "layer",
+                                                     "--versions", "2").stdout)]
+    assert layers == ["0", "1", "-"]
+
+    # CSV and the table carry the same figures; --versions selects.
+    import csv
+    import io
+    r = dte.ok("stats", "--csv", "--versions", "1..2")
+    got = list(csv.DictReader(io.StringIO(r.stdout)))
+    sel = [w for w in want if w["version"] in (1, 2)]
+    assert [(int(g["version"]), g["group"], int(g["changed"]), int(g["stored_bytes"]))
+            for g in got] == [(w["version"], w["group"], w["changed"], w["stored_bytes"])
+                              for w in sel]
+    assert [float(g["changed_fraction"]) for g in got] == pytest.approx(
+        [w["changed_fraction"] for w in sel], rel=1e-8)
+    table = dte.ok("stats", "--versions", "2..", "--by", "kind").stdout.splitlines()
+    assert table[0].split()[:4] == ["VERSION", "KIND", "GROUP", "TENSORS"]
+    assert {line.split()[0] for line in table[1:]} == {"v00000002", "v00000003"}
+    for text, versions in (("..1", [0, 1]), ("3", [3]), ("v00000001..v00000002", [1, 2])):
+        got = json.loads(dte.ok("stats", "--json", "--by", "version", "--versions", text).stdout)
+        assert [g["version"] for g in got] == versions, text
+
+
+def test_stats_bad_input(dte, ckpts, tmp_path):
+    r = dte.run("stats")
+    assert r.returncode == ERROR and "does not exist" in one_line(r.stderr), r.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert dte.run("import", str(empty)).returncode == ERROR  # creates the store, no version
+    r = dte.run("stats")
+    assert r.returncode == ERROR and "has no versions" in one_line(r.stderr), r.stderr
+    for step in range(3):
+        dte.ok("import" if step == 0 else "commit", ckpts.dir(step))
+    r = dte.run("stats", "--versions", "1..7")
+    assert r.returncode == ERROR and r.stdout == ""
+    assert "v00000007 is not a version of store" in one_line(r.stderr), r.stderr
+    for bad in ("2..1", "x", "..", "1...2", "-1"):
+        r = dte.run("stats", "--versions", bad)
+        assert r.returncode == USAGE and r.stdout == "" and "version range" in r.stderr, (bad,
+                                                                                          r.stderr)
+    for bad in (["--by", "file"], ["--json", "--csv"]):
+        r = dte.run("stats", *bad)
+        assert r.returncode == USAGE and r.stdout == "", (bad, r.stderr)
+    # A damaged block table: the error names it; versions before it print.
+    _, m = store_util.manifests(dte.store)[2]
+    table_blob = store_util.blob_path(dte.store, m["block_table"]["hash"])
+    os.chmod(table_blob, 0o644)
+    with open(table_blob, "r+b") as f:
+        f.seek(20)
+        f.write(b"\xff\xff\xff\xff")
+    r = dte.run("stats", "--by", "version", "--json", cache=str(tmp_path / "fresh"))
+    assert r.returncode == CORRUPT and m["block_table"]["hash"] in r.stderr, r.stderr
+    assert "v00000002" in r.stderr
+    assert [g["version"] for g in json.loads(r.stdout)] == [0, 1]
+
+
 # --- 4. change detection on raw bits -----------------------------------------------
 
 def test_changes_detected_on_raw_bits_for_every_dtype(dte, tmp_path):

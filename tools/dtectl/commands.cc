@@ -14,6 +14,7 @@
 #include "sync/commit.h"
 #include "sync/export.h"
 #include "sync/gc.h"
+#include "sync/stats.h"
 #include "sync/verify.h"
 #include "tools/dtectl/open_store.h"
 #include "tools/dtectl/progress.h"
@@ -219,6 +220,95 @@ int RunLog(const Common& c, const LogArgs& a) {
   }
   if (c.json) std::cout << out.dump(1) << "\n";
   return worst;
+}
+
+int RunStats(const Common& c, const StatsArgs& a) {
+  if (c.json && a.csv) return Usage("stats", "give --json or --csv, not both");
+  const std::optional<StatsGroup> by = ParseStatsGroup(a.by);
+  if (!by) return Usage("stats", "--by must be tensor, layer, kind or version");
+  VersionRange range;
+  if (!a.versions.empty()) {
+    auto r = ParseVersionRange(a.versions);
+    if (!r.ok()) return Usage("stats", r.status().message());
+    range = *r;
+  }
+  auto store = OpenStore(c, "stats", false, BlobReads::kCached);
+  if (!store.ok()) return Fail("stats", store.status());
+  auto listed = (*store)->ListVersions();
+  if (!listed.ok()) return Fail("stats", listed.status());
+  auto selected = SelectVersions(*listed, range, (*store)->uri());
+  if (!selected.ok()) return Fail("stats", selected.status());
+  // One version at a time (manifest and block table, no payload), each row
+  // printed as it comes: memory stays one version's, whatever the range.
+  const char* kColumns =
+      "version,kind,group,tensors,elements,changed,changed_fraction,blocks,blocks_changed,"
+      "stored_bytes,dense_bytes";
+  if (a.csv) {
+    std::printf("%s\n", kColumns);
+  } else if (c.json) {
+    std::printf("[");
+  } else {
+    std::printf("%-10s %-6s %-48s %8s %14s %10s %12s %12s\n", "VERSION", "KIND", "GROUP", "TENSORS",
+                "ELEMENTS", "CHANGED", "STORED", "DENSE");
+  }
+  bool first = true;
+  for (const auto& [num, key] : *selected) {
+    auto v = (*store)->GetVersionAt(num, key);
+    if (!v.ok()) {
+      if (c.json) std::printf("]\n");
+      return Fail("stats", v.status());
+    }
+    auto rows = VersionStats(**v, *by);
+    if (!rows.ok()) {
+      if (c.json) std::printf("]\n");
+      return Fail("stats", rows.status());
+    }
+    for (const StatsRow& r : *rows) {
+      const double fraction =
+          r.elements ? static_cast<double>(r.changed) / static_cast<double>(r.elements) : 0.0;
+      const char* kind = r.anchor ? "anchor" : "delta";
+      if (c.json) {
+        json j{{"version", r.version},
+               {"kind", kind},
+               {"group", r.group},
+               {"tensors", r.tensors},
+               {"elements", r.elements},
+               {"changed", r.changed},
+               {"changed_fraction", fraction},
+               {"blocks", r.blocks},
+               {"blocks_changed", r.blocks_changed},
+               {"stored_bytes", r.stored_bytes},
+               {"dense_bytes", r.dense_bytes}};
+        std::printf("%s\n%s", first ? "" : ",", j.dump().c_str());
+      } else if (a.csv) {
+        std::string group = r.group;  // tensor names hold no commas or quotes in practice
+        if (group.find_first_of(",\"") != std::string::npos) {
+          std::string quoted = "\"";
+          for (char ch : group) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+          group = quoted + "\"";
+        }
+        std::printf("%llu,%s,%s,%llu,%llu,%llu,%.9g,%llu,%llu,%llu,%llu\n",
+                    static_cast<unsigned long long>(r.version), kind, group.c_str(),
+                    static_cast<unsigned long long>(r.tensors),
+                    static_cast<unsigned long long>(r.elements),
+                    static_cast<unsigned long long>(r.changed), fraction,
+                    static_cast<unsigned long long>(r.blocks),
+                    static_cast<unsigned long long>(r.blocks_changed),
+                    static_cast<unsigned long long>(r.stored_bytes),
+                    static_cast<unsigned long long>(r.dense_bytes));
+      } else {
+        std::printf("%-10s %-6s %-48s %8llu %14llu %10s %12s %12s\n", VersionName(num).c_str(),
+                    kind, r.group.c_str(), static_cast<unsigned long long>(r.tensors),
+                    static_cast<unsigned long long>(r.elements),
+                    Percent(r.changed, r.elements).c_str(),
+                    HumanBytes(static_cast<double>(r.stored_bytes)).c_str(),
+                    HumanBytes(static_cast<double>(r.dense_bytes)).c_str());
+      }
+      first = false;
+    }
+  }
+  if (c.json) std::printf("\n]\n");
+  return 0;
 }
 
 int RunExport(const Common& c, const std::string& version, const std::string& out) {

@@ -45,12 +45,22 @@ struct GcArgs {
   bool dry_run = false;
 };
 
+// stats: per version of `versions` (ParseVersionRange's text; empty: all),
+// rows grouped `by` (tensor, layer, kind or version), as a table, JSON
+// (Common::json) or CSV.
+struct StatsArgs {
+  std::string versions;
+  std::string by = "tensor";
+  bool csv = false;
+};
+
 int RunCommit(const Common& c, const CommitArgs& a, bool import);
 int RunLog(const Common& c, const LogArgs& a);
 int RunExport(const Common& c, const std::string& version, const std::string& out);
 int RunVerify(const Common& c, std::optional<uint64_t> version);
 int RunGc(const Common& c, const GcArgs& a);
 int RunReindex(const Common& c);
+int RunStats(const Common& c, const StatsArgs& a);
 // Shows the store's snapshots in this host's cache and the disk left;
 // with keep_snapshots, first deletes all but the newest that many.
 int RunCache(const Common& c, std::optional<uint32_t> keep_snapshots);

@@ -117,6 +117,15 @@ int main(int argc, char** argv) {
       ->check(kCount);
   log->add_option("--since", lg.since, "Only versions numbered V or higher")->check(kCount);
 
+  dte::cli::StatsArgs sa;
+  CLI::App* stats = app.add_subcommand(
+      "stats", "Changed elements and stored bytes per version and tensor, layer or kind");
+  AddCommon(stats, &c, &sizes, true);
+  stats->add_option("--versions", sa.versions, "A..B, A.., ..B or one version (default: all)");
+  stats->add_option("--by", sa.by, "Rows per tensor (default), layer, kind or version")
+      ->check(CLI::IsMember({"tensor", "layer", "kind", "version"}));
+  stats->add_flag("--csv", sa.csv, "Print CSV (a header line, then one line per row)");
+
   std::string export_version, out;
   CLI::App* exp = app.add_subcommand("export", "Write a version as a plain model directory");
   AddCommon(exp, &c, &sizes, true);
@@ -189,6 +198,7 @@ int main(int argc, char** argv) {
   if (*import) return dte::cli::RunCommit(c, ca, true);
   if (*commit) return dte::cli::RunCommit(c, ca, false);
   if (*log) return dte::cli::RunLog(c, lg);
+  if (*stats) return dte::cli::RunStats(c, sa);
   if (*exp) return dte::cli::RunExport(c, export_version, out);
   if (*verify) return dte::cli::RunVerify(c, verify_version);
   if (*gc) return dte::cli::RunGc(c, ga);

@@ -1,0 +1,70 @@
+// How a run's policy moves, from a store's manifests and block tables alone
+// (no record payload is decoded): per version, the changed elements and
+// stored bytes of each tensor, or grouped by layer index, by kind of tensor
+// (q_proj, mlp, norm, embedding, ...) or for the whole version. What
+// `dtectl stats` prints (docs/cli.md).
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "store/manifest.h"
+#include "store/status.h"
+#include "store/store.h"
+
+namespace dte {
+
+enum class StatsGroup { kTensor, kLayer, kKind, kVersion };
+
+// "tensor", "layer", "kind", "version"; nullopt for anything else.
+std::optional<StatsGroup> ParseStatsGroup(const std::string& text);
+
+// The kind of a Hugging Face tensor name: q_proj, k_proj, v_proj, o_proj,
+// qkv_proj, mlp (gate, up, down, fused gate_up, experts, router), norm,
+// embedding, lm_head, or other.
+std::string TensorKind(const std::string& name);
+
+// The decoder layer index in a Hugging Face tensor name ("...layers.N...");
+// nullopt for tensors outside the layers (embeddings, final norm, head).
+std::optional<uint64_t> TensorLayer(const std::string& name);
+
+// One group of tensors of one version.
+struct StatsRow {
+  uint64_t version = 0;
+  bool anchor = false;  // the version is stored whole
+  std::string group;    // tensor name, layer index ("-": no layer), kind, or "all"
+  uint64_t tensors = 0;
+  uint64_t elements = 0;
+  uint64_t changed = 0;  // elements that differ from the parent's (all, for an anchor)
+  uint64_t blocks = 0;
+  uint64_t blocks_changed = 0;  // block records that are not "same"
+  uint64_t stored_bytes = 0;    // the block records' payload bytes
+  uint64_t dense_bytes = 0;     // the tensors' bytes
+};
+
+// The rows of version v grouped `by`, in the version's tensor order (by
+// tensor), ascending layer ("-" last), kind name order, or one row.
+// Corruption naming the version and tensor if its block table does not
+// cover its tensors.
+Result<std::vector<StatsRow>> VersionStats(const Version& v, StatsGroup by);
+
+// Versions A..B (inclusive), A.. (A and later), ..B, or one version A;
+// numbers or vNNNNNNNN. InvalidArgument naming the text otherwise.
+struct VersionRange {
+  std::optional<uint64_t> first, last;
+};
+Result<VersionRange> ParseVersionRange(const std::string& text);
+
+// The versions of `listed` (number -> key, as Store::ListVersions gives)
+// that `range` selects. NotFound naming the store when it has no versions,
+// or naming the version when a bound of the range is not one of them.
+Result<std::vector<std::pair<uint64_t, std::string>>> SelectVersions(
+    const std::map<uint64_t, std::string>& listed, const VersionRange& range,
+    const std::string& store_uri);
+
+}  // namespace dte
