@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "store/materialize.h"
+
 namespace dte {
 namespace {
 
@@ -164,6 +166,128 @@ Result<std::vector<std::pair<uint64_t, std::string>>> SelectVersions(
   auto lo = range.first ? listed.lower_bound(*range.first) : listed.begin();
   auto hi = range.last ? listed.upper_bound(*range.last) : listed.end();
   return std::vector<std::pair<uint64_t, std::string>>(lo, hi);
+}
+
+namespace {
+
+// The position of a float's bit pattern (width bytes) in value order, so
+// that neighbouring values differ by one.
+int64_t Ordered(uint64_t bits, int width) {
+  const int sign_bit = 8 * width - 1;
+  const uint64_t magnitude = bits & ((uint64_t{1} << sign_bit) - 1);
+  const auto m = static_cast<int64_t>(magnitude);
+  return (bits >> sign_bit) & 1 ? -m : m;
+}
+
+bool IsNan(uint64_t bits, DType t) {
+  switch (t) {
+    case DType::kBF16:
+      return (bits & 0x7f80) == 0x7f80 && (bits & 0x7f);
+    case DType::kF16:
+      return (bits & 0x7c00) == 0x7c00 && (bits & 0x3ff);
+    case DType::kF32:
+      return (bits & 0x7f800000u) == 0x7f800000u && (bits & 0x7fffffu);
+    default:  // kF64
+      return (bits & 0x7ff0000000000000ull) == 0x7ff0000000000000ull && (bits & 0xfffffffffffffull);
+  }
+}
+
+uint64_t Load(const uint8_t* p, int width) {
+  uint64_t v = 0;
+  std::memcpy(&v, p, width);  // little-endian hosts, as the safetensors data
+  return v;
+}
+
+}  // namespace
+
+Result<std::vector<TensorDiff>> DiffVersions(Store& store, uint64_t a, uint64_t b) {
+  ASSIGN_OR_RETURN(auto va, store.GetVersion(a));
+  ASSIGN_OR_RETURN(auto vb, store.GetVersion(b));
+  Materializer reader(&store);
+  const VersionChain chain_a = reader.ChainOf(va), chain_b = reader.ChainOf(vb);
+  struct Where {
+    const FileEntry* file;
+    const TensorEntry* tensor;
+  };
+  std::map<std::string, Where> in_b;
+  for (const FileEntry& f : vb->manifest.files) {
+    for (const TensorEntry& t : f.tensors) in_b[t.name] = {&f, &t};
+  }
+  const bool same_blocks = va->manifest.block_bytes == vb->manifest.block_bytes;
+  std::vector<TensorDiff> out;
+  std::vector<uint8_t> block_a, block_b;
+  std::map<std::string, bool> seen;
+  for (const FileEntry& fa : va->manifest.files) {
+    for (const TensorEntry& ta : fa.tensors) {
+      seen[ta.name] = true;
+      TensorDiff d;
+      d.name = ta.name;
+      d.dtype = ta.dtype;
+      d.elements = ta.elements();
+      auto it = in_b.find(ta.name);
+      if (it == in_b.end()) {
+        d.status = "only in A";
+        out.push_back(std::move(d));
+        continue;
+      }
+      const FileEntry& fb = *it->second.file;
+      const TensorEntry& tb = *it->second.tensor;
+      if (tb.dtype != ta.dtype || tb.shape != ta.shape || !same_blocks) {
+        d.status = "layout differs";
+        out.push_back(std::move(d));
+        continue;
+      }
+      const int w = DTypeWidth(ta.dtype);
+      d.floating = ta.dtype == DType::kBF16 || ta.dtype == DType::kF16 || ta.dtype == DType::kF32 ||
+                   ta.dtype == DType::kF64;
+      if (d.floating) d.ulps.assign(TensorDiff::kDiffBuckets + 1, 0);
+      const uint64_t bb = va->manifest.block_bytes;
+      for (uint32_t blk = 0; blk < ta.blocks; ++blk) {
+        if (va->records[size_t{ta.first_block} + blk].hash ==
+            vb->records[size_t{tb.first_block} + blk].hash) {
+          continue;
+        }
+        d.blocks_read++;
+        const uint64_t len = std::min<uint64_t>(bb, ta.bytes() - uint64_t{blk} * bb);
+        block_a.resize(len);
+        block_b.resize(len);
+        RETURN_IF_ERROR(reader.ReadBlock(va, fa, ta, blk, block_a.data(), &chain_a));
+        RETURN_IF_ERROR(reader.ReadBlock(vb, fb, tb, blk, block_b.data(), &chain_b));
+        for (uint64_t k = 0; k + w <= len; k += w) {
+          const uint64_t x = Load(&block_a[k], w), y = Load(&block_b[k], w);
+          if (x == y) continue;
+          d.differ++;
+          if (!d.floating) continue;
+          if (IsNan(x, ta.dtype) || IsNan(y, ta.dtype)) {
+            d.nan++;
+            continue;
+          }
+          const int64_t ox = Ordered(x, w), oy = Ordered(y, w);
+          const uint64_t dist = ox > oy ? static_cast<uint64_t>(ox) - static_cast<uint64_t>(oy)
+                                        : static_cast<uint64_t>(oy) - static_cast<uint64_t>(ox);
+          if (dist == 0) continue;  // +0 and -0
+          d.max_ulp = std::max(d.max_ulp, dist);
+          int bucket = 0;
+          while (bucket < TensorDiff::kDiffBuckets && (uint64_t{1} << bucket) < dist) ++bucket;
+          d.ulps[bucket]++;
+        }
+      }
+      d.status = d.differ ? "differs" : "same";
+      out.push_back(std::move(d));
+    }
+  }
+  for (const FileEntry& fb : vb->manifest.files) {
+    for (const TensorEntry& tb : fb.tensors) {
+      if (seen.count(tb.name)) continue;
+      TensorDiff d;
+      d.name = tb.name;
+      d.dtype = tb.dtype;
+      d.elements = tb.elements();
+      d.status = "only in B";
+      out.push_back(std::move(d));
+    }
+  }
+  return out;
 }
 
 }  // namespace dte

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "store/dtype.h"
 #include "store/manifest.h"
 #include "store/status.h"
 #include "store/store.h"
@@ -66,5 +67,30 @@ Result<VersionRange> ParseVersionRange(const std::string& text);
 Result<std::vector<std::pair<uint64_t, std::string>>> SelectVersions(
     const std::map<uint64_t, std::string>& listed, const VersionRange& range,
     const std::string& store_uri);
+
+// How one tensor differs between two versions. Only blocks whose hashes
+// differ are read (materialized from the store) and compared.
+struct TensorDiff {
+  std::string name;
+  std::string status;  // "same", "differs", or "layout differs" / "only in A" / "only in B"
+  DType dtype = DType::kU8;
+  uint64_t elements = 0;
+  uint64_t differ = 0;       // elements whose bits differ
+  uint64_t blocks_read = 0;  // blocks (of each version) whose hashes differ
+  // Floating-point tensors: the distance of each differing element in
+  // units in the last place of its dtype (the distance between the two bit
+  // patterns in the order of the values): ulps[k] counts distances in
+  // (2^(k-1), 2^k] (ulps[0]: exactly 1), ulps[kDiffBuckets] larger ones;
+  // `nan` counts pairs where either value is a NaN. max_ulp over the rest.
+  static constexpr int kDiffBuckets = 16;
+  bool floating = false;
+  std::vector<uint64_t> ulps;
+  uint64_t nan = 0;
+  uint64_t max_ulp = 0;
+};
+
+// Every tensor of versions a and b of `store`, in a's tensor order (then
+// those only in b). Errors name the version, tensor and block.
+Result<std::vector<TensorDiff>> DiffVersions(Store& store, uint64_t a, uint64_t b);
 
 }  // namespace dte

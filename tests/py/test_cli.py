@@ -380,6 +380,63 @@ def test_stats_bad_input(dte, ckpts, tmp_path):
     assert [g["version"] for g in json.loads(r.stdout)] == [0, 1]
 
 
+def ulp_distance(x, y, dtype):
+    """|position of x - position of y| in value order, per element (uint bits)."""
+    bits = {"BF16": 16, "F16": 16, "F32": 32}[dtype]
+    sign = np.uint64(1) << np.uint64(bits - 1)
+
+    def ordered(v):
+        v = v.astype(np.uint64)
+        mag = (v & (sign - np.uint64(1))).astype(np.int64)
+        return np.where((v & sign) != 0, -mag, mag)
+    return np.abs(ordered(x) - ordered(y))
+
+
+def test_diff_counts_every_differing_element_and_its_ulps(dte, ckpts):
+    for step in range(3):
+        dte.ok("import" if step == 0 else "commit", ckpts.dir(step))
+    for a, b in ((0, 2), (2, 1), (1, 1)):
+        got = json.loads(dte.ok("diff", str(a), str(b), "--json").stdout)
+        assert (got["a"], got["b"]) == (a, b)
+        sa, sb = ckpts.state(a), ckpts.state(b)
+        by_name = {t["name"]: t for t in got["tensors"]}
+        assert sorted(by_name) == sorted(sa.tensors) and len(by_name) == len(got["tensors"])
+        total = 0
+        for name, (dtype, x) in sa.tensors.items():
+            y = sb.tensors[name][1]
+            t = by_name[name]
+            xb = x.view(np.uint8).reshape(-1, x.itemsize) if x.size else x
+            yb = y.view(np.uint8).reshape(-1, y.itemsize) if y.size else y
+            differ = int(np.count_nonzero((xb != yb).any(axis=1))) if x.size else 0
+            total += differ
+            assert (t["dtype"], t["elements"], t["differ"]) == (dtype, x.size, differ), name
+            assert t["status"] == ("differs" if differ else "same"), name
+            if dtype not in ("BF16", "F16", "F32"):
+                assert t["ulps"] is None and t["max_ulp"] is None, name
+                continue
+            width = {"BF16": np.uint16, "F16": np.uint16, "F32": np.uint32}[dtype]
+            xi, yi = x.view(width).ravel(), y.view(width).ravel()
+            mask = xi != yi
+            dist = ulp_distance(xi[mask], yi[mask], dtype)
+            hist = [c["count"] for c in t["ulps"]]
+            assert t["nan"] == 0 and sum(hist) == int(np.count_nonzero(dist)), name
+            assert t["max_ulp"] == (int(dist.max()) if dist.size else 0), name
+            assert hist[0] == int(np.count_nonzero(dist == 1)), name
+            assert hist[1] == int(np.count_nonzero(dist == 2)), name
+            assert hist[2] == int(np.count_nonzero((dist > 2) & (dist <= 4))), name
+            if not differ:
+                assert t["blocks_read"] == 0, name  # equal hashes: nothing read
+        assert got["differ"] == total
+        assert (total == 0) == (a == b)
+    table = dte.ok("diff", "0", "latest").stdout.splitlines()
+    assert table[0].split()[:4] == ["TENSOR", "DTYPE", "STATUS", "DIFFER"]
+    assert table[-1].startswith("v00000000 -> v00000002: ")
+    for bad, code in ((["0", "9"], ERROR), (["x", "1"], ERROR), (["0"], USAGE)):
+        r = dte.run("diff", *bad)
+        assert r.returncode == code and r.stdout == "", (bad, r.stderr)
+    assert "v00000009" in dte.run("diff", "0", "9").stderr
+
+
 # --- 4. change detection on raw bits -----------------------------------------------
 
 def test_changes_detected_on_raw_bits_for_every_dtype(dte, tmp_path):

@@ -61,6 +61,9 @@ int RunVerify(const Common& c, std::optional<uint64_t> version);
 int RunGc(const Common& c, const GcArgs& a);
 int RunReindex(const Common& c);
 int RunStats(const Common& c, const StatsArgs& a);
+// diff: per tensor, the elements that differ between versions a and b and
+// their distances in units in the last place.
+int RunDiff(const Common& c, const std::string& a, const std::string& b);
 // Shows the store's snapshots in this host's cache and the disk left;
 // with keep_snapshots, first deletes all but the newest that many.
 int RunCache(const Common& c, std::optional<uint32_t> keep_snapshots);

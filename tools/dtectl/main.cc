@@ -126,6 +126,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"tensor", "layer", "kind", "version"}));
   stats->add_flag("--csv", sa.csv, "Print CSV (a header line, then one line per row)");
 
+  std::string diff_a, diff_b;
+  CLI::App* diff = app.add_subcommand(
+      "diff", "Per tensor: the elements that differ between two versions, in ulps");
+  AddCommon(diff, &c, &sizes, true);
+  diff->add_option("A", diff_a, "A version number or 'latest'")->required();
+  diff->add_option("B", diff_b, "A version number or 'latest'")->required();
+
   std::string export_version, out;
   CLI::App* exp = app.add_subcommand("export", "Write a version as a plain model directory");
   AddCommon(exp, &c, &sizes, true);
@@ -199,6 +206,7 @@ int main(int argc, char** argv) {
   if (*commit) return dte::cli::RunCommit(c, ca, false);
   if (*log) return dte::cli::RunLog(c, lg);
   if (*stats) return dte::cli::RunStats(c, sa);
+  if (*diff) return dte::cli::RunDiff(c, diff_a, diff_b);
   if (*exp) return dte::cli::RunExport(c, export_version, out);
   if (*verify) return dte::cli::RunVerify(c, verify_version);
   if (*gc) return dte::cli::RunGc(c, ga);
