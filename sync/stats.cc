@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "store/materialize.h"
 
@@ -27,6 +28,7 @@ std::optional<StatsGroup> ParseStatsGroup(const std::string& text) {
   if (text == "tensor") return StatsGroup::kTensor;
   if (text == "layer") return StatsGroup::kLayer;
   if (text == "kind") return StatsGroup::kKind;
+  if (text == "layer-kind") return StatsGroup::kLayerKind;
   if (text == "version") return StatsGroup::kVersion;
   return std::nullopt;
 }
@@ -61,7 +63,8 @@ Result<std::vector<StatsRow>> VersionStats(const Version& v, StatsGroup by) {
     if (fresh) {
       StatsRow r;
       r.version = m.version;
-      r.anchor = m.anchor();
+      r.stored_as = m.anchor() ? "anchor" : m.full ? "full" : "delta";
+      r.version_stored_bytes = m.stats.stored_bytes;
       r.group = group;
       rows.push_back(r);
     }
@@ -88,6 +91,11 @@ Result<std::vector<StatsRow>> VersionStats(const Version& v, StatsGroup by) {
         case StatsGroup::kKind:
           group = TensorKind(t.name);
           break;
+        case StatsGroup::kLayerKind: {
+          auto layer = TensorLayer(t.name);
+          group = (layer ? std::to_string(*layer) : "-") + "/" + TensorKind(t.name);
+          break;
+        }
         case StatsGroup::kVersion:
           group = "all";
           break;
@@ -106,11 +114,15 @@ Result<std::vector<StatsRow>> VersionStats(const Version& v, StatsGroup by) {
       }
     }
   }
-  if (by == StatsGroup::kLayer) {
-    // Numerically, tensors outside the layers last.
-    std::stable_sort(rows.begin(), rows.end(), [](const StatsRow& a, const StatsRow& b) {
-      if (a.group == "-" || b.group == "-") return b.group == "-" && a.group != "-";
-      return std::stoull(a.group) < std::stoull(b.group);
+  if (by == StatsGroup::kLayer || by == StatsGroup::kLayerKind) {
+    // Numerically by layer, tensors outside the layers last; then by kind.
+    auto key = [](const std::string& g) {
+      const std::string layer = g.substr(0, g.find('/'));
+      const std::string kind = g.find('/') == std::string::npos ? "" : g.substr(g.find('/') + 1);
+      return std::make_tuple(layer == "-", layer == "-" ? 0 : std::stoull(layer), kind);
+    };
+    std::stable_sort(rows.begin(), rows.end(), [&](const StatsRow& a, const StatsRow& b) {
+      return key(a.group) < key(b.group);
     });
   } else if (by == StatsGroup::kKind) {
     std::sort(rows.begin(), rows.end(),

@@ -20,9 +20,10 @@
 
 namespace dte {
 
-enum class StatsGroup { kTensor, kLayer, kKind, kVersion };
+enum class StatsGroup { kTensor, kLayer, kKind, kLayerKind, kVersion };
 
-// "tensor", "layer", "kind", "version"; nullopt for anything else.
+// "tensor", "layer", "kind", "layer-kind" (groups "LAYER/KIND", "-/KIND"
+// outside the layers), "version"; nullopt for anything else.
 std::optional<StatsGroup> ParseStatsGroup(const std::string& text);
 
 // The kind of a Hugging Face tensor name: q_proj, k_proj, v_proj, o_proj,
@@ -37,8 +38,10 @@ std::optional<uint64_t> TensorLayer(const std::string& name);
 // One group of tensors of one version.
 struct StatsRow {
   uint64_t version = 0;
-  bool anchor = false;  // the version is stored whole
-  std::string group;    // tensor name, layer index ("-": no layer), kind, or "all"
+  // How the version is stored: "anchor" (whole, no parent), "full" (a delta
+  // that also carries a full table: a policy anchor) or "delta".
+  std::string stored_as;
+  std::string group;  // tensor name, layer index ("-": no layer), kind, or "all"
   uint64_t tensors = 0;
   uint64_t elements = 0;
   uint64_t changed = 0;  // elements that differ from the parent's (all, for an anchor)
@@ -46,6 +49,9 @@ struct StatsRow {
   uint64_t blocks_changed = 0;  // block records that are not "same"
   uint64_t stored_bytes = 0;    // the block records' payload bytes
   uint64_t dense_bytes = 0;     // the tensors' bytes
+  // Bytes of the blobs the version added, whatever the group (what
+  // `dtectl log` shows: records, a full table, block table, headers).
+  uint64_t version_stored_bytes = 0;
 };
 
 // The rows of version v grouped `by`, in the version's tensor order (by

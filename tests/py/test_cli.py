@@ -278,6 +278,7 @@ def test_stats_match_the_checkpoints_and_the_block_tables(dte, ckpts):
     for step in range(4):
         dte.ok("import" if step == 0 else "commit", ckpts.dir(step))
     manifests = store_util.manifests(dte.store)
+    log = dte.log()
     rows = json.loads(dte.ok("stats", "--json").stdout)
     want = []
     for step in range(4):
@@ -296,7 +297,8 @@ def test_stats_match_the_checkpoints_and_the_block_tables(dte, ckpts):
                              "blocks": t["blocks"],
                              "blocks_changed": sum(1 for k, _ in mine if k != 0),
                              "stored_bytes": sum(n for k, n in mine if k != 0),
-                             "dense_bytes": arr.nbytes})
+                             "dense_bytes": arr.nbytes,
+                             "version_stored_bytes": log[step]["stored_bytes"]})
     assert rows == want
     assert any(r["changed"] == 0 for r in rows[len(rows) // 4:])  # untouched tensors too
 
@@ -310,8 +312,10 @@ def test_stats_match_the_checkpoints_and_the_block_tables(dte, ckpts):
         return out
     per_version = totals("version")
     assert sorted(per_version) == [(v, "all") for v in range(4)]
-    for by, group_of in (("layer", lambda n: n.split("layers.")[1].split(".")[0]
-                          if "layers." in n else "-"), ("kind", kind_of)):
+    def layer_of(n):
+        return n.split("layers.")[1].split(".")[0] if "layers." in n else "-"
+    for by, group_of in (("layer", layer_of), ("kind", kind_of),
+                         ("layer-kind", lambda n: layer_of(n) + "/" + kind_of(n))):
         got = totals(by)
         for v in range(4):
             mine = [r for r in rows if r["version"] == v]
@@ -327,6 +331,12 @@ def test_stats_match_the_checkpoints_and_the_block_tables(dte, ckpts):
     layers = [r["group"] for r in json.loads(dte.ok("stats", "--json", "--by", "layer",
                                                      "--versions", "2").stdout)]
     assert layers == ["0", "1", "-"]
+    layer_kinds = [r["group"] for r in json.loads(dte.ok("stats", "--json", "--by", "layer-kind",
+                                                          "--versions", "2").stdout)]
+    assert layer_kinds == sorted(layer_kinds, key=lambda g: (g[0] == "-", g.split("/")[0] != "-"
+                                                             and int(g.split("/")[0]),
+                                                             g.split("/")[1]))
+    assert "0/q_proj" in layer_kinds and "-/embedding" in layer_kinds
 
     # CSV and the table carry the same figures; --versions selects.
     import csv

@@ -1,5 +1,8 @@
 #include "tools/dtectl/commands.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -226,7 +229,7 @@ int RunLog(const Common& c, const LogArgs& a) {
 int RunStats(const Common& c, const StatsArgs& a) {
   if (c.json && a.csv) return Usage("stats", "give --json or --csv, not both");
   const std::optional<StatsGroup> by = ParseStatsGroup(a.by);
-  if (!by) return Usage("stats", "--by must be tensor, layer, kind or version");
+  if (!by) return Usage("stats", "--by must be tensor, layer, kind, layer-kind or version");
   VersionRange range;
   if (!a.versions.empty()) {
     auto r = ParseVersionRange(a.versions);
@@ -243,7 +246,7 @@ int RunStats(const Common& c, const StatsArgs& a) {
   // printed as it comes: memory stays one version's, whatever the range.
   const char* kColumns =
       "version,kind,group,tensors,elements,changed,changed_fraction,blocks,blocks_changed,"
-      "stored_bytes,dense_bytes";
+      "stored_bytes,dense_bytes,version_stored_bytes";
   if (a.csv) {
     std::printf("%s\n", kColumns);
   } else if (c.json) {
@@ -267,7 +270,7 @@ int RunStats(const Common& c, const StatsArgs& a) {
     for (const StatsRow& r : *rows) {
       const double fraction =
           r.elements ? static_cast<double>(r.changed) / static_cast<double>(r.elements) : 0.0;
-      const char* kind = r.anchor ? "anchor" : "delta";
+      const char* kind = r.stored_as.c_str();
       if (c.json) {
         json j{{"version", r.version},
                {"kind", kind},
@@ -279,7 +282,8 @@ int RunStats(const Common& c, const StatsArgs& a) {
                {"blocks", r.blocks},
                {"blocks_changed", r.blocks_changed},
                {"stored_bytes", r.stored_bytes},
-               {"dense_bytes", r.dense_bytes}};
+               {"dense_bytes", r.dense_bytes},
+               {"version_stored_bytes", r.version_stored_bytes}};
         std::printf("%s\n%s", first ? "" : ",", j.dump().c_str());
       } else if (a.csv) {
         std::string group = r.group;  // tensor names hold no commas or quotes in practice
@@ -288,7 +292,7 @@ int RunStats(const Common& c, const StatsArgs& a) {
           for (char ch : group) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
           group = quoted + "\"";
         }
-        std::printf("%llu,%s,%s,%llu,%llu,%llu,%.9g,%llu,%llu,%llu,%llu\n",
+        std::printf("%llu,%s,%s,%llu,%llu,%llu,%.9g,%llu,%llu,%llu,%llu,%llu\n",
                     static_cast<unsigned long long>(r.version), kind, group.c_str(),
                     static_cast<unsigned long long>(r.tensors),
                     static_cast<unsigned long long>(r.elements),
@@ -296,7 +300,8 @@ int RunStats(const Common& c, const StatsArgs& a) {
                     static_cast<unsigned long long>(r.blocks),
                     static_cast<unsigned long long>(r.blocks_changed),
                     static_cast<unsigned long long>(r.stored_bytes),
-                    static_cast<unsigned long long>(r.dense_bytes));
+                    static_cast<unsigned long long>(r.dense_bytes),
+                    static_cast<unsigned long long>(r.version_stored_bytes));
       } else {
         std::printf("%-10s %-6s %-48s %8llu %14llu %10s %12s %12s\n", VersionName(num).c_str(),
                     kind, r.group.c_str(), static_cast<unsigned long long>(r.tensors),
@@ -310,6 +315,45 @@ int RunStats(const Common& c, const StatsArgs& a) {
   }
   if (c.json) std::printf("\n]\n");
   return 0;
+}
+
+int RunReport(const Common& c, const std::string& versions, const std::string& out) {
+  // The script: $DTE_REPORT_SCRIPT, the installed copy, or the source tree's.
+  std::string script;
+  if (const char* env = std::getenv("DTE_REPORT_SCRIPT"); env && *env) {
+    script = env;
+  } else {
+    for (const char* candidate : {DTE_REPORT_SCRIPT, DTE_REPORT_SCRIPT_SOURCE}) {
+      if (::access(candidate, R_OK) == 0) {
+        script = candidate;
+        break;
+      }
+    }
+  }
+  if (script.empty()) {
+    return Fail("report", NotFound(std::string("the report script is not installed (looked for ") +
+                                   DTE_REPORT_SCRIPT + " and " + DTE_REPORT_SCRIPT_SOURCE +
+                                   "; set DTE_REPORT_SCRIPT)"));
+  }
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return Fail("report", ErrnoStatus("reading /proc/self/exe", errno));
+  self[n] = '\0';
+  // The project's interpreter: Debian's, where its packages (matplotlib)
+  // are installed, unless told otherwise.
+  const char* py = std::getenv("DTE_PYTHON");
+  const std::string python = py && *py                                 ? py
+                             : ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3"
+                                                                       : "python3";
+  std::vector<std::string> args = {python,  script,  "--dtectl", self,          "--store",
+                                   c.store, "--out", out,        "--cache-dir", c.cache_dir};
+  if (!versions.empty()) args.insert(args.end(), {"--versions", versions});
+  if (!c.endpoint.empty()) args.insert(args.end(), {"--endpoint", c.endpoint});
+  std::vector<char*> argv;
+  for (std::string& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  return Fail("report", ErrnoStatus("running " + python + " " + script, errno));
 }
 
 int RunDiff(const Common& c, const std::string& a, const std::string& b) {

@@ -46,7 +46,7 @@ struct GcArgs {
 };
 
 // stats: per version of `versions` (ParseVersionRange's text; empty: all),
-// rows grouped `by` (tensor, layer, kind or version), as a table, JSON
+// rows grouped `by` (tensor, layer, kind, layer-kind or version), as a table, JSON
 // (Common::json) or CSV.
 struct StatsArgs {
   std::string versions;
@@ -61,6 +61,11 @@ int RunVerify(const Common& c, std::optional<uint64_t> version);
 int RunGc(const Common& c, const GcArgs& a);
 int RunReindex(const Common& c);
 int RunStats(const Common& c, const StatsArgs& a);
+// report: runs the report script (sync/python/dte/report.py, $DTE_REPORT_SCRIPT)
+// with $DTE_PYTHON (default /usr/bin/python3, else python3), which reads
+// `dtectl stats` and writes
+// one self-contained HTML page to `out`.
+int RunReport(const Common& c, const std::string& versions, const std::string& out);
 // diff: per tensor, the elements that differ between versions a and b and
 // their distances in units in the last place.
 int RunDiff(const Common& c, const std::string& a, const std::string& b);

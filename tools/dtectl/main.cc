@@ -122,9 +122,16 @@ int main(int argc, char** argv) {
       "stats", "Changed elements and stored bytes per version and tensor, layer or kind");
   AddCommon(stats, &c, &sizes, true);
   stats->add_option("--versions", sa.versions, "A..B, A.., ..B or one version (default: all)");
-  stats->add_option("--by", sa.by, "Rows per tensor (default), layer, kind or version")
-      ->check(CLI::IsMember({"tensor", "layer", "kind", "version"}));
+  stats->add_option("--by", sa.by, "Rows per tensor (default), layer, kind, layer-kind or version")
+      ->check(CLI::IsMember({"tensor", "layer", "kind", "layer-kind", "version"}));
   stats->add_flag("--csv", sa.csv, "Print CSV (a header line, then one line per row)");
+
+  std::string report_versions, report_out;
+  CLI::App* report = app.add_subcommand(
+      "report", "Write one self-contained HTML page with plots of how the policy moves");
+  AddCommon(report, &c, &sizes, false);
+  report->add_option("--versions", report_versions, "A..B, A.., ..B or one version (default: all)");
+  report->add_option("-o,--out", report_out, "The HTML file to write")->required();
 
   std::string diff_a, diff_b;
   CLI::App* diff = app.add_subcommand(
@@ -207,6 +214,7 @@ int main(int argc, char** argv) {
   if (*log) return dte::cli::RunLog(c, lg);
   if (*stats) return dte::cli::RunStats(c, sa);
   if (*diff) return dte::cli::RunDiff(c, diff_a, diff_b);
+  if (*report) return dte::cli::RunReport(c, report_versions, report_out);
   if (*exp) return dte::cli::RunExport(c, export_version, out);
   if (*verify) return dte::cli::RunVerify(c, verify_version);
   if (*gc) return dte::cli::RunGc(c, ga);
