@@ -62,7 +62,9 @@ def collect(dtectl, common, versions):
     columns = -(-n // fold)
     cells = {}  # group -> [changed, elements] per column
     for r in _stats(dtectl, common, "layer-kind", versions):
-        acc = cells.setdefault(r["group"], [[0, 0] for _ in range(columns)])
+        acc = cells.get(r["group"])
+        if acc is None:
+            acc = cells[r["group"]] = [[0, 0] for _ in range(columns)]
         if r["kind"] == "anchor":
             continue  # everything "changed": not a step of the run
         c = acc[column[int(r["version"])]]
@@ -219,9 +221,16 @@ def main(argv=None):
     data = collect(a.dtectl, common, a.versions)
     text = page(data, plots(data), a.title or "dte: updates of %s" % a.store)
     tmp = a.out + ".tmp-%d" % os.getpid()
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, a.out)  # never a half-written page
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, a.out)  # never a half-written page
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise SystemExit("dtectl report: error: writing %s: %s" % (a.out, e.strerror or e))
     print("report: %d versions -> %s (%d bytes)" % (len(data["versions"]["version"]), a.out,
                                                     len(text)))
     return 0
