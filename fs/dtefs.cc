@@ -20,6 +20,7 @@
 #include "fs/internal/fuse_ops.h"
 #include "fs/internal/live_worker.h"
 #include "fs/log.h"
+#include "fs/metrics.h"
 #include "fs/prefetcher.h"
 #include "fs/readahead.h"
 #include "fs/snapshotter.h"
@@ -367,6 +368,17 @@ Status Serve(const MountOptions& o) {
     if (o.live_version && !state.fs->live().View()) {
       return NotFound("dtefs: --live-version " + std::to_string(*o.live_version) + ": " +
                       VersionName(*o.live_version) + " is not in the store");
+    }
+    // After daemonizing (its threads would not survive the fork); stopped
+    // at the end of this block, before the Filesystem it reads.
+    std::unique_ptr<MetricsServer> metrics;
+    if (!o.metrics_address.empty()) {
+      const std::string address = o.metrics_address.find(':') == std::string::npos
+                                      ? "127.0.0.1:" + o.metrics_address
+                                      : o.metrics_address;
+      ASSIGN_OR_RETURN(metrics, MetricsServer::Start(address, state.fs.get()));
+      LogLine("dtefs: metrics at http://" + address.substr(0, address.rfind(':')) + ":" +
+              std::to_string(metrics->port()) + "/metrics");
     }
     // Stopped after the request loop, before the Filesystem it applies to.
     LiveWorker live_worker(state.fs.get(), session.get(), mountpoint);

@@ -56,6 +56,9 @@ struct MountOptions {
   // The version live/ shows at mount (nullopt: the newest); live apply moves
   // it (fs/live.h).
   std::optional<uint64_t> live_version;
+  // Serve the Prometheus metrics (fs/metrics.h) on HOST:PORT, or on
+  // 127.0.0.1:PORT when only a port is given; empty: no metrics.
+  std::string metrics_address;
   bool foreground = false;  // false: daemonize once mounted
   // Where messages go (appended) once the mount is up. Empty: stderr in the
   // foreground; a daemon, whose stderr is gone, writes <cache_dir>/dtefs.log

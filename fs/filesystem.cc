@@ -390,6 +390,12 @@ Status Filesystem::ReadPieces(const OpenFile& f, uint64_t offset, uint64_t len,
                               std::vector<ReadPath::Piece>* out,
                               std::shared_ptr<const LiveView> live_view) {
   reads_++;
+  const auto start = std::chrono::steady_clock::now();
+  struct Timed {
+    LatencyHistogram& h;
+    std::chrono::steady_clock::time_point start;
+    ~Timed() { h.Observe(std::chrono::steady_clock::now() - start); }
+  } timed{read_latency_, start};
   // A live/ file reads the guard's view, else the version live now.
   std::shared_ptr<const LiveView> view;
   if (f.live) view = live_view ? std::move(live_view) : live_.View();

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "fs/inode_table.h"
+#include "fs/latency.h"
 #include "fs/live.h"
 #include "fs/read_path.h"
 #include "store/snapshot.h"
@@ -134,6 +135,8 @@ class Filesystem {
                     std::shared_ptr<const LiveView> live_view = nullptr) EXCLUDES(mu_);
 
   std::string StatusJson() EXCLUDES(mu_);
+  // How long reads took to materialize (fs/metrics.h).
+  const LatencyHistogram& read_latency() const { return read_latency_; }
 
   // Live apply (fs/live.h). The live version at mount is `version` when set
   // (SetInitialLive, before the first Refresh), else the newest.
@@ -207,6 +210,7 @@ class Filesystem {
   const int64_t mount_time_ = static_cast<int64_t>(std::time(nullptr));
   std::optional<uint64_t> initial_live_;
   std::atomic<uint64_t> bytes_served_{0}, reads_{0}, read_errors_{0};
+  LatencyHistogram read_latency_;  // of ReadPieces: materializing a read's bytes
   std::atomic<SnapshotSet*> snapshots_{nullptr};
   std::atomic<const Prefetcher*> prefetcher_{nullptr};
 

@@ -1071,6 +1071,7 @@ Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target
   }
   counts.pagecache_ns = Nanos(t);
   counts.elapsed_ns = Nanos(start);
+  apply_latency_.Observe(std::chrono::nanoseconds(counts.elapsed_ns));
   MutexLock lock(&status_mu_);
   applies_++;
   last_apply_time_ = static_cast<int64_t>(std::time(nullptr));

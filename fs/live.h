@@ -47,6 +47,7 @@
 #include <tuple>
 #include <vector>
 
+#include "fs/latency.h"
 #include "fs/read_path.h"
 #include "store/status.h"
 #include "store/store.h"
@@ -135,8 +136,11 @@ class Live {
   // For DTE_IOC_STATUS and .dte/status (latest_version is filled by the
   // caller).
   dte_live_status GetStatus() EXCLUDES(receivers_mu_, view_mu_, status_mu_);
+  // Durations of the applies that succeeded (fs/metrics.h).
+  const LatencyHistogram& apply_latency() const { return apply_latency_; }
 
  private:
+  LatencyHistogram apply_latency_;
   // A registered buffer: host memory mapped from /dev/shm, or device memory
   // opened from a CUDA IPC handle.
   struct Buffer {

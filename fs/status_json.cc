@@ -19,6 +19,8 @@ std::string Filesystem::StatusJson() {
     for (const auto& [version, v] : versions_) versions.push_back(version);
     j["errors"] = std::vector<std::string>(errors_.begin(), errors_.end());
     bdi = readahead_bdi_;
+    // When the newest loaded version was committed (RFC 3339): its age.
+    j["latest_created"] = latest_ ? nlohmann::json(latest_->manifest.created) : nlohmann::json();
     j["poll"] = {{"polls", polls_},
                  {"full_listings", full_polls_},
                  {"failed", failed_polls_},

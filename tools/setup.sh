@@ -8,10 +8,10 @@ BUILD_DIR=${1:-build}
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   librocksdb-dev libzstd-dev zstd libfuse3-dev fuse3 libcurl4-openssl-dev libssl-dev
-  libcli11-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev
+  libcli11-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev prometheus-cpp-dev
   clang libclang-rt-14-dev clang-format
   python3 python3-pip python3-numpy python3-torch python3-pytest python3-matplotlib
-  time awscli chromium
+  time awscli chromium prometheus
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

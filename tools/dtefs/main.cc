@@ -9,7 +9,8 @@
 // fstab lines: `dtefs STORE MOUNTPOINT -o rw,allow_other,...`; there the
 // dtefs options can be given as cache_dir=DIR, cache_size=N, poll_ms=N,
 // snapshot_every=N, snapshots=N, readahead_kb=N, endpoint=URL,
-// blob_cache_size=N, blob_chunk_size=N, prefetch=latest, log_file=PATH.
+// blob_cache_size=N, blob_chunk_size=N, prefetch=latest, log_file=PATH,
+// metrics=ADDR.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -89,6 +90,8 @@ bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptio
         text->prefetch = *v;
       } else if (auto v = value(opt, "log_file")) {
         o->log_file = *v;
+      } else if (auto v = value(opt, "metrics")) {
+        o->metrics_address = *v;
       } else if (auto v = value(opt, "endpoint")) {
         text->endpoint = *v;
       } else if (auto v = value(opt, "live_version")) {
@@ -170,6 +173,9 @@ int main(int argc, char** argv) {
                  "(default 4MiB; a multiple of 64KiB)");
   app.add_option("--prefetch", text.prefetch,
                  "s3:// stores: \"latest\" pulls every new latest version into the blob cache");
+  app.add_option("--metrics", o.metrics_address,
+                 "Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, or PORT for "
+                 "127.0.0.1:PORT (default: none)");
   app.add_option("--log-file", o.log_file,
                  "Append messages here once mounted (default: stderr in the foreground, "
                  "CACHE_DIR/dtefs.log for a daemon)");
