@@ -1,9 +1,9 @@
 // The push server of sync/push.h: one I/O thread owns every socket (accepts,
 // hellos, acknowledgements, and the queued frames of pushes, written as the
-// sockets take them); Push() reads the changes a tensor at a time (counts
-// first, then each tensor's data, packed once per layout and rank and
-// queued for the receivers that hold the parent, their queues bounded),
-// and waits for their receipts.
+// sockets take them); Push() reads the changes in batches of tensors
+// (counts first, then each batch's data, packed once per layout and rank
+// and queued for the receivers that hold the parent, their queues
+// bounded), and waits for their receipts.
 #include "sync/push.h"
 
 #include <fcntl.h>
@@ -475,19 +475,22 @@ Status CheckChanges(const TensorChanges& c, const PlanTensor& t, const std::stri
 class VectorChanges : public ChangesSource {
  public:
   explicit VectorChanges(const std::vector<TensorChanges>& changes) {
-    for (const TensorChanges& c : changes) by_name_.emplace(c.name, &c);
-  }
-  // Every tensor named once and in the version.
-  Status Validate(const std::vector<TensorChanges>& changes, const PlanInputs& in,
-                  uint64_t version) const {
-    std::set<std::string> names;
-    for (const PlanTensor& t : in.canonical) names.insert(t.name);
-    std::set<std::string> seen;
     for (const TensorChanges& c : changes) {
-      const std::string what = "push of " + VersionName(version) + ": tensor " + c.name;
-      if (!names.count(c.name)) return InvalidArgument(what + " is not in the version");
-      if (!seen.insert(c.name).second) return InvalidArgument(what + " is given twice");
+      if (!by_name_.emplace(c.name, &c).second && !twice_) twice_ = &c.name;
     }
+  }
+  // Every tensor named once and in the version (from its manifest: no
+  // store read).
+  Status Validate(const Manifest& m) const {
+    std::set<std::string> names;
+    for (const FileEntry& f : m.files) {
+      for (const TensorEntry& t : f.tensors) names.insert(t.name);
+    }
+    const std::string what = "push of " + VersionName(m.version) + ": tensor ";
+    for (const auto& [name, c] : by_name_) {
+      if (!names.count(name)) return InvalidArgument(what + name + " is not in the version");
+    }
+    if (twice_) return InvalidArgument(what + *twice_ + " is given twice");
     return Status::Ok();
   }
   bool MayChange(const std::string& name) const override { return by_name_.count(name) > 0; }
@@ -499,6 +502,7 @@ class VectorChanges : public ChangesSource {
 
  private:
   std::map<std::string, const TensorChanges*> by_name_;
+  const std::string* twice_ = nullptr;  // a name given twice
   TensorChanges empty_;
 };
 
@@ -1025,9 +1029,8 @@ Status PushServer::SetLatest(Store& store, const std::shared_ptr<const Version>&
 
 Result<PushReport> PushServer::Push(Store& store, const std::shared_ptr<const Version>& v,
                                     const std::vector<TensorChanges>& changes) {
-  ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(store, *v));
   VectorChanges source(changes);
-  RETURN_IF_ERROR(source.Validate(changes, in, v->manifest.version));
+  RETURN_IF_ERROR(source.Validate(v->manifest));
   return impl_->Push(store, v, source);
 }
 
