@@ -588,7 +588,6 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
     uint64_t id;
     std::pair<LayoutKey, int> key;  // layout and receiver rank: who shares its messages
     std::vector<uint32_t> plan_to_own;
-    uint64_t elements = 0;
   };
   std::vector<Target> targets;
   std::map<LayoutKey, const TransferPlan*> plans;
@@ -614,7 +613,7 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
           c.plan_to_own = std::move(match).value();
         }
         plans[KeyOf(c.info.layout)] = *plan;
-        targets.push_back({id, {KeyOf(c.info.layout), c.info.rank}, c.plan_to_own, 0});
+        targets.push_back({id, {KeyOf(c.info.layout), c.info.rank}, c.plan_to_own});
       } else if (c.info.version != v->manifest.version) {
         c.info.behind = true;
         SendLocked(c, Frame(Msg::kBehind, Json({{"latest", v->manifest.version}})));
@@ -761,9 +760,8 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
       std::string f1 = Frame(Msg::kCounts, push_internal::EncodeCounts(m));
       report.bytes += f1.size();
       c.info.bytes += f1.size();
-      t.elements = elements[t.key];
-      report.elements += t.elements;
-      c.info.elements += t.elements;
+      report.elements += elements[t.key];
+      c.info.elements += elements[t.key];
       SendLocked(c, std::move(f1));
       c.awaiting = v->manifest.version;
       sent.push_back(t.id);

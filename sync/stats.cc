@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <tuple>
 
 #include "store/materialize.h"
@@ -228,10 +229,10 @@ Result<std::vector<TensorDiff>> DiffVersions(Store& store, uint64_t a, uint64_t 
   const bool same_blocks = va->manifest.block_bytes == vb->manifest.block_bytes;
   std::vector<TensorDiff> out;
   std::vector<uint8_t> block_a, block_b;
-  std::map<std::string, bool> seen;
+  std::set<std::string> seen;
   for (const FileEntry& fa : va->manifest.files) {
     for (const TensorEntry& ta : fa.tensors) {
-      seen[ta.name] = true;
+      seen.insert(ta.name);
       TensorDiff d;
       d.name = ta.name;
       d.dtype = ta.dtype;
