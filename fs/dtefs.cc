@@ -24,6 +24,7 @@
 #include "fs/prefetcher.h"
 #include "fs/readahead.h"
 #include "fs/snapshotter.h"
+#include "sync/publish_metrics.h"
 
 namespace dte::fs {
 namespace {
@@ -373,9 +374,7 @@ Status Serve(const MountOptions& o) {
     // at the end of this block, before the Filesystem it reads.
     std::unique_ptr<MetricsServer> metrics;
     if (!o.metrics_address.empty()) {
-      const std::string address = o.metrics_address.find(':') == std::string::npos
-                                      ? "127.0.0.1:" + o.metrics_address
-                                      : o.metrics_address;
+      const std::string address = MetricsListenAddress(o.metrics_address);
       ASSIGN_OR_RETURN(metrics, MetricsServer::Start(address, state.fs.get()));
       LogLine("dtefs: metrics at http://" + address.substr(0, address.rfind(':')) + ":" +
               std::to_string(metrics->port()) + "/metrics");

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <exception>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -18,12 +19,14 @@
 #include "sync/convert.h"
 #include "sync/dist_publisher.h"
 #include "sync/live_client.h"
+#include "sync/publish_metrics.h"
 #include "sync/publisher.h"
 #include "sync/push.h"
 
 struct dte_publisher {
   std::unique_ptr<dte::Publisher> impl;
   std::string last_push = "null";  // dte_publisher_last_push_json
+  std::string metrics;             // dte_publisher_metrics_text
 };
 
 struct dte_push_server {
@@ -47,6 +50,7 @@ struct dte_transport {
 struct dte_dist_publisher {
   std::unique_ptr<dte::DistPublisher> impl;
   std::string last_push = "null";  // dte_dist_publisher_last_push_json
+  std::string metrics;             // dte_dist_publisher_metrics_text
 };
 
 struct dte_live {
@@ -128,6 +132,54 @@ int EditAnchorPolicy(Handle* p, const char* fn, const Edit& edit) {
   });
 }
 
+// The metrics calls of both publishers. `fn` names the C function in errors.
+template <typename Handle>
+int MetricsText(Handle* p, const char* fn, const char** text_out) {
+  return Guard([&] {
+    if (p == nullptr || text_out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": arguments must be set");
+    }
+    p->metrics = p->impl->metrics().Text();
+    *text_out = p->metrics.c_str();
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+template <typename Handle>
+int ServeMetrics(Handle* p, const char* fn, const char* address, int32_t* port_out) {
+  return Guard([&] {
+    if (p == nullptr || address == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": arguments must be set");
+    }
+    dte::Result<int> port = p->impl->metrics().Serve(address);
+    if (!port.ok()) return Fail(port.status());
+    if (port_out != nullptr) *port_out = *port;
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+template <typename Handle>
+int PushMetrics(Handle* p, const char* fn, const char* gateway, const char* job,
+                const char* const* label_names, const char* const* label_values,
+                size_t label_count) {
+  return Guard([&] {
+    if (p == nullptr || gateway == nullptr || job == nullptr ||
+        (label_count > 0 && (label_names == nullptr || label_values == nullptr))) {
+      return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": arguments must be set");
+    }
+    std::map<std::string, std::string> labels;
+    for (size_t i = 0; i < label_count; ++i) {
+      if (label_names[i] == nullptr || label_values[i] == nullptr) {
+        return FailWith(DTE_INVALID_ARGUMENT,
+                        std::string(fn) + ": label " + std::to_string(i) + " is not set");
+      }
+      labels[label_names[i]] = label_values[i];
+    }
+    dte::Status s = p->impl->metrics().Push(gateway, job, labels);
+    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
+  });
+}
+
 dte::DType ToDType(int32_t d) {
   switch (d) {
     case DTE_DTYPE_F32:
@@ -197,7 +249,7 @@ void FillResult(const dte::PublishResult& r, dte_publish_result* out) {
 int OpenPublisher(const dte::PublisherOptions& o, dte_publisher** out) {
   auto opened = dte::Publisher::Open(o);
   if (!opened.ok()) return Fail(opened.status());
-  *out = new dte_publisher{std::move(opened).value()};
+  *out = new dte_publisher{std::move(opened).value(), "null", ""};
   return DTE_OK;
 }
 
@@ -568,7 +620,7 @@ int dte_dist_publisher_open(const char* store, const char* cache_dir, const char
     }
     auto opened = dte::DistPublisher::Open(o);
     if (!opened.ok()) return Fail(opened.status());
-    *out = new dte_dist_publisher{std::move(opened).value()};
+    *out = new dte_dist_publisher{std::move(opened).value(), "null", ""};
     return static_cast<int>(DTE_OK);
   });
 }
@@ -822,4 +874,35 @@ int dte_dist_publisher_last_push_json(dte_dist_publisher* p, const char** json_o
   }
   *json_out = p->last_push.c_str();
   return DTE_OK;
+}
+
+int dte_publisher_metrics_text(dte_publisher* p, const char** text_out) {
+  return MetricsText(p, "dte_publisher_metrics_text", text_out);
+}
+
+int dte_dist_publisher_metrics_text(dte_dist_publisher* p, const char** text_out) {
+  return MetricsText(p, "dte_dist_publisher_metrics_text", text_out);
+}
+
+int dte_publisher_serve_metrics(dte_publisher* p, const char* address, int32_t* port_out) {
+  return ServeMetrics(p, "dte_publisher_serve_metrics", address, port_out);
+}
+
+int dte_dist_publisher_serve_metrics(dte_dist_publisher* p, const char* address,
+                                     int32_t* port_out) {
+  return ServeMetrics(p, "dte_dist_publisher_serve_metrics", address, port_out);
+}
+
+int dte_publisher_push_metrics(dte_publisher* p, const char* gateway, const char* job,
+                               const char* const* label_names, const char* const* label_values,
+                               size_t label_count) {
+  return PushMetrics(p, "dte_publisher_push_metrics", gateway, job, label_names, label_values,
+                     label_count);
+}
+
+int dte_dist_publisher_push_metrics(dte_dist_publisher* p, const char* gateway, const char* job,
+                                    const char* const* label_names, const char* const* label_values,
+                                    size_t label_count) {
+  return PushMetrics(p, "dte_dist_publisher_push_metrics", gateway, job, label_names, label_values,
+                     label_count);
 }

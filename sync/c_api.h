@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define DTE_C_API_VERSION 2
+#define DTE_C_API_VERSION 3
 
 /* Result codes (the store's error classes). */
 enum dte_code {
@@ -259,6 +259,26 @@ int dte_publisher_last_push_json(dte_publisher* p, const char** json_out);
  * the version's changes are read back from the store). */
 int dte_dist_publisher_set_push(dte_dist_publisher* p, dte_push_server* s);
 int dte_dist_publisher_last_push_json(dte_dist_publisher* p, const char** json_out);
+
+/* Publisher metrics (sync/publish_metrics.h; names and meanings in
+ * docs/engine.md, "Metrics"): what p's publishes did, as Prometheus metrics.
+ * The exposition text, valid until the next metrics call on p: */
+int dte_publisher_metrics_text(dte_publisher* p, const char** text_out);
+int dte_dist_publisher_metrics_text(dte_dist_publisher* p, const char** text_out);
+/* Serve them at http://ADDRESS/metrics until the next call or close:
+ * address "HOST:PORT", or "PORT" alone for loopback (port 0: any free port;
+ * "": stop). *port_out (may be NULL) gets the port. */
+int dte_publisher_serve_metrics(dte_publisher* p, const char* address, int32_t* port_out);
+int dte_dist_publisher_serve_metrics(dte_dist_publisher* p, const char* address, int32_t* port_out);
+/* Push their current values to the Pushgateway at `gateway` ("http://HOST:PORT"
+ * or "HOST:PORT") as job `job`, grouped by the label_count labels
+ * label_names[i]=label_values[i] (e.g. rank), replacing that group's values. */
+int dte_publisher_push_metrics(dte_publisher* p, const char* gateway, const char* job,
+                               const char* const* label_names, const char* const* label_values,
+                               size_t label_count);
+int dte_dist_publisher_push_metrics(dte_dist_publisher* p, const char* gateway, const char* job,
+                                    const char* const* label_names, const char* const* label_values,
+                                    size_t label_count);
 
 /* One tensor of a receiver, in its own layout, in host or CUDA device
  * memory. dtype is a safetensors name ("BF16", "F32", ...). */

@@ -19,6 +19,7 @@
 #include "sync/internal/convert_matrix.h"
 #include "sync/internal/engine_screen.h"
 #include "sync/internal/engine_version.h"
+#include "sync/publish_metrics.h"
 
 namespace dte {
 namespace {
@@ -346,7 +347,9 @@ struct DistPublisher::Plan {
 };
 
 DistPublisher::DistPublisher(PublisherOptions options, std::unique_ptr<Store> store)
-    : options_(std::move(options)), store_(std::move(store)) {}
+    : options_(std::move(options)),
+      store_(std::move(store)),
+      metrics_(std::make_unique<PublishMetrics>()) {}
 
 DistPublisher::~DistPublisher() = default;
 
@@ -436,14 +439,16 @@ Status DistPublisher::SetAnchorPolicy(const AnchorPolicy& policy) {
 Result<PublishResult> DistPublisher::PublishAdamW(Transport& transport, const AdamWStep& h,
                                                   const std::vector<RangeState>& ranges) {
   stats_ = DistPublishStats{};
-  auto r = Run(transport, h, ranges);
-  if (r.ok()) {
+  auto r = metrics_->Record(h.step, [&]() -> Result<PublishResult> {
+    ASSIGN_OR_RETURN(PublishResult out, Run(transport, h, ranges));
     last_step_ = h.step;
-    last_version_ = r->version;
+    last_version_ = out.version;
     if (push_ && transport.rank() == 0) {
-      internal::PushCommitted(*push_, *store_, r->version, /*changes=*/nullptr, &*r);
+      internal::PushCommitted(*push_, *store_, out.version, /*changes=*/nullptr, &out);
     }
-  }
+    return out;
+  });
+  metrics_->Routed(stats_);
   return r;
 }
 

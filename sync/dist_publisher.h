@@ -134,6 +134,9 @@ class DistPublisher {
 
   // What the last PublishAdamW did on this rank.
   const DistPublishStats& last_stats() const { return stats_; }
+  // What this rank's publishes did, as Prometheus metrics
+  // (sync/publish_metrics.h): to serve, push or read.
+  PublishMetrics& metrics() { return *metrics_; }
   Store& store() { return *store_; }
 
  private:
@@ -151,6 +154,7 @@ class DistPublisher {
   PushServer* push_ = nullptr;
   struct DeviceFinder;  // device buffers for ranges in CUDA memory, kept between publishes
   std::unique_ptr<DeviceFinder> device_;
+  std::unique_ptr<PublishMetrics> metrics_;
 };
 
 }  // namespace dte

@@ -12,6 +12,7 @@
 #include "sync/internal/blob_sink.h"
 #include "sync/internal/engine_encoder.h"
 #include "sync/internal/engine_version.h"
+#include "sync/publish_metrics.h"
 
 namespace dte {
 namespace {
@@ -173,7 +174,9 @@ Status CheckTarget(const PlannedTensor& p, const TensorEntry& t) {
 }  // namespace
 
 Publisher::Publisher(PublisherOptions options, std::unique_ptr<Store> store)
-    : options_(std::move(options)), store_(std::move(store)) {}
+    : options_(std::move(options)),
+      store_(std::move(store)),
+      metrics_(std::make_unique<PublishMetrics>()) {}
 
 Publisher::~Publisher() = default;
 
@@ -444,6 +447,16 @@ void PushCommitted(PushServer& push, Store& store, uint64_t version,
 
 Result<PublishResult> Publisher::PublishAdamW(const AdamWStep& h,
                                               const std::vector<AdamWParamState>& params) {
+  return metrics_->Record(h.step, [&] { return PublishHf(h, params); });
+}
+
+Result<PublishResult> Publisher::PublishAdamWMcore(const AdamWStep& h,
+                                                   const std::vector<McoreAdamWShard>& shards) {
+  return metrics_->Record(h.step, [&] { return PublishMcore(h, shards); });
+}
+
+Result<PublishResult> Publisher::PublishHf(const AdamWStep& h,
+                                           const std::vector<AdamWParamState>& params) {
   ASSIGN_OR_RETURN(auto d, Begin(h));
   std::vector<std::pair<TensorAt, const AdamWParamState*>> work;
   for (const auto& s : params) {
@@ -463,8 +476,8 @@ struct Publisher::McoreWork {
   std::vector<AdamWParamState> groups;
 };
 
-Result<PublishResult> Publisher::PublishAdamWMcore(const AdamWStep& h,
-                                                   const std::vector<McoreAdamWShard>& shards) {
+Result<PublishResult> Publisher::PublishMcore(const AdamWStep& h,
+                                              const std::vector<McoreAdamWShard>& shards) {
   if (options_.converter != "mcore") {
     return InvalidArgument(
         "PublishAdamWMcore needs a publisher opened with converter \"mcore\", "

@@ -41,6 +41,7 @@
 
 namespace dte {
 
+class PublishMetrics;
 class Store;
 
 // The trainer's Megatron-Core model and layout, for converter "mcore".
@@ -214,6 +215,9 @@ class Publisher {
   Status SetPush(PushServer* push);
 
   Store& store() { return *store_; }
+  // What this publisher's publishes did, as Prometheus metrics
+  // (sync/publish_metrics.h): to serve, push or read.
+  PublishMetrics& metrics() { return *metrics_; }
   // The step of the last successful PublishAdamW, if any.
   std::optional<int64_t> last_step() const { return last_step_; }
 
@@ -222,6 +226,9 @@ class Publisher {
 
   class Draft;
   struct McoreWork;
+  Result<PublishResult> PublishHf(const AdamWStep& h, const std::vector<AdamWParamState>& params);
+  Result<PublishResult> PublishMcore(const AdamWStep& h,
+                                     const std::vector<McoreAdamWShard>& shards);
   Result<std::unique_ptr<Draft>> Begin(const AdamWStep& h);
   Result<std::vector<McoreWork>> PlanMcore(const AdamWStep& h,
                                            const std::map<ShardKey, const McoreAdamWShard*>& given,
@@ -235,6 +242,7 @@ class Publisher {
   std::optional<int64_t> last_step_;
   std::optional<uint64_t> last_version_;  // committed by this publisher
   PushServer* push_ = nullptr;
+  std::unique_ptr<PublishMetrics> metrics_;
 };
 
 }  // namespace dte

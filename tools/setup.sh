@@ -11,7 +11,7 @@ APT_PACKAGES=(
   libcli11-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev prometheus-cpp-dev
   clang libclang-rt-14-dev clang-format
   python3 python3-pip python3-numpy python3-torch python3-pytest python3-matplotlib
-  time awscli chromium prometheus
+  time awscli chromium prometheus prometheus-pushgateway python3-prometheus-client
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

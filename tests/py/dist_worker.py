@@ -308,6 +308,7 @@ def main():
                                 p.detach().cpu().to(torch.bfloat16).view(torch.int16)).sum())
                 rec["mismatches"] = bad
             result["steps"].append(rec)
+        result["metrics"] = pub.metrics_text()
         pub.close()
     except Exception as e:  # noqa: BLE001 - reported to the test
         result["error"] = "%s: %s" % (type(e).__name__, e)

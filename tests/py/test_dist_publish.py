@@ -23,7 +23,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -110,6 +109,17 @@ def check_clean(results, steps):
         assert rec["mismatches"] == 0
     for res in results[1:]:
         assert [s["changed"] for s in res["steps"]] == [s["changed"] for s in results[0]["steps"]]
+    # Every rank's metrics count the versions it published (the C ABI of the
+    # distributed publisher's registry).
+    for res in results:
+        values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                  for line in res["metrics"].splitlines() if line and not line.startswith("#")}
+        assert values["dte_publish_versions_total"] == steps
+        assert values["dte_publish_failures_total"] == 0
+        assert values["dte_publish_changed_elements_total"] == sum(
+            s["changed"] for s in res["steps"])
+        assert values["dte_publish_last_version"] == steps
+        assert values["dte_publish_dist_entries_sent_total"] > 0 or res["rank"] != 0
 
 
 def _cuda_devices():

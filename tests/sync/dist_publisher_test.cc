@@ -19,10 +19,12 @@
 #include "store/materialize.h"
 #include "store/store.h"
 #include "sync/export.h"
+#include "sync/publish_metrics.h"
 #include "sync/verify.h"
 #include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
+#include "tests/testutil/metrics_text.h"
 #include "tests/testutil/ranks.h"
 
 namespace dte {
@@ -221,6 +223,8 @@ class DistPublisherTest : public ::testing::Test {
     auto ref = ImportInto("ref");
     auto dist_import = ImportInto("dist");
     OpenRanks("dist", world);
+    std::vector<DistPublishStats> routed(world);  // each rank's stats over the steps
+    uint64_t changed = 0;
     for (int64_t step = 1; step <= steps; ++step) {
       const auto p = Params(step);
       for (size_t i = 0; i < states_.size(); ++i) {
@@ -250,9 +254,29 @@ class DistPublisherTest : public ::testing::Test {
         EXPECT_LE(out[rank].stats.bytes_sent,
                   out[rank].stats.entries_sent * 6 + 4096 + world * 64 * 1024)
             << "rank " << rank;
+        routed[rank].entries_sent += out[rank].stats.entries_sent;
+        routed[rank].bytes_received += out[rank].stats.bytes_received;
+        routed[rank].tensors_owned += out[rank].stats.tensors_owned;
       }
+      changed += r->changed;
       EXPECT_GT(r->changed, 0u);
       ExpectSameVersion(ref->store(), pubs_[0]->store(), r->version);
+    }
+    // Every rank's metrics: the versions' figures, and its own routing.
+    for (int rank = 0; rank < world; ++rank) {
+      const std::string text = pubs_[rank]->metrics().Text();
+      EXPECT_EQ(test::MetricValue(text, "dte_publish_versions_total"), steps) << rank;
+      EXPECT_EQ(test::MetricValue(text, "dte_publish_changed_elements_total"), changed) << rank;
+      EXPECT_EQ(test::MetricValue(text, "dte_publish_last_version"), steps) << rank;
+      EXPECT_EQ(test::MetricValue(text, "dte_publish_dist_entries_sent_total"),
+                routed[rank].entries_sent)
+          << rank;
+      EXPECT_EQ(test::MetricValue(text, "dte_publish_dist_received_bytes_total"),
+                routed[rank].bytes_received)
+          << rank;
+      EXPECT_EQ(test::MetricValue(text, "dte_publish_dist_owned_tensors_total"),
+                routed[rank].tensors_owned)
+          << rank;
     }
     auto report = VerifyStore(pubs_[0]->store(), std::nullopt, nullptr);
     ASSERT_TRUE(report.ok()) << report.status().message();

@@ -20,10 +20,12 @@
 #include "sync/commit.h"
 #include "sync/export.h"
 #include "sync/internal/engine_screen.h"
+#include "sync/publish_metrics.h"
 #include "sync/verify.h"
 #include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
+#include "tests/testutil/metrics_text.h"
 
 namespace dte {
 namespace {
@@ -190,8 +192,10 @@ TEST_F(PublisherTest, RejectionsNameTheTensorAndWriteNothing) {
   const size_t files = StoreFiles();
   const auto p = Params(1);
   for (size_t i = 0; i < states_.size(); ++i) test::AdamWStepState(&states_[i], p, 7 + i);
+  int rejected = 0;
   auto expect_rejected = [&](AdamWStep h, std::vector<AdamWParamState> refs,
                              const std::string& needle) {
+    ++rejected;
     auto r = pub->PublishAdamW(h, refs);
     ASSERT_FALSE(r.ok()) << needle;
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().message();
@@ -239,8 +243,18 @@ TEST_F(PublisherTest, RejectionsNameTheTensorAndWriteNothing) {
   EXPECT_EQ(*latest, std::optional<uint64_t>(0));
 
   // A valid publish still works, and the next step must follow it.
-  ASSERT_TRUE(pub->PublishAdamW(test::AdamWStepOf(p), Refs()).ok());
+  auto ok = pub->PublishAdamW(test::AdamWStepOf(p), Refs());
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
   expect_rejected(test::AdamWStepOf(Params(3)), Refs(), "step 3 does not follow step 1");
+
+  // The metrics count every rejection as a failure and only the commit's figures.
+  const std::string text = pub->metrics().Text();
+  EXPECT_EQ(test::MetricValue(text, "dte_publish_failures_total"), rejected);
+  EXPECT_EQ(test::MetricValue(text, "dte_publish_versions_total"), 1);
+  EXPECT_EQ(test::MetricValue(text, "dte_publish_changed_elements_total"), ok->changed);
+  EXPECT_EQ(test::MetricValue(text, "dte_publish_stored_bytes_total"), ok->stored_bytes);
+  EXPECT_EQ(test::MetricValue(text, "dte_publish_last_version"), 1);
+  EXPECT_EQ(test::MetricValue(text, "dte_publish_duration_seconds_count"), rejected + 1);
 }
 
 TEST_F(PublisherTest, AnotherWriterMakesTheNextPublishFailCleanly) {

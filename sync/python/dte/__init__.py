@@ -42,9 +42,9 @@ straight into inference ranks' weights (docs/push.md):
 
 from dte._live import Receiver, SharedWeights, apply, live_status
 from dte._push import FusedReceiverLayout, PushGroup, PushReceiver, ReceiverLayout
-from dte._publisher import (DteError, Publisher, PublishResult, StoreReader, chunk_rows,
-                            publish_torch_adamw)
+from dte._publisher import (DteError, MetricsCollector, Publisher, PublishResult, StoreReader,
+                            chunk_rows, publish_torch_adamw)
 
-__all__ = ["DteError", "FusedReceiverLayout", "Publisher", "PublishResult", "PushGroup",
+__all__ = ["DteError", "FusedReceiverLayout", "MetricsCollector", "Publisher", "PublishResult", "PushGroup",
            "PushReceiver", "Receiver", "ReceiverLayout", "SharedWeights", "StoreReader", "apply",
            "chunk_rows", "live_status", "publish_torch_adamw"]

@@ -214,6 +214,20 @@ def _declare(lib):
         "dte_publisher_last_push_json": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
         "dte_dist_publisher_set_push": (ctypes.c_int, [P, P]),
         "dte_dist_publisher_last_push_json": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
+        "dte_publisher_metrics_text": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
+        "dte_dist_publisher_metrics_text": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
+        "dte_publisher_serve_metrics": (ctypes.c_int, [P, ctypes.c_char_p,
+                                                       ctypes.POINTER(ctypes.c_int32)]),
+        "dte_dist_publisher_serve_metrics": (ctypes.c_int, [P, ctypes.c_char_p,
+                                                            ctypes.POINTER(ctypes.c_int32)]),
+        "dte_publisher_push_metrics": (ctypes.c_int, [P, ctypes.c_char_p, ctypes.c_char_p,
+                                                      ctypes.POINTER(ctypes.c_char_p),
+                                                      ctypes.POINTER(ctypes.c_char_p),
+                                                      ctypes.c_size_t]),
+        "dte_dist_publisher_push_metrics": (ctypes.c_int, [P, ctypes.c_char_p, ctypes.c_char_p,
+                                                           ctypes.POINTER(ctypes.c_char_p),
+                                                           ctypes.POINTER(ctypes.c_char_p),
+                                                           ctypes.c_size_t]),
         "dte_push_receiver_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int32,
                                                   ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                                   ctypes.c_int32, ctypes.c_uint64,
@@ -238,8 +252,8 @@ def _declare(lib):
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
-    if lib.dte_c_api_version() != 2:
-        raise ImportError("dte: libdte.so speaks C API version %d, this module version 2"
+    if lib.dte_c_api_version() != 3:
+        raise ImportError("dte: libdte.so speaks C API version %d, this module version 3"
                           % lib.dte_c_api_version())
     return lib
 

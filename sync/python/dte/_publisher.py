@@ -361,6 +361,45 @@ class Publisher(_Handle):
         _check(last(self._h, ctypes.byref(text)))
         return json.loads(text.value.decode())
 
+    def metrics_text(self):
+        """What this publisher's publishes did, as Prometheus metrics in the
+        text exposition format (names and meanings: docs/engine.md,
+        "Metrics")."""
+        text = ctypes.c_char_p()
+        fn = lib.dte_dist_publisher_metrics_text if self._dist else lib.dte_publisher_metrics_text
+        _check(fn(self._h, ctypes.byref(text)))
+        return text.value.decode()
+
+    def serve_metrics(self, address):
+        """Serves the metrics at http://ADDRESS/metrics until close or the
+        next call: "HOST:PORT", or a port alone for loopback (0: any free
+        port; None or "": stop). Returns the port."""
+        port = ctypes.c_int32()
+        fn = (lib.dte_dist_publisher_serve_metrics if self._dist
+              else lib.dte_publisher_serve_metrics)
+        _check(fn(self._h, str(address or "").encode(), ctypes.byref(port)))
+        return port.value
+
+    def push_metrics(self, gateway, job, labels=None):
+        """Pushes the metrics' current values to the Prometheus Pushgateway at
+        `gateway` ("http://HOST:PORT") as `job`, grouped by `labels` (a dict;
+        a distributed publisher adds {"rank": rank} unless given), replacing
+        what that group held."""
+        labels = dict(labels or {})
+        if self._dist:
+            labels.setdefault("rank", str(self.rank))
+        names = (ctypes.c_char_p * max(1, len(labels)))(*[str(k).encode() for k in labels])
+        values = (ctypes.c_char_p * max(1, len(labels)))(
+            *[str(v).encode() for v in labels.values()])
+        fn = lib.dte_dist_publisher_push_metrics if self._dist else lib.dte_publisher_push_metrics
+        _check(fn(self._h, str(gateway).encode(), str(job).encode(), names, values, len(labels)))
+
+    def metrics_collector(self):
+        """A prometheus_client collector of these metrics, to register in the
+        trainer's own registry (prometheus_client.REGISTRY or another) and
+        serve or push with prometheus_client next to the trainer's metrics."""
+        return MetricsCollector(self)
+
     def last_stats(self):
         """What the last distributed publish did on this rank: entries_sent,
         bytes_sent, bytes_received, tensors_owned, parent_bytes_read,
@@ -426,6 +465,20 @@ class Publisher(_Handle):
         if self._push is not None:
             result.push = self._last_push()
         return result
+
+
+class MetricsCollector:
+    """A prometheus_client collector of a dte.Publisher's metrics: each
+    collection reads the publisher's values of the moment. Needs the
+    prometheus_client package (Debian's python3-prometheus-client)."""
+
+    def __init__(self, publisher):
+        from prometheus_client.parser import text_string_to_metric_families
+        self._parse = text_string_to_metric_families
+        self._publisher = publisher
+
+    def collect(self):
+        return list(self._parse(self._publisher.metrics_text()))
 
 
 def _dist_stats(h):
