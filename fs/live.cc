@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "fs/filesystem.h"
+#include "fs/internal/live_changes.h"
 #include "fs/log.h"
 #include "kernels/cuda.h"
 #include "kernels/parallel.h"
@@ -30,27 +31,6 @@
 namespace dte::fs {
 
 // --- receivers ------------------------------------------------------------------
-
-// The changes of one block of a tensor. Entry i sets element idx[i] (block
-// relative, increasing): to vals[i] (width bytes) where Whole(i), else to
-// its live value plus vals[i], a wrapping difference (ApplyElement,
-// kernels/remap_math.h).
-struct Live::BlockChange {
-  uint32_t block = 0;
-  bool values = false;  // every entry holds the target's value
-  std::vector<uint32_t> idx;
-  std::vector<uint8_t> vals;
-  std::vector<uint8_t> whole;  // empty, or per entry: 1 = vals holds the value
-  bool Whole(size_t i) const { return values || (!whole.empty() && whole[i] != 0); }
-};
-
-// The changed blocks of one tensor, in block order.
-struct Live::Changes {
-  uint32_t file = 0, tensor = 0;
-  int width = 0;
-  uint64_t block_elements = 0;
-  std::vector<BlockChange> blocks;
-};
 
 namespace {
 
@@ -65,12 +45,8 @@ struct EntryView {
   const uint8_t* whole;  // null: no set elements
 };
 
-using Clock = std::chrono::steady_clock;
-
-uint64_t Nanos(Clock::time_point since) {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count());
-}
+using internal::Clock;
+using internal::Nanos;
 
 // A SIGBUS while writing a receiver's shared memory (its object was
 // truncated under the mapping) must fail that receiver, not kill the daemon.
@@ -926,92 +902,6 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
   return Status::Ok();
 }
 
-Status Live::PushPages(const LiveView& from, const LiveView& to,
-                       const std::vector<Changes>& changes, PageCache* pages, uint64_t* pushed) {
-  const Version& T = *to.version;
-  struct Push {
-    uint32_t file;
-    uint64_t offset, len, pages;
-  };
-  std::vector<Push> pushes;
-  for (uint32_t f = 0; f < T.manifest.files.size(); ++f) {
-    const FileEntry& file = T.manifest.files[f];
-    const FileEntry& old = from.version->manifest.files[f];
-    if (file.size == 0) continue;
-    const uint64_t npages = (file.size + kPageBytes - 1) / kPageBytes;
-    std::vector<uint8_t> changed(npages, 0);
-    bool any = false;
-    // A whole blob that differs (a header, or a file other than safetensors,
-    // of the same size) is replaced whole.
-    const uint64_t whole = file.safetensors ? file.header_size : file.size;
-    if (file.safetensors ? !(old.header_blob == file.header_blob) : !(old.blob == file.blob)) {
-      for (uint64_t p = 0; p * kPageBytes < whole; ++p) changed[p] = 1;
-      any = true;
-    }
-    for (const Changes& c : changes) any = any || (c.file == f && !c.blocks.empty());
-    if (!any) continue;
-    std::vector<uint8_t> resident;
-    dte::Status s = pages->Resident(file.name, file.size, &resident);
-    if (!s.ok() || resident.size() != npages) {
-      // Unknown residency: push every changed page (the kernel then caches
-      // them all, which costs memory but never shows old bytes).
-      LogLine("dtefs: live apply: page residency of live/" + file.name + " unknown (" +
-              s.message() + "); pushing every changed page");
-      resident.assign(npages, 1);
-    }
-    // Changed pages, looked for only in blocks with a resident page.
-    for (const Changes& c : changes) {
-      if (c.file != f) continue;
-      const uint64_t base = file.header_size + file.tensors[c.tensor].begin;
-      const auto width = static_cast<uint64_t>(c.width);
-      for (const BlockChange& bc : c.blocks) {
-        const uint64_t first = uint64_t{bc.block} * c.block_elements;
-        const uint64_t lo = (base + (first + bc.idx.front()) * width) / kPageBytes;
-        const uint64_t hi = (base + (first + bc.idx.back()) * width) / kPageBytes;
-        bool cached = false;
-        for (uint64_t p = lo; p <= hi && !cached; ++p) cached = (resident[p] & 1) != 0;
-        if (!cached) continue;
-        for (uint32_t i : bc.idx) changed[(base + (first + i) * width) / kPageBytes] = 1;
-      }
-    }
-    constexpr uint64_t kMaxPush = uint64_t{1} << 20;
-    for (uint64_t p = 0; p < npages;) {
-      if (!changed[p] || !(resident[p] & 1)) {
-        ++p;
-        continue;
-      }
-      uint64_t q = p;
-      while (q < npages && changed[q] && (resident[q] & 1) && (q - p) * kPageBytes < kMaxPush) ++q;
-      const uint64_t off = p * kPageBytes;
-      pushes.push_back({f, off, std::min(q * kPageBytes, file.size) - off, q - p});
-      p = q;
-    }
-  }
-  // The pushes read T through the read path (materializing its blocks) and
-  // store into the page cache; they are spread over the worker threads.
-  Mutex err_mu;
-  dte::Status first_error;
-  std::atomic<uint64_t> done{0};
-  kernels::ParallelFor(pushes.size(), 1, [&](size_t begin, size_t end) {
-    std::string buf;
-    for (size_t k = begin; k < end; ++k) {
-      const Push& push = pushes[k];
-      buf.resize(push.len);
-      dte::Status s = reader_->Read(to.version, push.file, push.offset, push.len,
-                                    reinterpret_cast<uint8_t*>(buf.data()), &to.chain);
-      if (s.ok()) s = pages->Store(push.file, push.offset, buf.data(), push.len);
-      if (!s.ok()) {
-        MutexLock lock(&err_mu);
-        if (first_error.ok()) first_error = s;
-        return;
-      }
-      done += push.pages;
-    }
-  });
-  *pushed += done.load();
-  return first_error;
-}
-
 void Live::RecordFailure(const dte::Status& s) {
   MutexLock lock(&status_mu_);
   failed_applies_++;
@@ -1054,6 +944,8 @@ Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target
   counts.scatter_ns = Nanos(t);
 
   t = Clock::now();
+  // Reads of the new view are noted from the switch on (PushPages).
+  if (pages) WatchReads(to.get());
   {
     MutexLock lock(&view_mu_);
     view_ = to;
@@ -1063,8 +955,10 @@ Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target
   while (from->readers.load(std::memory_order_acquire) > 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+  LivePageStats page_stats;
   if (pages) {
-    if (dte::Status s = PushPages(*from, *to, *changes, pages, &counts.pages); !s.ok()) {
+    dte::Status s = PushPages(*from, *to, *changes, pages, &counts.pages, &page_stats);
+    if (!s.ok()) {
       return fail(s.WithContext("live apply of " + VersionName(counts.to_version) +
                                 ": replacing cached pages"));
     }
@@ -1078,7 +972,13 @@ Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target
   last_error_ = 0;
   last_message_.clear();
   last_ = counts;
+  last_pages_ = page_stats;
   return counts;
+}
+
+LivePageStats Live::LastPageStats() {
+  MutexLock lock(&status_mu_);
+  return last_pages_;
 }
 
 dte_live_status Live::GetStatus() {

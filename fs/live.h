@@ -78,6 +78,29 @@ class PageCache {
   // Replaces [offset, offset + len) of live file number `file_index` in the
   // page cache with `data`. Called from several threads at once.
   virtual Status Store(uint32_t file_index, uint64_t offset, const char* data, size_t len) = 0;
+  // Copies what the page cache holds of [offset, offset + len) of live file
+  // number `file_index` (offset page-aligned) into *out: the resident pages
+  // from `offset` on, up to the first that is not resident or a limit of the
+  // cache's own, so fewer bytes than asked (none where the first page is not
+  // resident). An error (Unimplemented where the cache cannot be read) makes
+  // the apply fill those pages from the read path instead. Called from
+  // several threads at once.
+  virtual Status Fetch(uint32_t file_index, uint64_t offset, size_t len, std::string* out) {
+    (void)file_index, (void)offset, (void)len, (void)out;
+    return Unimplemented("this page cache cannot be read back");
+  }
+};
+
+// What the page-cache step of the last apply did (.dte/status, "live" ->
+// "last_pages"; docs/live.md). Times are summed over the threads.
+struct LivePageStats {
+  uint64_t patched_pages = 0;    // fetched from the page cache, patched and stored back
+  uint64_t read_path_pages = 0;  // stored from the read path (headers, other files, fallbacks)
+  uint64_t skipped_pages = 0;    // found evicted when fetched: not stored
+  uint64_t refreshed_pages = 0;  // patched pages a concurrent read refilled: stored again
+  uint64_t fetches = 0, stores = 0;
+  uint64_t fetch_ns = 0, patch_ns = 0, store_ns = 0, read_ns = 0;
+  uint64_t resident_ns = 0;  // finding the resident pages
 };
 
 inline constexpr uint64_t kPageBytes = 4096;
@@ -112,6 +135,17 @@ class Live {
    private:
     std::shared_ptr<const LiveView> view_;
   };
+
+  // Called by a read of live/ file `file`, bytes [offset, offset + len),
+  // served from `view`, before its reply is written: while an apply replaces
+  // pages of that view, it refreshes the pages such reads may have filled
+  // (docs/live.md, "The page cache"). Two atomic loads when no apply runs.
+  void NoteRead(const LiveView* view, uint32_t file, uint64_t offset, uint64_t len)
+      EXCLUDES(noted_mu_);
+
+  // The changed set of an apply (fs/internal/live_changes.h).
+  struct BlockChange;
+  struct Changes;
 
   // Registers one buffer for `owner`, on behalf of a process of user `uid`.
   // Checks the layout against the live version (the name exists for that
@@ -164,8 +198,6 @@ class Live {
     uid_t uid = 0;
     std::vector<std::unique_ptr<Buffer>> buffers;
   };
-  struct BlockChange;
-  struct Changes;
   struct Plan {
     TransferPlan plan;
     std::vector<std::vector<uint32_t>> ops_by_canonical;  // indices into plan.ops
@@ -177,8 +209,15 @@ class Live {
   Result<const Plan*> PlanFor(const Version& v, const ShardLayout& layout) REQUIRES(receivers_mu_);
   Status Scatter(const Version& v, const std::vector<Changes>& changes, dte_live_counts* counts)
       EXCLUDES(receivers_mu_);
+  // Step 6 (fs/live_pages.cc).
   Status PushPages(const LiveView& from, const LiveView& to, const std::vector<Changes>& changes,
-                   PageCache* pages, uint64_t* pushed);
+                   PageCache* pages, uint64_t* pushed, LivePageStats* stats) EXCLUDES(noted_mu_);
+  struct NotedRead {
+    uint32_t file;
+    uint64_t offset, len;
+  };
+  void WatchReads(const LiveView* view) EXCLUDES(noted_mu_);
+  std::vector<NotedRead> StopWatchingReads() EXCLUDES(noted_mu_);
 
   Store* const store_;
   ReadPath* const reader_;
@@ -187,6 +226,11 @@ class Live {
   std::shared_ptr<const LiveView> view_ GUARDED_BY(view_mu_);
 
   std::atomic<bool> applying_{false};
+
+  // Reads of the view an apply is replacing pages for (NoteRead).
+  std::atomic<const LiveView*> watched_{nullptr};
+  Mutex noted_mu_;
+  std::vector<NotedRead> noted_ GUARDED_BY(noted_mu_);
 
   Mutex receivers_mu_;
   std::map<uint64_t, Receiver> receivers_ GUARDED_BY(receivers_mu_);  // by owner
@@ -202,6 +246,11 @@ class Live {
   int32_t last_error_ GUARDED_BY(status_mu_) = 0;
   std::string last_message_ GUARDED_BY(status_mu_);
   dte_live_counts last_ GUARDED_BY(status_mu_) = {};
+  LivePageStats last_pages_ GUARDED_BY(status_mu_);
+
+ public:
+  // The page-cache step of the last successful apply.
+  LivePageStats LastPageStats() EXCLUDES(status_mu_);
 };
 
 // The errno an apply or registration failure is reported with.

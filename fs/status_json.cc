@@ -117,6 +117,18 @@ std::string Filesystem::StatusJson() {
                  {"receivers", live.last.receivers},
                  {"buffers", live.last.buffers},
                  {"elapsed_ns", live.last.elapsed_ns}}}};
+  const LivePageStats pages = live_.LastPageStats();
+  j["live"]["last_pages"] = {{"patched_pages", pages.patched_pages},
+                             {"read_path_pages", pages.read_path_pages},
+                             {"skipped_pages", pages.skipped_pages},
+                             {"refreshed_pages", pages.refreshed_pages},
+                             {"fetches", pages.fetches},
+                             {"stores", pages.stores},
+                             {"resident_ns", pages.resident_ns},
+                             {"fetch_ns", pages.fetch_ns},
+                             {"patch_ns", pages.patch_ns},
+                             {"store_ns", pages.store_ns},
+                             {"read_ns", pages.read_ns}};
   j["readahead_kb"] = nullptr;
   if (!bdi.empty()) {
     auto kb = ReadReadaheadKb(bdi);

@@ -165,6 +165,9 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
     pieces.clear();
     return (void)fuse_reply_err(req, ReadErrnoOf(s));
   }
+  if (guard && guard->view()) {
+    fs->live().NoteRead(guard->view().get(), f.file_index, static_cast<uint64_t>(off), size);
+  }
   if (pieces.empty()) {
     fuse_reply_buf(req, nullptr, 0);  // at or past the end of the file
   } else if (pieces.size() <= kMaxReplyPieces) {
@@ -312,6 +315,7 @@ fuse_lowlevel_ops MakeOps() {
   ops.read = OpRead;
   ops.release = OpRelease;
   ops.ioctl = OpIoctl;
+  ops.retrieve_reply = OnRetrieveReply;
   ops.setattr = OpSetattr;
   ops.mknod = OpMknod;
   ops.mkdir = OpMkdir;

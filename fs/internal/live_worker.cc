@@ -6,7 +6,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
 
 #include "fs/log.h"
 
@@ -30,6 +37,64 @@ bool NothingCached(int fd) {
   Cachestat st = {};
   return ::syscall(kSysCachestat, fd, &range, &st, 0) == 0 && st.nr_cache == 0;
 }
+
+// Fetches waiting for the kernel's retrieve replies, by id (the cookie).
+// An id whose fetch gave up waiting is gone: its late reply is dropped.
+class Retrievals {
+ public:
+  struct Pending {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    uint64_t offset = 0;
+    std::string data;
+  };
+
+  static Retrievals& Get() {
+    static Retrievals* r = new Retrievals();  // outlives every request thread
+    return *r;
+  }
+
+  std::pair<uint64_t, std::shared_ptr<Pending>> Begin() {
+    auto p = std::make_shared<Pending>();
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t id = ++next_;
+    pending_[id] = p;
+    return {id, p};
+  }
+  void End(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.erase(id);
+  }
+  void Complete(uint64_t id, uint64_t offset, fuse_bufvec* bufv) {
+    std::shared_ptr<Pending> p;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return;
+      p = it->second;
+    }
+    std::string data(fuse_buf_size(bufv), '\0');
+    fuse_bufvec dst = FUSE_BUFVEC_INIT(data.size());
+    dst.buf[0].mem = data.data();
+    const ssize_t n = fuse_buf_copy(&dst, bufv, static_cast<fuse_buf_copy_flags>(0));
+    data.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    std::lock_guard<std::mutex> lock(p->mu);
+    p->offset = offset;
+    p->data = std::move(data);
+    p->done = true;
+    p->cv.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  uint64_t next_ = 0;
+  std::map<uint64_t, std::shared_ptr<Pending>> pending_;
+};
+
+// How long a fetch waits for the kernel's reply before the apply fills
+// those pages from the read path instead.
+constexpr auto kRetrieveTimeout = std::chrono::seconds(10);
 
 // The kernel's page cache of the mount's live/ files.
 class FusePageCache : public PageCache {
@@ -71,6 +136,37 @@ class FusePageCache : public PageCache {
     return Status::Ok();
   }
 
+  Status Fetch(uint32_t file_index, uint64_t offset, size_t len, std::string* out) override {
+    out->clear();
+    const auto begun = Retrievals::Get().Begin();
+    const uint64_t id = begun.first;
+    const std::shared_ptr<Retrievals::Pending> pending = begun.second;
+    struct End {
+      uint64_t id;
+      ~End() { Retrievals::Get().End(id); }
+    } end{id};
+    const int rc =
+        fuse_lowlevel_notify_retrieve(se_, fs_->LiveIno(file_index), len,
+                                      static_cast<off_t>(offset), reinterpret_cast<void*>(id));
+    // ENOENT: the kernel does not know the inode, so nothing of it is cached.
+    if (rc == -ENOENT) return Status::Ok();
+    if (rc != 0) {
+      return ErrnoStatus("page-cache retrieve of live file " + std::to_string(file_index), -rc);
+    }
+    std::unique_lock<std::mutex> lock(pending->mu);
+    if (!pending->cv.wait_for(lock, kRetrieveTimeout, [&] { return pending->done; })) {
+      return IOError("page-cache retrieve of live file " + std::to_string(file_index) + " at " +
+                     std::to_string(offset) + ": no reply from the kernel");
+    }
+    if (pending->offset != offset) {
+      return Internal("page-cache retrieve of live file " + std::to_string(file_index) +
+                      ": the reply is for offset " + std::to_string(pending->offset) + ", not " +
+                      std::to_string(offset));
+    }
+    *out = std::move(pending->data);
+    return Status::Ok();
+  }
+
  private:
   Filesystem* const fs_;
   fuse_session* const se_;
@@ -78,6 +174,12 @@ class FusePageCache : public PageCache {
 };
 
 }  // namespace
+
+void OnRetrieveReply(fuse_req_t req, void* cookie, fuse_ino_t, off_t offset, fuse_bufvec* bufv) {
+  Retrievals::Get().Complete(reinterpret_cast<uint64_t>(cookie), static_cast<uint64_t>(offset),
+                             bufv);
+  fuse_reply_none(req);
+}
 
 void ReplyApply(fuse_req_t req, const Result<dte_live_counts>& r) {
   dte_live_apply out = {};

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -41,6 +42,27 @@ class FakePageCache : public PageCache {
     EXPECT_EQ(offset % kPageBytes, 0u);
     std::lock_guard<std::mutex> lock(mu);  // applies store from several threads
     pushes.push_back({file_index, offset, std::string(data, len)});
+    auto it = kernel.find(file_index);
+    if (it != kernel.end()) {
+      EXPECT_LE(offset + len, it->second.size());
+      it->second.replace(offset, len, data, len);
+    }
+    return Status::Ok();
+  }
+  // Files in `kernel` can be fetched: their bytes from `offset` up to the
+  // first page in `gone` (evicted since the residency was read).
+  Status Fetch(uint32_t file_index, uint64_t offset, size_t len, std::string* out) override {
+    if (on_fetch) on_fetch(file_index, offset);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = kernel.find(file_index);
+    if (it == kernel.end()) return PageCache::Fetch(file_index, offset, len, out);
+    EXPECT_EQ(offset % kPageBytes, 0u);
+    fetched++;
+    uint64_t end = std::min<uint64_t>(offset + len, it->second.size());
+    for (uint64_t p = offset / kPageBytes; p * kPageBytes < end; ++p) {
+      if (gone[file_index].count(p)) end = std::min(end, p * kPageBytes);
+    }
+    *out = it->second.substr(offset, end > offset ? end - offset : 0);
     return Status::Ok();
   }
   struct Push {
@@ -50,6 +72,10 @@ class FakePageCache : public PageCache {
   };
   uint8_t resident_default = 1;
   std::map<std::string, std::set<uint64_t>> evicted;
+  std::map<uint32_t, std::string> kernel;            // page-cache contents by file index
+  std::map<uint32_t, std::set<uint64_t>> gone;       // pages evicted after Resident
+  std::function<void(uint32_t, uint64_t)> on_fetch;  // before each fetch
+  int fetched = 0;
   std::vector<Push> pushes;
   std::shared_future<void> gate;
   std::mutex mu;
@@ -161,6 +187,132 @@ TEST_F(LiveTest, ApplyForwardBackAndSkippingServesTheTargetAndPushesExactlyTheCh
   dte_live_status st = fs_->LiveStatus();
   EXPECT_EQ(st.applies, 5u);
   EXPECT_EQ(st.live_version, 3u);
+}
+
+// A page cache the apply can fetch from: it holds live version `step`'s
+// bytes of every file.
+void FillKernel(FakePageCache* pages, Filesystem& fs, const test::ModelSeries& series,
+                uint64_t step) {
+  const auto& v = fs.live().View()->version;
+  for (uint32_t f = 0; f < v->manifest.files.size(); ++f) {
+    pages->kernel[f] = series.files(step).at(v->manifest.files[f].name);
+  }
+}
+
+TEST_F(LiveTest, ResidentPagesArePatchedInPlaceInEveryDirection) {
+  Mount(0);
+  uint64_t live = 0;
+  for (uint64_t target : {1, 4, 2, 0, 3}) {
+    FakePageCache pages;
+    FillKernel(&pages, *fs_, series_.series(), live);
+    auto r = fs_->ApplyLive(target, &pages);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    const LivePageStats st = fs_->live().LastPageStats();
+    // Every page the kernel holds is the target's, byte for byte.
+    const auto& v = fs_->live().View()->version;
+    for (const auto& [f, bytes] : pages.kernel) {
+      EXPECT_TRUE(bytes == series_.series().files(target).at(v->manifest.files[f].name))
+          << v->manifest.files[f].name << " " << live << "->" << target;
+    }
+    // Tensor pages were fetched and patched; only whole blobs that differ
+    // (headers, other files) came from the read path.
+    EXPECT_GT(st.patched_pages, 0u) << live << "->" << target;
+    EXPECT_GT(pages.fetched, 0);
+    EXPECT_EQ(st.patched_pages + st.read_path_pages, r->pages);
+    EXPECT_EQ(st.skipped_pages, 0u);
+    EXPECT_EQ(st.refreshed_pages, 0u);
+    ExpectLiveIs(target);
+    live = target;
+  }
+}
+
+TEST_F(LiveTest, PartlyResidentAndEvictedPagesCostWhatIsResident) {
+  Mount(1);
+  FakePageCache all;
+  FillKernel(&all, *fs_, series_.series(), 1);
+  // The same apply with everything resident, for comparison.
+  auto fs2 = std::make_unique<Filesystem>(store_.get(), uint64_t{64} << 20);
+  fs2->SetInitialLive(1);
+  ASSERT_TRUE(fs2->Refresh().ok());
+  ASSERT_TRUE(fs2->ApplyLive(3, &all).ok());
+  const uint64_t all_pages = fs2->live().LastPageStats().patched_pages;
+
+  FakePageCache pages;
+  FillKernel(&pages, *fs_, series_.series(), 1);
+  const std::map<uint32_t, std::string> before = pages.kernel;
+  // A tenth of the pages resident; and of those, every third one (past the
+  // first, which holds the header) is evicted between the residency check
+  // and its fetch.
+  const auto& v = fs_->live().View()->version;
+  for (uint32_t f = 0; f < v->manifest.files.size(); ++f) {
+    const uint64_t n = (v->manifest.files[f].size + kPageBytes - 1) / kPageBytes;
+    for (uint64_t p = 0; p < n; ++p) {
+      if (p % 10 != 0) pages.evicted[v->manifest.files[f].name].insert(p);
+      if (p % 30 == 0 && p > 0) pages.gone[f].insert(p);
+    }
+  }
+  auto r = fs_->ApplyLive(3, &pages);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const LivePageStats st = fs_->live().LastPageStats();
+  EXPECT_GT(st.skipped_pages, 0u);
+  EXPECT_GT(st.patched_pages, 0u);
+  EXPECT_LT(st.patched_pages * 5, all_pages);  // in proportion to what is resident
+  for (const auto& [f, bytes] : pages.kernel) {
+    const std::string& want = series_.series().files(3).at(v->manifest.files[f].name);
+    for (uint64_t p = 0; p * kPageBytes < bytes.size(); ++p) {
+      const std::string got = bytes.substr(p * kPageBytes, kPageBytes);
+      if (p % 10 == 0 && (p % 30 != 0 || p == 0)) {
+        EXPECT_EQ(got, want.substr(p * kPageBytes, kPageBytes)) << "resident page " << p;
+      } else {  // not resident: never stored (its next read is served from v3)
+        EXPECT_EQ(got, before.at(f).substr(p * kPageBytes, kPageBytes)) << "page " << p;
+      }
+    }
+  }
+  for (const auto& push : pages.pushes) {
+    for (uint64_t o = 0; o < push.bytes.size(); o += kPageBytes) {
+      const uint64_t p = (push.offset + o) / kPageBytes;
+      EXPECT_TRUE(p % 10 == 0 && (p % 30 != 0 || p == 0))
+          << "stored page " << p << " was not resident";
+    }
+  }
+  ExpectLiveIs(3);
+}
+
+TEST_F(LiveTest, APageAReadRefilledDuringTheApplyIsStoredAgain) {
+  Mount(0);
+  FakePageCache pages;
+  FillKernel(&pages, *fs_, series_.series(), 0);
+  const auto& v = fs_->live().View()->version;
+  // The first fetch finds its first page evicted and read again since the
+  // switch: the kernel holds v2's bytes there, and the read was noted.
+  std::atomic<bool> first{true};
+  uint32_t refilled_file = 0;
+  uint64_t refilled_at = 0;
+  pages.on_fetch = [&](uint32_t f, uint64_t offset) {
+    if (!first.exchange(false)) return;
+    std::lock_guard<std::mutex> lock(pages.mu);
+    const std::string& target = series_.series().files(2).at(v->manifest.files[f].name);
+    pages.kernel[f].replace(offset, kPageBytes, target, offset, kPageBytes);
+    fs_->live().NoteRead(fs_->live().View().get(), f, offset, kPageBytes);
+    refilled_file = f;
+    refilled_at = offset;
+  };
+  auto r = fs_->ApplyLive(2, &pages);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_FALSE(first.load());
+  const LivePageStats st = fs_->live().LastPageStats();
+  EXPECT_GE(st.refreshed_pages, 1u);
+  for (const auto& [f, bytes] : pages.kernel) {
+    EXPECT_TRUE(bytes == series_.series().files(2).at(v->manifest.files[f].name))
+        << v->manifest.files[f].name << " (refilled: file " << refilled_file << " at "
+        << refilled_at << ")";
+  }
+  // Reads of another view, or with no apply running, are not noted.
+  fs_->live().NoteRead(fs_->live().View().get(), 0, 0, kPageBytes);
+  FakePageCache again;
+  FillKernel(&again, *fs_, series_.series(), 2);
+  ASSERT_TRUE(fs_->ApplyLive(4, &again).ok());
+  EXPECT_EQ(fs_->live().LastPageStats().refreshed_pages, 0u);
 }
 
 TEST_F(LiveTest, OnlyResidentPagesArePushed) {

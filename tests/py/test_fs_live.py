@@ -206,6 +206,12 @@ def test_apply_forward_and_back_in_place_for_an_mmapped_reader(mount, gen):
             r = apply(m.path, target)
             assert (r["to_version"], r["entries"] > 0) == (target, True), r
             assert r["pages"] > 0, r  # the reader's pages were replaced in place
+            # Tensor pages were fetched from the kernel and patched; only the
+            # header's and other files' pages, if they differ, were read.
+            pages = m.status()["live"]["last_pages"]
+            assert pages["patched_pages"] > 0 and pages["fetches"] > 0, pages
+            assert pages["patched_pages"] + pages["read_path_pages"] == r["pages"], pages
+            assert pages["read_path_pages"] <= 2 * len(os.listdir(gen(target))), pages
             # The mapping shows the target without a single read reaching the daemon.
             assert reader_hash() == sha256(gen(target) / "model.safetensors")
             assert m.status()["bytes_served"] == before
