@@ -89,6 +89,21 @@ class PageCache {
     (void)file_index, (void)offset, (void)len, (void)out;
     return Unimplemented("this page cache cannot be read back");
   }
+  // Fetch in two halves, so that a caller keeps several fetches in flight:
+  // StartFetch asks and returns a ticket, FinishFetch waits for its bytes
+  // (exactly once per ticket). By default FinishFetch runs Fetch.
+  struct Ticket {
+    uint32_t file = 0;
+    uint64_t offset = 0;
+    size_t len = 0;
+    uint64_t id = 0;  // the cache's own
+  };
+  virtual Ticket StartFetch(uint32_t file_index, uint64_t offset, size_t len) {
+    return {file_index, offset, len, 0};
+  }
+  virtual Status FinishFetch(const Ticket& t, std::string* out) {
+    return Fetch(t.file, t.offset, t.len, out);
+  }
 };
 
 // What the page-cache step of the last apply did (.dte/status, "live" ->

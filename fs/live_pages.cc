@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -217,56 +218,84 @@ Status Live::PushPages(const LiveView& from, const LiveView& to,
     stores++;
     return s;
   };
-  kernels::ParallelFor(runs.size(), 1, [&](size_t begin, size_t end) {
-    std::string buf;
-    std::vector<NotedRead> mine;
-    for (size_t k = begin; k < end; ++k) {
-      const Run& run = runs[k];
-      if (!run.patch) {
-        if (dte::Status s = from_read_path(run.file, run.offset, run.len, &buf); !s.ok()) {
-          return fail(s);
+  // Each lane keeps up to kDepth fetches in flight: a fetch is a round
+  // trip through the kernel and a request thread, much slower than its copy.
+  constexpr size_t kDepth = 8;
+  const size_t lanes = std::max<size_t>(1, std::min(kernels::NumThreads(), runs.size()));
+  kernels::ParallelFor(lanes, 1, [&](size_t lane_begin, size_t lane_end) {
+    for (size_t lane = lane_begin; lane < lane_end; ++lane) {
+      std::string buf;
+      std::vector<NotedRead> mine;
+      std::deque<std::pair<size_t, PageCache::Ticket>> inflight;
+      size_t next = lane;
+      dte::Status failed;
+      // Posts fetches of the lane's next patched runs; read-path runs are
+      // done on the way.
+      auto post = [&] {
+        while (failed.ok() && inflight.size() < kDepth && next < runs.size()) {
+          const Run& run = runs[next];
+          if (run.patch) {
+            inflight.push_back({next, pages->StartFetch(run.file, run.offset, run.len)});
+          } else if (failed = from_read_path(run.file, run.offset, run.len, &buf); failed.ok()) {
+            read_pages += PagesOf(0, run.len);
+          }
+          next += lanes;
         }
-        read_pages += PagesOf(0, run.len);
-        continue;
-      }
-      const uint64_t end_at = run.offset + run.len;
-      for (uint64_t off = run.offset; off < end_at;) {
+      };
+      post();
+      while (!inflight.empty()) {
+        const auto [k, ticket] = inflight.front();
+        inflight.pop_front();
         Clock::time_point t = Clock::now();
-        dte::Status s = pages->Fetch(run.file, off, end_at - off, &buf);
+        dte::Status s = pages->FinishFetch(ticket, &buf);  // drained even after a failure
         fetch_ns += Nanos(t);
         fetches++;
-        if (!s.ok()) {
-          // The cache cannot be read back: T's bytes, from the read path.
-          if (s.code() != Code::kUnimplemented) {
-            LogLine("dtefs: live apply: fetching cached pages of live file " +
-                    std::to_string(run.file) + " failed (" + s.message() +
-                    "); filling them from the read path");
+        if (!failed.ok()) continue;
+        const Run& run = runs[k];
+        const uint64_t end_at = run.offset + run.len;
+        for (uint64_t off = run.offset; off < end_at;) {
+          if (off != run.offset) {  // the rest of a short fetch
+            t = Clock::now();
+            s = pages->Fetch(run.file, off, end_at - off, &buf);
+            fetch_ns += Nanos(t);
+            fetches++;
           }
-          if (s = from_read_path(run.file, off, end_at - off, &buf); !s.ok()) return fail(s);
-          read_pages += PagesOf(off, end_at);
-          break;
+          if (!s.ok()) {
+            // The cache cannot be read back: T's bytes, from the read path.
+            if (s.code() != Code::kUnimplemented) {
+              LogLine("dtefs: live apply: fetching cached pages of live file " +
+                      std::to_string(run.file) + " failed (" + s.message() +
+                      "); filling them from the read path");
+            }
+            if (failed = from_read_path(run.file, off, end_at - off, &buf); failed.ok()) {
+              read_pages += PagesOf(off, end_at);
+            }
+            break;
+          }
+          const uint64_t n = std::min<uint64_t>(buf.size(), end_at - off);
+          if (n == 0) {  // evicted since it was listed: its next read serves T
+            skipped++;
+            off += kPageBytes;
+            continue;
+          }
+          t = Clock::now();
+          Patch(segments[run.file], off, n, reinterpret_cast<uint8_t*>(buf.data()));
+          patch_ns += Nanos(t);
+          t = Clock::now();
+          failed = pages->Store(run.file, off, buf.data(), n);
+          store_ns += Nanos(t);
+          stores++;
+          if (!failed.ok()) break;
+          mine.push_back({run.file, off, n});
+          patched_pages += PagesOf(off, off + n);
+          off += n;
         }
-        const uint64_t n = std::min<uint64_t>(buf.size(), end_at - off);
-        if (n == 0) {  // evicted since it was listed: its next read serves T
-          skipped++;
-          off += kPageBytes;
-          continue;
-        }
-        t = Clock::now();
-        Patch(segments[run.file], off, n, reinterpret_cast<uint8_t*>(buf.data()));
-        patch_ns += Nanos(t);
-        t = Clock::now();
-        s = pages->Store(run.file, off, buf.data(), n);
-        store_ns += Nanos(t);
-        stores++;
-        if (!s.ok()) return fail(s);
-        mine.push_back({run.file, off, n});
-        patched_pages += PagesOf(off, off + n);
-        off += n;
+        post();
       }
+      if (!failed.ok()) return fail(failed);
+      MutexLock lock(&mu);
+      patched.insert(patched.end(), mine.begin(), mine.end());
     }
-    MutexLock lock(&mu);
-    patched.insert(patched.end(), mine.begin(), mine.end());
   });
   if (!first_error.ok()) return first_error;
 

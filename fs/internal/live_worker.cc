@@ -48,11 +48,18 @@ class Retrievals {
     bool done = false;
     uint64_t offset = 0;
     std::string data;
+    Status error;  // the request could not be sent
   };
 
   static Retrievals& Get() {
     static Retrievals* r = new Retrievals();  // outlives every request thread
     return *r;
+  }
+
+  std::shared_ptr<Pending> Find(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(id);
+    return it == pending_.end() ? nullptr : it->second;
   }
 
   std::pair<uint64_t, std::shared_ptr<Pending>> Begin() {
@@ -137,31 +144,45 @@ class FusePageCache : public PageCache {
   }
 
   Status Fetch(uint32_t file_index, uint64_t offset, size_t len, std::string* out) override {
-    out->clear();
-    const auto begun = Retrievals::Get().Begin();
-    const uint64_t id = begun.first;
-    const std::shared_ptr<Retrievals::Pending> pending = begun.second;
-    struct End {
-      uint64_t id;
-      ~End() { Retrievals::Get().End(id); }
-    } end{id};
+    return FinishFetch(StartFetch(file_index, offset, len), out);
+  }
+
+  Ticket StartFetch(uint32_t file_index, uint64_t offset, size_t len) override {
+    const auto [id, pending] = Retrievals::Get().Begin();
     const int rc =
         fuse_lowlevel_notify_retrieve(se_, fs_->LiveIno(file_index), len,
                                       static_cast<off_t>(offset), reinterpret_cast<void*>(id));
     // ENOENT: the kernel does not know the inode, so nothing of it is cached.
-    if (rc == -ENOENT) return Status::Ok();
     if (rc != 0) {
-      return ErrnoStatus("page-cache retrieve of live file " + std::to_string(file_index), -rc);
+      std::lock_guard<std::mutex> lock(pending->mu);
+      pending->done = true;
+      pending->offset = offset;
+      if (rc != -ENOENT) {
+        pending->error =
+            ErrnoStatus("page-cache retrieve of live file " + std::to_string(file_index), -rc);
+      }
     }
+    return {file_index, offset, len, id};
+  }
+
+  Status FinishFetch(const Ticket& t, std::string* out) override {
+    out->clear();
+    std::shared_ptr<Retrievals::Pending> pending = Retrievals::Get().Find(t.id);
+    struct End {
+      uint64_t id;
+      ~End() { Retrievals::Get().End(id); }
+    } end{t.id};
+    if (!pending) return Internal("page-cache retrieve " + std::to_string(t.id) + " is unknown");
     std::unique_lock<std::mutex> lock(pending->mu);
     if (!pending->cv.wait_for(lock, kRetrieveTimeout, [&] { return pending->done; })) {
-      return IOError("page-cache retrieve of live file " + std::to_string(file_index) + " at " +
-                     std::to_string(offset) + ": no reply from the kernel");
+      return IOError("page-cache retrieve of live file " + std::to_string(t.file) + " at " +
+                     std::to_string(t.offset) + ": no reply from the kernel");
     }
-    if (pending->offset != offset) {
-      return Internal("page-cache retrieve of live file " + std::to_string(file_index) +
+    if (!pending->error.ok()) return pending->error;
+    if (pending->offset != t.offset) {
+      return Internal("page-cache retrieve of live file " + std::to_string(t.file) +
                       ": the reply is for offset " + std::to_string(pending->offset) + ", not " +
-                      std::to_string(offset));
+                      std::to_string(t.offset));
     }
     *out = std::move(pending->data);
     return Status::Ok();

@@ -23,6 +23,13 @@ measures, in one run:
   distance   applies BASE -> BASE+d and back for each d, one tp=1 receiver.
   memory     the daemon's VmRSS before each apply and its VmHWM during it
              (reset through /proc/PID/clear_refs), against the model size.
+  mapped     live/ mapped by a reader that touched all of it or a tenth of
+             its pages (every tenth), block caches of 256MiB, 1GiB and
+             --big-cache, applies BASE -> BASE+d for d in --mapped-distances:
+             the page step's split (fetch from the kernel, patch, store back,
+             read path) from .dte/status, against the limit of two passes
+             over the resident bytes at the memory bandwidth measured in the
+             same run (numpy copies) plus the apply's own decode.
 
 Before each timed run the script waits (a while) for a quiet machine and
 repeats a run during which other processes used more than --max-other cores.
@@ -32,7 +39,8 @@ buffers against the target sharded in Python.
 
 Usage: /usr/bin/python3 tools/bench/live_bench.py [--build-dir build] [--size 2GiB]
        [--quick] [--reps 3] [--big-cache 3GiB] [--distances 1,2,4,8]
-       [--receivers 0,1,2,8] [--work DIR] [--keep] [--json OUT]
+       [--receivers 0,1,2,8] [--mapped-distances 1,2,8] [--sections one,recv,mapped]
+       [--work DIR] [--keep] [--json OUT]
 """
 import argparse
 import hashlib
@@ -178,15 +186,18 @@ def receiver_child(mount, base, tp, rank, shm):
         w.unlink()
 
 
-def reader_child(paths):
-    """Maps every file, faults every page in, prints "ready"; then prints the
-    sha256 of each mapping for every line read."""
+def reader_child(paths, stride=1):
+    """Maps every file, faults every `stride`-th page in (with the kernel's
+    readahead off for the mapping: MADV_RANDOM), prints "ready"; then prints
+    the sha256 of each mapping for every line read."""
     maps = []
     for p in paths:
         with open(p, "rb") as f:
             maps.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
     for m in maps:
-        sum(m[i] for i in range(0, len(m), mmap.PAGESIZE))
+        if stride > 1:
+            m.madvise(mmap.MADV_RANDOM)
+        sum(m[i] for i in range(0, len(m), mmap.PAGESIZE * stride))
     print("ready", flush=True)
     for _ in sys.stdin:
         print(json.dumps([hashlib.sha256(m).hexdigest() for m in maps]), flush=True)
@@ -309,7 +320,8 @@ class Bench:
 
         def ready():
             s = self.status()["snapshots"]
-            return s is not None and s["building"] is None and s["versions"] == self.snapshots
+            return (s is not None and s["building"] is None
+                    and set(self.snapshots) <= set(s["versions"]))
         fu.wait_for(ready, 3600, f"dtefs snapshots of {self.snapshots}", 0.2)
         return self.m
 
@@ -432,7 +444,7 @@ def one_step_row(b, cached, cache_size, rep, res):
         b.mount(cache_size)
         b.dropper.drop()
         if cached:
-            state["reader"] = Child("reader", *b.files(os.path.join(b.mnt, "live")))
+            state["reader"] = Child("reader", 1, *b.files(os.path.join(b.mnt, "live")))
 
     try:
         pids = lambda: [state["reader"].proc.pid] if cached else []  # noqa: E731
@@ -514,9 +526,80 @@ def receivers_rows(b, tp, rep, res):
         stop_receivers(receivers)
 
 
+def memory_bandwidth():
+    """Bytes per second one core copies between two 256 MiB buffers (median of 5)."""
+    import numpy as np
+    src = np.ones(256 * MIB, dtype=np.uint8)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(6):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return src.nbytes / statistics.median(times[1:])
+
+
+def resident_pages(b):
+    """Pages of live/ files in the page cache (mincore through a mapping)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    total = 0
+    for path in b.files(os.path.join(b.mnt, "live")):
+        size = os.path.getsize(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            vec = (ctypes.c_ubyte * ((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE))()
+            libc.mincore(addr, size, vec)
+            libc.munmap(addr, size)
+        finally:
+            os.close(fd)
+        total += sum(v & 1 for v in vec)
+    return total
+
+
+def mapped_row(b, cache_size, stride, d, rep, res):
+    """Apply of vBASE+d over vBASE on a fresh mount with --cache-size
+    cache_size, live/ mapped by a reader that touched every stride-th page."""
+    state = {}
+
+    def prepare():
+        if state.get("reader"):
+            state.pop("reader").close()
+        b.mount(cache_size)
+        b.dropper.drop()
+        state["reader"] = Child("reader", stride, *b.files(os.path.join(b.mnt, "live")))
+        state["resident"] = resident_pages(b)
+
+    def body():
+        out = b.apply(b.base + d)
+        return out | {"page_split": b.status()["live"]["last_pages"],
+                      "resident": state["resident"]}
+
+    try:
+        out = b.timed(prepare, body, lambda: [state["reader"].proc.pid])
+        if rep == 0:
+            b.check_live(b.base + d, json.loads(state["reader"].ask("hash")))
+    finally:
+        if state.get("reader"):
+            state.pop("reader").close()
+    res.setdefault(f"mapped_{cache_size}_{stride}_{d}", []).append(out)
+
+
 def run_all(b, a, res, save):
-    configs = [("reload",)] + [("one", c, s) for c in (False, True) for s in (None, a.big_cache)]
-    configs += [("recv", tp) for tp in a.receivers]
+    configs = [("reload",)]
+    if "one" in a.sections:
+        configs += [("one", c, s) for c in (False, True) for s in (None, a.big_cache)]
+    if "recv" in a.sections:
+        configs += [("recv", tp) for tp in a.receivers]
+    if "mapped" in a.sections:
+        configs += [("mapped", size, stride, d) for size in a.mapped_caches
+                    for stride in (1, 10) for d in a.mapped_distances]
     for rep in range(a.reps):
         for cfg in (configs if rep % 2 == 0 else configs[::-1]):
             log(f"repetition {rep + 1}/{a.reps}: {cfg}")
@@ -524,6 +607,8 @@ def run_all(b, a, res, save):
                 reload_row(b, res)
             elif cfg[0] == "one":
                 one_step_row(b, cfg[1], cfg[2], rep, res)
+            elif cfg[0] == "mapped":
+                mapped_row(b, cfg[1], cfg[2], cfg[3], rep, res)
             else:
                 receivers_rows(b, cfg[1], rep, res)
             save()
@@ -613,16 +698,49 @@ def distance_table(a, res):
     return lines
 
 
+def mapped_table(a, res):
+    cold, warm = statistics.median(res["reload_cold"]), statistics.median(res["reload_warm"])
+    bw = res["copy_bandwidth"]
+    lines = ["| block cache | resident | distance | `dtectl apply` | decode | page step "
+             "| fetch | patch | store | read path (pages) | limit | apply / limit "
+             "| vs cold reload | vs warm reload | daemon peak |", "|---" * 15 + "|"]
+    for size in a.mapped_caches:
+        for stride in (1, 10):
+            for d in a.mapped_distances:
+                rows = res[f"mapped_{size}_{stride}_{d}"]
+                t = med(rows, "wall")
+                split = lambda k: statistics.median(r["page_split"][k] for r in rows) * 1e-9  # noqa
+                read_pages = statistics.median(r["page_split"]["read_path_pages"] for r in rows)
+                resident = med(rows, "resident") * mmap.PAGESIZE
+                limit = 2 * resident / bw + med(rows, "decode_ns", 1e-9)
+                lines.append(
+                    f"| {size} | {'all' if stride == 1 else '1/10'} "
+                    f"({resident / MIB:.0f} MiB) | {d} | {t:.3f} s "
+                    f"| {med(rows, 'decode_ns', 1e-9):.3f} s "
+                    f"| {med(rows, 'pagecache_ns', 1e-9):.3f} s | {split('fetch_ns'):.3f} s "
+                    f"| {split('patch_ns'):.3f} s | {split('store_ns'):.3f} s "
+                    f"| {split('read_ns'):.3f} s ({read_pages:.0f}) | {limit:.3f} s "
+                    f"| {t / limit:.2f} | **{cold / t:.2f}x** | {warm / t:.2f}x "
+                    f"| {statistics.median(r['peak'] for r in rows) / MIB:.0f} MiB |")
+    lines.append(f"\nmemory copy bandwidth (numpy, one core): {bw / 1e9:.2f} GB/s; fetch, "
+                 "patch and store are summed over the daemon's threads")
+    return lines
+
+
 def report(a, b, res, model_line, changed):
     n = res["model_bytes"]
     step = changed.get(b.base + 1)
     print(f"\n{a.cmdline}\n{model_line}; {n / MIB:.0f} MiB in the files of a version; "
           f"live v{b.base} -> v{b.base + 1} changes {step}% of BF16 elements (dte-gen); "
           f"snapshots {b.snapshots}; medians of {a.reps}\n")
-    print("\n".join(one_step_table(a, res)) + "\n")
-    print("\n".join(memory_table(a, res)) + "\n")
-    print("\n".join(receivers_table(a, res)) + "\n")
-    print("\n".join(distance_table(a, res)) + "\n")
+    if "one" in a.sections:
+        print("\n".join(one_step_table(a, res)) + "\n")
+        print("\n".join(memory_table(a, res)) + "\n")
+    if "recv" in a.sections:
+        print("\n".join(receivers_table(a, res)) + "\n")
+        print("\n".join(distance_table(a, res)) + "\n")
+    if "mapped" in a.sections:
+        print("\n".join(mapped_table(a, res)) + "\n")
     print(f"timed runs {b.runs}, repeated {b.retried}, contended after retries {b.contended}; "
           f"other load during runs: median {statistics.median(b.other):.2f} cores, "
           f"max {max(b.other):.2f}; waited {b.quiet.waited:.0f} s for quiet "
@@ -646,6 +764,9 @@ def parse_args():
     ap.add_argument("--distances", default="1,2,4,8")
     ap.add_argument("--receivers", default="0,1,2,8", help="tp of the receiver sets (0: none)")
     ap.add_argument("--big-cache", default="3GiB", help="the larger dtefs --cache-size")
+    ap.add_argument("--mapped-distances", default="1,2,8")
+    ap.add_argument("--sections", default="one,recv,mapped",
+                    help="what to measure besides the reload baseline")
     ap.add_argument("--max-busy", type=float, default=0.3)
     ap.add_argument("--quiet-timeout", type=float, default=10.0)
     ap.add_argument("--max-other", type=float, default=0.5)
@@ -661,6 +782,11 @@ def parse_args():
     if a.quick:
         a.quiet_timeout, a.retries = 0.0, 0
     a.distances = [int(x) for x in a.distances.split(",")]
+    a.mapped_distances = [int(x) for x in a.mapped_distances.split(",")]
+    a.mapped_caches = ["256MiB", "1GiB", a.big_cache]
+    a.sections = set(a.sections.split(","))
+    if not a.sections <= {"one", "recv", "mapped"}:
+        sys.exit("--sections takes one, recv and mapped")
     a.receivers = [int(x) for x in a.receivers.split(",")]
     if 1 not in a.distances or 1 not in a.receivers:
         sys.exit("--distances and --receivers must include 1")
@@ -678,7 +804,7 @@ def main():
         kind, args = a.child[0], a.child[1:]
         if kind == "receiver":
             return receiver_child(args[0], int(args[1]), int(args[2]), int(args[3]), args[4])
-        return reader_child(args)
+        return reader_child(args[1:], int(args[0]))
     created = not os.path.exists(a.work)
     os.makedirs(a.work, exist_ok=True)
     fu.install_cleanup()
@@ -688,11 +814,13 @@ def main():
         model_line = check_model(tools, a.model_args, max(a.receivers))
         store, cache = os.path.join(a.work, "store"), os.path.join(a.work, "cache")
         base = a.base
-        changed = build_store(tools, a, store, cache, base + max(a.distances))
+        changed = build_store(tools, a, store, cache,
+                              base + max(a.distances + a.mapped_distances))
         b = Bench(a, tools, store, cache, base)
         log("first mount: building snapshots")
         b.mount()
-        res = {"reload_cold": [], "reload_cpu": [], "reload_warm": []}
+        res = {"reload_cold": [], "reload_cpu": [], "reload_warm": [],
+               "copy_bandwidth": memory_bandwidth()}
 
         def save():  # after every configuration, so an interrupted run keeps its figures
             if a.json:
