@@ -226,6 +226,10 @@ Result<std::unique_ptr<Store>> OpenStore(const MountOptions& o, bool with_index)
   so.index_optional = true;
   so.blob_cache_bytes = o.blob_cache_bytes;
   so.blob_chunk_bytes = o.blob_chunk_bytes;
+  // The mount cannot start without a listing: a store that cannot be
+  // reached now is listed again with backoff (Store::ListVersions) until
+  // the first listing is in; the poller then retries on its own schedule.
+  so.patient_listing = true;
   return Store::Open(so);
 }
 
@@ -366,6 +370,7 @@ Status Serve(const MountOptions& o) {
     state.fs->SetSnapshots(state.snapshots.get());
     state.fs->SetInitialLive(o.live_version);
     RETURN_IF_ERROR(state.fs->Refresh());
+    state.store->SetPatientListing(false);
     if (o.live_version && !state.fs->live().View()) {
       return NotFound("dtefs: --live-version " + std::to_string(*o.live_version) + ": " +
                       VersionName(*o.live_version) + " is not in the store");

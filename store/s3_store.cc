@@ -344,6 +344,12 @@ Result<internal::ListObjectsPage> S3Store::ListPage(const std::string& prefix, i
                 {"prefix", client_.ObjectKey(prefix)}};
   if (!token.empty()) call.query.emplace_back("continuation-token", token);
   if (!start_after.empty()) call.query.emplace_back("start-after", client_.ObjectKey(start_after));
+  // A listing that does not parse (cut short, or a proxy's page in a 200)
+  // is asked for again, like a truncated body.
+  call.check_body = [](std::string_view body) {
+    auto page = internal::ParseListObjectsV2(body);
+    return page.ok() ? std::string() : page.status().message();
+  };
   S3Reply reply = client_.Call(call);
   if (!reply.ok()) return client_.ErrorStatus(reply, call);
   auto list = internal::ParseListObjectsV2(reply.http.body);

@@ -4,12 +4,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
+#include <thread>
 
 #include "store/cached_store.h"
+#include "store/internal/s3_retry.h"
 #include "store/s3_store.h"
 
 namespace dte {
@@ -320,6 +326,28 @@ void Store::DropJoin(uint64_t version) {
 }
 
 Result<std::map<uint64_t, std::string>> Store::ListVersions(bool fresh) {
+  if (!patient_listing_) return ListVersionsOnce(fresh);
+  S3RetryPolicy policy;
+  if (auto env = S3OptionsFromEnvironment(); env.ok()) policy = env->retry;
+  const auto start = std::chrono::steady_clock::now();
+  std::mt19937_64 random(std::random_device{}());
+  for (int attempt = 1;; ++attempt) {
+    auto listed = ListVersionsOnce(fresh);
+    if (listed.ok() || listed.status().code() != Code::kIOError ||
+        attempt >= std::max(1, policy.max_attempts)) {
+      if (listed.ok() || attempt == 1) return listed;
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%.1f", took.count());
+      return listed.status().WithContext("listing the versions of store " + options_.uri +
+                                         " failed " + std::to_string(attempt) +
+                                         " times over " + seconds + " s; the last attempt");
+    }
+    std::this_thread::sleep_for(internal::BackoffDelay(attempt, policy, random()));
+  }
+}
+
+Result<std::map<uint64_t, std::string>> Store::ListVersionsOnce(bool fresh) {
   // The join tables with every listing: a few keys, one more request.
   RETURN_IF_ERROR(ListJoins().status());
   if (!fresh) {

@@ -13,6 +13,7 @@
 // Thread-safety: all methods may be called concurrently.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -49,6 +50,8 @@ struct StoreOptions {
   uint64_t version_cache_bytes = uint64_t{32} << 20;
   // ...and at most this many of them.
   size_t version_cache_count = 256;
+  // Start with patient listing on (Store::ListVersions).
+  bool patient_listing = false;
 };
 
 // A validated, parsed version.
@@ -95,7 +98,17 @@ class Store {
   // `fresh` always lists everything (gc, reindex, dtefs's periodic full
   // listing). The listing is also remembered in memory: a version missing
   // from the index and the memory cache is looked up in it first.
+  //
+  // While patient listing is on (SetPatientListing; dtectl, and dtefs until
+  // its first listing), a listing that fails with IOError (the store cannot
+  // be reached: an error storm longer than one request's retries, resets,
+  // a listing body that never parses) is made again, up to the store's
+  // retry attempts in all, with the bounded backoff of its requests
+  // (S3RetryPolicy: $DTE_S3_MAX_ATTEMPTS, $DTE_S3_RETRY_BASE_MS,
+  // $DTE_S3_RETRY_MAX_MS). The error after the last one names the listing
+  // and says how many attempts were made over how long.
   Result<std::map<uint64_t, std::string>> ListVersions(bool fresh = false);
+  void SetPatientListing(bool on) { patient_listing_ = on; }
   // The latest version of the last listing this object took (opening the
   // store with an index takes one), with the versions it committed since,
   // if that listing is under kListingReuseSeconds old; else Latest(). For a
@@ -147,7 +160,8 @@ class Store {
   std::string CachePath() const;
 
  private:
-  explicit Store(StoreOptions options) : options_(std::move(options)) {}
+  explicit Store(StoreOptions options)
+      : options_(std::move(options)), patient_listing_(options_.patient_listing) {}
   Status Init();
   Result<std::shared_ptr<const Version>> Load(uint64_t version, const std::string& key);
   // Version `version` from the index (at manifest `key`, if given), parsed
@@ -179,6 +193,8 @@ class Store {
   std::unique_ptr<Index> index_;
   CachedStore* blob_cache_ = nullptr;  // objects_ itself, when it is one
   std::string store_id_;
+  Result<std::map<uint64_t, std::string>> ListVersionsOnce(bool fresh);
+  std::atomic<bool> patient_listing_{false};
   Mutex mu_;
   struct Cached {
     std::shared_ptr<const Version> version;

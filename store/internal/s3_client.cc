@@ -151,8 +151,8 @@ HttpRequest S3Client::BuildRequest(const S3Call& call) const {
 }
 
 // Fills in the S3 error of `reply`, and turns a 2xx body shorter than its
-// Content-Length into a kBadBody transport error, and one that fails its
-// stored checksum into kChecksum.
+// Content-Length or that call.check_body refuses into a kBadBody transport
+// error, and one that fails its stored checksum into kChecksum.
 void S3Client::Interpret(const S3Call& call, S3Reply* reply) const {
   HttpResponse& http = reply->http;
   reply->code.clear();
@@ -174,6 +174,13 @@ void S3Client::Interpret(const S3Call& call, S3Reply* reply) const {
     http.error = TransportError::kChecksum;
     http.error_detail = "its SHA-256 differs from the object's " + std::string(kChecksumHeader);
     return;
+  }
+  if (success && call.check_body) {
+    if (std::string wrong = call.check_body(http.body); !wrong.empty()) {
+      http.error = TransportError::kBadBody;
+      http.error_detail = "the body does not parse: " + wrong;
+      return;
+    }
   }
   if (!success || call.error_in_200) {
     if (auto error = ParseErrorBody(http.body)) {

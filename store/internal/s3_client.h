@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,6 +46,10 @@ struct S3Call {
   // checks what it receives (x-amz-content-sha256) but nothing checks what
   // it sends; manifests, which have no hash of their own, rely on this.
   bool checksum = false;
+  // A 2xx answer whose body this finds malformed (it returns what is wrong,
+  // "" for a good body) is retried like a truncated one: a listing cut
+  // short, or replaced by a proxy's error page.
+  std::function<std::string(std::string_view body)> check_body{};
 };
 
 // The user metadata header holding a whole object's SHA-256 (hex).

@@ -15,8 +15,10 @@ and friends, docs/s3.md) so that the tests run in seconds.
 """
 
 import json
+import os
 import random
 import re
+import subprocess
 
 import pytest
 
@@ -458,3 +460,63 @@ def test_bad_retry_setting_is_refused_naming_the_variable(moto, faults, bucket, 
         r = s.dte.run("log")
         assert r.returncode == ERROR and name in r.stderr, r.stderr
     assert faults.exchanges() == []  # refused before any request
+
+
+def bad_start(faults, endless=False):
+    """Listings (ListObjectsV2) fail at first: 503s for longer than one
+    request's retries, then a reset, then a 200 whose body is not a
+    listing; endless: every listing fails."""
+    faults.clear_rules()
+    lists = dict(method="GET", query="list-type=2")
+    if endless:
+        return faults.add_rule(action="status", status=503, code="SlowDown", times=None, **lists)
+    storm = ATTEMPTS + 2
+    faults.add_rule(action="status", status=503, code="SlowDown", times=storm, **lists)
+    faults.add_rule(action="reset_before", skip=storm, times=1, **lists)
+    faults.add_rule(action="status", status=200, code="NotAListing", skip=storm + 1, times=1,
+                    **lists)
+
+
+def test_a_bad_start_is_ridden_out_by_dtectl_and_by_a_mount(moto, faults, bucket, ckpts,
+                                                              tmp_path):
+    import fs_util
+    s = Setup(moto, faults, bucket, tmp_path)
+    s.dte.ok("import", ckpts.dir(0))
+    s.dte.ok("commit", ckpts.dir(1))
+
+    # dtectl lists again, with backoff, until the listing comes through.
+    bad_start(faults)
+    seen = len(faults.exchanges(method="GET", query="list-type=2"))
+    fresh = dtectl(moto, faults.endpoint, s.uri, tmp_path / "fresh")
+    assert fresh.versions() == [0, 1]
+    lists = faults.exchanges(method="GET", query="list-type=2")[seen:]
+    assert [e.action for e in lists[:ATTEMPTS + 4]] == (
+        ["status"] * (ATTEMPTS + 2) + ["reset_before", "status"]), lists
+    # ... and names the listing and the attempts when it never does.
+    bad_start(faults, endless=True)
+    r = dtectl(moto, faults.endpoint, s.uri, tmp_path / "never").run("log")
+    assert r.returncode == ERROR, r.stderr
+    assert re.search(r"listing the versions of store %s failed %d times over [0-9.]+ s; "
+                     r"the last attempt: .*ListObjectsV2.*SlowDown.*after %d attempts"
+                     % (re.escape(s.uri), ATTEMPTS, ATTEMPTS), r.stderr), r.stderr
+
+    # A mount through the same bad start comes up and serves both versions.
+    env = {**moto.env(), "AWS_ENDPOINT_URL": faults.endpoint, **FAST_RETRIES}
+    bad_start(faults)
+    m = fs_util.Mount(s.uri, tmp_path / "mnt", tmp_path / "mcache", env=env)
+    m.start()
+    try:
+        assert sorted(n for n in os.listdir(m.path) if n.startswith("v")) == [
+            "v00000000", "v00000001"]
+        store_util.same_tree(os.path.join(m.path, "v00000001"), ckpts.dir(1))
+    finally:
+        m.unmount()
+    # A store that never answers fails the mount, naming the listing.
+    bad_start(faults, endless=True)
+    os.makedirs(tmp_path / "mnt2", exist_ok=True)
+    r = subprocess.run([str(fs_util.binary()), s.uri, str(tmp_path / "mnt2"), "--cache-dir",
+                        str(tmp_path / "mcache2")], env={**os.environ, **env},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert re.search(r"failed %d times over .*ListObjectsV2" % ATTEMPTS, r.stderr), r.stderr
+    assert not os.path.ismount(tmp_path / "mnt2")

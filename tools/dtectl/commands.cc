@@ -512,6 +512,7 @@ int RunReindex(const Common& c) {
   // the blob cache's chunks too, so no blob cache is opened (the next one
   // to open deletes their files).
   o.cache_dir = c.cache_dir;
+  o.patient_listing = true;
   auto store = Store::Open(o);
   if (!store.ok()) return Fail("reindex", store.status());
   Status s = (*store)->SyncIndex(true);

@@ -19,6 +19,9 @@ Result<std::unique_ptr<Store>> OpenStore(const Common& c, const char* cmd, bool 
   o.index_optional = true;
   o.blob_cache_bytes = reads == BlobReads::kCached ? c.blob_cache_bytes : 0;
   o.blob_chunk_bytes = c.blob_chunk_bytes;
+  // A command cannot go on without a listing: a store that cannot be
+  // reached now is listed again, with backoff, before it fails.
+  o.patient_listing = true;
   ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(o));
   if (o.blob_cache_bytes > 0 && o.uri.starts_with("s3://") && store->blob_cache() == nullptr) {
     std::cerr << "dtectl " << cmd << ": note: the cache index in " << store->CachePath()
