@@ -32,6 +32,10 @@
 // buffers of one owner share a layout, and Drop(owner) forgets them (the
 // file was released: the process exited or closed it).
 //
+// The implementation is one file per concern: live.cc (Apply, the view,
+// status), live_changes.cc (steps 1-2), live_scatter.cc (receiver
+// buffers), live_pages.cc (the page cache), live_registry.cc (receivers).
+//
 // Thread-safety: all methods may be called concurrently; applies are
 // serialized (a second one fails with Busy). Reads of live/ hold a
 // ReadGuard for as long as their reply is being written.

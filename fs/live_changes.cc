@@ -1,0 +1,357 @@
+// Steps 1 and 2 of a live apply (fs/live.h): the target must have the live
+// version's layout, and the changed set between them, composed from the
+// delta records along the chain (or compared block by block where it cannot
+// be), decoded and verified before anything is written.
+#include "fs/internal/live_changes.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "kernels/parallel.h"
+#include "kernels/width.h"
+
+namespace dte::fs {
+namespace {
+
+// The unsigned integer of a W-byte element's bits.
+template <int W>
+using Bits = typename kernels::ElementBits<W>::type;
+
+}  // namespace
+
+Status Live::CheckLayout(const Version& from, const Version& to) {
+  const std::string a = VersionName(from.manifest.version), b = VersionName(to.manifest.version);
+  const std::string refuse = "cannot apply " + b + " over live " + a + ": ";
+  if (from.manifest.block_bytes != to.manifest.block_bytes) {
+    return InvalidArgument(refuse + "block sizes differ (" +
+                           std::to_string(from.manifest.block_bytes) + " vs " +
+                           std::to_string(to.manifest.block_bytes) + ")");
+  }
+  const auto& fa = from.manifest.files;
+  const auto& fb = to.manifest.files;
+  for (size_t i = 0; i < std::max(fa.size(), fb.size()); ++i) {
+    if (i >= fa.size() || i >= fb.size() || fa[i].name != fb[i].name) {
+      const std::string& name = i < fb.size() ? fb[i].name : fa[i].name;
+      return InvalidArgument(refuse + "the file sets differ (" + name + ")");
+    }
+    const FileEntry& x = fa[i];
+    const FileEntry& y = fb[i];
+    if (x.safetensors != y.safetensors || x.size != y.size) {
+      return InvalidArgument(refuse + x.name + " changed size or kind (live/ files keep theirs)");
+    }
+    if (!x.safetensors) continue;  // same size; its pages are replaced whole
+    if (x.header_size != y.header_size || x.tensors.size() != y.tensors.size()) {
+      return InvalidArgument(refuse + x.name + ": the tensor set or header size differs");
+    }
+    for (size_t t = 0; t < x.tensors.size(); ++t) {
+      const TensorEntry& p = x.tensors[t];
+      const TensorEntry& q = y.tensors[t];
+      if (p.name != q.name || p.dtype != q.dtype || p.shape != q.shape || p.begin != q.begin ||
+          p.end != q.end || p.first_block != q.first_block || p.blocks != q.blocks) {
+        return InvalidArgument(refuse + x.name + " tensor \"" + q.name +
+                               "\" differs in name, dtype, shape or offset");
+      }
+    }
+  }
+  if (from.records.size() != to.records.size()) {
+    return InvalidArgument(refuse + "the block tables differ in length");
+  }
+  return Status::Ok();
+}
+
+// --- the changed set ---------------------------------------------------------------
+
+namespace {
+
+// One decoded record as a list of entries (see Live::BlockChange).
+struct Entries {
+  std::vector<uint32_t> idx;
+  std::vector<uint8_t> vals;
+  std::vector<uint8_t> whole;  // empty: no set elements
+};
+
+// Composes the entries of several records of one block, applied in order,
+// into one list: per element, differences add up; a whole value replaces
+// what came before and later differences add to it; differences that sum
+// to zero drop out (the element is back to its old value). Dense per-block
+// arrays instead of merging sorted lists: each entry costs an add and a
+// bit, and the union comes out sorted from the bitmap.
+class Composer {
+ public:
+  // Before the first Add of a block of `elements` elements of `width` bytes.
+  void Start(size_t elements, int width) {
+    width_ = width;
+    const size_t words = (elements + 63) / 64;
+    if (bits_.size() < words) bits_.resize(words, 0);
+    if (acc_.size() < elements * width) acc_.resize(elements * width, 0);
+    if (whole_.size() < elements) whole_.resize(elements, 0);
+    words_ = words;
+  }
+  void Add(const Entries& e) {
+    kernels::DispatchWidth(width_, [&](auto w) { AddTyped<Bits<w.value>>(e); });
+  }
+  // The composed entries; leaves the arrays cleared for the next block.
+  void Finish(Entries* out) {
+    kernels::DispatchWidth(width_, [&](auto w) { FinishTyped<Bits<w.value>>(out); });
+  }
+
+ private:
+  template <typename U>
+  void AddTyped(const Entries& e) {
+    auto* acc = reinterpret_cast<U*>(acc_.data());
+    const auto* v = reinterpret_cast<const U*>(e.vals.data());
+    const size_t n = e.idx.size();
+    added_ += n;
+    for (size_t k = 0; k < n; ++k) {
+      const uint32_t i = e.idx[k];
+      bits_[i >> 6] |= uint64_t{1} << (i & 63);
+      if (!e.whole.empty() && e.whole[k]) {
+        acc[i] = v[k];
+        whole_[i] = 1;
+      } else {
+        acc[i] = static_cast<U>(acc[i] + v[k]);
+      }
+    }
+  }
+  template <typename U>
+  void FinishTyped(Entries* out) {
+    auto* acc = reinterpret_cast<U*>(acc_.data());
+    out->idx.resize(added_);  // the union has at most this many elements
+    out->vals.resize(added_ * sizeof(U));
+    out->whole.resize(added_);
+    uint32_t* idx = out->idx.data();
+    auto* vals = reinterpret_cast<U*>(out->vals.data());
+    uint8_t* whole = out->whole.data();
+    size_t n = 0;
+    bool any_whole = false;
+    for (size_t w = 0; w < words_; ++w) {
+      for (uint64_t word = bits_[w]; word != 0; word &= word - 1) {
+        const auto i = static_cast<uint32_t>(w * 64 + static_cast<size_t>(std::countr_zero(word)));
+        const U v = acc[i];
+        const uint8_t wh = whole_[i];
+        acc[i] = 0;
+        whole_[i] = 0;
+        idx[n] = i;
+        vals[n] = v;
+        whole[n] = wh;
+        any_whole = any_whole || wh != 0;
+        n += (wh != 0 || v != 0) ? 1 : 0;  // differences that cancel drop out
+      }
+      bits_[w] = 0;
+    }
+    out->idx.resize(n);
+    out->vals.resize(n * sizeof(U));
+    out->whole.resize(any_whole ? n : 0);
+    added_ = 0;
+  }
+
+  int width_ = 2;
+  size_t words_ = 0;
+  size_t added_ = 0;  // entries added since Start
+  std::vector<uint64_t> bits_;
+  std::vector<uint8_t> acc_;
+  std::vector<uint8_t> whole_;
+};
+
+// Turns differences that lead from the parent to a version into the ones
+// that lead back (no set elements).
+template <typename U>
+void NegateTyped(std::vector<uint8_t>* vals) {
+  const size_t n = vals->size() / sizeof(U);
+  for (size_t i = 0; i < n; ++i) {
+    U v;
+    std::memcpy(&v, vals->data() + i * sizeof(U), sizeof(U));
+    v = static_cast<U>(U{0} - v);
+    std::memcpy(vals->data() + i * sizeof(U), &v, sizeof(U));
+  }
+}
+
+void Negate(std::vector<uint8_t>* vals, int width) {
+  kernels::DispatchWidth(width, [&](auto w) { NegateTyped<Bits<w.value>>(vals); });
+}
+
+}  // namespace
+
+Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const LiveView& to,
+                                                    dte_live_counts* counts) {
+  const Version& L = *from.version;
+  const Version& T = *to.version;
+  // The versions whose records lead from the older of the two to the newer,
+  // newest first.
+  const bool forward = T.manifest.version > L.manifest.version;
+  const VersionChain& hi_chain = forward ? to.chain : from.chain;
+  const uint64_t lo = std::min(L.manifest.version, T.manifest.version);
+  std::vector<std::shared_ptr<const Version>> path;
+  bool on_chain = false;
+  for (const auto& v : hi_chain) {
+    if (v->manifest.version == lo) {
+      on_chain = true;
+      break;
+    }
+    path.push_back(v);
+  }
+  if (!on_chain) path.clear();
+  // The order records are applied in: forward oldest first; backward each
+  // one undone, newest first.
+  if (forward) std::reverse(path.begin(), path.end());
+
+  struct Job {
+    uint32_t file, tensor, block;
+    size_t record;
+    bool diff;  // compare L and T instead of composing the deltas' entries
+  };
+  std::vector<Job> jobs;
+  std::map<std::pair<const Version*, uint32_t>, std::string> blobs;  // verified delta blobs
+  for (uint32_t f = 0; f < T.manifest.files.size(); ++f) {
+    const FileEntry& file = T.manifest.files[f];
+    for (uint32_t t = 0; t < file.tensors.size(); ++t) {
+      const TensorEntry& tensor = file.tensors[t];
+      for (uint32_t b = 0; b < tensor.blocks; ++b) {
+        const size_t r = size_t{tensor.first_block} + b;
+        if (L.records[r].hash == T.records[r].hash) continue;  // same content
+        bool diff = !on_chain || path.empty();
+        for (const auto& v : path) {
+          const BlockRecord& rec = v->records[r];
+          if (rec.kind == BlockKind::kSparse) {
+            blobs.emplace(std::make_pair(v.get(), rec.blob), std::string());
+          } else if (rec.kind != BlockKind::kSame) {
+            diff = true;
+          }
+        }
+        jobs.push_back({f, t, b, r, diff});
+      }
+    }
+  }
+  // Delta blobs are small (a version's changed elements): each is read whole
+  // and checked against its content hash before its entries are trusted.
+  for (auto& [key, bytes] : blobs) {
+    const BlobRef& ref = key.first->manifest.blobs[key.second];
+    ASSIGN_OR_RETURN(
+        bytes, reader_->materializer().ReadWholeBlob(
+                   ref.hash, ref.size,
+                   VersionName(key.first->manifest.version) + " delta blob " + BlobKey(ref.hash)));
+  }
+
+  std::vector<BlockChange> outs(jobs.size());
+  Mutex err_mu;
+  dte::Status first_error;
+  kernels::ParallelFor(jobs.size(), 4, [&](size_t begin, size_t end) {
+    CodecScratch scratch;
+    Entries one, acc;
+    Composer composer;
+    for (size_t j = begin; j < end; ++j) {
+      const Job& job = jobs[j];
+      const FileEntry& file = T.manifest.files[job.file];
+      const TensorEntry& tensor = file.tensors[job.tensor];
+      const int width = DTypeWidth(tensor.dtype);
+      const uint64_t block_bytes = T.manifest.block_bytes;
+      const uint64_t first_byte = uint64_t{job.block} * block_bytes;
+      const size_t len = static_cast<size_t>(
+          std::min<uint64_t>(block_bytes, (tensor.end - tensor.begin) - first_byte));
+      BlockChange& out = outs[j];
+      out.block = job.block;
+      dte::Status s;
+      bool diff = job.diff;
+      if (!diff) {
+        // Compose the records' entries: no block of either version is
+        // materialized.
+        int records = 0;
+        for (const auto& v : path) {
+          const BlockRecord& rec = v->records[job.record];
+          if (rec.kind != BlockKind::kSparse) continue;
+          const std::string& blob = blobs.at({v.get(), rec.blob});
+          const std::string what = VersionName(v->manifest.version) + "/" + file.name +
+                                   " tensor \"" + tensor.name + "\" block " +
+                                   std::to_string(job.block);
+          if (rec.offset > blob.size() || rec.length > blob.size() - rec.offset) {
+            s = Corruption(what + ": record lies outside its blob");
+            break;
+          }
+          s = DecodeSparseEntries(std::string_view(blob).substr(rec.offset, rec.length), len, width,
+                                  &one.idx, &one.vals, &one.whole, &scratch, what);
+          if (!s.ok()) break;
+          if (!forward) {
+            if (!one.whole.empty()) {
+              // A set element does not say what it was before: take the
+              // values from the blocks instead.
+              diff = true;
+              break;
+            }
+            Negate(&one.vals, width);
+          }
+          if (records == 0) {
+            std::swap(acc, one);  // a single record is used as it is
+          } else {
+            if (records == 1) {
+              composer.Start(len / static_cast<size_t>(width), width);
+              composer.Add(acc);
+            }
+            composer.Add(one);
+          }
+          ++records;
+        }
+        if (records > 1) composer.Finish(&acc);  // also clears it after a break
+        if (s.ok() && !diff) {
+          out.idx.swap(acc.idx);
+          out.vals.swap(acc.vals);
+          out.whole.swap(acc.whole);
+        }
+      }
+      if (s.ok() && diff) {
+        // Compare L's and T's blocks (each checked against its block hash)
+        // and take the values from T's.
+        out.values = true;
+        out.idx.clear();
+        out.whole.clear();
+        auto tb = reader_->TensorBlock(to.version, job.file, job.tensor, job.block, &to.chain);
+        auto lb = tb.ok() ? reader_->TensorBlock(from.version, job.file, job.tensor, job.block,
+                                                 &from.chain)
+                          : tb;
+        s = lb.status();
+        if (s.ok()) {
+          const char* x = (*lb)->data();
+          const char* y = (*tb)->data();
+          const size_t n = (*tb)->size() / static_cast<size_t>(width);
+          for (size_t i = 0; i < n; ++i) {
+            if (std::memcmp(x + i * width, y + i * width, static_cast<size_t>(width)) != 0) {
+              out.idx.push_back(static_cast<uint32_t>(i));
+            }
+          }
+          out.vals.resize(out.idx.size() * static_cast<size_t>(width));
+          for (size_t k = 0; k < out.idx.size(); ++k) {
+            std::memcpy(out.vals.data() + k * width, y + size_t{out.idx[k]} * width,
+                        static_cast<size_t>(width));
+          }
+        }
+      }
+      if (!s.ok()) {
+        MutexLock lock(&err_mu);
+        if (first_error.ok()) first_error = s;
+      }
+    }
+  });
+  if (!first_error.ok()) return first_error;
+
+  std::vector<Changes> changes;
+  counts->entries = 0;
+  counts->blocks = jobs.size();
+  counts->compared_blocks = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const Job& job = jobs[j];
+    if (outs[j].values) counts->compared_blocks++;
+    if (outs[j].idx.empty()) continue;
+    const TensorEntry& tensor = T.manifest.files[job.file].tensors[job.tensor];
+    const int width = DTypeWidth(tensor.dtype);
+    if (changes.empty() || changes.back().file != job.file || changes.back().tensor != job.tensor) {
+      changes.push_back({job.file, job.tensor, width, T.manifest.block_bytes / width, {}});
+    }
+    counts->entries += outs[j].idx.size();
+    changes.back().blocks.push_back(std::move(outs[j]));
+  }
+  return changes;
+}
+
+}  // namespace dte::fs

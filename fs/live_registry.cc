@@ -1,0 +1,207 @@
+// Receivers of a live apply (fs/live.h): registering, checking and mapping
+// their buffers (shared memory or CUDA IPC) against the live version's
+// transfer plan for their layout, and forgetting them.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "fs/internal/live_changes.h"
+#include "kernels/cuda.h"
+#include "sync/convert.h"
+#include "sync/push.h"
+
+namespace dte::fs {
+namespace {
+
+std::string CString(const char* field, size_t size) {
+  return std::string(field, strnlen(field, size));
+}
+
+}  // namespace
+
+Live::Buffer::~Buffer() {
+  if (map) ::munmap(map, map_len);
+  if (kind == DTE_LIVE_CUDA_IPC && data) (void)kernels::CudaIpcCloseMemHandle(data);
+}
+
+Result<const Live::Plan*> Live::PlanFor(const Version& v, const ShardLayout& layout) {
+  const auto key = std::make_tuple(layout.tp, layout.fuse_qkv, layout.fuse_gate_up);
+  if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
+  ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(*store_, v));
+  auto plan = MakeTransferPlan(in.canonical, in.geometry, ShardLayout{1, false, false}, layout);
+  if (!plan.ok()) return plan.status().WithContext("receiver layout " + LayoutText(layout, 0));
+  Plan entry;
+  entry.plan = std::move(plan).value();
+  entry.ops_by_canonical.resize(entry.plan.canonical.size());
+  for (uint32_t i = 0; i < entry.plan.ops.size(); ++i) {
+    entry.ops_by_canonical[entry.plan.ops[i].canonical].push_back(i);
+  }
+  return &plans_.emplace(key, std::move(entry)).first->second;
+}
+
+Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_register& r) {
+  if (r.abi_version != DTE_LIVE_ABI_VERSION) {
+    return InvalidArgument("register: ABI version " + std::to_string(r.abi_version) +
+                           " (this daemon speaks " + std::to_string(DTE_LIVE_ABI_VERSION) + ")");
+  }
+  const std::string name = CString(r.name, sizeof r.name);
+  if (name.empty() || name.size() == sizeof r.name) {
+    return InvalidArgument("register: the tensor name is empty or not NUL-terminated");
+  }
+  const std::string what = "register \"" + name + "\"";
+  if (r.kind != DTE_LIVE_HOST_SHM && r.kind != DTE_LIVE_CUDA_IPC) {
+    return InvalidArgument(what + ": unknown buffer kind " + std::to_string(r.kind));
+  }
+  if (r.tp < 1 || r.rank < 0 || r.rank >= r.tp) {
+    return InvalidArgument(what + ": rank " + std::to_string(r.rank) + " of tp " +
+                           std::to_string(r.tp));
+  }
+  const ShardLayout layout{r.tp, r.fuse_qkv != 0, r.fuse_gate_up != 0};
+  std::shared_ptr<const LiveView> view = View();
+  if (!view) return NotFound(what + ": the mount has no live version yet");
+
+  MutexLock lock(&receivers_mu_);
+  // An apply adds its changes to what a buffer holds, so the buffer must
+  // hold the live version. Refused during an apply (its scatter may have
+  // run already); otherwise, holding receivers_mu_, a later apply's
+  // scatter includes this buffer.
+  if (applying_.load()) return Busy(what + ": a live apply is running; register after it");
+  view = View();
+  if (r.version != DTE_LIVE_LATEST && r.version != view->version->manifest.version) {
+    return InvalidArgument(what + ": the buffer holds " + VersionName(r.version) +
+                           " but the live version is " +
+                           VersionName(view->version->manifest.version) +
+                           "; load it again from MOUNT/live/ and register");
+  }
+  auto existing = receivers_.find(owner);
+  if (existing != receivers_.end()) {
+    const Receiver& rc = existing->second;
+    if (rc.rank != r.rank || rc.layout.tp != layout.tp || rc.layout.fuse_qkv != layout.fuse_qkv ||
+        rc.layout.fuse_gate_up != layout.fuse_gate_up) {
+      return InvalidArgument(what + ": layout " + LayoutText(layout, r.rank) +
+                             " differs from this receiver's " + LayoutText(rc.layout, rc.rank));
+    }
+    for (const auto& b : rc.buffers) {
+      if (b->name == name) return AlreadyExists(what + ": already registered by this receiver");
+    }
+  }
+  ASSIGN_OR_RETURN(const Plan* plan, PlanFor(*view->version, layout));
+  const auto& tensors = plan->plan.receiver_tensors[static_cast<size_t>(r.rank)];
+  auto it = std::find_if(tensors.begin(), tensors.end(),
+                         [&](const PlanTensor& t) { return t.name == name; });
+  if (it == tensors.end()) {
+    return NotFound(what + ": no such tensor in layout " + LayoutText(layout, r.rank) + " of " +
+                    VersionName(view->version->manifest.version));
+  }
+  const std::string dtype = CString(r.dtype, sizeof r.dtype);
+  std::optional<DType> dt = ParseDType(dtype);
+  std::vector<uint64_t> shape;
+  for (uint32_t d = 0; d < std::min<uint32_t>(r.ndim, DTE_LIVE_MAX_DIMS); ++d) {
+    shape.push_back(r.shape[d] < 0 ? UINT64_MAX : static_cast<uint64_t>(r.shape[d]));
+  }
+  if (!dt || *dt != it->dtype || r.ndim > DTE_LIVE_MAX_DIMS || shape != it->shape) {
+    auto text = [](const std::vector<uint64_t>& v) {
+      return ShapeString(std::vector<int64_t>(v.begin(), v.end()));
+    };
+    return InvalidArgument(what + ": " + dtype + " " + text(shape) + " given, the layout has " +
+                           DTypeName(it->dtype) + " " + text(it->shape));
+  }
+  auto buf = std::make_unique<Buffer>();
+  buf->name = name;
+  buf->receiver_tensor = static_cast<uint32_t>(it - tensors.begin());
+  buf->width = DTypeWidth(it->dtype);
+  buf->elements = ShapeElements(it->shape);
+  buf->kind = r.kind;
+  const uint64_t bytes = buf->elements * static_cast<uint64_t>(buf->width);
+  if (r.kind == DTE_LIVE_CUDA_IPC) {
+    if (!kernels::CudaDeviceAvailable()) {
+      return Status(Code::kUnimplemented,
+                    what + ": CUDA IPC buffers need a CUDA device, and this host has none");
+    }
+    void* ptr = nullptr;
+    kernels::CudaStatus cs = kernels::CudaIpcOpenMemHandle(r.cuda_ipc_handle, r.cuda_device, &ptr);
+    if (!cs.ok()) return InvalidArgument(what + ": " + cs.message);
+    buf->data = static_cast<uint8_t*>(ptr);
+  } else {
+    const std::string shm = CString(r.shm_name, sizeof r.shm_name);
+    if (!IsPlainFileName(shm)) {
+      return InvalidArgument(what + ": shm_name \"" + shm + "\" must name an object in /dev/shm");
+    }
+    const std::string path = "/dev/shm/" + shm;
+    const int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+      const int e = errno;
+      return Status(e == EACCES || e == EPERM ? Code::kPermissionDenied : Code::kNotFound,
+                    what + ": cannot open " + path + ": " + std::strerror(e));
+    }
+    struct stat st = {};
+    const bool stat_ok = ::fstat(fd, &st) == 0;
+    if (!stat_ok || !S_ISREG(st.st_mode) || (uid != 0 && st.st_uid != uid)) {
+      ::close(fd);
+      return Status(Code::kPermissionDenied,
+                    what + ": " + path + " is not a regular file of the registering user");
+    }
+    if (r.offset > static_cast<uint64_t>(st.st_size) ||
+        bytes > static_cast<uint64_t>(st.st_size) - r.offset) {
+      ::close(fd);
+      return InvalidArgument(what + ": " + std::to_string(bytes) + " bytes at offset " +
+                             std::to_string(r.offset) + " do not fit in " + path + " (" +
+                             std::to_string(st.st_size) + " bytes)");
+    }
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uint64_t map_off = r.offset / page * page;
+    buf->map_len = static_cast<size_t>(r.offset - map_off + std::max<uint64_t>(bytes, 1));
+    // Populated now, so the first apply does not fault the mapping in.
+    void* m = ::mmap(nullptr, buf->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+                     static_cast<off_t>(map_off));
+    const int e = errno;
+    ::close(fd);
+    if (m == MAP_FAILED) {
+      return IOError(what + ": cannot map " + path + ": " + std::strerror(e));
+    }
+    buf->map = m;
+    buf->data = static_cast<uint8_t*>(m) + (r.offset - map_off);
+  }
+  buf->id = next_buffer_id_++;
+  const uint64_t id = buf->id;
+  Receiver& rc = receivers_[owner];
+  if (rc.buffers.empty()) {
+    rc.layout = layout;
+    rc.rank = r.rank;
+    rc.uid = uid;
+  }
+  rc.buffers.push_back(std::move(buf));
+  return id;
+}
+
+Status Live::Unregister(uint64_t owner, uint64_t id) {
+  MutexLock lock(&receivers_mu_);
+  auto it = receivers_.find(owner);
+  if (id == 0) {
+    if (it != receivers_.end()) receivers_.erase(it);
+    return Status::Ok();
+  }
+  if (it != receivers_.end()) {
+    auto& bufs = it->second.buffers;
+    for (auto b = bufs.begin(); b != bufs.end(); ++b) {
+      if ((*b)->id == id) {
+        bufs.erase(b);
+        if (bufs.empty()) receivers_.erase(it);
+        return Status::Ok();
+      }
+    }
+  }
+  return NotFound("unregister: buffer " + std::to_string(id) + " is not registered here");
+}
+
+void Live::Drop(uint64_t owner) {
+  MutexLock lock(&receivers_mu_);
+  receivers_.erase(owner);
+}
+
+}  // namespace dte::fs

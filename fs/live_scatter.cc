@@ -1,0 +1,323 @@
+// Step 4 of a live apply (fs/live.h): the changed set written in place into
+// every registered receiver buffer, remapped through the receiver's transfer
+// plan, each index checked against the buffer; a receiver whose shared
+// memory goes away under the mapping (SIGBUS) is dropped, not the daemon.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csetjmp>
+#include <csignal>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "fs/internal/live_changes.h"
+#include "fs/log.h"
+#include "kernels/cuda.h"
+#include "kernels/parallel.h"
+#include "kernels/remap_cuda.h"
+#include "kernels/remap_math.h"
+#include "kernels/width.h"
+#include "sync/convert.h"
+
+namespace dte::fs {
+namespace {
+
+// What the apply helpers read of a BlockChange.
+struct EntryView {
+  bool values;
+  const uint8_t* vals;
+  const uint8_t* whole;  // null: no set elements
+};
+
+// A SIGBUS while writing a receiver's shared memory (its object was
+// truncated under the mapping) must fail that receiver, not kill the daemon.
+thread_local sigjmp_buf* t_bus_jump = nullptr;
+
+void OnSigbus(int sig, siginfo_t*, void*) {
+  if (t_bus_jump) siglongjmp(*t_bus_jump, 1);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+void InstallSigbusHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa = {};
+    sa.sa_sigaction = OnSigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, nullptr);
+  });
+}
+
+template <int W>
+void ApplyAll(uint8_t* dst, const uint64_t* dst_idx, const uint64_t* pos, const uint8_t* vals,
+              const EntryView& c, size_t n) {
+  if (c.values || c.whole == nullptr) {
+    for (size_t j = 0; j < n; ++j) {
+      kernels::ApplyElement<W>(dst + dst_idx[j] * W, vals + pos[j] * W, c.values);
+    }
+    return;
+  }
+  for (size_t j = 0; j < n; ++j) {
+    kernels::ApplyElement<W>(dst + dst_idx[j] * W, vals + pos[j] * W, c.whole[pos[j]] != 0);
+  }
+}
+
+// Runs write() so that a SIGBUS in it (a receiver's memory went away under
+// the mapping) returns false instead of killing the daemon.
+template <typename F>
+bool UnderBusGuard(const F& write) {
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 0) != 0) {
+    t_bus_jump = nullptr;
+    return false;
+  }
+  t_bus_jump = &jump;
+  write();
+  t_bus_jump = nullptr;
+  return true;
+}
+
+// Applies entry pos[j] of c at dst[dst_idx[j]] for j < n (ApplyElement);
+// every index is checked against `elements` first. False on a SIGBUS or a
+// bad index.
+bool GuardedApply(uint8_t* dst, uint64_t elements, const uint64_t* dst_idx, const uint64_t* pos,
+                  const EntryView& c, size_t n, int width) {
+  for (size_t j = 0; j < n; ++j) {
+    if (dst_idx[j] >= elements) return false;
+  }
+  return UnderBusGuard([&] {
+    kernels::DispatchWidth(width,
+                           [&](auto w) { ApplyAll<w.value>(dst, dst_idx, pos, c.vals, c, n); });
+  });
+}
+
+template <int W>
+[[gnu::noinline]] void ApplyRunTyped(uint8_t* dst, uint64_t base, const uint32_t* idx,
+                                     const EntryView& c, size_t begin, size_t end) {
+  if (c.values || c.whole == nullptr) {
+    for (size_t i = begin; i < end; ++i) {
+      kernels::ApplyElement<W>(dst + (base + idx[i]) * W, c.vals + i * W, c.values);
+    }
+    return;
+  }
+  for (size_t i = begin; i < end; ++i) {
+    kernels::ApplyElement<W>(dst + (base + idx[i]) * W, c.vals + i * W, c.whole[i] != 0);
+  }
+}
+
+// The fast form of GuardedApply for a run of entries [begin, end) that maps
+// to the buffer by a constant shift: entry i goes to element base + idx[i]
+// (modulo 2^64). The run's first and last destinations are checked against
+// `elements` (idx is increasing, so the rest lie between).
+bool GuardedApplyRun(uint8_t* dst, uint64_t elements, uint64_t base, const uint32_t* idx,
+                     const EntryView& c, size_t begin, size_t end, int width) {
+  if (begin >= end) return true;
+  const uint64_t lo = base + idx[begin], hi = base + idx[end - 1];
+  if (lo > hi || hi >= elements) return false;
+  return UnderBusGuard([&] {
+    kernels::DispatchWidth(width,
+                           [&](auto w) { ApplyRunTyped<w.value>(dst, base, idx, c, begin, end); });
+  });
+}
+
+// Whether a remap plan moves its box by a constant shift of flat indices:
+// the box spans every dimension but the first whole, and the destination has
+// the source's trailing dimensions (a row split, or a tensor copied whole or
+// into a fused one). Then dst = src + dst_offset (modulo 2^64).
+bool IsShift(const kernels::RemapPlan& p) {
+  if (p.ndim < 1) return false;
+  uint64_t stride = 1;
+  for (int d = p.ndim - 1; d >= 1; --d) {
+    if (p.lo[d] != 0 || p.hi[d] != p.src_shape[d] || p.dst_stride[d] != stride) return false;
+    stride *= p.src_shape[d];
+  }
+  return p.dst_stride[0] == stride;
+}
+
+// Whether a two-dimensional plan keeps rows contiguous in the destination
+// (any box, unit column stride): then the part of source row r inside the
+// box lands at src + dst_offset + r * (dst_stride[0] - columns), modulo 2^64.
+bool IsRows(const kernels::RemapPlan& p) { return p.ndim == 2 && p.dst_stride[1] == 1; }
+
+}  // namespace
+
+Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
+                     dte_live_counts* counts) {
+  InstallSigbusHandler();
+  MutexLock lock(&receivers_mu_);
+  // Canonical index of each (file, tensor): the order PlanFor lists them in.
+  std::vector<uint32_t> first_canonical;
+  uint32_t n = 0;
+  for (const FileEntry& f : v.manifest.files) {
+    first_canonical.push_back(n);
+    n += static_cast<uint32_t>(f.tensors.size());
+  }
+  std::vector<uint64_t> failed;
+  for (auto& [owner, rc] : receivers_) {
+    auto plan = PlanFor(v, rc.layout);
+    if (!plan.ok()) return plan.status();
+    std::vector<Buffer*> by_tensor(
+        (*plan)->plan.receiver_tensors[static_cast<size_t>(rc.rank)].size());
+    for (const auto& b : rc.buffers) by_tensor[b->receiver_tensor] = b.get();
+    // The (tensor, op) pairs that write this receiver's buffers.
+    struct Target {
+      const Changes* c;
+      const TransferOp* op;
+      Buffer* buf;
+      bool shift;  // IsShift(op->remap)
+      bool rows;   // IsRows(op->remap)
+    };
+    std::vector<Target> targets;
+    for (const Changes& c : changes) {
+      const uint32_t canonical = first_canonical[c.file] + c.tensor;
+      for (uint32_t op_index : (*plan)->ops_by_canonical[canonical]) {
+        const TransferOp& op = (*plan)->plan.ops[op_index];
+        if (op.receiver != rc.rank || !by_tensor[op.receiver_tensor]) continue;
+        targets.push_back(
+            {&c, &op, by_tensor[op.receiver_tensor], IsShift(op.remap), IsRows(op.remap)});
+      }
+    }
+    std::atomic<bool> ok{true};
+    std::atomic<uint64_t> bytes{0};
+    std::vector<uint8_t> touched(by_tensor.size(), 0);
+    // Host buffers: every block of every target is one piece of work, spread
+    // over the worker threads (the pieces write distinct elements).
+    std::vector<std::pair<uint32_t, uint32_t>> work;  // (target, block)
+    for (uint32_t t = 0; t < targets.size(); ++t) {
+      if (targets[t].buf->kind == DTE_LIVE_CUDA_IPC) continue;
+      for (uint32_t k = 0; k < targets[t].c->blocks.size(); ++k) work.emplace_back(t, k);
+    }
+    kernels::ParallelFor(work.size(), 8, [&](size_t begin, size_t end) {
+      std::vector<uint64_t> src, dst, pos;
+      uint64_t wrote = 0;
+      for (size_t w = begin; w < end && ok.load(std::memory_order_relaxed); ++w) {
+        const Target& tg = targets[work[w].first];
+        const BlockChange& bc = tg.c->blocks[work[w].second];
+        const uint64_t first = uint64_t{bc.block} * tg.c->block_elements;
+        const EntryView view{bc.values, bc.vals.data(),
+                             bc.whole.empty() ? nullptr : bc.whole.data()};
+        if (tg.shift) {
+          // The entries inside the box, written without a remap per element.
+          const kernels::RemapPlan& rp = tg.op->remap;
+          if (rp.src_first > rp.src_last) continue;
+          auto rel = [&](uint64_t x) {
+            return x <= first ? uint64_t{0} : std::min<uint64_t>(x - first, UINT32_MAX);
+          };
+          const uint32_t* idx = bc.idx.data();
+          const size_t b = static_cast<size_t>(
+              std::lower_bound(idx, idx + bc.idx.size(), rel(rp.src_first)) - idx);
+          const size_t e = static_cast<size_t>(
+              std::upper_bound(idx, idx + bc.idx.size(), rel(rp.src_last)) - idx);
+          if (rp.src_last < first) continue;
+          if (!GuardedApplyRun(tg.buf->data, tg.buf->elements, first + rp.dst_offset, idx, view, b,
+                               e, tg.c->width)) {
+            ok = false;
+            break;
+          }
+          wrote += (e - b) * static_cast<uint64_t>(tg.c->width);
+          continue;
+        }
+        if (tg.rows) {
+          // A column split: each source row's part of the box is one run
+          // with its own shift (see IsRows).
+          const kernels::RemapPlan& rp = tg.op->remap;
+          const uint64_t cols = rp.src_shape[1];
+          const uint32_t* idx = bc.idx.data();
+          const size_t n = bc.idx.size();
+          auto rel = [&](uint64_t x) {
+            return x <= first ? uint64_t{0} : std::min<uint64_t>(x - first, UINT32_MAX);
+          };
+          const uint64_t r0 = std::max<uint64_t>(rp.lo[0], (first + idx[0]) / cols);
+          const uint64_t r1 = std::min<uint64_t>(rp.hi[0], (first + idx[n - 1]) / cols + 1);
+          size_t from = 0;
+          for (uint64_t r = r0; r < r1; ++r) {
+            const uint64_t lo = r * cols + rp.lo[1], hi = r * cols + rp.hi[1] - 1;
+            if (hi < first) continue;
+            const size_t b =
+                static_cast<size_t>(std::lower_bound(idx + from, idx + n, rel(lo)) - idx);
+            const size_t e = static_cast<size_t>(std::upper_bound(idx + b, idx + n, rel(hi)) - idx);
+            from = e;
+            const uint64_t base = first + rp.dst_offset + r * (rp.dst_stride[0] - cols);
+            if (!GuardedApplyRun(tg.buf->data, tg.buf->elements, base, idx, view, b, e,
+                                 tg.c->width)) {
+              ok = false;
+              break;
+            }
+            wrote += (e - b) * static_cast<uint64_t>(tg.c->width);
+          }
+          continue;
+        }
+        src.resize(bc.idx.size());
+        for (size_t i = 0; i < bc.idx.size(); ++i) src[i] = first + bc.idx[i];
+        dst.resize(src.size());
+        pos.resize(src.size());
+        const size_t k = RemapOpIndices(*tg.op, src.data(), src.size(), dst.data(), pos.data());
+        if (k == 0) continue;
+        if (!GuardedApply(tg.buf->data, tg.buf->elements, dst.data(), pos.data(), view, k,
+                          tg.c->width)) {
+          ok = false;
+          break;
+        }
+        wrote += k * static_cast<uint64_t>(tg.c->width);
+      }
+      bytes.fetch_add(wrote, std::memory_order_relaxed);
+    });
+    // Device buffers: one remap + apply kernel per target, its blocks
+    // concatenated; the indices are checked on the host first.
+    for (const Target& tg : targets) {
+      if (tg.buf->kind != DTE_LIVE_CUDA_IPC || !ok) continue;
+      const Changes& c = *tg.c;
+      std::vector<uint64_t> src;
+      std::vector<uint8_t> vals, whole;
+      bool all_whole = true;
+      for (const BlockChange& bc : c.blocks) {
+        const uint64_t first = uint64_t{bc.block} * c.block_elements;
+        for (size_t i = 0; i < bc.idx.size(); ++i) {
+          src.push_back(first + bc.idx[i]);
+          whole.push_back(bc.Whole(i) ? 1 : 0);
+          all_whole = all_whole && bc.Whole(i);
+        }
+        vals.insert(vals.end(), bc.vals.begin(), bc.vals.end());
+      }
+      std::vector<uint64_t> dst(src.size()), pos(src.size());
+      const size_t k = RemapOpIndices(*tg.op, src.data(), src.size(), dst.data(), pos.data());
+      if (k == 0) continue;
+      for (size_t j = 0; j < k; ++j) ok = ok && dst[j] < tg.buf->elements;
+      kernels::CudaBuffer d_src, d_vals, d_whole;
+      kernels::CudaStatus cs = d_src.Allocate(src.size() * 8);
+      if (cs.ok()) cs = d_vals.Allocate(vals.size());
+      if (cs.ok()) cs = d_whole.Allocate(whole.size());
+      if (cs.ok()) cs = kernels::CudaCopyToDevice(d_src.data(), src.data(), src.size() * 8);
+      if (cs.ok()) cs = kernels::CudaCopyToDevice(d_vals.data(), vals.data(), vals.size());
+      if (cs.ok()) cs = kernels::CudaCopyToDevice(d_whole.data(), whole.data(), whole.size());
+      if (cs.ok() && ok) {
+        cs = kernels::CudaRemapApply(tg.op->remap, static_cast<const uint64_t*>(d_src.data()),
+                                     d_vals.data(), static_cast<const uint8_t*>(d_whole.data()),
+                                     all_whole, src.size(), c.width, tg.buf->data, nullptr);
+      }
+      if (cs.ok()) cs = kernels::CudaStreamSynchronize(nullptr);
+      if (!cs.ok()) ok = false;
+      bytes += k * static_cast<uint64_t>(c.width);
+    }
+    if (!ok) {
+      // Its memory went away under the mapping (or a device call failed):
+      // the receiver is dropped and the apply goes on for the others.
+      LogLine("dtefs: live apply: dropped receiver (" + LayoutText(rc.layout, rc.rank) +
+              "): writing its buffers failed");
+      failed.push_back(owner);
+      continue;
+    }
+    for (const Target& tg : targets) touched[tg.op->receiver_tensor] = 1;
+    counts->bytes += bytes.load();
+    if (!targets.empty()) counts->receivers++;
+    counts->buffers += static_cast<uint64_t>(std::count(touched.begin(), touched.end(), 1));
+  }
+  for (uint64_t owner : failed) receivers_.erase(owner);
+  return Status::Ok();
+}
+
+}  // namespace dte::fs
