@@ -82,32 +82,20 @@ class PageCache {
   // Replaces [offset, offset + len) of live file number `file_index` in the
   // page cache with `data`. Called from several threads at once.
   virtual Status Store(uint32_t file_index, uint64_t offset, const char* data, size_t len) = 0;
-  // Copies what the page cache holds of [offset, offset + len) of live file
-  // number `file_index` (offset page-aligned) into *out: the resident pages
-  // from `offset` on, up to the first that is not resident or a limit of the
-  // cache's own, so fewer bytes than asked (none where the first page is not
-  // resident). An error (Unimplemented where the cache cannot be read) makes
-  // the apply fill those pages from the read path instead. Called from
-  // several threads at once.
-  virtual Status Fetch(uint32_t file_index, uint64_t offset, size_t len, std::string* out) {
-    (void)file_index, (void)offset, (void)len, (void)out;
+  // Copies the page cache's current bytes of [offset, offset + len) of live
+  // file number `file_index` (offset page-aligned) into dst (room for len
+  // bytes) and sets *got: fewer bytes than asked (none) where a page is
+  // not resident any more, if the cache can tell; a cache that cannot
+  // reads such a page through the mount (from the new view: it is then a
+  // noted read, Live::NoteRead). An error (Unimplemented where the cache
+  // cannot be read) makes the apply fill those pages from the read path
+  // instead. Called from several threads at once.
+  virtual Status Fetch(uint32_t file_index, uint64_t offset, size_t len, char* dst, size_t* got) {
+    (void)file_index, (void)offset, (void)len, (void)dst, (void)got;
     return Unimplemented("this page cache cannot be read back");
   }
-  // Fetch in two halves, so that a caller keeps several fetches in flight:
-  // StartFetch asks and returns a ticket, FinishFetch waits for its bytes
-  // (exactly once per ticket). By default FinishFetch runs Fetch.
-  struct Ticket {
-    uint32_t file = 0;
-    uint64_t offset = 0;
-    size_t len = 0;
-    uint64_t id = 0;  // the cache's own
-  };
-  virtual Ticket StartFetch(uint32_t file_index, uint64_t offset, size_t len) {
-    return {file_index, offset, len, 0};
-  }
-  virtual Status FinishFetch(const Ticket& t, std::string* out) {
-    return Fetch(t.file, t.offset, t.len, out);
-  }
+  // The apply's page step is over (files a cache opened can be closed).
+  virtual void Done() {}
 };
 
 // What the page-cache step of the last apply did (.dte/status, "live" ->

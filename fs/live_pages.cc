@@ -4,26 +4,28 @@
 // A resident page of a tensor's bytes holds the old live version L (it was
 // filled before the switch; every read after it is noted, below), and the
 // changed set says what to add to L's elements. So each run of such pages
-// is fetched from the kernel (PageCache::Fetch: fuse_lowlevel_notify_retrieve),
-// patched in place with the entries that fall in it, and stored back
-// (PageCache::Store: fuse_lowlevel_notify_store), up to 1 MiB at a time:
-// two passes over the resident bytes, with no block of either version
-// materialized. Pages whose new bytes are not composed from entries (a
-// header or another file whose content differs, a tensor whose elements are
-// not aligned in the file) and runs the cache cannot fetch are filled from
-// the read path instead.
+// is fetched (PageCache::Fetch: read through the mount, which the kernel
+// answers from the page cache without asking the daemon), patched in place
+// with the entries that fall in it, and stored back (PageCache::Store:
+// fuse_lowlevel_notify_store), up to 1 MiB at a time: two copies of the
+// resident bytes, with no block of either version materialized. Pages
+// whose new bytes are not composed from entries (a header or another file
+// whose content differs, a tensor whose elements are not aligned in the
+// file) and runs the cache cannot fetch are filled from the read path
+// instead.
 //
-// A page evicted before its fetch is skipped: its next read is served from
-// T. A page that a read of T refilled during the apply (evicted, then
-// faulted in again after the switch) holds T, not L, and patching it would
-// add the changes twice: every read of T during the step is noted
+// A page evicted before its fetch is read again through the daemon, from T
+// (or skipped, by a cache that can tell). A page that a read of T refilled
+// during the apply (evicted, then read again after the switch, by a
+// reader or by the fetch itself) holds T, not L, and patching it would add
+// the changes twice: every read of T during the step is noted
 // (Live::NoteRead), and each patched page one of them covers is stored once
 // more from the read path after the last patch, when every store the
 // reads could race with has returned.
 
 #include <algorithm>
 #include <atomic>
-#include <deque>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -117,8 +119,12 @@ Status Live::PushPages(const LiveView& from, const LiveView& to,
                        LivePageStats* stats) {
   struct StopWatching {
     Live* live;
-    ~StopWatching() { live->StopWatchingReads(); }
-  } stop_watching{this};
+    PageCache* pages;
+    ~StopWatching() {
+      live->StopWatchingReads();
+      pages->Done();
+    }
+  } stop_watching{this, pages};
   const Version& T = *to.version;
   const Clock::time_point resident_start = Clock::now();
   std::vector<Run> runs;
@@ -218,48 +224,30 @@ Status Live::PushPages(const LiveView& from, const LiveView& to,
     stores++;
     return s;
   };
-  // Each lane keeps up to kDepth fetches in flight: a fetch is a round
-  // trip through the kernel and a request thread, much slower than its copy.
-  constexpr size_t kDepth = 8;
+  // One lane per thread, each with its own fetch buffer, reused.
   const size_t lanes = std::max<size_t>(1, std::min(kernels::NumThreads(), runs.size()));
   kernels::ParallelFor(lanes, 1, [&](size_t lane_begin, size_t lane_end) {
     for (size_t lane = lane_begin; lane < lane_end; ++lane) {
-      std::string buf;
+      std::string buf;  // read-path runs
+      std::unique_ptr<char[]> data;
       std::vector<NotedRead> mine;
-      std::deque<std::pair<size_t, PageCache::Ticket>> inflight;
-      size_t next = lane;
       dte::Status failed;
-      // Posts fetches of the lane's next patched runs; read-path runs are
-      // done on the way.
-      auto post = [&] {
-        while (failed.ok() && inflight.size() < kDepth && next < runs.size()) {
-          const Run& run = runs[next];
-          if (run.patch) {
-            inflight.push_back({next, pages->StartFetch(run.file, run.offset, run.len)});
-          } else if (failed = from_read_path(run.file, run.offset, run.len, &buf); failed.ok()) {
+      for (size_t k = lane; failed.ok() && k < runs.size(); k += lanes) {
+        const Run& run = runs[k];
+        if (!run.patch) {
+          if (failed = from_read_path(run.file, run.offset, run.len, &buf); failed.ok()) {
             read_pages += PagesOf(0, run.len);
           }
-          next += lanes;
+          continue;
         }
-      };
-      post();
-      while (!inflight.empty()) {
-        const auto [k, ticket] = inflight.front();
-        inflight.pop_front();
-        Clock::time_point t = Clock::now();
-        dte::Status s = pages->FinishFetch(ticket, &buf);  // drained even after a failure
-        fetch_ns += Nanos(t);
-        fetches++;
-        if (!failed.ok()) continue;
-        const Run& run = runs[k];
+        if (!data) data.reset(new char[kMaxRun]);  // not zeroed: every byte used is fetched
         const uint64_t end_at = run.offset + run.len;
         for (uint64_t off = run.offset; off < end_at;) {
-          if (off != run.offset) {  // the rest of a short fetch
-            t = Clock::now();
-            s = pages->Fetch(run.file, off, end_at - off, &buf);
-            fetch_ns += Nanos(t);
-            fetches++;
-          }
+          size_t got = 0;
+          Clock::time_point t = Clock::now();
+          dte::Status s = pages->Fetch(run.file, off, end_at - off, data.get(), &got);
+          fetch_ns += Nanos(t);
+          fetches++;
           if (!s.ok()) {
             // The cache cannot be read back: T's bytes, from the read path.
             if (s.code() != Code::kUnimplemented) {
@@ -272,17 +260,17 @@ Status Live::PushPages(const LiveView& from, const LiveView& to,
             }
             break;
           }
-          const uint64_t n = std::min<uint64_t>(buf.size(), end_at - off);
+          const uint64_t n = std::min<uint64_t>(got, end_at - off);
           if (n == 0) {  // evicted since it was listed: its next read serves T
             skipped++;
             off += kPageBytes;
             continue;
           }
           t = Clock::now();
-          Patch(segments[run.file], off, n, reinterpret_cast<uint8_t*>(buf.data()));
+          Patch(segments[run.file], off, n, reinterpret_cast<uint8_t*>(data.get()));
           patch_ns += Nanos(t);
           t = Clock::now();
-          failed = pages->Store(run.file, off, buf.data(), n);
+          failed = pages->Store(run.file, off, data.get(), n);
           store_ns += Nanos(t);
           stores++;
           if (!failed.ok()) break;
@@ -290,7 +278,6 @@ Status Live::PushPages(const LiveView& from, const LiveView& to,
           patched_pages += PagesOf(off, off + n);
           off += n;
         }
-        post();
       }
       if (!failed.ok()) return fail(failed);
       MutexLock lock(&mu);

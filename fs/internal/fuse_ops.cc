@@ -315,7 +315,6 @@ fuse_lowlevel_ops MakeOps() {
   ops.read = OpRead;
   ops.release = OpRelease;
   ops.ioctl = OpIoctl;
-  ops.retrieve_reply = OnRetrieveReply;
   ops.setattr = OpSetattr;
   ops.mknod = OpMknod;
   ops.mkdir = OpMkdir;

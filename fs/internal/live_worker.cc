@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -37,71 +38,6 @@ bool NothingCached(int fd) {
   Cachestat st = {};
   return ::syscall(kSysCachestat, fd, &range, &st, 0) == 0 && st.nr_cache == 0;
 }
-
-// Fetches waiting for the kernel's retrieve replies, by id (the cookie).
-// An id whose fetch gave up waiting is gone: its late reply is dropped.
-class Retrievals {
- public:
-  struct Pending {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    uint64_t offset = 0;
-    std::string data;
-    Status error;  // the request could not be sent
-  };
-
-  static Retrievals& Get() {
-    static Retrievals* r = new Retrievals();  // outlives every request thread
-    return *r;
-  }
-
-  std::shared_ptr<Pending> Find(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = pending_.find(id);
-    return it == pending_.end() ? nullptr : it->second;
-  }
-
-  std::pair<uint64_t, std::shared_ptr<Pending>> Begin() {
-    auto p = std::make_shared<Pending>();
-    std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t id = ++next_;
-    pending_[id] = p;
-    return {id, p};
-  }
-  void End(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.erase(id);
-  }
-  void Complete(uint64_t id, uint64_t offset, fuse_bufvec* bufv) {
-    std::shared_ptr<Pending> p;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = pending_.find(id);
-      if (it == pending_.end()) return;
-      p = it->second;
-    }
-    std::string data(fuse_buf_size(bufv), '\0');
-    fuse_bufvec dst = FUSE_BUFVEC_INIT(data.size());
-    dst.buf[0].mem = data.data();
-    const ssize_t n = fuse_buf_copy(&dst, bufv, static_cast<fuse_buf_copy_flags>(0));
-    data.resize(n > 0 ? static_cast<size_t>(n) : 0);
-    std::lock_guard<std::mutex> lock(p->mu);
-    p->offset = offset;
-    p->data = std::move(data);
-    p->done = true;
-    p->cv.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  uint64_t next_ = 0;
-  std::map<uint64_t, std::shared_ptr<Pending>> pending_;
-};
-
-// How long a fetch waits for the kernel's reply before the apply fills
-// those pages from the read path instead.
-constexpr auto kRetrieveTimeout = std::chrono::seconds(10);
 
 // The kernel's page cache of the mount's live/ files.
 class FusePageCache : public PageCache {
@@ -143,64 +79,56 @@ class FusePageCache : public PageCache {
     return Status::Ok();
   }
 
-  Status Fetch(uint32_t file_index, uint64_t offset, size_t len, std::string* out) override {
-    return FinishFetch(StartFetch(file_index, offset, len), out);
-  }
-
-  Ticket StartFetch(uint32_t file_index, uint64_t offset, size_t len) override {
-    const auto [id, pending] = Retrievals::Get().Begin();
-    const int rc =
-        fuse_lowlevel_notify_retrieve(se_, fs_->LiveIno(file_index), len,
-                                      static_cast<off_t>(offset), reinterpret_cast<void*>(id));
-    // ENOENT: the kernel does not know the inode, so nothing of it is cached.
-    if (rc != 0) {
-      std::lock_guard<std::mutex> lock(pending->mu);
-      pending->done = true;
-      pending->offset = offset;
-      if (rc != -ENOENT) {
-        pending->error =
-            ErrnoStatus("page-cache retrieve of live file " + std::to_string(file_index), -rc);
-      }
+  // Reads through the mount: the kernel copies resident pages straight
+  // from the page cache, with no request to the daemon; a page evicted
+  // since the residency check is read through the daemon (from the new
+  // view, and noted by it: fs/live_pages.cc).
+  Status Fetch(uint32_t file_index, uint64_t offset, size_t len, char* dst, size_t* got) override {
+    *got = 0;
+    ASSIGN_OR_RETURN(const int fd, FdOf(file_index));
+    while (*got < len) {
+      const ssize_t r = ::pread(fd, dst + *got, len - *got, static_cast<off_t>(offset + *got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return ErrnoStatus("read of live file " + std::to_string(file_index), errno);
+      if (r == 0) break;
+      *got += static_cast<size_t>(r);
     }
-    return {file_index, offset, len, id};
-  }
-
-  Status FinishFetch(const Ticket& t, std::string* out) override {
-    out->clear();
-    std::shared_ptr<Retrievals::Pending> pending = Retrievals::Get().Find(t.id);
-    struct End {
-      uint64_t id;
-      ~End() { Retrievals::Get().End(id); }
-    } end{t.id};
-    if (!pending) return Internal("page-cache retrieve " + std::to_string(t.id) + " is unknown");
-    std::unique_lock<std::mutex> lock(pending->mu);
-    if (!pending->cv.wait_for(lock, kRetrieveTimeout, [&] { return pending->done; })) {
-      return IOError("page-cache retrieve of live file " + std::to_string(t.file) + " at " +
-                     std::to_string(t.offset) + ": no reply from the kernel");
-    }
-    if (!pending->error.ok()) return pending->error;
-    if (pending->offset != t.offset) {
-      return Internal("page-cache retrieve of live file " + std::to_string(t.file) +
-                      ": the reply is for offset " + std::to_string(pending->offset) + ", not " +
-                      std::to_string(t.offset));
-    }
-    *out = std::move(pending->data);
     return Status::Ok();
   }
 
+  void Done() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [file, fd] : fds_) ::close(fd);
+    fds_.clear();
+  }
+
  private:
+  // MOUNT/live/<file>, opened once per apply, readahead off (a fetch reads
+  // only pages that were resident).
+  Result<int> FdOf(uint32_t file_index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = fds_.find(file_index); it != fds_.end()) return it->second;
+    std::shared_ptr<const LiveView> view = fs_->live().View();
+    if (!view || file_index >= view->version->manifest.files.size()) {
+      return NotFound("live file " + std::to_string(file_index) + " is not in the live version");
+    }
+    const std::string path =
+        mountpoint_ + "/live/" + view->version->manifest.files[file_index].name;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus("open " + path, errno);
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+    fds_[file_index] = fd;
+    return fd;
+  }
+
   Filesystem* const fs_;
   fuse_session* const se_;
   const std::string mountpoint_;
+  std::mutex mu_;
+  std::map<uint32_t, int> fds_;
 };
 
 }  // namespace
-
-void OnRetrieveReply(fuse_req_t req, void* cookie, fuse_ino_t, off_t offset, fuse_bufvec* bufv) {
-  Retrievals::Get().Complete(reinterpret_cast<uint64_t>(cookie), static_cast<uint64_t>(offset),
-                             bufv);
-  fuse_reply_none(req);
-}
 
 void ReplyApply(fuse_req_t req, const Result<dte_live_counts>& r) {
   dte_live_apply out = {};

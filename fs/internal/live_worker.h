@@ -3,9 +3,9 @@
 //
 // The ioctl handler hands the request over (Submit) and returns without
 // replying; the worker thread runs Filesystem::ApplyLive and then replies.
-// Page-cache notifications (fuse_lowlevel_notify_store and _retrieve) are
-// sent from this thread and the worker threads it starts, never from inside
-// a request handler: the kernel may hold locks
+// Page-cache notifications (fuse_lowlevel_notify_store) are sent from this
+// thread and the worker threads it starts, never from inside a request
+// handler: the kernel may hold locks
 // while it waits for a handler's reply, and a notification needing one of
 // them would deadlock. Residency comes from mincore(2) on a mapping of
 // MOUNT/live/<file>, opened by this thread through the mount itself (the
@@ -55,11 +55,6 @@ class LiveWorker {
   std::optional<uint64_t> version_;
   std::thread thread_;
 };
-
-// The retrieve_reply operation: hands the bytes the kernel sent for a
-// fuse_lowlevel_notify_retrieve of the page cache (PageCache::Fetch) to the
-// apply waiting for them, by cookie, and replies to the request.
-void OnRetrieveReply(fuse_req_t req, void* cookie, fuse_ino_t ino, off_t offset, fuse_bufvec* bufv);
 
 // Fails a live ioctl with errno `err`: -err as the result, and *out (any
 // struct of sync/live_abi.h with error and message) with the message. The

@@ -51,18 +51,19 @@ class FakePageCache : public PageCache {
   }
   // Files in `kernel` can be fetched: their bytes from `offset` up to the
   // first page in `gone` (evicted since the residency was read).
-  Status Fetch(uint32_t file_index, uint64_t offset, size_t len, std::string* out) override {
+  Status Fetch(uint32_t file_index, uint64_t offset, size_t len, char* dst, size_t* got) override {
     if (on_fetch) on_fetch(file_index, offset);
     std::lock_guard<std::mutex> lock(mu);
     auto it = kernel.find(file_index);
-    if (it == kernel.end()) return PageCache::Fetch(file_index, offset, len, out);
+    if (it == kernel.end()) return PageCache::Fetch(file_index, offset, len, dst, got);
     EXPECT_EQ(offset % kPageBytes, 0u);
     fetched++;
     uint64_t end = std::min<uint64_t>(offset + len, it->second.size());
     for (uint64_t p = offset / kPageBytes; p * kPageBytes < end; ++p) {
       if (gone[file_index].count(p)) end = std::min(end, p * kPageBytes);
     }
-    *out = it->second.substr(offset, end > offset ? end - offset : 0);
+    *got = end > offset ? end - offset : 0;
+    std::memcpy(dst, it->second.data() + offset, *got);
     return Status::Ok();
   }
   struct Push {
