@@ -11,10 +11,12 @@ and deltas v1..v4.
 import hashlib
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -227,6 +229,50 @@ def test_apply_forward_and_back_in_place_for_an_mmapped_reader(mount, gen):
     finally:
         reader.stdin.close()
         reader.wait(timeout=30)
+
+
+def test_partly_resident_pages_and_pages_evicted_and_read_during_applies(mount, gen):
+    """A tenth of live/ resident: only those pages are fetched and patched.
+    Then applies run while another thread keeps evicting live/'s pages
+    (POSIX_FADV_DONTNEED) and reading random ones back: after each apply
+    every byte of live/, resident or not, is the target's."""
+    m = mount("--live-version", 0)
+    live = m.path + "/live/model.safetensors"
+    want = lambda v: sha256(gen(v) / "model.safetensors")  # noqa: E731
+    pages = (os.path.getsize(live) + 4095) // 4096
+    fd = os.open(live, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead around the reads
+        for p in range(0, pages, 10):
+            os.pread(fd, 4096, p * 4096)
+        r = apply(m.path, 1)
+        st = m.status()["live"]["last_pages"]
+        assert 0 < st["patched_pages"] <= (pages + 9) // 10, (st, pages)
+        assert r["pages"] == st["patched_pages"] + st["read_path_pages"]
+        assert sha256(live) == want(1)
+
+        stop = threading.Event()
+
+        def churn():
+            rng = random.Random(7)
+            while not stop.is_set():
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                for _ in range(32):
+                    os.pread(fd, 4096, rng.randrange(pages) * 4096)
+        for target in (3, 0, STEPS, 2):
+            with open(live, "rb") as f:
+                f.read()  # everything resident again
+            stop.clear()
+            t = threading.Thread(target=churn)
+            t.start()
+            try:
+                assert apply(m.path, target)["to_version"] == target
+            finally:
+                stop.set()
+                t.join()
+            assert sha256(live) == want(target), target
+    finally:
+        os.close(fd)
 
 
 def test_uncached_pages_come_from_the_new_version(mount, gen):
