@@ -3,22 +3,18 @@ real Prometheus server (Debian's `prometheus`) on loopback, its values
 checked against .dte/status; the listen address is opt-in and loopback by
 default; a port that cannot be bound fails the mount, naming it."""
 
-import json
 import os
 import re
-import shutil
 import socket
 import subprocess
-import urllib.parse
 import urllib.request
 
 import pytest
 
 import fs_util
+import prom_util
 from dtectl_util import Dtectl
 from fs_util import wait_for
-
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +25,6 @@ def store(tmp_path_factory, ckpts):
     for step in (1, 2):
         d.ok("commit", ckpts.dir(step))
     return d.store
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port):
@@ -59,7 +49,7 @@ def read_everything(path):
 
 
 def test_metrics_equal_the_status_and_a_prometheus_server_scrapes_them(store, tmp_path):
-    port = free_port()
+    port = prom_util.free_port()
     with fs_util.Mount(store, tmp_path / "mnt", tmp_path / "cache",
                        args=["--metrics", str(port)]) as m:
         assert re.search(r"metrics at http://127\.0\.0\.1:%d/metrics" % port, m.log()), m.log()
@@ -101,25 +91,8 @@ def test_metrics_equal_the_status_and_a_prometheus_server_scrapes_them(store, tm
         assert values["dte_fs_live_version"] == 1
 
         # A real Prometheus server scrapes the mount.
-        cfg = tmp_path / "prometheus.yml"
-        cfg.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n"
-                       "  - job_name: dtefs\n    static_configs:\n"
-                       "      - targets: ['127.0.0.1:%d']\n" % port)
-        prom_port = free_port()
-        prom = subprocess.Popen([PROMETHEUS, "--config.file=%s" % cfg,
-                                 "--storage.tsdb.path=%s" % (tmp_path / "tsdb"),
-                                 "--web.listen-address=127.0.0.1:%d" % prom_port],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            def query(q):
-                url = "http://127.0.0.1:%d/api/v1/query?%s" % (
-                    prom_port, urllib.parse.urlencode({"query": q}))
-                try:
-                    with urllib.request.urlopen(url, timeout=5) as r:
-                        res = json.load(r)["data"]["result"]
-                except OSError:
-                    return None
-                return float(res[0]["value"][1]) if res else None
+        with prom_util.Prometheus(tmp_path, "dtefs", port) as prom:
+            query = prom.query
             # (Reading .dte/status is itself a read: compare with a scrape
             # taken after the last one.)
             _, now = scrape(port)
@@ -127,16 +100,12 @@ def test_metrics_equal_the_status_and_a_prometheus_server_scrapes_them(store, tm
                 wait_for(lambda: query("dte_fs_reads_total") == now["dte_fs_reads_total"], 60,
                          "Prometheus to scrape dte_fs_reads_total")
             except AssertionError:
-                prom.terminate()
-                raise AssertionError("prometheus: %s" % prom.stderr.read().decode()[-3000:])
+                raise AssertionError("prometheus: %s" % prom.log())
             assert query("dte_fs_read_bytes_total") == now["dte_fs_read_bytes_total"]
             assert query("dte_fs_live_version") == 1
             assert query("dte_fs_latest_version") == 2
             assert query('up{job="dtefs"}') == 1
             assert query("dte_fs_read_duration_seconds_count") == now["dte_fs_reads_total"]
-        finally:
-            prom.terminate()
-            prom.wait(timeout=30)
 
 
 def test_metrics_are_opt_in_and_a_taken_port_fails_the_mount(store, tmp_path):

@@ -6,31 +6,23 @@ Pushgateway (Debian's prometheus-pushgateway), and collected through
 prometheus_client next to a trainer's own metrics. A rejected publish is
 counted as a failure and changes no other figure."""
 
-import json
 import shutil
 import socket
 import subprocess
 import time
-import urllib.parse
 import urllib.request
 
 import pytest
 import torch
 
+import prom_util
 import push_util
 import dte
 from prometheus_client import CollectorRegistry, Counter, generate_latest, push_to_gateway
 from prometheus_client.parser import text_string_to_metric_families
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PUSHGATEWAY = shutil.which("prometheus-pushgateway") or "/usr/bin/prometheus-pushgateway"
 STEPS = 3
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def values_of(text):
@@ -132,39 +124,19 @@ def test_served_metrics_are_scraped_by_a_real_prometheus_server(published, tmp_p
             if not other.startswith("127."):
                 assert s.connect_ex((other, port)) != 0
 
-        cfg = tmp_path / "prometheus.yml"
-        cfg.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n"
-                       "  - job_name: trainer\n    static_configs:\n"
-                       "      - targets: ['127.0.0.1:%d']\n" % port)
-        prom_port = free_port()
-        prom = subprocess.Popen([PROMETHEUS, "--config.file=%s" % cfg,
-                                 "--storage.tsdb.path=%s" % (tmp_path / "tsdb"),
-                                 "--web.listen-address=127.0.0.1:%d" % prom_port],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            def query(q):
-                url = "http://127.0.0.1:%d/api/v1/query?%s" % (
-                    prom_port, urllib.parse.urlencode({"query": q}))
-                try:
-                    res = json.loads(get(url))["data"]["result"]
-                except OSError:
-                    return None
-                return float(res[0]["value"][1]) if res else None
+        with prom_util.Prometheus(tmp_path, "trainer", port) as prom:
+            query = prom.query
             try:
                 wait_for(lambda: query("dte_publish_versions_total") == served[
                     "dte_publish_versions_total"], 60, "Prometheus to scrape the publisher")
             except AssertionError:
-                prom.terminate()
-                raise AssertionError("prometheus: %s" % prom.stderr.read().decode()[-3000:])
+                raise AssertionError("prometheus: %s" % prom.log())
             assert query("dte_publish_changed_elements_total") == sum(r.changed for r in results)
             assert query("dte_publish_stored_bytes_total") == sum(r.stored_bytes for r in results)
             assert query("dte_publish_last_version") == results[-1].version
             assert query("dte_publish_duration_seconds_count") == served[
                 "dte_publish_duration_seconds_count"]
             assert query('up{job="trainer"}') == 1
-        finally:
-            prom.terminate()
-            prom.wait(timeout=30)
 
         # A busy port is refused, naming the address; the server serves on.
         with pytest.raises(dte.DteError, match="cannot listen on 127.0.0.1:%d" % port) as e:
@@ -180,7 +152,7 @@ def test_served_metrics_are_scraped_by_a_real_prometheus_server(published, tmp_p
 
 def test_metrics_are_pushed_to_a_real_pushgateway(published, tmp_path):
     pub, results, _ = published
-    port = free_port()
+    port = prom_util.free_port()
     gw = subprocess.Popen([PUSHGATEWAY, "--web.listen-address=127.0.0.1:%d" % port,
                            "--persistence.file=%s" % (tmp_path / "pg.data")],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -434,17 +434,24 @@ def reload_row(b, res):
     res["model_bytes"] = n
 
 
+def fresh_mount_with_reader(b, state, cache_size, stride):
+    """A fresh mount with --cache-size cache_size, caches dropped, and (stride
+    > 0) a reader that maps live/ and touches every stride-th page: in
+    state["reader"] (the previous one closed)."""
+    if state.get("reader"):
+        state.pop("reader").close()
+    b.mount(cache_size)
+    b.dropper.drop()
+    if stride:
+        state["reader"] = Child("reader", stride, *b.files(os.path.join(b.mnt, "live")))
+
+
 def one_step_row(b, cached, cache_size, rep, res):
     """Apply of vBASE+1 over vBASE on a fresh mount, live/ cached or not."""
     state = {}
 
     def prepare():
-        if state.get("reader"):
-            state.pop("reader").close()
-        b.mount(cache_size)
-        b.dropper.drop()
-        if cached:
-            state["reader"] = Child("reader", 1, *b.files(os.path.join(b.mnt, "live")))
+        fresh_mount_with_reader(b, state, cache_size, 1 if cached else 0)
 
     try:
         pids = lambda: [state["reader"].proc.pid] if cached else []  # noqa: E731
@@ -569,11 +576,7 @@ def mapped_row(b, cache_size, stride, d, rep, res):
     state = {}
 
     def prepare():
-        if state.get("reader"):
-            state.pop("reader").close()
-        b.mount(cache_size)
-        b.dropper.drop()
-        state["reader"] = Child("reader", stride, *b.files(os.path.join(b.mnt, "live")))
+        fresh_mount_with_reader(b, state, cache_size, stride)
         state["resident"] = resident_pages(b)
 
     def body():
