@@ -166,15 +166,21 @@ Status Live::PushPages(const LiveView& from, const LiveView& to,
         const uint64_t first = uint64_t{bc.block} * c.block_elements;
         const uint64_t lo = base + (first + bc.idx.front()) * width;
         const uint64_t hi = base + (first + bc.idx.back() + 1) * width;
+        const uint64_t p_lo = lo / kPageBytes, p_hi = (hi - 1) / kPageBytes;
         bool cached = false;
-        for (uint64_t p = lo / kPageBytes; p <= (hi - 1) / kPageBytes && !cached; ++p) {
-          cached = (resident[p] & 1) != 0;
-        }
+        for (uint64_t p = p_lo; p <= p_hi && !cached; ++p) cached = (resident[p] & 1) != 0;
         if (!cached) continue;
-        for (uint32_t i : bc.idx) {
-          const uint64_t at = base + (first + i) * width;
-          for (uint64_t p = at / kPageBytes; p <= (at + width - 1) / kPageBytes; ++p) {
-            how[p] = std::max(how[p], mark);
+        if (bc.idx.size() >= 4 * (p_hi - p_lo + 1)) {
+          // Dense (a step of RL training: ~30 entries a page): the block's
+          // whole span, without a pass over its entries; a page of it with
+          // none is stored back as it was.
+          for (uint64_t p = p_lo; p <= p_hi; ++p) how[p] = std::max(how[p], mark);
+        } else {
+          for (uint32_t i : bc.idx) {
+            const uint64_t at = base + (first + i) * width;
+            for (uint64_t p = at / kPageBytes; p <= (at + width - 1) / kPageBytes; ++p) {
+              how[p] = std::max(how[p], mark);
+            }
           }
         }
         if (mark == 1) segments[f].push_back({lo, hi, base + first * width, c.width, &bc});
