@@ -162,14 +162,14 @@ TEST_F(LiveTest, ApplyForwardBackAndSkippingServesTheTargetAndPushesExactlyTheCh
     ExpectLiveIs(target);
     // Pushed pages hold the target's bytes, and are exactly the changed pages.
     for (const auto& p : pages.pushes) {
-      const auto& v = fs_->live().View()->version;
+      const std::shared_ptr<const Version> v = fs_->live().View()->version;
       const std::string& content =
           series_.series().files(target).at(v->manifest.files[p.file].name);
       EXPECT_EQ(content.substr(p.offset, p.bytes.size()), p.bytes);
     }
     for (const auto& [name, content] : series_.series().files(target)) {
       std::set<uint64_t> pushed;
-      const auto& v = fs_->live().View()->version;
+      const std::shared_ptr<const Version> v = fs_->live().View()->version;
       for (const auto& p : pages.pushes) {
         if (v->manifest.files[p.file].name != name) continue;
         for (uint64_t o = 0; o < p.bytes.size(); o += kPageBytes) {
@@ -194,7 +194,7 @@ TEST_F(LiveTest, ApplyForwardBackAndSkippingServesTheTargetAndPushesExactlyTheCh
 // bytes of every file.
 void FillKernel(FakePageCache* pages, Filesystem& fs, const test::ModelSeries& series,
                 uint64_t step) {
-  const auto& v = fs.live().View()->version;
+  const std::shared_ptr<const Version> v = fs.live().View()->version;
   for (uint32_t f = 0; f < v->manifest.files.size(); ++f) {
     pages->kernel[f] = series.files(step).at(v->manifest.files[f].name);
   }
@@ -210,7 +210,7 @@ TEST_F(LiveTest, ResidentPagesArePatchedInPlaceInEveryDirection) {
     ASSERT_TRUE(r.ok()) << r.status().message();
     const LivePageStats st = fs_->live().LastPageStats();
     // Every page the kernel holds is the target's, byte for byte.
-    const auto& v = fs_->live().View()->version;
+    const std::shared_ptr<const Version> v = fs_->live().View()->version;
     for (const auto& [f, bytes] : pages.kernel) {
       EXPECT_TRUE(bytes == series_.series().files(target).at(v->manifest.files[f].name))
           << v->manifest.files[f].name << " " << live << "->" << target;
@@ -244,7 +244,7 @@ TEST_F(LiveTest, PartlyResidentAndEvictedPagesCostWhatIsResident) {
   // A tenth of the pages resident; and of those, every third one (past the
   // first, which holds the header) is evicted between the residency check
   // and its fetch.
-  const auto& v = fs_->live().View()->version;
+  const std::shared_ptr<const Version> v = fs_->live().View()->version;
   for (uint32_t f = 0; f < v->manifest.files.size(); ++f) {
     const uint64_t n = (v->manifest.files[f].size + kPageBytes - 1) / kPageBytes;
     for (uint64_t p = 0; p < n; ++p) {
@@ -283,7 +283,7 @@ TEST_F(LiveTest, APageAReadRefilledDuringTheApplyIsStoredAgain) {
   Mount(0);
   FakePageCache pages;
   FillKernel(&pages, *fs_, series_.series(), 0);
-  const auto& v = fs_->live().View()->version;
+  const std::shared_ptr<const Version> v = fs_->live().View()->version;
   // The first fetch finds its first page evicted and read again since the
   // switch: the kernel holds v2's bytes there, and the read was noted.
   std::atomic<bool> first{true};
