@@ -326,25 +326,27 @@ void Store::DropJoin(uint64_t version) {
 }
 
 Result<std::map<uint64_t, std::string>> Store::ListVersions(bool fresh) {
-  if (!patient_listing_) return ListVersionsOnce(fresh);
+  const auto start = std::chrono::steady_clock::now();
+  auto listed = ListVersionsOnce(fresh);
+  if (!patient_listing_ || listed.ok() || listed.status().code() != Code::kIOError) return listed;
+  // The store's retry policy, read only once a listing has failed.
   S3RetryPolicy policy;
   if (auto env = S3OptionsFromEnvironment(); env.ok()) policy = env->retry;
-  const auto start = std::chrono::steady_clock::now();
+  const int attempts = std::max(1, policy.max_attempts);
   std::mt19937_64 random(std::random_device{}());
-  for (int attempt = 1;; ++attempt) {
-    auto listed = ListVersionsOnce(fresh);
-    if (listed.ok() || listed.status().code() != Code::kIOError ||
-        attempt >= std::max(1, policy.max_attempts)) {
-      if (listed.ok() || attempt == 1) return listed;
-      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-      char seconds[32];
-      std::snprintf(seconds, sizeof seconds, "%.1f", took.count());
-      return listed.status().WithContext("listing the versions of store " + options_.uri +
-                                         " failed " + std::to_string(attempt) +
-                                         " times over " + seconds + " s; the last attempt");
-    }
+  int attempt = 1;
+  for (; attempt < attempts; ++attempt) {
     std::this_thread::sleep_for(internal::BackoffDelay(attempt, policy, random()));
+    listed = ListVersionsOnce(fresh);
+    if (listed.ok() || listed.status().code() != Code::kIOError) return listed;
   }
+  if (attempt == 1) return listed;
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.1f", took.count());
+  return listed.status().WithContext("listing the versions of store " + options_.uri + " failed " +
+                                     std::to_string(attempt) + " times over " + seconds +
+                                     " s; the last attempt");
 }
 
 Result<std::map<uint64_t, std::string>> Store::ListVersionsOnce(bool fresh) {
