@@ -177,6 +177,8 @@ class Live {
   // For DTE_IOC_STATUS and .dte/status (latest_version is filled by the
   // caller).
   dte_live_status GetStatus() EXCLUDES(receivers_mu_, view_mu_, status_mu_);
+  // The page-cache step of the last successful apply.
+  LivePageStats LastPageStats() EXCLUDES(status_mu_);
   // Durations of the applies that succeeded (fs/metrics.h).
   const LatencyHistogram& apply_latency() const { return apply_latency_; }
 
@@ -254,10 +256,6 @@ class Live {
   std::string last_message_ GUARDED_BY(status_mu_);
   dte_live_counts last_ GUARDED_BY(status_mu_) = {};
   LivePageStats last_pages_ GUARDED_BY(status_mu_);
-
- public:
-  // The page-cache step of the last successful apply.
-  LivePageStats LastPageStats() EXCLUDES(status_mu_);
 };
 
 // The errno an apply or registration failure is reported with.

@@ -17,6 +17,7 @@ import torch
 
 import prom_util
 import push_util
+from fs_util import wait_for
 import dte
 from prometheus_client import CollectorRegistry, Counter, generate_latest, push_to_gateway
 from prometheus_client.parser import text_string_to_metric_families
@@ -33,15 +34,6 @@ def values_of(text):
             labels = ",".join("%s=%s" % kv for kv in sorted(s.labels.items()))
             out[s.name + ("{%s}" % labels if labels else "")] = s.value
     return out
-
-
-def wait_for(fn, seconds, what):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if fn():
-            return
-        time.sleep(0.2)
-    raise AssertionError("timed out waiting for " + what)
 
 
 def get(url):
