@@ -700,7 +700,8 @@ int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
 
 }  // extern "C"
 
-int dte_push_server_start(const char* address, int64_t timeout_ms, dte_push_server** out) {
+int dte_push_server_start(const char* address, const char* advertise, int64_t timeout_ms,
+                          dte_push_server** out) {
   return Guard([&] {
     if (address == nullptr || out == nullptr || timeout_ms <= 0) {
       return FailWith(DTE_INVALID_ARGUMENT,
@@ -708,6 +709,7 @@ int dte_push_server_start(const char* address, int64_t timeout_ms, dte_push_serv
     }
     dte::PushServerOptions o;
     o.address = address;
+    if (advertise) o.advertise = advertise;
     o.timeout = std::chrono::milliseconds(timeout_ms);
     auto s = dte::PushServer::Start(o);
     if (!s.ok()) return Fail(s.status());
@@ -724,6 +726,25 @@ int dte_push_server_port(dte_push_server* s, int32_t* port_out) {
   }
   *port_out = s->impl->port();
   return DTE_OK;
+}
+
+int dte_push_server_address(dte_push_server* s, const char** address_out) {
+  return Guard([&] {
+    if (s == nullptr || address_out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_server_address: arguments must be set");
+    }
+    s->json = s->impl->address();
+    *address_out = s->json.c_str();
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_push_server_set_group(dte_push_server* s, int32_t part, int32_t parts) {
+  return Guard([&] {
+    if (s == nullptr) return FailWith(DTE_INVALID_ARGUMENT, "dte_push_server_set_group: no server");
+    dte::Status st = s->impl->SetGroup(part, parts);
+    return st.ok() ? static_cast<int>(DTE_OK) : Fail(st);
+  });
 }
 
 int dte_push_server_status_json(dte_push_server* s, const char** json_out) {
@@ -863,6 +884,17 @@ int dte_dist_publisher_set_push(dte_dist_publisher* p, dte_push_server* s) {
       return FailWith(DTE_INVALID_ARGUMENT, "dte_dist_publisher_set_push: no publisher");
     }
     dte::Status st = p->impl->SetPush(s ? s->impl.get() : nullptr);
+    return st.ok() ? static_cast<int>(DTE_OK) : Fail(st);
+  });
+}
+
+int dte_dist_publisher_share_push(dte_dist_publisher* p, dte_transport* t) {
+  return Guard([&] {
+    if (p == nullptr || t == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "dte_dist_publisher_share_push: publisher and transport must be set");
+    }
+    dte::Status st = p->impl->SharePush(*t->impl);
     return st.ok() ? static_cast<int>(DTE_OK) : Fail(st);
   });
 }

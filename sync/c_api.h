@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define DTE_C_API_VERSION 3
+#define DTE_C_API_VERSION 4
 
 /* Result codes (the store's error classes). */
 enum dte_code {
@@ -242,11 +242,20 @@ int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
  * the same handle. */
 typedef struct dte_push_server dte_push_server;
 typedef struct dte_push_receiver dte_push_receiver;
-/* address "HOST:PORT" (port 0: any free port); timeout_ms bounds each push
- * and each new receiver's hello. */
-int dte_push_server_start(const char* address, int64_t timeout_ms, dte_push_server** out);
+/* address "HOST:PORT" to listen on (port 0: any free port); advertise: the
+ * host receivers reach it at (NULL or "": the listen host, or the host name
+ * when listening on every interface); timeout_ms bounds each push and each
+ * new receiver's hello. */
+int dte_push_server_start(const char* address, const char* advertise, int64_t timeout_ms,
+                          dte_push_server** out);
 void dte_push_server_close(dte_push_server* s);
 int dte_push_server_port(dte_push_server* s, int32_t* port_out);
+/* PushServer::address(): "HOST:PORT" receivers reach it at. */
+int dte_push_server_address(dte_push_server* s, const char** address_out);
+/* PushServer::SetGroup: this server sends part `part` of `parts` of each
+ * push (a distributed publisher's rank; the publisher sets it again at each
+ * publish). */
+int dte_push_server_set_group(dte_push_server* s, int32_t part, int32_t parts);
 /* PushServer::StatusJson: receivers and the events since the last call. */
 int dte_push_server_status_json(dte_push_server* s, const char** json_out);
 /* Push after each successful publish of p (s NULL: stop). The server must
@@ -255,9 +264,14 @@ int dte_publisher_set_push(dte_publisher* p, dte_push_server* s);
 /* The push of p's last publish: PushReportJson, {"error": "..."} when it
  * could not run, or "null" without a push server. */
 int dte_publisher_last_push_json(dte_publisher* p, const char** json_out);
-/* The same for a distributed publisher, on rank 0 (DistPublisher::SetPush:
- * the version's changes are read back from the store). */
+/* The same for a distributed publisher (DistPublisher::SetPush: on rank 0
+ * only, or on every rank, each pushing the tensors it owns; the version's
+ * changes are read back from the store). */
 int dte_dist_publisher_set_push(dte_dist_publisher* p, dte_push_server* s);
+/* DistPublisher::SharePush: every rank together, after set_push (or with
+ * no push server): rank 0's server learns every rank's before the first
+ * publish. */
+int dte_dist_publisher_share_push(dte_dist_publisher* p, dte_transport* t);
 int dte_dist_publisher_last_push_json(dte_dist_publisher* p, const char** json_out);
 
 /* Publisher metrics (sync/publish_metrics.h; names and meanings in

@@ -190,6 +190,7 @@ struct Header {
   std::optional<uint64_t> latest;
   std::optional<uint64_t> last_version;
   std::optional<int64_t> last_step;
+  std::string push;  // the address of this rank's push server; empty: none
   struct Range {
     std::string name;
     int tp = 0, ep = 0;
@@ -207,6 +208,7 @@ std::string EncodeHeader(const Header& h) {
   j["latest"] = h.latest ? json(*h.latest) : json(nullptr);
   j["last_version"] = h.last_version ? json(*h.last_version) : json(nullptr);
   j["last_step"] = h.last_step ? json(*h.last_step) : json(nullptr);
+  j["push"] = h.push;
   json ranges = json::array();
   for (const auto& r : h.ranges) {
     ranges.push_back({r.name, r.begin, r.end, r.state_step ? json(*r.state_step) : json(nullptr),
@@ -225,6 +227,7 @@ Result<Header> DecodeHeader(const std::string& text, int rank) {
     if (!j.at("latest").is_null()) h.latest = j.at("latest").get<uint64_t>();
     if (!j.at("last_version").is_null()) h.last_version = j.at("last_version").get<uint64_t>();
     if (!j.at("last_step").is_null()) h.last_step = j.at("last_step").get<int64_t>();
+    h.push = j.at("push").get<std::string>();
     for (const auto& r : j.at("ranges")) {
       Header::Range x;
       x.name = r.at(0).get<std::string>();
@@ -443,13 +446,52 @@ Result<PublishResult> DistPublisher::PublishAdamW(Transport& transport, const Ad
     ASSIGN_OR_RETURN(PublishResult out, Run(transport, h, ranges));
     last_step_ = h.step;
     last_version_ = out.version;
-    if (push_ && transport.rank() == 0) {
+    if (push_ && push_owned_) {
+      // Every rank pushes the tensors it owned (encoded) in this version.
+      internal::PushCommitted(*push_, *store_, out.version, /*changes=*/nullptr, &out, &owned_);
+    } else if (push_ && transport.rank() == 0) {
       internal::PushCommitted(*push_, *store_, out.version, /*changes=*/nullptr, &out);
     }
     return out;
   });
   metrics_->Routed(stats_);
   return r;
+}
+
+// Pushes: from rank 0 alone (it reads each version back), or from every
+// rank, each the tensors it owns (receivers connect to all of them).
+Status DistPublisher::AgreePush(int rank, const std::vector<std::string>& senders,
+                                const std::string& what) {
+  const int world = static_cast<int>(senders.size());
+  const auto with = std::count_if(senders.begin(), senders.end(),
+                                  [](const std::string& a) { return !a.empty(); });
+  if (with > 0 && senders[0].empty()) {
+    const int r = static_cast<int>(
+        std::find_if(senders.begin(), senders.end(), [](auto& a) { return !a.empty(); }) -
+        senders.begin());
+    return InvalidArgument(what + "rank " + std::to_string(r) +
+                           " has a push group and rank 0 has none: give push= on every rank "
+                           "(each pushes the tensors it owns) or on rank 0 only");
+  }
+  if (with > 1 && with < world) {
+    const int r = static_cast<int>(std::find(senders.begin(), senders.end(), std::string()) -
+                                   senders.begin());
+    return InvalidArgument(what + "rank " + std::to_string(r) +
+                           " has no push group and other ranks have one: give push= on every "
+                           "rank (each pushes the tensors it owns) or on rank 0 only");
+  }
+  push_owned_ = false;
+  if (!push_) return Status::Ok();
+  push_owned_ = with == world && world > 1;
+  RETURN_IF_ERROR(push_owned_ ? push_->SetGroup(rank, world) : push_->SetGroup(0, 1));
+  if (push_owned_ && rank == 0) RETURN_IF_ERROR(push_->SetSenders(senders));
+  return Status::Ok();
+}
+
+Status DistPublisher::SharePush(Transport& t) {
+  ASSIGN_OR_RETURN(auto senders, AllGather(t, push_ ? push_->address() : std::string(),
+                                           "sharing the push servers' addresses", &stats_));
+  return AgreePush(t.rank(), senders, "");
 }
 
 Status DistPublisher::SetPush(PushServer* push) {
@@ -487,6 +529,9 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   }
   mine.last_version = last_version_;
   mine.last_step = last_step_;
+  if (push_) mine.push = push_->address();
+  owned_.clear();
+  push_owned_ = false;
   for (const auto& r : ranges) {
     mine.ranges.push_back(
         {r.name, r.tp_rank, r.ep_rank, r.begin, r.end, r.state_step, r.lr, r.weight_decay});
@@ -534,6 +579,11 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
                                " against " + value.dump());
       }
     }
+  }
+  {
+    std::vector<std::string> senders;
+    for (int r = 0; r < world; ++r) senders.push_back(all[r].push);
+    RETURN_IF_ERROR(AgreePush(rank, senders, at_step + ": "));
   }
   Plan plan;
   if (all[0].last_step && *all[0].last_step == h.step && all[0].last_version) {
@@ -956,7 +1006,9 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   };
   std::map<size_t, OwnedTensor> owned;
   for (size_t ti = 0; ti < plan.tensors.size(); ++ti) {
-    if (plan.tensors[ti].owner == rank) owned[ti] = OwnedTensor{};
+    if (plan.tensors[ti].owner != rank) continue;
+    owned[ti] = OwnedTensor{};
+    owned_.insert(plan.tensors[ti].entry->name);
   }
   stats_.tensors_owned = owned.size();
   Status part_status = detected;

@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -125,12 +126,23 @@ class DistPublisher {
   Status SetAnchorPolicy(const AnchorPolicy& policy);
   const AnchorPolicy& anchor_policy() const { return options_.anchor_policy; }
 
-  // On rank 0: after each committed version, push it to the server's
-  // receivers (sync/push.h), its changes read back from the store
-  // (ChangesFromStore; the owners' entries are not gathered); null: stop.
-  // The result's push and push_error say what happened, on rank 0. Not
-  // owned; tells the server the store's latest version.
+  // After each committed version, push it to receivers (sync/push.h), its
+  // changes read back from the store (StoreChanges); null: stop. Given on
+  // rank 0 only, rank 0 pushes every tensor. Given on every rank, each rank
+  // pushes the tensors it owned in that version, as part `rank` of
+  // world_size (PushServer::SetGroup, set at each publish; rank 0's server
+  // is told every rank's address, PushServer::address(), and names them to
+  // receivers), so no rank reads or sends more than its share. Any other
+  // mix fails the publish on every rank. The result's push and push_error
+  // say what this rank's push did. Not owned; tells the server the store's
+  // latest version.
   Status SetPush(PushServer* push);
+  // Every rank together, after SetPush (or without a push server): tells
+  // the ranks each other's push servers now, so that rank 0's server can
+  // name them to receivers before the first publish (which otherwise does
+  // it: receivers that connect to a rank 0 of several senders are answered
+  // once it has). Fails on every rank for a mix SetPush refuses.
+  Status SharePush(Transport& t);
 
   // What the last PublishAdamW did on this rank.
   const DistPublishStats& last_stats() const { return stats_; }
@@ -144,6 +156,9 @@ class DistPublisher {
   struct Plan;
   Result<PublishResult> Run(Transport& transport, const AdamWStep& h,
                             const std::vector<RangeState>& ranges);
+  // The push of this and later publishes, from every rank's push server
+  // address (empty: none): sets push_owned_ and the server's group.
+  Status AgreePush(int rank, const std::vector<std::string>& senders, const std::string& what);
 
   PublisherOptions options_;
   std::vector<ConvertUnit> plan_;  // converter "mcore"
@@ -152,7 +167,9 @@ class DistPublisher {
   std::optional<uint64_t> last_version_;
   DistPublishStats stats_;
   PushServer* push_ = nullptr;
-  struct DeviceFinder;  // device buffers for ranges in CUDA memory, kept between publishes
+  bool push_owned_ = false;      // this publish: every rank pushes what it owns
+  std::set<std::string> owned_;  // the tensors this rank owned in the last publish
+  struct DeviceFinder;           // device buffers for ranges in CUDA memory, kept between publishes
   std::unique_ptr<DeviceFinder> device_;
   std::unique_ptr<PublishMetrics> metrics_;
 };

@@ -99,6 +99,63 @@ class PushServer::Impl {
 
   int port() const { return port_; }
 
+  std::string address() const {
+    std::string host;
+    int port = 0;
+    transport_internal::SplitHostPort(options_.address, &host, &port).IgnoreError();
+    if (!options_.advertise.empty()) {
+      host = options_.advertise;
+    } else if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]") {
+      char name[256] = {};
+      host = gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+    }
+    return host + ":" + std::to_string(port_);
+  }
+
+  Status SetGroup(int part, int parts) {
+    if (parts < 1 || part < 0 || part >= parts) {
+      return InvalidArgument("push server: part " + std::to_string(part) + " of " +
+                             std::to_string(parts));
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (part == part_ && parts == parts_) return Status::Ok();
+      senders_.clear();
+      part_ = part;
+      parts_ = parts;
+      DropAllLocked("the trainer's push senders changed: reconnect to learn them");
+      AnswerHeldLocked();
+    }
+    Wake();
+    return Status::Ok();
+  }
+
+  Status SetSenders(const std::vector<std::string>& senders) {
+    {
+      std::lock_guard lock(mu_);
+      if (static_cast<int>(senders.size()) != parts_) {
+        return InvalidArgument("push server part " + std::to_string(part_) + " of " +
+                               std::to_string(parts_) + ": " + std::to_string(senders.size()) +
+                               " sender addresses");
+      }
+      if (senders == senders_) return Status::Ok();
+      // Receivers told of other senders (a trainer rank restarted) learn
+      // the new ones when they reconnect.
+      if (!senders_.empty()) {
+        DropAllLocked("the trainer's push senders changed: reconnect to learn them");
+      }
+      senders_ = senders;
+      AnswerHeldLocked();
+    }
+    Wake();
+    return Status::Ok();
+  }
+
+  std::pair<int, int> group() const {
+    std::lock_guard lock(mu_);
+    return {part_, parts_};
+  }
+
   Status SetLatest(Store& store, const std::shared_ptr<const Version>& v) {
     ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(store, *v));
     {
@@ -106,8 +163,11 @@ class PushServer::Impl {
       InstallLocked(v, std::move(in));
       // Receivers that hold something else catch up to it.
       for (auto& [id, c] : conns_) {
-        if (!c->hello_done || !c->drop.empty() || c->info.version == v->manifest.version) continue;
-        c->info.behind = true;
+        if (!c->hello_done || !c->drop.empty()) continue;
+        // One that got ahead of this server (caught up from the store before
+        // it heard of the version) is no longer behind.
+        c->info.behind = c->info.version != v->manifest.version;
+        if (!c->info.behind) continue;
         SendLocked(*c, Frame(Msg::kBehind, Json({{"latest", v->manifest.version}})));
       }
     }
@@ -147,10 +207,30 @@ class PushServer::Impl {
     bool close_after_flush = false;
     std::string drop;  // set: close it and report this
     PushReceiverInfo info;
-    std::vector<PlanTensor> tensors;    // as the hello lists them
-    std::optional<uint64_t> awaiting;   // version sent, receipt not yet confirmed
-    std::vector<uint32_t> plan_to_own;  // plan receiver tensor -> index in `tensors`
+    std::vector<PlanTensor> tensors;        // as the hello lists them
+    std::optional<uint64_t> awaiting;       // version sent, receipt not yet confirmed
+    std::vector<uint32_t> plan_to_own;      // plan receiver tensor -> index in `tensors`
+    std::optional<std::string> held_hello;  // until the senders are known (SetSenders)
   };
+  void DropAllLocked(const std::string& why) {
+    for (auto& [id, c] : conns_) {
+      if (c->hello_done) DropLocked(*c, why);
+    }
+  }
+
+  // Part 0 of several answers hellos only once it can name every sender.
+  bool HoldHellosLocked() const { return part_ == 0 && parts_ > 1 && senders_.empty(); }
+  // Hellos held until then are answered now.
+  void AnswerHeldLocked() {
+    if (HoldHellosLocked()) return;
+    for (auto& [id, c] : conns_) {
+      if (!c->held_hello) continue;
+      std::string body = std::exchange(*c->held_hello, {});
+      c->held_hello.reset();
+      if (c->drop.empty()) OnHello(*c, body);
+    }
+  }
+
   void Wake() {
     const uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(wake_.get(), &one, sizeof one);
@@ -234,7 +314,9 @@ class PushServer::Impl {
   // Receivers dropped and closed while a push awaited them: id -> reason,
   // for that push's report (cleared by each push).
   std::map<uint64_t, std::string> gone_;
-  std::set<uint64_t> confirmed_;  // receivers that confirmed the current push
+  std::set<uint64_t> confirmed_;      // receivers that confirmed the current push
+  int part_ = 0, parts_ = 1;          // SetGroup
+  std::vector<std::string> senders_;  // every part's address, once known (SetSenders)
 };
 
 void PushServer::Impl::OnHello(Conn& c, const std::string& body) {
@@ -276,7 +358,8 @@ void PushServer::Impl::OnHello(Conn& c, const std::string& body) {
     c.info.version = j["version"].get<uint64_t>();
   }
   c.tensors = std::move(tensors);
-  nlohmann::json welcome = {{"latest", nullptr}};
+  nlohmann::json welcome = {{"latest", nullptr}, {"part", part_}, {"parts", parts_}};
+  if (part_ == 0 && parts_ > 1) welcome["senders"] = senders_;
   if (latest_) {
     auto plan = PlanLocked(layout);
     if (!plan.ok()) return refuse(plan.status().message());
@@ -295,7 +378,13 @@ void PushServer::Impl::OnHello(Conn& c, const std::string& body) {
 
 void PushServer::Impl::OnMessage(Conn& c, const push_internal::Parsed& m) {
   if (!c.hello_done) {
-    if (m.type != Msg::kHello) return DropLocked(c, "the first message was not a hello");
+    if (m.type != Msg::kHello || c.held_hello) {
+      return DropLocked(c, "the first message was not a hello");
+    }
+    if (HoldHellosLocked()) {
+      c.held_hello = m.body;  // answered by SetSenders
+      return;
+    }
     return OnHello(c, m.body);
   }
   nlohmann::json j = nlohmann::json::parse(m.body, nullptr, false);
@@ -357,7 +446,7 @@ void PushServer::Impl::Loop() {
       const auto now = Clock::now();
       for (auto it = conns_.begin(); it != conns_.end();) {
         Conn& c = *it->second;
-        if (!c.hello_done && c.drop.empty() && now >= c.hello_deadline) {
+        if (!c.hello_done && !c.held_hello && c.drop.empty() && now >= c.hello_deadline) {
           DropLocked(c, "no hello within the timeout");
         }
         if (!c.drop.empty() || (c.close_after_flush && c.out.empty())) {
@@ -372,7 +461,7 @@ void PushServer::Impl::Loop() {
         if (!c.out.empty()) ev |= POLLOUT;
         fds.push_back({c.fd.get(), ev, 0});
         ids.push_back(it->first);
-        if (!c.hello_done) {
+        if (!c.hello_done && !c.held_hello) {
           auto left = std::chrono::duration_cast<std::chrono::milliseconds>(c.hello_deadline - now);
           timeout_ms = std::min<int>(timeout_ms, static_cast<int>(left.count()) + 1);
         }
@@ -718,13 +807,19 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
   }
   std::map<std::pair<LayoutKey, int>, push_internal::CountsMsg> counts;
   std::map<std::pair<LayoutKey, int>, uint64_t> elements;
+  const auto [part, parts] = group();
   for (const auto& [key, plan] : plans) {
     for (int r = 0; r < std::get<0>(key); ++r) {
-      counts[{key, r}].version = v->manifest.version;
-      counts[{key, r}].parent = parent;
+      push_internal::CountsMsg& m = counts[{key, r}];
+      m.version = v->manifest.version;
+      m.parent = parent;
+      m.part = static_cast<uint32_t>(part);
+      m.parts = static_cast<uint32_t>(parts);
     }
     for (size_t k = 0; k < plan->ops.size(); ++k) {
+      if (op_counts[key][k] == 0) continue;
       const auto rk = std::make_pair(key, plan->ops[k].receiver);
+      counts[rk].op.push_back(static_cast<uint32_t>(k));
       counts[rk].tensor.push_back(plan->ops[k].receiver_tensor);
       counts[rk].count.push_back(op_counts[key][k]);
       elements[rk] += op_counts[key][k];
@@ -1007,7 +1102,12 @@ std::string PushServer::StatusJson() {
                   {"elements", i.elements},
                   {"bytes", i.bytes}});
   }
-  return Json({{"port", port()}, {"receivers", rs}, {"events", TakeEvents()}});
+  return Json({{"port", port()},
+               {"address", address()},
+               {"part", part()},
+               {"parts", parts()},
+               {"receivers", rs},
+               {"events", TakeEvents()}});
 }
 
 PushServer::PushServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1020,6 +1120,18 @@ Result<std::unique_ptr<PushServer>> PushServer::Start(const PushServerOptions& o
 }
 
 int PushServer::port() const { return impl_->port(); }
+
+std::string PushServer::address() const { return impl_->address(); }
+
+Status PushServer::SetGroup(int part, int parts) { return impl_->SetGroup(part, parts); }
+
+Status PushServer::SetSenders(const std::vector<std::string>& senders) {
+  return impl_->SetSenders(senders);
+}
+
+int PushServer::part() const { return impl_->group().first; }
+
+int PushServer::parts() const { return impl_->group().second; }
 
 Status PushServer::SetLatest(Store& store, const std::shared_ptr<const Version>& v) {
   return impl_->SetLatest(store, v);

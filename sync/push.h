@@ -11,15 +11,21 @@
 // server checks them against the transfer plan of its latest version and
 // answers with that version. After each publish, Push() sends every
 // receiver that holds the parent version its part of the changes in two
-// rounds, as sync/p2p.h does (round 1: one u64 count per plan op of that
-// receiver, zeros included, with the receiver tensor each op lands in;
-// round 2: each op's entries at receiver-local indices, encoded with the
-// delta codec, sync/internal/push_wire.h, sent a tensor at a time), and
-// waits, bounded by the timeout, for each to confirm receipt. A receiver that fails, stalls past
-// the timeout or answers with an error is dropped (its connection closed) and reported; the push
-// still completes. A receiver that holds another version is told it is behind and catches up from
-// the store (PushReceiver::CatchUp) before it is pushed to again. Wire format and states:
-// docs/push.md.
+// rounds, as sync/p2p.h does (round 1: the count of each plan op of that
+// receiver with changes, with the receiver tensor it lands in; round 2:
+// each such op's entries at receiver-local indices, encoded with the delta
+// codec, sync/internal/push_wire.h, a batch of tensors at a time), and
+// waits, bounded by the timeout, for each to confirm receipt. A receiver
+// that fails, stalls past the timeout or answers with an error is dropped
+// (its connection closed) and reported; the push still completes. A
+// receiver that holds another version is told it is behind and catches up
+// from the store (PushReceiver::CatchUp) before it is pushed to again.
+//
+// A push may come in parts from several servers (SetGroup: the ranks of a
+// distributed publisher, each sending the tensors it owns). A receiver then
+// connects to every part's server (part 0's welcome names them), and
+// confirms a version to each only once every part of it is in and checked.
+// Wire format and states: docs/push.md.
 //
 // A receiver checks a whole push (every count against its tensor, every
 // index in range, the parent against the version it holds) before it
@@ -72,6 +78,9 @@ Result<PlanInputs> PlanInputsOf(Store& store, const Version& v);
 
 struct PushServerOptions {
   std::string address = "127.0.0.1:0";  // HOST:PORT to listen on; port 0: any free port
+  // The host receivers reach this server at (address()); empty: the listen
+  // host, or this machine's host name when it listens on every interface.
+  std::string advertise;
   // Bound on each push (sending to every receiver and their confirmations)
   // and on a new connection's hello.
   std::chrono::milliseconds timeout{30000};
@@ -149,6 +158,20 @@ class PushServer {
 
   // The port it listens on (the bound one when options asked for port 0).
   int port() const;
+  // HOST:PORT receivers reach it at (options' advertise and the port).
+  std::string address() const;
+
+  // Pushes from several senders (a distributed publisher whose every rank
+  // pushes the tensors it owns): this server sends part `part` of `parts`
+  // of each push. Part 0's server is the one receivers are given; with
+  // parts > 1 it answers their hellos only once SetSenders has named every
+  // part's address, which its welcome hands them, and they connect to each.
+  // Default: part 0 of 1.
+  Status SetGroup(int part, int parts);
+  // Every part's address (index = part; senders.size() = parts).
+  Status SetSenders(const std::vector<std::string>& senders);
+  int part() const;
+  int parts() const;
 
   // Makes `v` the version new receivers are checked against and told of
   // (done by Push; a publisher calls it once at open with its latest).

@@ -1,9 +1,11 @@
-// The push receiver of sync/push.h: a thread that connects (and
-// reconnects) to the server, reads each push whole, checks it against the
-// receiver's tensors and queues it; applying writes the queued pushes into
-// the tensors in version order, on the caller's thread (or this one, with
-// auto_apply). A catch-up copies a version from the store through the same
-// transfer plan the server uses.
+// The push receiver of sync/push.h: a thread per sender (the server at the
+// receiver's address, and the other parts' servers its welcome names) that
+// connects (and reconnects), reads each part of a push whole and checks it
+// against the receiver's tensors; once every part of a version is in, the
+// version is queued and confirmed to every sender. Applying writes the
+// queued pushes into the tensors in version order, on the caller's thread
+// (or a link's, with auto_apply). A catch-up copies a version from the
+// store through the same transfer plan the server uses.
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -14,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "kernels/cuda.h"
@@ -50,6 +53,24 @@ struct Pending {
   uint64_t elements = 0;
 };
 
+// The connection to one sender (part `part` of each push).
+struct Link {
+  int part = 0;
+  std::string address;
+  std::mutex send_mu;  // fd writes and replacement
+  ScopedFd fd;
+  bool welcomed = false;                  // guarded by the receiver's mu_
+  std::optional<uint64_t> hello_version;  // what its hello said is held; mu_
+  std::atomic<bool> retired{false};
+  std::thread thread;
+};
+
+// The parts of one version received so far.
+struct Assembly {
+  uint64_t version = 0, parent = 0;
+  std::vector<std::optional<Pending>> parts;
+};
+
 }  // namespace
 
 class PushReceiver::Impl {
@@ -64,15 +85,39 @@ class PushReceiver::Impl {
   }
   ~Impl() {
     stop_ = true;
+    std::vector<std::shared_ptr<Link>> all;
     {
-      std::lock_guard lock(send_mu_);
-      if (fd_.get() >= 0) shutdown(fd_.get(), SHUT_RDWR);
+      std::lock_guard lock(mu_);
+      all = links_;
+      all.insert(all.end(), retired_.begin(), retired_.end());
     }
-    if (thread_.joinable()) thread_.join();
+    for (auto& l : all) {
+      std::lock_guard lock(l->send_mu);
+      if (l->fd.get() >= 0) shutdown(l->fd.get(), SHUT_RDWR);
+    }
+    // Links are added only by link threads, which see stop_ and add none.
+    for (;;) {
+      std::shared_ptr<Link> next;
+      {
+        std::lock_guard lock(mu_);
+        for (auto& l : links_) {
+          if (l->thread.joinable()) next = l;
+        }
+        for (auto& l : retired_) {
+          if (l->thread.joinable()) next = l;
+        }
+      }
+      if (!next) break;
+      next->thread.join();
+    }
   }
 
   void Start() {
-    thread_ = std::thread([this] { Run(); });
+    auto primary = std::make_shared<Link>();
+    primary->address = options_.address;
+    std::lock_guard lock(mu_);
+    links_.push_back(primary);
+    primary->thread = std::thread([this, primary] { Run(primary); });
   }
 
   Result<uint64_t> ApplyPending() {
@@ -100,7 +145,7 @@ class PushReceiver::Impl {
       if (Clock::now() >= deadline) {
         return IOError("timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
                        VersionName(version) + " (holding " + HeldText() +
-                       (connected_ ? ")" : ", not connected: " + error_ + ")"));
+                       (ConnectedLocked() ? ")" : ", not connected: " + error_ + ")"));
       }
       cv_.wait_until(lock, deadline);
     }
@@ -113,7 +158,7 @@ class PushReceiver::Impl {
     PushReceiverStatus s;
     s.version = inconsistent_ ? std::nullopt : held_;
     s.inconsistent = inconsistent_;
-    s.connected = connected_;
+    s.connected = ConnectedLocked();
     s.behind = behind_;
     s.pending = pending_.size();
     s.pushes = pushes_;
@@ -123,6 +168,15 @@ class PushReceiver::Impl {
   }
 
  private:
+  // Every sender's link is up and welcomed.
+  bool ConnectedLocked() const {
+    if (links_.size() != parts_) return false;
+    for (const auto& l : links_) {
+      if (!l->welcomed) return false;
+    }
+    return true;
+  }
+
   std::string HeldText() const {
     if (inconsistent_) return "an inconsistent state";
     return held_ ? VersionName(*held_) : "an unknown version";
@@ -175,7 +229,7 @@ class PushReceiver::Impl {
         elements_ += p.elements;
         if (behind_ && *behind_ <= p.version) behind_.reset();
       }
-      Send(Msg::kApplied, {{"version", p.version}});
+      SendAll(Msg::kApplied, {{"version", p.version}});
       cv_.notify_all();
       ++n;
     }
@@ -215,13 +269,41 @@ class PushReceiver::Impl {
     return FromCuda(kernels::CudaStreamSynchronize(nullptr), what);
   }
 
-  void Send(Msg type, const nlohmann::json& j) {
-    std::lock_guard lock(send_mu_);
-    if (fd_.get() < 0) return;
+  static void Send(Link& l, Msg type, const nlohmann::json& j, std::chrono::milliseconds timeout) {
+    std::lock_guard lock(l.send_mu);
+    if (l.fd.get() < 0) return;
     const std::string f = Frame(type, j.dump());
-    Status s = transport_internal::SendAll(fd_.get(), f.data(), f.size(),
-                                           Deadline(options_.timeout), "the push server");
-    if (!s.ok()) shutdown(fd_.get(), SHUT_RDWR);
+    Status s = transport_internal::SendAll(l.fd.get(), f.data(), f.size(), Deadline(timeout),
+                                           "the push server at " + l.address);
+    if (!s.ok()) shutdown(l.fd.get(), SHUT_RDWR);
+  }
+  void Send(Link& l, Msg type, const nlohmann::json& j) { Send(l, type, j, options_.timeout); }
+  // To every sender welcomed (or only `links`).
+  void SendAll(Msg type, const nlohmann::json& j) {
+    std::vector<std::shared_ptr<Link>> links;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& l : links_) {
+        if (l->welcomed) links.push_back(l);
+      }
+    }
+    for (const auto& l : links) Send(*l, type, j);
+  }
+
+  // Forgets a version whose parts are not all in (a sender's link failed,
+  // or a part was refused): it can never be confirmed, so every other
+  // sender is told (and drops this receiver, which reconnects and catches
+  // up). Returns the links to tell; mu_ held.
+  std::vector<std::shared_ptr<Link>> LoseAssemblyLocked(const Link& failed,
+                                                        const std::string& why) {
+    std::vector<std::shared_ptr<Link>> tell;
+    if (!assembly_) return tell;
+    error_ = "lost the push of " + VersionName(assembly_->version) + ": " + why;
+    assembly_.reset();
+    for (const auto& l : links_) {
+      if (l.get() != &failed && l->welcomed) tell.push_back(l);
+    }
+    return tell;
   }
 
   // Checks and decodes a push against the tensors; Corruption naming what
@@ -235,7 +317,7 @@ class PushReceiver::Impl {
     std::vector<push_internal::SegmentBytes> bytes;
     for (size_t k = 0; k < c.count.size(); ++k) {
       if (c.tensor[k] >= options_.tensors.size()) {
-        return Corruption(what + ": op " + std::to_string(k) + " names tensor " +
+        return Corruption(what + ": op " + std::to_string(c.op[k]) + " names tensor " +
                           std::to_string(c.tensor[k]) + " of " +
                           std::to_string(options_.tensors.size()));
       }
@@ -247,7 +329,9 @@ class PushReceiver::Impl {
       const size_t first = bytes.size();
       RETURN_IF_ERROR(
           push_internal::SplitOpSegments(&in, c.count[k], what + ", tensor " + t.name, &bytes));
-      for (size_t i = first; i < bytes.size(); ++i) p.segments.push_back({c.tensor[k], k, {}});
+      for (size_t i = first; i < bytes.size(); ++i) {
+        p.segments.push_back({c.tensor[k], c.op[k], {}});
+      }
       p.elements += c.count[k];
     }
     if (!in.empty()) {
@@ -277,20 +361,32 @@ class PushReceiver::Impl {
     return p;
   }
 
-  // One connection's life: hello, then pushes until it fails or stops.
-  Status Session();
-  void Run() {
+  // One link's connection: hello, then pushes until it fails or stops.
+  Status Session(const std::shared_ptr<Link>& link);
+  // A part of a push arrived on `link`, checked: queue the version once
+  // every part is in. Corruption when it does not fit.
+  Status OnPart(Link& link, const push_internal::CountsMsg& counts, Pending part);
+  // The primary's welcome named these senders: links to the others.
+  void SetSendersLocked(const std::vector<std::string>& senders);
+
+  void Run(const std::shared_ptr<Link>& link) {
     auto wait = options_.reconnect;
-    while (!stop_) {
-      Status s = Session();
+    while (!stop_ && !link->retired) {
+      Status s = Session(link);
+      std::vector<std::shared_ptr<Link>> tell;
+      std::string lost;
       {
         std::lock_guard lock(mu_);
-        connected_ = false;
+        link->welcomed = false;
         if (!s.ok() && !stop_) error_ = s.message();
+        lost = "the link to the push server at " + link->address + " (part " +
+               std::to_string(link->part) + ") ended" + (s.ok() ? "" : ": " + s.message());
+        if (!link->retired) tell = LoseAssemblyLocked(*link, lost);
       }
+      for (const auto& l : tell) Send(*l, Msg::kError, {{"error", lost}});
       {
-        std::lock_guard lock(send_mu_);
-        fd_ = ScopedFd();
+        std::lock_guard lock(link->send_mu);
+        link->fd = ScopedFd();
       }
       cv_.notify_all();
       {
@@ -298,7 +394,7 @@ class PushReceiver::Impl {
         if (stop_ || !refused_.empty()) return;
       }
       const auto until = Clock::now() + wait;
-      while (!stop_ && Clock::now() < until) {
+      while (!stop_ && !link->retired && Clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
       wait = std::min(wait * 2, options_.reconnect * 8);
@@ -311,8 +407,6 @@ class PushReceiver::Impl {
   std::thread thread_;
   std::atomic<bool> stop_{false};
 
-  std::mutex send_mu_;  // fd_ writes and replacement
-  ScopedFd fd_;
   std::mutex apply_mu_;  // tensor writes
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -321,24 +415,29 @@ class PushReceiver::Impl {
   std::deque<Pending> pending_;
   std::optional<uint64_t> behind_;
   bool inconsistent_ = false;
-  bool connected_ = false;
   std::string error_, refused_;
+  // links_[p] receives part p of each push; links_[0] is options_.address.
+  std::vector<std::shared_ptr<Link>> links_;
+  std::vector<std::shared_ptr<Link>> retired_;  // links to senders no longer named
+  size_t parts_ = 1;                            // senders of each push
+  std::vector<std::string> senders_;            // as part 0's welcome named them
+  std::optional<Assembly> assembly_;
   uint64_t pushes_ = 0, elements_ = 0;
 };
 
-Status PushReceiver::Impl::Session() {
-  const std::string who = "the push server at " + options_.address;
+Status PushReceiver::Impl::Session(const std::shared_ptr<Link>& link) {
+  const std::string who = "the push server at " + link->address;
   // A short connect deadline: the receiver's destructor waits for it.
   ASSIGN_OR_RETURN(
       ScopedFd fd,
       transport_internal::ConnectTcp(
-          options_.address, Deadline(std::min<std::chrono::milliseconds>(options_.timeout, 1000ms)),
+          link->address, Deadline(std::min<std::chrono::milliseconds>(options_.timeout, 1000ms)),
           who));
   const int raw = fd.get();
   {
-    std::lock_guard lock(send_mu_);
-    if (stop_) return Status::Ok();
-    fd_ = std::move(fd);
+    std::lock_guard lock(link->send_mu);
+    if (stop_ || link->retired) return Status::Ok();
+    link->fd = std::move(fd);
   }
   nlohmann::json hello = {{"rank", options_.rank},
                           {"tp", options_.layout.tp},
@@ -351,17 +450,18 @@ Status PushReceiver::Impl::Session() {
     if (inconsistent_) v.reset();
     hello["version"] = v ? nlohmann::json(*v) : nlohmann::json(nullptr);
     expected_parent_ = v;
+    link->hello_version = v;
   }
   nlohmann::json tensors = nlohmann::json::array();
   for (const PushTensor& t : options_.tensors) {
     tensors.push_back({{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}});
   }
   hello["tensors"] = std::move(tensors);
-  Send(Msg::kHello, hello);
+  Send(*link, Msg::kHello, hello);
   for (;;) {
     // Between pushes, wait for the next frame as long as it takes.
     for (;;) {
-      if (stop_) return Status::Ok();
+      if (stop_ || link->retired) return Status::Ok();
       pollfd p{raw, POLLIN, 0};
       const int n = poll(&p, 1, 100);
       if (n > 0) break;
@@ -370,7 +470,7 @@ Status PushReceiver::Impl::Session() {
                                                       Deadline(options_.timeout), who));
     if (m.type == Msg::kCounts) {
       ASSIGN_OR_RETURN(auto counts, push_internal::DecodeCounts(m.body, who));
-      // Round 2: data frames (a tensor's ops at a time) up to the end mark.
+      // Round 2: data frames (a batch of tensors at a time) up to the end mark.
       std::string data;
       for (;;) {
         ASSIGN_OR_RETURN(auto f, push_internal::RecvFrame(raw, UINT64_MAX >> 8,
@@ -387,31 +487,11 @@ Status PushReceiver::Impl::Session() {
         }
       }
       auto checked = Check(counts, data);
-      Status bad = checked.status();
-      std::optional<uint64_t> expected;
-      {
-        std::lock_guard lock(mu_);
-        expected = expected_parent_;
-      }
-      if (bad.ok() && expected != counts.parent) {
-        bad = Corruption("push of " + VersionName(counts.version) + " onto " +
-                         VersionName(counts.parent) + ", but this receiver's last version is " +
-                         (expected ? VersionName(*expected) : "unknown"));
-      }
+      Status bad =
+          checked.ok() ? OnPart(*link, counts, std::move(checked).value()) : checked.status();
       if (!bad.ok()) {
-        Send(Msg::kError, {{"error", bad.message()}});
+        Send(*link, Msg::kError, {{"error", bad.message()}});
         return bad;
-      }
-      {
-        std::lock_guard lock(mu_);
-        pending_.push_back(std::move(checked).value());
-        expected_parent_ = counts.version;
-      }
-      Send(Msg::kReceived, {{"version", counts.version}});
-      cv_.notify_all();
-      if (options_.auto_apply) {
-        std::lock_guard apply(apply_mu_);
-        RETURN_IF_ERROR(ApplyPendingLocked().status());
       }
       continue;
     }
@@ -422,13 +502,42 @@ Status PushReceiver::Impl::Session() {
         refused_ = "the push server refused this receiver: " + j["error"].get<std::string>();
         return InvalidArgument(refused_);
       }
-      std::lock_guard lock(mu_);
-      connected_ = true;
-      error_.clear();
+      const int part = j.is_object() && j["part"].is_number_integer() ? j["part"].get<int>() : 0;
+      const int parts = j.is_object() && j["parts"].is_number_integer() ? j["parts"].get<int>() : 1;
+      std::unique_lock lock(mu_);
+      if (link->part == 0) {
+        std::vector<std::string> senders;
+        if (parts > 1) {
+          if (!j["senders"].is_array() || j["senders"].size() != static_cast<size_t>(parts)) {
+            return Corruption(who + " sends part 0 of " + std::to_string(parts) +
+                              " but did not name every sender");
+          }
+          for (const auto& a : j["senders"]) {
+            if (!a.is_string()) return Corruption(who + " named a sender that is not HOST:PORT");
+            senders.push_back(a.get<std::string>());
+          }
+        }
+        if (part != 0) return Corruption(who + " says it sends part " + std::to_string(part));
+        SetSendersLocked(senders);
+      } else if (part != link->part || static_cast<size_t>(parts) != parts_) {
+        return Corruption(who + " says it sends part " + std::to_string(part) + " of " +
+                          std::to_string(parts) + ", but part 0 named it part " +
+                          std::to_string(link->part) + " of " + std::to_string(parts_));
+      }
+      link->welcomed = true;
+      if (ConnectedLocked()) error_.clear();
       if (j.is_object() && j["latest"].is_number_unsigned()) {
         const uint64_t latest = j["latest"].get<uint64_t>();
         if (expected_parent_ != latest) behind_ = latest;
       }
+      // A catch-up between the hello and this welcome: tell this sender too.
+      const std::optional<uint64_t> now = inconsistent_      ? std::nullopt
+                                          : pending_.empty() ? held_
+                                                             : pending_.back().version;
+      const bool tell = now.has_value() && now != link->hello_version;
+      const uint64_t held = now.value_or(0);
+      lock.unlock();
+      if (tell) Send(*link, Msg::kHeld, {{"version", held}});
       cv_.notify_all();
     } else if (m.type == Msg::kBehind) {
       if (!j.is_object() || !j["latest"].is_number_unsigned()) {
@@ -441,6 +550,97 @@ Status PushReceiver::Impl::Session() {
       return Corruption(who + " sent an unexpected " + push_internal::MsgName(m.type));
     }
   }
+}
+
+void PushReceiver::Impl::SetSendersLocked(const std::vector<std::string>& senders) {
+  if (senders == senders_ && links_.size() == std::max<size_t>(1, senders.size())) return;
+  // Another group of senders (the trainer restarted): drop the old links.
+  for (size_t p = 1; p < links_.size(); ++p) {
+    links_[p]->retired = true;
+    {
+      std::lock_guard lock(links_[p]->send_mu);
+      if (links_[p]->fd.get() >= 0) shutdown(links_[p]->fd.get(), SHUT_RDWR);
+    }
+    retired_.push_back(links_[p]);
+  }
+  links_.resize(1);
+  assembly_.reset();
+  senders_ = senders;
+  parts_ = std::max<size_t>(1, senders.size());
+  if (stop_) return;
+  for (size_t p = 1; p < senders.size(); ++p) {
+    auto l = std::make_shared<Link>();
+    l->part = static_cast<int>(p);
+    l->address = senders[p];
+    links_.push_back(l);
+    l->thread = std::thread([this, l] { Run(l); });
+  }
+}
+
+Status PushReceiver::Impl::OnPart(Link& link, const push_internal::CountsMsg& counts,
+                                  Pending part) {
+  const std::string what =
+      "part " + std::to_string(counts.part) + " of the push of " + VersionName(counts.version);
+  bool complete = false;
+  {
+    std::lock_guard lock(mu_);
+    if (counts.part != static_cast<uint32_t>(link.part) || counts.parts != parts_) {
+      return Corruption(what + " came as part " + std::to_string(counts.part) + " of " +
+                        std::to_string(counts.parts) + " from the sender of part " +
+                        std::to_string(link.part) + " of " + std::to_string(parts_));
+    }
+    if (expected_parent_ != counts.parent) {
+      return Corruption("push of " + VersionName(counts.version) + " onto " +
+                        VersionName(counts.parent) + ", but this receiver's last version is " +
+                        (expected_parent_ ? VersionName(*expected_parent_) : "unknown"));
+    }
+    if (assembly_ && (assembly_->version != counts.version || assembly_->parent != counts.parent ||
+                      assembly_->parts[counts.part])) {
+      return Corruption(what + " arrived while the parts of " + VersionName(assembly_->version) +
+                        " were coming in");
+    }
+    if (!assembly_) {
+      assembly_ = Assembly{counts.version, counts.parent, {}};
+      assembly_->parts.resize(parts_);
+    }
+    assembly_->parts[counts.part] = std::move(part);
+    complete = std::all_of(assembly_->parts.begin(), assembly_->parts.end(),
+                           [](const std::optional<Pending>& x) { return x.has_value(); });
+    if (complete) {
+      // One version from its parts: each op comes from one part (a tensor
+      // has one owner).
+      Pending whole = std::move(*assembly_->parts[0]);
+      std::set<size_t> ops;
+      for (const auto& seg : whole.segments) ops.insert(seg.op);
+      for (size_t p = 1; p < assembly_->parts.size(); ++p) {
+        Pending& x = *assembly_->parts[p];
+        std::set<size_t> mine;
+        for (auto& seg : x.segments) {
+          if (ops.count(seg.op)) {
+            assembly_.reset();
+            return Corruption("push of " + VersionName(counts.version) + ": parts 0-" +
+                              std::to_string(p - 1) + " and part " + std::to_string(p) +
+                              " both send elements of tensor " + options_.tensors[seg.tensor].name);
+          }
+          mine.insert(seg.op);
+          whole.segments.push_back(std::move(seg));
+        }
+        ops.insert(mine.begin(), mine.end());
+        whole.elements += x.elements;
+      }
+      assembly_.reset();
+      pending_.push_back(std::move(whole));
+      expected_parent_ = counts.version;
+    }
+  }
+  if (!complete) return Status::Ok();
+  SendAll(Msg::kReceived, {{"version", counts.version}});
+  cv_.notify_all();
+  if (options_.auto_apply) {
+    std::lock_guard apply(apply_mu_);
+    RETURN_IF_ERROR(ApplyPendingLocked().status());
+  }
+  return Status::Ok();
 }
 
 Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version) {
@@ -512,7 +712,7 @@ Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version
     if (pending_.empty()) expected_parent_ = *version;
     if (behind_ && *behind_ <= *version) behind_.reset();
   }
-  Send(Msg::kHeld, {{"version", *version}});
+  SendAll(Msg::kHeld, {{"version", *version}});
   cv_.notify_all();
   return Status::Ok();
 }

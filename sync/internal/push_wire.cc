@@ -87,36 +87,50 @@ Result<std::optional<Parsed>> FrameReader::Next(uint64_t max_body, const std::st
 }
 
 std::string EncodeCounts(const CountsMsg& m) {
-  std::string out(24 + m.count.size() * 12, '\0');
+  std::string out(32 + m.count.size() * 16, '\0');
   auto* p = reinterpret_cast<uint8_t*>(out.data());
   PutU64(p, m.version);
   PutU64(p + 8, m.parent);
-  PutU64(p + 16, m.count.size());
-  p += 24;
-  for (size_t i = 0; i < m.count.size(); ++i, p += 12) {
-    PutU32(p, m.tensor[i]);
-    PutU64(p + 4, m.count[i]);
+  PutU32(p + 16, m.part);
+  PutU32(p + 20, m.parts);
+  PutU64(p + 24, m.count.size());
+  p += 32;
+  for (size_t i = 0; i < m.count.size(); ++i, p += 16) {
+    PutU32(p, m.op[i]);
+    PutU32(p + 4, m.tensor[i]);
+    PutU64(p + 8, m.count[i]);
   }
   return out;
 }
 
 Result<CountsMsg> DecodeCounts(std::string_view body, const std::string& who) {
   const auto* p = reinterpret_cast<const uint8_t*>(body.data());
-  if (body.size() < 24) return Corruption(who + " sent a truncated counts message");
+  if (body.size() < 32) return Corruption(who + " sent a truncated counts message");
   CountsMsg m;
   m.version = GetU64(p);
   m.parent = GetU64(p + 8);
-  const uint64_t n = GetU64(p + 16);
-  if (n > (body.size() - 24) / 12 || body.size() != 24 + n * 12) {
+  m.part = GetU32(p + 16);
+  m.parts = GetU32(p + 20);
+  const uint64_t n = GetU64(p + 24);
+  if (n > (body.size() - 32) / 16 || body.size() != 32 + n * 16) {
     return Corruption(who + " sent a counts message of " + std::to_string(body.size()) +
                       " bytes for " + std::to_string(n) + " ops");
   }
+  if (m.parts == 0 || m.part >= m.parts) {
+    return Corruption(who + " sent the counts of part " + std::to_string(m.part) + " of " +
+                      std::to_string(m.parts));
+  }
+  m.op.resize(n);
   m.tensor.resize(n);
   m.count.resize(n);
-  p += 24;
-  for (uint64_t i = 0; i < n; ++i, p += 12) {
-    m.tensor[i] = GetU32(p);
-    m.count[i] = GetU64(p + 4);
+  p += 32;
+  for (uint64_t i = 0; i < n; ++i, p += 16) {
+    m.op[i] = GetU32(p);
+    m.tensor[i] = GetU32(p + 4);
+    m.count[i] = GetU64(p + 8);
+    if (i > 0 && m.op[i] <= m.op[i - 1]) {
+      return Corruption(who + " sent counts whose ops are not in increasing order");
+    }
   }
   return m;
 }

@@ -57,20 +57,23 @@ class FrameReader {
   std::string buf_;
 };
 
-// Round 1 of a push to one receiver: the version, its parent, and per plan
-// op of that receiver (plan order) the receiver tensor it lands in and the
-// count of elements.
+// Round 1 of a push to one receiver: the version, its parent, which part
+// of the push this is (a push comes from `parts` senders, each sending the
+// changes of the tensors it owns: sync/push.h) and, for each plan op of that
+// receiver with changes in this part (increasing op index), the receiver
+// tensor it lands in and its count of elements. Ops not listed have none.
 struct CountsMsg {
   uint64_t version = 0, parent = 0;
+  uint32_t part = 0, parts = 1;
+  std::vector<uint32_t> op;
   std::vector<uint32_t> tensor;
   std::vector<uint64_t> count;
 };
 std::string EncodeCounts(const CountsMsg& m);
 Result<CountsMsg> DecodeCounts(std::string_view body, const std::string& who);
 
-// Round 2 of a push to one receiver: for each op with a non-zero count, in
-// plan order, the op's entries in segments of at most 2^31 receiver-local
-// elements: u64 base (the first entry's flat index in the receiver
+// Round 2 of a push to one receiver: for each op of round 1, in order, the op's entries in segments
+// of at most 2^31 receiver-local elements: u64 base (the first entry's flat index in the receiver
 // tensor), u64 span (elements from base to the last entry, inclusive),
 // u32 count, u32 payload bytes, then a kSparse payload of the delta codec
 // (store/delta_codec.h) over a "block" of `span` elements at `base`: the

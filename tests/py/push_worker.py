@@ -10,6 +10,14 @@ JSON to --out.
 
 trainer: imports v0, publishes --steps AdamW steps with a push group on
 --address, prints "published N" after each, then waits to be killed.
+
+rank: rank --rank of a distributed publisher of --world ranks (dte's TCP
+transport), every rank with a push group (rank 0's on --address; the others
+told it), each publishing its row half of every tensor of a model every rank
+trains alike. Reads commands from stdin: "open DIR" (re)opens the publisher
+on rendezvous directory DIR, keeping the push group, and prints "opened";
+"step K" trains up to step K (replaying the steps a restarted rank missed)
+and publishes it, printing "published V PUSH-JSON" or "failed MESSAGE".
 """
 
 import argparse
@@ -100,9 +108,48 @@ def trainer(a):
         time.sleep(1)
 
 
+def rank(a):
+    model = push_util.TinyGqaLM(seed=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-6, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.0)
+    group = dte.PushGroup(a.address, timeout=a.push_timeout)
+    pub, trained = None, 0
+    for line in sys.stdin:
+        cmd, arg = line.split()
+        if cmd == "open":
+            if pub is not None:
+                pub.close()
+            pub = dte.Publisher(store=a.store, rank=a.rank, world_size=a.world, rendezvous=arg,
+                                timeout=a.timeout, push=group)
+            print("opened", flush=True)
+            continue
+        step = int(arg)
+        while trained < step:
+            trained += 1
+            train_step(model, opt, trained)
+        params = {}
+        for n, p in model.named().items():
+            st = opt.state[p]
+            rows = p.shape[0]
+            chunk = (rows + a.world - 1) // a.world
+            r0, r1 = min(rows, a.rank * chunk), min(rows, (a.rank + 1) * chunk)
+            params[n] = {"param": p.detach()[r0:r1], "exp_avg": st["exp_avg"][r0:r1],
+                         "exp_avg_sq": st["exp_avg_sq"][r0:r1], "rows": (r0, r1),
+                         "step": st["step"]}
+        try:
+            r = pub.publish_adamw(step=step, params=params, lr=5e-6, betas=(0.9, 0.95),
+                                  eps=1e-8, weight_decay=0.0)
+            print("published %d %s" % (r.version, json.dumps(r.push)), flush=True)
+        except dte.DteError as e:
+            print("failed %s" % str(e).replace("\n", " "), flush=True)
+    if pub is not None:
+        pub.close()
+    group.close()
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["receiver", "trainer"])
+    p.add_argument("mode", choices=["receiver", "trainer", "rank"])
     p.add_argument("--address", required=True)
     p.add_argument("--store", required=True)
     p.add_argument("--steps", type=int, required=True)
@@ -113,8 +160,11 @@ def main():
     p.add_argument("--marks")
     p.add_argument("--out")
     p.add_argument("--ckpt")
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--push-timeout", type=float, default=5.0)
     a = p.parse_args()
-    receiver(a) if a.mode == "receiver" else trainer(a)
+    {"receiver": receiver, "trainer": trainer, "rank": rank}[a.mode](a)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@
 #include "store/store.h"
 #include "sync/export.h"
 #include "sync/publish_metrics.h"
+#include "sync/push.h"
 #include "sync/verify.h"
 #include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"
@@ -471,6 +472,26 @@ TEST_F(DistPublisherTest, DisagreementsFailEveryRankAndWriteNothing) {
                                if (rank == 1) (*r)[0].device = 999;
                              }),
                   "rank 1: tensor model.embed_tokens.weight (state on the GPU): CUDA device 999");
+  // Push groups on some ranks but not all, or not on rank 0: refused on
+  // every rank, naming the rank, before anything is written.
+  std::vector<std::unique_ptr<PushServer>> servers;
+  for (int r = 0; r < 3; ++r) {
+    auto s = PushServer::Start({});
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    servers.push_back(std::move(s).value());
+  }
+  // (This store has no config.json, so the servers cannot plan receivers:
+  // SetPush says so, and the groups are set all the same.)
+  for (int r = 0; r < 2; ++r) {
+    Status set = pubs_[r]->SetPush(servers[r].get());
+    EXPECT_NE(set.message().find("config.json"), std::string::npos) << set.message();
+  }
+  expect_all_fail(PublishAll(RowShards, test::AdamWStepOf(p)),
+                  "step 1: rank 2 has no push group and other ranks have one");
+  ASSERT_TRUE(pubs_[0]->SetPush(nullptr).ok());
+  expect_all_fail(PublishAll(RowShards, test::AdamWStepOf(p)),
+                  "step 1: rank 1 has a push group and rank 0 has none");
+  ASSERT_TRUE(pubs_[1]->SetPush(nullptr).ok());
   // Agreed again, the same ranks publish v1.
   auto out = PublishAll(RowShards, test::AdamWStepOf(p));
   for (const auto& o : out) {

@@ -296,6 +296,133 @@ TEST_F(PushTest, StalledReceiverIsDroppedAndThePushCompletes) {
   EXPECT_EQ(server->Receivers().size(), 1u);
 }
 
+// A push in parts from three senders (the ranks of a distributed
+// publisher, each sending the tensors it owns): receivers connect to part
+// 0's server, are told of the others, and hold each version whole once every
+// part is in. A sender that never sends its part (a dead rank) leaves them
+// at the version they had, whole; they catch up from the store and the next
+// push in three parts lands.
+TEST_F(PushTest, PartsFromEverySenderMakeOneVersionAndAMissingPartChangesNothing) {
+  constexpr int kParts = 3;
+  std::vector<std::unique_ptr<PushServer>> servers;
+  std::vector<std::string> senders;
+  for (int p = 0; p < kParts; ++p) {
+    servers.push_back(StartServer(/*timeout=*/1500ms));
+    ASSERT_TRUE(servers.back());
+    ASSERT_TRUE(servers.back()->SetGroup(p, kParts).ok());
+    senders.push_back(servers.back()->address());
+  }
+  EXPECT_EQ(senders[1], "127.0.0.1:" + std::to_string(servers[1]->port()));
+  EXPECT_EQ(servers[0]->SetSenders({senders[0]}).code(), Code::kInvalidArgument);
+  std::vector<std::unique_ptr<Rx>> rxs;
+  // Connected before part 0 knows the senders: its hello waits for them.
+  rxs.push_back(Receiver(*servers[0], {1, false, false}, 0, state_, 0, true));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_TRUE(servers[0]->Receivers().empty());
+  EXPECT_FALSE(rxs[0]->rx->GetStatus().connected);
+  ASSERT_TRUE(servers[0]->SetSenders(senders).ok());
+  for (int r = 0; r < 2; ++r)
+    rxs.push_back(Receiver(*servers[0], FusedReceiverLayout(2), r, state_, 0, r == 0));
+  for (auto& s : servers) AwaitReceivers(*s, rxs.size());
+  for (auto& r : rxs) {
+    for (int i = 0; i < 500 && !r->rx->GetStatus().connected; ++i)
+      std::this_thread::sleep_for(10ms);
+    EXPECT_TRUE(r->rx->GetStatus().connected);
+  }
+
+  // Each sender pushes the tensors it owns (tensor k: part k % kParts), all
+  // at once; `skip` sends nothing.
+  auto push_parts = [&](uint64_t v, const std::vector<TensorChanges>& all, int skip) {
+    std::vector<std::vector<TensorChanges>> mine(kParts);
+    for (const TensorChanges& c : all) {
+      const size_t k = std::find_if(specs_.begin(), specs_.end(),
+                                    [&](const PlanTensor& t) { return t.name == c.name; }) -
+                       specs_.begin();
+      mine[k % kParts].push_back(c);
+    }
+    std::vector<Result<PushReport>> reports(kParts, Internal("not run"));
+    std::vector<std::thread> threads;
+    for (int p = 0; p < kParts; ++p) {
+      if (p == skip) continue;
+      threads.emplace_back([&, p] { reports[p] = servers[p]->Push(*store_, V(v), mine[p]); });
+    }
+    for (auto& t : threads) t.join();
+    return reports;
+  };
+
+  std::mt19937_64 rng(21);
+  State state = state_;
+  uint64_t written_before = 0;
+  for (int step = 1; step <= 2; ++step) {
+    uint64_t written = 0;
+    State next = transfer_test::RandomChange(specs_, state, 0.05, rng);
+    const uint64_t v = Commit(next);
+    auto reports = push_parts(v, Diff(state, next), /*skip=*/-1);
+    uint64_t elements = 0;
+    for (int p = 0; p < kParts; ++p) {
+      ASSERT_TRUE(reports[p].ok()) << reports[p].status().message();
+      EXPECT_EQ(reports[p]->pushed, rxs.size()) << "part " << p;
+      EXPECT_TRUE(reports[p]->dropped.empty()) << reports[p]->dropped[0];
+      EXPECT_GT(reports[p]->elements, 0u) << "part " << p;
+      elements += reports[p]->elements;
+    }
+    for (auto& r : rxs) {
+      Status s = r->rx->WaitFor(v, 10s);
+      ASSERT_TRUE(s.ok()) << LayoutText(r->layout, r->rank) << ": " << s.message();
+      ExpectHolds(*r, next);
+      written += r->rx->GetStatus().elements;
+    }
+    // What the parts sent is what the receivers wrote, each element once.
+    EXPECT_EQ(written - written_before, elements);
+    written_before = written;
+    state = std::move(next);
+  }
+
+  // Part 2's sender is gone: parts 0 and 1 are never confirmed, and every
+  // receiver keeps v2 whole.
+  State v3 = transfer_test::RandomChange(specs_, state, 0.05, rng);
+  ASSERT_EQ(Commit(v3), 3u);
+  auto reports = push_parts(3, Diff(state, v3), /*skip=*/2);
+  for (int p = 0; p < 2; ++p) {
+    ASSERT_TRUE(reports[p].ok()) << reports[p].status().message();
+    EXPECT_EQ(reports[p]->pushed, 0u);
+    EXPECT_EQ(reports[p]->dropped.size(), rxs.size());
+  }
+  for (auto& r : rxs) {
+    Status s = r->rx->WaitFor(3, 10s);
+    EXPECT_EQ(s.code(), Code::kNotFound) << s.message();
+    EXPECT_EQ(r->rx->GetStatus().version, 2u);
+    EXPECT_FALSE(r->rx->GetStatus().inconsistent);
+    ExpectHolds(*r, state);
+    ASSERT_TRUE(r->rx->CatchUp(*store_, std::nullopt).ok());
+    ExpectHolds(*r, v3);
+  }
+  // Every sender hears of v3 (part 2's sender restarted at v3, say).
+  ASSERT_TRUE(servers[2]->SetLatest(*store_, V(3)).ok());
+  for (auto& s : servers) {
+    for (int i = 0; i < 500; ++i) {
+      auto infos = s->Receivers();
+      if (infos.size() == rxs.size() &&
+          std::all_of(infos.begin(), infos.end(),
+                      [](const PushReceiverInfo& x) { return x.version == 3u && !x.behind; }))
+        break;
+      std::this_thread::sleep_for(10ms);
+    }
+  }
+  State v4 = transfer_test::RandomChange(specs_, v3, 0.05, rng);
+  ASSERT_EQ(Commit(v4), 4u);
+  reports = push_parts(4, Diff(v3, v4), /*skip=*/-1);
+  for (int p = 0; p < kParts; ++p) {
+    ASSERT_TRUE(reports[p].ok()) << reports[p].status().message();
+    EXPECT_EQ(reports[p]->pushed, rxs.size())
+        << "part " << p << ": " << PushReportJson(*reports[p]) << " " << servers[p]->StatusJson();
+  }
+  for (auto& r : rxs) {
+    ASSERT_TRUE(r->rx->WaitFor(4, 10s).ok());
+    ExpectHolds(*r, v4);
+  }
+}
+
 TEST_F(PushTest, ReceiverWhoseTensorsDoNotFitThePlanIsRefusedNamingTheTensor) {
   auto server = StartServer();
   ASSERT_TRUE(server);
@@ -494,7 +621,7 @@ TEST_F(PushTest, MalformedPushIsRefusedBeforeAnyByteIsWritten) {
   ASSERT_TRUE(hello.ok() && hello->type == push_internal::Msg::kHello);
   // Two ops on tensor t, in two data frames (as a push sends a tensor at a
   // time): a valid one, then one whose segment runs past the end.
-  push_internal::CountsMsg counts{5, 4, {0, 0}, {2, 1}};
+  push_internal::CountsMsg counts{5, 4, 0, 1, {0, 1}, {0, 0}, {2, 1}};
   std::string ok_data, bad_data;
   const uint64_t ok_dst[] = {3, 9}, bad_dst[] = {70}, pos[] = {0, 1};
   const uint16_t vals[] = {1, 2};

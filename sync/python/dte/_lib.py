@@ -205,14 +205,17 @@ def _declare(lib):
                                             ctypes.POINTER(ctypes.c_uint64)]),
         "dte_store_read_tensor": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.c_char_p,
                                                  ctypes.c_void_p, ctypes.c_uint64]),
-        "dte_push_server_start": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int64,
-                                                 ctypes.POINTER(P)]),
+        "dte_push_server_start": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
+                                                 ctypes.c_int64, ctypes.POINTER(P)]),
+        "dte_push_server_address": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
+        "dte_push_server_set_group": (ctypes.c_int, [P, ctypes.c_int32, ctypes.c_int32]),
         "dte_push_server_close": (None, [P]),
         "dte_push_server_port": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_int32)]),
         "dte_push_server_status_json": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
         "dte_publisher_set_push": (ctypes.c_int, [P, P]),
         "dte_publisher_last_push_json": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
         "dte_dist_publisher_set_push": (ctypes.c_int, [P, P]),
+        "dte_dist_publisher_share_push": (ctypes.c_int, [P, P]),
         "dte_dist_publisher_last_push_json": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
         "dte_publisher_metrics_text": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
         "dte_dist_publisher_metrics_text": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
@@ -252,8 +255,8 @@ def _declare(lib):
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
-    if lib.dte_c_api_version() != 3:
-        raise ImportError("dte: libdte.so speaks C API version %d, this module version 3"
+    if lib.dte_c_api_version() != 4:
+        raise ImportError("dte: libdte.so speaks C API version %d, this module version 4"
                           % lib.dte_c_api_version())
     return lib
 

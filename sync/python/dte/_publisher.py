@@ -207,8 +207,10 @@ class Publisher(_Handle):
 
         push: a dte.PushGroup; after each publish, the version's changed
         elements go to its receivers (docs/push.md). A distributed publisher
-        takes it on rank 0 only, which pushes each committed version from
-        the store's records."""
+        takes one on every rank (each pushes the tensors it owns in each
+        version, read back from the store; receivers connect to rank 0's
+        address and are told the others) or on rank 0 only (which pushes
+        every tensor)."""
         self._h = None
         self._transport = None
         self._push = None
@@ -256,9 +258,10 @@ class Publisher(_Handle):
             _check(lib.dte_dist_publisher_set_join_budget(self._h, float(join_budget)))
             self._timeout_ms = int(timeout * 1000)
             if push is not None:
-                if self.rank != 0:
-                    raise DteError(1, "push= is for rank 0 of a distributed publisher (rank %d "
-                                   "was given one)" % self.rank)
+                # As part `rank` of every rank's push; the ranks find out
+                # whether every rank or rank 0 alone pushes (below, or at
+                # each publish), and set it.
+                push._start(self.rank, self.world_size)
                 _check(lib.dte_dist_publisher_set_push(self._h, push._h))
                 self._push = push
             if rendezvous is not None:
@@ -266,6 +269,10 @@ class Publisher(_Handle):
                 _check(lib.dte_transport_tcp(self.rank, self.world_size, os.fsencode(rendezvous),
                                              int(timeout * 1000), ctypes.byref(t)))
                 self._transport = t
+                # Connected by every rank together: the push servers'
+                # addresses go round now, so receivers can join before the
+                # first publish.
+                _check(lib.dte_dist_publisher_share_push(self._h, t))
             return
         if self._mcore:
             text, source, layout = _mcore_spec(converter)
@@ -279,7 +286,7 @@ class Publisher(_Handle):
                                                    int(anchor_every)))
         _check(lib.dte_publisher_set_join_budget(self._h, float(join_budget)))
         if push is not None:
-            _check(lib.dte_publisher_set_push(self._h, push._h))
+            _check(lib.dte_publisher_set_push(self._h, push._handle()))
             self._push = push  # the server must outlive this publisher's use of it
 
     def close(self):

@@ -38,31 +38,73 @@ def FusedReceiverLayout(tp):
 
 
 class PushGroup(_Handle):
-    """The trainer's push server. address "HOST:PORT" (port 0: any free port;
-    see .port); timeout (seconds) bounds each push: a receiver that has not
-    confirmed by then is dropped and the publish goes on."""
+    """The trainer's push server. address "HOST:PORT": where receivers
+    connect (port 0: any free port; see .port and .address). timeout
+    (seconds) bounds each push: a receiver that has not confirmed by then is
+    dropped and the publish goes on.
+
+    A distributed publisher takes a PushGroup on rank 0 only (rank 0 pushes
+    every tensor) or on every rank, all given rank 0's address: each rank
+    pushes the tensors it owns, rank 0 listens on `address`, the other ranks
+    on `listen` (default: port 0 of the address's host when that is a
+    loopback address, else of every interface) and are reached at
+    `advertise` (default: the listen host, or this machine's host name);
+    receivers are told of them by rank 0. The server starts when first
+    needed (its port or status asked for, or a publisher given it)."""
 
     _close_fn = "dte_push_server_close"
 
-    def __init__(self, address="127.0.0.1:0", timeout=30.0):
-        handle = ctypes.c_void_p()
-        _check(lib.dte_push_server_start(address.encode(), int(timeout * 1000),
-                                         ctypes.byref(handle)))
-        self._h = handle
-        host = address.rsplit(":", 1)[0]
-        self.address = "%s:%d" % (host if host not in ("", "0.0.0.0") else "127.0.0.1", self.port)
+    def __init__(self, address="127.0.0.1:0", timeout=30.0, listen=None, advertise=None):
+        self._h = None
+        self._address, self._timeout = address, timeout
+        self._listen, self._advertise = listen, advertise
+        self._part = None
+
+    def _start(self, part=0, parts=1):
+        """Starts the server (part 0 on `address`, others on `listen`) or,
+        when it runs, checks it is the same part."""
+        if self._h:
+            if part != 0 and self._part == 0 and parts > 1:
+                raise DteError(1, "this PushGroup listens at %s as rank 0's; give every other "
+                               "rank its own PushGroup" % self.address)
+        else:
+            listen = self._address
+            if part != 0:
+                host = self._address.rsplit(":", 1)[0]
+                loop = host in ("127.0.0.1", "localhost", "::1", "[::1]")
+                listen = self._listen or ("%s:0" % (host if loop else "0.0.0.0"))
+            handle = ctypes.c_void_p()
+            _check(lib.dte_push_server_start(listen.encode(),
+                                             self._advertise.encode() if self._advertise else None,
+                                             int(self._timeout * 1000), ctypes.byref(handle)))
+            self._h = handle
+            self._part = part
+        _check(lib.dte_push_server_set_group(self._h, part, parts))
+
+    def _handle(self):
+        if not self._h:
+            self._start()
+        return self._h
 
     @property
     def port(self):
         port = ctypes.c_int32()
-        _check(lib.dte_push_server_port(self._h, ctypes.byref(port)))
+        _check(lib.dte_push_server_port(self._handle(), ctypes.byref(port)))
         return port.value
 
-    def status(self):
-        """{"port", "receivers": [{"rank", "tp", "version", "behind", "pushes", ...}],
-        "events": [lines about receivers refused or dropped since the last call]}"""
+    @property
+    def address(self):
+        """HOST:PORT receivers reach this server at."""
         text = ctypes.c_char_p()
-        _check(lib.dte_push_server_status_json(self._h, ctypes.byref(text)))
+        _check(lib.dte_push_server_address(self._handle(), ctypes.byref(text)))
+        return text.value.decode()
+
+    def status(self):
+        """{"port", "address", "part", "parts", "receivers": [{"rank", "tp",
+        "version", "behind", "pushes", ...}], "events": [lines about
+        receivers refused or dropped since the last call]}"""
+        text = ctypes.c_char_p()
+        _check(lib.dte_push_server_status_json(self._handle(), ctypes.byref(text)))
         return json.loads(text.value.decode())
 
 
