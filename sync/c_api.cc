@@ -701,15 +701,17 @@ int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
 }  // extern "C"
 
 int dte_push_server_start(const char* address, const char* advertise, int64_t timeout_ms,
-                          dte_push_server** out) {
+                          int64_t receivers, dte_push_server** out) {
   return Guard([&] {
-    if (address == nullptr || out == nullptr || timeout_ms <= 0) {
+    if (address == nullptr || out == nullptr || timeout_ms <= 0 || receivers < 0) {
       return FailWith(DTE_INVALID_ARGUMENT,
-                      "dte_push_server_start: address and out must be set, timeout_ms > 0");
+                      "dte_push_server_start: address and out must be set, timeout_ms > 0, "
+                      "receivers >= 0");
     }
     dte::PushServerOptions o;
     o.address = address;
     if (advertise) o.advertise = advertise;
+    o.receivers = static_cast<uint64_t>(receivers);
     o.timeout = std::chrono::milliseconds(timeout_ms);
     auto s = dte::PushServer::Start(o);
     if (!s.ok()) return Fail(s.status());

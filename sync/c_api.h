@@ -245,9 +245,10 @@ typedef struct dte_push_receiver dte_push_receiver;
 /* address "HOST:PORT" to listen on (port 0: any free port); advertise: the
  * host receivers reach it at (NULL or "": the listen host, or the host name
  * when listening on every interface); timeout_ms bounds each push and each
- * new receiver's hello. */
+ * new receiver's hello; receivers: the receiver ranks expected (0: not
+ * said; each push reports those it missed). */
 int dte_push_server_start(const char* address, const char* advertise, int64_t timeout_ms,
-                          dte_push_server** out);
+                          int64_t receivers, dte_push_server** out);
 void dte_push_server_close(dte_push_server* s);
 int dte_push_server_port(dte_push_server* s, int32_t* port_out);
 /* PushServer::address(): "HOST:PORT" receivers reach it at. */

@@ -98,6 +98,7 @@ class PushServer::Impl {
   }
 
   int port() const { return port_; }
+  uint64_t expected() const { return options_.receivers; }
 
   std::string address() const {
     std::string host;
@@ -965,6 +966,7 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
   }
   lock.unlock();
   Wake();
+  report.missing = options_.receivers > report.pushed ? options_.receivers - report.pushed : 0;
   report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return report;
 }
@@ -1081,6 +1083,7 @@ std::string PushReportJson(const PushReport& r) {
   return Json({{"version", r.version},
                {"pushed", r.pushed},
                {"behind", r.behind},
+               {"missing", r.missing},
                {"elements", r.elements},
                {"bytes", r.bytes},
                {"seconds", r.seconds},
@@ -1106,6 +1109,7 @@ std::string PushServer::StatusJson() {
                {"address", address()},
                {"part", part()},
                {"parts", parts()},
+               {"expected", impl_->expected()},
                {"receivers", rs},
                {"events", TakeEvents()}});
 }

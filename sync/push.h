@@ -81,6 +81,9 @@ struct PushServerOptions {
   // The host receivers reach this server at (address()); empty: the listen
   // host, or this machine's host name when it listens on every interface.
   std::string advertise;
+  // Receiver ranks expected (an inference fleet's TP ranks; 0: not said):
+  // each push reports how many of them it did not reach (PushReport::missing).
+  uint64_t receivers = 0;
   // Bound on each push (sending to every receiver and their confirmations)
   // and on a new connection's hello.
   std::chrono::milliseconds timeout{30000};
@@ -116,6 +119,7 @@ struct PushReport {
   double seconds = 0;
   double pack_seconds = 0;           // of which remapping and encoding every receiver's messages
   std::vector<std::string> dropped;  // one line per receiver dropped, with the reason
+  uint64_t missing = 0;              // options' receivers that did not confirm this push
 };
 
 // A version's changes, read one canonical tensor at a time: a push reads
@@ -148,7 +152,8 @@ Result<std::unique_ptr<ChangesSource>> StoreChanges(Store& store,
 Result<std::vector<TensorChanges>> ChangesFromStore(Store& store,
                                                     const std::shared_ptr<const Version>& v);
 
-// {"version", "pushed", "behind", "elements", "bytes", "seconds", "dropped": [...]}
+// {"version", "pushed", "behind", "missing", "elements", "bytes", "seconds",
+// "pack_seconds", "dropped": [...]}
 std::string PushReportJson(const PushReport& r);
 
 class PushServer {
@@ -195,9 +200,10 @@ class PushServer {
   // Lines about receivers refused or dropped, oldest first (the newest
   // 1000), taken.
   std::vector<std::string> TakeEvents();
-  // {"port", "receivers": [{"id", "rank", "tp", "fuse_qkv", "fuse_gate_up",
-  // "version" (null: unknown), "behind", "pushes", "elements", "bytes"}],
-  // "events": [...]} (the events are taken).
+  // {"port", "address", "part", "parts", "expected" (options' receivers),
+  // "receivers": [{"id", "rank", "tp", "fuse_qkv", "fuse_gate_up", "version"
+  // (null: unknown), "behind", "pushes", "elements", "bytes"}], "events":
+  // [...]} (the events are taken).
   std::string StatusJson();
 
   class Impl;

@@ -112,7 +112,7 @@ def rank(a):
     model = push_util.TinyGqaLM(seed=3)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-6, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.0)
-    group = dte.PushGroup(a.address, timeout=a.push_timeout)
+    group = dte.PushGroup(a.address, timeout=a.push_timeout, receivers=a.receivers)
     pub, trained = None, 0
     for line in sys.stdin:
         cmd, arg = line.split()
@@ -163,6 +163,7 @@ def main():
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--push-timeout", type=float, default=5.0)
+    p.add_argument("--receivers", type=int, default=0)
     a = p.parse_args()
     {"receiver": receiver, "trainer": trainer, "rank": rank}[a.mode](a)
 

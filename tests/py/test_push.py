@@ -384,3 +384,37 @@ def test_push_that_cannot_run_is_reported_and_the_version_still_committed(tmp_pa
                                    "and v00000001 has none"}, r.push
     with dte.StoreReader(store) as reader:
         assert reader.latest() == 1
+
+
+def test_push_group_waits_for_the_receivers_it_expects_and_reports_those_missing(tmp_path):
+    model = push_util.TinyGqaLM(seed=4)
+    push_util.save_checkpoint(tmp_path / "v0", model)
+    store = str(tmp_path / "store")
+    shapes = {n: tuple(p.shape) for n, p in model.named().items()}
+    with dte.PushGroup(timeout=5.0, receivers=2) as group, \
+            dte.Publisher(store=store, push=group) as pub:
+        assert pub.import_checkpoint(str(tmp_path / "v0")) == 0
+        v0 = push_util.read_version(dte, store, 0, shapes)
+        rxs = [dte.PushReceiver(group.address, push_util.local_state(v0, 2, r, True), rank=r,
+                                layout=dte.FusedReceiverLayout(2), version=0, auto_apply=True)
+               for r in range(2)]
+        try:
+            st = group.wait_for_receivers(timeout=30, version=0)
+            assert st["expected"] == 2 and len(st["receivers"]) == 2, st
+            rxs.pop().close()
+            wait_until(lambda: len(group.status()["receivers"]) == 1, 30, "the close")
+            with pytest.raises(dte.DteError) as e:
+                group.wait_for_receivers(timeout=0.3)
+            assert e.value.code == 5 and "1 of 2 receivers after" in str(e.value)
+            opt = torch.optim.AdamW(model.parameters(), lr=5e-6)
+            for p in model.parameters():
+                p.grad = torch.ones(p.shape)
+            opt.step()
+            params = {n: {"param": p, "exp_avg": opt.state[p]["exp_avg"],
+                          "exp_avg_sq": opt.state[p]["exp_avg_sq"],
+                          "step": opt.state[p]["step"]} for n, p in model.named().items()}
+            r = pub.publish_adamw(step=1, params=params, lr=5e-6)
+            assert r.push["pushed"] == 1 and r.push["missing"] == 1, r.push
+        finally:
+            for rx in rxs:
+                rx.close()

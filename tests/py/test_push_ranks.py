@@ -45,9 +45,10 @@ def wait_until(pred, timeout, what):
 class Job:
     """Trainer rank processes and receiver processes."""
 
-    def __init__(self, tmp, world=2, timeout=4.0, push_timeout=3.0):
+    def __init__(self, tmp, world=2, timeout=4.0, push_timeout=3.0, receivers=0):
         self.tmp, self.world = tmp, world
         self.timeout, self.push_timeout = timeout, push_timeout
+        self.receivers = receivers
         self.store = str(tmp / "store")
         self.marks = tmp / "marks"
         self.marks.mkdir()
@@ -66,7 +67,8 @@ class Job:
         return subprocess.Popen(
             [sys.executable, WORKER, "rank", "--rank", str(r), "--world", str(self.world),
              "--address", self.address, "--store", self.store, "--steps", "0",
-             "--timeout", str(self.timeout), "--push-timeout", str(self.push_timeout)],
+             "--timeout", str(self.timeout), "--push-timeout", str(self.push_timeout),
+             "--receivers", str(self.receivers)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
 
     def send(self, r, line):
@@ -157,7 +159,7 @@ def job(tmp_path):
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_every_rank_pushes_what_it_owns_and_receivers_hold_each_version(job, n):
     steps = 3
-    j = job()
+    j = job(receivers=n)
     j.open()
     # Receivers join before the first publish: rank 0 names the other rank.
     for tp, rank, fused in LAYOUTS[n]:
@@ -169,6 +171,7 @@ def test_every_rank_pushes_what_it_owns_and_receivers_hold_each_version(job, n):
         elements = []
         for r, (_, push) in enumerate(out):
             assert push["pushed"] == n and push["dropped"] == [], (r, push)
+            assert push["missing"] == 0, (r, push)
             elements.append(push["elements"])
         # Each rank sent the part it owns: both parts carry changes.
         assert all(e > 0 for e in elements), elements

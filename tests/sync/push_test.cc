@@ -306,8 +306,10 @@ TEST_F(PushTest, PartsFromEverySenderMakeOneVersionAndAMissingPartChangesNothing
   constexpr int kParts = 3;
   std::vector<std::unique_ptr<PushServer>> servers;
   std::vector<std::string> senders;
+  PushServerOptions options;
+  options.receivers = 3;  // the three receivers below
   for (int p = 0; p < kParts; ++p) {
-    servers.push_back(StartServer(/*timeout=*/1500ms));
+    servers.push_back(StartServer(/*timeout=*/1500ms, options));
     ASSERT_TRUE(servers.back());
     ASSERT_TRUE(servers.back()->SetGroup(p, kParts).ok());
     senders.push_back(servers.back()->address());
@@ -364,6 +366,7 @@ TEST_F(PushTest, PartsFromEverySenderMakeOneVersionAndAMissingPartChangesNothing
       EXPECT_EQ(reports[p]->pushed, rxs.size()) << "part " << p;
       EXPECT_TRUE(reports[p]->dropped.empty()) << reports[p]->dropped[0];
       EXPECT_GT(reports[p]->elements, 0u) << "part " << p;
+      EXPECT_EQ(reports[p]->missing, 0u) << "part " << p;
       elements += reports[p]->elements;
     }
     for (auto& r : rxs) {
@@ -386,6 +389,7 @@ TEST_F(PushTest, PartsFromEverySenderMakeOneVersionAndAMissingPartChangesNothing
   for (int p = 0; p < 2; ++p) {
     ASSERT_TRUE(reports[p].ok()) << reports[p].status().message();
     EXPECT_EQ(reports[p]->pushed, 0u);
+    EXPECT_EQ(reports[p]->missing, 3u);
     EXPECT_EQ(reports[p]->dropped.size(), rxs.size());
   }
   for (auto& r : rxs) {

@@ -17,6 +17,7 @@ layouts.
 
 import ctypes
 import json
+import time
 
 from dte import _lib
 from dte._lib import lib
@@ -41,7 +42,10 @@ class PushGroup(_Handle):
     """The trainer's push server. address "HOST:PORT": where receivers
     connect (port 0: any free port; see .port and .address). timeout
     (seconds) bounds each push: a receiver that has not confirmed by then is
-    dropped and the publish goes on.
+    dropped and the publish goes on. receivers: how many receiver ranks the
+    inference fleet has (every TP rank of every server); each push then
+    reports how many of them it missed ("missing"), and wait_for_receivers()
+    waits for them.
 
     A distributed publisher takes a PushGroup on rank 0 only (rank 0 pushes
     every tensor) or on every rank, all given rank 0's address: each rank
@@ -54,9 +58,11 @@ class PushGroup(_Handle):
 
     _close_fn = "dte_push_server_close"
 
-    def __init__(self, address="127.0.0.1:0", timeout=30.0, listen=None, advertise=None):
+    def __init__(self, address="127.0.0.1:0", timeout=30.0, receivers=None, listen=None,
+                 advertise=None):
         self._h = None
         self._address, self._timeout = address, timeout
+        self._receivers = int(receivers or 0)
         self._listen, self._advertise = listen, advertise
         self._part = None
 
@@ -76,7 +82,8 @@ class PushGroup(_Handle):
             handle = ctypes.c_void_p()
             _check(lib.dte_push_server_start(listen.encode(),
                                              self._advertise.encode() if self._advertise else None,
-                                             int(self._timeout * 1000), ctypes.byref(handle)))
+                                             int(self._timeout * 1000), self._receivers,
+                                             ctypes.byref(handle)))
             self._h = handle
             self._part = part
         _check(lib.dte_push_server_set_group(self._h, part, parts))
@@ -99,8 +106,25 @@ class PushGroup(_Handle):
         _check(lib.dte_push_server_address(self._handle(), ctypes.byref(text)))
         return text.value.decode()
 
+    def wait_for_receivers(self, timeout=60.0, version=None):
+        """Waits until the `receivers` given at construction are connected
+        (and, with version, hold it); returns the status. DteError (code 5)
+        on timeout, saying how many are there."""
+        end = time.monotonic() + timeout
+        while True:
+            st = self.status()
+            there = [r for r in st["receivers"]
+                     if version is None or (r["version"] == version and not r["behind"])]
+            if len(there) >= self._receivers:
+                return st
+            if time.monotonic() >= end:
+                raise DteError(5, "%d of %d receivers%s after %.1f s" % (
+                    len(there), self._receivers,
+                    "" if version is None else " at v%d" % version, timeout))
+            time.sleep(0.02)
+
     def status(self):
-        """{"port", "address", "part", "parts", "receivers": [{"rank", "tp",
+        """{"port", "address", "part", "parts", "expected", "receivers": [{"rank", "tp",
         "version", "behind", "pushes", ...}], "events": [lines about
         receivers refused or dropped since the last call]}"""
         text = ctypes.c_char_p()
