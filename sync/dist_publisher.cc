@@ -446,7 +446,12 @@ Result<PublishResult> DistPublisher::PublishAdamW(Transport& transport, const Ad
     ASSIGN_OR_RETURN(PublishResult out, Run(transport, h, ranges));
     last_step_ = h.step;
     last_version_ = out.version;
-    if (push_ && push_owned_) {
+    if (push_ && committed_before_) {
+      // Pushed when it was committed (or missed: receivers catch up); this
+      // attempt knows no owners, so it does not push again.
+      out.push_error = "not pushed again: " + VersionName(out.version) +
+                       " was committed by an earlier attempt of this step";
+    } else if (push_ && push_owned_) {
       // Every rank pushes the tensors it owned (encoded) in this version.
       internal::PushCommitted(*push_, *store_, out.version, /*changes=*/nullptr, &out, &owned_);
     } else if (push_ && transport.rank() == 0) {
@@ -532,6 +537,7 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   if (push_) mine.push = push_->address();
   owned_.clear();
   push_owned_ = false;
+  committed_before_ = false;
   for (const auto& r : ranges) {
     mine.ranges.push_back(
         {r.name, r.tp_rank, r.ep_rank, r.begin, r.end, r.state_step, r.lr, r.weight_decay});
@@ -596,6 +602,7 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
     res.changed = v->manifest.stats.changed_elements;
     res.stored_bytes = v->manifest.stats.stored_bytes;
     res.full_table = v->manifest.full.has_value();
+    committed_before_ = true;
     return res;
   }
   for (int r = 1; r < world; ++r) {

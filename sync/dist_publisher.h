@@ -167,9 +167,10 @@ class DistPublisher {
   std::optional<uint64_t> last_version_;
   DistPublishStats stats_;
   PushServer* push_ = nullptr;
-  bool push_owned_ = false;      // this publish: every rank pushes what it owns
-  std::set<std::string> owned_;  // the tensors this rank owned in the last publish
-  struct DeviceFinder;           // device buffers for ranges in CUDA memory, kept between publishes
+  bool push_owned_ = false;        // this publish: every rank pushes what it owns
+  std::set<std::string> owned_;    // the tensors this rank owned in the last publish
+  bool committed_before_ = false;  // the last publish found its step committed already
+  struct DeviceFinder;  // device buffers for ranges in CUDA memory, kept between publishes
   std::unique_ptr<DeviceFinder> device_;
   std::unique_ptr<PublishMetrics> metrics_;
 };

@@ -24,14 +24,17 @@ bytes sent. Ratios: baseline / push.
 Each step also reports the trainer's extra memory during publish_adamw
 (peak resident set minus the resident set before it, VmHWM reset through
 /proc/self/clear_refs). With --dist the trainer is a distributed publisher
-of one rank (rank 0 pushes each committed version read back from the
-store, a tensor at a time).
+of --world ranks (threads of this process over dte's TCP transport, rank r
+publishing rows [r/world, (r+1)/world) of every tensor): rank 0 pushes each
+committed version read back from the store, a tensor at a time; with
+--owners every rank has a push group and pushes the tensors it owned, and
+the rows add each rank's push time ("rank_push_s") and bytes.
 
 With --cuda the receivers hold their tensors in GPU memory (pushes are
 written by the CUDA kernel; the baseline copies each shard host to device).
 
 Usage: /usr/bin/python3 tools/bench/push_bench.py [--size 1GiB] [--receivers 1,2,4]
-       [--steps 4] [--lr 7e-7] [--dist] [--cuda] [--json out]
+       [--steps 4] [--lr 7e-7] [--dist [--world N] [--owners]] [--cuda] [--json out]
 """
 
 import argparse
@@ -43,6 +46,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -219,6 +223,9 @@ def main():
     p.add_argument("--dist", action="store_true",
                    help="publish with a distributed publisher of one rank, which pushes each "
                         "version read back from the store a tensor at a time")
+    p.add_argument("--world", type=int, default=1, help="ranks of --dist")
+    p.add_argument("--owners", action="store_true",
+                   help="--dist: every rank pushes the tensors it owns")
     p.add_argument("--cuda", action="store_true",
                    help="receivers hold their tensors in GPU memory (rank r on GPU r mod count)")
     # receiver mode
@@ -263,10 +270,21 @@ def main():
         group = dte.PushGroup("127.0.0.1:0", timeout=120.0)
         with dte.Publisher(store=store) as importer:
             importer.import_checkpoint(ckpt)
+        pubs, groups = [], [group]
         if a.dist:
             rdv = os.path.join(root, "rendezvous")
             os.makedirs(rdv)
-            pub = dte.Publisher(store=store, push=group, rank=0, world_size=1, rendezvous=rdv)
+            pubs = [None] * a.world
+            for r in range(1, a.world):
+                groups.append(dte.PushGroup(group.address, timeout=120.0) if a.owners else None)
+
+            def open_rank(r):
+                pubs[r] = dte.Publisher(store=store, push=groups[r], rank=r,
+                                        world_size=a.world, rendezvous=rdv)
+            ths = [threading.Thread(target=open_rank, args=(r,)) for r in range(a.world)]
+            [t.start() for t in ths]
+            [t.join() for t in ths]
+            pub = pubs[0]
         else:
             pub = dte.Publisher(store=store, push=group)
         procs, outs = [], []
@@ -306,28 +324,63 @@ def main():
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # resets VmHWM to the current resident set
             t0 = time.time()
-            res = pub.publish_adamw(step=step, params=state, lr=a.lr, betas=(0.9, 0.95),
-                                    eps=1e-8, weight_decay=0.0)
-            t1 = time.time()
+            if a.dist and a.world > 1:
+                results, ends = [None] * a.world, [0.0] * a.world
+
+                def publish_rank(r):
+                    mine = {}
+                    for n, st in state.items():
+                        rows_n = st["param"].shape[0]
+                        chunk = (rows_n + a.world - 1) // a.world
+                        r0, r1 = min(rows_n, r * chunk), min(rows_n, (r + 1) * chunk)
+                        mine[n] = {"param": st["param"].detach()[r0:r1],
+                                   "exp_avg": st["exp_avg"][r0:r1],
+                                   "exp_avg_sq": st["exp_avg_sq"][r0:r1], "rows": (r0, r1),
+                                   "step": st["step"]}
+                    results[r] = pubs[r].publish_adamw(step=step, params=mine, lr=a.lr,
+                                                       betas=(0.9, 0.95), eps=1e-8,
+                                                       weight_decay=0.0)
+                    ends[r] = time.time()
+                ths = [threading.Thread(target=publish_rank, args=(r,)) for r in range(a.world)]
+                [t.start() for t in ths]
+                [t.join() for t in ths]
+                res = results[0]
+                pushes = [x.push for x in results if x.push is not None]
+                t1 = max(ends)
+                push_start = min(e - x.push["seconds"] for e, x in zip(ends, results)
+                                 if x.push is not None)
+            else:
+                res = pub.publish_adamw(step=step, params=state, lr=a.lr, betas=(0.9, 0.95),
+                                        eps=1e-8, weight_decay=0.0)
+                t1 = time.time()
+                pushes = [res.push]
+                push_start = t1 - res.push["seconds"]
             extra_mib = (status_kib("VmHWM") - rss0) / 1024
-            push = res.push
-            assert push["pushed"] == n_rx and not push["dropped"], push
+            push = dict(pushes[0], bytes=sum(x["bytes"] for x in pushes),
+                        seconds=max(x["seconds"] for x in pushes),
+                        pack_seconds=max(x["pack_seconds"] for x in pushes))
+            for x in pushes:
+                assert x["pushed"] == n_rx and not x["dropped"], x
             while not all(held(i) >= step for i in range(n_rx)):
                 time.sleep(0.002)
             applied = max(x["t"] for i in range(n_rx) for x in records(i)
                           if x.get("version") == step)
-            push_start = t1 - push["seconds"]
             row = {"receivers": n_rx, "step": step, "changed": res.changed,
                    "changed_fraction": res.changed / elements, "publish_s": t1 - t0,
                    "push_s": applied - push_start, "push_bytes": push["bytes"],
-                   "push_confirmed_s": push["seconds"]}
+                   "push_confirmed_s": push["seconds"],
+                   "rank_push_s": [x["seconds"] for x in pushes],
+                   "rank_push_bytes": [x["bytes"] for x in pushes]}
             rows.append(row)
             row["push_pack_s"] = push["pack_seconds"]
             row["publish_extra_mib"] = extra_mib
             log("rx %d step %d: %.2f%% changed, publish %.3f s, push %.3f s (packed %.3f, "
-                "received %.3f s), %d bytes, publish's extra memory %.0f MiB" % (
+                "received %.3f s; per pushing rank %s s), %d bytes, publish's extra memory "
+                "%.0f MiB" % (
                     n_rx, step, 100 * row["changed_fraction"], row["publish_s"], row["push_s"],
-                    push["pack_seconds"], push["seconds"], row["push_bytes"], extra_mib))
+                    push["pack_seconds"], push["seconds"],
+                    "/".join("%.3f" % x for x in row["rank_push_s"]), row["push_bytes"],
+                    extra_mib))
         # The baseline: whole BF16 tensors to every receiver over TCP.
         bf16 = {n: t.detach().to(torch.bfloat16).contiguous() for n, t in params.items()}
         socks = []
@@ -336,7 +389,6 @@ def main():
             s = socket.create_connection(("127.0.0.1", port))
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             socks.append(s)
-        import threading
         # Round 0 warms the receivers' buffers and sockets and is not counted.
         for step in range(0, a.steps + 1):
             t0 = time.time()
@@ -362,8 +414,11 @@ def main():
         for pr in procs:
             if pr.wait(600) != 0:
                 raise SystemExit("a receiver failed")
-        pub.close()
-        group.close()
+        for x in pubs or [pub]:
+            x.close()
+        for g in groups:
+            if g is not None:
+                g.close()
         import shutil
         shutil.rmtree(root)
     # Summary: the push of the last step (AdamW's first steps change more

@@ -34,6 +34,9 @@ Inside one cluster, the trainer can push each version's changed elements
 straight into inference ranks' weights (docs/push.md):
 
     pub = dte.Publisher(store=..., push=dte.PushGroup(address="0.0.0.0:29600"))
+    # a sharded trainer, every rank: each pushes the tensors it owns
+    pub = dte.Publisher(store=..., rank=rank, world_size=world, rendezvous=...,
+                        push=dte.PushGroup(address="trainer-0:29600", receivers=8))
     rx = dte.PushReceiver(address="trainer-0:29600", rank=tp_rank,
                           layout=dte.FusedReceiverLayout(tp),
                           tensors=dict(model.named_parameters()), version=loaded_version)
