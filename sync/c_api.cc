@@ -643,8 +643,9 @@ int dte_dist_publisher_last_stats(dte_dist_publisher* p, dte_dist_stats* out) {
     return FailWith(DTE_INVALID_ARGUMENT, "dte_dist_publisher_last_stats: publisher and out");
   }
   const dte::DistPublishStats& s = p->impl->last_stats();
-  *out = dte_dist_stats{s.entries_sent,  s.bytes_sent,        s.bytes_received,
-                        s.tensors_owned, s.parent_bytes_read, s.messages_sent};
+  *out = dte_dist_stats{
+      s.entries_sent,      s.bytes_sent,    s.bytes_received,    s.tensors_owned,
+      s.parent_bytes_read, s.messages_sent, s.push_tensors_kept, s.push_tensors_read_back};
   return DTE_OK;
 }
 
@@ -701,7 +702,7 @@ int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
 }  // extern "C"
 
 int dte_push_server_start(const char* address, const char* advertise, int64_t timeout_ms,
-                          int64_t receivers, dte_push_server** out) {
+                          int64_t receivers, int64_t cache_bytes, dte_push_server** out) {
   return Guard([&] {
     if (address == nullptr || out == nullptr || timeout_ms <= 0 || receivers < 0) {
       return FailWith(DTE_INVALID_ARGUMENT,
@@ -712,6 +713,7 @@ int dte_push_server_start(const char* address, const char* advertise, int64_t ti
     o.address = address;
     if (advertise) o.advertise = advertise;
     o.receivers = static_cast<uint64_t>(receivers);
+    if (cache_bytes >= 0) o.cache_bytes = static_cast<uint64_t>(cache_bytes);
     o.timeout = std::chrono::milliseconds(timeout_ms);
     auto s = dte::PushServer::Start(o);
     if (!s.ok()) return Fail(s.status());

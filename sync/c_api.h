@@ -211,12 +211,14 @@ typedef struct dte_adamw_range {
 
 /* What the last publish did on this rank (sync/dist_publisher.h). */
 typedef struct dte_dist_stats {
-  uint64_t entries_sent;      /* changed-element entries routed, to itself included */
-  uint64_t bytes_sent;        /* payload bytes sent to other ranks */
-  uint64_t bytes_received;    /* payload bytes received from them */
-  uint64_t tensors_owned;     /* tensors this rank encoded */
-  uint64_t parent_bytes_read; /* parent block bytes read to encode them */
-  uint64_t messages_sent;     /* messages to other ranks */
+  uint64_t entries_sent;           /* changed-element entries routed, to itself included */
+  uint64_t bytes_sent;             /* payload bytes sent to other ranks */
+  uint64_t bytes_received;         /* payload bytes received from them */
+  uint64_t tensors_owned;          /* tensors this rank encoded */
+  uint64_t parent_bytes_read;      /* parent block bytes read to encode them */
+  uint64_t messages_sent;          /* messages to other ranks */
+  uint64_t push_tensors_kept;      /* pushing what it owns: tensors pushed from memory */
+  uint64_t push_tensors_read_back; /* and tensors read back from the store */
 } dte_dist_stats;
 
 /* config_json NULL: the hf converter (ranges of Hugging Face tensors); else
@@ -246,9 +248,10 @@ typedef struct dte_push_receiver dte_push_receiver;
  * host receivers reach it at (NULL or "": the listen host, or the host name
  * when listening on every interface); timeout_ms bounds each push and each
  * new receiver's hello; receivers: the receiver ranks expected (0: not
- * said; each push reports those it missed). */
+ * said; each push reports those it missed); cache_bytes: PushServerOptions'
+ * (negative: its default, 256 MiB). */
 int dte_push_server_start(const char* address, const char* advertise, int64_t timeout_ms,
-                          int64_t receivers, dte_push_server** out);
+                          int64_t receivers, int64_t cache_bytes, dte_push_server** out);
 void dte_push_server_close(dte_push_server* s);
 int dte_push_server_port(dte_push_server* s, int32_t* port_out);
 /* PushServer::address(): "HOST:PORT" receivers reach it at. */

@@ -452,8 +452,9 @@ Result<PublishResult> DistPublisher::PublishAdamW(Transport& transport, const Ad
       out.push_error = "not pushed again: " + VersionName(out.version) +
                        " was committed by an earlier attempt of this step";
     } else if (push_ && push_owned_) {
-      // Every rank pushes the tensors it owned (encoded) in this version.
-      internal::PushCommitted(*push_, *store_, out.version, /*changes=*/nullptr, &out, &owned_);
+      // Every rank pushes the tensors it owned (encoded) in this version:
+      // the changes it kept while encoding, the rest read back.
+      PushOwned(out);
     } else if (push_ && transport.rank() == 0) {
       internal::PushCommitted(*push_, *store_, out.version, /*changes=*/nullptr, &out);
     }
@@ -499,6 +500,63 @@ Status DistPublisher::SharePush(Transport& t) {
   return AgreePush(t.rank(), senders, "");
 }
 
+namespace {
+
+// The changes of the tensors a rank owned: those it kept while encoding,
+// the others read back from the store.
+class OwnedChanges : public ChangesSource {
+ public:
+  OwnedChanges(const std::set<std::string>& owned, const std::map<std::string, TensorChanges>& kept,
+               std::unique_ptr<ChangesSource> store)
+      : owned_(owned), kept_(kept), store_(std::move(store)) {
+    for (const std::string& name : owned_) {
+      if (!kept_.count(name) && store_->MayChange(name)) stable_ = false;
+    }
+  }
+  bool MayChange(const std::string& name) const override {
+    if (!owned_.count(name)) return false;
+    auto it = kept_.find(name);
+    return it != kept_.end() ? !it->second.indices.empty() : store_->MayChange(name);
+  }
+  Result<const TensorChanges*> Read(const std::string& name) override {
+    auto it = kept_.find(name);
+    if (it != kept_.end()) return &it->second;
+    return store_->Read(name);
+  }
+  bool Stable() const override { return stable_; }
+
+ private:
+  const std::set<std::string>& owned_;
+  const std::map<std::string, TensorChanges>& kept_;
+  std::unique_ptr<ChangesSource> store_;
+  bool stable_ = true;
+};
+
+}  // namespace
+
+void DistPublisher::PushOwned(PublishResult& out) {
+  auto pushed = [&]() -> Result<PushReport> {
+    ASSIGN_OR_RETURN(auto v, store_->GetVersion(out.version));
+    ASSIGN_OR_RETURN(auto read_back, StoreChanges(*store_, v));
+    for (const std::string& name : owned_) {
+      auto it = push_changes_.find(name);
+      if (it != push_changes_.end()) {
+        stats_.push_tensors_kept += !it->second.indices.empty();
+      } else {
+        stats_.push_tensors_read_back += read_back->MayChange(name);
+      }
+    }
+    OwnedChanges mine(owned_, push_changes_, std::move(read_back));
+    return push_->Push(*store_, v, mine);
+  }();
+  if (pushed.ok()) {
+    out.push = std::move(pushed).value();
+  } else {
+    out.push_error = pushed.status().message();
+  }
+  push_changes_.clear();
+}
+
 Status DistPublisher::SetPush(PushServer* push) {
   push_ = push;
   return push_ ? internal::TellPushLatest(*push_, *store_) : Status::Ok();
@@ -536,6 +594,7 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   mine.last_step = last_step_;
   if (push_) mine.push = push_->address();
   owned_.clear();
+  push_changes_.clear();
   push_owned_ = false;
   committed_before_ = false;
   for (const auto& r : ranges) {
@@ -1099,12 +1158,24 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
       std::vector<uint8_t> old_chunk, new_chunk;
       std::vector<EncodedBlock> enc, full_enc;
       std::vector<uint64_t> entries;
+      uint64_t kept_bytes = 0;
       for (auto& [ti, ot] : owned) {
         const Plan::Tensor& pt = plan.tensors[ti];
         const TensorEntry& te = *pt.entry;
         const FileEntry& fe = pm.files[pt.file];
         const int width = DTypeWidth(te.dtype);
         RETURN_IF_ERROR(unpack(ti, ot, &entries));
+        // For this rank's push: the elements that differ from the parent,
+        // with both values, block by block.
+        TensorChanges* keep = nullptr;
+        // (Up to the push server's cache_bytes, 12 bytes per element; the
+        // other tensors' changes are read back from the store.)
+        if (push_owned_ && pt.named && width == 2 && kept_bytes < push_->cache_bytes()) {
+          keep = &push_changes_[te.name];
+          keep->name = te.name;
+        }
+        std::vector<std::vector<uint64_t>> keep_idx;
+        std::vector<std::vector<uint16_t>> keep_new, keep_old;
         recs[ti].resize(te.blocks);
         if (full) full_recs[ti].resize(te.blocks);
         Hasher128 hasher;
@@ -1119,6 +1190,11 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
           enc.assign(count, EncodedBlock{});
           full_enc.assign(count, EncodedBlock{});
           std::vector<Status> errors(count);
+          if (keep) {
+            keep_idx.assign(count, {});
+            keep_new.assign(count, {});
+            keep_old.assign(count, {});
+          }
           kernels::ParallelFor(count, 1, [&](size_t lo, size_t hi) {
             thread_local CodecScratch scratch;
             for (size_t i = lo; i < hi; ++i) {
@@ -1133,7 +1209,17 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
                 auto it = std::lower_bound(entries.begin(), entries.end(), lo_e << 16);
                 for (; it != entries.end() && (*it >> 16) < hi_e; ++it) {
                   const uint16_t bits = static_cast<uint16_t>(*it & 0xFFFF);
-                  std::memcpy(nw + ((*it >> 16) - lo_e) * 2, &bits, 2);
+                  const uint64_t at = ((*it >> 16) - lo_e) * 2;
+                  if (keep) {
+                    uint16_t was;
+                    std::memcpy(&was, o + at, 2);
+                    if (was != bits) {
+                      keep_idx[i].push_back(*it >> 16);
+                      keep_new[i].push_back(bits);
+                      keep_old[i].push_back(was);
+                    }
+                  }
+                  std::memcpy(nw + at, &bits, 2);
                 }
                 enc[i] = EncodeBlock(o, nw, blen(b), width, &scratch);
               }
@@ -1143,6 +1229,13 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
             }
           });
           for (const auto& e : errors) RETURN_IF_ERROR(e);
+          for (size_t i = 0; keep && i < count; ++i) {
+            keep->indices.insert(keep->indices.end(), keep_idx[i].begin(), keep_idx[i].end());
+            const auto* nb = reinterpret_cast<const uint8_t*>(keep_new[i].data());
+            const auto* ob = reinterpret_cast<const uint8_t*>(keep_old[i].data());
+            keep->values.insert(keep->values.end(), nb, nb + keep_new[i].size() * 2);
+            keep->old_values.insert(keep->old_values.end(), ob, ob + keep_old[i].size() * 2);
+          }
           stats_.parent_bytes_read +=
               std::min<uint64_t>(uint64_t{count} * bb, te.bytes() - uint64_t{first} * bb);
           for (uint32_t i = 0; i < count; ++i) {
@@ -1165,6 +1258,7 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
             }
           }
         }
+        if (keep) kept_bytes += keep->indices.size() * 12;
         hashes[ti] = pt.named ? hasher.Finish() : te.hash;
         if (pt.named) {
           // Routed entries whose bits equal the parent's: the screen could

@@ -47,6 +47,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -102,6 +103,10 @@ struct DistPublishStats {
   uint64_t tensors_owned = 0;      // tensors this rank encoded
   uint64_t parent_bytes_read = 0;  // parent block bytes it read to encode them
   uint64_t messages_sent = 0;      // non-empty messages to other ranks
+  // Pushing what it owns: tensors whose changes its push took from what it
+  // kept while encoding, and tensors it read back from the store.
+  uint64_t push_tensors_kept = 0;
+  uint64_t push_tensors_read_back = 0;
 };
 
 class DistPublisher {
@@ -167,9 +172,13 @@ class DistPublisher {
   std::optional<uint64_t> last_version_;
   DistPublishStats stats_;
   PushServer* push_ = nullptr;
-  bool push_owned_ = false;        // this publish: every rank pushes what it owns
-  std::set<std::string> owned_;    // the tensors this rank owned in the last publish
-  bool committed_before_ = false;  // the last publish found its step committed already
+  bool push_owned_ = false;      // this publish: every rank pushes what it owns
+  std::set<std::string> owned_;  // the tensors this rank owned in the last publish
+  bool committed_before_ = false;
+  // The changes of the tensors this rank encoded, kept for its push (up to
+  // a bound; the rest are read back from the store), until it is done.
+  std::map<std::string, TensorChanges> push_changes_;
+  void PushOwned(PublishResult& out);  // the last publish found its step committed already
   struct DeviceFinder;  // device buffers for ranges in CUDA memory, kept between publishes
   std::unique_ptr<DeviceFinder> device_;
   std::unique_ptr<PublishMetrics> metrics_;

@@ -99,6 +99,7 @@ class PushServer::Impl {
 
   int port() const { return port_; }
   uint64_t expected() const { return options_.receivers; }
+  uint64_t cache_bytes() const { return options_.cache_bytes; }
 
   std::string address() const {
     std::string host;
@@ -1136,6 +1137,8 @@ Status PushServer::SetSenders(const std::vector<std::string>& senders) {
 int PushServer::part() const { return impl_->group().first; }
 
 int PushServer::parts() const { return impl_->group().second; }
+
+uint64_t PushServer::cache_bytes() const { return impl_->cache_bytes(); }
 
 Status PushServer::SetLatest(Store& store, const std::shared_ptr<const Version>& v) {
   return impl_->SetLatest(store, v);

@@ -96,7 +96,9 @@ struct PushServerOptions {
   // Round 1 packs the data of round 2 too while what it kept stays under
   // this many bytes (about 1.2 per changed BF16 element and distinct
   // receiver layout and rank); the rest of the changes are read and packed
-  // again in round 2.
+  // again in round 2. A distributed publisher's rank that pushes what it
+  // owns also keeps up to this many bytes of the changes it encodes (12 per
+  // element) for its push, and reads the rest back from the store.
   uint64_t cache_bytes = uint64_t{256} << 20;
 };
 
@@ -177,6 +179,7 @@ class PushServer {
   Status SetSenders(const std::vector<std::string>& senders);
   int part() const;
   int parts() const;
+  uint64_t cache_bytes() const;
 
   // Makes `v` the version new receivers are checked against and told of
   // (done by Push; a publisher calls it once at open with its latest).

@@ -288,10 +288,13 @@ def test_cuda_receivers_hold_every_version_bit_for_bit(run):
         rx.close()
 
 
-def test_distributed_publisher_pushes_from_rank_0(tmp_path):
+@pytest.mark.parametrize("mode", ["rank0", "owners", "owners-read-back"])
+def test_distributed_publisher_pushes_each_version(tmp_path, mode):
     """Two ranks (threads, dte's TCP transport) publish row halves of every
-    tensor; rank 0 pushes each committed version, read back from the store,
-    to a TP-2 fused server whose ranks hold it bit for bit."""
+    tensor and push each committed version to a TP-2 fused server whose
+    ranks hold it bit for bit: rank 0 alone (read back from the store), or
+    every rank the tensors it owns (the changes it kept while encoding, or
+    with no cache for them read back from the store)."""
     import threading
     store = str(tmp_path / "store")
     model = push_util.TinyGqaLM(seed=5)
@@ -300,7 +303,10 @@ def test_distributed_publisher_pushes_from_rank_0(tmp_path):
         first.import_checkpoint(str(tmp_path / "v0"))
     opt = torch.optim.AdamW(model.parameters(), lr=5e-6, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.0)
-    group = dte.PushGroup("127.0.0.1:0", timeout=10.0)
+    cache = 0 if mode == "owners-read-back" else None
+    group = dte.PushGroup("127.0.0.1:0", timeout=10.0, cache_mib=cache)
+    groups = [group, None if mode == "rank0" else dte.PushGroup(group.address, timeout=10.0,
+                                                                   cache_mib=cache)]
     shapes = {n: tuple(p.shape) for n, p in model.named().items()}
     v0 = push_util.read_version(dte, store, 0, shapes)
     rxs = []
@@ -315,7 +321,7 @@ def test_distributed_publisher_pushes_from_rank_0(tmp_path):
 
     def open_rank(r):
         pubs[r] = dte.Publisher(store=store, rank=r, world_size=2, rendezvous=str(rendezvous),
-                                timeout=30.0, push=group if r == 0 else None)
+                                timeout=30.0, push=groups[r])
     threads = [threading.Thread(target=open_rank, args=(r,)) for r in range(2)]
     [t.start() for t in threads]
     [t.join() for t in threads]
@@ -345,7 +351,19 @@ def test_distributed_publisher_pushes_from_rank_0(tmp_path):
             assert results[0].version == results[1].version == step
             push = results[0].push
             assert push["pushed"] == 2 and push["dropped"] == [], push
-            assert results[1].push is None
+            if mode == "rank0":
+                assert results[1].push is None
+            else:
+                other = results[1].push
+                assert other["pushed"] == 2 and other["dropped"] == [], other
+                assert push["elements"] > 0 and other["elements"] > 0, (push, other)
+                # Each rank's push took its tensors from what it kept, or
+                # (no cache for them) read them back from the store.
+                for p in pubs:
+                    st = p.last_stats()
+                    kept, back = st["push_tensors_kept"], st["push_tensors_read_back"]
+                    assert (kept, back) == ((0, kept + back) if cache == 0 else (kept + back, 0))
+                    assert kept + back > 0, st
             want = push_util.read_version(dte, store, step, shapes)
             for rank, tensors, rx in rxs:
                 rx.wait_for(step, timeout=30)
@@ -358,7 +376,9 @@ def test_distributed_publisher_pushes_from_rank_0(tmp_path):
         for p in pubs:
             if p is not None:
                 p.close()
-        group.close()
+        for g in groups:
+            if g is not None:
+                g.close()
 
 
 def test_push_that_cannot_run_is_reported_and_the_version_still_committed(tmp_path):

@@ -58,7 +58,7 @@ class AdamWRange(ctypes.Structure):
 class DistStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "entries_sent", "bytes_sent", "bytes_received", "tensors_owned", "parent_bytes_read",
-        "messages_sent")]
+        "messages_sent", "push_tensors_kept", "push_tensors_read_back")]
 
 
 class Message(ctypes.Structure):
@@ -207,7 +207,7 @@ def _declare(lib):
                                                  ctypes.c_void_p, ctypes.c_uint64]),
         "dte_push_server_start": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
                                                  ctypes.c_int64, ctypes.c_int64,
-                                                 ctypes.POINTER(P)]),
+                                                 ctypes.c_int64, ctypes.POINTER(P)]),
         "dte_push_server_address": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
         "dte_push_server_set_group": (ctypes.c_int, [P, ctypes.c_int32, ctypes.c_int32]),
         "dte_push_server_close": (None, [P]),

@@ -45,7 +45,9 @@ class PushGroup(_Handle):
     dropped and the publish goes on. receivers: how many receiver ranks the
     inference fleet has (every TP rank of every server); each push then
     reports how many of them it missed ("missing"), and wait_for_receivers()
-    waits for them.
+    waits for them. cache_mib: the memory a push keeps packed data in
+    (PushServerOptions::cache_bytes; default 256), which a distributed
+    publisher's rank also keeps the changes it encodes in for its push.
 
     A distributed publisher takes a PushGroup on rank 0 only (rank 0 pushes
     every tensor) or on every rank, all given rank 0's address: each rank
@@ -59,10 +61,11 @@ class PushGroup(_Handle):
     _close_fn = "dte_push_server_close"
 
     def __init__(self, address="127.0.0.1:0", timeout=30.0, receivers=None, listen=None,
-                 advertise=None):
+                 advertise=None, cache_mib=None):
         self._h = None
         self._address, self._timeout = address, timeout
         self._receivers = int(receivers or 0)
+        self._cache = -1 if cache_mib is None else int(cache_mib * (1 << 20))
         self._listen, self._advertise = listen, advertise
         self._part = None
 
@@ -83,7 +86,7 @@ class PushGroup(_Handle):
             _check(lib.dte_push_server_start(listen.encode(),
                                              self._advertise.encode() if self._advertise else None,
                                              int(self._timeout * 1000), self._receivers,
-                                             ctypes.byref(handle)))
+                                             self._cache, ctypes.byref(handle)))
             self._h = handle
             self._part = part
         _check(lib.dte_push_server_set_group(self._h, part, parts))
