@@ -208,9 +208,9 @@ class Publisher(_Handle):
         push: a dte.PushGroup; after each publish, the version's changed
         elements go to its receivers (docs/push.md). A distributed publisher
         takes one on every rank (each pushes the tensors it owns in each
-        version, read back from the store; receivers connect to rank 0's
-        address and are told the others) or on rank 0 only (which pushes
-        every tensor)."""
+        version, from the changes it kept while encoding them; receivers
+        connect to rank 0's address and are told the others) or on rank 0
+        only (which pushes every tensor, read back from the store)."""
         self._h = None
         self._transport = None
         self._push = None
