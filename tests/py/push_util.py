@@ -1,13 +1,17 @@
-"""Shared parts of the push tests (tests/py/test_push.py) and their worker
-processes (tests/py/push_worker.py): a small GQA Llama-shaped model whose
+"""Shared parts of the push tests (tests/py/test_push.py,
+tests/py/test_push_ranks.py) and their worker processes
+(tests/py/push_worker.py): a small GQA Llama-shaped model whose
 named_parameters() spell Hugging Face names, and a tensor-parallel, fused
 sharding of its tensors written with plain slicing (not dte's plan math),
-so comparing the two can fail."""
+so comparing the two can fail; and receiver processes that check every
+version they reach."""
 
 import json
 import math
 import os
+import subprocess
 import sys
+import time
 
 import torch
 
@@ -113,3 +117,48 @@ def save_checkpoint(directory, model):
                                 metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(CONFIG, f)
+
+
+def wait_until(pred, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting for " + what)
+
+
+class ReceiverProcs:
+    """Receiver processes (push_worker.py receiver) of a test, tagged
+    tpT-rR: each checks every version it reaches against the store and
+    leaves a mark file TAG-VERSION in self.marks. Users set self.tmp,
+    self.store, self.marks and self.procs (tag -> process)."""
+
+    WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "push_worker.py")
+
+    def start_one(self, address, tp, rank, fused, steps):
+        tag = "tp%d-r%d" % (tp, rank)
+        argv = [sys.executable, self.WORKER, "receiver", "--address", address,
+                "--store", self.store, "--steps", str(steps), "--rank", str(rank),
+                "--tp", str(tp), "--tag", tag, "--marks", str(self.marks),
+                "--out", str(self.tmp / (tag + ".json"))] + (["--fused"] if fused else [])
+        self.procs[tag] = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+        return tag
+
+    def await_marks(self, version, tags=None):
+        tags = tags or list(self.procs)
+
+        def done():
+            for tag in tags:
+                if self.procs[tag].poll() is not None:
+                    raise AssertionError("%s exited: %s" % (tag, self.procs[tag].stderr.read()))
+            return all((self.marks / ("%s-%d" % (t, version))).exists() for t in tags)
+        wait_until(done, 60, "receivers %s to check v%d" % (tags, version))
+
+    def results(self):
+        out = {}
+        for tag, p in self.procs.items():
+            assert p.wait(60) == 0, "%s: %s" % (tag, p.stderr.read())
+            with open(self.tmp / (tag + ".json")) as f:
+                out[tag] = json.load(f)
+        return out

@@ -9,7 +9,6 @@ publishes; a trainer killed with kill -9 leaves receivers holding their
 last version, whole, and saying so.
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -25,20 +24,12 @@ import push_util  # noqa: E402
 import dte  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "push_worker.py")
+wait_until = push_util.wait_until
 LAYOUTS = {1: [(1, 0, False)], 2: [(2, 0, True), (2, 1, True)],
            4: [(4, r, True) for r in range(4)]}  # tp 4 > 2 kv heads: replicated heads
 
 
-def wait_until(pred, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting for " + what)
-
-
-class Run:
+class Run(push_util.ReceiverProcs):
     """A trainer in this process and receiver processes."""
 
     def __init__(self, tmp, receivers, timeout=10.0):
@@ -63,23 +54,7 @@ class Run:
         self.await_marks(0)
 
     def start_one(self, tp, rank, fused, steps):
-        tag = "tp%d-r%d" % (tp, rank)
-        argv = [sys.executable, WORKER, "receiver", "--address", self.group.address,
-                "--store", self.store, "--steps", str(steps), "--rank", str(rank),
-                "--tp", str(tp), "--tag", tag, "--marks", str(self.marks),
-                "--out", str(self.tmp / (tag + ".json"))] + (["--fused"] if fused else [])
-        self.procs[tag] = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
-        return tag
-
-    def await_marks(self, version, tags=None):
-        tags = tags or list(self.procs)
-
-        def done():
-            for tag in tags:
-                if self.procs[tag].poll() is not None:
-                    raise AssertionError("%s exited: %s" % (tag, self.procs[tag].stderr.read()))
-            return all((self.marks / ("%s-%d" % (t, version))).exists() for t in tags)
-        wait_until(done, 60, "receivers %s to check v%d" % (tags, version))
+        return super().start_one(self.group.address, tp, rank, fused, steps)
 
     def publish(self, step):
         g = torch.Generator().manual_seed(1000 + step)
@@ -94,14 +69,6 @@ class Run:
         r = self.pub.publish_adamw(step=step, params=params, lr=5e-6, betas=(0.9, 0.95),
                                    eps=1e-8, weight_decay=0.0)
         return r, time.monotonic() - t0
-
-    def results(self):
-        out = {}
-        for tag, p in self.procs.items():
-            assert p.wait(60) == 0, "%s: %s" % (tag, p.stderr.read())
-            with open(self.tmp / (tag + ".json")) as f:
-                out[tag] = json.load(f)
-        return out
 
     def close(self):
         for p in self.procs.values():

@@ -29,20 +29,12 @@ import push_util  # noqa: E402
 import dte  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "push_worker.py")
+wait_until = push_util.wait_until
 LAYOUTS = {1: [(1, 0, False)], 2: [(2, 0, True), (2, 1, True)],
            4: [(4, r, True) for r in range(4)]}
 
 
-def wait_until(pred, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting for " + what)
-
-
-class Job:
+class Job(push_util.ReceiverProcs):
     """Trainer rank processes and receiver processes."""
 
     def __init__(self, tmp, world=2, timeout=4.0, push_timeout=3.0, receivers=0):
@@ -60,7 +52,7 @@ class Job:
         probe.close()
         self.ranks = [self.spawn(r) for r in range(world)]
         self.rendezvous = 0
-        self.rx = {}
+        self.procs = {}  # receivers
 
     def spawn(self, r):
         err = open(self.tmp / ("rank%d.err" % r), "a")
@@ -110,34 +102,10 @@ class Job:
         return out
 
     def start_receiver(self, tp, rank, fused, steps):
-        tag = "tp%d-r%d" % (tp, rank)
-        argv = [sys.executable, WORKER, "receiver", "--address", self.address,
-                "--store", self.store, "--steps", str(steps), "--rank", str(rank),
-                "--tp", str(tp), "--tag", tag, "--marks", str(self.marks),
-                "--out", str(self.tmp / (tag + ".json"))] + (["--fused"] if fused else [])
-        self.rx[tag] = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
-        return tag
-
-    def await_marks(self, version, tags=None):
-        tags = tags or list(self.rx)
-
-        def done():
-            for tag in tags:
-                if self.rx[tag].poll() is not None:
-                    raise AssertionError("%s exited: %s" % (tag, self.rx[tag].stderr.read()))
-            return all((self.marks / ("%s-%d" % (t, version))).exists() for t in tags)
-        wait_until(done, 60, "receivers %s to check v%d" % (tags, version))
-
-    def results(self):
-        out = {}
-        for tag, p in self.rx.items():
-            assert p.wait(60) == 0, "%s: %s" % (tag, p.stderr.read())
-            with open(self.tmp / (tag + ".json")) as f:
-                out[tag] = json.load(f)
-        return out
+        return self.start_one(self.address, tp, rank, fused, steps)
 
     def close(self):
-        for p in list(self.rx.values()) + self.ranks:
+        for p in list(self.procs.values()) + self.ranks:
             if p.poll() is None:
                 p.kill()
             p.wait()
@@ -207,7 +175,7 @@ def test_a_stopped_or_killed_trainer_rank_leaves_receivers_whole_and_the_restart
     assert r1[0] == "failed", r1
     with dte.StoreReader(j.store) as reader:
         assert reader.latest() == 1
-    for tag in j.rx:
+    for tag in j.procs:
         assert not (j.marks / ("%s-2" % tag)).exists()
     # The job retries the step on a fresh rendezvous: the push goes out.
     j.open()
