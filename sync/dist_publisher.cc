@@ -443,7 +443,12 @@ Result<PublishResult> DistPublisher::PublishAdamW(Transport& transport, const Ad
                                                   const std::vector<RangeState>& ranges) {
   stats_ = DistPublishStats{};
   auto r = metrics_->Record(h.step, [&]() -> Result<PublishResult> {
-    ASSIGN_OR_RETURN(PublishResult out, Run(transport, h, ranges));
+    auto ran = Run(transport, h, ranges);
+    if (!ran.ok()) {
+      push_changes_.clear();  // nothing committed: nothing to push
+      return ran.status();
+    }
+    PublishResult out = std::move(ran).value();
     last_step_ = h.step;
     last_version_ = out.version;
     if (push_ && committed_before_) {
