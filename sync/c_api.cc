@@ -751,12 +751,12 @@ int dte_push_server_set_group(dte_push_server* s, int32_t part, int32_t parts) {
   });
 }
 
-int dte_push_server_status_json(dte_push_server* s, const char** json_out) {
+int dte_push_server_status_json(dte_push_server* s, int32_t take_events, const char** json_out) {
   return Guard([&] {
     if (s == nullptr || json_out == nullptr) {
       return FailWith(DTE_INVALID_ARGUMENT, "dte_push_server_status_json: arguments must be set");
     }
-    s->json = s->impl->StatusJson();
+    s->json = s->impl->StatusJson(take_events != 0);
     *json_out = s->json.c_str();
     return static_cast<int>(DTE_OK);
   });

@@ -260,8 +260,9 @@ int dte_push_server_address(dte_push_server* s, const char** address_out);
  * push (a distributed publisher's rank; the publisher sets it again at each
  * publish). */
 int dte_push_server_set_group(dte_push_server* s, int32_t part, int32_t parts);
-/* PushServer::StatusJson: receivers and the events since the last call. */
-int dte_push_server_status_json(dte_push_server* s, const char** json_out);
+/* PushServer::StatusJson: receivers and (take_events != 0) the events
+ * since the last call that took them. */
+int dte_push_server_status_json(dte_push_server* s, int32_t take_events, const char** json_out);
 /* Push after each successful publish of p (s NULL: stop). The server must
  * outlive p or be unset first. */
 int dte_publisher_set_push(dte_publisher* p, dte_push_server* s);

@@ -1092,7 +1092,7 @@ std::string PushReportJson(const PushReport& r) {
                {"dropped", r.dropped}});
 }
 
-std::string PushServer::StatusJson() {
+std::string PushServer::StatusJson(bool take_events) {
   nlohmann::json rs = nlohmann::json::array();
   for (const PushReceiverInfo& i : Receivers()) {
     rs.push_back({{"id", i.id},
@@ -1112,7 +1112,7 @@ std::string PushServer::StatusJson() {
                {"parts", parts()},
                {"expected", impl_->expected()},
                {"receivers", rs},
-               {"events", TakeEvents()}});
+               {"events", take_events ? TakeEvents() : std::vector<std::string>{}}});
 }
 
 PushServer::PushServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -206,8 +206,9 @@ class PushServer {
   // {"port", "address", "part", "parts", "expected" (options' receivers),
   // "receivers": [{"id", "rank", "tp", "fuse_qkv", "fuse_gate_up", "version"
   // (null: unknown), "behind", "pushes", "elements", "bytes"}], "events":
-  // [...]} (the events are taken).
-  std::string StatusJson();
+  // [...]} (the events are taken; with take_events false, "events" is
+  // empty and they stay for a later call).
+  std::string StatusJson(bool take_events = true);
 
   class Impl;
 

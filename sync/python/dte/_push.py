@@ -115,7 +115,7 @@ class PushGroup(_Handle):
         on timeout, saying how many are there."""
         end = time.monotonic() + timeout
         while True:
-            st = self.status()
+            st = self.status(events=False)
             there = [r for r in st["receivers"]
                      if version is None or (r["version"] == version and not r["behind"])]
             if len(there) >= self._receivers:
@@ -126,12 +126,14 @@ class PushGroup(_Handle):
                     "" if version is None else " at v%d" % version, timeout))
             time.sleep(0.02)
 
-    def status(self):
+    def status(self, events=True):
         """{"port", "address", "part", "parts", "expected", "receivers": [{"rank", "tp",
         "version", "behind", "pushes", ...}], "events": [lines about
-        receivers refused or dropped since the last call]}"""
+        receivers refused or dropped since the last call that took them]}
+        (events=False: "events" is empty, and they stay for a later call)."""
         text = ctypes.c_char_p()
-        _check(lib.dte_push_server_status_json(self._handle(), ctypes.byref(text)))
+        _check(lib.dte_push_server_status_json(self._handle(), int(bool(events)),
+                                               ctypes.byref(text)))
         return json.loads(text.value.decode())
 
 
