@@ -1171,10 +1171,10 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
         const int width = DTypeWidth(te.dtype);
         RETURN_IF_ERROR(unpack(ti, ot, &entries));
         // For this rank's push: the elements that differ from the parent,
-        // with both values, block by block.
+        // with both values, block by block, up to the push server's
+        // cache_bytes (12 bytes per element); the other tensors' changes
+        // are read back from the store.
         TensorChanges* keep = nullptr;
-        // (Up to the push server's cache_bytes, 12 bytes per element; the
-        // other tensors' changes are read back from the store.)
         if (push_owned_ && pt.named && width == 2 && kept_bytes < push_->cache_bytes()) {
           keep = &push_changes_[te.name];
           keep->name = te.name;

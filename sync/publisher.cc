@@ -426,37 +426,15 @@ Status TellPushLatest(PushServer& push, Store& store) {
   return push.SetLatest(store, v);
 }
 
-namespace {
-
-// The tensors of a source that `only` names.
-class OnlyChanges : public ChangesSource {
- public:
-  OnlyChanges(ChangesSource& all, const std::set<std::string>& only) : all_(all), only_(only) {}
-  bool MayChange(const std::string& name) const override {
-    return only_.count(name) && all_.MayChange(name);
-  }
-  Result<const TensorChanges*> Read(const std::string& name) override { return all_.Read(name); }
-  bool Stable() const override { return all_.Stable(); }
-
- private:
-  ChangesSource& all_;
-  const std::set<std::string>& only_;
-};
-
-}  // namespace
-
 void PushCommitted(PushServer& push, Store& store, uint64_t version,
-                   const std::vector<TensorChanges>* changes, PublishResult* r,
-                   const std::set<std::string>* only) {
+                   const std::vector<TensorChanges>* changes, PublishResult* r) {
   auto pushed = [&]() -> Result<PushReport> {
     ASSIGN_OR_RETURN(auto v, store.GetVersion(version));
     if (changes) return push.Push(store, v, *changes);
-    // Read back one tensor at a time: a distributed publisher's rank never
-    // holds the whole version's changes.
+    // Read back one tensor at a time: a distributed publisher's rank 0
+    // never holds the whole version's changes.
     ASSIGN_OR_RETURN(auto read_back, StoreChanges(store, v));
-    if (!only) return push.Push(store, v, *read_back);
-    OnlyChanges mine(*read_back, *only);
-    return push.Push(store, v, mine);
+    return push.Push(store, v, *read_back);
   }();
   if (pushed.ok()) {
     r->push = std::move(pushed).value();

@@ -28,7 +28,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -164,11 +163,8 @@ Status TellPushLatest(PushServer& push, Store& store);
 // (null) read back from the store (ChangesFromStore). The version is
 // committed either way, so a push that cannot run is reported in
 // r->push_error, not failed.
-// With `only` (and no `changes`), only the tensors it names are pushed: a
-// distributed publisher's rank pushing the part of the version it owns.
 void PushCommitted(PushServer& push, Store& store, uint64_t version,
-                   const std::vector<TensorChanges>* changes, PublishResult* r,
-                   const std::set<std::string>* only = nullptr);
+                   const std::vector<TensorChanges>* changes, PublishResult* r);
 
 }  // namespace internal
 

@@ -269,16 +269,16 @@ class PushReceiver::Impl {
     return FromCuda(kernels::CudaStreamSynchronize(nullptr), what);
   }
 
-  static void Send(Link& l, Msg type, const nlohmann::json& j, std::chrono::milliseconds timeout) {
+  void Send(Link& l, Msg type, const nlohmann::json& j) {
     std::lock_guard lock(l.send_mu);
     if (l.fd.get() < 0) return;
     const std::string f = Frame(type, j.dump());
-    Status s = transport_internal::SendAll(l.fd.get(), f.data(), f.size(), Deadline(timeout),
-                                           "the push server at " + l.address);
+    Status s =
+        transport_internal::SendAll(l.fd.get(), f.data(), f.size(), Deadline(options_.timeout),
+                                    "the push server at " + l.address);
     if (!s.ok()) shutdown(l.fd.get(), SHUT_RDWR);
   }
-  void Send(Link& l, Msg type, const nlohmann::json& j) { Send(l, type, j, options_.timeout); }
-  // To every sender welcomed (or only `links`).
+  // To every sender welcomed.
   void SendAll(Msg type, const nlohmann::json& j) {
     std::vector<std::shared_ptr<Link>> links;
     {
