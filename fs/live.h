@@ -193,9 +193,9 @@ class Live {
     int width = 0;
     uint64_t elements = 0;
     uint32_t kind = DTE_LIVE_HOST_SHM;
-    void* map = nullptr;  // host: the (page-aligned) mapping ...
+    void* map = nullptr;  // host: the (page-aligned) mapping, CUDA: the opened allocation ...
     size_t map_len = 0;
-    uint8_t* data = nullptr;  // ... and the tensor's first byte in it; CUDA: the device pointer
+    uint8_t* data = nullptr;  // ... and the tensor's first byte in it (at the caller's offset)
     Buffer() = default;
     Buffer(const Buffer&) = delete;
     Buffer& operator=(const Buffer&) = delete;

@@ -25,8 +25,11 @@ std::string CString(const char* field, size_t size) {
 }  // namespace
 
 Live::Buffer::~Buffer() {
-  if (map) ::munmap(map, map_len);
-  if (kind == DTE_LIVE_CUDA_IPC && data) (void)kernels::CudaIpcCloseMemHandle(data);
+  if (kind == DTE_LIVE_CUDA_IPC) {
+    if (map) (void)kernels::CudaIpcCloseMemHandle(map);
+  } else if (map) {
+    ::munmap(map, map_len);
+  }
 }
 
 Result<const Live::Plan*> Live::PlanFor(const Version& v, const ShardLayout& layout) {
@@ -126,7 +129,10 @@ Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_regist
     void* ptr = nullptr;
     kernels::CudaStatus cs = kernels::CudaIpcOpenMemHandle(r.cuda_ipc_handle, r.cuda_device, &ptr);
     if (!cs.ok()) return InvalidArgument(what + ": " + cs.message);
-    buf->data = static_cast<uint8_t*>(ptr);
+    // A handle names a whole allocation (a caching allocator's block holds
+    // many tensors): the tensor starts `offset` bytes into it.
+    buf->map = ptr;
+    buf->data = static_cast<uint8_t*>(ptr) + r.offset;
   } else {
     const std::string shm = CString(r.shm_name, sizeof r.shm_name);
     if (!IsPlainFileName(shm)) {

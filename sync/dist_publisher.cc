@@ -1,6 +1,7 @@
 #include "sync/dist_publisher.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -23,6 +24,12 @@
 
 namespace dte {
 namespace {
+
+uint64_t NanosSince(std::chrono::steady_clock::time_point start) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
+}
 
 using json = nlohmann::json;
 
@@ -442,8 +449,10 @@ Status DistPublisher::SetAnchorPolicy(const AnchorPolicy& policy) {
 Result<PublishResult> DistPublisher::PublishAdamW(Transport& transport, const AdamWStep& h,
                                                   const std::vector<RangeState>& ranges) {
   stats_ = DistPublishStats{};
+  parts_sent_.reset();
   auto r = metrics_->Record(h.step, [&]() -> Result<PublishResult> {
     auto ran = Run(transport, h, ranges);
+    if (parts_sent_) stats_.commit_ns = NanosSince(*parts_sent_);
     if (!ran.ok()) {
       push_changes_.clear();  // nothing committed: nothing to push
       return ran.status();
@@ -970,6 +979,7 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   // to rank 0 in this rank's part: no version is committed.
   std::vector<EntryWriter> routed(world);
   uint64_t flagged = 0, kept = 0;
+  const auto detect_start = std::chrono::steady_clock::now();
   const Status detected = [&]() -> Status {
     std::vector<uint64_t> idx(kScreenChunk + internal::kScreenSlack);
     std::vector<uint32_t> old(kScreenChunk + internal::kScreenSlack);
@@ -1034,6 +1044,7 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
                            device_->Find(s.param + off, s.exp_avg + off, s.exp_avg_sq + off, n,
                                          params, options_.margin_ulps, what));
           flagged += count;
+          stats_.detect_device_bytes += sizeof(uint64_t) + count * (sizeof(uint64_t) + 2);
           const DeviceFinder& d = *device_;
           route(
               base, count, [&](size_t k) { return d.host_idx[k]; },
@@ -1055,6 +1066,7 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
     return Status::Ok();
   }();
   stats_.entries_sent = kept;
+  stats_.detect_ns = NanosSince(detect_start);
 
   // 4. Routing.
   std::vector<std::string> out(world);
@@ -1064,6 +1076,7 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
       auto in, AllToAllMove(t, std::move(out), at_step + ": routing changed elements", &stats_));
 
   // 5. Encoding this rank's tensors; any error goes to rank 0 in the part.
+  const auto encode_start = std::chrono::steady_clock::now();
   // The routed entries stay in the received buffers (6 B each) until their
   // tensor's turn; only the groups are indexed here, and one tensor at a
   // time is unpacked for encoding.
@@ -1283,8 +1296,10 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   }
 
   in.clear();
+  stats_.encode_ns = NanosSince(encode_start);
 
   // 6. Parts to rank 0.
+  parts_sent_ = std::chrono::steady_clock::now();
   part.PutStatus(part_status);
   part.Put<uint64_t>(flagged);
   part.Put<uint64_t>(kept);

@@ -46,6 +46,7 @@
 // thread at a time.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -107,6 +108,14 @@ struct DistPublishStats {
   // kept while encoding, and tensors it read back from the store.
   uint64_t push_tensors_kept = 0;
   uint64_t push_tensors_read_back = 0;
+  // Time of the detection phase (the fused screen on the host, or the
+  // kernel and the copy of the kept entries from the device), of encoding
+  // this rank's tensors, and from the parts' collection to the outcome
+  // (rank 0's commit); and the bytes detection copied device to host.
+  uint64_t detect_ns = 0;
+  uint64_t encode_ns = 0;
+  uint64_t commit_ns = 0;
+  uint64_t detect_device_bytes = 0;
 };
 
 class DistPublisher {
@@ -171,6 +180,8 @@ class DistPublisher {
   std::optional<int64_t> last_step_;
   std::optional<uint64_t> last_version_;
   DistPublishStats stats_;
+  // When this rank sent its part to rank 0 in the last Run (stats_.commit_ns).
+  std::optional<std::chrono::steady_clock::time_point> parts_sent_;
   PushServer* push_ = nullptr;
   bool push_owned_ = false;      // this publish: every rank pushes what it owns
   std::set<std::string> owned_;  // the tensors this rank owned in the last publish

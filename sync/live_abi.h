@@ -107,7 +107,9 @@ typedef struct dte_live_register {
    * the caller, and the byte offset of the tensor in it. */
   char shm_name[DTE_LIVE_NAME_BYTES]; /* in */
   uint64_t offset;                    /* in */
-  /* DTE_LIVE_CUDA_IPC: the cudaIpcMemHandle_t bytes and the device. */
+  /* DTE_LIVE_CUDA_IPC: the cudaIpcMemHandle_t bytes and the device; the
+   * tensor starts `offset` bytes into the allocation the handle names (a
+   * caching allocator's block holds many tensors). */
   uint8_t cuda_ipc_handle[64]; /* in */
   int32_t cuda_device;         /* in */
   uint32_t reserved1;
