@@ -32,6 +32,15 @@ request:
                 body bytes (default half, at most all but one), then close
   flip          forward, XOR body byte `at` (default the middle one) with
                 `mask`, answer normally
+  list_damage_key  forward a ListObjectsV2, XOR the last digit of the key of
+                its <Contents> element number `at` (default -1: the last
+                one; none: no change) with `mask`, answer with the rest as
+                it was (mask 0x40 turns a digit into a letter: the page still
+                parses, the key no longer fits the store's grammar)
+  list_drop_key forward a ListObjectsV2, remove its <Contents> element number
+                `at` (default -1) and lower <KeyCount> to match, answer with
+                the Content-Length of what is left (a listing that lacks one
+                key yet reads as whole)
   pass          no fault: only runs the rule's hook
 
 A rule lets `skip` matching requests through, then fires on the next `times`
@@ -53,6 +62,7 @@ Standalone: /usr/bin/python3 s3_proxy.py --upstream http://127.0.0.1:9000
 """
 
 import argparse
+import re
 import signal
 import socket
 import struct
@@ -63,7 +73,9 @@ from typing import Callable, Optional
 from urllib.parse import urlsplit
 
 PIECE = 64 * 1024
-ACTIONS = ("status", "reset_before", "reset_after", "stall", "truncate", "flip", "pass")
+ACTIONS = ("status", "reset_before", "reset_after", "stall", "truncate", "flip",
+           "list_damage_key", "list_drop_key", "pass")
+LISTING_ACTIONS = ("list_damage_key", "list_drop_key")
 _ERROR_XML = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
               '<Message>{message}</Message><RequestId>DTEPROXY{seq}</RequestId></Error>')
 
@@ -511,6 +523,12 @@ class FaultProxy:
             self._stopping.wait(fault.seconds)
             conn["rst"] = True
             return False
+        if action in LISTING_ACTIONS:
+            body = _rewrite_listing(_read_body(upstream, framing), action, fault)
+            self._send(client, _with_length(head, len(body)), "down")
+            ex.status = status
+            self._send(client, body, "down")
+            return False
         self._send(client, head, "down")
         ex.status = status
         size = framing if isinstance(framing, int) else None
@@ -544,6 +562,49 @@ class FaultProxy:
                 piece = bytes(b)
             offset += len(piece)
             self._send(client, piece, "down")
+
+
+def _read_body(stream, framing):
+    """The whole body, without chunked framing."""
+    wire = b"".join(_body_pieces(stream, framing))
+    if framing != "chunked":
+        return wire
+    body, rest = b"", wire
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            break
+        body, rest = body + rest[:size], rest[size + 2:]
+    return body
+
+
+def _with_length(head, length):
+    """A response head whose body is `length` plain bytes; the connection closes after it."""
+    lines = [line for line in head.decode("latin-1").split("\r\n") if line]
+    drop = ("content-length:", "transfer-encoding:", "connection:")
+    kept = [line for line in lines if not line.lower().startswith(drop)]
+    kept += [f"Content-Length: {length}", "Connection: close"]
+    return ("\r\n".join(kept) + "\r\n\r\n").encode("latin-1")
+
+
+def _rewrite_listing(body, action, rule):
+    """A ListObjectsV2 answer with one key damaged or dropped (see the actions)."""
+    entries = list(re.finditer(rb"<Contents>.*?</Contents>", body, re.S))
+    index = -1 if rule.at is None else rule.at
+    if not -len(entries) <= index < len(entries):
+        return body
+    e = entries[index]
+    if action == "list_drop_key":
+        body = body[:e.start()] + body[e.end():]
+        return re.sub(rb"<KeyCount>(\d+)</KeyCount>",
+                      lambda m: b"<KeyCount>%d</KeyCount>" % (int(m.group(1)) - 1), body, 1)
+    key = re.search(rb"<Key>(.*?)</Key>", e.group(0), re.S)
+    digits = [i for i, c in enumerate(key.group(1)) if 0x30 <= c <= 0x39] if key else []
+    if not digits:
+        return body
+    at = e.start() + key.start(1) + digits[-1]
+    return body[:at] + bytes([body[at] ^ rule.mask]) + body[at + 1:]
 
 
 def main():
