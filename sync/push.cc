@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -30,8 +31,10 @@
 #include "store/materialize.h"
 #include "store/store.h"
 #include "sync/convert.h"
+#include "sync/internal/auth_handshake.h"
 #include "sync/internal/push_plan.h"
 #include "sync/internal/push_wire.h"
+#include "sync/job_secret.h"
 
 namespace dte {
 
@@ -81,7 +84,18 @@ class PushServer::Impl {
   ~Impl() { Stop(); }
 
   Status Start() {
+    ASSIGN_OR_RETURN(std::optional<JobSecret> secret,
+                     FindJobSecret(options_.secret, options_.rendezvous_dir));
+    if (!secret) RETURN_IF_ERROR(CheckListenWithoutSecret(options_.address, "the push server"));
     ASSIGN_OR_RETURN(listen_, transport_internal::ListenTcp(options_.address, 64, &port_));
+    if (secret) {
+      secret_ = std::move(secret->key);
+      Log("push server on " + address() + " authenticates every connection with the job " +
+          "secret from " + secret->source);
+    } else {
+      Log("push server on " + address() + " listens on loopback only, without a job secret (" +
+          HowToGiveASecret() + " to listen on other interfaces)");
+    }
     const int flags = fcntl(listen_.get(), F_GETFL, 0);
     fcntl(listen_.get(), F_SETFL, flags | O_NONBLOCK);
     wake_ = ScopedFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -194,6 +208,12 @@ class PushServer::Impl {
     return std::exchange(events_, {});
   }
 
+  uint64_t refused() const {
+    std::lock_guard lock(mu_);
+    return refused_;
+  }
+  bool authenticated() const { return !secret_.empty(); }
+
  private:
   struct Out {
     std::shared_ptr<const std::string> data;
@@ -213,6 +233,9 @@ class PushServer::Impl {
     std::optional<uint64_t> awaiting;       // version sent, receipt not yet confirmed
     std::vector<uint32_t> plan_to_own;      // plan receiver tensor -> index in `tensors`
     std::optional<std::string> held_hello;  // until the senders are known (SetSenders)
+    // With a job secret: the handshake, and the bytes read until it is done.
+    std::optional<auth_internal::ServerHandshake> auth;
+    std::string auth_in;
   };
   void DropAllLocked(const std::string& why) {
     for (auto& [id, c] : conns_) {
@@ -274,6 +297,29 @@ class PushServer::Impl {
     cv_.notify_all();
   }
 
+  // A connection that did not prove it knows the job secret: closed before
+  // anything of it is read or anything sent to it but the handshake.
+  void RefuseLocked(Conn& c, const std::string& why) {
+    if (!c.drop.empty()) return;
+    c.drop = why;
+    ++refused_;
+    const std::string line = c.who + " refused: " + why;
+    EventLocked(line);
+    Log("push server on " + address() + ": " + line);
+    shutdown(c.fd.get(), SHUT_RDWR);
+  }
+  // Bytes read from c: the handshake's first, then the protocol's frames.
+  void OnBytesLocked(Conn& c, const char* data, size_t n) {
+    if (!c.auth || c.auth->done()) return c.in.Append(data, n);
+    c.auth_in.append(data, n);
+    std::string answer;
+    Result<bool> done = c.auth->Feed(&c.auth_in, &answer);
+    if (!done.ok()) return RefuseLocked(c, done.status().message());
+    if (!answer.empty()) SendLocked(c, std::move(answer));
+    if (*done) c.in.Append(c.auth_in.data(), c.auth_in.size());
+  }
+  static void Log(const std::string& line) { std::fprintf(stderr, "dte: %s\n", line.c_str()); }
+
   // Kept for StatusJson/TakeEvents; the oldest go past kMaxEvents.
   void EventLocked(std::string line) {
     constexpr size_t kMaxEvents = 1000;
@@ -299,6 +345,7 @@ class PushServer::Impl {
   void Loop();
 
   PushServerOptions options_;
+  std::string secret_;  // the job secret; empty: none (loopback only)
   ScopedFd listen_, wake_;
   int port_ = 0;
   std::thread io_;
@@ -313,6 +360,7 @@ class PushServer::Impl {
   std::shared_ptr<const Version> latest_;
   std::map<LayoutKey, TransferPlan> plans_;
   std::vector<std::string> events_;
+  uint64_t refused_ = 0;  // connections refused at the handshake
   // Receivers dropped and closed while a push awaited them: id -> reason,
   // for that push's report (cleared by each push).
   std::map<uint64_t, std::string> gone_;
@@ -449,7 +497,11 @@ void PushServer::Impl::Loop() {
       for (auto it = conns_.begin(); it != conns_.end();) {
         Conn& c = *it->second;
         if (!c.hello_done && !c.held_hello && c.drop.empty() && now >= c.hello_deadline) {
-          DropLocked(c, "no hello within the timeout");
+          if (c.auth && !c.auth->done()) {
+            RefuseLocked(c, "no authentication within the timeout");
+          } else {
+            DropLocked(c, "no hello within the timeout");
+          }
         }
         if (!c.drop.empty() || (c.close_after_flush && c.out.empty())) {
           if (c.awaiting) {
@@ -488,7 +540,9 @@ void PushServer::Impl::Loop() {
         auto c = std::make_unique<Conn>();
         c->fd = std::move(fd);
         c->info.id = next_id_++;
-        c->who = "connection " + std::to_string(c->info.id);
+        c->who = "connection " + std::to_string(c->info.id) + " from " +
+                 transport_internal::PeerName(c->fd.get());
+        if (!secret_.empty()) c->auth.emplace(secret_, "push");
         c->hello_deadline = Clock::now() + options_.timeout;
         conns_.emplace(c->info.id, std::move(c));
       }
@@ -518,12 +572,18 @@ void PushServer::Impl::Loop() {
       if (re & (POLLIN | POLLHUP | POLLERR)) {
         const ssize_t r = recv(c.fd.get(), buf, sizeof buf, 0);
         if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
-          DropLocked(c, r == 0 ? "closed the connection (exited or crashed?)"
-                               : std::string("recv failed: ") + std::strerror(errno));
+          const std::string why = r == 0 ? "closed the connection (exited or crashed?)"
+                                         : std::string("recv failed: ") + std::strerror(errno);
+          if (c.auth && !c.auth->done()) {
+            RefuseLocked(c, why + " before authenticating");
+          } else {
+            DropLocked(c, why);
+          }
           cv_.notify_all();
           continue;
         }
-        if (r > 0) c.in.Append(buf, static_cast<size_t>(r));
+        if (r > 0) OnBytesLocked(c, buf, static_cast<size_t>(r));
+        if (!c.drop.empty()) continue;
         for (;;) {
           auto m = c.in.Next(push_internal::kMaxControlBytes, c.who);
           if (!m.ok()) {
@@ -1108,6 +1168,8 @@ std::string PushServer::StatusJson(bool take_events) {
   }
   return Json({{"port", port()},
                {"address", address()},
+               {"authenticated", impl_->authenticated()},
+               {"refused", refused()},
                {"part", part()},
                {"parts", parts()},
                {"expected", impl_->expected()},
@@ -1159,5 +1221,7 @@ Result<PushReport> PushServer::Push(Store& store, const std::shared_ptr<const Ve
 std::vector<PushReceiverInfo> PushServer::Receivers() const { return impl_->Receivers(); }
 
 std::vector<std::string> PushServer::TakeEvents() { return impl_->TakeEvents(); }
+
+uint64_t PushServer::refused() const { return impl_->refused(); }
 
 }  // namespace dte

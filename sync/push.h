@@ -27,6 +27,14 @@
 // confirms a version to each only once every part of it is in and checked.
 // Wire format and states: docs/push.md.
 //
+// Every connection starts with the job secret's handshake, both ways
+// (sync/internal/auth_handshake.h) when the job has a secret: a connection
+// that does not prove it knows it is refused, logged (stderr and the
+// server's events, with the peer's address) and closed before its hello is
+// read; a receiver sends nothing but the handshake to, and takes nothing
+// from, a server that does not prove it. Without a secret the server
+// listens on loopback only.
+//
 // A receiver checks a whole push (every count against its tensor, every
 // index in range, the parent against the version it holds) before it
 // writes a byte; pushes are applied in version order; it always knows the
@@ -78,6 +86,12 @@ Result<PlanInputs> PlanInputsOf(Store& store, const Version& v);
 
 struct PushServerOptions {
   std::string address = "127.0.0.1:0";  // HOST:PORT to listen on; port 0: any free port
+  // The job secret every connection must prove it knows before its hello
+  // is read (sync/job_secret.h); empty: DTE_JOB_SECRET, DTE_JOB_SECRET_FILE,
+  // else rendezvous_dir's secret file. Without one the server listens on
+  // loopback only (Start refuses any other address).
+  std::string secret;
+  std::string rendezvous_dir;
   // The host receivers reach this server at (address()); empty: the listen
   // host, or this machine's host name when it listens on every interface.
   std::string advertise;
@@ -203,7 +217,11 @@ class PushServer {
   // Lines about receivers refused or dropped, oldest first (the newest
   // 1000), taken.
   std::vector<std::string> TakeEvents();
-  // {"port", "address", "part", "parts", "expected" (options' receivers),
+  // Connections refused because they did not prove they know the job
+  // secret (no handshake, a wrong proof, none within the timeout).
+  uint64_t refused() const;
+  // {"port", "address", "authenticated" (whether it has a job secret),
+  // "refused", "part", "parts", "expected" (options' receivers),
   // "receivers": [{"id", "rank", "tp", "fuse_qkv", "fuse_gate_up", "version"
   // (null: unknown), "behind", "pushes", "elements", "bytes"}], "events":
   // [...]} (the events are taken; with take_events false, "events" is
@@ -230,7 +248,11 @@ struct PushTensor {
 
 struct PushReceiverOptions {
   std::string address;  // the server's HOST:PORT
-  int rank = 0;         // receiver rank in `layout` (its tensor-parallel rank)
+  // The job secret (PushServerOptions::secret; empty: from the
+  // environment): the receiver proves it knows it to each server, and
+  // takes nothing from a server that does not prove the same.
+  std::string secret;
+  int rank = 0;  // receiver rank in `layout` (its tensor-parallel rank)
   ShardLayout layout;
   std::vector<PushTensor> tensors;
   std::optional<uint64_t> version;  // what the tensors hold now; nullopt: unknown

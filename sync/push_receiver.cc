@@ -25,8 +25,10 @@
 #include "kernels/remap_cuda.h"
 #include "store/materialize.h"
 #include "store/store.h"
+#include "sync/internal/auth_handshake.h"
 #include "sync/internal/push_plan.h"
 #include "sync/internal/push_wire.h"
+#include "sync/job_secret.h"
 #include "sync/push.h"
 
 namespace dte {
@@ -427,13 +429,19 @@ class PushReceiver::Impl {
 
 Status PushReceiver::Impl::Session(const std::shared_ptr<Link>& link) {
   const std::string who = "the push server at " + link->address;
-  // A short connect deadline: the receiver's destructor waits for it.
+  // Short deadlines to connect and authenticate: the receiver's destructor
+  // waits for them.
   ASSIGN_OR_RETURN(
       ScopedFd fd,
       transport_internal::ConnectTcp(
           link->address, Deadline(std::min<std::chrono::milliseconds>(options_.timeout, 1000ms)),
           who));
   const int raw = fd.get();
+  if (!options_.secret.empty()) {
+    RETURN_IF_ERROR(auth_internal::ClientHandshake(
+        raw, options_.secret, "push",
+        Deadline(std::min<std::chrono::milliseconds>(options_.timeout, 2000ms)), who));
+  }
   {
     std::lock_guard lock(link->send_mu);
     if (stop_ || link->retired) return Status::Ok();
@@ -739,7 +747,10 @@ Result<std::unique_ptr<PushReceiver>> PushReceiver::Open(const PushReceiverOptio
                              "CUDA)");
     }
   }
-  auto impl = std::make_unique<Impl>(options);
+  PushReceiverOptions resolved = options;
+  ASSIGN_OR_RETURN(std::optional<JobSecret> secret, FindJobSecret(options.secret, ""));
+  resolved.secret = secret ? std::move(secret->key) : "";
+  auto impl = std::make_unique<Impl>(std::move(resolved));
   impl->Start();
   return std::unique_ptr<PushReceiver>(new PushReceiver(std::move(impl)));
 }

@@ -62,11 +62,21 @@ struct TransportOptions {
   std::string rendezvous_dir;
   // Bound on each blocking step: connecting to all peers, and each Exchange.
   std::chrono::milliseconds timeout{60000};
+  // The job secret the TCP transport's ranks prove to each other on every
+  // connection (sync/job_secret.h); empty: DTE_JOB_SECRET,
+  // DTE_JOB_SECRET_FILE, else the rendezvous directory's secret file, which
+  // rank 0 creates (mode 0600) when none of these gives one.
+  std::string secret;
 };
 
 // Connects rank `rank` to every other rank over TCP (IPv4 loopback; each
 // rank listens on an ephemeral port it publishes in the rendezvous
-// directory). Returns once all size - 1 connections are up.
+// directory). Returns once all size - 1 connections are up. Every
+// connection starts with the job secret's handshake, both ways
+// (sync/internal/auth_handshake.h), before a rank's hello: a connection
+// that does not prove the secret is logged (stderr, with its address and
+// why), closed and not counted as a rank; the ranks go on waiting for
+// theirs.
 Result<std::unique_ptr<Transport>> ConnectTcpTransport(const TransportOptions& options);
 
 struct NcclTransportOptions {

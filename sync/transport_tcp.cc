@@ -2,6 +2,8 @@
 // multiplexed with poll(2) under the Exchange deadline.
 //
 // Stream grammar (every integer u64 little-endian):
+//   auth    := the job secret's handshake, protocol "p2p"
+//              (sync/internal/auth_handshake.h; the connector is the client)
 //   hello   := magic "DTEP2P01" rank size        (connector -> acceptor, once)
 //   stream  := frame* [abort]
 //   frame   := length payload                     (length < 2^63)
@@ -12,13 +14,18 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <vector>
 
+#include "sync/internal/auth_handshake.h"
 #include "sync/internal/transport_chunk.h"
 #include "sync/internal/transport_socket.h"
+#include "sync/job_secret.h"
 #include "sync/transport.h"
 
 namespace dte {
@@ -217,14 +224,18 @@ Status TcpTransport::Progress(std::map<int, PeerIo>& ios, const Deadline& deadli
   }
 }
 
+constexpr char kProtocol[] = "p2p";
+
 // Connector side of one pair: this rank dials `peer` (a lower rank).
-Result<ScopedFd> Dial(const TransportOptions& o, int peer, const Deadline& deadline) {
+Result<ScopedFd> Dial(const TransportOptions& o, const std::string& secret, int peer,
+                      const Deadline& deadline) {
   const std::string who = RankName(peer);
   ASSIGN_OR_RETURN(std::string port,
                    transport_internal::WaitForFile(o.rendezvous_dir, "rank-" + std::to_string(peer),
                                                    deadline, who));
   ASSIGN_OR_RETURN(ScopedFd fd,
                    transport_internal::ConnectLoopback(std::atoi(port.c_str()), deadline, who));
+  RETURN_IF_ERROR(auth_internal::ClientHandshake(fd.get(), secret, kProtocol, deadline, who));
   uint8_t hello[24];
   PutU64(hello, kMagic);
   PutU64(hello + 8, static_cast<uint64_t>(o.rank));
@@ -233,16 +244,48 @@ Result<ScopedFd> Dial(const TransportOptions& o, int peer, const Deadline& deadl
   return fd;
 }
 
-// Acceptor side: every higher rank dials in and says who it is.
-Status AcceptHigher(const TransportOptions& o, int listen_fd, const Deadline& deadline,
-                    std::vector<ScopedFd>* fds) {
+// Bound on one connection's handshake: a stranger that connects and sends
+// nothing holds the acceptor up this long at most.
+constexpr int kHandshakeMs = 5000;
+
+// Accepts the next connection that proves it knows the secret; the others
+// are logged, closed and counted (*refusals, *refused: the last one).
+Result<ScopedFd> AcceptAuthenticated(const TransportOptions& o, const std::string& secret,
+                                     int listen_fd, const Deadline& deadline,
+                                     const std::string& missing, uint64_t* refusals,
+                                     std::string* refused) {
+  for (;;) {
+    std::string waiting = missing + " to connect";
+    if (*refusals > 0) {
+      waiting += " (refused " + std::to_string(*refusals) +
+                 " connection(s) without the job secret; the last " + *refused + ")";
+    }
+    ASSIGN_OR_RETURN(ScopedFd fd, transport_internal::AcceptOne(listen_fd, deadline, waiting));
+    const std::string from = "from " + transport_internal::PeerName(fd.get());
+    const Deadline bound(std::chrono::milliseconds(std::min(deadline.RemainingMs(), kHandshakeMs)));
+    const Status auth = auth_internal::ServerHandshakeOn(fd.get(), secret, kProtocol, bound,
+                                                         "the connection " + from);
+    if (auth.ok()) return fd;
+    ++*refusals;
+    *refused = from + ": " + auth.message();
+    std::fprintf(stderr, "dte: TCP transport rank %d of %d refused a connection %s\n", o.rank,
+                 o.size, refused->c_str());
+  }
+}
+
+// Acceptor side: every higher rank dials in, proves it knows the secret
+// and says who it is.
+Status AcceptHigher(const TransportOptions& o, const std::string& secret, int listen_fd,
+                    const Deadline& deadline, std::vector<ScopedFd>* fds) {
+  uint64_t refusals = 0;
+  std::string refused;
   for (int pending = o.size - 1 - o.rank; pending > 0; --pending) {
     std::string missing;
     for (int p = o.rank + 1; p < o.size; ++p) {
       if ((*fds)[p].get() < 0) missing += (missing.empty() ? "" : ", ") + RankName(p);
     }
-    ASSIGN_OR_RETURN(ScopedFd fd,
-                     transport_internal::AcceptOne(listen_fd, deadline, missing + " to connect"));
+    ASSIGN_OR_RETURN(ScopedFd fd, AcceptAuthenticated(o, secret, listen_fd, deadline, missing,
+                                                      &refusals, &refused));
     uint8_t hello[24];
     RETURN_IF_ERROR(
         transport_internal::RecvAll(fd.get(), hello, sizeof(hello), deadline, "a connecting rank"));
@@ -258,6 +301,34 @@ Status AcceptHigher(const TransportOptions& o, int listen_fd, const Deadline& de
   return Status::Ok();
 }
 
+// The secret given (argument, environment); on rank 0 else the rendezvous
+// directory's, created when there is none. Empty: a rank above 0 reads the
+// rendezvous's (RendezvousSecret).
+Result<std::string> OwnSecret(const TransportOptions& o) {
+  ASSIGN_OR_RETURN(std::optional<JobSecret> given,
+                   FindJobSecret(o.secret, o.rank == 0 ? o.rendezvous_dir : ""));
+  if (given) return std::move(given->key);
+  if (o.rank != 0) return std::string();
+  ASSIGN_OR_RETURN(JobSecret created, CreateRendezvousSecret(o.rendezvous_dir));
+  return std::move(created.key);
+}
+
+// A rank above 0 without a secret of its own: the one rank 0 put in the
+// rendezvous directory before publishing its address.
+Status RendezvousSecret(const TransportOptions& o, const Deadline& deadline, std::string* secret) {
+  RETURN_IF_ERROR(
+      transport_internal::WaitForFile(o.rendezvous_dir, "rank-0", deadline, RankName(0)).status());
+  ASSIGN_OR_RETURN(std::optional<JobSecret> found, FindJobSecret("", o.rendezvous_dir));
+  if (!found) {
+    return NotFound("no job secret: rank 0 published its address in " + o.rendezvous_dir +
+                    " but no secret file (it has a secret of its own: give every rank the same "
+                    "one; " +
+                    HowToGiveASecret() + ")");
+  }
+  *secret = std::move(found->key);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Transport>> ConnectTcpTransport(const TransportOptions& o) {
@@ -268,18 +339,26 @@ Result<std::unique_ptr<Transport>> ConnectTcpTransport(const TransportOptions& o
   }
   const std::string me = "TCP transport " + RankName(o.rank) + " of " + std::to_string(o.size);
   const Deadline deadline(o.timeout);
+  // Rank 0 settles the secret before it publishes its address; the others
+  // read the rendezvous's, if they have none, once rank 0's address is there.
+  Result<std::string> secret = OwnSecret(o);
+  if (!secret.ok()) return secret.status().WithContext(me);
   int port = 0;
   ASSIGN_OR_RETURN(ScopedFd listener, transport_internal::ListenLoopback(o.size, &port));
   RETURN_IF_ERROR(transport_internal::PublishFile(
                       o.rendezvous_dir, "rank-" + std::to_string(o.rank), std::to_string(port))
                       .WithContext(me));
+  if (secret->empty()) {
+    Status read = RendezvousSecret(o, deadline, &*secret);
+    if (!read.ok()) return read.WithContext(me);
+  }
   std::vector<ScopedFd> fds(o.size);
   for (int peer = 0; peer < o.rank; ++peer) {
-    Result<ScopedFd> fd = Dial(o, peer, deadline);
+    Result<ScopedFd> fd = Dial(o, *secret, peer, deadline);
     if (!fd.ok()) return fd.status().WithContext(me);
     fds[peer] = std::move(fd).value();
   }
-  RETURN_IF_ERROR(AcceptHigher(o, listener.get(), deadline, &fds).WithContext(me));
+  RETURN_IF_ERROR(AcceptHigher(o, *secret, listener.get(), deadline, &fds).WithContext(me));
   return std::unique_ptr<Transport>(new TcpTransport(o, std::move(fds)));
 }
 

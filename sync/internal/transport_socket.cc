@@ -156,6 +156,35 @@ Result<std::unique_ptr<addrinfo, AddrInfoDeleter>> Resolve(const std::string& ad
 
 }  // namespace
 
+Result<bool> IsLoopbackAddress(const std::string& address) {
+  ASSIGN_OR_RETURN(auto found, Resolve(address, /*passive=*/true));
+  for (addrinfo* a = found.get(); a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      if ((ntohl(in->sin_addr.s_addr) >> 24) != 127) return false;
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      if (!IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string PeerName(int fd) {
+  sockaddr_storage peer{};
+  socklen_t len = sizeof peer;
+  char host[NI_MAXHOST], port[NI_MAXSERV];
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0 ||
+      getnameinfo(reinterpret_cast<sockaddr*>(&peer), len, host, sizeof host, port, sizeof port,
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "an unknown peer";
+  }
+  return peer.ss_family == AF_INET6 ? "[" + std::string(host) + "]:" + port
+                                    : std::string(host) + ":" + port;
+}
+
 Result<ScopedFd> ListenTcp(const std::string& address, int backlog, int* bound_port) {
   ASSIGN_OR_RETURN(auto found, Resolve(address, /*passive=*/true));
   Status last = IOError("no address to listen on for \"" + address + "\"");

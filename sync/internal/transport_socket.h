@@ -55,6 +55,14 @@ Result<ScopedFd> ListenTcp(const std::string& address, int backlog, int* bound_p
 Result<ScopedFd> ConnectTcp(const std::string& address, const Deadline& deadline,
                             const std::string& who);
 
+// True when every address host:port resolves to (for listening) is a
+// loopback one (127.0.0.0/8, ::1); false for "", "0.0.0.0", "::" and any
+// other interface.
+Result<bool> IsLoopbackAddress(const std::string& address);
+
+// "HOST:PORT" of a connected socket's peer (numeric), or "an unknown peer".
+std::string PeerName(int fd);
+
 // Accepts one connection on a listening socket, or fails on the deadline.
 Result<ScopedFd> AcceptOne(int listen_fd, const Deadline& deadline, const std::string& waiting_for);
 

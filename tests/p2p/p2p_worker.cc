@@ -166,7 +166,7 @@ std::string Run(const Args& a) {
       buffers.push_back({shards.at(t.name).data(), shards.at(t.name).size()});
     }
   }
-  const TransportOptions to{a.rank, a.world, a.dir, std::chrono::milliseconds(a.timeout_ms)};
+  const TransportOptions to{a.rank, a.world, a.dir, std::chrono::milliseconds(a.timeout_ms), {}};
   // "nccl": one GPU per rank (device = rank).
   Result<std::unique_ptr<Transport>> t =
       a.mode == "nccl" ? ConnectNcclTransport({to, a.rank, 2048}) : ConnectTcpTransport(to);

@@ -183,7 +183,7 @@ template <typename Fn0, typename Fn1>
 void WithTwoRanks(int timeout_ms, const Fn0& rank0, const Fn1& rank1) {
   TempDir dir;
   auto connect = [&](int rank) {
-    return ConnectTcpTransport({rank, 2, dir.path, std::chrono::milliseconds(timeout_ms)});
+    return ConnectTcpTransport({rank, 2, dir.path, std::chrono::milliseconds(timeout_ms), {}});
   };
   std::thread other([&] {
     Result<std::unique_ptr<Transport>> t = connect(1);

@@ -114,6 +114,7 @@ class PushTest : public ::testing::Test {
   std::unique_ptr<PushServer> StartServer(std::chrono::milliseconds timeout = 10s,
                                           PushServerOptions o = {}) {
     o.timeout = timeout;
+    if (o.secret.empty()) o.secret = secret_;
     auto s = PushServer::Start(o);
     EXPECT_TRUE(s.ok()) << s.status().message();
     if (!s.ok()) return nullptr;
@@ -131,6 +132,7 @@ class PushTest : public ::testing::Test {
     r->buffers = transfer_test::ShardModel(config_, specs_, state, layout, rank);
     PushReceiverOptions o;
     o.address = "127.0.0.1:" + std::to_string(server.port());
+    o.secret = secret_;
     o.rank = rank;
     o.layout = layout;
     o.version = version;
@@ -165,6 +167,7 @@ class PushTest : public ::testing::Test {
     ASSERT_EQ(s.Receivers().size(), n);
   }
 
+  std::string secret_;  // the job secret of servers and receivers (empty: none)
   ModelConfig config_;
   std::vector<PlanTensor> specs_;
   State state_;
@@ -230,6 +233,31 @@ TEST_F(PushTest, ReceiversOfEveryLayoutHoldEachVersionBitForBit) {
     state = std::move(next);
   }
   for (const PushReceiverInfo& info : server->Receivers()) EXPECT_EQ(info.version, 3u);
+}
+
+// With a job secret every connection authenticates first; the pushes are
+// the same (strangers: tests/sync/auth_test.cc).
+TEST_F(PushTest, ReceiversWithTheJobSecretHoldEachVersionFromAServerOnEveryInterface) {
+  secret_ = "push-test-job-secret-0123456789";
+  PushServerOptions o;
+  o.address = "0.0.0.0:0";
+  auto server = StartServer(10s, o);
+  ASSERT_TRUE(server);
+  std::vector<std::unique_ptr<Rx>> rxs;
+  for (int r = 0; r < 2; ++r)
+    rxs.push_back(Receiver(*server, FusedReceiverLayout(2), r, state_, 0, r == 0));
+  AwaitReceivers(*server, rxs.size());
+  std::mt19937_64 rng(9);
+  State next = transfer_test::RandomChange(specs_, state_, 0.05, rng);
+  const uint64_t v = Commit(next);
+  auto report = server->Push(*store_, V(v), Diff(state_, next));
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  EXPECT_EQ(report->pushed, rxs.size());
+  for (auto& r : rxs) {
+    ASSERT_TRUE(r->rx->WaitFor(v, 10s).ok());
+    ExpectHolds(*r, next);
+  }
+  EXPECT_EQ(server->refused(), 0u);
 }
 
 TEST_F(PushTest, ReceiverThatMissedAPushIsToldAndCatchesUpFromTheStore) {
