@@ -423,6 +423,9 @@ Result<std::optional<uint64_t>> CachedStore::Size(const std::string& key) {
 Result<std::vector<std::string>> CachedStore::List(const std::string& prefix) {
   return base_->List(prefix);
 }
+Result<std::vector<std::string>> CachedStore::ListStoreKeys(const std::string& prefix) {
+  return base_->ListStoreKeys(prefix);
+}
 Status CachedStore::Delete(const std::string& key) {
   RETURN_IF_ERROR(base_->Delete(key));
   if (IsBlobKey(key)) Drop(key, 0, UINT64_MAX);

@@ -140,6 +140,7 @@ class CachedStore final : public ObjectStore, public PagedLister {
   Status ReadRange(const std::string& key, uint64_t offset, uint64_t len, void* dst) override;
   Result<std::optional<uint64_t>> Size(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
+  Result<std::vector<std::string>> ListStoreKeys(const std::string& prefix) override;
   Status Delete(const std::string& key) override;
   Result<int64_t> ModifiedTime(const std::string& key) override;
   Status Touch(const std::string& key) override;

@@ -14,6 +14,7 @@
 
 #include "store/hash.h"
 #include "store/internal/fd_cache.h"
+#include "store/listing_check.h"
 #include "store/posix_file.h"
 
 namespace dte {
@@ -419,6 +420,12 @@ Result<std::vector<std::string>> LocalStore::List(const std::string& prefix) {
   std::vector<std::string> keys;
   RETURN_IF_ERROR(Walk(slash == std::string::npos ? "" : prefix.substr(0, slash), prefix, &keys));
   std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+Result<std::vector<std::string>> LocalStore::ListStoreKeys(const std::string& prefix) {
+  ASSIGN_OR_RETURN(auto keys, List(prefix));
+  std::erase_if(keys, [&](const std::string& key) { return !CheckListedKey(prefix, key).empty(); });
   return keys;
 }
 

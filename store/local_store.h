@@ -86,6 +86,8 @@ class LocalStore final : public ObjectStore {
   Status ReadRange(const std::string& key, uint64_t offset, uint64_t len, void* dst) override;
   Result<std::optional<uint64_t>> Size(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
+  // Names outside the store's grammar are foreign files here, skipped.
+  Result<std::vector<std::string>> ListStoreKeys(const std::string& prefix) override;
   Status Delete(const std::string& key) override;
   Result<int64_t> ModifiedTime(const std::string& key) override;
   Status Touch(const std::string& key) override;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "store/listing_check.h"
 #include "store/local_store.h"
 #include "store/s3_store.h"
 
@@ -76,6 +77,15 @@ Status ValidateObjectKey(std::string_view key) {
 
 Status ValidateObjectKeyPrefix(std::string_view prefix) {
   return CheckSegments(prefix, /*partial_last=*/true, "key prefix");
+}
+
+Result<std::vector<std::string>> ObjectStore::ListStoreKeys(const std::string& prefix) {
+  ASSIGN_OR_RETURN(auto keys, List(prefix));
+  if (std::string why = CheckListedPage(prefix, keys, ""); !why.empty()) {
+    return Corruption("the listing of " + prefix + " in store " + Describe() +
+                      " is damaged: " + why);
+  }
+  return keys;
 }
 
 Result<std::unique_ptr<ObjectStore>> OpenObjectStore(const std::string& uri, bool create) {

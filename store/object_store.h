@@ -57,6 +57,16 @@ class ObjectStore {
   // Keys starting with `prefix`, sorted.
   virtual Result<std::vector<std::string>> List(const std::string& prefix) = 0;
 
+  // Keys starting with `prefix`, a prefix inside the dte store's own
+  // (manifests/, joins/, blobs/, exchange/), sorted, each in its grammar
+  // (store/listing_check.h). A key outside it is a listing damaged in
+  // transit, not an object to skip: a store reached over a network asks for
+  // the listing again (S3: as a body that does not parse) and fails naming
+  // the key when it stays damaged. This default lists and fails at once
+  // (Corruption naming the key); a local directory, whose listings cross
+  // no network, skips foreign names as List does.
+  virtual Result<std::vector<std::string>> ListStoreKeys(const std::string& prefix);
+
   // Removes `key`; OK if it is already gone.
   virtual Status Delete(const std::string& key) = 0;
 

@@ -7,13 +7,16 @@
 
 #include <algorithm>
 #include <ctime>
+#include <thread>
 #include <utility>
 
 #include "store/internal/s3_client.h"
 #include "store/internal/s3_multipart.h"
 #include "store/internal/s3_open.h"
+#include "store/internal/s3_retry.h"
 #include "store/internal/s3_spool.h"
 #include "store/internal/s3_xml.h"
+#include "store/listing_check.h"
 #include "store/local_store.h"
 #include "store/posix_file.h"
 #include "store/units.h"
@@ -83,6 +86,7 @@ class S3Store final : public ObjectStore, public PagedLister {
   Status ReadRange(const std::string& key, uint64_t offset, uint64_t len, void* dst) override;
   Result<std::optional<uint64_t>> Size(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
+  Result<std::vector<std::string>> ListStoreKeys(const std::string& prefix) override;
   Status Delete(const std::string& key) override;
   Result<int64_t> ModifiedTime(const std::string& key) override;
   Status Touch(const std::string& key) override;
@@ -92,11 +96,23 @@ class S3Store final : public ObjectStore, public PagedLister {
                             int max_keys) override;
 
  private:
-  // One ListObjectsV2 page: keys of the store (relative, in the grammar).
+  // One ListObjectsV2 page: keys of the store (relative, in the key
+  // grammar; with `grammar`, in the store's, store/listing_check.h).
   Result<internal::ListObjectsPage> ListPage(const std::string& prefix, int max_keys,
                                              const std::string& token,
-                                             const std::string& start_after,
+                                             const std::string& start_after, bool grammar,
                                              std::vector<std::string>* keys);
+  // Why a parsed page of a listing under `prefix` is damaged ("" if it is
+  // not): store/listing_check.h, and a truncated page without a token.
+  std::string CheckPage(const std::string& prefix, const internal::ListObjectsPage& page,
+                        const std::string& start_after, bool grammar) const;
+  // One whole listing, its pages chained by their continuation tokens;
+  // Corruption when the chain breaks (a token missing or repeated, keys
+  // not increasing from one page to the next).
+  Result<std::vector<std::string>> ListOnce(const std::string& prefix, bool grammar);
+  // ListOnce again from the start while the chain breaks, up to the
+  // retry policy's attempts; IOError naming the listing after the last.
+  Result<std::vector<std::string>> ListChain(const std::string& prefix, bool grammar);
   Status PutObject(const std::string& key, std::string_view data);
   Status ReadInto(const std::string& key, uint64_t offset, uint64_t len, char* dst);
   Status CheckRangeReply(const std::string& key, uint64_t offset, uint64_t len,
@@ -336,7 +352,7 @@ Status S3Store::Delete(const std::string& key) {
 
 Result<internal::ListObjectsPage> S3Store::ListPage(const std::string& prefix, int max_keys,
                                                     const std::string& token,
-                                                    const std::string& start_after,
+                                                    const std::string& start_after, bool grammar,
                                                     std::vector<std::string>* keys) {
   S3Call call{.op = "ListObjectsV2", .method = "GET"};
   call.query = {{"list-type", "2"},
@@ -344,11 +360,13 @@ Result<internal::ListObjectsPage> S3Store::ListPage(const std::string& prefix, i
                 {"prefix", client_.ObjectKey(prefix)}};
   if (!token.empty()) call.query.emplace_back("continuation-token", token);
   if (!start_after.empty()) call.query.emplace_back("start-after", client_.ObjectKey(start_after));
-  // A listing that does not parse (cut short, or a proxy's page in a 200)
-  // is asked for again, like a truncated body.
-  call.check_body = [](std::string_view body) {
+  // A listing that does not parse (cut short, or a proxy's page in a 200),
+  // or that is damaged (store/listing_check.h), is asked for again, like a
+  // truncated body.
+  call.check_body = [this, &prefix, &start_after, grammar](std::string_view body) {
     auto page = internal::ParseListObjectsV2(body);
-    return page.ok() ? std::string() : page.status().message();
+    if (!page.ok()) return page.status().message();
+    return CheckPage(prefix, *page, start_after, grammar);
   };
   S3Reply reply = client_.Call(call);
   if (!reply.ok()) return client_.ErrorStatus(reply, call);
@@ -357,7 +375,8 @@ Result<internal::ListObjectsPage> S3Store::ListPage(const std::string& prefix, i
   for (const std::string& object : list->keys) {
     auto key = client_.StoreKey(object);
     // Keys outside the grammar (console "folder/" markers, foreign
-    // objects) are not part of the store, as on a local directory.
+    // objects) are not part of the store, as on a local directory; with
+    // `grammar`, CheckPage has refused them.
     if (key && key->starts_with(prefix) && ValidateObjectKey(*key).ok()) {
       keys->push_back(std::move(*key));
     }
@@ -365,24 +384,78 @@ Result<internal::ListObjectsPage> S3Store::ListPage(const std::string& prefix, i
   return list;
 }
 
-Result<std::vector<std::string>> S3Store::List(const std::string& prefix) {
-  RETURN_IF_ERROR(ValidateObjectKeyPrefix(prefix));
+std::string S3Store::CheckPage(const std::string& prefix, const internal::ListObjectsPage& page,
+                               const std::string& start_after, bool grammar) const {
+  if (page.truncated && page.next_token.empty()) {
+    return "the page is truncated but gives no continuation token";
+  }
+  std::vector<std::string> keys;
+  for (const std::string& object : page.keys) {
+    auto key = client_.StoreKey(object);
+    if (!key) return "key \"" + object + "\" is outside the store's prefix";
+    if (grammar && *key == prefix && prefix.ends_with('/')) continue;  // a "folder/" marker
+    keys.push_back(std::move(*key));
+  }
+  if (std::string why = CheckListedPage(prefix, keys, start_after, grammar); !why.empty()) {
+    return "the listing of " + prefix + " is damaged: " + why;
+  }
+  return "";
+}
+
+Result<std::vector<std::string>> S3Store::ListOnce(const std::string& prefix, bool grammar) {
   std::vector<std::string> keys;
   std::string token;
   for (int page = 0; page < kMaxListPages; ++page) {
+    const size_t before = keys.size();
     ASSIGN_OR_RETURN(auto list,
-                     ListPage(prefix, client_.options().list_page_size, token, "", &keys));
+                     ListPage(prefix, client_.options().list_page_size, token, "", grammar, &keys));
+    // Each page starts after the last key of the one before (S3 lists in
+    // byte order): a page that does not belongs to another listing.
+    if (before > 0 && keys.size() > before && keys[before] <= keys[before - 1]) {
+      return Corruption("the listing of " + prefix + " in store " + Describe() +
+                        " is damaged: page " + std::to_string(page + 1) + " starts at \"" +
+                        keys[before] + "\", not after \"" + keys[before - 1] + "\"");
+    }
     if (!list.truncated) {
       std::sort(keys.begin(), keys.end());
       return keys;
     }
     if (list.next_token.empty() || list.next_token == token) {
-      return Corruption("S3 ListObjectsV2 of store " + Describe() +
+      return Corruption("the listing of " + prefix + " in store " + Describe() +
+                        " is damaged: page " + std::to_string(page + 1) +
                         " is truncated but gives no new continuation token");
     }
     token = std::move(list.next_token);
   }
   return Corruption("S3 ListObjectsV2 of store " + Describe() + " returned too many pages");
+}
+
+Result<std::vector<std::string>> S3Store::List(const std::string& prefix) {
+  return ListChain(prefix, /*grammar=*/false);
+}
+
+Result<std::vector<std::string>> S3Store::ListStoreKeys(const std::string& prefix) {
+  return ListChain(prefix, /*grammar=*/true);
+}
+
+Result<std::vector<std::string>> S3Store::ListChain(const std::string& prefix, bool grammar) {
+  RETURN_IF_ERROR(ValidateObjectKeyPrefix(prefix));
+  // A broken chain of pages is listed again from the start, with the
+  // backoff of a request (pages that do not parse were retried already).
+  const S3RetryPolicy& policy = client_.options().retry;
+  const int attempts = std::max(1, policy.max_attempts);
+  uint64_t random = static_cast<uint64_t>(::time(nullptr)) ^ reinterpret_cast<uintptr_t>(this);
+  for (int attempt = 1;; ++attempt) {
+    auto keys = ListOnce(prefix, grammar);
+    if (keys.ok() || keys.status().code() != Code::kCorruption) return keys;
+    if (attempt >= attempts) {
+      return IOError("listing " + prefix + " of store " + Describe() + " failed " +
+                     std::to_string(attempts) +
+                     " times; the last attempt: " + keys.status().message());
+    }
+    random = random * 6364136223846793005ULL + 1442695040888963407ULL;
+    std::this_thread::sleep_for(internal::BackoffDelay(attempt, policy, random >> 11));
+  }
 }
 
 Result<KeyPage> S3Store::ListAfter(const std::string& prefix, const std::string& start_after,
@@ -393,7 +466,8 @@ Result<KeyPage> S3Store::ListAfter(const std::string& prefix, const std::string&
     return InvalidArgument("list of store " + Describe() + ": max_keys must be 1 to 1000");
   }
   KeyPage page;
-  ASSIGN_OR_RETURN(auto list, ListPage(prefix, max_keys, "", start_after, &page.keys));
+  ASSIGN_OR_RETURN(auto list,
+                   ListPage(prefix, max_keys, "", start_after, /*grammar=*/true, &page.keys));
   std::sort(page.keys.begin(), page.keys.end());
   page.truncated = list.truncated;
   return page;

@@ -36,6 +36,13 @@
 // a message, and neither do signatures, Authorization headers or URLs with
 // credentials (none are built: requests are signed in headers).
 //
+// Listings are checked like bodies (docs/s3.md, "Listings"): a page that
+// does not parse, is truncated without a continuation token, holds keys not
+// strictly increasing or after the start key, or (ListStoreKeys, ListAfter)
+// a key outside the store's grammar is asked for again as a request is;
+// a chain of pages that breaks (a token repeated, a page not after the one
+// before) is listed again from the start, up to the retry policy's attempts.
+//
 // Retries: every request is retried with bounded exponential backoff and
 // full jitter on 5xx, SlowDown, RequestTimeout, InternalError, 409
 // ConditionalRequestConflict, connection failures and resets, timeouts,
@@ -71,7 +78,9 @@ struct KeyPage {
 class PagedLister {
  public:
   // Up to `max_keys` (1-1000) keys starting with `prefix` that sort after
-  // `start_after` (byte order; "" for the first page).
+  // `start_after` (byte order; "" for the first page), in the store's
+  // grammar as ObjectStore::ListStoreKeys returns them (a page with a key
+  // outside it is asked for again).
   virtual Result<KeyPage> ListAfter(const std::string& prefix, const std::string& start_after,
                                     int max_keys) = 0;
 

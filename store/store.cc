@@ -146,13 +146,23 @@ Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
   return store;
 }
 
+Result<std::unique_ptr<Store>> Store::OpenOver(std::unique_ptr<ObjectStore> objects,
+                                               const StoreOptions& options) {
+  std::unique_ptr<Store> store(new Store(options));
+  store->objects_ = std::move(objects);
+  RETURN_IF_ERROR(store->Init());
+  return store;
+}
+
 Store::~Store() {
   objects_.reset();  // a blob cache writes its use order to the index
   if (index_) index_->Close().IgnoreError();
 }
 
 Status Store::Init() {
-  ASSIGN_OR_RETURN(objects_, OpenObjectStore(options_.uri, options_.create));
+  if (!objects_) {
+    ASSIGN_OR_RETURN(objects_, OpenObjectStore(options_.uri, options_.create));
+  }
   auto marker = objects_->Get(kStoreMarkerKey);
   if (!marker.ok() && marker.status().code() == Code::kNotFound) {
     if (!options_.create) {
@@ -256,7 +266,7 @@ int64_t NowSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
 }  // namespace
 
 Result<std::map<uint64_t, std::string>> Store::ListJoins() {
-  ASSIGN_OR_RETURN(auto keys, objects_->List(kJoinPrefix));
+  ASSIGN_OR_RETURN(auto keys, objects_->ListStoreKeys(kJoinPrefix));
   std::map<uint64_t, std::string> out;
   for (const auto& key : keys) {
     if (auto v = ParseJoinKey(key)) out[*v] = key;
@@ -327,8 +337,15 @@ void Store::DropJoin(uint64_t version) {
 
 Result<std::map<uint64_t, std::string>> Store::ListVersions(bool fresh) {
   const auto start = std::chrono::steady_clock::now();
+  // A damaged listing (Corruption) is always made again; an unreachable
+  // store (IOError) only while patient listing is on.
+  auto retried = [this](const Result<std::map<uint64_t, std::string>>& r) {
+    if (r.ok()) return false;
+    return r.status().code() == Code::kCorruption ||
+           (patient_listing_ && r.status().code() == Code::kIOError);
+  };
   auto listed = ListVersionsOnce(fresh);
-  if (!patient_listing_ || listed.ok() || listed.status().code() != Code::kIOError) return listed;
+  if (!retried(listed)) return listed;
   // The store's retry policy, read only once a listing has failed.
   S3RetryPolicy policy;
   if (auto env = S3OptionsFromEnvironment(); env.ok()) policy = env->retry;
@@ -338,7 +355,7 @@ Result<std::map<uint64_t, std::string>> Store::ListVersions(bool fresh) {
   for (; attempt < attempts; ++attempt) {
     std::this_thread::sleep_for(internal::BackoffDelay(attempt, policy, random()));
     listed = ListVersionsOnce(fresh);
-    if (listed.ok() || listed.status().code() != Code::kIOError) return listed;
+    if (!retried(listed)) return listed;
   }
   if (attempt == 1) return listed;
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
@@ -361,11 +378,12 @@ Result<std::map<uint64_t, std::string>> Store::ListVersionsOnce(bool fresh) {
       return std::move(*incremental);
     }
   }
-  ASSIGN_OR_RETURN(auto keys, objects_->List(kManifestPrefix));
+  ASSIGN_OR_RETURN(auto keys, objects_->ListStoreKeys(kManifestPrefix));
   std::map<uint64_t, std::pair<uint32_t, std::string>> best;
   for (const auto& key : keys) AddNewest(key, &best);
   std::map<uint64_t, std::string> out;
   for (auto& [v, p] : best) out[v] = p.second;
+  RETURN_IF_ERROR(CrossCheckListing(out));
   // The index is a cache: failing to keep the listing costs a full one later.
   SaveListing(out).IgnoreError();
   MutexLock lock(&mu_);
@@ -551,6 +569,14 @@ Result<std::shared_ptr<const Version>> Store::GetVersion(uint64_t version) {
     tried = key;
     auto v = GetVersionAt(version, *key);
     if (v.ok() || v.status().code() != Code::kNotFound) return v;
+    // NotFound may name a blob the manifest refers to: then that is what
+    // is missing, and a fresher listing would not help.
+    ASSIGN_OR_RETURN(bool manifest_exists, ManifestExists(version, *key));
+    if (manifest_exists) {
+      return v.status().WithContext("version " + std::to_string(version) + " (" +
+                                    VersionName(version) + "): its manifest " + *key +
+                                    " exists, but an object it refers to is missing");
+    }
   }
   return NotFound("version " + std::to_string(version) + " (" + VersionName(version) +
                   "): its manifest " + *tried + " is gone from store " + options_.uri);

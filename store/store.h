@@ -77,6 +77,10 @@ class CachedStore;
 class Store {
  public:
   static Result<std::unique_ptr<Store>> Open(const StoreOptions& options);
+  // Opens the store over `objects`, an ObjectStore already open at
+  // options.uri (a fake in tests, a decorator of the real one).
+  static Result<std::unique_ptr<Store>> OpenOver(std::unique_ptr<ObjectStore> objects,
+                                                 const StoreOptions& options);
   ~Store();
 
   ObjectStore& objects() { return *objects_; }
@@ -107,8 +111,31 @@ class Store {
   // (S3RetryPolicy: $DTE_S3_MAX_ATTEMPTS, $DTE_S3_RETRY_BASE_MS,
   // $DTE_S3_RETRY_MAX_MS). The error after the last one names the listing
   // and says how many attempts were made over how long.
+  //
+  // Listings are checked like bodies (docs/s3.md, "Listings"). An S3
+  // store refuses a page with a key outside its prefix's grammar or a
+  // broken chain of pages (store/listing_check.h); here a full listing is
+  // damaged (Corruption naming the key) if it lacks a version this object
+  // knows (its last listing, its memory cache, the index) whose manifest
+  // exists when read directly (ManifestExists), or lists a delta this
+  // object has loaded without its parent, whose manifest exists. A damaged
+  // listing is made again whether or not patient listing is on, with the
+  // same bounded backoff; it is never trimmed. The error after the last
+  // attempt names the listing, the key and the number of attempts.
   Result<std::map<uint64_t, std::string>> ListVersions(bool fresh = false);
   void SetPatientListing(bool on) { patient_listing_ = on; }
+  // Whether manifest `key` of `version` exists, read directly (a HEAD on an
+  // S3 store, a stat on a local one), trusting no listing or cache: the
+  // check a listing's absences are confirmed with before anything acts on
+  // them.
+  Result<bool> ManifestExists(uint64_t version, const std::string& key);
+  // The latest version, for a writer that expects `expected` (the version
+  // it committed last): when a full listing says otherwise, the listing is
+  // confirmed against the manifests before it is believed (the expected
+  // version's manifest is gone, or the newer latest's exists), and listed
+  // again while it is not, with the store's retry policy. IOError naming the
+  // listing and the attempts if no listing agrees with the manifests.
+  Result<std::optional<uint64_t>> ConfirmedLatest(uint64_t expected);
   // The latest version of the last listing this object took (opening the
   // store with an index takes one), with the versions it committed since,
   // if that listing is under kListingReuseSeconds old; else Latest(). For a
@@ -194,6 +221,14 @@ class Store {
   CachedStore* blob_cache_ = nullptr;  // objects_ itself, when it is one
   std::string store_id_;
   Result<std::map<uint64_t, std::string>> ListVersionsOnce(bool fresh);
+  // Corruption if the full listing `listed` lacks a version this object
+  // knows whose manifest exists, or lists a loaded delta without its
+  // parent, whose manifest exists (ListVersions).
+  Status CrossCheckListing(const std::map<uint64_t, std::string>& listed) EXCLUDES(mu_);
+  // Why `listed`'s latest disagrees with the manifests, for a writer that
+  // expects `expected` ("" when the listing is confirmed).
+  Result<std::string> LatestDisagreement(const std::map<uint64_t, std::string>& listed,
+                                         uint64_t expected);
   std::atomic<bool> patient_listing_{false};
   Mutex mu_;
   struct Cached {

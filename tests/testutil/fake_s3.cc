@@ -191,8 +191,9 @@ HttpResponse FakeS3::List(const Parsed& p) {
     start = std::stoul(p.query.at("continuation-token").substr(6));  // "tok+/=N"
   }
   std::vector<std::string> keys;
+  const std::string after = p.query.count("start-after") ? p.query.at("start-after") : "";
   for (const auto& [k, v] : objects_) {
-    if (k.rfind(prefix, 0) == 0) keys.push_back(k);
+    if (k.rfind(prefix, 0) == 0 && k > after) keys.push_back(k);
   }
   std::string body = "<ListBucketResult>";
   const size_t end = std::min(keys.size(), start + kListPageSize);

@@ -5,7 +5,7 @@
 // It serves one bucket at http://fake.test/BUCKET (path style): PutObject
 // (with If-None-Match: *), GetObject (with Range), HeadObject, DeleteObject,
 // CopyObject, ListObjectsV2 (kListPageSize keys a page, continuation tokens
-// with '+', '/' and '='), and the multipart calls. Every request must carry
+// with '+', '/' and '=', start-after), and the multipart calls. Every request must carry
 // x-amz-content-sha256 equal to its body's SHA-256, else it answers 400
 // XAmzContentSHA256Mismatch.
 //
