@@ -626,7 +626,9 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
                  ", the last one this rank published";
   }
   if (mine.error.empty() && rank == 0) {
-    auto latest = store_->Latest();
+    // A latest other than the one this rank committed is believed only once
+    // the manifests confirm it (a damaged listing is listed again).
+    auto latest = last_version_ ? store_->ConfirmedLatest(*last_version_) : store_->Latest();
     if (!latest.ok()) {
       mine.error = latest.status().message();
     } else if (!*latest) {

@@ -30,6 +30,9 @@ struct GcPlan {
   std::set<uint64_t> listed;
   std::set<uint64_t> keep;
   std::set<uint64_t> rebase;  // kept versions whose parent is not kept
+  // The manifest key of each kept version, once RebaseKept is done (a
+  // rebased version's new revision): what every later step keeps.
+  std::map<uint64_t, std::string> kept_keys;
 };
 
 // The newest keep_last listed versions and every multiple of keep_every.
@@ -46,6 +49,7 @@ Result<GcPlan> PlanGc(Store& store, const GcOptions& options) {
   }
   for (uint64_t k : plan.keep) {
     ASSIGN_OR_RETURN(auto v, store.GetVersionAt(k, versions[k]));
+    plan.kept_keys[k] = v->key;
     const auto& parent = v->manifest.parent;
     if (parent && !plan.keep.count(*parent)) plan.rebase.insert(k);
   }
@@ -67,8 +71,8 @@ std::shared_ptr<const Version> RebaseTarget(const std::shared_ptr<const Version>
 // first, so a version is rebased onto the previous kept one in its final
 // form, and every kept version's distance from its nearest self-contained
 // one is known along the new chains.
-Status RebaseKept(Store& store, const GcPlan& plan, const GcOptions& options,
-                  const Progress& progress, GcResult* r) {
+Status RebaseKept(Store& store, GcPlan& plan, const GcOptions& options, const Progress& progress,
+                  GcResult* r) {
   std::map<uint64_t, AnchorDistance> distance;
   std::shared_ptr<const Version> previous;
   for (uint64_t k : plan.keep) {
@@ -85,6 +89,7 @@ Status RebaseKept(Store& store, const GcPlan& plan, const GcOptions& options,
       store.Forget(k);
       r->versions_rebased++;
       ASSIGN_OR_RETURN(v, store.GetVersion(k));
+      plan.kept_keys[k] = v->key;
     } else if (v->manifest.self_contained()) {
       distance[k] = AnchorDistance{};
     } else if (auto p = distance.find(*v->manifest.parent); p != distance.end()) {
@@ -98,32 +103,32 @@ Status RebaseKept(Store& store, const GcPlan& plan, const GcOptions& options,
 }
 
 // 2. Drops manifests of removed versions and superseded revisions of kept
-// ones, newest first, so a crash in between never leaves a listed version
-// whose parent manifest is already gone (a parent is always older). Only
-// versions listed at the start are removed: one committed since is newer
-// than all of them. Returns how many versions were removed.
-Result<uint64_t> DeleteManifests(Store& store, const GcPlan& plan) {
-  ASSIGN_OR_RETURN(auto keys, store.objects().List("manifests/"));
-  ASSIGN_OR_RETURN(auto versions, store.ListVersions(/*fresh=*/true));
-  std::sort(keys.begin(), keys.end(), [](const std::string& a, const std::string& b) {
-    auto pa = ParseManifestKey(a), pb = ParseManifestKey(b);
-    if (!pa || !pb) return a > b;
-    return *pa > *pb;
-  });
-  std::set<uint64_t> removed;
+// ones (older than the revision gc keeps, plan.kept_keys), newest first,
+// so a crash in between never leaves a listed version whose parent
+// manifest is already gone (a parent is always older). Only versions
+// listed at the start are removed: one committed since is newer than all
+// of them. Returns the versions removed.
+Result<std::set<uint64_t>> DeleteManifests(Store& store, const GcPlan& plan) {
+  ASSIGN_OR_RETURN(auto keys, store.objects().ListStoreKeys("manifests/"));
+  std::vector<std::pair<std::pair<uint64_t, uint32_t>, std::string>> parsed;
   for (const auto& key : keys) {
-    auto parsed = ParseManifestKey(key);
-    if (!parsed) continue;
-    const uint64_t v = parsed->first;
+    if (auto p = ParseManifestKey(key)) parsed.emplace_back(*p, key);
+  }
+  std::sort(parsed.rbegin(), parsed.rend());
+  std::set<uint64_t> removed;
+  for (const auto& [p, key] : parsed) {
+    const auto [v, revision] = p;
     const bool remove = plan.listed.count(v) && !plan.keep.count(v);
-    const bool superseded = plan.keep.count(v) && versions.count(v) && versions[v] != key;
+    auto kept = plan.kept_keys.find(v);
+    const bool superseded =
+        kept != plan.kept_keys.end() && revision < ParseManifestKey(kept->second)->second;
     if (remove || superseded) {
       RETURN_IF_ERROR(store.objects().Delete(key));
       store.Forget(v);
       if (remove) removed.insert(v);
     }
   }
-  return removed.size();
+  return removed;
 }
 
 // Join tables (store/manifest.h, JoinTable) of versions still at the
@@ -145,16 +150,64 @@ Status KeepJoinTables(Store& store, const std::map<uint64_t, std::string>& versi
   return Status::Ok();
 }
 
-// 3. Sweeps blobs no listed version or join table reaches, except young ones.
-Status SweepBlobs(Store& store, int64_t grace_seconds, GcResult* r) {
-  std::set<std::string> live;
+// The versions whose manifests exist, for the sweep: a fresh listing,
+// and every kept version it lacks (or lists at another revision than the
+// one gc keeps) whose manifest exists when read directly. A kept version
+// the listing lacks counts as gone only once its manifest is confirmed
+// gone, so one damaged listing cannot make its blobs unreferenced.
+// `other_revisions`: kept revisions that exist beside the one listed.
+Result<std::map<uint64_t, std::string>> ExistingVersions(
+    Store& store, const GcPlan& plan, std::map<uint64_t, std::string>* other_revisions) {
   ASSIGN_OR_RETURN(auto versions, store.ListVersions(/*fresh=*/true));
-  for (const auto& [k, key] : versions) {
-    ASSIGN_OR_RETURN(auto v, store.GetVersionAt(k, key));
-    Reachable(v->manifest, &live);
+  for (const auto& [k, key] : plan.kept_keys) {
+    auto it = versions.find(k);
+    if (it != versions.end() && it->second == key) continue;
+    ASSIGN_OR_RETURN(bool exists, store.ManifestExists(k, key));
+    if (!exists) continue;
+    if (it == versions.end()) {
+      versions[k] = key;
+    } else {
+      (*other_revisions)[k] = key;
+    }
   }
+  return versions;
+}
+
+// Adds the blobs of `versions` to `live`, reading each manifest at its key.
+// A listed manifest that is gone when read (removed meanwhile, or named by
+// a damaged listing) reaches nothing; any other failure stops the sweep.
+Status AddReachable(Store& store, const std::map<uint64_t, std::string>& versions,
+                    std::set<std::string>* live) {
+  for (const auto& [k, key] : versions) {
+    auto v = store.GetVersionAt(k, key);
+    if (!v.ok() && v.status().code() == Code::kNotFound) {
+      ASSIGN_OR_RETURN(bool exists, store.ManifestExists(k, key));
+      if (!exists) continue;
+    }
+    if (!v.ok()) return v.status().WithContext("gc: reading " + key);
+    Reachable((*v)->manifest, live);
+  }
+  return Status::Ok();
+}
+
+// 3. Sweeps blobs no existing manifest or join table reaches, except young
+// ones. The manifests are listed again after the blobs: a version that
+// either listing shows keeps its blobs, so a version committed meanwhile,
+// or one a single damaged listing lacks, loses nothing.
+Status SweepBlobs(Store& store, const GcPlan& plan, int64_t grace_seconds, GcResult* r) {
+  std::set<std::string> live;
+  std::map<uint64_t, std::string> other_revisions;
+  ASSIGN_OR_RETURN(auto versions, ExistingVersions(store, plan, &other_revisions));
+  RETURN_IF_ERROR(AddReachable(store, versions, &live));
+  RETURN_IF_ERROR(AddReachable(store, other_revisions, &live));
   RETURN_IF_ERROR(KeepJoinTables(store, versions, &live));
-  ASSIGN_OR_RETURN(auto blobs, store.objects().List("blobs/"));
+  ASSIGN_OR_RETURN(auto blobs, store.objects().ListStoreKeys("blobs/"));
+  ASSIGN_OR_RETURN(auto again, store.ListVersions(/*fresh=*/true));
+  for (auto it = again.begin(); it != again.end();) {
+    it = versions.count(it->first) && versions[it->first] == it->second ? again.erase(it)
+                                                                        : std::next(it);
+  }
+  RETURN_IF_ERROR(AddReachable(store, again, &live));
   const int64_t cutoff = static_cast<int64_t>(std::time(nullptr)) - grace_seconds;
   for (const auto& key : blobs) {
     if (live.count(key)) continue;
@@ -180,15 +233,16 @@ Status CheckGcOptions(const GcOptions& options) {
 Result<GcResult> CollectGarbage(Store& store, const GcOptions& options, const Progress& progress) {
   RETURN_IF_ERROR(CheckGcOptions(options));
   GcResult r;
-  ASSIGN_OR_RETURN(const GcPlan plan, PlanGc(store, options));
+  ASSIGN_OR_RETURN(GcPlan plan, PlanGc(store, options));
   r.versions_kept = plan.keep.size();
   r.versions_removed = plan.listed.size() - plan.keep.size();
   r.versions_rebased = plan.rebase.size();
   if (options.dry_run) return r;
   r.versions_rebased = 0;
   RETURN_IF_ERROR(RebaseKept(store, plan, options, progress, &r));
-  ASSIGN_OR_RETURN(r.versions_removed, DeleteManifests(store, plan));
-  RETURN_IF_ERROR(SweepBlobs(store, options.grace_seconds, &r));
+  ASSIGN_OR_RETURN(auto removed, DeleteManifests(store, plan));
+  r.versions_removed = removed.size();
+  RETURN_IF_ERROR(SweepBlobs(store, plan, options.grace_seconds, &r));
   // 4. Spool files of commits that died before handing them over. A live
   // commit may leave its spool untouched for a long time (small deltas are
   // written in one piece at the end), so these get at least an hour.
@@ -197,7 +251,7 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options, const Pr
   // 5. Messages of distributed publishes that died (the store transport,
   // sync/transport.h): a live one reads its messages within its timeout.
   {
-    ASSIGN_OR_RETURN(auto keys, store.objects().List("exchange/"));
+    ASSIGN_OR_RETURN(auto keys, store.objects().ListStoreKeys("exchange/"));
     const int64_t cutoff = static_cast<int64_t>(std::time(nullptr)) - options.grace_seconds;
     for (const std::string& key : keys) {
       auto mtime = store.objects().ModifiedTime(key);

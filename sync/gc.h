@@ -9,11 +9,19 @@
 // records a commit would write), or as an anchor when no older kept version
 // of the same tensor layout exists. A version that carries a full table
 // (a policy anchor) becomes an anchor made of that table, writing no data.
-// Only then are the manifests of removed versions deleted, newest first, and
-// last the blobs no remaining manifest reaches. Each step leaves a valid
-// store, so a crash at any point loses nothing that is kept. Versions
-// committed while gc runs (newer than every version it listed) are never
-// removed.
+// Only then are the manifests of removed versions (and the revisions of kept
+// ones older than the revision gc keeps) deleted, newest first, and last the
+// blobs no remaining manifest reaches. Each step leaves a valid store, so a
+// crash at any point loses nothing that is kept. Versions committed while gc
+// runs (newer than every version it listed) are never removed.
+//
+// No listing is trusted alone (store/store.h, ListVersions): a blob is
+// deleted only when no manifest that exists reaches it. The sweep reaches
+// from a fresh listing, from every kept version that listing lacks whose
+// manifest exists when read directly (Store::ManifestExists), and from a
+// second listing of the manifests taken after the blobs were listed; a
+// listed manifest that cannot be read stops the sweep unless it is
+// confirmed gone.
 //
 // Blobs younger than `grace_seconds` are never deleted: a publisher writes
 // blobs before its manifest, so a fresh unreferenced blob may belong to a

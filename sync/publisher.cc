@@ -321,7 +321,10 @@ Result<std::unique_ptr<Publisher::Draft>> Publisher::Begin(const AdamWStep& h) {
                            ", the last one published: the store's latest version must hold the "
                            "weights from right before this step");
   }
-  ASSIGN_OR_RETURN(auto latest, store_->Latest());
+  // A latest other than the one this publisher committed is believed only
+  // once the manifests confirm it (a damaged listing is listed again).
+  ASSIGN_OR_RETURN(auto latest,
+                   last_version_ ? store_->ConfirmedLatest(*last_version_) : store_->Latest());
   if (!latest) {
     return NotFound("store " + store_->uri() +
                     " has no version to publish a delta against; import the initial checkpoint "

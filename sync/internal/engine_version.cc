@@ -76,8 +76,10 @@ Status PublishVersion(Store* store, BlobSink* sink, Manifest* m,
   std::string text = EncodeManifest(*m);
   RETURN_IF_ERROR(sink->Refresh());
   // The last check before the point of no return: a publisher that committed
-  // meanwhile makes this delta's parent stale.
-  ASSIGN_OR_RETURN(auto latest, store->Latest());
+  // meanwhile makes this delta's parent stale. A listing that says so is
+  // believed once the manifests confirm it (Store::ConfirmedLatest).
+  ASSIGN_OR_RETURN(auto latest,
+                   expected_latest ? store->ConfirmedLatest(*expected_latest) : store->Latest());
   if (latest != expected_latest) {
     return AlreadyExists("the store's latest version changed (now " +
                          (latest ? VersionName(*latest) : std::string("none")) + ") while " +
