@@ -18,12 +18,17 @@
 #include "store/store.h"
 #include "sync/convert.h"
 #include "sync/dist_publisher.h"
+#include "sync/internal/c_api_handles.h"
 #include "sync/live_client.h"
 #include "sync/publish_metrics.h"
 #include "sync/publisher.h"
 #include "sync/push.h"
 
+// The objects behind the handles. The C ABI hands out tokens of
+// dte::capi::HandleTable, never these addresses; members a handle keeps
+// alive (another handle's object) come first, so that they outlive impl.
 struct dte_publisher {
+  std::shared_ptr<dte_push_server> push;  // set by dte_publisher_set_push
   std::unique_ptr<dte::Publisher> impl;
   std::string last_push = "null";  // dte_publisher_last_push_json
   std::string metrics;             // dte_publisher_metrics_text
@@ -44,10 +49,12 @@ struct dte_store {
 };
 
 struct dte_transport {
+  std::shared_ptr<dte_dist_publisher> store_of;  // dte_transport_store: whose store it uses
   std::unique_ptr<dte::Transport> impl;
 };
 
 struct dte_dist_publisher {
+  std::shared_ptr<dte_push_server> push;  // set by dte_dist_publisher_set_push
   std::unique_ptr<dte::DistPublisher> impl;
   std::string last_push = "null";  // dte_dist_publisher_last_push_json
   std::string metrics;             // dte_dist_publisher_metrics_text
@@ -119,39 +126,128 @@ int Guard(const Fn& fn) {
   }
 }
 
+// Handles (sync/internal/c_api_handles.h): the kind of each handle type.
+using dte::capi::HandleKind;
+using dte::capi::HandleTable;
+template <typename T>
+constexpr HandleKind kKindOf = HandleKind{};
+template <>
+constexpr HandleKind kKindOf<dte_publisher> = HandleKind::kPublisher;
+template <>
+constexpr HandleKind kKindOf<dte_store> = HandleKind::kStore;
+template <>
+constexpr HandleKind kKindOf<dte_transport> = HandleKind::kTransport;
+template <>
+constexpr HandleKind kKindOf<dte_dist_publisher> = HandleKind::kDistPublisher;
+template <>
+constexpr HandleKind kKindOf<dte_push_server> = HandleKind::kPushServer;
+template <>
+constexpr HandleKind kKindOf<dte_push_receiver> = HandleKind::kPushReceiver;
+template <>
+constexpr HandleKind kKindOf<dte_live> = HandleKind::kLive;
+
+// Enters a fresh object in the table; returns its handle.
+template <typename T>
+T* Issue(T* fresh) {
+  std::shared_ptr<T> object(fresh);
+  return reinterpret_cast<T*>(HandleTable::Global().Add(kKindOf<T>, std::move(object)));
+}
+
+// The object of open handle h, or null after setting last_error.
+template <typename T>
+std::shared_ptr<T> Find(T* h, const char* fn) {
+  std::string error;
+  std::shared_ptr<void> object =
+      HandleTable::Global().Find(reinterpret_cast<uintptr_t>(h), kKindOf<T>, fn, &error);
+  if (object == nullptr) last_error = std::move(error);
+  return std::static_pointer_cast<T>(object);
+}
+
+// Runs body(T&) -> int on the object of open handle h, under Guard;
+// DTE_INVALID_ARGUMENT when h is not one. `fn` names the C function.
+template <typename T, typename Body>
+int WithHandle(T* h, const char* fn, const Body& body) {
+  return Guard([&] {
+    std::shared_ptr<T> object = Find(h, fn);
+    if (object == nullptr) return static_cast<int>(DTE_INVALID_ARGUMENT);
+    return static_cast<int>(body(*object));
+  });
+}
+
+// The dte_*_close functions: the handle leaves the table first; its object
+// is destroyed now, or when a call that holds it returns.
+template <typename T>
+int Close(T* h, const char* fn) {
+  return Guard([&] {
+    std::string error;
+    std::shared_ptr<void> object =
+        HandleTable::Global().Remove(reinterpret_cast<uintptr_t>(h), kKindOf<T>, fn, &error);
+    if (object == nullptr) return FailWith(DTE_INVALID_ARGUMENT, std::move(error));
+    object.reset();
+    return static_cast<int>(DTE_OK);
+  });
+}
+
 // Changes a publisher's anchor policy with edit(&policy): the setters of
 // both publishers' C functions. `fn` names the C function in errors.
 template <typename Handle, typename Edit>
-int EditAnchorPolicy(Handle* p, const char* fn, const Edit& edit) {
-  return Guard([&] {
-    if (p == nullptr) return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": no publisher");
-    dte::AnchorPolicy policy = p->impl->anchor_policy();
+int EditAnchorPolicy(Handle* h, const char* fn, const Edit& edit) {
+  return WithHandle(h, fn, [&](Handle& p) {
+    dte::AnchorPolicy policy = p.impl->anchor_policy();
     edit(&policy);
-    dte::Status s = p->impl->SetAnchorPolicy(policy);
+    dte::Status s = p.impl->SetAnchorPolicy(policy);
     return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
   });
 }
 
-// The metrics calls of both publishers. `fn` names the C function in errors.
+// dte_publisher_set_push and dte_dist_publisher_set_push: the publisher
+// holds the server (s NULL: none) until it is set again or closed, so a
+// server closed while set goes on until then.
 template <typename Handle>
-int MetricsText(Handle* p, const char* fn, const char** text_out) {
-  return Guard([&] {
-    if (p == nullptr || text_out == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": arguments must be set");
+int SetPush(Handle* h, dte_push_server* s, const char* fn) {
+  return WithHandle(h, fn, [&](Handle& p) {
+    std::shared_ptr<dte_push_server> server;
+    if (s != nullptr && (server = Find(s, fn)) == nullptr) {
+      return static_cast<int>(DTE_INVALID_ARGUMENT);
     }
-    p->metrics = p->impl->metrics().Text();
-    *text_out = p->metrics.c_str();
+    dte::Status st = p.impl->SetPush(server ? server->impl.get() : nullptr);
+    if (!st.ok()) return Fail(st);
+    p.push = std::move(server);
     return static_cast<int>(DTE_OK);
   });
 }
 
 template <typename Handle>
-int ServeMetrics(Handle* p, const char* fn, const char* address, int32_t* port_out) {
-  return Guard([&] {
-    if (p == nullptr || address == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": arguments must be set");
+int LastPushJson(Handle* h, const char* fn, const char** json_out) {
+  return WithHandle(h, fn, [&](Handle& p) {
+    if (json_out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": json_out must be set");
     }
-    dte::Result<int> port = p->impl->metrics().Serve(address);
+    *json_out = p.last_push.c_str();
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+// The metrics calls of both publishers. `fn` names the C function in errors.
+template <typename Handle>
+int MetricsText(Handle* h, const char* fn, const char** text_out) {
+  return WithHandle(h, fn, [&](Handle& p) {
+    if (text_out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": text_out must be set");
+    }
+    p.metrics = p.impl->metrics().Text();
+    *text_out = p.metrics.c_str();
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+template <typename Handle>
+int ServeMetrics(Handle* h, const char* fn, const char* address, int32_t* port_out) {
+  return WithHandle(h, fn, [&](Handle& p) {
+    if (address == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": address must be set");
+    }
+    dte::Result<int> port = p.impl->metrics().Serve(address);
     if (!port.ok()) return Fail(port.status());
     if (port_out != nullptr) *port_out = *port;
     return static_cast<int>(DTE_OK);
@@ -159,11 +255,11 @@ int ServeMetrics(Handle* p, const char* fn, const char* address, int32_t* port_o
 }
 
 template <typename Handle>
-int PushMetrics(Handle* p, const char* fn, const char* gateway, const char* job,
+int PushMetrics(Handle* h, const char* fn, const char* gateway, const char* job,
                 const char* const* label_names, const char* const* label_values,
                 size_t label_count) {
-  return Guard([&] {
-    if (p == nullptr || gateway == nullptr || job == nullptr ||
+  return WithHandle(h, fn, [&](Handle& p) {
+    if (gateway == nullptr || job == nullptr ||
         (label_count > 0 && (label_names == nullptr || label_values == nullptr))) {
       return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": arguments must be set");
     }
@@ -175,7 +271,7 @@ int PushMetrics(Handle* p, const char* fn, const char* gateway, const char* job,
       }
       labels[label_names[i]] = label_values[i];
     }
-    dte::Status s = p->impl->metrics().Push(gateway, job, labels);
+    dte::Status s = p.impl->metrics().Push(gateway, job, labels);
     return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
   });
 }
@@ -249,7 +345,7 @@ void FillResult(const dte::PublishResult& r, dte_publish_result* out) {
 int OpenPublisher(const dte::PublisherOptions& o, dte_publisher** out) {
   auto opened = dte::Publisher::Open(o);
   if (!opened.ok()) return Fail(opened.status());
-  *out = new dte_publisher{std::move(opened).value(), "null", ""};
+  *out = Issue(new dte_publisher{nullptr, std::move(opened).value(), "null", ""});
   return DTE_OK;
 }
 
@@ -340,14 +436,12 @@ int dte_publisher_open_mcore(const char* store, const char* cache_dir, const cha
   });
 }
 
-void dte_publisher_close(dte_publisher* p) { delete p; }
+int dte_publisher_close(dte_publisher* p) { return Close(p, __func__); }
 
-int dte_publisher_import(dte_publisher* p, const char* dir, uint64_t* version_out) {
-  return Guard([&] {
-    if (p == nullptr || dir == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_import: publisher and dir must be set");
-    }
-    auto r = p->impl->ImportCheckpoint(dir);
+int dte_publisher_import(dte_publisher* h, const char* dir, uint64_t* version_out) {
+  return WithHandle(h, __func__, [&](dte_publisher& p) {
+    if (dir == nullptr) return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_import: no dir");
+    auto r = p.impl->ImportCheckpoint(dir);
     if (!r.ok()) return Fail(r.status());
     if (version_out != nullptr) *version_out = r->version;
     return static_cast<int>(DTE_OK);
@@ -365,16 +459,16 @@ int dte_publisher_set_join_budget(dte_publisher* p, double join_budget) {
   return EditAnchorPolicy(p, __func__, [&](dte::AnchorPolicy* a) { a->join_budget = join_budget; });
 }
 
-int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
+int dte_publisher_publish_adamw(dte_publisher* h, const dte_adamw_step* step,
                                 const dte_adamw_param* params, size_t count,
                                 dte_publish_result* out) {
-  return Guard([&] {
-    if (p == nullptr || step == nullptr || (params == nullptr && count > 0)) {
+  return WithHandle(h, __func__, [&](dte_publisher& p) {
+    if (step == nullptr || (params == nullptr && count > 0)) {
       return FailWith(DTE_INVALID_ARGUMENT,
-                      "dte_publisher_publish_adamw: publisher, step and params must be set");
+                      "dte_publisher_publish_adamw: step and params must be set");
     }
-    dte::AdamWStep h;
-    if (int rc = ToStep(*step, &h); rc != DTE_OK) return rc;
+    dte::AdamWStep adamw;
+    if (int rc = ToStep(*step, &adamw); rc != DTE_OK) return rc;
     std::vector<dte::AdamWParamState> states(count);
     for (size_t i = 0; i < count; ++i) {
       const dte_adamw_param& in = params[i];
@@ -384,24 +478,24 @@ int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
       states[i].name = in.name;
       FillOptimizerState(in, &states[i]);
     }
-    auto r = p->impl->PublishAdamW(h, states);
+    auto r = p.impl->PublishAdamW(adamw, states);
     if (!r.ok()) return Fail(r.status());
     FillResult(*r, out);
-    RememberPush(p, *r);
+    RememberPush(&p, *r);
     return static_cast<int>(DTE_OK);
   });
 }
 
-int dte_publisher_publish_adamw_mcore(dte_publisher* p, const dte_adamw_step* step,
+int dte_publisher_publish_adamw_mcore(dte_publisher* h, const dte_adamw_step* step,
                                       const dte_mcore_adamw_shard* shards, size_t count,
                                       dte_publish_result* out) {
-  return Guard([&] {
-    if (p == nullptr || step == nullptr || (shards == nullptr && count > 0)) {
+  return WithHandle(h, __func__, [&](dte_publisher& p) {
+    if (step == nullptr || (shards == nullptr && count > 0)) {
       return FailWith(DTE_INVALID_ARGUMENT,
-                      "dte_publisher_publish_adamw_mcore: publisher, step and shards must be set");
+                      "dte_publisher_publish_adamw_mcore: step and shards must be set");
     }
-    dte::AdamWStep h;
-    if (int rc = ToStep(*step, &h); rc != DTE_OK) return rc;
+    dte::AdamWStep adamw;
+    if (int rc = ToStep(*step, &adamw); rc != DTE_OK) return rc;
     std::vector<dte::McoreAdamWShard> states(count);
     for (size_t i = 0; i < count; ++i) {
       const dte_mcore_adamw_shard& in = shards[i];
@@ -411,10 +505,10 @@ int dte_publisher_publish_adamw_mcore(dte_publisher* p, const dte_adamw_step* st
       states[i].key = dte::ShardKey{in.name, in.tp_rank, in.ep_rank};
       FillOptimizerState(in, &states[i]);
     }
-    auto r = p->impl->PublishAdamWMcore(h, states);
+    auto r = p.impl->PublishAdamWMcore(adamw, states);
     if (!r.ok()) return Fail(r.status());
     FillResult(*r, out);
-    RememberPush(p, *r);
+    RememberPush(&p, *r);
     return static_cast<int>(DTE_OK);
   });
 }
@@ -430,19 +524,19 @@ int dte_store_open(const char* store, const char* cache_dir, dte_store** out) {
     o.index_optional = true;
     auto opened = dte::Store::Open(o);
     if (!opened.ok()) return Fail(opened.status());
-    *out = new dte_store{std::move(opened).value()};
+    *out = Issue(new dte_store{std::move(opened).value()});
     return static_cast<int>(DTE_OK);
   });
 }
 
-void dte_store_close(dte_store* s) { delete s; }
+int dte_store_close(dte_store* s) { return Close(s, __func__); }
 
-int dte_store_latest(dte_store* s, int* has_version_out, uint64_t* version_out) {
-  return Guard([&] {
-    if (s == nullptr || has_version_out == nullptr || version_out == nullptr) {
+int dte_store_latest(dte_store* h, int* has_version_out, uint64_t* version_out) {
+  return WithHandle(h, __func__, [&](dte_store& s) {
+    if (has_version_out == nullptr || version_out == nullptr) {
       return FailWith(DTE_INVALID_ARGUMENT, "dte_store_latest: arguments must be set");
     }
-    auto latest = s->impl->Latest();
+    auto latest = s.impl->Latest();
     if (!latest.ok()) return Fail(latest.status());
     *has_version_out = latest->has_value() ? 1 : 0;
     *version_out = latest->value_or(0);
@@ -450,13 +544,13 @@ int dte_store_latest(dte_store* s, int* has_version_out, uint64_t* version_out) 
   });
 }
 
-int dte_store_read_tensor(dte_store* s, uint64_t version, const char* name, void* dst,
+int dte_store_read_tensor(dte_store* h, uint64_t version, const char* name, void* dst,
                           uint64_t bytes) {
-  return Guard([&] {
-    if (s == nullptr || name == nullptr || (dst == nullptr && bytes > 0)) {
+  return WithHandle(h, __func__, [&](dte_store& s) {
+    if (name == nullptr || (dst == nullptr && bytes > 0)) {
       return FailWith(DTE_INVALID_ARGUMENT, "dte_store_read_tensor: arguments must be set");
     }
-    auto v = s->impl->GetVersion(version);
+    auto v = s.impl->GetVersion(version);
     if (!v.ok()) return Fail(v.status());
     for (const auto& f : (*v)->manifest.files) {
       for (const auto& t : f.tensors) {
@@ -466,9 +560,9 @@ int dte_store_read_tensor(dte_store* s, uint64_t version, const char* name, void
                           "tensor " + t.name + " of " + dte::VersionName(version) + " holds " +
                               std::to_string(t.bytes()) + " bytes, not " + std::to_string(bytes));
         }
-        dte::Materializer reader(s->impl.get());
+        dte::Materializer reader(s.impl.get());
         // Chain walks start at this host's snapshots where there are some.
-        std::unique_ptr<dte::SnapshotSet> snapshots = dte::OpenStoreSnapshots(*s->impl);
+        std::unique_ptr<dte::SnapshotSet> snapshots = dte::OpenStoreSnapshots(*s.impl);
         reader.SetBase(snapshots.get());
         auto* out = static_cast<uint8_t*>(dst);
         dte::Status st = reader.ReadFile(*v, f, f.header_size + t.begin, bytes, out);
@@ -481,7 +575,7 @@ int dte_store_read_tensor(dte_store* s, uint64_t version, const char* name, void
       }
     }
     return FailWith(DTE_NOT_FOUND, "tensor " + std::string(name) + " is not in " +
-                                       dte::VersionName(version) + " of store " + s->impl->uri());
+                                       dte::VersionName(version) + " of store " + s.impl->uri());
   });
 }
 
@@ -518,33 +612,31 @@ int dte_live_open(const char* mount, dte_live** out) {
     }
     auto c = dte::live::Control::Open(mount);
     if (!c.ok()) return Fail(c.status());
-    *out = new dte_live{std::move(c).value()};
+    *out = Issue(new dte_live{std::move(c).value()});
     return static_cast<int>(DTE_OK);
   });
 }
 
-int dte_live_register_buffer(dte_live* l, dte_live_register* inout) {
-  return Guard([&] {
-    if (l == nullptr || inout == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT,
-                      "dte_live_register_buffer: receiver and buffer must be set");
+int dte_live_register_buffer(dte_live* h, dte_live_register* inout) {
+  return WithHandle(h, __func__, [&](dte_live& l) {
+    if (inout == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_live_register_buffer: no buffer to register");
     }
-    auto id = l->impl.Register(inout);
+    auto id = l.impl.Register(inout);
     if (!id.ok()) return Fail(id.status());
     return static_cast<int>(DTE_OK);
   });
 }
 
-int dte_live_unregister(dte_live* l, uint64_t id) {
-  return Guard([&] {
-    if (l == nullptr) return FailWith(DTE_INVALID_ARGUMENT, "dte_live_unregister: no receiver");
-    dte::Status s = l->impl.Unregister(id);
+int dte_live_unregister(dte_live* h, uint64_t id) {
+  return WithHandle(h, __func__, [&](dte_live& l) {
+    dte::Status s = l.impl.Unregister(id);
     if (!s.ok()) return Fail(s);
     return static_cast<int>(DTE_OK);
   });
 }
 
-void dte_live_close(dte_live* l) { delete l; }
+int dte_live_close(dte_live* l) { return Close(l, __func__); }
 
 int dte_transport_tcp(int32_t rank, int32_t size, const char* rendezvous_dir, int64_t timeout_ms,
                       dte_transport** out) {
@@ -560,7 +652,7 @@ int dte_transport_tcp(int32_t rank, int32_t size, const char* rendezvous_dir, in
     o.timeout = std::chrono::milliseconds(timeout_ms);
     auto t = dte::ConnectTcpTransport(o);
     if (!t.ok()) return Fail(t.status());
-    *out = new dte_transport{std::move(t).value()};
+    *out = Issue(new dte_transport{nullptr, std::move(t).value()});
     return static_cast<int>(DTE_OK);
   });
 }
@@ -572,18 +664,21 @@ int dte_transport_callback(int32_t rank, int32_t size, dte_exchange_fn fn, void*
       return FailWith(DTE_INVALID_ARGUMENT,
                       "dte_transport_callback: fn and out must be set, 0 <= rank < size");
     }
-    *out = new dte_transport{std::make_unique<CallbackTransport>(rank, size, fn, ctx)};
+    *out =
+        Issue(new dte_transport{nullptr, std::make_unique<CallbackTransport>(rank, size, fn, ctx)});
     return static_cast<int>(DTE_OK);
   });
 }
 
-int dte_transport_store(dte_dist_publisher* p, int32_t rank, int32_t size, const char* job,
+int dte_transport_store(dte_dist_publisher* h, int32_t rank, int32_t size, const char* job,
                         int64_t timeout_ms, dte_transport** out) {
   return Guard([&] {
-    if (p == nullptr || job == nullptr || *job == '\0' || out == nullptr || timeout_ms <= 0) {
-      return FailWith(
-          DTE_INVALID_ARGUMENT,
-          "dte_transport_store: publisher, job, out and a positive timeout must be set");
+    // The transport uses p's store: it keeps p alive.
+    std::shared_ptr<dte_dist_publisher> p = Find(h, "dte_transport_store");
+    if (p == nullptr) return static_cast<int>(DTE_INVALID_ARGUMENT);
+    if (job == nullptr || *job == '\0' || out == nullptr || timeout_ms <= 0) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "dte_transport_store: job, out and a positive timeout must be set");
     }
     dte::StoreTransportOptions o;
     o.base.rank = rank;
@@ -592,12 +687,12 @@ int dte_transport_store(dte_dist_publisher* p, int32_t rank, int32_t size, const
     o.prefix = std::string("exchange/") + job + "/";
     auto t = dte::ConnectStoreTransport(&p->impl->store().objects(), o);
     if (!t.ok()) return Fail(t.status());
-    *out = new dte_transport{std::move(t).value()};
+    *out = Issue(new dte_transport{p, std::move(t).value()});
     return static_cast<int>(DTE_OK);
   });
 }
 
-void dte_transport_close(dte_transport* t) { delete t; }
+int dte_transport_close(dte_transport* t) { return Close(t, __func__); }
 
 int dte_dist_publisher_open(const char* store, const char* cache_dir, const char* config_json,
                             const char* config_file, const dte_mcore_layout* layout,
@@ -620,12 +715,12 @@ int dte_dist_publisher_open(const char* store, const char* cache_dir, const char
     }
     auto opened = dte::DistPublisher::Open(o);
     if (!opened.ok()) return Fail(opened.status());
-    *out = new dte_dist_publisher{std::move(opened).value(), "null", ""};
+    *out = Issue(new dte_dist_publisher{nullptr, std::move(opened).value(), "null", ""});
     return static_cast<int>(DTE_OK);
   });
 }
 
-void dte_dist_publisher_close(dte_dist_publisher* p) { delete p; }
+int dte_dist_publisher_close(dte_dist_publisher* p) { return Close(p, __func__); }
 
 int dte_dist_publisher_set_anchor_policy(dte_dist_publisher* p, double budget, uint64_t every) {
   return EditAnchorPolicy(p, __func__, [&](dte::AnchorPolicy* a) {
@@ -638,28 +733,31 @@ int dte_dist_publisher_set_join_budget(dte_dist_publisher* p, double join_budget
   return EditAnchorPolicy(p, __func__, [&](dte::AnchorPolicy* a) { a->join_budget = join_budget; });
 }
 
-int dte_dist_publisher_last_stats(dte_dist_publisher* p, dte_dist_stats* out) {
-  if (p == nullptr || out == nullptr) {
-    return FailWith(DTE_INVALID_ARGUMENT, "dte_dist_publisher_last_stats: publisher and out");
-  }
-  const dte::DistPublishStats& s = p->impl->last_stats();
-  *out = dte_dist_stats{
-      s.entries_sent,      s.bytes_sent,    s.bytes_received,    s.tensors_owned,
-      s.parent_bytes_read, s.messages_sent, s.push_tensors_kept, s.push_tensors_read_back};
-  return DTE_OK;
+int dte_dist_publisher_last_stats(dte_dist_publisher* h, dte_dist_stats* out) {
+  return WithHandle(h, __func__, [&](dte_dist_publisher& p) {
+    if (out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_dist_publisher_last_stats: out must be set");
+    }
+    const dte::DistPublishStats& s = p.impl->last_stats();
+    *out = dte_dist_stats{
+        s.entries_sent,      s.bytes_sent,    s.bytes_received,    s.tensors_owned,
+        s.parent_bytes_read, s.messages_sent, s.push_tensors_kept, s.push_tensors_read_back};
+    return static_cast<int>(DTE_OK);
+  });
 }
 
-int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
+int dte_dist_publisher_publish_adamw(dte_dist_publisher* h, dte_transport* th,
                                      const dte_adamw_step* step, const dte_adamw_range* ranges,
                                      size_t count, dte_publish_result* out) {
-  return Guard([&] {
-    if (p == nullptr || t == nullptr || step == nullptr || (ranges == nullptr && count > 0)) {
+  return WithHandle(h, __func__, [&](dte_dist_publisher& p) {
+    std::shared_ptr<dte_transport> t = Find(th, "dte_dist_publisher_publish_adamw");
+    if (t == nullptr) return static_cast<int>(DTE_INVALID_ARGUMENT);
+    if (step == nullptr || (ranges == nullptr && count > 0)) {
       return FailWith(DTE_INVALID_ARGUMENT,
-                      "dte_dist_publisher_publish_adamw: publisher, transport, step and ranges "
-                      "must be set");
+                      "dte_dist_publisher_publish_adamw: step and ranges must be set");
     }
-    dte::AdamWStep h;
-    if (int rc = ToStep(*step, &h); rc != DTE_OK) return rc;
+    dte::AdamWStep adamw;
+    if (int rc = ToStep(*step, &adamw); rc != DTE_OK) return rc;
     std::vector<dte::RangeState> states(count);
     for (size_t i = 0; i < count; ++i) {
       const dte_adamw_range& in = ranges[i];
@@ -691,10 +789,10 @@ int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
                                                   std::to_string(in.memory));
       }
     }
-    auto r = p->impl->PublishAdamW(*t->impl, h, states);
+    auto r = p.impl->PublishAdamW(*t->impl, adamw, states);
     if (!r.ok()) return Fail(r.status());
     FillResult(*r, out);
-    p->last_push = PushJson(*r);
+    p.last_push = PushJson(*r);
     return static_cast<int>(DTE_OK);
   });
 }
@@ -717,65 +815,56 @@ int dte_push_server_start(const char* address, const char* advertise, int64_t ti
     o.timeout = std::chrono::milliseconds(timeout_ms);
     auto s = dte::PushServer::Start(o);
     if (!s.ok()) return Fail(s.status());
-    *out = new dte_push_server{std::move(s).value(), {}};
+    *out = Issue(new dte_push_server{std::move(s).value(), {}});
     return static_cast<int>(DTE_OK);
   });
 }
 
-void dte_push_server_close(dte_push_server* s) { delete s; }
+int dte_push_server_close(dte_push_server* s) { return Close(s, __func__); }
 
-int dte_push_server_port(dte_push_server* s, int32_t* port_out) {
-  if (s == nullptr || port_out == nullptr) {
-    return FailWith(DTE_INVALID_ARGUMENT, "dte_push_server_port: arguments must be set");
-  }
-  *port_out = s->impl->port();
-  return DTE_OK;
-}
-
-int dte_push_server_address(dte_push_server* s, const char** address_out) {
-  return Guard([&] {
-    if (s == nullptr || address_out == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_server_address: arguments must be set");
+int dte_push_server_port(dte_push_server* h, int32_t* port_out) {
+  return WithHandle(h, __func__, [&](dte_push_server& s) {
+    if (port_out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_server_port: port_out must be set");
     }
-    s->json = s->impl->address();
-    *address_out = s->json.c_str();
+    *port_out = s.impl->port();
     return static_cast<int>(DTE_OK);
   });
 }
 
-int dte_push_server_set_group(dte_push_server* s, int32_t part, int32_t parts) {
-  return Guard([&] {
-    if (s == nullptr) return FailWith(DTE_INVALID_ARGUMENT, "dte_push_server_set_group: no server");
-    dte::Status st = s->impl->SetGroup(part, parts);
+int dte_push_server_address(dte_push_server* h, const char** address_out) {
+  return WithHandle(h, __func__, [&](dte_push_server& s) {
+    if (address_out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_server_address: address_out must be set");
+    }
+    s.json = s.impl->address();
+    *address_out = s.json.c_str();
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_push_server_set_group(dte_push_server* h, int32_t part, int32_t parts) {
+  return WithHandle(h, __func__, [&](dte_push_server& s) {
+    dte::Status st = s.impl->SetGroup(part, parts);
     return st.ok() ? static_cast<int>(DTE_OK) : Fail(st);
   });
 }
 
-int dte_push_server_status_json(dte_push_server* s, int32_t take_events, const char** json_out) {
-  return Guard([&] {
-    if (s == nullptr || json_out == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_server_status_json: arguments must be set");
+int dte_push_server_status_json(dte_push_server* h, int32_t take_events, const char** json_out) {
+  return WithHandle(h, __func__, [&](dte_push_server& s) {
+    if (json_out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_server_status_json: json_out must be set");
     }
-    s->json = s->impl->StatusJson(take_events != 0);
-    *json_out = s->json.c_str();
+    s.json = s.impl->StatusJson(take_events != 0);
+    *json_out = s.json.c_str();
     return static_cast<int>(DTE_OK);
   });
 }
 
-int dte_publisher_set_push(dte_publisher* p, dte_push_server* s) {
-  return Guard([&] {
-    if (p == nullptr) return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_set_push: no publisher");
-    dte::Status st = p->impl->SetPush(s ? s->impl.get() : nullptr);
-    return st.ok() ? static_cast<int>(DTE_OK) : Fail(st);
-  });
-}
+int dte_publisher_set_push(dte_publisher* p, dte_push_server* s) { return SetPush(p, s, __func__); }
 
 int dte_publisher_last_push_json(dte_publisher* p, const char** json_out) {
-  if (p == nullptr || json_out == nullptr) {
-    return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_last_push_json: arguments must be set");
-  }
-  *json_out = p->last_push.c_str();
-  return DTE_OK;
+  return LastPushJson(p, __func__, json_out);
 }
 
 int dte_push_receiver_open(const char* address, int32_t rank, int32_t tp, int32_t fuse_qkv,
@@ -820,52 +909,50 @@ int dte_push_receiver_open(const char* address, int32_t rank, int32_t tp, int32_
     }
     auto r = dte::PushReceiver::Open(o);
     if (!r.ok()) return Fail(r.status());
-    *out = new dte_push_receiver{std::move(r).value(), {}};
+    *out = Issue(new dte_push_receiver{std::move(r).value(), {}});
     return static_cast<int>(DTE_OK);
   });
 }
 
-void dte_push_receiver_close(dte_push_receiver* r) { delete r; }
+int dte_push_receiver_close(dte_push_receiver* r) { return Close(r, __func__); }
 
-int dte_push_receiver_apply_pending(dte_push_receiver* r, uint64_t* applied_out) {
-  return Guard([&] {
-    if (r == nullptr) return FailWith(DTE_INVALID_ARGUMENT, "no push receiver");
-    auto n = r->impl->ApplyPending();
+int dte_push_receiver_apply_pending(dte_push_receiver* h, uint64_t* applied_out) {
+  return WithHandle(h, __func__, [&](dte_push_receiver& r) {
+    auto n = r.impl->ApplyPending();
     if (!n.ok()) return Fail(n.status());
     if (applied_out) *applied_out = *n;
     return static_cast<int>(DTE_OK);
   });
 }
 
-int dte_push_receiver_wait_for(dte_push_receiver* r, uint64_t version, int64_t timeout_ms) {
-  return Guard([&] {
-    if (r == nullptr || timeout_ms < 0) {
-      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_receiver_wait_for: bad arguments");
+int dte_push_receiver_wait_for(dte_push_receiver* h, uint64_t version, int64_t timeout_ms) {
+  return WithHandle(h, __func__, [&](dte_push_receiver& r) {
+    if (timeout_ms < 0) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_receiver_wait_for: negative timeout_ms");
     }
-    dte::Status s = r->impl->WaitFor(version, std::chrono::milliseconds(timeout_ms));
+    dte::Status s = r.impl->WaitFor(version, std::chrono::milliseconds(timeout_ms));
     return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
   });
 }
 
-int dte_push_receiver_catch_up(dte_push_receiver* r, dte_store* s, int32_t has_version,
+int dte_push_receiver_catch_up(dte_push_receiver* h, dte_store* sh, int32_t has_version,
                                uint64_t version) {
-  return Guard([&] {
-    if (r == nullptr || s == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_receiver_catch_up: receiver and store");
-    }
+  return WithHandle(h, __func__, [&](dte_push_receiver& r) {
+    std::shared_ptr<dte_store> s = Find(sh, "dte_push_receiver_catch_up");
+    if (s == nullptr) return static_cast<int>(DTE_INVALID_ARGUMENT);
     dte::Status st =
-        r->impl->CatchUp(*s->impl, has_version ? std::optional<uint64_t>(version) : std::nullopt);
+        r.impl->CatchUp(*s->impl, has_version ? std::optional<uint64_t>(version) : std::nullopt);
     return st.ok() ? static_cast<int>(DTE_OK) : Fail(st);
   });
 }
 
-int dte_push_receiver_get_status(dte_push_receiver* r, dte_push_receiver_status* out,
+int dte_push_receiver_get_status(dte_push_receiver* h, dte_push_receiver_status* out,
                                  const char** error_out) {
-  return Guard([&] {
-    if (r == nullptr || out == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_receiver_get_status: bad arguments");
+  return WithHandle(h, __func__, [&](dte_push_receiver& r) {
+    if (out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_receiver_get_status: out must be set");
     }
-    dte::PushReceiverStatus st = r->impl->GetStatus();
+    dte::PushReceiverStatus st = r.impl->GetStatus();
     *out = dte_push_receiver_status{};
     out->has_version = st.version.has_value();
     out->version = st.version.value_or(0);
@@ -876,40 +963,27 @@ int dte_push_receiver_get_status(dte_push_receiver* r, dte_push_receiver_status*
     out->pending = st.pending;
     out->pushes = st.pushes;
     out->elements = st.elements;
-    r->error = st.error;
-    if (error_out) *error_out = r->error.c_str();
+    r.error = st.error;
+    if (error_out) *error_out = r.error.c_str();
     return static_cast<int>(DTE_OK);
   });
 }
 
 int dte_dist_publisher_set_push(dte_dist_publisher* p, dte_push_server* s) {
-  return Guard([&] {
-    if (p == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT, "dte_dist_publisher_set_push: no publisher");
-    }
-    dte::Status st = p->impl->SetPush(s ? s->impl.get() : nullptr);
-    return st.ok() ? static_cast<int>(DTE_OK) : Fail(st);
-  });
+  return SetPush(p, s, __func__);
 }
 
-int dte_dist_publisher_share_push(dte_dist_publisher* p, dte_transport* t) {
-  return Guard([&] {
-    if (p == nullptr || t == nullptr) {
-      return FailWith(DTE_INVALID_ARGUMENT,
-                      "dte_dist_publisher_share_push: publisher and transport must be set");
-    }
-    dte::Status st = p->impl->SharePush(*t->impl);
+int dte_dist_publisher_share_push(dte_dist_publisher* h, dte_transport* th) {
+  return WithHandle(h, __func__, [&](dte_dist_publisher& p) {
+    std::shared_ptr<dte_transport> t = Find(th, "dte_dist_publisher_share_push");
+    if (t == nullptr) return static_cast<int>(DTE_INVALID_ARGUMENT);
+    dte::Status st = p.impl->SharePush(*t->impl);
     return st.ok() ? static_cast<int>(DTE_OK) : Fail(st);
   });
 }
 
 int dte_dist_publisher_last_push_json(dte_dist_publisher* p, const char** json_out) {
-  if (p == nullptr || json_out == nullptr) {
-    return FailWith(DTE_INVALID_ARGUMENT,
-                    "dte_dist_publisher_last_push_json: arguments must be set");
-  }
-  *json_out = p->last_push.c_str();
-  return DTE_OK;
+  return LastPushJson(p, __func__, json_out);
 }
 
 int dte_publisher_metrics_text(dte_publisher* p, const char** text_out) {

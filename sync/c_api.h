@@ -4,11 +4,28 @@
  * Conventions: every function returns DTE_OK (0) or a dte_code; on failure
  * dte_last_error() returns a message naming the store, version, tensor or
  * field involved, valid until the next failing call on the same thread.
- * Handles are opaque; close each exactly once. Arrays are borrowed for the
- * duration of the call only and must be C-contiguous.
+ * Arrays are borrowed for the duration of the call only and must be
+ * C-contiguous.
+ *
+ * Handles (dte_publisher, dte_store, dte_transport, dte_dist_publisher,
+ * dte_push_server, dte_push_receiver, dte_live) are opaque tokens, not
+ * addresses: every call looks its handles up in the library's table of
+ * open handles before using them. A NULL handle, a closed one, one of
+ * another type or a value the library never gave is refused with
+ * DTE_INVALID_ARGUMENT and a message "FUNCTION: expected a TYPE handle, got
+ * ..." saying what it got; it is never dereferenced, and tokens are never
+ * reused within a process. Close each handle once (dte_*_close returns
+ * DTE_OK, or DTE_INVALID_ARGUMENT for a handle that is not open, a second
+ * close included). A handle that another holds stays alive while held: a
+ * push server set on a publisher until it is unset or the publisher is
+ * closed, a dist publisher until the transports dte_transport_store made
+ * from it are closed.
  *
  * Thread-safety: a handle must be used by one thread at a time; different
- * handles may be used concurrently. dte_last_error is per thread.
+ * handles may be used concurrently. The handle table is thread-safe: a close
+ * that races with a call on the same handle makes later calls fail, and the
+ * object is destroyed when the call in flight returns. dte_last_error is
+ * per thread.
  */
 #ifndef DTE_SYNC_C_API_H_
 #define DTE_SYNC_C_API_H_
@@ -22,7 +39,8 @@
 extern "C" {
 #endif
 
-#define DTE_C_API_VERSION 4
+/* 5: dte_*_close return a dte_code; handles are checked tokens. */
+#define DTE_C_API_VERSION 5
 
 /* Result codes (the store's error classes). */
 enum dte_code {
@@ -119,7 +137,7 @@ int dte_c_api_version(void);
  * ""; converter NULL means "hf". */
 int dte_publisher_open(const char* store, const char* cache_dir, const char* converter,
                        dte_publisher** out);
-void dte_publisher_close(dte_publisher* p);
+int dte_publisher_close(dte_publisher* p);
 int dte_publisher_import(dte_publisher* p, const char* dir, uint64_t* version_out);
 /* The anchor policy of later publishes (sync/anchor_policy.h): a version
  * also carries a full table once the deltas since the last full one add up
@@ -185,7 +203,7 @@ typedef int (*dte_exchange_fn)(void* ctx, const dte_message* sends, size_t n_sen
  * torch.distributed process group. fn and ctx must outlive the transport. */
 int dte_transport_callback(int32_t rank, int32_t size, dte_exchange_fn fn, void* ctx,
                            dte_transport** out);
-void dte_transport_close(dte_transport* t);
+int dte_transport_close(dte_transport* t);
 
 /* Where a range's arrays are. With DTE_MEMORY_CUDA the changes are found on
  * that device and only the changed elements are copied to the host; the
@@ -226,7 +244,7 @@ typedef struct dte_dist_stats {
 int dte_dist_publisher_open(const char* store, const char* cache_dir, const char* config_json,
                             const char* config_file, const dte_mcore_layout* layout,
                             dte_dist_publisher** out);
-void dte_dist_publisher_close(dte_dist_publisher* p);
+int dte_dist_publisher_close(dte_dist_publisher* p);
 int dte_dist_publisher_set_anchor_policy(dte_dist_publisher* p, double budget, uint64_t every);
 int dte_dist_publisher_set_join_budget(dte_dist_publisher* p, double join_budget);
 /* Every rank of the transport calls it with the same step; each returns the
@@ -252,7 +270,7 @@ typedef struct dte_push_receiver dte_push_receiver;
  * (negative: its default, 256 MiB). */
 int dte_push_server_start(const char* address, const char* advertise, int64_t timeout_ms,
                           int64_t receivers, int64_t cache_bytes, dte_push_server** out);
-void dte_push_server_close(dte_push_server* s);
+int dte_push_server_close(dte_push_server* s);
 int dte_push_server_port(dte_push_server* s, int32_t* port_out);
 /* PushServer::address(): "HOST:PORT" receivers reach it at. */
 int dte_push_server_address(dte_push_server* s, const char** address_out);
@@ -263,8 +281,8 @@ int dte_push_server_set_group(dte_push_server* s, int32_t part, int32_t parts);
 /* PushServer::StatusJson: receivers and (take_events != 0) the events
  * since the last call that took them. */
 int dte_push_server_status_json(dte_push_server* s, int32_t take_events, const char** json_out);
-/* Push after each successful publish of p (s NULL: stop). The server must
- * outlive p or be unset first. */
+/* Push after each successful publish of p (s NULL: stop). p holds the
+ * server until it is unset or p is closed. */
 int dte_publisher_set_push(dte_publisher* p, dte_push_server* s);
 /* The push of p's last publish: PushReportJson, {"error": "..."} when it
  * could not run, or "null" without a push server. */
@@ -328,7 +346,7 @@ int dte_push_receiver_open(const char* address, int32_t rank, int32_t tp, int32_
                            int32_t fuse_gate_up, int32_t has_version, uint64_t version,
                            const dte_push_tensor* tensors, size_t count, int32_t auto_apply,
                            int64_t timeout_ms, dte_push_receiver** out);
-void dte_push_receiver_close(dte_push_receiver* r);
+int dte_push_receiver_close(dte_push_receiver* r);
 int dte_push_receiver_apply_pending(dte_push_receiver* r, uint64_t* applied_out);
 /* DTE_OK once the tensors hold `version` or newer; DTE_NOT_FOUND when the
  * receiver missed pushes (catch up), DTE_IO_ERROR on timeout. */
@@ -343,7 +361,7 @@ int dte_push_receiver_get_status(dte_push_receiver* r, dte_push_receiver_status*
 
 /* Reading versions back (verification, tests). */
 int dte_store_open(const char* store, const char* cache_dir, dte_store** out);
-void dte_store_close(dte_store* s);
+int dte_store_close(dte_store* s);
 /* *has_version_out = 0 for an empty store. */
 int dte_store_latest(dte_store* s, int* has_version_out, uint64_t* version_out);
 /* The bytes of tensor `name` at `version` (as stored, e.g. BF16), checked
@@ -380,7 +398,7 @@ int dte_live_open(const char* mount, dte_live** out);
 int dte_live_register_buffer(dte_live* l, dte_live_register* inout);
 /* Drops buffer `id`; 0 drops every buffer of this receiver. */
 int dte_live_unregister(dte_live* l, uint64_t id);
-void dte_live_close(dte_live* l);
+int dte_live_close(dte_live* l);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,7 @@
 import ctypes
 import os
 
+C_API_VERSION = 5  # DTE_C_API_VERSION of sync/c_api.h
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F64, DTYPE_OTHER = 0, 1, 2, 3, 255
 MEMORY_HOST, MEMORY_CUDA = 0, 1
 ORDERS = {"torch_cpu": 0, "torch_cuda_foreach": 1, "torch_cuda_single_tensor": 2}
@@ -163,7 +164,7 @@ def _declare(lib):
         "dte_c_api_version": (ctypes.c_int, []),
         "dte_publisher_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
                                               ctypes.POINTER(P)]),
-        "dte_publisher_close": (None, [P]),
+        "dte_publisher_close": (ctypes.c_int, [P]),
         "dte_publisher_import": (ctypes.c_int, [P, ctypes.c_char_p,
                                                 ctypes.POINTER(ctypes.c_uint64)]),
         "dte_publisher_set_anchor_policy": (ctypes.c_int, [P, ctypes.c_double, ctypes.c_uint64]),
@@ -185,12 +186,12 @@ def _declare(lib):
                                                   ctypes.c_void_p, ctypes.POINTER(P)]),
         "dte_transport_store": (ctypes.c_int, [P, ctypes.c_int32, ctypes.c_int32, ctypes.c_char_p,
                                                ctypes.c_int64, ctypes.POINTER(P)]),
-        "dte_transport_close": (None, [P]),
+        "dte_transport_close": (ctypes.c_int, [P]),
         "dte_dist_publisher_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
                                                    ctypes.c_char_p, ctypes.c_char_p,
                                                    ctypes.POINTER(McoreLayout),
                                                    ctypes.POINTER(P)]),
-        "dte_dist_publisher_close": (None, [P]),
+        "dte_dist_publisher_close": (ctypes.c_int, [P]),
         "dte_dist_publisher_last_stats": (ctypes.c_int, [P, ctypes.POINTER(DistStats)]),
         "dte_dist_publisher_set_anchor_policy": (ctypes.c_int, [P, ctypes.c_double,
                                                                 ctypes.c_uint64]),
@@ -200,7 +201,7 @@ def _declare(lib):
                                                             ctypes.c_size_t,
                                                             ctypes.POINTER(PublishResult)]),
         "dte_store_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(P)]),
-        "dte_store_close": (None, [P]),
+        "dte_store_close": (ctypes.c_int, [P]),
         "dte_store_latest": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_int),
                                             ctypes.POINTER(ctypes.c_uint64)]),
         "dte_store_read_tensor": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.c_char_p,
@@ -210,7 +211,7 @@ def _declare(lib):
                                                  ctypes.c_int64, ctypes.POINTER(P)]),
         "dte_push_server_address": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_char_p)]),
         "dte_push_server_set_group": (ctypes.c_int, [P, ctypes.c_int32, ctypes.c_int32]),
-        "dte_push_server_close": (None, [P]),
+        "dte_push_server_close": (ctypes.c_int, [P]),
         "dte_push_server_port": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_int32)]),
         "dte_push_server_status_json": (ctypes.c_int, [P, ctypes.c_int32,
                                                        ctypes.POINTER(ctypes.c_char_p)]),
@@ -239,7 +240,7 @@ def _declare(lib):
                                                   ctypes.POINTER(PushTensor), ctypes.c_size_t,
                                                   ctypes.c_int32, ctypes.c_int64,
                                                   ctypes.POINTER(P)]),
-        "dte_push_receiver_close": (None, [P]),
+        "dte_push_receiver_close": (ctypes.c_int, [P]),
         "dte_push_receiver_apply_pending": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_uint64)]),
         "dte_push_receiver_wait_for": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.c_int64]),
         "dte_push_receiver_catch_up": (ctypes.c_int, [P, P, ctypes.c_int32, ctypes.c_uint64]),
@@ -251,15 +252,15 @@ def _declare(lib):
         "dte_live_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(P)]),
         "dte_live_register_buffer": (ctypes.c_int, [P, ctypes.POINTER(LiveRegister)]),
         "dte_live_unregister": (ctypes.c_int, [P, ctypes.c_uint64]),
-        "dte_live_close": (None, [P]),
+        "dte_live_close": (ctypes.c_int, [P]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
-    if lib.dte_c_api_version() != 4:
-        raise ImportError("dte: libdte.so speaks C API version %d, this module version 4"
-                          % lib.dte_c_api_version())
+    if lib.dte_c_api_version() != C_API_VERSION:
+        raise ImportError("dte: libdte.so speaks C API version %d, this module version %d"
+                          % (lib.dte_c_api_version(), C_API_VERSION))
     return lib
 
 

@@ -77,8 +77,8 @@ class _Handle:
 
     def close(self):
         if self._h:
-            getattr(lib, self._close_fn)(self._h)
-            self._h = None
+            h, self._h = self._h, None
+            _check(getattr(lib, self._close_fn)(h))
 
     def __enter__(self):
         return self
@@ -87,7 +87,10 @@ class _Handle:
         self.close()
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except DteError:
+            pass  # nothing to tell at collection; the handle is gone either way
 
 
 @dataclasses.dataclass
@@ -300,7 +303,17 @@ class Publisher(_Handle):
         super().close()
 
     def import_checkpoint(self, directory):
-        """Commits a Hugging Face checkpoint directory; returns its version."""
+        """Commits a Hugging Face checkpoint directory; returns its version.
+        Single-process publishers only: the ranks of a distributed one start
+        from a version imported before they open it."""
+        if self._dist:
+            raise DteError(1, "import_checkpoint: a distributed Publisher (rank %d of %d) does "
+                           "not import checkpoints; import version 0 once, before the ranks "
+                           "open their publishers, from one process with "
+                           "dte.Publisher(store).import_checkpoint(%r) or `dtectl import "
+                           "--store STORE %s`" % (self.rank, self.world_size,
+                                                  os.fsdecode(directory),
+                                                  os.fsdecode(directory)))
         version = ctypes.c_uint64()
         _check(lib.dte_publisher_import(self._h, os.fsencode(directory), ctypes.byref(version)))
         return version.value
