@@ -639,7 +639,7 @@ int dte_live_unregister(dte_live* h, uint64_t id) {
 int dte_live_close(dte_live* l) { return Close(l, __func__); }
 
 int dte_transport_tcp(int32_t rank, int32_t size, const char* rendezvous_dir, int64_t timeout_ms,
-                      dte_transport** out) {
+                      const char* secret, dte_transport** out) {
   return Guard([&] {
     if (rendezvous_dir == nullptr || out == nullptr || timeout_ms <= 0) {
       return FailWith(DTE_INVALID_ARGUMENT,
@@ -649,6 +649,7 @@ int dte_transport_tcp(int32_t rank, int32_t size, const char* rendezvous_dir, in
     o.rank = rank;
     o.size = size;
     o.rendezvous_dir = rendezvous_dir;
+    if (secret) o.secret = secret;
     o.timeout = std::chrono::milliseconds(timeout_ms);
     auto t = dte::ConnectTcpTransport(o);
     if (!t.ok()) return Fail(t.status());
@@ -800,7 +801,8 @@ int dte_dist_publisher_publish_adamw(dte_dist_publisher* h, dte_transport* th,
 }  // extern "C"
 
 int dte_push_server_start(const char* address, const char* advertise, int64_t timeout_ms,
-                          int64_t receivers, int64_t cache_bytes, dte_push_server** out) {
+                          int64_t receivers, int64_t cache_bytes, const char* secret,
+                          const char* rendezvous_dir, dte_push_server** out) {
   return Guard([&] {
     if (address == nullptr || out == nullptr || timeout_ms <= 0 || receivers < 0) {
       return FailWith(DTE_INVALID_ARGUMENT,
@@ -810,6 +812,8 @@ int dte_push_server_start(const char* address, const char* advertise, int64_t ti
     dte::PushServerOptions o;
     o.address = address;
     if (advertise) o.advertise = advertise;
+    if (secret) o.secret = secret;
+    if (rendezvous_dir) o.rendezvous_dir = rendezvous_dir;
     o.receivers = static_cast<uint64_t>(receivers);
     if (cache_bytes >= 0) o.cache_bytes = static_cast<uint64_t>(cache_bytes);
     o.timeout = std::chrono::milliseconds(timeout_ms);
@@ -870,7 +874,7 @@ int dte_publisher_last_push_json(dte_publisher* p, const char** json_out) {
 int dte_push_receiver_open(const char* address, int32_t rank, int32_t tp, int32_t fuse_qkv,
                            int32_t fuse_gate_up, int32_t has_version, uint64_t version,
                            const dte_push_tensor* tensors, size_t count, int32_t auto_apply,
-                           int64_t timeout_ms, dte_push_receiver** out) {
+                           int64_t timeout_ms, const char* secret, dte_push_receiver** out) {
   return Guard([&] {
     if (address == nullptr || out == nullptr || (tensors == nullptr && count > 0) ||
         timeout_ms <= 0) {
@@ -880,6 +884,7 @@ int dte_push_receiver_open(const char* address, int32_t rank, int32_t tp, int32_
     }
     dte::PushReceiverOptions o;
     o.address = address;
+    if (secret) o.secret = secret;
     o.rank = rank;
     o.layout = dte::ShardLayout{tp, fuse_qkv != 0, fuse_gate_up != 0};
     if (has_version) o.version = version;

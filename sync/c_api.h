@@ -173,9 +173,12 @@ typedef struct dte_dist_publisher dte_dist_publisher;
 
 /* The project's TCP transport: every one of `size` ranks calls it with the
  * same fresh directory (on storage every rank sees); timeout_ms bounds
- * connecting and every exchange. */
+ * connecting and every exchange. secret: the job secret every connection
+ * proves (NULL or "": DTE_JOB_SECRET, DTE_JOB_SECRET_FILE, else the
+ * directory's "secret" file, which rank 0 creates when there is none;
+ * sync/job_secret.h). */
 int dte_transport_tcp(int32_t rank, int32_t size, const char* rendezvous_dir, int64_t timeout_ms,
-                      dte_transport** out);
+                      const char* secret, dte_transport** out);
 
 /* A transport through the publisher's store alone (ranks on hosts that
  * share nothing else): messages are objects under exchange/<job>/ of the
@@ -267,9 +270,13 @@ typedef struct dte_push_receiver dte_push_receiver;
  * when listening on every interface); timeout_ms bounds each push and each
  * new receiver's hello; receivers: the receiver ranks expected (0: not
  * said; each push reports those it missed); cache_bytes: PushServerOptions'
- * (negative: its default, 256 MiB). */
+ * (negative: its default, 256 MiB); secret: the job secret every connection
+ * must prove (NULL or "": DTE_JOB_SECRET, DTE_JOB_SECRET_FILE, else
+ * rendezvous_dir's "secret" file when rendezvous_dir is set). Without a
+ * secret only a loopback address is accepted (DTE_INVALID_ARGUMENT). */
 int dte_push_server_start(const char* address, const char* advertise, int64_t timeout_ms,
-                          int64_t receivers, int64_t cache_bytes, dte_push_server** out);
+                          int64_t receivers, int64_t cache_bytes, const char* secret,
+                          const char* rendezvous_dir, dte_push_server** out);
 int dte_push_server_close(dte_push_server* s);
 int dte_push_server_port(dte_push_server* s, int32_t* port_out);
 /* PushServer::address(): "HOST:PORT" receivers reach it at. */
@@ -341,11 +348,13 @@ typedef struct dte_push_receiver_status {
 /* Starts a receiver: rank `rank` of a layout of degree tp (fuse_* nonzero:
  * vLLM/SGLang fused qkv_proj / gate_up_proj); has_version nonzero: the
  * tensors hold `version`. auto_apply nonzero: pushes are written as they
- * arrive, on the receiver's thread. */
+ * arrive, on the receiver's thread. secret: the job secret (NULL or "":
+ * from the environment, as the server's); the receiver proves it to every
+ * server and takes nothing from one that does not prove it back. */
 int dte_push_receiver_open(const char* address, int32_t rank, int32_t tp, int32_t fuse_qkv,
                            int32_t fuse_gate_up, int32_t has_version, uint64_t version,
                            const dte_push_tensor* tensors, size_t count, int32_t auto_apply,
-                           int64_t timeout_ms, dte_push_receiver** out);
+                           int64_t timeout_ms, const char* secret, dte_push_receiver** out);
 int dte_push_receiver_close(dte_push_receiver* r);
 int dte_push_receiver_apply_pending(dte_push_receiver* r, uint64_t* applied_out);
 /* DTE_OK once the tensors hold `version` or newer; DTE_NOT_FOUND when the

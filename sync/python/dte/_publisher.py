@@ -24,6 +24,17 @@ def _check(rc):
         raise DteError(rc, "%s: %s" % (_lib.CODE_NAMES.get(rc, "error %d" % rc), msg))
 
 
+def _secret_arg(secret):
+    """secret= as the C ABI takes it: None (from the environment) or bytes."""
+    if secret is None:
+        return None
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if not isinstance(secret, bytes) or not secret:
+        raise ValueError("secret must be a non-empty str or bytes")
+    return secret
+
+
 def _torch():
     try:
         import torch
@@ -183,7 +194,7 @@ class Publisher(_Handle):
 
     def __init__(self, store, converter="hf", cache_dir=None, anchor_budget=1.0, anchor_every=0,
                  rank=None, world_size=None, group=None, rendezvous=None, job=None,
-                 timeout=60.0, push=None, join_budget=0.125):
+                 timeout=60.0, push=None, join_budget=0.125, *, secret=None):
         """anchor_budget, anchor_every, join_budget: the anchor policy and
         join tables, as dtectl commit's --anchor-budget, --anchor-every and
         --join-budget (docs/cli.md).
@@ -207,6 +218,13 @@ class Publisher(_Handle):
         objects under exchange/JOB/ of the store; a restarted job takes a new
         name). timeout (seconds) bounds the TCP and store transports' waits;
         a process group's own timeout bounds its waits.
+
+        secret: the job secret (str or bytes) the TCP transport's ranks, and
+        a PushGroup given none of its own, prove on every connection; None:
+        DTE_JOB_SECRET, DTE_JOB_SECRET_FILE, else, for the TCP transport,
+        the rendezvous directory's "secret" file, which rank 0 creates (mode
+        0600) when there is none (docs/engine.md, "Security"; a push group's
+        receivers are other processes: give them and it the secret).
 
         push: a dte.PushGroup; after each publish, the version's changed
         elements go to its receivers (docs/push.md). A distributed publisher
@@ -260,17 +278,18 @@ class Publisher(_Handle):
                                                             int(anchor_every)))
             _check(lib.dte_dist_publisher_set_join_budget(self._h, float(join_budget)))
             self._timeout_ms = int(timeout * 1000)
+            secret = _secret_arg(secret)
             if push is not None:
                 # As part `rank` of every rank's push; the ranks find out
                 # whether every rank or rank 0 alone pushes (below, or at
                 # each publish), and set it.
-                push._start(self.rank, self.world_size)
+                push._start(self.rank, self.world_size, secret=secret)
                 _check(lib.dte_dist_publisher_set_push(self._h, push._h))
                 self._push = push
             if rendezvous is not None:
                 t = ctypes.c_void_p()
                 _check(lib.dte_transport_tcp(self.rank, self.world_size, os.fsencode(rendezvous),
-                                             int(timeout * 1000), ctypes.byref(t)))
+                                             int(timeout * 1000), secret, ctypes.byref(t)))
                 self._transport = t
                 # Connected by every rank together: the push servers'
                 # addresses go round now, so receivers can join before the
@@ -289,6 +308,8 @@ class Publisher(_Handle):
                                                    int(anchor_every)))
         _check(lib.dte_publisher_set_join_budget(self._h, float(join_budget)))
         if push is not None:
+            if not push._h:
+                push._start(secret=_secret_arg(secret))
             _check(lib.dte_publisher_set_push(self._h, push._handle()))
             self._push = push  # the server must outlive this publisher's use of it
 

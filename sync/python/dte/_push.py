@@ -4,15 +4,20 @@ elements straight into the tensors of every registered PushReceiver (the
 ranks of inference servers), remapped to their tensor-parallel, fused
 layouts.
 
-    # trainer
+    # trainer (DTE_JOB_SECRET_FILE=/run/secrets/dte-job, or secret=...)
     pub = dte.Publisher(store=..., push=dte.PushGroup(address="0.0.0.0:29600"))
     r = pub.publish_adamw(...)            # r.push: what the push did
 
-    # every inference rank
+    # every inference rank (the same job secret)
     rx = dte.PushReceiver(address="trainer-0:29600", rank=tp_rank,
                           layout=dte.FusedReceiverLayout(tp),
                           tensors=dict(model.named_parameters()), version=loaded_version)
     rx.wait_for(version)                  # applies the pushes (pause generation around it)
+
+Every connection proves the job secret both ways before anything else
+crosses it (docs/push.md, "Security"): secret= (str or bytes), else
+DTE_JOB_SECRET or DTE_JOB_SECRET_FILE. Without one a PushGroup listens on
+loopback only and refuses any other address.
 """
 
 import ctypes
@@ -21,7 +26,7 @@ import time
 
 from dte import _lib
 from dte._lib import lib
-from dte._publisher import DteError, StoreReader, _check, _Handle, _torch
+from dte._publisher import DteError, StoreReader, _check, _Handle, _secret_arg, _torch
 
 _TORCH_DTYPES = {"bfloat16": "BF16", "float32": "F32", "float16": "F16", "float64": "F64",
                  "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
@@ -56,22 +61,30 @@ class PushGroup(_Handle):
     loopback address, else of every interface) and are reached at
     `advertise` (default: the listen host, or this machine's host name);
     receivers are told of them by rank 0. The server starts when first
-    needed (its port or status asked for, or a publisher given it)."""
+    needed (its port or status asked for, or a publisher given it).
+
+    secret: the job secret every connection must prove (str or bytes;
+    None: the Publisher's secret=, else DTE_JOB_SECRET or
+    DTE_JOB_SECRET_FILE); its receivers need the same. Without one the
+    server listens on loopback only: a non-loopback address raises
+    DteError naming it and how to give a secret."""
 
     _close_fn = "dte_push_server_close"
 
     def __init__(self, address="127.0.0.1:0", timeout=30.0, receivers=None, listen=None,
-                 advertise=None, cache_mib=None):
+                 advertise=None, cache_mib=None, *, secret=None):
         self._h = None
+        self._secret = _secret_arg(secret)
         self._address, self._timeout = address, timeout
         self._receivers = int(receivers or 0)
         self._cache = -1 if cache_mib is None else int(cache_mib * (1 << 20))
         self._listen, self._advertise = listen, advertise
         self._part = None
 
-    def _start(self, part=0, parts=1):
+    def _start(self, part=0, parts=1, secret=None):
         """Starts the server (part 0 on `address`, others on `listen`) or,
-        when it runs, checks it is the same part."""
+        when it runs, checks it is the same part. secret: the publisher's,
+        used when this group was given none."""
         if self._h:
             if part != 0 and self._part == 0 and parts > 1:
                 raise DteError(1, "this PushGroup listens at %s as rank 0's; give every other "
@@ -86,7 +99,8 @@ class PushGroup(_Handle):
             _check(lib.dte_push_server_start(listen.encode(),
                                              self._advertise.encode() if self._advertise else None,
                                              int(self._timeout * 1000), self._receivers,
-                                             self._cache, ctypes.byref(handle)))
+                                             self._cache, self._secret or secret, None,
+                                             ctypes.byref(handle)))
             self._h = handle
             self._part = part
         _check(lib.dte_push_server_set_group(self._h, part, parts))
@@ -178,12 +192,15 @@ class PushReceiver(_Handle):
     version: the version they hold now (None: unknown; the server then says
     which one it is at and the receiver catches up). With auto_apply, pushes
     are written as they arrive, on the receiver's own thread; otherwise they
-    wait, received and checked, until apply_pending() or wait_for()."""
+    wait, received and checked, until apply_pending() or wait_for().
+    secret: the job secret (str or bytes; None: DTE_JOB_SECRET or
+    DTE_JOB_SECRET_FILE), proved to every server, which must prove it
+    back."""
 
     _close_fn = "dte_push_receiver_close"
 
     def __init__(self, address, tensors, rank=0, layout=None, version=None, auto_apply=False,
-                 timeout=30.0):
+                 timeout=30.0, *, secret=None):
         layout = layout or ReceiverLayout()
         self._keep = []
         entries = (_lib.PushTensor * max(len(tensors), 1))()
@@ -194,7 +211,8 @@ class PushReceiver(_Handle):
             address.encode(), int(rank), int(layout["tp"]), int(layout["fuse_qkv"]),
             int(layout["fuse_gate_up"]), int(version is not None),
             int(version if version is not None else 0), entries, len(tensors),
-            int(bool(auto_apply)), int(timeout * 1000), ctypes.byref(handle)))
+            int(bool(auto_apply)), int(timeout * 1000), _secret_arg(secret),
+            ctypes.byref(handle)))
         self._h = handle
         self.rank, self.layout = int(rank), layout
 
