@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "sync/convert.h"
 #include "sync/internal/convert_matrix.h"
@@ -65,6 +66,17 @@ Status Divisible(int64_t a, const char* a_name, int64_t b, const char* b_name) {
                            b_name + " " + std::to_string(b));
   }
   return Status::Ok();
+}
+
+// How many layers IsMoeLayer calls MoE layers, counted without walking
+// every layer: num_layers comes from a caller's config.json.
+int64_t MoeLayers(const ModelSpec& s) {
+  if (s.num_experts <= 0 || s.decoder_sparse_step <= 0) return 0;
+  std::set<int64_t> kept_dense;  // mlp_only_layers that would be sparse
+  for (int64_t l : s.mlp_only_layers) {
+    if (l >= 0 && l < s.num_layers && (l + 1) % s.decoder_sparse_step == 0) kept_dense.insert(l);
+  }
+  return s.num_layers / s.decoder_sparse_step - static_cast<int64_t>(kept_dense.size());
 }
 
 }  // namespace
@@ -139,6 +151,15 @@ Status ValidateLayout(const ModelSpec& s, const ParallelLayout& p) {
   RETURN_IF_ERROR(Positive(p.tp, "tensor parallel size"));
   RETURN_IF_ERROR(Positive(p.ep, "expert parallel size"));
   RETURN_IF_ERROR(Positive(p.vocab_divisible_by, "vocab_divisible_by"));
+  // PaddedVocab rounds vocab up to a multiple of vocab_divisible_by * tp:
+  // both must fit in 64 bits (the layout comes from callers of the C ABI).
+  int64_t multiple = 0, rounded = 0;
+  if (__builtin_mul_overflow(p.vocab_divisible_by, int64_t{p.tp}, &multiple) ||
+      __builtin_add_overflow(s.vocab, multiple - 1, &rounded)) {
+    return InvalidArgument("vocab_divisible_by " + std::to_string(p.vocab_divisible_by) +
+                           " times tensor parallel size " + std::to_string(p.tp) + " pads vocab " +
+                           std::to_string(s.vocab) + " beyond 64 bits");
+  }
   RETURN_IF_ERROR(
       Divisible(s.num_attention_heads, "num_attention_heads", s.num_kv_heads, "num_kv_heads"));
   // Megatron-Core gives each TP rank whole query groups and rejects fewer
@@ -147,9 +168,9 @@ Status ValidateLayout(const ModelSpec& s, const ParallelLayout& p) {
   if (s.num_experts > 0) {
     RETURN_IF_ERROR(Positive(s.decoder_sparse_step, "decoder_sparse_step"));
   }
-  bool any_dense = false;
-  bool any_moe = false;
-  for (int64_t l = 0; l < s.num_layers; ++l) (s.IsMoeLayer(l) ? any_moe : any_dense) = true;
+  const int64_t moe_layers = MoeLayers(s);
+  const bool any_dense = moe_layers < s.num_layers;
+  const bool any_moe = moe_layers > 0;
   if (any_dense) {
     RETURN_IF_ERROR(Positive(s.ffn_hidden, "ffn_hidden"));
     RETURN_IF_ERROR(Divisible(s.ffn_hidden, "ffn_hidden", p.tp, "tensor parallel size"));

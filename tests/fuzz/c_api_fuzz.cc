@@ -1,0 +1,132 @@
+// Fuzzes what the C ABI (sync/c_api.h) parses of what its callers give it.
+//
+// Input: a selector byte, then the bytes under test.
+//   selector % 3 == 0: a dte_mcore_layout (24 bytes: tp, ep, etp as int32,
+//     vocab_divisible_by as int64, norms and experts as uint16), then the
+//     text of a config.json, as dte_publisher_open_mcore and
+//     dte_dist_publisher_open take them: ParseHfConfig, ValidateLayout and
+//     the padded vocabulary a valid layout gives.
+//   selector % 3 == 1: a dtype name, as a dte_push_tensor gives it.
+//   selector % 3 == 2: operations on the table of handles every entry
+//     point looks its handles up in (sync/internal/c_api_handles.h), with
+//     tokens it gave and arbitrary ones, checked against a model of it.
+// Beyond memory safety and undefined behaviour, checks the error codes and
+// that the table answers as the model says.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "store/dtype.h"
+#include "sync/convert.h"
+#include "sync/internal/c_api_handles.h"
+
+namespace dte {
+namespace {
+
+void Check(bool ok, const char* what) {
+  if (ok) return;
+  std::fprintf(stderr, "invariant violated: %s\n", what);
+  std::abort();
+}
+
+template <typename T>
+T Take(std::string_view* in) {
+  T v{};
+  size_t n = std::min(sizeof(T), in->size());
+  std::memcpy(&v, in->data(), n);
+  in->remove_prefix(n);
+  return v;
+}
+
+void Config(std::string_view in) {
+  // The layout as c_api.cc's ToLayout fills it (enums are checked there).
+  ParallelLayout layout;
+  layout.tp = Take<int32_t>(&in);
+  layout.ep = Take<int32_t>(&in);
+  layout.etp = Take<int32_t>(&in);
+  int64_t vocab_divisible_by = Take<int64_t>(&in);
+  if (vocab_divisible_by > 0) layout.vocab_divisible_by = vocab_divisible_by;
+  layout.norms = Take<uint16_t>(&in) % 2 ? McoreNorms::kLocal : McoreNorms::kTransformerEngine;
+  layout.experts = Take<uint16_t>(&in) % 2 ? McoreExperts::kGrouped : McoreExperts::kSequential;
+  auto spec = ParseHfConfig(in, "config.json");
+  if (!spec.ok()) {
+    Code c = spec.status().code();
+    Check(c == Code::kInvalidArgument || c == Code::kUnimplemented, "config code");
+    Check(spec.status().message().rfind("config.json: ", 0) == 0, "config message");
+    return;
+  }
+  Status s = ValidateLayout(*spec, layout);
+  Check(s.ok() || s.code() == Code::kInvalidArgument, "layout code");
+  if (!s.ok()) return;
+  int64_t padded = layout.PaddedVocab(spec->vocab);
+  Check(padded >= spec->vocab && padded % (layout.vocab_divisible_by * layout.tp) == 0,
+        "padded vocabulary");
+}
+
+void DTypeNameRoundTrip(std::string_view name) {
+  std::optional<DType> d = ParseDType(name);
+  if (d) Check(DTypeName(*d) == name, "dtype round trip");
+}
+
+void Handles(std::string_view in) {
+  using capi::HandleKind;
+  capi::HandleTable table;
+  std::map<uintptr_t, HandleKind> open;  // the model
+  std::vector<uintptr_t> given;
+  while (!in.empty()) {
+    uint8_t op = Take<uint8_t>(&in);
+    auto kind = static_cast<HandleKind>(1 + (op >> 2) % 7);
+    if (op % 4 == 0) {
+      uintptr_t t = table.Add(kind, std::make_shared<int>(1));
+      Check(t != 0 && open.count(t) == 0, "fresh token");
+      open[t] = kind;
+      given.push_back(t);
+      continue;
+    }
+    uint64_t raw = Take<uint64_t>(&in);
+    uintptr_t token = raw % 2 && !given.empty() ? given[(raw >> 1) % given.size()]
+                                                : static_cast<uintptr_t>(raw >> 1);
+    auto it = open.find(token);
+    bool live = it != open.end() && it->second == kind;
+    std::string error;
+    if (op % 4 == 1) {
+      Check((table.Find(token, kind, "f", &error) != nullptr) == live, "find");
+    } else if (op % 4 == 2) {
+      Check((table.Remove(token, kind, "f", &error) != nullptr) == live, "remove");
+      if (live) open.erase(it);
+    } else {
+      size_t n = 0;
+      for (const auto& [t, k] : open) n += k == kind;
+      Check(table.Count(kind) == n, "count");
+    }
+    if (!live && op % 4 != 3) {
+      std::string want = std::string("f: expected a ") + capi::KindName(kind) + " handle, got ";
+      Check(error.rfind(want, 0) == 0, "error message");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dte
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  std::string_view in(reinterpret_cast<const char*>(data) + 1, size - 1);
+  switch (data[0] % 3) {
+    case 0:
+      dte::Config(in);
+      break;
+    case 1:
+      dte::DTypeNameRoundTrip(in);
+      break;
+    default:
+      dte::Handles(in);
+  }
+  return 0;
+}
