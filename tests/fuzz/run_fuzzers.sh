@@ -21,7 +21,7 @@ shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(safetensors_header_fuzz delta_block_fuzz s3_xml_fuzz c_api_fuzz)
+  targets=(safetensors_header_fuzz delta_block_fuzz s3_xml_fuzz c_api_fuzz auth_handshake_fuzz)
 fi
 
 # Longest input per target: headers stay small; codec inputs must reach a
