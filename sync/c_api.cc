@@ -742,7 +742,8 @@ int dte_dist_publisher_last_stats(dte_dist_publisher* h, dte_dist_stats* out) {
     const dte::DistPublishStats& s = p.impl->last_stats();
     *out = dte_dist_stats{
         s.entries_sent,      s.bytes_sent,    s.bytes_received,    s.tensors_owned,
-        s.parent_bytes_read, s.messages_sent, s.push_tensors_kept, s.push_tensors_read_back};
+        s.parent_bytes_read, s.messages_sent, s.push_tensors_kept, s.push_tensors_read_back,
+        s.detect_ns,         s.encode_ns,     s.commit_ns,         s.detect_device_bytes};
     return static_cast<int>(DTE_OK);
   });
 }

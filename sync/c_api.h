@@ -39,7 +39,8 @@
 extern "C" {
 #endif
 
-/* 5: dte_*_close return a dte_code; handles are checked tokens. */
+/* 5: dte_*_close return a dte_code; handles are checked tokens; dte_dist_stats
+ * gains the phase times and detect_device_bytes. */
 #define DTE_C_API_VERSION 5
 
 /* Result codes (the store's error classes). */
@@ -240,6 +241,10 @@ typedef struct dte_dist_stats {
   uint64_t messages_sent;          /* messages to other ranks */
   uint64_t push_tensors_kept;      /* pushing what it owns: tensors pushed from memory */
   uint64_t push_tensors_read_back; /* and tensors read back from the store */
+  uint64_t detect_ns;              /* detection (host screen, or device kernel and copy back) */
+  uint64_t encode_ns;              /* encoding the tensors this rank owned */
+  uint64_t commit_ns;              /* its part sent to rank 0 until the outcome (the commit) */
+  uint64_t detect_device_bytes;    /* bytes detection copied from device to host */
 } dte_dist_stats;
 
 /* config_json NULL: the hf converter (ranges of Hugging Face tensors); else

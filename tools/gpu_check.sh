@@ -6,8 +6,11 @@
 # with torch built for CUDA, or DTE_PYTHON naming one); then the CUDA
 # benchmark prints its figures; with a full build in BUILD_DIR the
 # distributed publisher's detection on GPU-resident state and the pushes into
-# GPU memory are tested (C++ and Python), and with two or more GPUs the NCCL
-# transport test runs too.
+# GPU memory are tested (C++ and Python) and tools/bench/gpu_sync.py measures
+# a Qwen3-8B-shaped step from trainer state to receiver weights (JSON in
+# $DTE_GPU_SYNC_JSON, default BUILD_DIR/gpu_sync.json; more options in
+# $DTE_GPU_SYNC_ARGS), and with two or more GPUs the NCCL transport test runs
+# too.
 #
 #   tools/gpu_check.sh [BUILD_DIR]     (default: build-gpu)
 #
@@ -75,6 +78,19 @@ if [[ -x $build/tests/sync_test && -f $build/sync/libdte.so && -x $build/tools/d
 else
   echo "== Publishing from and pushes into GPU memory: not run (needs a full build's sync_test," \
     "dtectl and libdte.so in $build)"
+fi
+
+if [[ -f $build/sync/libdte.so && -x $build/tools/dtefs ]]; then
+  # The issue-26 measurement: a Qwen3-8B-shaped step (as many layers as fit
+  # the card) from trainer state on the GPU to a receiver process's fused
+  # weights on the same GPU, by push and by live apply, against full copies.
+  echo "== Trainer state to receiver weights on one GPU (tools/bench/gpu_sync.py)"
+  python=${DTE_PYTHON:-$(command -v python3)}
+  DTE_LIBRARY=$PWD/$build/sync/libdte.so "$python" tools/bench/gpu_sync.py --device cuda --live \
+    --build-dir "$build" --json "${DTE_GPU_SYNC_JSON:-$build/gpu_sync.json}" \
+    ${DTE_GPU_SYNC_ARGS:-}
+else
+  echo "== tools/bench/gpu_sync.py: not run (needs a full build's libdte.so and dtefs in $build)"
 fi
 
 if [[ $gpus -ge 2 && -x $build/tests/sync_test ]]; then

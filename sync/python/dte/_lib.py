@@ -59,7 +59,8 @@ class AdamWRange(ctypes.Structure):
 class DistStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "entries_sent", "bytes_sent", "bytes_received", "tensors_owned", "parent_bytes_read",
-        "messages_sent", "push_tensors_kept", "push_tensors_read_back")]
+        "messages_sent", "push_tensors_kept", "push_tensors_read_back", "detect_ns", "encode_ns",
+        "commit_ns", "detect_device_bytes")]
 
 
 class Message(ctypes.Structure):

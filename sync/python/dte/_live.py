@@ -197,6 +197,31 @@ class SharedWeights:
         self.unlink()
 
 
+_TORCH_DTYPES = {"torch.bfloat16": "BF16", "torch.float16": "F16", "torch.float32": "F32",
+                 "torch.float8_e4m3fn": "F8_E4M3", "torch.float8_e5m2": "F8_E5M2",
+                 "torch.int8": "I8", "torch.uint8": "U8", "torch.int16": "I16",
+                 "torch.int32": "I32", "torch.int64": "I64", "torch.float64": "F64"}
+
+
+def _cuda_ipc(name, tensor):
+    """(device, the 64-byte cudaIpcMemHandle_t of the allocation holding
+    `tensor`, the tensor's byte offset in it), from PyTorch's own sharing of
+    CUDA storages between processes."""
+    if getattr(tensor, "device", None) is None or tensor.device.type != "cuda":
+        raise DteError(1, "tensor %s is not a CUDA tensor" % name)
+    if not tensor.is_contiguous():
+        raise DteError(1, "tensor %s is not contiguous" % name)
+    storage = (tensor.untyped_storage() if hasattr(tensor, "untyped_storage")
+               else tensor.storage()._untyped())
+    shared = storage._share_cuda_()
+    device, handle, storage_offset = int(shared[0]), bytes(shared[1]), int(shared[3])
+    if len(handle) != 64:
+        raise DteError(1, "tensor %s: PyTorch gave a %d-byte CUDA IPC handle, not a "
+                       "cudaIpcMemHandle_t (expandable segments are not supported)"
+                       % (name, len(handle)))
+    return device, handle, storage_offset + tensor.storage_offset() * tensor.element_size()
+
+
 def _fixed(value, size, what):
     b = os.fsencode(value) if not isinstance(value, bytes) else value
     if len(b) >= size or b"\0" in b:
@@ -236,12 +261,24 @@ class Receiver(_Handle):
         checked."""
         if not self._h:
             raise DteError(1, "the receiver of %s is closed" % self.mount)
+        r = self._request(name, dtype, shape, version)
+        r.kind = _lib.LIVE_HOST_SHM
+        # The daemon decides which names it maps ("a/b" is refused there).
+        shm = os.fsencode(shm_name)
+        r.shm_name = _fixed(shm[1:] if shm.startswith(b"/") else shm, _lib.LIVE_NAME_BYTES,
+                            "shared memory name")
+        r.offset = int(offset)
+        _check(lib.dte_live_register_buffer(self._h, ctypes.byref(r)))
+        return r.buffer_id
+
+    def _request(self, name, dtype, shape, version):
+        """A registration of tensor `name` in this receiver's layout, the
+        buffer's kind and place left to fill."""
         shape = tuple(int(d) for d in shape)
         if len(shape) > _lib.LIVE_MAX_DIMS:
             raise DteError(1, "tensor %s has %d dimensions, at most %d"
                            % (name, len(shape), _lib.LIVE_MAX_DIMS))
         r = _lib.LiveRegister()
-        r.kind = _lib.LIVE_HOST_SHM
         r.tp, r.rank = self.tp, self.rank
         r.fuse_qkv, r.fuse_gate_up = int(self.fuse_qkv), int(self.fuse_gate_up)
         r.name = _fixed(name, _lib.LIVE_NAME_BYTES, "tensor name")
@@ -249,12 +286,27 @@ class Receiver(_Handle):
         r.ndim = len(shape)
         for i, d in enumerate(shape):
             r.shape[i] = d
-        # The daemon decides which names it maps ("a/b" is refused there).
-        shm = os.fsencode(shm_name)
-        r.shm_name = _fixed(shm[1:] if shm.startswith(b"/") else shm, _lib.LIVE_NAME_BYTES,
-                            "shared memory name")
-        r.offset = int(offset)
         r.version = _lib.LIVE_LATEST if version is None else int(version)
+        return r
+
+    def register_cuda(self, name, tensor, version=None):
+        """Registers tensor `name` (as register) held by `tensor`, a
+        contiguous PyTorch CUDA tensor of this process, through a CUDA IPC
+        handle of the allocation holding it and its offset there; returns
+        its buffer id. The tensor must stay allocated while it is
+        registered. Needs PyTorch's default CUDA allocator (an allocation
+        per IPC handle: not expandable segments)."""
+        if not self._h:
+            raise DteError(1, "the receiver of %s is closed" % self.mount)
+        device, handle, offset = _cuda_ipc(name, tensor)
+        dtype = _TORCH_DTYPES.get(str(tensor.dtype))
+        if dtype is None:
+            raise DteError(1, "tensor %s: %s has no safetensors name here" % (name, tensor.dtype))
+        r = self._request(name, dtype, tuple(tensor.shape), version)
+        r.kind = _lib.LIVE_CUDA_IPC
+        ctypes.memmove(r.cuda_ipc_handle, handle, len(handle))
+        r.cuda_device = device
+        r.offset = offset
         _check(lib.dte_live_register_buffer(self._h, ctypes.byref(r)))
         return r.buffer_id
 

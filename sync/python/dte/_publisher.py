@@ -444,7 +444,11 @@ class Publisher(_Handle):
     def last_stats(self):
         """What the last distributed publish did on this rank: entries_sent,
         bytes_sent, bytes_received, tensors_owned, parent_bytes_read,
-        messages_sent."""
+        messages_sent, push_tensors_kept, push_tensors_read_back, detect_ns
+        (detection: the host screen, or the device kernel and the copy of
+        its kept entries), encode_ns, commit_ns (its part sent to rank 0
+        until the outcome) and detect_device_bytes (copied device to
+        host)."""
         if not self._dist:
             raise DteError(1, "last_stats is for distributed publishers")
         return _dist_stats(self._h)
