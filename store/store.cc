@@ -341,6 +341,7 @@ Result<std::map<uint64_t, std::string>> Store::ListVersions(bool fresh) {
   // store (IOError) only while patient listing is on.
   auto retried = [this](const Result<std::map<uint64_t, std::string>>& r) {
     if (r.ok()) return false;
+    if (r.status().code() == Code::kCorruption) NoteListingDamage(r.status().message());
     return r.status().code() == Code::kCorruption ||
            (patient_listing_ && r.status().code() == Code::kIOError);
   };
@@ -364,6 +365,19 @@ Result<std::map<uint64_t, std::string>> Store::ListVersions(bool fresh) {
   return listed.status().WithContext("listing the versions of store " + options_.uri + " failed " +
                                      std::to_string(attempt) + " times over " + seconds +
                                      " s; the last attempt");
+}
+
+void Store::NoteListingDamage(const std::string& why) {
+  MutexLock lock(&mu_);
+  listing_damage_.count++;
+  auto& recent = listing_damage_.recent;
+  recent.push_back(why);
+  if (recent.size() > kListingDamageKept) recent.erase(recent.begin());
+}
+
+Store::ListingDamage Store::listing_damage() {
+  MutexLock lock(&mu_);
+  return listing_damage_;
 }
 
 Result<std::map<uint64_t, std::string>> Store::ListVersionsOnce(bool fresh) {
@@ -461,8 +475,20 @@ Result<std::optional<uint64_t>> Store::LatestListed() {
 
 Result<std::optional<uint64_t>> Store::Latest() {
   ASSIGN_OR_RETURN(auto versions, ListVersions());
-  if (versions.empty()) return std::optional<uint64_t>();
-  return std::optional<uint64_t>(versions.rbegin()->first);
+  for (auto it = versions.rbegin(); it != versions.rend(); ++it) {
+    {
+      MutexLock lock(&mu_);
+      if (latest_read_ && latest_read_->first == it->first && latest_read_->second == it->second) {
+        return std::optional<uint64_t>(it->first);
+      }
+    }
+    ASSIGN_OR_RETURN(bool exists, ManifestExists(it->first, it->second));
+    if (!exists) continue;  // listed, but not there: a damaged listing, or gc since
+    MutexLock lock(&mu_);
+    latest_read_.emplace(it->first, it->second);
+    return std::optional<uint64_t>(it->first);
+  }
+  return std::optional<uint64_t>();
 }
 
 namespace {

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "store/index.h"
@@ -129,6 +130,15 @@ class Store {
   // check a listing's absences are confirmed with before anything acts on
   // them.
   Result<bool> ManifestExists(uint64_t version, const std::string& key);
+  // Listings ListVersions found damaged (and made again) so far, and the
+  // reasons of the most recent ones (kListingDamageKept), oldest first:
+  // what a daemon reports (dtefs's .dte/status and log).
+  struct ListingDamage {
+    uint64_t count = 0;
+    std::vector<std::string> recent;
+  };
+  ListingDamage listing_damage() EXCLUDES(mu_);
+  static constexpr size_t kListingDamageKept = 16;
   // The latest version, for a writer that expects `expected` (the version
   // it committed last): when a full listing says otherwise, the listing is
   // confirmed against the manifests before it is believed (the expected
@@ -145,7 +155,13 @@ class Store {
   Result<std::optional<uint64_t>> LatestListed() EXCLUDES(mu_);
   static constexpr double kListingReuseSeconds = 1.0;
   static constexpr int64_t kListingTtlSeconds = 60;
-  Result<std::optional<uint64_t>> Latest();
+  // The newest version of a listing (ListVersions) whose manifest exists
+  // when read directly: a key changed in transit can name a version that
+  // does not. One read per new latest version (this object remembers the
+  // last one it read). Within one object the answer never goes back while
+  // that version's manifest exists, as ListVersions lists again a full
+  // listing that lacks a version it knows.
+  Result<std::optional<uint64_t>> Latest() EXCLUDES(mu_);
 
   // Join tables (joins/), version -> key. ListVersions lists them too (one
   // more listing of a prefix that holds a few objects), and JoinOf uses
@@ -230,6 +246,8 @@ class Store {
   Result<std::string> LatestDisagreement(const std::map<uint64_t, std::string>& listed,
                                          uint64_t expected);
   std::atomic<bool> patient_listing_{false};
+  // Counts a damaged listing and keeps its reason (listing_damage()).
+  void NoteListingDamage(const std::string& why) EXCLUDES(mu_);
   Mutex mu_;
   struct Cached {
     std::shared_ptr<const Version> version;
@@ -243,6 +261,9 @@ class Store {
   std::map<uint64_t, std::string> listed_ GUARDED_BY(mu_);           // the last listing
   std::chrono::steady_clock::time_point listed_at_ GUARDED_BY(mu_);  // of listed_; 0: none
   std::map<uint64_t, std::string> join_keys_ GUARDED_BY(mu_);        // the last join listing
+  ListingDamage listing_damage_ GUARDED_BY(mu_);
+  // The version and manifest key Latest() last found by a read.
+  std::optional<std::pair<uint64_t, std::string>> latest_read_ GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<const LoadedJoin>> joins_ GUARDED_BY(mu_);
 };
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -158,6 +159,31 @@ TEST_F(StoreListing, DeltaListedWithoutItsParentIsListedAgain) {
   ASSERT_TRUE(listed.ok()) << listed.status().ToString();
   EXPECT_EQ(*listed, All());
   EXPECT_EQ(objects_->manifest_lists() - before, 2);
+}
+
+// A reader's latest: a listed version whose manifest is there, read once,
+// and never an older one while it stays; each damaged listing is counted.
+TEST_F(StoreListing, LatestIsTheNewestListedVersionThatExistsAndNeverGoesBack) {
+  std::atomic<int> v3_reads{0};
+  objects_->base().SetHook([&](test::StoreOp op, const std::string& key) {
+    if (op == test::StoreOp::kSize && key == ManifestKey(3, 0)) v3_reads++;
+  });
+  objects_->DamageNext(1, [](auto* keys) { keys->push_back(ManifestKey(9, 0)); });
+  EXPECT_EQ(store_->Latest().value(), std::optional<uint64_t>(3));
+  EXPECT_EQ(store_->Latest().value(), std::optional<uint64_t>(3));
+  EXPECT_EQ(v3_reads, 1) << "v3's manifest read again";
+  EXPECT_EQ(store_->listing_damage().count, 0u);
+  objects_->DamageNext(1, [](auto* keys) { Drop(keys, ManifestKey(3, 0)); });
+  EXPECT_EQ(store_->Latest().value(), std::optional<uint64_t>(3));
+  const Store::ListingDamage damage = store_->listing_damage();
+  EXPECT_EQ(damage.count, 1u);
+  ASSERT_EQ(damage.recent.size(), 1u);
+  EXPECT_NE(damage.recent[0].find("lacks manifests/v00000003.json"), std::string::npos)
+      << damage.recent[0];
+  // Gone for real: the next one down, read in turn.
+  ASSERT_TRUE(objects_->base().Delete(ManifestKey(3, 0)).ok());
+  EXPECT_EQ(store_->Latest().value(), std::optional<uint64_t>(2));
+  EXPECT_EQ(store_->listing_damage().count, 1u);
 }
 
 TEST_F(StoreListing, ManifestExistsReadsTheKeyItself) {
