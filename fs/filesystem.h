@@ -12,7 +12,9 @@
 // Every operation returns a Status or Result; the FUSE adapter
 // (fs/internal/) turns them into exactly one reply, and errno mapping lives
 // in one place there. Refresh() and RefreshNew() list the store on the
-// poller thread. The version set in memory is only the listing (version ->
+// poller thread. A version leaves, and `latest` goes back, only once a read
+// of its own manifest key finds it gone: a listing that lacks it changes
+// nothing (fs/listing_guard.h). The version set in memory is only the listing (version ->
 // manifest key) plus the newest version, parsed: manifests and block tables
 // are loaded when a version is looked up, listed or opened, through the
 // Store's bounded cache of parsed versions (then its RocksDB index, then
@@ -41,6 +43,7 @@
 
 #include "fs/inode_table.h"
 #include "fs/latency.h"
+#include "fs/listing_guard.h"
 #include "fs/live.h"
 #include "fs/read_path.h"
 #include "store/snapshot.h"
@@ -100,6 +103,11 @@ class Filesystem {
   // new versions and drops removed ones. A version that fails to load is
   // logged once and skipped.
   Status Refresh() EXCLUDES(mu_);
+  // What Refresh does with its listing `listed` (version -> manifest key).
+  // A shown version that `listed` lacks, or lists at an older revision,
+  // stays unless a read of its own manifest key finds it gone
+  // (ListingGuard), so `latest` goes back only after such a read.
+  Status ApplyListing(std::map<uint64_t, std::string> listed) EXCLUDES(mu_);
   // Looks only for manifests whose keys sort after the newest one seen: one
   // request (PagedLister::ListAfter) on stores that have it, else a full
   // Refresh. Adds new versions and newer revisions; removals are noticed by
@@ -207,6 +215,9 @@ class Filesystem {
   ReadPath reader_;
   InodeTable inodes_;
   Live live_{store_, &reader_};
+  ListingGuard guard_{[this](uint64_t version, const std::string& key) {
+    return store_->ManifestExists(version, key);
+  }};
   const int64_t mount_time_ = static_cast<int64_t>(std::time(nullptr));
   std::optional<uint64_t> initial_live_;
   std::atomic<uint64_t> bytes_served_{0}, reads_{0}, read_errors_{0};
@@ -217,6 +228,7 @@ class Filesystem {
   Mutex mu_;
   VersionMap versions_ GUARDED_BY(mu_);
   std::shared_ptr<const Version> latest_ GUARDED_BY(mu_);  // versions_'s newest, loaded
+  std::optional<uint64_t> max_shown_ GUARDED_BY(mu_);      // the newest version ever shown
   int64_t root_mtime_ GUARDED_BY(mu_) = 0;
   std::set<std::pair<uint64_t, uint32_t>> logged_ GUARDED_BY(mu_);  // (version, file)
   std::set<std::string> failed_keys_ GUARDED_BY(mu_);               // manifests that did not load

@@ -98,7 +98,29 @@ class FsCollector : public prometheus::Collectable {
         Number(poll["failed"]));
     add("dte_fs_poll_failing", "1 while the store cannot be listed", kG,
         poll["failing"].is_boolean() && poll["failing"].get<bool>() ? 1 : 0);
+    const nlohmann::json& listings = s["listings"];
+    add("dte_fs_listings_damaged_total",
+        "Listings the store found damaged (lacking a version it knows) and made again", kC,
+        Number(listings["damaged"]));
+    add("dte_fs_listings_lacking_total", "Full listings that lacked a version the mount shows", kC,
+        Number(listings["lacking"]));
+    add("dte_fs_versions_kept_total",
+        "Versions a listing lacked that stayed: their manifest was read and is there", kC,
+        Number(listings["kept"]));
+    add("dte_fs_versions_unchecked_total",
+        "Versions a listing lacked that stayed unchecked (the manifest read failed or waits)", kC,
+        Number(listings["unchecked"]));
+    add("dte_fs_versions_gone_total",
+        "Versions that left the mount: their manifest was read and is gone", kC,
+        Number(listings["gone"]));
+    add("dte_fs_latest_held_total",
+        "Full listings whose newest was older than latest, which stayed", kC,
+        Number(listings["latest_held"]));
     add("dte_fs_versions", "Versions the mount shows", kG, Number(s["versions"].size()));
+    if (s["max_version_seen"].is_number()) {
+      add("dte_fs_max_version_seen", "The newest version the mount has ever shown", kG,
+          Number(s["max_version_seen"]));
+    }
     if (s["latest"].is_number()) {
       add("dte_fs_latest_version", "The newest version the mount shows", kG, Number(s["latest"]));
       if (s["latest_created"].is_string()) {

@@ -71,8 +71,17 @@ Status Filesystem::Refresh() {
     MutexLock lock(&mu_);
     full_polls_++;
   }
-  ASSIGN_OR_RETURN(auto listed, store_->ListVersions(/*fresh=*/true));
+  auto listed = store_->ListVersions(/*fresh=*/true);
+  const Store::ListingDamage damage = store_->listing_damage();
+  guard_.NoteDamagedListings(damage.count, damage.recent);
+  if (!listed.ok()) return listed.status();
+  return ApplyListing(std::move(listed).value());
+}
+
+Status Filesystem::ApplyListing(VersionMap listed) {
   const VersionMap current = Versions();
+  // A version this listing lacks leaves only once its manifest is gone.
+  listed = guard_.Complete(std::move(listed), current);
   VersionMap next;
   bool complete = true;
   ASSIGN_OR_RETURN(auto latest, Merge(listed, current, &next, &complete));
@@ -143,6 +152,9 @@ void Filesystem::Install(VersionMap next, std::shared_ptr<const Version> latest)
     }
     if (next != versions_) root_mtime_ = static_cast<int64_t>(std::time(nullptr));
     versions_ = std::move(next);
+    if (!versions_.empty()) {
+      max_shown_ = std::max(max_shown_.value_or(0), versions_.rbegin()->first);
+    }
     latest_ = std::move(latest);
     // The first version seen becomes live: the one asked for at mount, else
     // the newest.

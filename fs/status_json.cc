@@ -27,7 +27,17 @@ std::string Filesystem::StatusJson() {
                  {"failing", failing_since_ != 0},
                  {"failing_since", failing_since_ ? nlohmann::json(failing_since_) : nullptr},
                  {"last_error", poll_error_}};
+    j["max_version_seen"] = max_shown_ ? nlohmann::json(*max_shown_) : nlohmann::json();
   }
+  const ListingGuardStats g = guard_.Stats();
+  // What full listings lacked, and what reading the manifests found.
+  j["listings"] = {{"damaged", g.damaged},
+                   {"lacking", g.lacking},
+                   {"kept", g.kept},
+                   {"unchecked", g.unchecked},
+                   {"gone", g.gone},
+                   {"latest_held", g.latest_held},
+                   {"events", std::vector<std::string>(g.events.begin(), g.events.end())}};
   j["versions"] = versions;
   j["latest"] = versions.empty() ? nlohmann::json() : nlohmann::json(versions.back());
   j["reads"] = reads_.load();
