@@ -130,6 +130,11 @@ class Store {
   // check a listing's absences are confirmed with before anything acts on
   // them.
   Result<bool> ManifestExists(uint64_t version, const std::string& key);
+  // Versions a full listing lacks that ListVersions confirms one by one
+  // with ManifestExists (the newest ones); beyond them, a second listing
+  // must agree that the rest are gone (gc on another host removes many at
+  // once).
+  static constexpr size_t kMaxDirectChecks = 16;
   // Listings ListVersions found damaged (and made again) so far, and the
   // reasons of the most recent ones (kListingDamageKept), oldest first:
   // what a daemon reports (dtefs's .dte/status and log).
@@ -241,6 +246,10 @@ class Store {
   // knows whose manifest exists, or lists a loaded delta without its
   // parent, whose manifest exists (ListVersions).
   Status CrossCheckListing(const std::map<uint64_t, std::string>& listed) EXCLUDES(mu_);
+  // Corruption if one of the versions `missing` from a listing (version,
+  // manifest key) still exists: the newest kMaxDirectChecks read directly,
+  // the rest against a second listing.
+  Status ConfirmMissing(std::vector<std::pair<uint64_t, std::string>> missing);
   // Why `listed`'s latest disagrees with the manifests, for a writer that
   // expects `expected` ("" when the listing is confirmed).
   Result<std::string> LatestDisagreement(const std::map<uint64_t, std::string>& listed,

@@ -2,6 +2,7 @@
 // agree with it (store/store.h, ListVersions; docs/s3.md, "Listings").
 #include <algorithm>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "store/internal/s3_retry.h"
@@ -35,6 +36,34 @@ Result<bool> Store::ManifestExists(uint64_t version, const std::string& key) {
   return size.has_value();
 }
 
+Status Store::ConfirmMissing(std::vector<std::pair<uint64_t, std::string>> missing) {
+  // The newest ones, those a reader's latest depends on, by their keys.
+  std::sort(missing.rbegin(), missing.rend());
+  const size_t direct = std::min(missing.size(), kMaxDirectChecks);
+  for (size_t i = 0; i < direct; ++i) {
+    const auto& [v, key] = missing[i];
+    ASSIGN_OR_RETURN(bool exists, ManifestExists(v, key));
+    if (exists) {
+      return Corruption(Damaged(options_.uri, "it lacks " + key + " (" + VersionName(v) +
+                                                  "), which exists when read directly"));
+    }
+  }
+  if (direct == missing.size()) return Status::Ok();
+  // Many gone at once (gc on another host): a second listing must agree
+  // that the rest are gone, one request per 1000 manifests instead of one
+  // per version.
+  ASSIGN_OR_RETURN(auto keys, objects_->ListStoreKeys(kManifestPrefix));
+  std::set<std::string> again(keys.begin(), keys.end());
+  for (size_t i = direct; i < missing.size(); ++i) {
+    if (again.count(missing[i].second)) {
+      return Corruption(Damaged(options_.uri, "it lacks " + missing[i].second + " (" +
+                                                  VersionName(missing[i].first) +
+                                                  "), which the next listing shows"));
+    }
+  }
+  return Status::Ok();
+}
+
 Status Store::CrossCheckListing(const std::map<uint64_t, std::string>& listed) {
   // What this object knew before the listing: its last listing, the
   // versions it holds parsed (and their parents), the index.
@@ -54,14 +83,11 @@ Status Store::CrossCheckListing(const std::map<uint64_t, std::string>& listed) {
     ASSIGN_OR_RETURN(auto indexed, index_->ListVersions());
     known.insert(indexed.begin(), indexed.end());
   }
+  std::vector<std::pair<uint64_t, std::string>> missing;
   for (const auto& [v, key] : known) {
-    if (listed.count(v)) continue;
-    ASSIGN_OR_RETURN(bool exists, ManifestExists(v, key));
-    if (exists) {
-      return Corruption(Damaged(options_.uri, "it lacks " + key + " (" + VersionName(v) +
-                                                  "), which exists when read directly"));
-    }
+    if (!listed.count(v)) missing.emplace_back(v, key);
   }
+  RETURN_IF_ERROR(ConfirmMissing(missing));
   // gc rebases a kept version before it deletes its parent's manifest, so
   // a listed delta without its parent is a listing that lost the parent.
   for (const auto& [v, parent] : parents) {

@@ -186,6 +186,40 @@ TEST_F(StoreListing, LatestIsTheNewestListedVersionThatExistsAndNeverGoesBack) {
   EXPECT_EQ(store_->listing_damage().count, 1u);
 }
 
+TEST_F(StoreListing, ManyVersionsGoneAtOnceAreConfirmedByASecondListing) {
+  VersionWriter w(&objects_->base());
+  for (uint64_t v = 4; v < 24; ++v) ASSERT_TRUE(w.Write(v, Model(), true).ok());
+  ASSERT_EQ(store_->ListVersions().value().size(), 24u);
+  for (uint64_t v = 1; v < 21; ++v) ASSERT_TRUE(objects_->base().Delete(ManifestKey(v, 0)).ok());
+  // One more listing drops v00000000, which exists: the second listing
+  // shows it, so the first is listed again.
+  objects_->DamageNext(1, [](auto* keys) { Drop(keys, ManifestKey(0, 0)); });
+  const uint64_t heads = objects_->base().Calls(test::StoreOp::kSize);
+  const int lists = objects_->manifest_lists();
+  auto listed = store_->ListVersions(/*fresh=*/true);
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_EQ(*listed, (std::map<uint64_t, std::string>{{0, ManifestKey(0, 0)},
+                                                      {21, ManifestKey(21, 0)},
+                                                      {22, ManifestKey(22, 0)},
+                                                      {23, ManifestKey(23, 0)}}));
+  // Each listing: the newest 16 of the 20 or 21 missing read directly, the
+  // rest against one more listing.
+  EXPECT_EQ(objects_->base().Calls(test::StoreOp::kSize) - heads, 2 * Store::kMaxDirectChecks);
+  EXPECT_EQ(objects_->manifest_lists() - lists, 4);
+}
+
+// A first listing (nothing known yet) whose newest key was changed into
+// v00000009's: the store lists again before it answers.
+TEST_F(StoreListing, LatestOfAListingThatNamesAVersionNotThereListsAgain) {
+  objects_->DamageNext(1, [](auto* keys) {
+    Drop(keys, ManifestKey(3, 0));
+    keys->push_back(ManifestKey(9, 0));
+  });
+  const int lists = objects_->manifest_lists();
+  EXPECT_EQ(store_->Latest().value(), std::optional<uint64_t>(3));
+  EXPECT_EQ(objects_->manifest_lists() - lists, 2);
+}
+
 TEST_F(StoreListing, ManifestExistsReadsTheKeyItself) {
   EXPECT_TRUE(store_->ManifestExists(3, ManifestKey(3, 0)).value());
   EXPECT_FALSE(store_->ManifestExists(3, ManifestKey(3, 1)).value());
