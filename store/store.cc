@@ -475,20 +475,36 @@ Result<std::optional<uint64_t>> Store::LatestListed() {
 
 Result<std::optional<uint64_t>> Store::Latest() {
   ASSIGN_OR_RETURN(auto versions, ListVersions());
+  ASSIGN_OR_RETURN(NewestRead newest, NewestThatExists(versions));
+  if (!newest.skipped) return newest.version;
+  // The listing named a version that is not there: a key changed in
+  // transit into another, or gc since. One fresh listing more decides.
+  ASSIGN_OR_RETURN(versions, ListVersions(/*fresh=*/true));
+  ASSIGN_OR_RETURN(newest, NewestThatExists(versions));
+  return newest.version;
+}
+
+Result<Store::NewestRead> Store::NewestThatExists(const std::map<uint64_t, std::string>& versions) {
+  NewestRead out;
   for (auto it = versions.rbegin(); it != versions.rend(); ++it) {
     {
       MutexLock lock(&mu_);
       if (latest_read_ && latest_read_->first == it->first && latest_read_->second == it->second) {
-        return std::optional<uint64_t>(it->first);
+        out.version = it->first;
+        return out;
       }
     }
     ASSIGN_OR_RETURN(bool exists, ManifestExists(it->first, it->second));
-    if (!exists) continue;  // listed, but not there: a damaged listing, or gc since
+    if (!exists) {
+      out.skipped = true;
+      continue;
+    }
     MutexLock lock(&mu_);
     latest_read_.emplace(it->first, it->second);
-    return std::optional<uint64_t>(it->first);
+    out.version = it->first;
+    return out;
   }
-  return std::optional<uint64_t>();
+  return out;
 }
 
 namespace {

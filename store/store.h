@@ -162,10 +162,11 @@ class Store {
   static constexpr int64_t kListingTtlSeconds = 60;
   // The newest version of a listing (ListVersions) whose manifest exists
   // when read directly: a key changed in transit can name a version that
-  // does not. One read per new latest version (this object remembers the
-  // last one it read). Within one object the answer never goes back while
-  // that version's manifest exists, as ListVersions lists again a full
-  // listing that lacks a version it knows.
+  // does not (then one fresh listing more is taken, and its newest that
+  // exists is the answer). One read per new latest version (this object
+  // remembers the last one it read). Within one object the answer never
+  // goes back while that version's manifest exists, as ListVersions lists
+  // again a full listing that lacks a version it knows.
   Result<std::optional<uint64_t>> Latest() EXCLUDES(mu_);
 
   // Join tables (joins/), version -> key. ListVersions lists them too (one
@@ -273,6 +274,14 @@ class Store {
   ListingDamage listing_damage_ GUARDED_BY(mu_);
   // The version and manifest key Latest() last found by a read.
   std::optional<std::pair<uint64_t, std::string>> latest_read_ GUARDED_BY(mu_);
+  // The newest of `versions` whose manifest exists (Latest), and whether a
+  // newer one listed does not.
+  struct NewestRead {
+    std::optional<uint64_t> version;
+    bool skipped = false;
+  };
+  Result<NewestRead> NewestThatExists(const std::map<uint64_t, std::string>& versions)
+      EXCLUDES(mu_);
   std::map<uint64_t, std::shared_ptr<const LoadedJoin>> joins_ GUARDED_BY(mu_);
 };
 

@@ -220,6 +220,18 @@ TEST_F(StoreListing, LatestOfAListingThatNamesAVersionNotThereListsAgain) {
   EXPECT_EQ(objects_->manifest_lists() - lists, 2);
 }
 
+// A first listing (nothing known yet) whose newest key was changed into
+// v00000009's: the store lists again before it answers.
+TEST_F(StoreListing, LatestOfAListingThatNamesAVersionNotThereListsAgain) {
+  objects_->DamageNext(1, [](auto* keys) {
+    Drop(keys, ManifestKey(3, 0));
+    keys->push_back(ManifestKey(9, 0));
+  });
+  const int lists = objects_->manifest_lists();
+  EXPECT_EQ(store_->Latest().value(), std::optional<uint64_t>(3));
+  EXPECT_EQ(objects_->manifest_lists() - lists, 2);
+}
+
 TEST_F(StoreListing, ManifestExistsReadsTheKeyItself) {
   EXPECT_TRUE(store_->ManifestExists(3, ManifestKey(3, 0)).value());
   EXPECT_FALSE(store_->ManifestExists(3, ManifestKey(3, 1)).value());
