@@ -11,11 +11,12 @@ parallel make "the i-th" depend on timing; the set of positions tried does
 not.
 
 Positions: `DTE_FAULT_CAMPAIGN=all` tries every one (tools/fault_campaign.sh).
-Otherwise `sample_positions` spreads PER_KIND points per kind evenly over
-the run, first and last request included, and deals them out to the kinds
-in turn (the kinds of one family, requests or listings, get different
-positions), so that each kind meets each scenario at two positions inside
-the suite's time budget.
+Otherwise `sample_positions` spreads PER_KIND (2) points per kind evenly
+over the run, first and last request included, and deals them out to the
+kinds in turn, so that the kinds of one family (requests, listings) get
+different positions; a listing kind also tries the last listing, and draws
+only from listings without start-after (a follower's polls, empty unless
+something was committed).
 
 Thread-safety: none; one campaign runs at a time.
 """
@@ -47,7 +48,9 @@ LISTING_QUERY = "list-type=2"
 FAST_RETRIES = {"DTE_S3_MAX_ATTEMPTS": "4", "DTE_S3_RETRY_BASE_MS": "20",
                 "DTE_S3_RETRY_MAX_MS": "200", "DTE_S3_LOW_SPEED_TIME": "1"}
 MANIFEST_KEY = re.compile(r"manifests/v\d{8,12}(?:\.r\d+)?\.json")
-MISSING_WORDS = re.compile(r"is gone|is missing|not found|does not exist|no longer exists")
+VERSION_NAME = re.compile(r"\bv(\d{8,12})\b(?!\.)")  # not the manifest keys above
+MISSING_WORDS = re.compile(r"is gone|is missing|not found|does not exist|no longer exists|"
+                           r"is not committed")
 CONCURRENT_WORDS = re.compile(r"another writer|latest version changed|changed it\b")
 CRASH_WORDS = ("Traceback", "terminate called", "Segmentation fault", "core dumped",
                "AddressSanitizer", "Assertion")
@@ -61,23 +64,28 @@ def per_kind():
     return int(os.environ.get("DTE_FAULT_CAMPAIGN_PER_KIND", "2"))
 
 
-def sample_positions(n, slot, slots):
-    """The positions in range(n) that kind number `slot` of `slots` kinds tries."""
-    if n <= 0:
+def sample_positions(candidates, slot, slots, last=False):
+    """The positions (of `candidates`, a list of request or listing indices)
+    that kind number `slot` of `slots` kinds tries; with `last`, the last
+    candidate too. Every candidate in a full campaign."""
+    if not candidates:
         return []
     if full_campaign():
-        return list(range(n))
+        return list(candidates)
     points = slots * per_kind()
-    spread = [round(i * (n - 1) / max(points - 1, 1)) for i in range(points)]
-    return sorted(set(spread[slot::slots]))
+    n = len(candidates)
+    spread = [candidates[round(i * (n - 1) / max(points - 1, 1))] for i in range(points)]
+    return sorted(set(spread[slot::slots]) | ({candidates[-1]} if last else set()))
 
 
 def fault_rule(kind, position):
-    """Rule arguments that fire once, on the position-th request (listing) of a run."""
+    """Rule arguments that fire once, on the position-th request (listing) of
+    a run. A listing fault hits the last key at even positions and the one
+    before it at odd ones."""
     args, listing = KINDS[kind]
     rule = dict(args, skip=position, times=1)
     if listing:
-        rule["method"], rule["query"] = "GET", LISTING_QUERY
+        rule.update(method="GET", query=LISTING_QUERY, at=-1 - position % 2)
     return rule
 
 
@@ -161,7 +169,8 @@ class Campaign:
             scenario.close(ctx)
 
     def clean_run(self, scenario):
-        """Runs the scenario without faults; returns (requests, listings)."""
+        """Runs the scenario without faults; returns the request positions, the
+        positions of listings without start-after, and the number of listings."""
         outcome, problems, exchanges, _ = self._one(scenario, None)
         assert outcome.ok and not problems, \
             f"{scenario.name} fails without faults: {outcome.error} {problems}"
@@ -169,15 +178,21 @@ class Campaign:
         self.counts[scenario.name] = (len(exchanges), len(listings))
         self.log(f"{scenario.name}: {len(exchanges)} requests, {len(listings)} listings "
                  "without faults")
-        return len(exchanges), len(listings)
+        # Listings with start-after (a follower's polls) are empty unless
+        # something was committed: the sample draws from the others.
+        whole = [i for i, e in enumerate(listings) if "start-after" not in e.query]
+        return list(range(len(exchanges))), whole or list(range(len(listings))), len(listings)
 
     def run(self, scenario, kinds=None):
-        requests, listings = self.clean_run(scenario)
+        requests, whole, listings = self.clean_run(scenario)
         kinds = kinds or list(KINDS)
         for kind in kinds:
             family = [k for k in kinds if KINDS[k][1] == KINDS[kind][1]]
-            n = listings if KINDS[kind][1] else requests
-            for position in sample_positions(n, family.index(kind), len(family)):
+            listing = KINDS[kind][1]
+            candidates = (list(range(listings)) if full_campaign() else whole) if listing \
+                else requests
+            for position in sample_positions(candidates, family.index(kind), len(family),
+                                             last=listing):
                 started = time.monotonic()
                 outcome, problems, _, rule = self._one(scenario, fault_rule(kind, position))
                 case = Case(scenario.name, kind, position, rule.fired > 0, outcome.ok, problems,
@@ -236,10 +251,15 @@ def copy_prefix(moto, bucket, src, dst):
 
 # --- invariants shared by the scenarios ---------------------------------------
 
+def _clause(text, start, limit):
+    """What follows a name up to the end of its clause (";" or ":")."""
+    return re.split(r"[;:]", text[start:start + limit])[0]
+
+
 def error_problems(error, moto, bucket, prefix, rc=None):
     """Ways a failing command's message misnames its cause: a crash, an empty
     message, another writer or a concurrent change (no scenario has one), or
-    a manifest called missing that is in the store."""
+    a manifest or version called missing that is in the store."""
     problems = []
     if rc is not None and rc not in (1, 3, 4):
         problems.append(f"exit status {rc} (a crash or an unknown status)")
@@ -252,8 +272,12 @@ def error_problems(error, moto, bucket, prefix, rc=None):
         problems.append("blames a concurrent change to the store, and there is none")
     present = set(object_keys(moto, bucket, prefix))
     for m in MANIFEST_KEY.finditer(error):
-        tail = error[m.end():m.end() + 80]
-        if MISSING_WORDS.search(tail.split(";")[0]) and m.group(0) in present:
+        if MISSING_WORDS.search(_clause(error, m.end(), 80)) and m.group(0) in present:
+            problems.append(f"calls {m.group(0)} missing, and it is in the store")
+    versions = {int(k[len("manifests/v"):].split(".")[0]) for k in present
+                if MANIFEST_KEY.fullmatch(k)}
+    for m in VERSION_NAME.finditer(error):
+        if MISSING_WORDS.search(_clause(error, m.end(), 40)) and int(m.group(1)) in versions:
             problems.append(f"calls {m.group(0)} missing, and it is in the store")
     return problems
 

@@ -140,6 +140,9 @@ def test_the_faults_bite_and_the_checks_see_them(world, dtectl_stores, tmp_path)
     misnamed = world.error_problems(prefix, "cannot export: its manifest "
                                     "manifests/v00000003.json is gone from store s3://x", rc=1)
     assert misnamed == ["calls manifests/v00000003.json missing, and it is in the store"]
+    misnamed = world.error_problems(prefix, "not found: reading v00000003: version 1 "
+                                    "(v00000001) is not committed in store s3://x")
+    assert misnamed == ["calls v00000001 missing, and it is in the store"]
     assert world.error_problems(prefix, "", rc=-11) == [
         "exit status -11 (a crash or an unknown status)", "failed without a message"]
 
