@@ -93,8 +93,8 @@ class PushServer::Impl {
       Log("push server on " + address() + " authenticates every connection with the job " +
           "secret from " + secret->source);
     } else {
-      Log("push server on " + address() + " listens on loopback only, without a job secret (" +
-          HowToGiveASecret() + " to listen on other interfaces)");
+      Log("push server on " + address() + " has no job secret: it listens on loopback only; " +
+          HowToGiveASecret() + " to listen on other interfaces");
     }
     const int flags = fcntl(listen_.get(), F_GETFL, 0);
     fcntl(listen_.get(), F_SETFL, flags | O_NONBLOCK);

@@ -94,6 +94,8 @@ def test_without_a_secret_a_push_group_listens_on_loopback_only():
     assert "DTE_JOB_SECRET" in str(e.value)
     with dte.PushGroup("127.0.0.1:0") as group:
         assert group.status()["authenticated"] is False
+    with pytest.raises(ValueError):
+        dte.PushGroup("127.0.0.1:0", secret=b"with\0nul")
 
 
 def test_a_secret_from_the_environment_must_be_a_private_file(tmp_path, monkeypatch):

@@ -30,8 +30,8 @@ def _secret_arg(secret):
         return None
     if isinstance(secret, str):
         secret = secret.encode()
-    if not isinstance(secret, bytes) or not secret:
-        raise ValueError("secret must be a non-empty str or bytes")
+    if not isinstance(secret, bytes) or not secret or b"\0" in secret:
+        raise ValueError("secret must be a non-empty str or bytes without NUL bytes")
     return secret
 
 
