@@ -261,7 +261,6 @@ def identical(views, params):
 
 def write_checkpoint(params, c, path, shard_bytes=2 << 30):
     """Version 0 as a sharded Hugging Face directory (BF16), a shard at a time."""
-    import safetensors.torch
     import torch
     os.makedirs(path)
     json.dump(c, open(os.path.join(path, "config.json"), "w"), indent=1)
@@ -276,12 +275,35 @@ def write_checkpoint(params, c, path, shard_bytes=2 << 30):
     weight_map = {}
     for i, names in enumerate(shards):
         fname = "model-%05d-of-%05d.safetensors" % (i + 1, len(shards))
-        safetensors.torch.save_file(
-            {n: p.detach().to(torch.bfloat16).cpu() for n, p in names.items()},
-            os.path.join(path, fname), metadata={"format": "pt"})
+        save_bf16({n: p.detach().to(torch.bfloat16).cpu() for n, p in names.items()},
+                  os.path.join(path, fname))
         weight_map.update((n, fname) for n in names)
     json.dump({"metadata": {}, "weight_map": weight_map},
               open(os.path.join(path, "model.safetensors.index.json"), "w"))
+
+
+def save_bf16(tensors, path):
+    """A safetensors file of BF16 tensors: with the safetensors package where
+    it is installed, else written here (a GPU host may have torch alone)."""
+    try:
+        import safetensors.torch
+    except ImportError:
+        pass
+    else:
+        return safetensors.torch.save_file(tensors, path, metadata={"format": "pt"})
+    import struct
+    import torch
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for n, t in tensors.items():
+        header[n] = {"dtype": "BF16", "shape": list(t.shape),
+                     "data_offsets": [offset, offset + t.numel() * 2]}
+        offset += t.numel() * 2
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for t in tensors.values():
+            f.write(t.contiguous().view(-1).view(torch.int16).numpy().tobytes())
 
 
 def adamw_step(opt, params, step, device):
