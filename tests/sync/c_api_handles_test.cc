@@ -259,12 +259,12 @@ auto CApiHandlesTest::Cases() -> std::map<std::string, std::vector<Slot>> {
        {{pub, [=, this](void* h) { return dte_publisher_serve_metrics((P*)h, "0", &i32_); }}}},
       {"dte_publisher_push_metrics",
        {{pub,
-         [=, this](void* h) {
+         [=](void* h) {
            return dte_publisher_push_metrics((P*)h, "127.0.0.1:1", "job", names, values, 1);
          }}}},
       {"dte_transport_store",
        {{dist,
-         [=, this](void* h) {
+         [=](void* h) {
            dte_transport* out = nullptr;
            return dte_transport_store((DP*)h, 0, 1, "job", 1000, &out);
          }}}},
@@ -290,11 +290,11 @@ auto CApiHandlesTest::Cases() -> std::map<std::string, std::vector<Slot>> {
          }}}},
       {"dte_dist_publisher_set_push",
        {{dist, [=, this](void* h) { return dte_dist_publisher_set_push((DP*)h, Open<S>(server)); }},
-        {server, [=, this](void* h) { return dte_dist_publisher_set_push(dp, (S*)h); }, true}}},
+        {server, [=](void* h) { return dte_dist_publisher_set_push(dp, (S*)h); }, true}}},
       {"dte_dist_publisher_share_push",
-       {{dist, [=, this](void* h) { return dte_dist_publisher_share_push((DP*)h, t); }},
+       {{dist, [=](void* h) { return dte_dist_publisher_share_push((DP*)h, t); }},
         {transport,
-         [=, this](void* h) { return dte_dist_publisher_share_push(dp, (dte_transport*)h); }}}},
+         [=](void* h) { return dte_dist_publisher_share_push(dp, (dte_transport*)h); }}}},
       {"dte_dist_publisher_last_push_json",
        {{dist, [=, this](void* h) { return dte_dist_publisher_last_push_json((DP*)h, &text_); }}}},
       {"dte_dist_publisher_metrics_text",
@@ -304,7 +304,7 @@ auto CApiHandlesTest::Cases() -> std::map<std::string, std::vector<Slot>> {
          [=, this](void* h) { return dte_dist_publisher_serve_metrics((DP*)h, "0", &i32_); }}}},
       {"dte_dist_publisher_push_metrics",
        {{dist,
-         [=, this](void* h) {
+         [=](void* h) {
            return dte_dist_publisher_push_metrics((DP*)h, "127.0.0.1:1", "job", names, values, 1);
          }}}},
       {"dte_push_server_close", {{server, [](void* h) { return dte_push_server_close((S*)h); }}}},
