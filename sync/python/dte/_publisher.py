@@ -814,6 +814,9 @@ class StoreReader(_Handle):
         self._h = handle
 
     def latest(self):
+        """The newest committed version, None when there is none. Its manifest
+        was read, not only listed, and within this reader the answer never goes
+        back while that manifest exists (a listing that lacks it is made again)."""
         has, version = ctypes.c_int(), ctypes.c_uint64()
         _check(lib.dte_store_latest(self._h, ctypes.byref(has), ctypes.byref(version)))
         return version.value if has.value else None
