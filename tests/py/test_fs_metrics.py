@@ -70,6 +70,14 @@ def test_metrics_equal_the_status_and_a_prometheus_server_scrapes_them(store, tm
         assert values["dte_fs_block_cache_bytes"] == status["cache"]["bytes"]
         assert values["dte_fs_latest_version"] == status["latest"] == 2
         assert values["dte_fs_versions"] == 3
+        assert values["dte_fs_max_version_seen"] == status["max_version_seen"] == 2
+        for metric, field in (("dte_fs_listings_damaged_total", "damaged"),
+                              ("dte_fs_listings_lacking_total", "lacking"),
+                              ("dte_fs_versions_kept_total", "kept"),
+                              ("dte_fs_versions_unchecked_total", "unchecked"),
+                              ("dte_fs_versions_gone_total", "gone"),
+                              ("dte_fs_latest_held_total", "latest_held")):
+            assert values[metric] == status["listings"][field] == 0, metric
         assert values["dte_fs_live_version"] == 2
         assert 0 <= values["dte_fs_latest_age_seconds"] < 3600
         assert values["dte_fs_polls_total"] >= 0 and values["dte_fs_poll_failing"] == 0
