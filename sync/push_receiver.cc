@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -381,6 +382,12 @@ class PushReceiver::Impl {
         std::lock_guard lock(mu_);
         link->welcomed = false;
         if (!s.ok() && !stop_) error_ = s.message();
+        // A server that fails the handshake is logged once per reason (it
+        // is retried on every reconnect).
+        if (!s.ok() && !stop_ && s.code() == Code::kPermissionDenied && s.message() != logged_) {
+          logged_ = s.message();
+          std::fprintf(stderr, "dte: push receiver rank %d: %s\n", options_.rank, logged_.c_str());
+        }
         lost = "the link to the push server at " + link->address + " (part " +
                std::to_string(link->part) + ") ended" + (s.ok() ? "" : ": " + s.message());
         if (!link->retired) tell = LoseAssemblyLocked(*link, lost);
@@ -418,6 +425,7 @@ class PushReceiver::Impl {
   std::optional<uint64_t> behind_;
   bool inconsistent_ = false;
   std::string error_, refused_;
+  std::string logged_;  // the last authentication failure logged
   // links_[p] receives part p of each push; links_[0] is options_.address.
   std::vector<std::shared_ptr<Link>> links_;
   std::vector<std::shared_ptr<Link>> retired_;  // links to senders no longer named

@@ -204,6 +204,7 @@ std::string AllEvents(PushServer& s) {
 }
 
 TEST(PushAuth, StrangersAreRefusedAndLoggedBeforeAnythingWhileTheJobIsServed) {
+  ::testing::internal::CaptureStderr();
   PushServerOptions o;
   o.secret = kSecret;
   auto server = PushServer::Start(o);
@@ -269,6 +270,16 @@ TEST(PushAuth, StrangersAreRefusedAndLoggedBeforeAnythingWhileTheJobIsServed) {
   const auto status = nlohmann::json::parse(s.StatusJson());
   EXPECT_EQ(status["authenticated"], true);
   EXPECT_GE(status["refused"].get<uint64_t>(), 6u);
+  // Both ends log: the server each refusal, the receiver the server that
+  // did not prove the secret (once).
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find(": connection 2 from 127.0.0.1:"), std::string::npos) << log;
+  const std::string rx_line =
+      "dte: push receiver rank 0: the push server at 127.0.0.1:" + std::to_string(s.port()) +
+      " did not prove it knows the job secret";
+  const size_t first = log.find(rx_line);
+  EXPECT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find(rx_line, first + 1), std::string::npos) << log;
 }
 
 TEST(PushAuth, WithoutASecretTheServerListensOnLoopbackOnly) {
