@@ -100,8 +100,9 @@ class Filesystem {
   Filesystem& operator=(const Filesystem&) = delete;
 
   // Brings the version set in line with the store (one full listing): loads
-  // new versions and drops removed ones. A version that fails to load is
-  // logged once and skipped.
+  // new versions and drops removed ones (ApplyListing). A version that fails
+  // to load is logged once and skipped. Listings the store found damaged
+  // and made again are logged and counted (.dte/status "listings").
   Status Refresh() EXCLUDES(mu_);
   // What Refresh does with its listing `listed` (version -> manifest key).
   // A shown version that `listed` lacks, or lists at an older revision,

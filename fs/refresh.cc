@@ -151,6 +151,12 @@ void Filesystem::Install(VersionMap next, std::shared_ptr<const Version> latest)
       if (!next.count(version)) removed.push_back(version);
     }
     if (next != versions_) root_mtime_ = static_cast<int64_t>(std::time(nullptr));
+    // The newest version shown, loaded before, stays `latest` when this
+    // refresh could not load it again (a failed read): never an older one.
+    if (latest_ && (!latest || latest->manifest.version < latest_->manifest.version)) {
+      auto kept = next.find(latest_->manifest.version);
+      if (kept != next.end() && kept->second == latest_->key) latest = latest_;
+    }
     versions_ = std::move(next);
     if (!versions_.empty()) {
       max_shown_ = std::max(max_shown_.value_or(0), versions_.rbegin()->first);

@@ -111,5 +111,27 @@ TEST_F(ListingTest, VersionLeavesOnceItsManifestIsGone) {
   EXPECT_EQ(nlohmann::json::parse(fs_->StatusJson())["max_version_seen"], 3);
 }
 
+// The newest version's manifest cannot be loaded again (it was evicted from
+// memory, and the store's copy no longer reads): `latest` stays the copy
+// loaded before, never an older version.
+TEST_F(ListingTest, LatestStaysWhenTheNewestCannotBeLoadedAgain) {
+  StoreOptions o;
+  o.uri = env_.uri();
+  o.version_cache_bytes = 1;  // holds only the version used last
+  auto opened = Store::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  std::unique_ptr<Store> store = std::move(opened).value();
+  Filesystem fs(store.get(), uint64_t{16} << 20);
+  ASSERT_TRUE(fs.Refresh().ok());
+  ASSERT_EQ(fs.Latest()->manifest.version, 3u);
+  ASSERT_TRUE(fs.VersionOf(0).ok());  // v3 leaves the memory cache
+  ASSERT_TRUE(writer_->objects().Put(all_.at(3), "not a manifest").ok());
+  ASSERT_TRUE(fs.Refresh().ok());
+  EXPECT_EQ(fs.ReadLink(kLatestIno).value(), "v00000003");
+  ASSERT_NE(fs.Latest(), nullptr);
+  EXPECT_EQ(fs.Latest()->manifest.version, 3u) << "latest went back";
+  EXPECT_EQ(fs.LiveStatus().latest_version, 3u);
+}
+
 }  // namespace
 }  // namespace dte::fs
