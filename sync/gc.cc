@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 
 #include "store/store.h"
 #include "sync/anchor_policy.h"
@@ -35,8 +36,11 @@ struct GcPlan {
   std::map<uint64_t, std::string> kept_keys;
 };
 
-// The newest keep_last listed versions and every multiple of keep_every.
-Result<GcPlan> PlanGc(Store& store, const GcOptions& options) {
+// One plan from one listing; `damaged` says why the listing cannot be
+// planned with (then there is no plan): it names a kept version whose
+// manifest is gone when read, or lacks a kept delta's parent whose manifest
+// exists (gc deletes a parent's manifest only after rebasing its children).
+Result<GcPlan> PlanGcOnce(Store& store, const GcOptions& options, std::string* damaged) {
   GcPlan plan;
   ASSIGN_OR_RETURN(auto versions, store.ListVersions(/*fresh=*/true));
   for (const auto& [v, key] : versions) {
@@ -48,12 +52,42 @@ Result<GcPlan> PlanGc(Store& store, const GcOptions& options) {
     plan.keep.insert(*it);
   }
   for (uint64_t k : plan.keep) {
-    ASSIGN_OR_RETURN(auto v, store.GetVersionAt(k, versions[k]));
-    plan.kept_keys[k] = v->key;
-    const auto& parent = v->manifest.parent;
+    auto v = store.GetVersionAt(k, versions[k]);
+    if (!v.ok() && v.status().code() == Code::kNotFound) {
+      ASSIGN_OR_RETURN(bool exists, store.ManifestExists(k, versions[k]));
+      if (exists) return v.status().WithContext("gc: " + versions[k]);  // a blob is missing
+      *damaged = "names " + versions[k] + ", which does not exist when read directly";
+      return plan;
+    }
+    RETURN_IF_ERROR(v.status());
+    plan.kept_keys[k] = (*v)->key;
+    const auto& parent = (*v)->manifest.parent;
+    if (parent && !plan.listed.count(*parent)) {
+      ASSIGN_OR_RETURN(bool exists, store.ManifestExists(*parent, ManifestKey(*parent, 0)));
+      if (exists) {
+        *damaged = "lacks " + ManifestKey(*parent, 0) + ", the parent of " + VersionName(k) +
+                   ", which exists when read directly";
+        return plan;
+      }
+    }
     if (parent && !plan.keep.count(*parent)) plan.rebase.insert(k);
   }
   return plan;
+}
+
+// The newest keep_last listed versions and every multiple of keep_every.
+// A listing PlanGcOnce finds damaged makes the plan start again from a
+// fresh listing, a few times at most.
+Result<GcPlan> PlanGc(Store& store, const GcOptions& options) {
+  constexpr int kAttempts = 3;
+  std::string damaged;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    damaged.clear();
+    ASSIGN_OR_RETURN(GcPlan plan, PlanGcOnce(store, options, &damaged));
+    if (damaged.empty()) return plan;
+  }
+  return IOError("gc: " + std::to_string(kAttempts) + " listings of the manifests of store " +
+                 store.uri() + " in a row were damaged; the last " + damaged);
 }
 
 // The kept version below `v` that v becomes a delta of, or null: v becomes
