@@ -21,7 +21,9 @@
 // manifest exists when read directly (Store::ManifestExists), and from a
 // second listing of the manifests taken after the blobs were listed; a
 // listed manifest that cannot be read stops the sweep unless it is
-// confirmed gone.
+// confirmed gone. The plan is made again from a fresh listing when its
+// listing names a kept version whose manifest is gone, or lacks a kept
+// delta's parent whose manifest exists.
 //
 // Blobs younger than `grace_seconds` are never deleted: a publisher writes
 // blobs before its manifest, so a fresh unreferenced blob may belong to a
