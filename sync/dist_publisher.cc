@@ -18,6 +18,7 @@
 #include "sync/convert.h"
 #include "sync/internal/blob_sink.h"
 #include "sync/internal/convert_matrix.h"
+#include "sync/internal/dist_header.h"
 #include "sync/internal/engine_screen.h"
 #include "sync/internal/engine_version.h"
 #include "sync/publish_metrics.h"
@@ -185,74 +186,10 @@ kernels::AdamWParams ParamsOf(const AdamWStep& h, std::optional<double> lr,
   return p;
 }
 
-json OptJson(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
-std::optional<double> OptDouble(const json& j) {
-  return j.is_null() ? std::nullopt : std::optional<double>(j.get<double>());
-}
-
-// What a rank tells every other before a publish.
-struct Header {
-  std::string error;
-  json fields;  // step, hyper-parameters, store: must agree across ranks
-  std::optional<uint64_t> latest;
-  std::optional<uint64_t> last_version;
-  std::optional<int64_t> last_step;
-  std::string push;  // the address of this rank's push server; empty: none
-  struct Range {
-    std::string name;
-    int tp = 0, ep = 0;
-    uint64_t begin = 0, end = 0;
-    std::optional<int64_t> state_step;
-    std::optional<double> lr, wd;
-  };
-  std::vector<Range> ranges;
-};
-
-std::string EncodeHeader(const Header& h) {
-  json j;
-  j["error"] = h.error;
-  j["fields"] = h.fields;
-  j["latest"] = h.latest ? json(*h.latest) : json(nullptr);
-  j["last_version"] = h.last_version ? json(*h.last_version) : json(nullptr);
-  j["last_step"] = h.last_step ? json(*h.last_step) : json(nullptr);
-  j["push"] = h.push;
-  json ranges = json::array();
-  for (const auto& r : h.ranges) {
-    ranges.push_back({r.name, r.begin, r.end, r.state_step ? json(*r.state_step) : json(nullptr),
-                      OptJson(r.lr), OptJson(r.wd), r.tp, r.ep});
-  }
-  j["ranges"] = std::move(ranges);
-  return j.dump();
-}
-
-Result<Header> DecodeHeader(const std::string& text, int rank) {
-  try {
-    json j = json::parse(text);
-    Header h;
-    h.error = j.at("error").get<std::string>();
-    h.fields = j.at("fields");
-    if (!j.at("latest").is_null()) h.latest = j.at("latest").get<uint64_t>();
-    if (!j.at("last_version").is_null()) h.last_version = j.at("last_version").get<uint64_t>();
-    if (!j.at("last_step").is_null()) h.last_step = j.at("last_step").get<int64_t>();
-    h.push = j.at("push").get<std::string>();
-    for (const auto& r : j.at("ranges")) {
-      Header::Range x;
-      x.name = r.at(0).get<std::string>();
-      x.begin = r.at(1).get<uint64_t>();
-      x.end = r.at(2).get<uint64_t>();
-      if (!r.at(3).is_null()) x.state_step = r.at(3).get<int64_t>();
-      x.lr = OptDouble(r.at(4));
-      x.wd = OptDouble(r.at(5));
-      x.tp = r.at(6).get<int>();
-      x.ep = r.at(7).get<int>();
-      h.ranges.push_back(std::move(x));
-    }
-    return h;
-  } catch (const json::exception& e) {
-    return Corruption("the publish header of rank " + std::to_string(rank) +
-                      " is malformed: " + e.what());
-  }
-}
+// The header of the agreement (sync/internal/dist_header.h).
+using dist_internal::DecodeHeader;
+using dist_internal::EncodeHeader;
+using dist_internal::Header;
 
 // Disjoint, sorted intervals of covered elements.
 using Intervals = std::map<uint64_t, uint64_t>;  // begin -> end

@@ -1,15 +1,19 @@
 // Fuzzes what the C ABI (sync/c_api.h) parses of what its callers give it.
 //
 // Input: a selector byte, then the bytes under test.
-//   selector % 3 == 0: a dte_mcore_layout (24 bytes: tp, ep, etp as int32,
+//   selector % 4 == 0: a dte_mcore_layout (24 bytes: tp, ep, etp as int32,
 //     vocab_divisible_by as int64, norms and experts as uint16), then the
 //     text of a config.json, as dte_publisher_open_mcore and
 //     dte_dist_publisher_open take them: ParseHfConfig, ValidateLayout and
 //     the padded vocabulary a valid layout gives.
-//   selector % 3 == 1: a dtype name, as a dte_push_tensor gives it.
-//   selector % 3 == 2: operations on the table of handles every entry
+//   selector % 4 == 1: a dtype name, as a dte_push_tensor gives it.
+//   selector % 4 == 2: operations on the table of handles every entry
 //     point looks its handles up in (sync/internal/c_api_handles.h), with
 //     tokens it gave and arbitrary ones, checked against a model of it.
+//   selector % 4 == 3: a distributed publish's header, as a peer, or the
+//     exchange function of a dte_transport_callback, hands it over
+//     (sync/internal/dist_header.h); one that decodes must survive
+//     encoding and decoding again unchanged.
 // Beyond memory safety and undefined behaviour, checks the error codes and
 // that the table answers as the model says.
 #include <cstdint>
@@ -25,6 +29,7 @@
 #include "store/dtype.h"
 #include "sync/convert.h"
 #include "sync/internal/c_api_handles.h"
+#include "sync/internal/dist_header.h"
 
 namespace dte {
 namespace {
@@ -112,21 +117,43 @@ void Handles(std::string_view in) {
   }
 }
 
+void DistHeader(std::string_view in) {
+  using dist_internal::Header;
+  auto h = dist_internal::DecodeHeader(std::string(in), 3);
+  Check(h.ok() || h.status().code() == Code::kCorruption, "header code");
+  if (!h.ok()) return;
+  auto again = dist_internal::DecodeHeader(dist_internal::EncodeHeader(*h), 3);
+  Check(again.ok(), "header round trip");
+  Check(again->error == h->error && again->fields == h->fields && again->latest == h->latest &&
+            again->last_version == h->last_version && again->last_step == h->last_step &&
+            again->push == h->push && again->ranges.size() == h->ranges.size(),
+        "header fields round trip");
+  for (size_t i = 0; i < h->ranges.size(); ++i) {
+    const Header::Range &a = h->ranges[i], &b = again->ranges[i];
+    Check(a.name == b.name && a.tp == b.tp && a.ep == b.ep && a.begin == b.begin &&
+              a.end == b.end && a.state_step == b.state_step,
+          "header range round trip");
+  }
+}
+
 }  // namespace
 }  // namespace dte
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   std::string_view in(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 3) {
+  switch (data[0] % 4) {
     case 0:
       dte::Config(in);
       break;
     case 1:
       dte::DTypeNameRoundTrip(in);
       break;
-    default:
+    case 2:
       dte::Handles(in);
+      break;
+    default:
+      dte::DistHeader(in);
   }
   return 0;
 }
