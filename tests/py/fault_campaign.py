@@ -163,7 +163,7 @@ class Campaign:
             problems = scenario.check(ctx, outcome)
             if not outcome.ok:
                 problems += scenario.retry(ctx)
-            return outcome, problems, exchanges, rule
+            return outcome, list(dict.fromkeys(problems)), exchanges, rule
         finally:
             self.proxy.clear_rules()
             scenario.close(ctx)
