@@ -594,13 +594,16 @@ Result<std::shared_ptr<const Version>> Store::GetVersion(uint64_t version) {
   // Its manifest key from ever fresher listings: this process's last one
   // (no request), then a listing (kept in the index for s3:// stores), then
   // a full one. A key that is gone means the listing is behind gc; after
-  // one, only a full listing is trusted.
+  // one, only a full listing is trusted. A version one listing lacks is
+  // looked for in a full listing before it is called not committed (that
+  // listing may have lost its key in transit).
   std::optional<std::string> tried;
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::optional<std::string> key = attempt == 0 ? listed_key : std::nullopt;
     if (attempt > 0) {
       ASSIGN_OR_RETURN(auto versions, ListVersions(/*fresh=*/attempt == 2 || tried.has_value()));
       auto it = versions.find(version);
+      if (it == versions.end() && attempt == 1) continue;
       if (it == versions.end()) {
         return NotFound("version " + std::to_string(version) + " (" + VersionName(version) +
                         ") is not committed in store " + options_.uri);

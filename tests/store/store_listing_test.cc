@@ -208,15 +208,18 @@ TEST_F(StoreListing, ManyVersionsGoneAtOnceAreConfirmedByASecondListing) {
   EXPECT_EQ(objects_->manifest_lists() - lists, 4);
 }
 
-// A first listing (nothing known yet) whose newest key was changed into
-// v00000009's: the store lists again before it answers.
-TEST_F(StoreListing, LatestOfAListingThatNamesAVersionNotThereListsAgain) {
-  objects_->DamageNext(1, [](auto* keys) {
-    Drop(keys, ManifestKey(3, 0));
-    keys->push_back(ManifestKey(9, 0));
-  });
+// A version asked for by number that one listing lacks is looked for in a
+// fresh listing before it is called not committed.
+TEST_F(StoreListing, VersionOneListingLacksIsFoundInTheNext) {
+  objects_->DamageNext(1, [](auto* keys) { Drop(keys, ManifestKey(3, 0)); });
+  auto v = store_->GetVersion(3);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ((*v)->key, ManifestKey(3, 0));
   const int lists = objects_->manifest_lists();
-  EXPECT_EQ(store_->Latest().value(), std::optional<uint64_t>(3));
+  auto missing = store_->GetVersion(9);
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
+  EXPECT_NE(missing.status().message().find("v00000009) is not committed"), std::string::npos)
+      << missing.status().message();
   EXPECT_EQ(objects_->manifest_lists() - lists, 2);
 }
 
