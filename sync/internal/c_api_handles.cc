@@ -43,9 +43,7 @@ HandleTable& HandleTable::Global() {
 
 uintptr_t HandleTable::Add(HandleKind kind, std::shared_ptr<void> object) {
   MutexLock lock(&mu_);
-  kinds_.push_back(kind);
-  uintptr_t token =
-      (static_cast<uintptr_t>(kinds_.size()) << kKindBits) | static_cast<uintptr_t>(kind);
+  uintptr_t token = (static_cast<uintptr_t>(++issued_) << kKindBits) | static_cast<uintptr_t>(kind);
   open_.emplace(token, Entry{kind, std::move(object)});
   return token;
 }
@@ -86,7 +84,7 @@ std::string HandleTable::Describe(uintptr_t token, HandleKind kind, const char* 
   if (it != open_.end()) return what + "a " + KindName(it->second.kind) + " (" + Hex(token) + ")";
   auto was = static_cast<HandleKind>(token & kKindMask);
   uint64_t serial = static_cast<uint64_t>(token >> kKindBits);
-  bool given = serial > 0 && serial <= kinds_.size() && kinds_[serial - 1] == was;
+  bool given = serial > 0 && serial <= issued_ && std::string(KindName(was)) != "?";
   if (!given) return what + Hex(token) + ", which is no handle this library gave";
   return what + "a " + KindName(was) + " that is closed already (" + Hex(token) + ")";
 }

@@ -20,7 +20,6 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
-#include <vector>
 
 #include "store/thread_annotations.h"
 
@@ -75,9 +74,9 @@ class HandleTable {
   std::string Describe(uintptr_t token, HandleKind kind, const char* fn) const REQUIRES(mu_);
 
   mutable Mutex mu_;
-  // The kind of every handle ever opened, by serial - 1 (a byte each): a
-  // closed token is told from a forged one.
-  std::vector<HandleKind> kinds_ GUARDED_BY(mu_);
+  // Serials given so far: a token of a serial up to it and a valid kind is
+  // called closed, any other forged (kept flat in the handles ever opened).
+  uint64_t issued_ GUARDED_BY(mu_) = 0;
   std::unordered_map<uintptr_t, Entry> open_ GUARDED_BY(mu_);
 };
 
