@@ -13,7 +13,7 @@ tools/setup.sh build
 cmake -S . -B build-clang -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTE_WERROR=ON \
   -DDTE_FUZZ=ON -DDTE_CUDA=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 ninja -C build-clang -j "$(nproc)" dtectl dte-gen safetensors_header_fuzz delta_block_fuzz \
-  s3_xml_fuzz c_api_fuzz
+  s3_xml_fuzz c_api_fuzz auth_handshake_fuzz
 tests/fuzz/run_fuzzers.sh build-clang "${FUZZ_SECONDS:-30}"
 
 # dtefs's namespace, inode table, block cache and read path under
