@@ -5,7 +5,6 @@
 #include <optional>
 
 #include "kernels/parallel.h"
-#include "store/cached_store.h"
 
 namespace dte::fs {
 namespace {
@@ -26,35 +25,6 @@ std::string ChainBlobs(Store* store, std::shared_ptr<const Version> v, size_t re
     v = parent.ok() ? *parent : nullptr;
   }
   return out;
-}
-
-// Drops the blob cache's chunks holding the records a block of v is built
-// from, so that reading it again fetches them from the store. A chunk of a
-// large blob is checked only by the block hashes of its readers: this is
-// how bytes damaged on the way in leave the cache. False if there is no
-// blob cache (nothing to drop).
-bool DropChainRecords(Store* store, const std::shared_ptr<const Version>& v, size_t record,
-                      const VersionChain* chain) {
-  CachedStore* cache = store->blob_cache();
-  if (!cache) return false;
-  if (chain && (chain->empty() || chain->front() != v)) chain = nullptr;
-  std::shared_ptr<const Version> cur = v;
-  for (size_t depth = 1; cur && record < cur->records.size(); ++depth) {
-    const BlockRecord& rec = cur->records[record];
-    if (rec.kind != BlockKind::kSame) {
-      cache->Drop(BlobKey(cur->manifest.blobs[rec.blob].hash), rec.offset, rec.length);
-    }
-    if (rec.kind == BlockKind::kDenseRaw || rec.kind == BlockKind::kDenseZstd) break;
-    if (!cur->manifest.parent) break;
-    if (chain && depth < chain->size() &&
-        (*chain)[depth]->manifest.version == *cur->manifest.parent) {
-      cur = (*chain)[depth];
-    } else {
-      auto parent = store->GetVersion(*cur->manifest.parent);
-      cur = parent.ok() ? *parent : nullptr;
-    }
-  }
-  return true;
 }
 
 }  // namespace
@@ -99,10 +69,8 @@ Result<BlockCache::Value> ReadPath::Block(const std::shared_ptr<const Version>& 
     auto bytes =
         std::make_shared<Bytes>(std::min<uint64_t>(bb, tensor.bytes() - uint64_t{block} * bb));
     auto* dst = reinterpret_cast<uint8_t*>(bytes->mutable_data());
+    // A damaged read is read again from the store by the materializer.
     Status s = materializer_.ReadBlock(v, file, tensor, block, dst, chain);
-    if (s.code() == Code::kCorruption && DropChainRecords(store_, v, record, chain)) {
-      s = materializer_.ReadBlock(v, file, tensor, block, dst, chain);
-    }
     if (!s.ok()) {
       return Status(s.code(), s.message() + " [blobs: " + ChainBlobs(store_, v, record) + "]");
     }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/parallel.h"
+#include "store/cached_store.h"
 
 namespace dte {
 namespace {
@@ -103,11 +104,39 @@ Status Materializer::ReadBlock(const std::shared_ptr<const Version>& v, const Fi
                                const VersionChain* chain) {
   std::optional<uint64_t> from_join;
   Status s = WalkBlock(v, file, tensor, block, dst, chain, /*use_joins=*/true, &from_join);
-  if (s.code() != Code::kCorruption || !from_join) return s;
-  // A join table is only a shortcut: one whose record did not make the
-  // block is forgotten, and the block is read along the deltas.
-  store_->DropJoin(*from_join);
-  return WalkBlock(v, file, tensor, block, dst, chain, /*use_joins=*/false, &from_join);
+  if (s.code() != Code::kCorruption) return s;
+  if (from_join) {
+    // A join table is only a shortcut: one whose record did not make the
+    // block is forgotten, and the block is read along the deltas.
+    store_->DropJoin(*from_join);
+    s = WalkBlock(v, file, tensor, block, dst, chain, /*use_joins=*/false, &from_join);
+    if (s.code() != Code::kCorruption) return s;
+  }
+  // Bytes damaged on the way in (a ranged read is checked by the block hash
+  // alone) or in the blob cache are not a corrupt blob: the block is read
+  // once more from the store, past the cache, before a blob is called so.
+  DropCachedRecords(v, size_t{tensor.first_block} + block, chain);
+  s = WalkBlock(v, file, tensor, block, dst, chain, /*use_joins=*/false, &from_join);
+  if (s.code() != Code::kCorruption) return s;
+  return Status(s.code(), s.message() + " (read twice from the store)");
+}
+
+void Materializer::DropCachedRecords(const std::shared_ptr<const Version>& v, size_t record,
+                                     const VersionChain* chain) {
+  CachedStore* cache = store_->blob_cache();
+  if (!cache) return;  // every read goes to the store
+  if (chain && (chain->empty() || chain->front() != v)) chain = nullptr;
+  std::shared_ptr<const Version> cur = v;
+  for (size_t depth = 1; cur && record < cur->records.size(); ++depth) {
+    const BlockRecord& rec = cur->records[record];
+    if (rec.kind != BlockKind::kSame) {
+      cache->Drop(BlobKey(cur->manifest.blobs[rec.blob].hash), rec.offset, rec.length);
+    }
+    if (rec.kind == BlockKind::kDenseRaw || rec.kind == BlockKind::kDenseZstd) break;
+    if (!cur->manifest.parent) break;
+    auto parent = ParentOf(*cur, depth, chain);
+    cur = parent.ok() ? *parent : nullptr;
+  }
 }
 
 Status Materializer::WalkBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,

@@ -74,7 +74,9 @@ class Materializer {
 
   // The full content of block `block` of tensor `tensor` of `file` into dst
   // (the block's length: block_bytes, or less for a tensor's last block).
-  // With `chain` (whose first element is v), parents come from it.
+  // With `chain` (whose first element is v), parents come from it. A block
+  // whose bytes do not match its hash is read once more from the store
+  // (past the blob cache) before Corruption says a blob is corrupt.
   Status ReadBlock(const std::shared_ptr<const Version>& v, const FileEntry& file,
                    const TensorEntry& tensor, uint32_t block, uint8_t* dst,
                    const VersionChain* chain = nullptr);
@@ -148,6 +150,11 @@ class Materializer {
                    const VersionChain* chain, bool use_joins, std::optional<uint64_t>* from_join);
   Result<std::shared_ptr<const Version>> ParentOf(const Version& cur, size_t depth,
                                                   const VersionChain* chain);
+  // Drops the blob cache's chunks holding the records block `record` of v
+  // is built from, so that the next read fetches them from the store (a
+  // chunk of a large blob is checked only by its readers' block hashes).
+  void DropCachedRecords(const std::shared_ptr<const Version>& v, size_t record,
+                         const VersionChain* chain);
 
   Store* store_;
   std::atomic<BlockBase*> base_{nullptr};

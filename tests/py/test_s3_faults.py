@@ -329,8 +329,9 @@ def test_flipped_bits_in_blob_reads_never_reach_the_output(moto, faults, bucket,
 def test_flipped_chunk_of_a_large_blob_is_dropped_and_read_again(moto, faults, bucket, ckpts,
                                                                  tmp_path):
     """A chunk of a blob larger than a chunk cannot be checked as it arrives:
-    the block hashes of the export catch it, dtectl drops the cached chunks
-    of the version's chain and reads once more, and the output is right."""
+    the block hashes of the export catch it, the reader drops the cached
+    chunks of the block's records and reads it once more from the store,
+    and the output is right."""
     s = Setup(moto, faults, bucket, tmp_path)
     s.dte.ok("import", ckpts.dir(0))
     s.dte.ok("commit", ckpts.dir(1))
@@ -345,7 +346,6 @@ def test_flipped_chunk_of_a_large_blob_is_dropped_and_read_again(moto, faults, b
     r = host.run("export", "--version", 1, out, "--blob-chunk-size", "64KiB", "--json")
     assert rule.fired == 1
     assert r.returncode == OK, r.stderr
-    assert "v00000001" in r.stderr and "reading again" in r.stderr, r.stderr
     store_util.same_tree(out, ckpts.dir(1))
     assert json.loads(r.stdout)["blob_cache"]["dropped"] > 0
     # The damaged chunk was fetched again.
