@@ -57,6 +57,8 @@ def test_small_run_on_the_cpu_backend_delivers_bit_identical_weights(tmp_path):
                         "--work", str(tmp_path), "--json", str(out)],
                        capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
+    with open("/proc/mounts") as f:
+        assert str(tmp_path) not in f.read(), "the script left its mount behind"
     rep = json.loads(out.read_text())
     assert rep["device"] == "cpu" and rep["layers"] == 2
     steps = rep["steps"]

@@ -168,6 +168,11 @@ def receiver_main(c, device, shm_name, inbox, outbox, source):
                     else:
                         live.register_cuda(n, t, version=order[2])
                 outbox.put(("ok",))
+            elif kind == "end_live":
+                if live is not None:
+                    live.close()  # the mount can go: nothing holds its control file
+                    live = None
+                outbox.put(("ok",))
             elif kind == "exit":
                 if live is not None:
                     live.close()
@@ -346,11 +351,13 @@ def mount_store(a, store, work):
 
 def unmount(m):
     mnt, proc = m
-    subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
+    if subprocess.run(["fusermount3", "-u", mnt], capture_output=True).returncode != 0:
+        subprocess.run(["fusermount3", "-uz", mnt], capture_output=True)  # busy: detach
     try:
         proc.wait(30)
     except subprocess.TimeoutExpired:
         proc.kill()
+        subprocess.run(["fusermount3", "-uz", mnt], capture_output=True)
 
 
 def wait_latest(mnt, version, timeout=120):
@@ -490,11 +497,12 @@ def live_steps(a, dte, rx, pub, opt, params, views, store, work, step, n, report
         report["live_skipped"] = why
         log("gpu_sync: live apply not run: " + why)
         return step
-    mnt = m[0]
+    mnt, registered = m[0], False
     try:
         wait_latest(mnt, step)
         dte.apply(mnt, step)  # the live copy at the receiver's version
         rx.order("live", mnt, step)
+        registered = True
         for _ in range(a.steps):
             step += 1
             adamw_step(opt, params, step, a.device)
@@ -523,6 +531,8 @@ def live_steps(a, dte, rx, pub, opt, params, views, store, work, step, n, report
         report["live_skipped"] = "failed: %s" % e
         log("gpu_sync: live apply failed: %s" % e)
     finally:
+        if registered:
+            rx.order("end_live")
         unmount(m)
     return step
 
