@@ -14,10 +14,12 @@
 #include "store/cached_store.h"
 #include "store/hash.h"
 #include "store/manifest.h"
+#include "tests/testutil/forwarding_store.h"
 #include "tests/testutil/memory_store.h"
 
 namespace dte::cached_store_test {
 
+using test::ForwardingStore;
 using test::MemoryStore;
 using test::ScopedTempDir;
 using test::StoreOp;
@@ -73,33 +75,9 @@ class CachedStoreTest : public ::testing::Test {
   uint64_t RemoteReads() const { return remote_->Calls(StoreOp::kReadRange); }
 
   // An ObjectStore that forwards to the shared fake (which must outlive it).
-  class Forward final : public ObjectStore {
+  class Forward final : public ForwardingStore {
    public:
-    explicit Forward(MemoryStore* s) : s_(s) {}
-    std::string Describe() const override { return s_->Describe(); }
-    Status Put(const std::string& k, std::string_view d) override { return s_->Put(k, d); }
-    Status PutFile(const std::string& k, const std::string& p) override {
-      return s_->PutFile(k, p);
-    }
-    Status CreateExclusive(const std::string& k, std::string_view d) override {
-      return s_->CreateExclusive(k, d);
-    }
-    Result<std::string> Get(const std::string& k) override { return s_->Get(k); }
-    Result<std::string> GetRange(const std::string& k, uint64_t o, uint64_t n) override {
-      return s_->GetRange(k, o, n);
-    }
-    Status ReadRange(const std::string& k, uint64_t o, uint64_t n, void* d) override {
-      return s_->ReadRange(k, o, n, d);
-    }
-    Result<std::optional<uint64_t>> Size(const std::string& k) override { return s_->Size(k); }
-    Result<std::vector<std::string>> List(const std::string& p) override { return s_->List(p); }
-    Status Delete(const std::string& k) override { return s_->Delete(k); }
-    Result<int64_t> ModifiedTime(const std::string& k) override { return s_->ModifiedTime(k); }
-    Status Touch(const std::string& k) override { return s_->Touch(k); }
-    Result<std::string> NewTempPath() override { return s_->NewTempPath(); }
-
-   private:
-    MemoryStore* const s_;
+    explicit Forward(MemoryStore* s) : ForwardingStore(s) {}
   };
 
   ScopedTempDir dir_;

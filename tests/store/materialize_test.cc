@@ -11,6 +11,7 @@
 
 #include "store/local_store.h"
 #include "tests/testutil/checkpoint.h"
+#include "tests/testutil/forwarding_store.h"
 #include "tests/testutil/memory_store.h"
 
 namespace dte {
@@ -206,42 +207,22 @@ TEST_F(ChainTest, FlippedAnchorByteIsCorruptionNeverWrongBytes) {
 // An ObjectStore whose first ranged read of one key comes back with one
 // byte flipped, as an answer damaged in transit would; later reads are
 // whole.
-class FirstReadFlipped final : public ObjectStore {
+class FirstReadFlipped final : public test::ForwardingStore {
  public:
   FirstReadFlipped(std::unique_ptr<ObjectStore> base, std::string key, uint64_t at)
-      : base_(std::move(base)), key_(std::move(key)), at_(at) {}
+      : ForwardingStore(std::move(base)), key_(std::move(key)), at_(at) {}
   int flips() const { return flips_; }
 
-  std::string Describe() const override { return base_->Describe(); }
-  Status Put(const std::string& k, std::string_view d) override { return base_->Put(k, d); }
-  Status PutFile(const std::string& k, const std::string& p) override {
-    return base_->PutFile(k, p);
-  }
-  Status CreateExclusive(const std::string& k, std::string_view d) override {
-    return base_->CreateExclusive(k, d);
-  }
-  Result<std::string> Get(const std::string& k) override { return base_->Get(k); }
-  Result<std::string> GetRange(const std::string& k, uint64_t o, uint64_t n) override {
-    return base_->GetRange(k, o, n);
-  }
   Status ReadRange(const std::string& k, uint64_t o, uint64_t n, void* dst) override {
-    RETURN_IF_ERROR(base_->ReadRange(k, o, n, dst));
+    RETURN_IF_ERROR(base().ReadRange(k, o, n, dst));
     if (k == key_ && flips_ == 0 && o <= at_ && at_ < o + n) {
       static_cast<uint8_t*>(dst)[at_ - o] ^= 0x10;
       flips_++;
     }
     return Status::Ok();
   }
-  Result<std::optional<uint64_t>> Size(const std::string& k) override { return base_->Size(k); }
-  Result<std::vector<std::string>> List(const std::string& p) override { return base_->List(p); }
-  Status Delete(const std::string& k) override { return base_->Delete(k); }
-  Result<int64_t> ModifiedTime(const std::string& k) override { return base_->ModifiedTime(k); }
-  Status Touch(const std::string& k) override { return base_->Touch(k); }
-  Result<std::string> NewTempPath() override { return base_->NewTempPath(); }
-  Result<uint64_t> RemoveStaleTemp(int64_t age) override { return base_->RemoveStaleTemp(age); }
 
  private:
-  std::unique_ptr<ObjectStore> base_;
   const std::string key_;
   const uint64_t at_;
   int flips_ = 0;
