@@ -53,3 +53,25 @@ def proxy(moto):
     p = FaultProxy(moto.endpoint, io_timeout=60)
     yield p
     p.stop()
+
+
+@pytest.fixture
+def faults(proxy):
+    """The proxy with no rules and zeroed counters."""
+    proxy.clear_rules()
+    proxy.reset_counters()
+    yield proxy
+    proxy.clear_rules()
+
+
+_buckets = [0]
+
+
+@pytest.fixture
+def bucket(moto, request):
+    """A new bucket on `moto`, named after the test."""
+    import re
+
+    _buckets[0] += 1
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    return moto.create_bucket(f"b{_buckets[0]}-{name}")

@@ -19,14 +19,6 @@ import s3_util
 import store_util
 from dtectl_util import CONFLICT, ERROR, OK, Dtectl
 
-_bucket_counter = [0]
-
-
-@pytest.fixture
-def bucket(moto, request):
-    _bucket_counter[0] += 1
-    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
-    return moto.create_bucket(f"t{_bucket_counter[0]}-{name}")
 
 
 def s3_dtectl(moto, uri, root, env=None):

@@ -14,26 +14,15 @@ Read-only commands on a bucket that does not exist say so.
 import fcntl
 import json
 import os
-import re
 import shutil
 import subprocess
 import threading
-
-import pytest
 
 import s3_util
 import store_util
 from dtectl_util import ERROR, OK, Dtectl
 from fs_util import binary as dtefs_binary
 
-_buckets = [0]
-
-
-@pytest.fixture
-def bucket(moto, request):
-    _buckets[0] += 1
-    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
-    return moto.create_bucket(f"c{_buckets[0]}-{name}")
 
 
 def host(moto, endpoint, uri, root):

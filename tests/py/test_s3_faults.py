@@ -31,23 +31,6 @@ ATTEMPTS = 4
 FAST_RETRIES = {"DTE_S3_MAX_ATTEMPTS": str(ATTEMPTS), "DTE_S3_RETRY_BASE_MS": "20",
                 "DTE_S3_RETRY_MAX_MS": "200", "DTE_S3_PART_SIZE": "5MiB",
                 "DTE_S3_PARALLEL_PARTS": "2"}
-_buckets = [0]
-
-
-@pytest.fixture
-def faults(proxy):
-    """The proxy with no rules and zeroed counters."""
-    proxy.clear_rules()
-    proxy.reset_counters()
-    yield proxy
-    proxy.clear_rules()
-
-
-@pytest.fixture
-def bucket(moto, request):
-    _buckets[0] += 1
-    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
-    return moto.create_bucket(f"f{_buckets[0]}-{name}")
 
 
 @pytest.fixture(scope="module")

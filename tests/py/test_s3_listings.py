@@ -18,7 +18,6 @@ A missing blob is named as such, not as a missing manifest.
 
 import json
 import os
-import re
 import sys
 
 import pytest
@@ -34,22 +33,6 @@ MANIFEST_LISTING = "prefix=p%2Fmanifests%2F"
 # v00000003.json's last digit: 0x10 gives '#' (outside the key grammar),
 # 0x40 's' (a valid key, but no manifest's).
 DAMAGES = [("list_damage_key", 0x10), ("list_damage_key", 0x40), ("list_drop_key", 0)]
-_buckets = [0]
-
-
-@pytest.fixture
-def faults(proxy):
-    proxy.clear_rules()
-    proxy.reset_counters()
-    yield proxy
-    proxy.clear_rules()
-
-
-@pytest.fixture
-def bucket(moto, request):
-    _buckets[0] += 1
-    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
-    return moto.create_bucket(f"l{_buckets[0]}-{name}")
 
 
 def dtectl(moto, endpoint, uri, cache):
