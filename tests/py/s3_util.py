@@ -254,3 +254,17 @@ def _close(sock):
     except OSError:
         pass
     sock.close()
+
+
+def committed_store(server, name, ckpts, versions, cache):
+    """A new bucket on `server` named after `name` (a test's name) holding
+    versions 0..versions-1 of `ckpts`, committed straight to the server by
+    dtectl with the cache directory `cache`: (bucket, store URI)."""
+    from dtectl_util import Dtectl
+    bucket = server.create_bucket(name.replace("_", "-")[5:45].strip("-"))
+    uri = f"s3://{bucket}/p"
+    d = Dtectl(uri, cache, env=server.env())
+    d.ok("import", ckpts.dir(0))
+    for v in range(1, versions):
+        assert d.commit(ckpts.dir(v)) == v
+    return bucket, uri

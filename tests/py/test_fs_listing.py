@@ -20,7 +20,6 @@ import time
 import pytest
 
 import s3_util
-from dtectl_util import Dtectl
 from fs_util import Mount, wait_for
 from s3_proxy import Rule
 
@@ -74,12 +73,8 @@ def names(versions):
 def mount(moto, proxy, ckpts, tmp_path, request):
     """VERSIONS versions committed straight to the server, and a mount of the
     store through the proxy, showing them all: (mount, bucket)."""
-    bucket = moto.create_bucket(request.node.name.replace("_", "-")[5:45].strip("-"))
-    uri = f"s3://{bucket}/p"
-    d = Dtectl(uri, tmp_path / "pubcache", env=moto.env())
-    d.ok("import", ckpts.dir(0))
-    for v in range(1, VERSIONS):
-        assert d.commit(ckpts.dir(v)) == v
+    bucket, uri = s3_util.committed_store(moto, request.node.name, ckpts, VERSIONS,
+                                          tmp_path / "pubcache")
     proxy.clear_rules()
     m = Mount(uri, tmp_path / "mnt", tmp_path / "mcache", ["--poll-ms", POLL_MS],
               env={**moto.env(), "AWS_ENDPOINT_URL": proxy.endpoint, **FAST_RETRIES})

@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+import s3_util
 import store_util
 from dtectl_util import Dtectl
 
@@ -39,12 +40,8 @@ NEWEST_CHANGED = ("list_damage_key", -1, 0x04)
 def store(moto, proxy, ckpts, tmp_path, monkeypatch, request):
     """VERSIONS versions committed straight to the server; this process's
     S3 settings pointed at the proxy. Returns the store's URI."""
-    bucket = moto.create_bucket(request.node.name.replace("_", "-")[5:45].strip("-"))
-    uri = f"s3://{bucket}/p"
-    d = Dtectl(uri, tmp_path / "pubcache", env=moto.env())
-    d.ok("import", ckpts.dir(0))
-    for v in range(1, VERSIONS):
-        assert d.commit(ckpts.dir(v)) == v
+    _, uri = s3_util.committed_store(moto, request.node.name, ckpts, VERSIONS,
+                                     tmp_path / "pubcache")
     for k in [k for k in os.environ if k.startswith(("AWS_", "DTE_S3_"))]:
         monkeypatch.delenv(k)
     for k, v in {**moto.env(), "AWS_ENDPOINT_URL": proxy.endpoint, **FAST_RETRIES}.items():
