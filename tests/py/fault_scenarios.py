@@ -15,7 +15,8 @@ import torch
 import fault_campaign as fc
 import push_util
 from dtectl_util import Dtectl
-from fs_util import Mount, mounted, wait_for
+from fs_util import Mount, mounted
+from wait_util import wait_for
 
 import dte  # noqa: E402  (push_util puts it on the path)
 

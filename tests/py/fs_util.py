@@ -15,8 +15,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
+
+from wait_util import wait_for
 
 BUILD_DIR = Path(os.environ.get("DTE_BUILD_DIR", "/work/main/build"))
 BUILT_DTEFS = BUILD_DIR / "tools" / "dtefs"
@@ -47,17 +48,6 @@ def generate(out, size, steps, *args):
     subprocess.run([str(gen), "--out", str(out), "--size", size, "--steps", str(steps),
                     *map(str, args), "-q"], check=True, timeout=300)
     return lambda step: Path(out) / f"step-{step:06d}"
-
-
-def wait_for(predicate, timeout, what, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def unmount_and_reap(path, proc):

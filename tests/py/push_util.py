@@ -11,9 +11,10 @@ import math
 import os
 import subprocess
 import sys
-import time
 
 import torch
+
+from wait_util import wait_for
 
 SOURCE = os.environ.get("DTE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.environ.get("DTE_BUILD_DIR", os.path.join(SOURCE, "build"))
@@ -119,15 +120,6 @@ def save_checkpoint(directory, model):
         json.dump(CONFIG, f)
 
 
-def wait_until(pred, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting for " + what)
-
-
 class ReceiverProcs:
     """Receiver processes (push_worker.py receiver) of a test, tagged
     tpT-rR: each checks every version it reaches against the store and
@@ -153,7 +145,7 @@ class ReceiverProcs:
                 if self.procs[tag].poll() is not None:
                     raise AssertionError("%s exited: %s" % (tag, self.procs[tag].stderr.read()))
             return all((self.marks / ("%s-%d" % (t, version))).exists() for t in tags)
-        wait_until(done, 60, "receivers %s to check v%d" % (tags, version))
+        wait_for(done, 60, "receivers %s to check v%d" % (tags, version))
 
     def results(self):
         out = {}

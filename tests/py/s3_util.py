@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from wait_util import wait_for
+
 PYTHON = "/usr/bin/python3"
 SCRIPT = Path(__file__).resolve().parent.parent / "testutil" / "moto_server.py"
 
@@ -52,16 +54,16 @@ class MotoServer:
             [PYTHON, str(SCRIPT), "-H", "127.0.0.1", "-p", str(self.port),
              "--check-signatures", creds_file],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"moto's S3 server exited at start (run tools/setup.sh):\n{self._tail()}")
-            if os.path.exists(creds_file):  # written once signatures are checked
-                break
-            if time.monotonic() - started > start_timeout:
-                self.stop()
-                pytest.fail(f"moto's S3 server did not answer within {start_timeout} s:\n"
-                            f"{self._tail()}")
-            time.sleep(0.05)
+        # The credentials file is written once signatures are checked.
+        try:
+            wait_for(lambda: self.proc.poll() is not None or os.path.exists(creds_file),
+                     start_timeout, "moto's S3 server", interval=0.05)
+        except AssertionError:
+            self.stop()
+            pytest.fail(f"moto's S3 server did not answer within {start_timeout} s:\n"
+                        f"{self._tail()}")
+        if self.proc.poll() is not None:
+            pytest.fail(f"moto's S3 server exited at start (run tools/setup.sh):\n{self._tail()}")
         self.start_seconds = time.monotonic() - started
         with open(creds_file) as f:
             self.creds = json.load(f)

@@ -33,7 +33,7 @@ import pytest
 import fault_campaign as fc
 import store_util
 from ckpt_util import CheckpointSequence
-from fs_util import wait_for
+from wait_util import wait_for
 
 pytest.importorskip("torch")  # the project's setup installs it
 import push_util  # noqa: E402  (needs torch)

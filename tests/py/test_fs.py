@@ -26,7 +26,7 @@ from safetensors.torch import load_file as load_torch
 import ckpt_util
 from dtectl_util import Dtectl
 import fs_util
-from fs_util import wait_for
+from wait_util import wait_for
 
 STEPS = 3  # versions in the shared store
 

@@ -14,7 +14,7 @@ import pytest
 
 from dtectl_util import Dtectl
 import fs_util
-from fs_util import wait_for
+from wait_util import wait_for
 
 CHAIN = 40  # deltas after the anchor v0
 EXTRA = 4  # further steps generated for commits while mounted

@@ -20,7 +20,8 @@ import time
 import pytest
 
 import s3_util
-from fs_util import Mount, wait_for
+from fs_util import Mount
+from wait_util import wait_for
 from s3_proxy import Rule
 
 VERSIONS = 4

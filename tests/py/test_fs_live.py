@@ -23,7 +23,8 @@ import pytest
 
 from dtectl_util import Dtectl
 import fs_util
-from fs_util import BUILD_DIR, wait_for
+from fs_util import BUILD_DIR
+from wait_util import wait_for
 
 STEPS = 4
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTER, VOCAB, LAYERS = 8, 2, 32, 256, 512, 1024, 2

@@ -14,7 +14,7 @@ import pytest
 import fs_util
 import prom_util
 from dtectl_util import Dtectl
-from fs_util import wait_for
+from wait_util import wait_for
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ import pytest
 
 import fs_util
 from dtectl_util import Dtectl
-from fs_util import HelperMount, dtefs_pids, wait_for
+from fs_util import HelperMount, dtefs_pids
+from wait_util import wait_for
 
 NAMESPACE_PATH_DIR = "/usr/local/sbin"  # first in /bin/sh's default path
 

@@ -28,7 +28,8 @@ import pytest
 import s3_util
 import store_util
 from dtectl_util import Dtectl
-from fs_util import BUILD_DIR, Mount, binary, mounted, unmount_all, wait_for
+from fs_util import BUILD_DIR, Mount, binary, mounted, unmount_all
+from wait_util import wait_for
 
 STEPS = 6  # dte-gen steps 0..STEPS of an 8 MiB model
 POLL_MS = 500

@@ -25,7 +25,7 @@ import pytest
 
 import fs_util
 from dtectl_util import Dtectl
-from fs_util import wait_for
+from wait_util import wait_for
 
 DURATION = 20.0       # seconds of concurrent load
 DEADLINE = 45.0       # seconds after the start by which every thread must have ended

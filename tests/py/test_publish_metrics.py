@@ -17,7 +17,7 @@ import torch
 
 import prom_util
 import push_util
-from fs_util import wait_for
+from wait_util import wait_for
 import dte
 from prometheus_client import CollectorRegistry, Counter, generate_latest, push_to_gateway
 from prometheus_client.parser import text_string_to_metric_families

@@ -20,11 +20,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import push_util  # noqa: E402
+from wait_util import wait_for  # noqa: E402
 
 import dte  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "push_worker.py")
-wait_until = push_util.wait_until
 LAYOUTS = {1: [(1, 0, False)], 2: [(2, 0, True), (2, 1, True)],
            4: [(4, r, True) for r in range(4)]}  # tp 4 > 2 kv heads: replicated heads
 
@@ -128,7 +128,7 @@ def test_stopped_receiver_is_dropped_and_catches_up_from_the_store(run):
     r.await_marks(2)
     # The stopped receiver reconnects and holds v2: from the push that sat in
     # its socket (whole, so it applies) or from the store.
-    wait_until(lambda: [x["version"] for x in r.group.status()["receivers"]] == [2, 2], 30,
+    wait_for(lambda: [x["version"] for x in r.group.status()["receivers"]] == [2, 2], 30,
                "both receivers to be back at v2")
     res, _ = r.publish(3)
     assert res.push["pushed"] == 2, res.push
@@ -159,7 +159,7 @@ def test_killed_receiver_does_not_stop_publishing_and_its_restart_catches_up(run
     # then it is pushed to again.
     tag = r.start_one(2, 0, True, 4)
     r.await_marks(3, [tag])
-    wait_until(lambda: [x["version"] for x in r.group.status()["receivers"]] == [3, 3], 30,
+    wait_for(lambda: [x["version"] for x in r.group.status()["receivers"]] == [3, 3], 30,
                "the restarted receiver to be registered at v3")
     res, _ = r.publish(4)
     assert res.push["pushed"] == 2, res.push
@@ -183,7 +183,7 @@ def test_receiver_keeps_its_version_when_the_trainer_dies(tmp_path):
         assert trainer.stdout.readline().startswith("published 0")
         with dte.PushReceiver(address, tensors, version=None, auto_apply=True,
                               timeout=5.0) as rx:
-            wait_until(lambda: rx.status()["behind"] is not None or rx.version is not None, 30,
+            wait_for(lambda: rx.status()["behind"] is not None or rx.version is not None, 30,
                        "the server's welcome")
             if rx.version is None:
                 rx.catch_up(store)
@@ -200,7 +200,7 @@ def test_receiver_keeps_its_version_when_the_trainer_dies(tmp_path):
             assert rx.version == 2
             trainer.kill()
             trainer.wait()
-            wait_until(lambda: not rx.status()["connected"], 10, "the receiver to notice")
+            wait_for(lambda: not rx.status()["connected"], 10, "the receiver to notice")
             st = rx.status()
             assert st["version"] == 2 and not st["inconsistent"], st
             with pytest.raises(dte.DteError) as e:
@@ -238,9 +238,9 @@ def test_cuda_receivers_hold_every_version_bit_for_bit(run):
                               layout=dte.FusedReceiverLayout(2), version=None, timeout=10.0)
         rxs.append((rank, tensors, rx))
     for rank, tensors, rx in rxs:
-        wait_until(lambda: rx.status()["behind"] is not None, 30, "the server's welcome")
+        wait_for(lambda: rx.status()["behind"] is not None, 30, "the server's welcome")
         rx.catch_up(r.store)
-    wait_until(lambda: [x["version"] for x in r.group.status()["receivers"]] == [0, 0], 30,
+    wait_for(lambda: [x["version"] for x in r.group.status()["receivers"]] == [0, 0], 30,
                "both receivers at v0")
     for step in range(1, 4):
         res, _ = r.publish(step)
@@ -292,7 +292,7 @@ def test_distributed_publisher_pushes_each_version(tmp_path, mode):
     threads = [threading.Thread(target=open_rank, args=(r,)) for r in range(2)]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    wait_until(lambda: len(group.status()["receivers"]) == 2, 30, "both receivers")
+    wait_for(lambda: len(group.status()["receivers"]) == 2, 30, "both receivers")
     try:
         for step in range(1, 4):
             g = torch.Generator().manual_seed(2000 + step)
@@ -389,7 +389,7 @@ def test_push_group_waits_for_the_receivers_it_expects_and_reports_those_missing
             st = group.wait_for_receivers(timeout=30, version=0)
             assert st["expected"] == 2 and len(st["receivers"]) == 2, st
             rxs.pop().close()
-            wait_until(lambda: len(group.status(events=False)["receivers"]) == 1, 30,
+            wait_for(lambda: len(group.status(events=False)["receivers"]) == 1, 30,
                        "the close")
             with pytest.raises(dte.DteError) as e:
                 group.wait_for_receivers(timeout=0.3)

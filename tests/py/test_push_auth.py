@@ -17,11 +17,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import push_util  # noqa: E402
+from wait_util import wait_for  # noqa: E402
 
 import dte  # noqa: E402
 
 SECRET = "test-push-auth-secret-0123456789"
-wait_until = push_util.wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +64,7 @@ def test_strangers_are_refused_and_logged_while_the_jobs_receivers_hold_every_ve
                   dte.PushReceiver("127.0.0.1:%d" % port, zeros)]
         try:
             group.wait_for_receivers(timeout=30, version=0)
-            wait_until(lambda: group.status(events=False)["refused"] >= 3, 30, "3 refusals")
+            wait_for(lambda: group.status(events=False)["refused"] >= 3, 30, "3 refusals")
             assert "did not prove it knows the job secret" in others[0].status()["error"]
             st = group.status()
             assert st["authenticated"] is True and len(st["receivers"]) == 1, st

@@ -25,11 +25,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import push_util  # noqa: E402
+from wait_util import wait_for  # noqa: E402
 
 import dte  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "push_worker.py")
-wait_until = push_util.wait_until
 LAYOUTS = {1: [(1, 0, False)], 2: [(2, 0, True), (2, 1, True)],
            4: [(4, r, True) for r in range(4)]}
 

@@ -18,7 +18,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "tests", "py"))
-from fs_util import register, unmount_all, unmount_and_reap, unregister, wait_for  # noqa: E402
+from fs_util import register, unmount_all, unmount_and_reap, unregister  # noqa: E402
+from wait_util import wait_for  # noqa: E402
 
 MOUNT_TIMEOUT = 20.0
 READ_CHUNK = 1 << 20  # every reader issues 1 MiB read(2) calls
