@@ -46,7 +46,12 @@ class Job:
             self.cfg["ref"] = os.path.join(root, "ref")
         self.cfg.update(extra)
 
-    def run(self, kill_rank=None, kill_after=None, deadline=120, env=None):
+    def run(self, kill_rank=None, stalled=False, deadline=120, env=None):
+        """Runs every rank to its end; returns each rank's result (None for
+        rank `kill_rank` if it was killed before writing one). With
+        `stalled`, rank `kill_rank` hangs (config "stall") and is killed once
+        every other rank has exited: they must fail on their own timeout, and
+        no fixed delay guesses how long that takes."""
         attempt = os.path.join(self.root, "%s-%d" % (self.name, time.monotonic_ns()))
         os.makedirs(attempt)
         cfg = dict(self.cfg, init=os.path.join(attempt, "init"), out=os.path.join(attempt, "out"),
@@ -59,13 +64,13 @@ class Job:
         procs = [subprocess.Popen([PYTHON, WORKER, path, str(r)], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                  for r in range(self.world)]
-        if kill_after is not None:
-            time.sleep(kill_after)
-            procs[kill_rank].send_signal(signal.SIGKILL)
-        logs = []
-        for p in procs:
-            out, _ = p.communicate(timeout=deadline)
-            logs.append(out.decode("utf-8", "replace"))
+        logs = [None] * self.world
+        last = [kill_rank] if stalled else []
+        for r in [r for r in range(self.world) if r not in last] + last:
+            if r in last:
+                procs[r].send_signal(signal.SIGKILL)
+            out, _ = procs[r].communicate(timeout=deadline)
+            logs[r] = out.decode("utf-8", "replace")
         results = []
         for r in range(self.world):
             try:
@@ -219,8 +224,8 @@ def test_kill_9_of_a_rank_at_random_points_then_the_job_resumes(tmp_path):
 def test_a_stalled_rank_fails_the_others_within_the_timeout(tmp_path):
     job = Job(str(tmp_path), "job", 3, "rows", 2, ref=False, timeout=5, stall=[2, 2])
     t0 = time.monotonic()
-    # Rank 2 sleeps in step 2; the test kills it once the others are done.
-    results = job.run(kill_rank=2, kill_after=12)
+    # Rank 2 sleeps in step 2; it is killed once the others have exited.
+    results = job.run(kill_rank=2, stalled=True)
     elapsed = time.monotonic() - t0
     for res in results[:2]:
         assert res["error"] is not None
