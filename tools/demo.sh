@@ -10,7 +10,7 @@
 # Usage: tools/demo.sh   (env DEMO_DIR, default ./demo; DEMO_SIZE, default 256MiB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/setup.sh build
+tools/setup.sh build dtectl dtefs dte-gen  # the three tools below, not the tests
 ROOT=$PWD
 DEMO=${DEMO_DIR:-$ROOT/demo}
 SIZE=${DEMO_SIZE:-256MiB}

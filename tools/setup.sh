@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs every dependency dte needs on Debian 12 (run as root) and builds it.
-# Usage: tools/setup.sh [BUILD_DIR]   (default: build)
+# Usage: tools/setup.sh [BUILD_DIR [TARGET...]]   (default: build, every target)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build}
+TARGETS=("${@:2}")  # e.g. dtectl dtefs: only these and what they link
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
@@ -45,4 +46,4 @@ if [ ! -x /usr/local/cuda/bin/nvcc ]; then
 fi
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTE_WERROR=ON >/dev/null
-ninja -C "$BUILD_DIR" -j "$(nproc)"
+ninja -C "$BUILD_DIR" -j "$(nproc)" "${TARGETS[@]}"
