@@ -129,7 +129,7 @@ def test_stopped_receiver_is_dropped_and_catches_up_from_the_store(run):
     # The stopped receiver reconnects and holds v2: from the push that sat in
     # its socket (whole, so it applies) or from the store.
     wait_for(lambda: [x["version"] for x in r.group.status()["receivers"]] == [2, 2], 30,
-               "both receivers to be back at v2")
+             "both receivers to be back at v2")
     res, _ = r.publish(3)
     assert res.push["pushed"] == 2, res.push
     out = r.results()
@@ -160,7 +160,7 @@ def test_killed_receiver_does_not_stop_publishing_and_its_restart_catches_up(run
     tag = r.start_one(2, 0, True, 4)
     r.await_marks(3, [tag])
     wait_for(lambda: [x["version"] for x in r.group.status()["receivers"]] == [3, 3], 30,
-               "the restarted receiver to be registered at v3")
+             "the restarted receiver to be registered at v3")
     res, _ = r.publish(4)
     assert res.push["pushed"] == 2, res.push
     out = r.results()
@@ -184,7 +184,7 @@ def test_receiver_keeps_its_version_when_the_trainer_dies(tmp_path):
         with dte.PushReceiver(address, tensors, version=None, auto_apply=True,
                               timeout=5.0) as rx:
             wait_for(lambda: rx.status()["behind"] is not None or rx.version is not None, 30,
-                       "the server's welcome")
+                     "the server's welcome")
             if rx.version is None:
                 rx.catch_up(store)
             for line in iter(trainer.stdout.readline, ""):
@@ -241,7 +241,7 @@ def test_cuda_receivers_hold_every_version_bit_for_bit(run):
         wait_for(lambda: rx.status()["behind"] is not None, 30, "the server's welcome")
         rx.catch_up(r.store)
     wait_for(lambda: [x["version"] for x in r.group.status()["receivers"]] == [0, 0], 30,
-               "both receivers at v0")
+             "both receivers at v0")
     for step in range(1, 4):
         res, _ = r.publish(step)
         assert res.push["pushed"] == 2, res.push
@@ -390,7 +390,7 @@ def test_push_group_waits_for_the_receivers_it_expects_and_reports_those_missing
             assert st["expected"] == 2 and len(st["receivers"]) == 2, st
             rxs.pop().close()
             wait_for(lambda: len(group.status(events=False)["receivers"]) == 1, 30,
-                       "the close")
+                     "the close")
             with pytest.raises(dte.DteError) as e:
                 group.wait_for_receivers(timeout=0.3)
             assert e.value.code == 5 and "1 of 2 receivers after" in str(e.value)
