@@ -21,10 +21,11 @@ and publishes it, printing "published V PUSH-JSON" or "failed MESSAGE".
 """
 
 import argparse
+import dataclasses
 import json
 import os
+import signal
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import push_util  # noqa: E402
@@ -50,9 +51,7 @@ def receiver(a):
     while True:
         try:
             rx.wait_for(target, timeout=120.0)
-        except dte.DteError as e:
-            if e.code != 2:  # not "behind"
-                raise
+        except dte.MissedPushes:
             rx.catch_up(a.store)
             how = "catch-up"
         v = rx.version
@@ -90,6 +89,11 @@ def params_for(model, opt):
     return out
 
 
+def push_json(r):
+    """The publish's push report as one line of JSON (null: no push)."""
+    return json.dumps(dataclasses.asdict(r.push) if r.push else None)
+
+
 def trainer(a):
     model = push_util.TinyGqaLM(seed=3)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-6, betas=(0.9, 0.95), eps=1e-8,
@@ -103,9 +107,9 @@ def trainer(a):
         train_step(model, opt, step)
         r = pub.publish_adamw(step=step, params=params_for(model, opt), lr=5e-6,
                               betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
-        print("published %d %s" % (r.version, json.dumps(r.push)), flush=True)
-    while True:
-        time.sleep(1)
+        print("published %d %s" % (r.version, push_json(r)), flush=True)
+    while True:  # serves the receivers until the test kills it
+        signal.pause()
 
 
 def rank(a):
@@ -139,7 +143,7 @@ def rank(a):
         try:
             r = pub.publish_adamw(step=step, params=params, lr=5e-6, betas=(0.9, 0.95),
                                   eps=1e-8, weight_decay=0.0)
-            print("published %d %s" % (r.version, json.dumps(r.push)), flush=True)
+            print("published %d %s" % (r.version, push_json(r)), flush=True)
         except dte.DteError as e:
             print("failed %s" % str(e).replace("\n", " "), flush=True)
     if pub is not None:
