@@ -9,7 +9,7 @@
             wire format (int32 index + BF16 value, zstd) computed on the same data.
 
 Usage: /usr/bin/python3 tools/bench/store_bench.py [--sizes 512MiB,2GiB] [--work DIR]
-       [--steps N] [--torch-steps N] [--reps R] [--json OUT]
+       [--steps N] [--torch-steps N] [--reps R] [--commit-only] [--json OUT]
 """
 import argparse
 import json
@@ -67,7 +67,7 @@ def dtectl(store, cache, *args):
     return [DTECTL, args[0], "--store", store, "--cache-dir", cache, "-q"] + list(args[1:])
 
 
-def bench_size(work, size, reps):
+def bench_size(work, size, reps, commit_only=False):
     ckpts = generate(os.path.join(work, f"gen-{size}"), size, 1)
     dense = dir_bytes(ckpts[1])
     files = sorted(os.path.join(ckpts[1], f) for f in os.listdir(ckpts[1]))
@@ -90,6 +90,21 @@ def bench_size(work, size, reps):
         zstd_bytes = os.path.getsize(zout)
         os.remove(zout)
     log = json.loads(run([DTECTL, "log", "--store", store, "--cache-dir", cache, "--json"]).stdout)
+    v1 = log[1]
+    result = {
+        "size": size,
+        "dense_bytes": dense,
+        "changed_fraction": v1["changed_elements"] / v1["elements"],
+        "commit_s": statistics.median(commit_t),
+        "zstd_s": statistics.median(zstd_t),
+        "commit_over_zstd": statistics.median(commit_t) / statistics.median(zstd_t),
+        "commit_over_zstd_runs": [c / z for c, z in zip(commit_t, zstd_t)],
+        "zstd_bytes": zstd_bytes,
+        "stored_bytes": v1["stored_bytes"],
+        "commit_rss_mib": max(commit_rss),
+    }
+    if commit_only:
+        return result
     # Export vs cp -r, both from a warm page cache, neither syncing. Write
     # speed on this machine swings a lot from run to run, so the two run as
     # pairs in alternating order and the ratio is taken per pair.
@@ -97,17 +112,8 @@ def bench_size(work, size, reps):
     for dest in (work, "/dev/shm"):
         exp[dest] = export_pairs(store, cache, ckpts[1], dest, reps)
     exp_rss = exp[work]["rss"] + exp["/dev/shm"]["rss"]
-    v1 = log[1]
     return {
-        "size": size,
-        "dense_bytes": dense,
-        "changed_fraction": v1["changed_elements"] / v1["elements"],
-        "commit_s": statistics.median(commit_t),
-        "zstd_s": statistics.median(zstd_t),
-        "commit_over_zstd": statistics.median(commit_t) / statistics.median(zstd_t),
-        "zstd_bytes": zstd_bytes,
-        "stored_bytes": v1["stored_bytes"],
-        "commit_rss_mib": max(commit_rss),
+        **result,
         "export_disk": {k: v for k, v in exp[work].items() if k != "rss"},
         "export_tmpfs": {k: v for k, v in exp["/dev/shm"].items() if k != "rss"},
         "export_rss_mib": max(exp_rss),
@@ -210,27 +216,33 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json")
     ap.add_argument("--skip-size", action="store_true")
+    ap.add_argument("--commit-only", action="store_true",
+                    help="only commit vs zstd at each size (no export, no delta sizes)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     results = {"sizes": [], "delta": []}
     if not a.skip_size:
         for size in a.sizes.split(","):
-            r = bench_size(a.work, size, a.reps)
+            r = bench_size(a.work, size, a.reps, a.commit_only)
             results["sizes"].append(r)
             print(f"[{size}] changed {100 * r['changed_fraction']:.2f}%  commit {r['commit_s']:.2f} s"
                   f"  zstd -1 -T0 {r['zstd_s']:.2f} s  ratio {r['commit_over_zstd']:.2f}"
+                  f" [{min(r['commit_over_zstd_runs']):.2f}-{max(r['commit_over_zstd_runs']):.2f}]"
                   f"  | stored {r['stored_bytes'] / 2**20:.1f} MiB vs zstd {r['zstd_bytes'] / 2**20:.1f} MiB"
                   + "".join(
                       f"  | export->{name} {e['export_s']:.2f} s  cp -r {e['cp_s']:.2f} s"
                       f"  throughput ratio median {e['ratio_median']:.2f}"
                       f" [{e['ratio_min']:.2f}-{e['ratio_max']:.2f}]"
-                      for name, e in (("disk", r["export_disk"]), ("tmpfs", r["export_tmpfs"])))
-                  + f"  | peak RSS commit {r['commit_rss_mib']:.0f} MiB export {r['export_rss_mib']:.0f} MiB",
+                      for name, e in (("disk", r.get("export_disk")), ("tmpfs", r.get("export_tmpfs")))
+                      if e)
+                  + f"  | peak RSS commit {r['commit_rss_mib']:.0f} MiB"
+                  + (f" export {r['export_rss_mib']:.0f} MiB" if "export_rss_mib" in r else ""),
                   flush=True)
-    gen = generate(os.path.join(a.work, "seq-gen"), "64MiB", a.steps)
-    seqs = [("dte-gen 64MiB", gen)]
+    seqs = []
+    if not a.commit_only:
+        seqs.append(("dte-gen 64MiB", generate(os.path.join(a.work, "seq-gen"), "64MiB", a.steps)))
     torch_dir = os.path.join(a.work, "seq-torch")
-    if a.torch_steps > 0:
+    if a.torch_steps > 0 and not a.commit_only:
         if not os.path.isdir(os.path.join(torch_dir, f"step-{a.torch_steps:06d}")):
             run(["/usr/bin/python3", os.path.join(ROOT, "tools", "gen", "torch_gen.py"),
                  "--out", torch_dir, "--steps", str(a.torch_steps)])
