@@ -29,7 +29,7 @@ it to be quiet, and repeats a run during which other processes used more than
 
 Usage: /usr/bin/python3 tools/bench/fs_bench.py [--build-dir DIR] [--work DIR]
        [--size 512MiB] [--steps 33] [--shard-size 64MiB] [--depths 1,32]
-       [--repeat 5] [--readahead-kb 4096] [--keep] [--json OUT]
+       [--repeat 5] [--readahead-kb 4096] [--keep] [--cold-only] [--json OUT]
 """
 import argparse
 import json
@@ -37,6 +37,7 @@ import os
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -353,10 +354,14 @@ def one_repetition(b, rep, version, names, shards8, shards_all, loaders, res):
         gbs, cpu = b.cold(fs, seq, b.files(fs, version, names), (version, "seq"))
         res[f"cold_{fs}"].append(gbs)
         res[f"cold_cpu_{fs}"].append(cpu)
+        if b.a.cold_only:
+            continue
         if fs == "dtefs":  # its page cache now holds the whole version
             files = b.files("dtefs", version, names)
             seq(files)  # the timed read is the third one, as for the plain files
             res["warm_dtefs"].append(b.warm("dtefs", seq, files))
+    if b.a.cold_only:
+        return
     plain = b.files("plain", version, names)
     res["cold_plain"].append(b.cold("plain", seq, plain)[0])
     seq(plain)  # a second read: the timed read is the third one, as for dtefs
@@ -373,6 +378,17 @@ def one_repetition(b, rep, version, names, shards8, shards_all, loaders, res):
             res.setdefault(f"load_{loader}_cold_{fs}", []).append(cold)
             res.setdefault(f"load_{loader}_warm_{fs}", []).append(warm)
             res["load_bytes"] = n
+
+
+def cold_only_report(versions, results):
+    """The cold sequential pair alone (--cold-only): medians and per-repetition ratios."""
+    for v, d in versions:
+        r = results[v]
+        ratios = [x / y for x, y in zip(r["cold_dtefs"], r["cold_pt"])]
+        print(f"v{v} ({deltas(d)}): cold sequential read, dtefs "
+              f"{statistics.median(r['cold_dtefs']):.2f} GB/s, passthrough_ll "
+              f"{statistics.median(r['cold_pt']):.2f} GB/s, ratio "
+              f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]")
 
 
 def remove_work(a):
@@ -416,6 +432,8 @@ def main():
                     help="repeat a timed run if other processes used more cores than this")
     ap.add_argument("--retries", type=int, default=3, help="repeats of a contended run")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (store, exports)")
+    ap.add_argument("--cold-only", action="store_true",
+                    help="only the cold sequential read against passthrough_ll")
     ap.add_argument("--json")
     ap.add_argument("--load-child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -442,7 +460,7 @@ def main():
         shards_all = [n for n in names if n.endswith(".safetensors")]
         ref = os.path.join(export_root, f"v{versions[0][0]:08d}")
         shards8 = sorted(shards_all, key=lambda n: -os.path.getsize(os.path.join(ref, n)))[:8]
-        if len(shards8) < 8:
+        if len(shards8) < 8 and not a.cold_only:
             sys.exit(f"only {len(shards8)} shards; use a smaller --shard-size")
         model = {"files": len(names), "shards": len(shards_all),
                  "bytes": sum(os.path.getsize(os.path.join(ref, n)) for n in names)}
@@ -457,7 +475,10 @@ def main():
                 log(f"repetition {rep + 1}/{a.repeat}, v{v} ({deltas(d)})")
                 one_repetition(b, rep, v, names, shards8, shards_all, b.loaders, results[v])
         b.unmount_all()
-        report(a, b, tools, versions, model, results)
+        if a.cold_only:
+            cold_only_report(versions, results)
+        else:
+            report(a, b, tools, versions, model, results)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"versions": versions, "results": results, "status": b.status,
