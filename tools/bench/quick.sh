@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The quick benchmark set: the headline ratio of every earlier benchmark, each
+# against its baseline measured in the same run, in under 10 minutes on the
+# reference machine (2 cores). It reuses the full benchmarks with smaller
+# settings, then tools/bench/quick_report.py prints each ratio beside its
+# reference figure (tools/bench/quick_reference.json) and flags any that is
+# more than 20% worse. Exit status: 0 when nothing is flagged, 1 otherwise.
+#
+#   commit  store_bench.py: dtectl commit of one step of a 2 GiB model vs
+#           zstd -1 -T0 of the same files (3 pairs)
+#   fs      fs_bench.py: cold sequential read of a 512 MiB version through dtefs
+#           vs passthrough_ll serving the same files exported (4 pairs)
+#   chain   longrun_bench.py: 200 versions of a 4 MiB model, commit of the last
+#           50 vs the first 50, a fresh mount reading latest and the worst
+#           recent version vs the anchor
+#   live    live_bench.py: dtectl apply of one step of a 512 MiB model vs a cold
+#           reload of the version
+#   dist    dist_publish_bench.py: a distributed publish of 2 ranks vs the
+#           single-process publisher (CPU, bytes exchanged), 256 MiB model
+#   push    push_bench.py: the push of a step to 1 receiver vs sending every
+#           tensor whole (time, bytes), 256 MiB model
+#
+# Not part of the test suite. Needs the tools, dtefs and libdte.so built:
+#   ninja -C build dtectl dtefs dte-gen dte
+# Usage: tools/bench/quick.sh [BUILD_DIR]   (default build)
+#   env QUICK_WORK   scratch directory on a disk (default /var/tmp/dte-quick),
+#                    removed at the end unless QUICK_KEEP=1
+#   env QUICK_ONLY   a subset, e.g. "commit chain"
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=$(realpath "${1:-build}")
+WORK=${QUICK_WORK:-/var/tmp/dte-quick}
+ONLY=${QUICK_ONLY:-commit fs chain live dist push}
+PY=/usr/bin/python3
+B=tools/bench
+OUT=$WORK/results
+rm -rf "$OUT"
+mkdir -p "$OUT"
+
+# run NAME CMD...: runs one benchmark, its output in $OUT/NAME.log; a failure
+# is reported and leaves its ratios unmeasured (quick_report.py flags them).
+run() {
+  local name=$1 start=$SECONDS
+  shift
+  [[ " $ONLY " == *" $name "* ]] || return 0
+  echo "== $name: $*"
+  if "$@" >"$OUT/$name.log" 2>&1; then
+    echo "   $((SECONDS - start)) s"
+  else
+    echo "   FAILED after $((SECONDS - start)) s; the last lines of $OUT/$name.log:"
+    tail -n 5 "$OUT/$name.log" | sed 's/^/   /'
+  fi
+}
+
+run commit env DTE_BUILD_DIR="$BUILD" $PY $B/store_bench.py --sizes 2GiB --reps 3 \
+  --commit-only --work "$WORK/commit" --json "$OUT/commit.json"
+run fs $PY $B/fs_bench.py --build-dir "$BUILD" --work "$WORK/fs" --size 512MiB --steps 1 \
+  --depths 1 --repeat 4 --cold-only --quiet-timeout 3 --retries 0 --json "$OUT/fs.json"
+run chain $PY $B/longrun_bench.py --build-dir "$BUILD" --work "$WORK/chain" --runs small \
+  --small-steps 199 --reps 3 --json "$OUT/chain.json"
+run live $PY $B/live_bench.py --build-dir "$BUILD" --work "$WORK/live" --quick --size 512MiB \
+  --sections one --distances 1 --mapped-distances 1 --receivers 1 --base 2 --reps 2 \
+  --json "$OUT/live.json"
+run dist $PY $B/dist_publish_bench.py --build-dir "$BUILD" --worlds 2 --tensors 8 \
+  --json "$OUT/dist.json"
+run push $PY $B/push_bench.py --build-dir "$BUILD" --size 256MiB --receivers 1 --steps 4 \
+  --json "$OUT/push.json"
+
+echo "== total $SECONDS s; ratios against tools/bench/quick_reference.json:"
+status=0
+$PY $B/quick_report.py --results "$OUT" --reference $B/quick_reference.json --benches "$ONLY" ||
+  status=$?
+if [ "${QUICK_KEEP:-0}" != 1 ]; then
+  rm -rf "$WORK"
+else
+  echo "kept $WORK (results in $OUT)"
+fi
+exit "$status"

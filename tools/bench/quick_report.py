@@ -1,0 +1,174 @@
+#!/usr/bin/python3
+"""Compares the ratios of one tools/bench/quick.sh run with their reference figures.
+
+Reads the JSON each benchmark of the quick set wrote into --results, takes
+each headline ratio (dte against its baseline in the same run), and prints
+it beside its reference figure from --reference (quick_reference.json, the
+one source of the figures docs/benchmarks.md quotes for the quick set).
+A ratio more than --tolerance worse than its reference is flagged, and so
+is one that could not be computed (its benchmark failed); the exit status
+is 1 if anything was flagged.
+
+Usage: /usr/bin/python3 tools/bench/quick_report.py --results DIR
+       [--reference tools/bench/quick_reference.json] [--tolerance 0.2]
+       [--benches "commit fs chain live dist push"]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load(results, name):
+    with open(os.path.join(results, name + ".json")) as f:
+        return json.load(f)
+
+
+def summary(values):
+    """(median, min, max) of per-repetition ratios."""
+    return statistics.median(values), min(values), max(values)
+
+
+def commit_vs_zstd(results):
+    size = load(results, "commit")["sizes"][0]
+    return summary(size["commit_over_zstd_runs"])
+
+
+def cold_read_vs_passthrough(results):
+    res = next(iter(load(results, "fs")["results"].values()))
+    return summary([d / p for d, p in zip(res["cold_dtefs"], res["cold_pt"])])
+
+
+def chain_row(results):
+    return load(results, "chain")[0]
+
+
+def chain_commit_last_vs_first(results):
+    r = chain_row(results)["commit_ratio"]
+    return r, r, r
+
+
+def chain_latest_vs_anchor(results):
+    r = chain_row(results)["join_ratio"]
+    return r, r, r
+
+
+def chain_recent_vs_anchor(results):
+    r = chain_row(results)["join_worst_ratio"]
+    return r, r, r
+
+
+def live_apply_vs_cold_reload(results):
+    res = load(results, "live")["results"]
+    applies = [row["wall"] for row in res["apply_cold_default"]]
+    return summary([reload / apply for reload, apply in zip(res["reload_cold"], applies)])
+
+
+def dist_cpu_vs_single(results):
+    d = load(results, "dist")
+    worlds = [k for k in d if k.isdigit()]
+    ranks = d[max(worlds, key=int)]
+    r = sum(x["cpu"] for x in ranks) / d["single"]["cpu"]
+    return r, r, r
+
+
+def dist_exchanged_per_changed(results):
+    d = load(results, "dist")
+    worlds = [k for k in d if k.isdigit()]
+    ranks = d[max(worlds, key=int)]
+    r = sum(x["bytes_sent"] for x in ranks) / ranks[0]["changed"]
+    return r, r, r
+
+
+def push_rows(results):
+    rows = load(results, "push")["rows"]
+    pushes = [r for r in rows if "push_s" in r]
+    last = max(pushes, key=lambda r: r["step"])
+    baselines = [r for r in rows if "baseline_s" in r]
+    return last, baselines
+
+
+def push_vs_full_sync(results):
+    last, baselines = push_rows(results)
+    med = statistics.median(r["baseline_s"] for r in baselines) / last["push_s"]
+    each = [r["baseline_s"] / last["push_s"] for r in baselines]
+    return med, min(each), max(each)
+
+
+def push_bytes_vs_full_sync(results):
+    last, baselines = push_rows(results)
+    r = baselines[0]["baseline_bytes"] / last["push_bytes"]
+    return r, r, r
+
+
+METRICS = {
+    "commit_vs_zstd": commit_vs_zstd,
+    "cold_read_vs_passthrough": cold_read_vs_passthrough,
+    "chain_commit_last_vs_first": chain_commit_last_vs_first,
+    "chain_latest_vs_anchor": chain_latest_vs_anchor,
+    "chain_recent_vs_anchor": chain_recent_vs_anchor,
+    "live_apply_vs_cold_reload": live_apply_vs_cold_reload,
+    "dist_cpu_vs_single": dist_cpu_vs_single,
+    "dist_exchanged_per_changed": dist_exchanged_per_changed,
+    "push_vs_full_sync": push_vs_full_sync,
+    "push_bytes_vs_full_sync": push_bytes_vs_full_sync,
+}
+
+
+def worse_by(value, ref, better):
+    """How much worse than the reference value is (0.1: 10% worse; < 0: better)."""
+    return value / ref - 1 if better == "lower" else ref / value - 1
+
+
+def report(results, reference, tolerance, benches):
+    flagged = []
+    print("| ratio | better | this run [range] | reference | worse by | |")
+    print("|---|---|---|---|---|---|")
+    for name, ref in reference["metrics"].items():
+        if benches and ref["bench"] not in benches:
+            continue
+        try:
+            med, lo, hi = METRICS[name](results)
+        except (OSError, KeyError, IndexError, ValueError, ZeroDivisionError) as e:
+            flagged.append(name)
+            print(f"| {name} | {ref['better']} | not measured ({type(e).__name__}: {e}) | "
+                  f"{ref['reference']:g} | - | **FLAGGED** |")
+            continue
+        worse = worse_by(med, ref["reference"], ref["better"])
+        flag = worse > tolerance
+        if flag:
+            flagged.append(name)
+        span = f" [{lo:.2f}-{hi:.2f}]" if hi > lo else ""
+        print(f"| {name} | {ref['better']} | {med:.2f}{span} | {ref['reference']:g} | "
+              f"{100 * worse:+.0f}% | {'**FLAGGED**' if flag else 'ok'} |")
+    return flagged
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--results", required=True, help="directory of the benchmarks' JSON files")
+    ap.add_argument("--reference", default=os.path.join(HERE, "quick_reference.json"))
+    ap.add_argument("--tolerance", type=float, default=0.2,
+                    help="flag a ratio this much worse than its reference (0.2: 20%%)")
+    ap.add_argument("--benches", default="",
+                    help="only the ratios of these benchmarks (space-separated; default all)")
+    a = ap.parse_args()
+    with open(a.reference) as f:
+        reference = json.load(f)
+    unknown = set(reference["metrics"]) - set(METRICS)
+    if unknown:
+        sys.exit(f"{a.reference} names ratios this script does not compute: {sorted(unknown)}")
+    flagged = report(a.results, reference, a.tolerance, set(a.benches.split()))
+    if flagged:
+        print(f"\nflagged ({len(flagged)}): {', '.join(flagged)}: more than "
+              f"{100 * a.tolerance:.0f}% worse than the reference, or not measured")
+        return 1
+    print(f"\nno ratio more than {100 * a.tolerance:.0f}% worse than its reference")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
