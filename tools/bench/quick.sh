@@ -21,7 +21,7 @@
 #           tensor whole (time, bytes), 256 MiB model
 #
 # Not part of the test suite. Needs the tools, dtefs and libdte.so built:
-#   ninja -C build dtectl dtefs dte-gen dte
+#   ninja -C build dtectl dtefs dte-gen dte_shared
 # Usage: tools/bench/quick.sh [BUILD_DIR]   (default build)
 #   env QUICK_WORK   scratch directory on a disk (default /var/tmp/dte-quick),
 #                    removed at the end unless QUICK_KEEP=1
