@@ -22,8 +22,8 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "store/status.h"
-#include "store/thread_annotations.h"
+#include "store/base/status.h"
+#include "store/base/thread_annotations.h"
 
 namespace dte::fs {
 

@@ -24,7 +24,7 @@
 #include "fs/prefetcher.h"
 #include "fs/readahead.h"
 #include "fs/snapshotter.h"
-#include "sync/publish_metrics.h"
+#include "sync/metrics/listen.h"
 
 namespace dte::fs {
 namespace {

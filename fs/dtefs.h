@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "store/status.h"
+#include "store/base/status.h"
 
 namespace dte::fs {
 

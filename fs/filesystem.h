@@ -8,7 +8,7 @@
 //                         live apply (fs/live.h)
 //   /.dte/status          JSON: versions, counters, caches, snapshots, polling,
 //                         prefetch, readahead, live apply, recent errors
-//   /.dte/control         live apply's ioctls (sync/live_abi.h)
+//   /.dte/control         live apply's ioctls (sync/live/live_abi.h)
 // Every operation returns a Status or Result; the FUSE adapter
 // (fs/internal/) turns them into exactly one reply, and errno mapping lives
 // in one place there. Refresh() and RefreshNew() list the store on the
@@ -46,9 +46,9 @@
 #include "fs/listing_guard.h"
 #include "fs/live.h"
 #include "fs/read_path.h"
+#include "store/base/thread_annotations.h"
 #include "store/snapshot.h"
 #include "store/store.h"
-#include "store/thread_annotations.h"
 
 namespace dte::fs {
 

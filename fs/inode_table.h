@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "store/thread_annotations.h"
+#include "store/base/thread_annotations.h"
 
 namespace dte::fs {
 

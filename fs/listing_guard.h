@@ -30,8 +30,8 @@
 #include <string>
 #include <vector>
 
-#include "store/status.h"
-#include "store/thread_annotations.h"
+#include "store/base/status.h"
+#include "store/base/thread_annotations.h"
 
 namespace dte::fs {
 

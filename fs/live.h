@@ -53,11 +53,11 @@
 
 #include "fs/latency.h"
 #include "fs/read_path.h"
-#include "store/status.h"
+#include "store/base/status.h"
+#include "store/base/thread_annotations.h"
 #include "store/store.h"
-#include "store/thread_annotations.h"
-#include "sync/live_abi.h"
-#include "sync/transfer_plan.h"
+#include "sync/live/live_abi.h"
+#include "sync/transfer/transfer_plan.h"
 
 namespace dte::fs {
 

@@ -12,8 +12,7 @@
 
 #include "fs/internal/live_changes.h"
 #include "kernels/cuda.h"
-#include "sync/convert.h"
-#include "sync/push.h"
+#include "sync/transfer/plan_inputs.h"
 
 namespace dte::fs {
 namespace {

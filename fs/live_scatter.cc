@@ -19,7 +19,6 @@
 #include "kernels/remap_cuda.h"
 #include "kernels/remap_math.h"
 #include "kernels/width.h"
-#include "sync/convert.h"
 
 namespace dte::fs {
 namespace {

@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "store/status.h"
+#include "store/base/status.h"
 
 namespace dte::fs {
 

@@ -4,7 +4,7 @@
 #include <set>
 
 #include "fs/internal/thread_priority.h"
-#include "store/units.h"
+#include "store/base/units.h"
 
 namespace dte::fs {
 namespace {

@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "fs/filesystem.h"
+#include "store/base/thread_annotations.h"
 #include "store/cached_store.h"
 #include "store/snapshot.h"
-#include "store/thread_annotations.h"
 
 namespace dte::fs {
 

@@ -6,7 +6,7 @@
 #include <sstream>
 #include <vector>
 
-#include "store/posix_file.h"
+#include "store/base/posix_file.h"
 
 namespace dte::fs {
 namespace {

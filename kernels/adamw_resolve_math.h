@@ -1,6 +1,6 @@
 // Per-element resolution of the AdamW-inverting publisher: for an element the
 // fused detector (AdamWInvertDetect) reported, or the screen
-// (sync/internal/engine_screen.h) left undecided, decide exactly what its
+// (sync/publish/internal/engine_screen.h) left undecided, decide exactly what its
 // BF16 value was before the step, without any copy of the old weights. Shared
 // by the CPU backend and the CUDA one (CudaAdamWFindChanges, kernels/cuda.h).
 //

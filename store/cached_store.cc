@@ -7,9 +7,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "store/base/posix_file.h"
 #include "store/hash.h"
 #include "store/internal/chunk_entry.h"
-#include "store/posix_file.h"
 
 namespace dte {
 namespace {

@@ -76,11 +76,11 @@
 #include <utility>
 #include <vector>
 
+#include "store/base/status.h"
+#include "store/base/thread_annotations.h"
 #include "store/index.h"
 #include "store/object_store.h"
 #include "store/s3_store.h"
-#include "store/status.h"
-#include "store/thread_annotations.h"
 
 namespace dte {
 

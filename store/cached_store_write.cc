@@ -5,10 +5,10 @@
 
 #include <algorithm>
 
+#include "store/base/posix_file.h"
 #include "store/cached_store.h"
 #include "store/hash.h"
 #include "store/internal/chunk_entry.h"
-#include "store/posix_file.h"
 
 namespace dte {
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "store/status.h"
+#include "store/base/status.h"
 
 namespace dte::crypto {
 

@@ -17,7 +17,7 @@
 //               Decoding applies it onto the parent block's bytes. A payload
 //               may also carry "set" elements whose new value is stored
 //               whole, for writers that do not know the parent's element
-//               (the AdamW-inverting publisher, sync/publisher.h).
+//               (the AdamW-inverting publisher, sync/publish/publisher.h).
 //
 // Thread-safety: pure functions; scratch objects are per thread.
 #pragma once
@@ -28,7 +28,7 @@
 #include <string_view>
 #include <vector>
 
-#include "store/status.h"
+#include "store/base/status.h"
 
 namespace dte {
 

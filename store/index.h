@@ -21,8 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/manifest.h"
-#include "store/status.h"
 
 namespace dte {
 

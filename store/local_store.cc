@@ -12,10 +12,10 @@
 #include <random>
 #include <utility>
 
+#include "store/base/posix_file.h"
 #include "store/hash.h"
 #include "store/internal/fd_cache.h"
 #include "store/listing_check.h"
-#include "store/posix_file.h"
 
 namespace dte {
 namespace {

@@ -41,8 +41,8 @@
 #include <string_view>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/object_store.h"
-#include "store/status.h"
 
 namespace dte {
 

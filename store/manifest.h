@@ -18,10 +18,10 @@
 #include <string_view>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/delta_codec.h"
 #include "store/dtype.h"
 #include "store/hash.h"
-#include "store/status.h"
 
 namespace dte {
 
@@ -81,7 +81,7 @@ struct FullTable {
 // How far a version is from the nearest version whose content stands alone
 // (an anchor, or a delta with a full table): versions since it and the
 // bytes their deltas added to the store, this version's included. Zero for
-// a self-contained version. Drives the anchor policy (sync/anchor_policy.h).
+// a self-contained version. Drives the anchor policy (store/write/anchor_policy.h).
 struct AnchorDistance {
   uint64_t versions = 0;
   uint64_t bytes = 0;
@@ -113,7 +113,7 @@ struct Manifest {
 // kept outside its manifest, in object joins/vNNNNNNNN.json, so a host that
 // joins late reads the newest versions from it instead of decoding every
 // delta since the last policy anchor. Writers keep only the newest few
-// (sync/anchor_policy.h, join_budget) and delete older ones with their
+// (store/write/anchor_policy.h, join_budget) and delete older ones with their
 // blobs; readers that lose one walk the delta chain instead. Manifests never
 // point at join tables, so gc, verify and rebase ignore them (gc only keeps
 // their blobs while they are listed).

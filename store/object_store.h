@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "store/status.h"
+#include "store/base/status.h"
 
 namespace dte {
 

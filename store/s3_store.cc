@@ -10,6 +10,8 @@
 #include <thread>
 #include <utility>
 
+#include "store/base/posix_file.h"
+#include "store/base/units.h"
 #include "store/internal/s3_client.h"
 #include "store/internal/s3_multipart.h"
 #include "store/internal/s3_open.h"
@@ -18,8 +20,6 @@
 #include "store/internal/s3_xml.h"
 #include "store/listing_check.h"
 #include "store/local_store.h"
-#include "store/posix_file.h"
-#include "store/units.h"
 
 namespace dte {
 namespace {

@@ -22,7 +22,7 @@
 // UploadPartCopy parts, server side.
 //
 // Spool files (NewTempPath) live in a local directory, spool_dir (default
-// CACHE_DIR/spool, see store/units.h), shared by every S3 store of the user;
+// CACHE_DIR/spool, see store/base/units.h), shared by every S3 store of the user;
 // PutFile uploads and then deletes them. RemoveStaleTemp deletes old spool
 // files and aborts multipart uploads under the prefix older than the age.
 //
@@ -59,8 +59,8 @@
 #include <string>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/object_store.h"
-#include "store/status.h"
 
 namespace dte {
 

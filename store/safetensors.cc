@@ -26,8 +26,8 @@
 #include <set>
 #include <utility>
 
+#include "store/base/posix_file.h"
 #include "store/internal/safetensors_json.h"
-#include "store/posix_file.h"
 
 namespace dte {
 namespace {

@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/dtype.h"
-#include "store/status.h"
 
 namespace dte {
 

@@ -29,11 +29,11 @@
 #include <string>
 #include <vector>
 
+#include "store/base/posix_file.h"
+#include "store/base/status.h"
+#include "store/base/thread_annotations.h"
 #include "store/materialize.h"
-#include "store/posix_file.h"
-#include "store/status.h"
 #include "store/store.h"
-#include "store/thread_annotations.h"
 
 namespace dte {
 

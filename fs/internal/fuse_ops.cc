@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "fs/internal/live_worker.h"
-#include "sync/live_abi.h"
+#include "sync/live/live_abi.h"
 
 namespace dte::fs {
 namespace {
@@ -194,7 +194,7 @@ void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   fuse_reply_err(req, 0);
 }
 
-// --- live apply: ioctls on .dte/control (sync/live_abi.h) ----------------------
+// --- live apply: ioctls on .dte/control (sync/live/live_abi.h) ----------------------
 
 // Only the mounting user and root may apply.
 bool MayApply(fuse_req_t req) {

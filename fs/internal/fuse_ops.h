@@ -17,8 +17,8 @@
 #include <memory>
 
 #include "fs/filesystem.h"
+#include "store/base/status.h"
 #include "store/snapshot.h"
-#include "store/status.h"
 #include "store/store.h"
 
 namespace dte::fs {

@@ -57,7 +57,7 @@ class LiveWorker {
 };
 
 // Fails a live ioctl with errno `err`: -err as the result, and *out (any
-// struct of sync/live_abi.h with error and message) with the message. The
+// struct of sync/live/live_abi.h with error and message) with the message. The
 // kernel copies the struct out even though the command fails, so the caller
 // gets the message along with errno.
 template <typename T>

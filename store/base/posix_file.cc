@@ -1,4 +1,4 @@
-#include "store/posix_file.h"
+#include "store/base/posix_file.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <string>
 
-#include "store/status.h"
+#include "store/base/status.h"
 
 namespace dte {
 

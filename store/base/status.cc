@@ -1,4 +1,4 @@
-#include "store/status.h"
+#include "store/base/status.h"
 
 #include <cstring>
 

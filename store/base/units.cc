@@ -1,4 +1,4 @@
-#include "store/units.h"
+#include "store/base/units.h"
 
 #include <unistd.h>
 

@@ -8,9 +8,9 @@
 #include <string>
 #include <unordered_map>
 
+#include "store/base/posix_file.h"
+#include "store/base/thread_annotations.h"
 #include "store/local_store.h"
-#include "store/posix_file.h"
-#include "store/thread_annotations.h"
 
 namespace dte {
 

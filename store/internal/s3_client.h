@@ -21,10 +21,10 @@
 #include <string_view>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/internal/s3_http.h"
 #include "store/internal/s3_protocol.h"
 #include "store/s3_store.h"
-#include "store/status.h"
 
 namespace dte::internal {
 

@@ -4,8 +4,8 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "store/posix_file.h"
-#include "store/units.h"
+#include "store/base/posix_file.h"
+#include "store/base/units.h"
 
 namespace dte {
 namespace internal {

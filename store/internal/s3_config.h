@@ -14,8 +14,8 @@
 #include <string>
 #include <string_view>
 
+#include "store/base/status.h"
 #include "store/s3_store.h"
-#include "store/status.h"
 
 namespace dte::internal {
 

@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "store/base/thread_annotations.h"
 #include "store/internal/s3_xml.h"
-#include "store/thread_annotations.h"
 
 namespace dte::internal {
 namespace {

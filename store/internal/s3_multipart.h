@@ -20,8 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/internal/s3_client.h"
-#include "store/status.h"
 
 namespace dte::internal {
 

@@ -7,10 +7,10 @@
 #include <memory>
 #include <string>
 
+#include "store/base/status.h"
 #include "store/internal/s3_http.h"
 #include "store/object_store.h"
 #include "store/s3_store.h"
-#include "store/status.h"
 
 namespace dte::internal {
 

@@ -9,8 +9,8 @@
 #include <random>
 #include <utility>
 
+#include "store/base/posix_file.h"
 #include "store/hash.h"
-#include "store/posix_file.h"
 
 namespace dte::internal {
 namespace {

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string>
 
-#include "store/status.h"
+#include "store/base/status.h"
 
 namespace dte::internal {
 

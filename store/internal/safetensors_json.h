@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/safetensors.h"
-#include "store/status.h"
 
 namespace dte::safetensors_internal {
 

@@ -1,4 +1,4 @@
-#include "sync/commit.h"
+#include "store/ops/commit.h"
 
 #include <fcntl.h>
 
@@ -6,13 +6,13 @@
 #include <vector>
 
 #include "kernels/parallel.h"
+#include "store/base/posix_file.h"
 #include "store/materialize.h"
-#include "store/posix_file.h"
 #include "store/snapshot.h"
 #include "store/store.h"
-#include "sync/internal/blob_sink.h"
-#include "sync/internal/engine_version.h"
-#include "sync/internal/scan.h"
+#include "store/write/blob_sink.h"
+#include "store/write/scan.h"
+#include "store/write/version_writer.h"
 
 namespace dte {
 namespace {

@@ -23,8 +23,8 @@
 #include <optional>
 #include <string>
 
-#include "store/status.h"
-#include "sync/anchor_policy.h"
+#include "store/base/status.h"
+#include "store/write/anchor_policy.h"
 
 namespace dte {
 
@@ -33,7 +33,7 @@ class Store;
 struct CommitOptions {
   std::optional<uint64_t> version;  // default: latest + 1, or 0 for an empty store
   bool force_anchor = false;        // store full weights even if a delta is possible
-  // When a delta also carries a full table (sync/anchor_policy.h).
+  // When a delta also carries a full table (store/write/anchor_policy.h).
   AnchorPolicy anchor_policy;
   // Leave a materialized snapshot of the new version in the store's cache
   // directory (store/snapshot.h) and read the parent's blocks from its

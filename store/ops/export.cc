@@ -1,12 +1,12 @@
-#include "sync/export.h"
+#include "store/ops/export.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <filesystem>
 
+#include "store/base/posix_file.h"
 #include "store/materialize.h"
-#include "store/posix_file.h"
 #include "store/snapshot.h"
 #include "store/store.h"
 

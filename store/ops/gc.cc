@@ -1,4 +1,4 @@
-#include "sync/gc.h"
+#include "store/ops/gc.h"
 
 #include <algorithm>
 #include <ctime>
@@ -8,8 +8,8 @@
 #include <string>
 
 #include "store/store.h"
-#include "sync/anchor_policy.h"
-#include "sync/internal/rebase.h"
+#include "store/write/anchor_policy.h"
+#include "store/write/rebase.h"
 
 namespace dte {
 namespace {
@@ -283,7 +283,7 @@ Result<GcResult> CollectGarbage(Store& store, const GcOptions& options, const Pr
   ASSIGN_OR_RETURN(r.temp_files_deleted, store.objects().RemoveStaleTemp(std::max<int64_t>(
                                              options.grace_seconds, kMinTempAgeSeconds)));
   // 5. Messages of distributed publishes that died (the store transport,
-  // sync/transport.h): a live one reads its messages within its timeout.
+  // sync/transport/transport.h): a live one reads its messages within its timeout.
   {
     ASSIGN_OR_RETURN(auto keys, store.objects().ListStoreKeys("exchange/"));
     const int64_t cutoff = static_cast<int64_t>(std::time(nullptr)) - options.grace_seconds;

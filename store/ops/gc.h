@@ -37,7 +37,7 @@
 #include <functional>
 #include <string>
 
-#include "store/status.h"
+#include "store/base/status.h"
 
 namespace dte {
 

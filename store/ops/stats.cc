@@ -1,4 +1,4 @@
-#include "sync/stats.h"
+#include "store/ops/stats.h"
 
 #include <algorithm>
 #include <cstring>

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/dtype.h"
 #include "store/manifest.h"
-#include "store/status.h"
 #include "store/store.h"
 
 namespace dte {

@@ -1,4 +1,4 @@
-#include "sync/verify.h"
+#include "store/ops/verify.h"
 
 #include <unistd.h>
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "store/status.h"
+#include "store/base/status.h"
 
 namespace dte {
 

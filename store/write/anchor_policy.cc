@@ -1,11 +1,11 @@
-#include "sync/anchor_policy.h"
+#include "store/write/anchor_policy.h"
 
 #include <cmath>
 #include <iterator>
 #include <vector>
 
+#include "store/base/units.h"
 #include "store/store.h"
-#include "store/units.h"
 
 namespace dte {
 

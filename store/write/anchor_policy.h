@@ -18,8 +18,8 @@
 #include <memory>
 #include <string>
 
+#include "store/base/status.h"
 #include "store/manifest.h"
-#include "store/status.h"
 
 namespace dte {
 

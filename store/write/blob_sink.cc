@@ -1,11 +1,11 @@
-#include "sync/internal/blob_sink.h"
+#include "store/write/blob_sink.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <utility>
 
-#include "store/posix_file.h"
+#include "store/base/posix_file.h"
 
 namespace dte::internal {
 namespace {

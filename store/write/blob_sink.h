@@ -13,11 +13,11 @@
 #include <string_view>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/delta_codec.h"
 #include "store/hash.h"
 #include "store/manifest.h"
 #include "store/object_store.h"
-#include "store/status.h"
 
 namespace dte::internal {
 

@@ -1,4 +1,4 @@
-#include "sync/internal/rebase.h"
+#include "store/write/rebase.h"
 
 #include <algorithm>
 #include <string>
@@ -7,9 +7,9 @@
 
 #include "kernels/parallel.h"
 #include "store/materialize.h"
-#include "sync/anchor_policy.h"
-#include "sync/internal/blob_sink.h"
-#include "sync/internal/engine_version.h"
+#include "store/write/anchor_policy.h"
+#include "store/write/blob_sink.h"
+#include "store/write/version_writer.h"
 
 // A rebase that fails leaves the blobs it added; gc's sweep removes them
 // like any unreferenced blob once they are older than its grace window.

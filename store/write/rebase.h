@@ -10,10 +10,10 @@
 #include <functional>
 #include <memory>
 
+#include "store/base/status.h"
 #include "store/manifest.h"
-#include "store/status.h"
 #include "store/store.h"
-#include "sync/anchor_policy.h"
+#include "store/write/anchor_policy.h"
 
 namespace dte::internal {
 

@@ -1,4 +1,4 @@
-#include "sync/internal/scan.h"
+#include "store/write/scan.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <set>
 
-#include "store/posix_file.h"
+#include "store/base/posix_file.h"
 
 namespace dte::internal {
 namespace {

@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/manifest.h"
 #include "store/safetensors.h"
-#include "store/status.h"
 
 namespace dte::internal {
 

@@ -1,4 +1,4 @@
-#include "sync/internal/engine_version.h"
+#include "store/write/version_writer.h"
 
 #include <algorithm>
 #include <map>
@@ -6,7 +6,7 @@
 #include <set>
 #include <string>
 
-#include "sync/anchor_policy.h"
+#include "store/write/anchor_policy.h"
 
 namespace dte::internal {
 

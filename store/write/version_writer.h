@@ -1,6 +1,6 @@
 // Making a built version visible: the last steps every publisher shares
-// (CommitDirectory in sync/commit.cc and the AdamW-inverting Publisher in
-// sync/publisher.cc).
+// (CommitDirectory in store/ops/commit.cc and the AdamW-inverting Publisher in
+// sync/publish/publisher.cc).
 //
 // Thread-safety: stateless; the Store and BlobSink passed in follow their own
 // rules (one BlobSink per version being built).
@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/delta_codec.h"
 #include "store/manifest.h"
-#include "store/status.h"
 #include "store/store.h"
-#include "sync/internal/blob_sink.h"
+#include "store/write/blob_sink.h"
 
 namespace dte::internal {
 
@@ -30,7 +30,7 @@ inline EncodedBlock EncodeFullTableBlock(bool join, const uint8_t* data, size_t 
   return join ? EncodeRawBlock(data, len, width) : EncodeBlock(nullptr, data, len, width, scratch);
 }
 
-// The full table of a policy anchor being built (sync/anchor_policy.h): a
+// The full table of a policy anchor being built (store/write/anchor_policy.h): a
 // dense record for every block, their payloads in one blob.
 //
 // Thread-safety: not thread-safe; one per version being built.

@@ -1,7 +1,7 @@
 // The C ABI over Publisher and the store reader. C++ exceptions (allocation
 // failures) never cross it: each entry point catches them and reports
 // DTE_INTERNAL.
-#include "sync/c_api.h"
+#include "sync/capi/c_api.h"
 
 #include <cmath>
 #include <exception>
@@ -16,13 +16,14 @@
 #include "store/materialize.h"
 #include "store/snapshot.h"
 #include "store/store.h"
-#include "sync/convert.h"
-#include "sync/dist_publisher.h"
-#include "sync/internal/c_api_handles.h"
-#include "sync/live_client.h"
-#include "sync/publish_metrics.h"
-#include "sync/publisher.h"
-#include "sync/push.h"
+#include "sync/capi/internal/c_api_handles.h"
+#include "sync/convert/convert.h"
+#include "sync/live/live_client.h"
+#include "sync/publish/dist_publisher.h"
+#include "sync/publish/publish_metrics.h"
+#include "sync/publish/publisher.h"
+#include "sync/push/push_receiver.h"
+#include "sync/push/push_server.h"
 
 // The objects behind the handles. The C ABI hands out tokens of
 // dte::capi::HandleTable, never these addresses; members a handle keeps
@@ -126,7 +127,7 @@ int Guard(const Fn& fn) {
   }
 }
 
-// Handles (sync/internal/c_api_handles.h): the kind of each handle type.
+// Handles (sync/capi/internal/c_api_handles.h): the kind of each handle type.
 using dte::capi::HandleKind;
 using dte::capi::HandleTable;
 template <typename T>

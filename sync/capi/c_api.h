@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sync/live_abi.h"
+#include "sync/live/live_abi.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -100,7 +100,7 @@ typedef struct dte_adamw_step {
   int32_t order;             /* enum dte_adamw_order */
 } dte_adamw_step;
 
-/* Megatron-Core layout options (sync/convert.h ParallelLayout). */
+/* Megatron-Core layout options (sync/convert/convert.h ParallelLayout). */
 enum dte_mcore_norms { DTE_MCORE_NORMS_TE = 0, DTE_MCORE_NORMS_LOCAL = 1 };
 enum dte_mcore_experts { DTE_MCORE_EXPERTS_SEQUENTIAL = 0, DTE_MCORE_EXPERTS_GROUPED = 1 };
 
@@ -140,12 +140,12 @@ int dte_publisher_open(const char* store, const char* cache_dir, const char* con
                        dte_publisher** out);
 int dte_publisher_close(dte_publisher* p);
 int dte_publisher_import(dte_publisher* p, const char* dir, uint64_t* version_out);
-/* The anchor policy of later publishes (sync/anchor_policy.h): a version
+/* The anchor policy of later publishes (store/write/anchor_policy.h): a version
  * also carries a full table once the deltas since the last full one add up
  * to budget times the model's dense size (0: never), or once `every`
  * versions have passed (0: never). Default 1.0 and 0. */
 int dte_publisher_set_anchor_policy(dte_publisher* p, double budget, uint64_t every);
-/* Join tables of later publishes (sync/anchor_policy.h, join_budget): a
+/* Join tables of later publishes (store/write/anchor_policy.h, join_budget): a
  * version gets one once the deltas since the last full or join table add
  * up to join_budget times the dense size (0: never). Default 0.125. */
 int dte_publisher_set_join_budget(dte_publisher* p, double join_budget);
@@ -166,7 +166,7 @@ int dte_publisher_publish_adamw_mcore(dte_publisher* p, const dte_adamw_step* st
                                       const dte_mcore_adamw_shard* shards, size_t count,
                                       dte_publish_result* out);
 
-/* Distributed publishing (sync/dist_publisher.h): every rank of a sharded
+/* Distributed publishing (sync/publish/dist_publisher.h): every rank of a sharded
  * trainer publishes the optimizer state it holds, over a transport between
  * the ranks, and one version is committed when every rank's part is in. */
 typedef struct dte_transport dte_transport;
@@ -177,7 +177,7 @@ typedef struct dte_dist_publisher dte_dist_publisher;
  * connecting and every exchange. secret: the job secret every connection
  * proves (NULL or "": DTE_JOB_SECRET, DTE_JOB_SECRET_FILE, else the
  * directory's "secret" file, which rank 0 creates when there is none;
- * sync/job_secret.h). */
+ * sync/transport/job_secret.h). */
 int dte_transport_tcp(int32_t rank, int32_t size, const char* rendezvous_dir, int64_t timeout_ms,
                       const char* secret, dte_transport** out);
 
@@ -231,7 +231,7 @@ typedef struct dte_adamw_range {
   int32_t device;      /* with DTE_MEMORY_CUDA: the CUDA device ordinal */
 } dte_adamw_range;
 
-/* What the last publish did on this rank (sync/dist_publisher.h). */
+/* What the last publish did on this rank (sync/publish/dist_publisher.h). */
 typedef struct dte_dist_stats {
   uint64_t entries_sent;           /* changed-element entries routed, to itself included */
   uint64_t bytes_sent;             /* payload bytes sent to other ranks */
@@ -263,7 +263,7 @@ int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
                                      const dte_adamw_step* step, const dte_adamw_range* ranges,
                                      size_t count, dte_publish_result* out);
 
-/* Same-cluster push (sync/push.h, docs/push.md). A push server runs on the
+/* Same-cluster push (sync/push/push_server.h, docs/push.md). A push server runs on the
  * trainer; after each publish of a publisher it is set on, the version's
  * changed elements go to every receiver that holds the parent version.
  * Strings returned through `const char**` stay valid until the next call on
@@ -309,7 +309,7 @@ int dte_dist_publisher_set_push(dte_dist_publisher* p, dte_push_server* s);
 int dte_dist_publisher_share_push(dte_dist_publisher* p, dte_transport* t);
 int dte_dist_publisher_last_push_json(dte_dist_publisher* p, const char** json_out);
 
-/* Publisher metrics (sync/publish_metrics.h; names and meanings in
+/* Publisher metrics (sync/publish/publish_metrics.h; names and meanings in
  * docs/engine.md, "Metrics"): what p's publishes did, as Prometheus metrics.
  * The exposition text, valid until the next metrics call on p: */
 int dte_publisher_metrics_text(dte_publisher* p, const char** text_out);
@@ -385,7 +385,7 @@ int dte_store_read_tensor(dte_store* s, uint64_t version, const char* name, void
                           uint64_t bytes);
 
 /* Live apply (docs/live.md): ioctls on MOUNT/.dte/control of a dtefs mount
- * (sync/live_abi.h). Errors name the mount; a path that is not a dtefs
+ * (sync/live/live_abi.h). Errors name the mount; a path that is not a dtefs
  * mount with live apply fails with DTE_NOT_FOUND (no .dte/control) or
  * DTE_INVALID_ARGUMENT (ENOTTY); EPERM/EACCES give DTE_PERMISSION_DENIED,
  * EBUSY (another apply runs) DTE_BUSY.

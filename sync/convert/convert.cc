@@ -1,5 +1,5 @@
 // Running conversion units in both directions.
-#include "sync/convert.h"
+#include "sync/convert/convert.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "store/dtype.h"
-#include "sync/internal/convert_matrix.h"
+#include "sync/convert/internal/convert_matrix.h"
 
 namespace dte {
 namespace {

@@ -30,8 +30,8 @@
 #include <string_view>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/dtype.h"
-#include "store/status.h"
 
 namespace dte {
 

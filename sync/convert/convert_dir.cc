@@ -1,5 +1,5 @@
 // Writing a HF model directory from per-rank MCore safetensors files.
-#include "sync/convert_dir.h"
+#include "sync/convert/convert_dir.h"
 
 #include <fcntl.h>
 
@@ -10,7 +10,7 @@
 #include <system_error>
 #include <utility>
 
-#include "store/posix_file.h"
+#include "store/base/posix_file.h"
 
 namespace dte {
 namespace {

@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/safetensors.h"
-#include "store/status.h"
-#include "sync/convert.h"
+#include "sync/convert/convert.h"
 
 namespace dte {
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "sync/convert.h"
-#include "sync/internal/convert_matrix.h"
+#include "sync/convert/convert.h"
+#include "sync/convert/internal/convert_matrix.h"
 
 namespace dte {
 namespace {

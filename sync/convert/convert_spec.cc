@@ -4,8 +4,8 @@
 #include <optional>
 #include <set>
 
-#include "sync/convert.h"
-#include "sync/internal/convert_matrix.h"
+#include "sync/convert/convert.h"
+#include "sync/convert/internal/convert_matrix.h"
 
 namespace dte {
 namespace {

@@ -91,7 +91,7 @@ enum dte_live_buffer_kind {
 typedef struct dte_live_register {
   uint32_t abi_version; /* in: DTE_LIVE_ABI_VERSION */
   uint32_t kind;        /* in: enum dte_live_buffer_kind */
-  /* The receiver's layout (sync/transfer_plan.h ShardLayout). */
+  /* The receiver's layout (sync/transfer/transfer_plan.h ShardLayout). */
   int32_t tp;            /* in: tensor-parallel degree, >= 1 */
   int32_t rank;          /* in: 0 .. tp-1 */
   uint32_t fuse_qkv;     /* in: 1: q/k/v held as one qkv_proj */

@@ -1,4 +1,4 @@
-#include "sync/live_client.h"
+#include "sync/live/live_client.h"
 
 #include <fcntl.h>
 #include <sys/ioctl.h>

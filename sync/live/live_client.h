@@ -1,4 +1,4 @@
-// The client side of live apply: the ioctls of sync/live_abi.h on
+// The client side of live apply: the ioctls of sync/live/live_abi.h on
 // MOUNT/.dte/control of a dtefs mount (docs/live.md), as Status/Result.
 //
 // Errors: every message starts with the mount point. A failed command's
@@ -15,9 +15,9 @@
 #include <optional>
 #include <string>
 
-#include "store/posix_file.h"
-#include "store/status.h"
-#include "sync/live_abi.h"
+#include "store/base/posix_file.h"
+#include "store/base/status.h"
+#include "sync/live/live_abi.h"
 
 namespace dte::live {
 

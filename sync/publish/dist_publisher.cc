@@ -1,4 +1,4 @@
-#include "sync/dist_publisher.h"
+#include "sync/publish/dist_publisher.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,13 +15,13 @@
 #include "store/materialize.h"
 #include "store/snapshot.h"
 #include "store/store.h"
-#include "sync/convert.h"
-#include "sync/internal/blob_sink.h"
-#include "sync/internal/convert_matrix.h"
-#include "sync/internal/dist_header.h"
-#include "sync/internal/engine_screen.h"
-#include "sync/internal/engine_version.h"
-#include "sync/publish_metrics.h"
+#include "store/write/blob_sink.h"
+#include "store/write/version_writer.h"
+#include "sync/convert/convert.h"
+#include "sync/convert/internal/convert_matrix.h"
+#include "sync/publish/internal/dist_header.h"
+#include "sync/publish/internal/engine_screen.h"
+#include "sync/publish/publish_metrics.h"
 
 namespace dte {
 namespace {
@@ -186,7 +186,7 @@ kernels::AdamWParams ParamsOf(const AdamWStep& h, std::optional<double> lr,
   return p;
 }
 
-// The header of the agreement (sync/internal/dist_header.h).
+// The header of the agreement (sync/publish/internal/dist_header.h).
 using dist_internal::DecodeHeader;
 using dist_internal::EncodeHeader;
 using dist_internal::Header;
@@ -288,7 +288,7 @@ struct DistPublisher::Plan {
   std::vector<Tensor> tensors;  // the parent's, in manifest order
   std::map<std::string, size_t> ordinal;
   AnchorDistance parent_distance;
-  AnchorDistance join_distance;  // rank 0's (sync/anchor_policy.h, JoinDistanceOf)
+  AnchorDistance join_distance;  // rank 0's (store/write/anchor_policy.h, JoinDistanceOf)
   std::string anchor_reason;
   std::string join_reason;
 };

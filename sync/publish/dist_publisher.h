@@ -1,4 +1,4 @@
-// DistPublisher: the AdamW-inverting publisher (sync/publisher.h) run by
+// DistPublisher: the AdamW-inverting publisher (sync/publish/publisher.h) run by
 // every rank of a sharded trainer. Each rank hands over only the optimizer
 // state it holds, as flat element ranges of Hugging Face tensors; the ranks
 // agree, find the changed elements of their own ranges, route them to the
@@ -6,7 +6,7 @@
 // when every rank's part is in (docs/engine.md, "Distributed publish").
 //
 // One publish, on every rank, over the trainer's Transport (TCP or NCCL,
-// sync/transport.h):
+// sync/transport/transport.h):
 //   1. Agreement: every rank's step, hyper-parameters, store and latest
 //      version and the ranges it holds reach every rank (sizes, then
 //      payloads). Every rank checks them identically, so they all fail with
@@ -55,10 +55,11 @@
 #include <string>
 #include <vector>
 
-#include "store/status.h"
-#include "sync/publisher.h"
-#include "sync/push.h"
-#include "sync/transport.h"
+#include "store/base/status.h"
+#include "sync/publish/publisher.h"
+#include "sync/push/changes.h"
+#include "sync/push/push_server.h"
+#include "sync/transport/transport.h"
 
 namespace dte {
 
@@ -140,7 +141,7 @@ class DistPublisher {
   Status SetAnchorPolicy(const AnchorPolicy& policy);
   const AnchorPolicy& anchor_policy() const { return options_.anchor_policy; }
 
-  // After each committed version, push it to receivers (sync/push.h), its
+  // After each committed version, push it to receivers (sync/push/push_server.h), its
   // changes read back from the store (StoreChanges); null: stop. Given on
   // rank 0 only, rank 0 pushes every tensor. Given on every rank, each rank
   // pushes the tensors it owned in that version, as part `rank` of
@@ -161,7 +162,7 @@ class DistPublisher {
   // What the last PublishAdamW did on this rank.
   const DistPublishStats& last_stats() const { return stats_; }
   // What this rank's publishes did, as Prometheus metrics
-  // (sync/publish_metrics.h): to serve, push or read.
+  // (sync/publish/publish_metrics.h): to serve, push or read.
   PublishMetrics& metrics() { return *metrics_; }
   Store& store() { return *store_; }
 

@@ -1,4 +1,4 @@
-#include "sync/publish_metrics.h"
+#include "sync/publish/publish_metrics.h"
 
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
@@ -12,8 +12,8 @@
 #include <exception>
 #include <utility>
 
-#include "sync/dist_publisher.h"
-#include "sync/publisher.h"
+#include "sync/publish/dist_publisher.h"
+#include "sync/publish/publisher.h"
 
 namespace dte {
 namespace {
@@ -44,10 +44,6 @@ double Now() {
 }
 
 }  // namespace
-
-std::string MetricsListenAddress(const std::string& address) {
-  return address.find(':') == std::string::npos ? "127.0.0.1:" + address : address;
-}
 
 struct PublishMetrics::Impl {
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();

@@ -22,7 +22,8 @@
 #include <memory>
 #include <string>
 
-#include "store/status.h"
+#include "store/base/status.h"
+#include "sync/metrics/listen.h"
 
 namespace prometheus {
 class Registry;
@@ -32,10 +33,6 @@ namespace dte {
 
 struct PublishResult;
 struct DistPublishStats;
-
-// HOST:PORT as given, or 127.0.0.1:PORT for a bare PORT: metrics listen on
-// loopback unless told otherwise.
-std::string MetricsListenAddress(const std::string& address);
 
 class PublishMetrics {
  public:

@@ -1,4 +1,4 @@
-#include "sync/publisher.h"
+#include "sync/publish/publisher.h"
 
 #include <map>
 #include <set>
@@ -9,10 +9,10 @@
 #include "store/materialize.h"
 #include "store/snapshot.h"
 #include "store/store.h"
-#include "sync/internal/blob_sink.h"
-#include "sync/internal/engine_encoder.h"
-#include "sync/internal/engine_version.h"
-#include "sync/publish_metrics.h"
+#include "store/write/blob_sink.h"
+#include "store/write/version_writer.h"
+#include "sync/publish/internal/engine_encoder.h"
+#include "sync/publish/publish_metrics.h"
 
 namespace dte {
 namespace {

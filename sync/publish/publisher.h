@@ -13,7 +13,7 @@
 // analysis and how a change is never missed: docs/engine.md.
 //
 // Tensors are processed one at a time (the "hf" converter's unit is one
-// Hugging Face tensor; the "mcore" converter's is one sync/convert.h unit,
+// Hugging Face tensor; the "mcore" converter's is one sync/convert/convert.h unit,
 // converted from the trainer's Megatron-Core shards) in chunks of a few
 // MiB, so the memory a publish adds is bounded and flat in model size. A publish either commits a
 // whole version or none: every argument is validated before anything is written, and the manifest,
@@ -32,12 +32,13 @@
 #include <vector>
 
 #include "kernels/adamw_math.h"
+#include "store/base/status.h"
 #include "store/dtype.h"
-#include "store/status.h"
-#include "sync/anchor_policy.h"
-#include "sync/commit.h"
-#include "sync/convert.h"
-#include "sync/push.h"
+#include "store/ops/commit.h"
+#include "store/write/anchor_policy.h"
+#include "sync/convert/convert.h"
+#include "sync/push/changes.h"
+#include "sync/push/push_server.h"
 
 namespace dte {
 
@@ -71,7 +72,7 @@ struct PublisherOptions {
   // fused detector kernels::AdamWInvertDetect on every element. Both give
   // the same version.
   bool screen = true;
-  // Which versions also carry a full table (sync/anchor_policy.h), as for
+  // Which versions also carry a full table (store/write/anchor_policy.h), as for
   // dtectl commit.
   AnchorPolicy anchor_policy;
 };
@@ -94,7 +95,7 @@ struct AdamWParamState {
 };
 
 // One Megatron-Core shard's optimizer state: parameter `key.name` as the
-// rank (key.tp_rank, key.ep_rank) holds it (sync/convert.h).
+// rank (key.tp_rank, key.ep_rank) holds it (sync/convert/convert.h).
 struct McoreAdamWShard {
   ShardKey key;
   TensorRef param;       // FP32 master weights of the shard after the step
@@ -210,13 +211,13 @@ class Publisher {
                                           const std::vector<McoreAdamWShard>& shards);
 
   // After each successful publish, push its changed elements to the
-  // server's receivers (sync/push.h); null: stop. Not owned; tells the
+  // server's receivers (sync/push/push_server.h); null: stop. Not owned; tells the
   // server the store's latest version.
   Status SetPush(PushServer* push);
 
   Store& store() { return *store_; }
   // What this publisher's publishes did, as Prometheus metrics
-  // (sync/publish_metrics.h): to serve, push or read.
+  // (sync/publish/publish_metrics.h): to serve, push or read.
   PublishMetrics& metrics() { return *metrics_; }
   // The step of the last successful PublishAdamW, if any.
   std::optional<int64_t> last_step() const { return last_step_; }

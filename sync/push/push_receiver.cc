@@ -1,4 +1,4 @@
-// The push receiver of sync/push.h: a thread per sender (the server at the
+// The push receiver of sync/push/push_server.h: a thread per sender (the server at the
 // receiver's address, and the other parts' servers its welcome names) that
 // connects (and reconnects), reads each part of a push whole and checks it
 // against the receiver's tensors; once every part of a version is in, the
@@ -6,6 +6,8 @@
 // queued pushes into the tensors in version order, on the caller's thread
 // (or a link's, with auto_apply). A catch-up copies a version from the
 // store through the same transfer plan the server uses.
+#include "sync/push/push_receiver.h"
+
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -26,11 +28,11 @@
 #include "kernels/remap_cuda.h"
 #include "store/materialize.h"
 #include "store/store.h"
-#include "sync/internal/auth_handshake.h"
-#include "sync/internal/push_plan.h"
-#include "sync/internal/push_wire.h"
-#include "sync/job_secret.h"
-#include "sync/push.h"
+#include "sync/push/internal/push_plan.h"
+#include "sync/push/internal/push_wire.h"
+#include "sync/transfer/plan_inputs.h"
+#include "sync/transport/internal/auth_handshake.h"
+#include "sync/transport/job_secret.h"
 
 namespace dte {
 

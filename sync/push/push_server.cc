@@ -1,10 +1,10 @@
-// The push server of sync/push.h: one I/O thread owns every socket (accepts,
+// The push server of sync/push/push_server.h: one I/O thread owns every socket (accepts,
 // hellos, acknowledgements, and the queued frames of pushes, written as the
 // sockets take them); Push() reads the changes in batches of tensors
 // (counts first, then each batch's data, packed once per layout and rank
 // and queued for the receivers that hold the parent, their queues
 // bounded), and waits for their receipts.
-#include "sync/push.h"
+#include "sync/push/push_server.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -30,42 +30,19 @@
 #include "store/delta_codec.h"
 #include "store/materialize.h"
 #include "store/store.h"
-#include "sync/convert.h"
-#include "sync/internal/auth_handshake.h"
-#include "sync/internal/push_plan.h"
-#include "sync/internal/push_wire.h"
-#include "sync/job_secret.h"
+#include "sync/convert/convert.h"
+#include "sync/push/changes.h"
+#include "sync/push/internal/push_plan.h"
+#include "sync/push/internal/push_wire.h"
+#include "sync/transfer/plan_inputs.h"
+#include "sync/transport/internal/auth_handshake.h"
+#include "sync/transport/job_secret.h"
 
 namespace dte {
 
 using push_internal::Frame;
 using push_internal::Msg;
 using transport_internal::Deadline;
-
-Result<PlanInputs> PlanInputsOf(Store& store, const Version& v) {
-  const std::string name = VersionName(v.manifest.version);
-  const FileEntry* config = nullptr;
-  PlanInputs in;
-  for (const FileEntry& f : v.manifest.files) {
-    if (f.name == "config.json") config = &f;
-    for (const TensorEntry& t : f.tensors) {
-      PlanTensor p{t.name, t.dtype, {}};
-      for (int64_t d : t.shape) p.shape.push_back(static_cast<uint64_t>(d));
-      in.canonical.push_back(std::move(p));
-    }
-  }
-  if (!config) {
-    return InvalidArgument("receivers need the attention geometry from config.json, and " + name +
-                           " has none");
-  }
-  Materializer reader(&store);
-  ASSIGN_OR_RETURN(std::string json,
-                   reader.ReadWholeBlob(config->blob, config->size, name + "/config.json"));
-  ASSIGN_OR_RETURN(ModelSpec spec, ParseHfConfig(json, name + "/config.json"));
-  in.geometry = {static_cast<uint64_t>(spec.num_attention_heads),
-                 static_cast<uint64_t>(spec.num_kv_heads), static_cast<uint64_t>(spec.head_dim)};
-  return in;
-}
 
 namespace {
 
@@ -672,7 +649,7 @@ struct OpOut {
 };
 
 // Remaps each job's changes into its op and, when `encode`, encodes them
-// (sync/internal/push_wire.h). Runs of an op's entries are independent
+// (sync/push/internal/push_wire.h). Runs of an op's entries are independent
 // (each becomes its own segments): pieces of at most kPieceEntries of every
 // job run in parallel.
 std::vector<OpOut> PackOps(const std::vector<OpJob>& jobs, bool encode) {

@@ -1,14 +1,14 @@
-// The two-round protocol of sync/p2p.h: pair the plan's ops, remap and pack
+// The two-round protocol of sync/transfer/p2p.h: pair the plan's ops, remap and pack
 // on the sending side, exchange counts, then indices and values by dtype,
 // then scatter on the receiving side.
-#include "sync/p2p.h"
+#include "sync/transfer/p2p.h"
 
 #include <cstring>
 #include <map>
 #include <string>
 
 #include "kernels/change_detect.h"
-#include "sync/internal/p2p_pairs.h"
+#include "sync/transfer/internal/p2p_pairs.h"
 
 namespace dte {
 namespace {

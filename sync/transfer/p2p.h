@@ -26,9 +26,9 @@
 #include <functional>
 #include <vector>
 
-#include "store/status.h"
-#include "sync/transfer_plan.h"
-#include "sync/transport.h"
+#include "store/base/status.h"
+#include "sync/transfer/transfer_plan.h"
+#include "sync/transport/transport.h"
 
 namespace dte {
 

@@ -1,12 +1,12 @@
-// Transfer plans: layouts per side (sync/internal/transfer_layout.h), then
+// Transfer plans: layouts per side (sync/transfer/internal/transfer_layout.h), then
 // the pairwise box overlaps in plan order.
-#include "sync/transfer_plan.h"
+#include "sync/transfer/transfer_plan.h"
 
 #include <algorithm>
 #include <map>
 
 #include "kernels/remap.h"
-#include "sync/internal/transfer_layout.h"
+#include "sync/transfer/internal/transfer_layout.h"
 
 namespace dte {
 namespace {

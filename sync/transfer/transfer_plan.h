@@ -22,7 +22,7 @@
 // tensor into the receiver tensor. Ops are in plan order: canonical tensor,
 // then receiver rank, then sender box. Every process that computes a plan
 // from the same inputs gets the same ops in the same order; the two-round
-// protocol (sync/p2p.h) relies on it. docs/transfer.md has the math.
+// protocol (sync/transfer/p2p.h) relies on it. docs/transfer.md has the math.
 //
 // Thread-safety: plans are immutable values once made.
 #pragma once
@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "kernels/remap_math.h"
+#include "store/base/status.h"
 #include "store/dtype.h"
-#include "store/status.h"
 
 namespace dte {
 

@@ -1,4 +1,4 @@
-#include "sync/job_secret.h"
+#include "sync/transport/job_secret.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "store/base/posix_file.h"
 #include "store/crypto.h"
-#include "store/posix_file.h"
-#include "sync/internal/transport_socket.h"
+#include "sync/transport/internal/socket.h"
 
 namespace dte {
 namespace {

@@ -1,5 +1,5 @@
 // The NCCL transport: grouped ncclSend/ncclRecv on a non-blocking
-// communicator, cut into bounded groups (sync/internal/transport_chunk.h),
+// communicator, cut into bounded groups (sync/transport/internal/chunk.h),
 // every wait polled against the deadline and ended with ncclCommAbort.
 //
 // Host buffers are packed into one device staging buffer per direction, so
@@ -7,7 +7,7 @@
 // device-resident path would hand device pointers straight to NCCL.
 //
 // Never executed: the development machines have no GPU (docs/transfer.md).
-#include "sync/transport.h"
+#include "sync/transport/transport.h"
 
 #if defined(DTE_HAVE_NCCL)
 
@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "kernels/cuda.h"
-#include "sync/internal/transport_chunk.h"
-#include "sync/internal/transport_socket.h"
+#include "sync/transport/internal/chunk.h"
+#include "sync/transport/internal/socket.h"
 
 namespace dte {
 namespace {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "store/object_store.h"
-#include "sync/transport.h"
+#include "sync/transport/transport.h"
 
 namespace dte {
 namespace {

@@ -1,5 +1,5 @@
 // Point-to-point transport between the ranks of one job: the interface the
-// two-round protocol (sync/p2p.h) runs on, a TCP implementation (separate
+// two-round protocol (sync/transfer/p2p.h) runs on, a TCP implementation (separate
 // processes, loopback or any reachable host) and an NCCL implementation.
 //
 // Exchange posts a group of sends and receives and waits for all of them,
@@ -29,7 +29,7 @@
 #include <span>
 #include <string>
 
-#include "store/status.h"
+#include "store/base/status.h"
 
 namespace dte {
 
@@ -63,7 +63,7 @@ struct TransportOptions {
   // Bound on each blocking step: connecting to all peers, and each Exchange.
   std::chrono::milliseconds timeout{60000};
   // The job secret the TCP transport's ranks prove to each other on every
-  // connection (sync/job_secret.h); empty: DTE_JOB_SECRET,
+  // connection (sync/transport/job_secret.h); empty: DTE_JOB_SECRET,
   // DTE_JOB_SECRET_FILE, else the rendezvous directory's secret file, which
   // rank 0 creates (mode 0600) when none of these gives one.
   std::string secret;
@@ -73,7 +73,7 @@ struct TransportOptions {
 // rank listens on an ephemeral port it publishes in the rendezvous
 // directory). Returns once all size - 1 connections are up. Every
 // connection starts with the job secret's handshake, both ways
-// (sync/internal/auth_handshake.h), before a rank's hello: a connection
+// (sync/transport/internal/auth_handshake.h), before a rank's hello: a connection
 // that does not prove the secret is logged (stderr, with its address and
 // why), closed and not counted as a rank; the ranks go on waiting for
 // theirs.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tests/testutil/checkpoint.h"
+#include "tests/testutil/wait.h"
 
 namespace dte::fs {
 namespace {

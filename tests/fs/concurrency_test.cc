@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "fs/filesystem.h"
-#include "sync/gc.h"
+#include "store/ops/gc.h"
 #include "tests/fs/fs_fixture.h"
 
 namespace dte::fs {

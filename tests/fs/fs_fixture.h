@@ -17,8 +17,8 @@
 #include <string>
 
 #include "fs/filesystem.h"
+#include "store/ops/commit.h"
 #include "store/store.h"
-#include "sync/commit.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 #include "tests/testutil/model_series.h"

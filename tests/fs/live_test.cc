@@ -22,6 +22,7 @@
 
 #include "fs/filesystem.h"
 #include "tests/fs/fs_fixture.h"
+#include "tests/testutil/wait.h"
 
 namespace dte::fs {
 namespace {

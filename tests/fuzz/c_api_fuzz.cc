@@ -1,4 +1,4 @@
-// Fuzzes what the C ABI (sync/c_api.h) parses of what its callers give it.
+// Fuzzes what the C ABI (sync/capi/c_api.h) parses of what its callers give it.
 //
 // Input: a selector byte, then the bytes under test.
 //   selector % 4 == 0: a dte_mcore_layout (24 bytes: tp, ep, etp as int32,
@@ -8,11 +8,11 @@
 //     the padded vocabulary a valid layout gives.
 //   selector % 4 == 1: a dtype name, as a dte_push_tensor gives it.
 //   selector % 4 == 2: operations on the table of handles every entry
-//     point looks its handles up in (sync/internal/c_api_handles.h), with
+//     point looks its handles up in (sync/capi/internal/c_api_handles.h), with
 //     tokens it gave and arbitrary ones, checked against a model of it.
 //   selector % 4 == 3: a distributed publish's header, as a peer, or the
 //     exchange function of a dte_transport_callback, hands it over
-//     (sync/internal/dist_header.h); one that decodes must survive
+//     (sync/publish/internal/dist_header.h); one that decodes must survive
 //     encoding and decoding again unchanged.
 // Beyond memory safety and undefined behaviour, checks the error codes and
 // that the table answers as the model says.
@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "store/dtype.h"
-#include "sync/convert.h"
-#include "sync/internal/c_api_handles.h"
-#include "sync/internal/dist_header.h"
+#include "sync/capi/internal/c_api_handles.h"
+#include "sync/convert/convert.h"
+#include "sync/publish/internal/dist_header.h"
 
 namespace dte {
 namespace {

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "tests/testutil/wait.h"
+
 namespace dte::kernels {
 namespace {
 

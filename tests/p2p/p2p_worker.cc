@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "kernels/change_detect.h"
-#include "sync/p2p.h"
-#include "sync/transfer_plan.h"
-#include "sync/transport.h"
+#include "sync/transfer/p2p.h"
+#include "sync/transfer/transfer_plan.h"
+#include "sync/transport/transport.h"
 #include "tests/sync/transfer_test_util.h"
 
 namespace dte {

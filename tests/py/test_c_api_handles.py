@@ -1,4 +1,4 @@
-"""The C ABI refuses handles that are not its own (sync/c_api.h, "Handles").
+"""The C ABI refuses handles that are not its own (sync/capi/c_api.h, "Handles").
 
 The reported crash: a distributed dte.Publisher (world_size=1, dte's TCP
 transport) whose import_checkpoint passed the distributed publisher's handle

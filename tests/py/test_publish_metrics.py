@@ -1,4 +1,4 @@
-"""Publisher metrics (sync/publish_metrics.h): a dte.Publisher driven by
+"""Publisher metrics (sync/publish/publish_metrics.h): a dte.Publisher driven by
 real torch.optim.AdamW steps counts what it committed, and the figures equal
 the publishes' results; the registry is served over HTTP (loopback unless
 told otherwise) and scraped by a real Prometheus server, pushed to a real

@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -19,6 +21,7 @@
 
 #include "store/s3_store.h"
 #include "tests/testutil/memory_store.h"
+#include "tests/testutil/wait.h"
 
 namespace dte {
 namespace {

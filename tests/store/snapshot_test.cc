@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "store/posix_file.h"
+#include "store/base/posix_file.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 

@@ -1,7 +1,7 @@
 // Long runs: the anchor policy writes full tables that bound every chain
 // walk, commits read their parent from the snapshot the previous commit
 // left and leave one behind, and none of it is needed for correct bytes.
-#include "sync/anchor_policy.h"
+#include "store/write/anchor_policy.h"
 
 #include <gtest/gtest.h>
 
@@ -14,12 +14,12 @@
 #include <string>
 
 #include "store/materialize.h"
+#include "store/ops/commit.h"
+#include "store/ops/export.h"
+#include "store/ops/gc.h"
+#include "store/ops/verify.h"
 #include "store/snapshot.h"
 #include "store/store.h"
-#include "sync/commit.h"
-#include "sync/export.h"
-#include "sync/gc.h"
-#include "sync/verify.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 #include "tests/testutil/model_series.h"

@@ -1,5 +1,5 @@
-// Authentication with the job secret (sync/job_secret.h,
-// sync/internal/auth_handshake.h): the handshake's state machine against
+// Authentication with the job secret (sync/transport/job_secret.h,
+// sync/transport/internal/auth_handshake.h): the handshake's state machine against
 // wrong proofs, replays and reflections; the push server and the TCP
 // transport against strangers on real loopback sockets (raw sockets that
 // skip the handshake, hold another secret, or replay and reflect proofs),
@@ -23,12 +23,13 @@
 #include <vector>
 
 #include "store/crypto.h"
-#include "sync/internal/auth_handshake.h"
-#include "sync/internal/push_wire.h"
-#include "sync/internal/transport_socket.h"
-#include "sync/job_secret.h"
-#include "sync/push.h"
-#include "sync/transport.h"
+#include "sync/push/internal/push_wire.h"
+#include "sync/push/push_receiver.h"
+#include "sync/push/push_server.h"
+#include "sync/transport/internal/auth_handshake.h"
+#include "sync/transport/internal/socket.h"
+#include "sync/transport/job_secret.h"
+#include "sync/transport/transport.h"
 #include "tests/testutil/memory_store.h"
 
 namespace dte {

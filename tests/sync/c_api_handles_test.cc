@@ -1,10 +1,10 @@
-// The C ABI's handle checks (sync/c_api.h, "Handles"): every exported
+// The C ABI's handle checks (sync/capi/c_api.h, "Handles"): every exported
 // function that takes a handle, called with every other kind of open
 // handle, NULL, a closed handle and values the library never gave, answers
 // DTE_INVALID_ARGUMENT and "FUNCTION: expected a KIND handle, got ...". The
 // functions are the ones libdte.so exports (read from its dynamic symbol
 // table), so a new function without a case here fails the test.
-#include "sync/internal/c_api_handles.h"
+#include "sync/capi/internal/c_api_handles.h"
 
 #include <elf.h>
 #include <gtest/gtest.h>
@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "sync/c_api.h"
+#include "sync/capi/c_api.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 

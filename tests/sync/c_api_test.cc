@@ -1,5 +1,5 @@
 // The C ABI: handles, error codes and messages, a publish read back.
-#include "sync/c_api.h"
+#include "sync/capi/c_api.h"
 
 #include <gtest/gtest.h>
 

@@ -17,9 +17,9 @@
 #include "store/hash.h"
 #include "store/manifest.h"
 #include "store/materialize.h"
+#include "store/ops/commit.h"
+#include "store/ops/verify.h"
 #include "store/store.h"
-#include "sync/commit.h"
-#include "sync/verify.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 

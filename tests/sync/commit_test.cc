@@ -1,6 +1,6 @@
 // Committing checkpoint directories: anchors, deltas and their statistics,
 // version numbering and races, failure clean-up, and bit-exact round trips.
-#include "sync/commit.h"
+#include "store/ops/commit.h"
 
 #include <gtest/gtest.h>
 
@@ -16,8 +16,8 @@
 #include <utility>
 
 #include "store/materialize.h"
+#include "store/ops/gc.h"
 #include "store/store.h"
-#include "sync/gc.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 

@@ -1,6 +1,6 @@
 // Per-rank MCore safetensors files -> HF model directory, read back with
 // the store's safetensors parser and compared byte for byte.
-#include "sync/convert_dir.h"
+#include "sync/convert/convert_dir.h"
 
 #include <gtest/gtest.h>
 
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "store/ops/commit.h"
 #include "store/safetensors.h"
 #include "store/store.h"
-#include "sync/commit.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/convert_fixtures.h"
 #include "tests/testutil/memory_store.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "sync/convert.h"
+#include "sync/convert/convert.h"
 #include "tests/testutil/convert_fixtures.h"
 
 namespace dte {

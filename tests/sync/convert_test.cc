@@ -1,7 +1,7 @@
 // Megatron-Core -> HF conversion: round trips through sharded MCore state,
 // the fused layouts checked element by element against their definitions,
 // and errors that name the tensor and rank.
-#include "sync/convert.h"
+#include "sync/convert/convert.h"
 
 #include <gtest/gtest.h>
 

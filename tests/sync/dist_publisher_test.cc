@@ -5,7 +5,7 @@
 // policy anchors; and every rank fails, writing nothing, when a rank
 // disagrees, leaves elements uncovered or dies, after which a retry
 // publishes the same version.
-#include "sync/dist_publisher.h"
+#include "sync/publish/dist_publisher.h"
 
 #include <gtest/gtest.h>
 
@@ -17,11 +17,11 @@
 
 #include "kernels/cuda.h"
 #include "store/materialize.h"
+#include "store/ops/export.h"
+#include "store/ops/verify.h"
 #include "store/store.h"
-#include "sync/export.h"
-#include "sync/publish_metrics.h"
-#include "sync/push.h"
-#include "sync/verify.h"
+#include "sync/publish/publish_metrics.h"
+#include "sync/push/push_server.h"
 #include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"

@@ -1,5 +1,5 @@
 // The screen's vector widths against its scalar definition.
-#include "sync/internal/engine_screen.h"
+#include "sync/publish/internal/engine_screen.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Exporting versions as plain model directories: byte-identical files, and
 // the output directory appears only when the export succeeded.
-#include "sync/export.h"
+#include "store/ops/export.h"
 
 #include <gtest/gtest.h>
 
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "store/ops/commit.h"
 #include "store/store.h"
-#include "sync/commit.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 

@@ -1,4 +1,4 @@
-// gc against damaged listings (sync/gc.h, "No listing is trusted alone"):
+// gc against damaged listings (store/ops/gc.h, "No listing is trusted alone"):
 // each manifests/ listing of a run damaged in turn (a kept version dropped,
 // a version that does not exist added) costs no blob and no version, and
 // listings that keep lacking a kept version stop gc before it deletes a
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "store/ops/commit.h"
+#include "store/ops/gc.h"
 #include "store/store.h"
-#include "sync/commit.h"
-#include "sync/gc.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/listing_damage.h"
 #include "tests/testutil/memory_store.h"

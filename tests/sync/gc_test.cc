@@ -1,6 +1,6 @@
 // Retention: keep-last-K and keep-every-K with rebasing, blob sweeping under
 // a grace window, and dry runs.
-#include "sync/gc.h"
+#include "store/ops/gc.h"
 
 #include <gtest/gtest.h>
 
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "store/materialize.h"
+#include "store/ops/commit.h"
+#include "store/ops/verify.h"
 #include "store/store.h"
-#include "sync/commit.h"
-#include "sync/verify.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 

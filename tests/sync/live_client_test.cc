@@ -1,7 +1,7 @@
 // The live-apply client without a daemon: the ioctl ABI's encoding, and the
 // errors on paths that are not dtefs mounts, in C++ and through the C ABI.
 // Applies against a real mount are tested with dtefs (tests/fs, tests/py).
-#include "sync/live_client.h"
+#include "sync/live/live_client.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -15,7 +15,7 @@
 #include <cstring>
 #include <string>
 
-#include "sync/c_api.h"
+#include "sync/capi/c_api.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 

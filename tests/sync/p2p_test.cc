@@ -1,7 +1,7 @@
 // The two-round protocol over the TCP transport with 2 to 8 ranks as
 // separate processes (tests/p2p/p2p_worker.cc), fault cases, the transport's
 // framing checks, and the group-chunking order used by the NCCL transport.
-#include "sync/p2p.h"
+#include "sync/transfer/p2p.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -18,8 +18,8 @@
 #include <tuple>
 #include <vector>
 
-#include "sync/internal/transport_chunk.h"
-#include "sync/transport.h"
+#include "sync/transport/internal/chunk.h"
+#include "sync/transport/transport.h"
 
 namespace dte {
 namespace {

@@ -1,12 +1,12 @@
-#include "sync/publish_metrics.h"
+#include "sync/publish/publish_metrics.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "sync/dist_publisher.h"
-#include "sync/publisher.h"
+#include "sync/publish/dist_publisher.h"
+#include "sync/publish/publisher.h"
 #include "tests/testutil/metrics_text.h"
 
 namespace dte {

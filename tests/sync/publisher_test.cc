@@ -1,7 +1,7 @@
 // The AdamW-inverting publisher: a publish equals a commit of the same BF16
 // weights, rejections name the tensor and leave the store untouched, races,
 // false-positive counting, and the codec's set elements it relies on.
-#include "sync/publisher.h"
+#include "sync/publish/publisher.h"
 
 #include <gtest/gtest.h>
 
@@ -16,12 +16,12 @@
 #include "kernels/bf16.h"
 #include "store/delta_codec.h"
 #include "store/materialize.h"
+#include "store/ops/commit.h"
+#include "store/ops/export.h"
+#include "store/ops/verify.h"
 #include "store/store.h"
-#include "sync/commit.h"
-#include "sync/export.h"
-#include "sync/internal/engine_screen.h"
-#include "sync/publish_metrics.h"
-#include "sync/verify.h"
+#include "sync/publish/internal/engine_screen.h"
+#include "sync/publish/publish_metrics.h"
 #include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"

@@ -1,11 +1,9 @@
-// Same-cluster push (sync/push.h): a PushServer and PushReceivers of several
+// Same-cluster push (sync/push/push_server.h): a PushServer and PushReceivers of several
 // layouts in one process, over real loopback TCP. Receivers' buffers are
 // compared with a sharding of each committed version written with plain
 // row and column slicing (tests/sync/transfer_test_util.h), not with the
 // plan's box math. Faults use raw sockets that speak the wire format
-// (sync/internal/push_wire.h) wrongly or not at all.
-#include "sync/push.h"
-
+// (sync/push/internal/push_wire.h) wrongly or not at all.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
@@ -20,11 +18,14 @@
 
 #include "kernels/adamw.h"
 #include "kernels/cuda.h"
+#include "store/ops/commit.h"
 #include "store/store.h"
-#include "sync/commit.h"
-#include "sync/internal/push_wire.h"
-#include "sync/internal/transport_socket.h"
-#include "sync/publisher.h"
+#include "sync/publish/publisher.h"
+#include "sync/push/changes.h"
+#include "sync/push/internal/push_wire.h"
+#include "sync/push/push_receiver.h"
+#include "sync/push/push_server.h"
+#include "sync/transport/internal/socket.h"
 #include "tests/sync/transfer_test_util.h"
 #include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"

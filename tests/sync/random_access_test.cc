@@ -6,8 +6,8 @@
 #include <string>
 
 #include "store/materialize.h"
+#include "store/ops/commit.h"
 #include "store/store.h"
-#include "sync/commit.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 

@@ -1,7 +1,7 @@
-// The naming rules and version ranges of sync/stats.h (the rows themselves
+// The naming rules and version ranges of store/ops/stats.h (the rows themselves
 // are checked end to end against checkpoints and block tables in
 // tests/py/test_cli.py).
-#include "sync/stats.h"
+#include "store/ops/stats.h"
 
 #include <gtest/gtest.h>
 

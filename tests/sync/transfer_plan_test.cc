@@ -1,7 +1,7 @@
 // Transfer plans against a direct sharding of the HF state: scattering the
 // remapped changes of a random sparse update into the receiver shards of the
 // old state must give, bit for bit, the shards of the new state.
-#include "sync/transfer_plan.h"
+#include "sync/transfer/transfer_plan.h"
 
 #include <gtest/gtest.h>
 

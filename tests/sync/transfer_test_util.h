@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "store/dtype.h"
-#include "sync/transfer_plan.h"
+#include "sync/transfer/transfer_plan.h"
 
 namespace dte::transfer_test {
 

@@ -1,6 +1,6 @@
 // Verifying stores: a clean store passes; each kind of damage is reported
 // with the blob key or version that a user must look at.
-#include "sync/verify.h"
+#include "store/ops/verify.h"
 
 #include <gtest/gtest.h>
 
@@ -8,8 +8,8 @@
 #include <set>
 #include <string>
 
+#include "store/ops/commit.h"
 #include "store/store.h"
-#include "sync/commit.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kernels/adamw.h"
-#include "sync/publisher.h"
+#include "sync/publish/publisher.h"
 #include "tests/testutil/checkpoint.h"
 
 namespace dte::test {

@@ -12,9 +12,9 @@
 #include <iterator>
 #include <set>
 
+#include "store/base/posix_file.h"
 #include "store/delta_codec.h"
 #include "store/hash.h"
-#include "store/posix_file.h"
 #include "store/safetensors.h"
 
 namespace dte::test {

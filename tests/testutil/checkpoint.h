@@ -17,10 +17,10 @@
 #include <string_view>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/dtype.h"
 #include "store/manifest.h"
 #include "store/object_store.h"
-#include "store/status.h"
 #include "store/store.h"
 
 namespace dte::test {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "store/dtype.h"
-#include "sync/convert.h"
+#include "sync/convert/convert.h"
 #include "tests/testutil/checkpoint.h"
 
 namespace dte::test {

@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "store/base/thread_annotations.h"
 #include "store/internal/s3_http.h"
-#include "store/thread_annotations.h"
 
 namespace dte::test {
 

@@ -29,9 +29,9 @@
 #include <string_view>
 #include <vector>
 
+#include "store/base/status.h"
+#include "store/base/thread_annotations.h"
 #include "store/object_store.h"
-#include "store/status.h"
-#include "store/thread_annotations.h"
 
 namespace dte::test {
 

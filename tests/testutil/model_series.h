@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "store/status.h"
+#include "store/base/status.h"
 #include "tests/testutil/checkpoint.h"
 
 namespace dte::test {

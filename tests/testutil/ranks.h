@@ -8,8 +8,8 @@
 #include <functional>
 #include <string>
 
-#include "store/status.h"
-#include "sync/transport.h"
+#include "store/base/status.h"
+#include "sync/transport/transport.h"
 
 namespace dte::test {
 

@@ -16,7 +16,8 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
-#include <thread>
+
+#include "tests/testutil/wait.h"
 
 namespace dte::test {
 namespace {

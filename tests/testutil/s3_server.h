@@ -20,8 +20,8 @@
 
 #include <string>
 
+#include "store/base/status.h"
 #include "store/s3_store.h"
-#include "store/status.h"
 
 namespace dte::test {
 

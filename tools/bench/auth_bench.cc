@@ -1,5 +1,5 @@
 // Cost of authenticating a push connection with the job secret
-// (sync/internal/auth_handshake.h): a real PushServer on loopback, and
+// (sync/transport/internal/auth_handshake.h): a real PushServer on loopback, and
 // `connections` receivers' worth of connections made one after another, each
 // connect, [handshake,] hello, welcome, close; with and without a secret, in
 // the same run. Also the CPU time of one HMAC-SHA256 proof and the bytes
@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "store/crypto.h"
-#include "sync/internal/auth_handshake.h"
-#include "sync/internal/push_wire.h"
-#include "sync/internal/transport_socket.h"
-#include "sync/push.h"
+#include "sync/push/internal/push_wire.h"
+#include "sync/push/push_server.h"
+#include "sync/transport/internal/auth_handshake.h"
+#include "sync/transport/internal/socket.h"
 
 namespace dte {
 namespace {

@@ -47,10 +47,10 @@
 #include "kernels/bf16.h"
 #include "kernels/parallel.h"
 #include "store/store.h"
-#include "sync/internal/blob_sink.h"
-#include "sync/internal/engine_encoder.h"
-#include "sync/internal/engine_screen.h"
-#include "sync/publisher.h"
+#include "store/write/blob_sink.h"
+#include "sync/publish/internal/engine_encoder.h"
+#include "sync/publish/internal/engine_screen.h"
+#include "sync/publish/publisher.h"
 #include "tools/bench/adamw_synth.h"
 
 namespace {

@@ -14,12 +14,12 @@
 
 #include "store/cached_store.h"
 #include "store/dtype.h"
+#include "store/ops/commit.h"
+#include "store/ops/export.h"
+#include "store/ops/gc.h"
+#include "store/ops/stats.h"
+#include "store/ops/verify.h"
 #include "store/store.h"
-#include "sync/commit.h"
-#include "sync/export.h"
-#include "sync/gc.h"
-#include "sync/stats.h"
-#include "sync/verify.h"
 #include "tools/dtectl/open_store.h"
 #include "tools/dtectl/progress.h"
 

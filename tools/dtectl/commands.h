@@ -24,7 +24,7 @@ struct CommitArgs {
   std::string dir;
   std::optional<uint64_t> version;
   bool anchor = false;
-  double anchor_budget = 1.0;  // sync/anchor_policy.h
+  double anchor_budget = 1.0;  // store/write/anchor_policy.h
   uint64_t anchor_every = 0;
   double join_budget = 0.125;
   uint32_t keep_snapshots = 3;

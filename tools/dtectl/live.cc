@@ -1,5 +1,5 @@
 // dtectl apply and dtectl status: live apply on a dtefs mount through the
-// ioctls on MOUNT/.dte/control (sync/live_client.h, docs/live.md).
+// ioctls on MOUNT/.dte/control (sync/live/live_client.h, docs/live.md).
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "store/manifest.h"
-#include "sync/live_client.h"
+#include "sync/live/live_client.h"
 #include "tools/dtectl/commands.h"
 #include "tools/dtectl/progress.h"
 

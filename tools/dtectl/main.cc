@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "store/base/units.h"
 #include "store/cached_store.h"
-#include "store/units.h"
 #include "tools/dtectl/commands.h"
 
 namespace {

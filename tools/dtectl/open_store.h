@@ -8,7 +8,7 @@
 #include <functional>
 #include <memory>
 
-#include "store/status.h"
+#include "store/base/status.h"
 #include "store/store.h"
 #include "tools/dtectl/commands.h"
 

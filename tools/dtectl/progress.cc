@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "store/units.h"
+#include "store/base/units.h"
 
 namespace dte::cli {
 

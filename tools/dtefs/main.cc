@@ -25,12 +25,12 @@
 #include <vector>
 
 #include "fs/dtefs.h"
+#include "store/base/units.h"
 #include "store/cached_store.h"
-#include "store/units.h"
 
 namespace {
 
-// A size such as 64MiB or 64M (see store/units.h).
+// A size such as 64MiB or 64M (see store/base/units.h).
 bool ParseSize(const std::string& text, uint64_t* out) {
   auto size = dte::ParseByteSize(text);
   if (!size.ok()) return false;

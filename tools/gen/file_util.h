@@ -8,7 +8,7 @@
 #include <span>
 #include <string>
 
-#include "store/status.h"
+#include "store/base/status.h"
 
 namespace dte::gen {
 

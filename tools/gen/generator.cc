@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "store/units.h"
+#include "store/base/units.h"
 #include "tools/gen/file_util.h"
 #include "tools/gen/hf_files.h"
 #include "tools/gen/shard_plan.h"

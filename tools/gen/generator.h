@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "store/status.h"
+#include "store/base/status.h"
 #include "tools/gen/model_spec.h"
 #include "tools/gen/sim.h"
 

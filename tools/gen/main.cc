@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "store/units.h"
+#include "store/base/units.h"
 #include "tools/gen/generator.h"
 #include "tools/gen/model_spec.h"
 #include "tools/gen/shard_plan.h"

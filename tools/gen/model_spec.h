@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/dtype.h"
-#include "store/status.h"
 
 namespace dte::gen {
 

@@ -1,5 +1,5 @@
 // mcore2hf: converts a sharded Megatron-Core checkpoint (per-rank safetensors
-// files, see sync/convert_dir.h) into a Hugging Face model directory that
+// files, see sync/convert/convert_dir.h) into a Hugging Face model directory that
 // `dtectl import` / `dtectl commit` accept.
 //
 //   mcore2hf --tp 2 --ep 4 IN_DIR OUT_DIR
@@ -10,10 +10,10 @@
 #include <cstdio>
 #include <string>
 
-#include "store/posix_file.h"
-#include "store/units.h"
-#include "sync/convert.h"
-#include "sync/convert_dir.h"
+#include "store/base/posix_file.h"
+#include "store/base/units.h"
+#include "sync/convert/convert.h"
+#include "sync/convert/convert_dir.h"
 
 namespace {
 

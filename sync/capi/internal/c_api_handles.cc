@@ -1,4 +1,4 @@
-#include "sync/internal/c_api_handles.h"
+#include "sync/capi/internal/c_api_handles.h"
 
 #include <cstdio>
 #include <utility>

@@ -1,4 +1,4 @@
-// The C ABI's table of open handles (sync/c_api.h).
+// The C ABI's table of open handles (sync/capi/c_api.h).
 //
 // A handle the C ABI gives out is a token naming an entry of this table,
 // never the address of the object: every entry point looks its handles up
@@ -21,11 +21,11 @@
 #include <string>
 #include <unordered_map>
 
-#include "store/thread_annotations.h"
+#include "store/base/thread_annotations.h"
 
 namespace dte::capi {
 
-// The kinds of handles, one per opaque type of sync/c_api.h. Values fit in
+// The kinds of handles, one per opaque type of sync/capi/c_api.h. Values fit in
 // kKindBits; 0 is no kind.
 enum class HandleKind : uint8_t {
   kPublisher = 1,

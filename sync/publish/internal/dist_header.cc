@@ -1,4 +1,4 @@
-#include "sync/internal/dist_header.h"
+#include "sync/publish/internal/dist_header.h"
 
 #include <stdexcept>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "sync/internal/engine_encoder.h"
+#include "sync/publish/internal/engine_encoder.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,7 +9,7 @@
 #include "kernels/parallel.h"
 #include "store/delta_codec.h"
 #include "store/hash.h"
-#include "sync/internal/engine_version.h"
+#include "store/write/version_writer.h"
 
 namespace dte::internal {
 namespace {

@@ -1,12 +1,12 @@
 // Encoding one BF16 tensor of a new version from FP32 AdamW state, without
 // the previous version's bytes: the core of the AdamW-inverting publisher
-// (sync/publisher.h).
+// (sync/publish/publisher.h).
 //
 // The tensor is processed in chunks of kEngineBlocksPerChunk blocks, the
 // blocks of a chunk in parallel: cast theta to BF16 (block and tensor hashes
 // come from these bytes, exactly as CommitDirectory hashes a saved
 // checkpoint), find the candidates, establish each candidate's old bits (the
-// screen's signed estimate, sync/internal/engine_screen.h, or the exact
+// screen's signed estimate, sync/publish/internal/engine_screen.h, or the exact
 // resolution, kernels/adamw_resolve_math.h), and encode each block as a
 // kSparse payload (differences where the old bits are known, whole values
 // where not), or dense when that is smaller. With the screen, cast, screen
@@ -25,11 +25,11 @@
 #include <vector>
 
 #include "kernels/adamw.h"
+#include "store/base/status.h"
 #include "store/manifest.h"
-#include "store/status.h"
-#include "sync/internal/blob_sink.h"
-#include "sync/internal/engine_screen.h"
-#include "sync/push.h"
+#include "store/write/blob_sink.h"
+#include "sync/publish/internal/engine_screen.h"
+#include "sync/push/changes.h"
 
 namespace dte::internal {
 
@@ -39,7 +39,7 @@ inline constexpr uint32_t kEngineBlocksPerChunk = 16;
 inline constexpr size_t kScreenStride = 4096;
 
 struct BlockEntries;     // one block's resolved entries (engine_encoder.cc)
-class FullTableBuilder;  // sync/internal/engine_version.h
+class FullTableBuilder;  // store/write/version_writer.h
 
 struct EngineCounts {
   uint64_t flagged = 0;          // candidates the screen or fused detector reported
@@ -52,7 +52,7 @@ struct EngineCounts {
 class EngineEncoder {
  public:
   // screen: find candidates with the rigorous screen
-  // (sync/internal/engine_screen.h); otherwise with the fused detector
+  // (sync/publish/internal/engine_screen.h); otherwise with the fused detector
   // kernels::AdamWInvertDetect and its near-boundary margin of margin_ulps.
   EngineEncoder(uint64_t block_bytes, uint32_t margin_ulps, bool screen);
 
@@ -65,7 +65,7 @@ class EngineEncoder {
   // Also append every stored entry of the following EncodeTensor calls to
   // `changes` (flat element index, new BF16 bits, and the old bits where
   // proven, in index order; not owned), as a push sends them
-  // (sync/push.h); null: stop.
+  // (sync/push/push_server.h); null: stop.
   void SetChanges(TensorChanges* changes) { changes_ = changes; }
 
   // Encodes the BF16 tensor t from theta, m, v (t->elements() FP32 values

@@ -1,4 +1,4 @@
-#include "sync/internal/engine_screen.h"
+#include "sync/publish/internal/engine_screen.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/parallel.h"
-#include "sync/internal/engine_screen_x86.h"
+#include "sync/publish/internal/engine_screen_x86.h"
 
 #if defined(DTE_SCREEN_X86)
 #include <immintrin.h>

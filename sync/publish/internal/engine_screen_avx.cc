@@ -3,7 +3,7 @@
 // build stays baseline x86-64.
 #include <algorithm>
 
-#include "sync/internal/engine_screen_x86.h"
+#include "sync/publish/internal/engine_screen_x86.h"
 
 #if defined(DTE_SCREEN_X86)
 #include <immintrin.h>

@@ -1,6 +1,6 @@
 // The screen's building blocks shared by its widths (engine_screen.cc:
 // scalar and SSE2; engine_screen_avx.cc: AVX2 and AVX-512). Not for use
-// outside the screen: callers go through sync/internal/engine_screen.h.
+// outside the screen: callers go through sync/publish/internal/engine_screen.h.
 //
 // Every width runs in two passes over a range already in cache: pass 1
 // collects, in increasing order, the indices of a superset of the candidates
@@ -15,7 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "sync/internal/engine_screen.h"
+#include "sync/publish/internal/engine_screen.h"
 
 #if defined(__x86_64__) && defined(__SSE2__)
 #define DTE_SCREEN_X86 1

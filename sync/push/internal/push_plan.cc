@@ -1,4 +1,4 @@
-#include "sync/internal/push_plan.h"
+#include "sync/push/internal/push_plan.h"
 
 #include <cstring>
 #include <map>

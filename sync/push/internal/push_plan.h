@@ -1,4 +1,4 @@
-// What both ends of a push (sync/push.h) derive from a version and a
+// What both ends of a push (sync/push/push_server.h) derive from a version and a
 // receiver's layout: the transfer plan, and how the receiver's own tensor
 // list lines up with the plan's receiver tensors.
 //
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "store/status.h"
-#include "sync/transfer_plan.h"
+#include "store/base/status.h"
+#include "sync/transfer/transfer_plan.h"
 
 namespace dte::push_internal {
 

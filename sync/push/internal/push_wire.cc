@@ -1,4 +1,4 @@
-#include "sync/internal/push_wire.h"
+#include "sync/push/internal/push_wire.h"
 
 #include <cstring>
 

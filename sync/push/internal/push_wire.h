@@ -1,4 +1,4 @@
-// The frames of the push protocol (sync/push.h, docs/push.md): a 16-byte
+// The frames of the push protocol (sync/push/push_server.h, docs/push.md): a 16-byte
 // header (magic "DPSH", message type, body length; little-endian) and a
 // body, JSON for control messages and binary for the two rounds of a push.
 //
@@ -11,9 +11,9 @@
 #include <string_view>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/delta_codec.h"
-#include "store/status.h"
-#include "sync/internal/transport_socket.h"
+#include "sync/transport/internal/socket.h"
 
 namespace dte::push_internal {
 
@@ -59,7 +59,7 @@ class FrameReader {
 
 // Round 1 of a push to one receiver: the version, its parent, which part
 // of the push this is (a push comes from `parts` senders, each sending the
-// changes of the tensors it owns: sync/push.h) and, for each plan op of that
+// changes of the tensors it owns: sync/push/push_server.h) and, for each plan op of that
 // receiver with changes in this part (increasing op index), the receiver
 // tensor it lands in and its count of elements. Ops not listed have none.
 struct CountsMsg {

@@ -1,4 +1,4 @@
-"""Loading libdte.so and declaring its C ABI (sync/c_api.h) for ctypes."""
+"""Loading libdte.so and declaring its C ABI (sync/capi/c_api.h) for ctypes."""
 
 import ctypes
 import os
@@ -94,7 +94,7 @@ class PushReceiverStatus(ctypes.Structure):
                 ("elements", ctypes.c_uint64)]
 
 
-# Live apply (sync/live_abi.h): the ioctl structs, field for field.
+# Live apply (sync/live/live_abi.h): the ioctl structs, field for field.
 LIVE_ABI_VERSION = 2
 LIVE_LATEST = 2**64 - 1  # DTE_LIVE_LATEST
 LIVE_MESSAGE_BYTES, LIVE_NAME_BYTES, LIVE_MAX_DIMS = 1024, 256, 8

@@ -1,5 +1,5 @@
 """Live apply from Python: the ioctls of a dtefs mount's .dte/control
-(sync/live_abi.h, docs/live.md) through libdte's C ABI, and the host
+(sync/live/live_abi.h, docs/live.md) through libdte's C ABI, and the host
 shared-memory weight buffers a receiver registers.
 
     with dte.SharedWeights("policy-rank0", {"lm_head.weight": ("BF16", (vocab, dim))}) as w, \\

@@ -1,4 +1,4 @@
-"""Same-cluster push from Python (sync/push.h, docs/push.md): the trainer's
+"""Same-cluster push from Python (sync/push/push_server.h, docs/push.md): the trainer's
 PushGroup, given to a Publisher, sends each published version's changed
 elements straight into the tensors of every registered PushReceiver (the
 ranks of inference servers), remapped to their tensor-parallel, fused

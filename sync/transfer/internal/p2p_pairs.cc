@@ -1,4 +1,4 @@
-#include "sync/internal/p2p_pairs.h"
+#include "sync/transfer/internal/p2p_pairs.h"
 
 #include <algorithm>
 #include <cstring>

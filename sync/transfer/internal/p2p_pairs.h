@@ -1,4 +1,4 @@
-// The bookkeeping of the two-round protocol (sync/p2p.h): which plan ops
+// The bookkeeping of the two-round protocol (sync/transfer/p2p.h): which plan ops
 // each pair of transport ranks carries, the sending side's packed messages
 // and the receiving side's buffers.
 //
@@ -9,9 +9,9 @@
 #include <map>
 #include <vector>
 
+#include "store/base/status.h"
 #include "store/dtype.h"
-#include "store/status.h"
-#include "sync/p2p.h"
+#include "sync/transfer/p2p.h"
 
 namespace dte::p2p_internal {
 

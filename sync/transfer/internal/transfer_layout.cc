@@ -1,4 +1,4 @@
-#include "sync/internal/transfer_layout.h"
+#include "sync/transfer/internal/transfer_layout.h"
 
 #include <algorithm>
 #include <map>

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "store/status.h"
-#include "sync/transfer_plan.h"
+#include "store/base/status.h"
+#include "sync/transfer/transfer_plan.h"
 
 namespace dte::transfer_internal {
 

@@ -1,4 +1,4 @@
-#include "sync/internal/auth_handshake.h"
+#include "sync/transport/internal/auth_handshake.h"
 
 #include <cctype>
 #include <cstring>

@@ -1,5 +1,5 @@
 // Mutual authentication of a TCP connection with the job secret
-// (sync/job_secret.h): the first bytes on every connection of the push
+// (sync/transport/job_secret.h): the first bytes on every connection of the push
 // protocol and of the TCP transport when the job has a secret. Each side
 // proves it knows the secret to the other; neither sends anything else
 // until the other's proof is checked.
@@ -24,9 +24,9 @@
 #include <cstdint>
 #include <string>
 
+#include "store/base/status.h"
 #include "store/crypto.h"
-#include "store/status.h"
-#include "sync/internal/transport_socket.h"
+#include "sync/transport/internal/socket.h"
 
 namespace dte::auth_internal {
 

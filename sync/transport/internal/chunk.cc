@@ -1,4 +1,4 @@
-#include "sync/internal/transport_chunk.h"
+#include "sync/transport/internal/chunk.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,5 +1,5 @@
 // Cutting one rank's part of a grouped exchange into bounded groups for
-// transports whose groups must stay small (NCCL: see sync/transport.h).
+// transports whose groups must stay small (NCCL: see sync/transport/transport.h).
 //
 // Every message has a global key (sender, receiver, k) where k counts the
 // messages of that ordered pair in posting order; both of its endpoints
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "sync/transport.h"
+#include "sync/transport/transport.h"
 
 namespace dte::transport_internal {
 

@@ -1,4 +1,4 @@
-#include "sync/internal/transport_socket.h"
+#include "sync/transport/internal/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-// Socket and rendezvous helpers of the TCP transport (sync/transport.h).
+// Socket and rendezvous helpers of the TCP transport (sync/transport/transport.h).
 // Every blocking step takes a Deadline and polls, so nothing waits past it.
 //
 // Thread-safety: pure functions over caller-owned descriptors.
@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <string>
 
-#include "store/posix_file.h"
-#include "store/status.h"
+#include "store/base/posix_file.h"
+#include "store/base/status.h"
 
 namespace dte::transport_internal {
 

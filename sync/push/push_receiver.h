@@ -1,0 +1,90 @@
+// The receiving end of a same-cluster push (sync/push/push_server.h): a
+// receiver rank of an inference server, holding its tensors in its own
+// tensor-parallel, fused layout, connected to the push server(s), applying
+// each checked push in version order or catching up from the store.
+// Wire format and states: docs/push.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "store/base/status.h"
+#include "store/dtype.h"
+#include "sync/transfer/transfer_plan.h"
+
+namespace dte {
+
+class Store;
+
+// One tensor a receiver holds, in its layout (row-major): in host memory,
+// or with device >= 0 in that CUDA device's memory (data is a device
+// pointer; pushes are written with the CUDA remap-and-apply kernel).
+struct PushTensor {
+  std::string name;
+  DType dtype = DType::kBF16;
+  std::vector<uint64_t> shape;
+  void* data = nullptr;
+  int device = -1;
+};
+
+struct PushReceiverOptions {
+  std::string address;  // the server's HOST:PORT
+  // The job secret (PushServerOptions::secret; empty: from the
+  // environment): the receiver proves it knows it to each server, and
+  // takes nothing from a server that does not prove the same.
+  std::string secret;
+  int rank = 0;  // receiver rank in `layout` (its tensor-parallel rank)
+  ShardLayout layout;
+  std::vector<PushTensor> tensors;
+  std::optional<uint64_t> version;  // what the tensors hold now; nullopt: unknown
+  // Apply pushes on the receiver's own thread as they arrive; otherwise
+  // they wait (received, checked) until ApplyPending or WaitFor.
+  bool auto_apply = false;
+  std::chrono::milliseconds timeout{30000};  // bound on each receive once a push starts
+  // After a lost connection, reconnect every this long (doubling up to 8x).
+  std::chrono::milliseconds reconnect{200};
+};
+
+struct PushReceiverStatus {
+  std::optional<uint64_t> version;  // held; nullopt: unknown or inconsistent
+  bool inconsistent = false;        // a catch-up failed part way: reload
+  bool connected = false;
+  std::optional<uint64_t> behind;  // the server's version when told to catch up
+  uint64_t pending = 0;            // pushes received, not applied yet
+  uint64_t pushes = 0;             // pushes applied
+  uint64_t elements = 0;           // elements written by pushes
+  std::string error;               // the last error (a refused hello, a bad push, a lost link)
+};
+
+class PushReceiver {
+ public:
+  // Checks the tensors and starts the receiver's thread, which connects
+  // (and reconnects) to the server. Returns at once.
+  static Result<std::unique_ptr<PushReceiver>> Open(const PushReceiverOptions& options);
+  ~PushReceiver();
+
+  // Applies every push received so far, in order. Returns how many.
+  Result<uint64_t> ApplyPending();
+  // Applies pushes as they arrive until the held version is >= `version`.
+  // Fails with IOError on timeout, FailedPrecondition when the
+  // server says this receiver is behind (catch up first), or the refusal.
+  Status WaitFor(uint64_t version, std::chrono::milliseconds timeout);
+  // Copies `version` (default: the one the server said it is at) from the
+  // store into the tensors, then tells the server. While it copies, and if
+  // it fails, the receiver is inconsistent.
+  Status CatchUp(Store& store, std::optional<uint64_t> version);
+
+  PushReceiverStatus GetStatus() const;
+
+  class Impl;
+
+ private:
+  explicit PushReceiver(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dte
