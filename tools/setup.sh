@@ -11,7 +11,7 @@ APT_PACKAGES=(
   librocksdb-dev libzstd-dev zstd libfuse3-dev fuse3 libcurl4-openssl-dev libssl-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev prometheus-cpp-dev
   clang libclang-rt-14-dev clang-format
-  python3 python3-pip python3-numpy python3-torch python3-pytest python3-matplotlib
+  python3 python3-pip python3-numpy python3-torch python3-pytest python3-matplotlib mypy
   time awscli chromium prometheus prometheus-pushgateway python3-prometheus-client
 )
 missing=()

@@ -204,7 +204,7 @@ def arm_kill(point, step_now):
     right before (after=0) or after (after=1) its call-th exchange of the
     publish of `step`; call -1: right before that publish."""
     kstep, kcall, kafter = point
-    run = dte._publisher._TorchExchange._run
+    run = dte._exchange._TorchExchange._call
     calls = {"n": 0}
 
     def dying_run(self, *args):
@@ -219,7 +219,7 @@ def arm_kill(point, step_now):
             os.kill(os.getpid(), signal.SIGKILL)
         return rc
 
-    dte._publisher._TorchExchange._run = dying_run
+    dte._exchange._TorchExchange._call = dying_run
 
 
 def main():
@@ -291,7 +291,7 @@ def main():
                    "seconds": time.time() - t0}
             if ref is not None:
                 if device == "cpu":
-                    rr = dte.publish_torch_adamw(ref, opt, params)
+                    rr = ref.publish_torch_adamw(opt, params)
                 else:  # the single-process publisher reads host copies
                     rr = ref.publish_adamw(
                         step=step, params={n: {k: v.cpu() if torch.is_tensor(v) else v

@@ -428,7 +428,7 @@ class CatchUp(fc.Scenario):
         if outcome.ok:
             return [f"caught up, and {differ[:3]} hold other bytes than v2"] if differ else []
         problems = self.w.error_problems("tt", outcome.error)
-        if ctx["rx"].status()["version"] == 2 and differ:
+        if ctx["rx"].status().version == 2 and differ:
             problems.append(f"the receiver says it holds v2, and {differ[:3]} differ")
         return problems
 

@@ -68,7 +68,7 @@ def receiver(a):
             break
         target = v + 1
     with open(a.out, "w") as f:
-        json.dump({"checked": checked, "status": rx.status()}, f)
+        json.dump({"checked": checked, "status": dataclasses.asdict(rx.status())}, f)
     rx.close()
 
 

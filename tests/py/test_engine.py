@@ -209,7 +209,7 @@ def test_every_version_equals_bf16_of_the_trainer(work, foreach):
         loss.backward()
         optimizer.step()
         if foreach:
-            r = dte.publish_torch_adamw(pub, optimizer, dict(model.named_parameters()))
+            r = pub.publish_torch_adamw(optimizer, dict(model.named_parameters()))
         else:
             r = pub.publish_adamw(step=step, params=params_for(model, optimizer), lr=lr,
                                   betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)

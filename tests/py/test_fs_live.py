@@ -1,7 +1,7 @@
 """End-to-end tests of live apply: `dtectl apply` on a real dtefs mount
 changes MOUNT/live/ in place (a process that has it mmapped sees the new
 bytes without re-reading), and scatters the changed elements into receiver
-buffers in /dev/shm registered through dte.Receiver, remapped into vLLM's
+buffers in /dev/shm registered through dte.LiveReceiver, remapped into vLLM's
 fused TP layout.
 
 The model is a dte-gen Llama (8 heads, 2 KV heads) committed as v0 (anchor)
@@ -160,7 +160,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import dte
 spec = json.loads(sys.argv[3])
-r = dte.Receiver(sys.argv[2], tp=spec["tp"], rank=spec["rank"])
+r = dte.LiveReceiver(sys.argv[2], tp=spec["tp"], rank=spec["rank"])
 for b in spec["buffers"]:
     r.register(b["name"], b["shm"], b["offset"], "BF16", b["shape"], spec.get("version"))
 print("ready", flush=True)
@@ -285,7 +285,7 @@ def test_uncached_pages_come_from_the_new_version(mount, gen):
 
 class Receivers:
     """tp receiver processes, each holding its shards of `state` in /dev/shm
-    and registered with the mount through dte.Receiver."""
+    and registered with the mount through dte.LiveReceiver."""
 
     def __init__(self, mount_path, state, tp, version):
         sys.path.insert(0, PY_PATH)
@@ -402,7 +402,7 @@ def test_bad_registrations_are_refused(mount, gen):
     w = dte.SharedWeights(f"dte-test-bad-{os.getpid()}",
                           {"model.norm.weight": ("BF16", [HIDDEN])})
     try:
-        with dte.Receiver(m.path, tp=2, rank=0) as r:
+        with dte.LiveReceiver(m.path, tp=2, rank=0) as r:
             with pytest.raises(dte.DteError, match="no such tensor"):
                 r.register("model.layers.0.self_attn.q_proj.weight", w.name, 0, "BF16",
                            [HEADS * HEAD_DIM // 2, HIDDEN])
@@ -436,7 +436,7 @@ def test_a_truncated_receiver_is_dropped_and_the_daemon_lives(mount, gen):
     name = "model.layers.0.mlp.down_proj.weight"
     w = dte.SharedWeights(f"dte-test-trunc-{os.getpid()}", {name: ("BF16", list(v1[name].shape))})
     try:
-        r = dte.Receiver(m.path, tp=1, rank=0)
+        r = dte.LiveReceiver(m.path, tp=1, rank=0)
         r.register(name, w.name, 0, "BF16", list(v1[name].shape))
         os.truncate(f"/dev/shm/{w.name}", 0)  # its memory is gone under the daemon's mapping
         res = apply(m.path, 2)

@@ -1,6 +1,6 @@
 """The live-apply client without a daemon: dtectl apply/status and the Python
-module's apply, live_status and Receiver on paths that are not dtefs mounts,
-the ctypes mirror of sync/live_abi.h, and SharedWeights.
+module's apply, live_status and LiveReceiver on paths that are not dtefs mounts,
+the ctypes mirror of sync/live/live_abi.h, and SharedWeights.
 
 Applies against a real mount are tested with dtefs (tests/py/test_fs_live*).
 Needs dtectl and libdte.so ($DTE_BUILD_DIR or $DTE_LIBRARY).
@@ -98,7 +98,7 @@ def test_dtectl_apply_help_needs_no_store():
 
 def test_python_apply_on_plain_directory_raises_naming_it(tmp_path):
     for call in (lambda: dte.apply(tmp_path), lambda: dte.apply(str(tmp_path), version=3),
-                 lambda: dte.live_status(tmp_path), lambda: dte.Receiver(tmp_path)):
+                 lambda: dte.live_status(tmp_path), lambda: dte.LiveReceiver(tmp_path)):
         with pytest.raises(dte.DteError) as e:
             call()
         assert e.value.code == 2
@@ -111,7 +111,7 @@ def test_python_on_file_without_ioctls(fake_mount):
     with pytest.raises(dte.DteError, match=r"\(ENOTTY\)$") as e:
         dte.apply(fake_mount)
     assert (e.value.code, str(e.value)) == (1, want)
-    with dte.Receiver(fake_mount, tp=2, rank=1) as rx:  # the file opens
+    with dte.LiveReceiver(fake_mount, tp=2, rank=1) as rx:  # the file opens
         with pytest.raises(dte.DteError) as e:
             rx.register("model.norm.weight", "/some-shm", 64, "BF16", (16,))
         assert str(e.value) == want
@@ -124,8 +124,8 @@ def test_python_on_file_without_ioctls(fake_mount):
 
 def test_python_checks_arguments_before_the_daemon(fake_mount):
     with pytest.raises(dte.DteError, match="rank 2 of tp 2"):
-        dte.Receiver(fake_mount, tp=2, rank=2)
-    with dte.Receiver(fake_mount) as rx:
+        dte.LiveReceiver(fake_mount, tp=2, rank=2)
+    with dte.LiveReceiver(fake_mount) as rx:
         with pytest.raises(dte.DteError, match="longer than 255 bytes"):
             rx.register("x" * 256, "shm", 0, "BF16", (1,))
         with pytest.raises(dte.DteError, match="at most 8"):
@@ -253,7 +253,7 @@ def test_register_shared_registers_every_tensor(shm_name, fake_mount, monkeypatc
         return 0
 
     with dte.SharedWeights(shm_name, TENSORS) as w, \
-            dte.Receiver(fake_mount, tp=4, rank=3, fuse_qkv=False) as rx:
+            dte.LiveReceiver(fake_mount, tp=4, rank=3, fuse_qkv=False) as rx:
         monkeypatch.setattr(dte._live.lib, "dte_live_register_buffer", fake_register)
         assert rx.register_shared(w) == list(range(1, len(TENSORS) + 1))
         assert seen == [(n, shm_name, w.offset(n), d, s, 4, 3, 0, 1, _lib.LIVE_HOST_SHM)

@@ -58,7 +58,7 @@ def published(tmp_path_factory):
         opt.zero_grad()
         sum(((p - targets[n]) ** 2).sum() for n, p in named.items()).backward()
         opt.step()
-        results.append(dte.publish_torch_adamw(pub, opt, named))
+        results.append(pub.publish_torch_adamw(opt, named))
     yield pub, results, (opt, named)
     pub.close()
 
@@ -92,7 +92,7 @@ def test_the_metrics_are_what_the_publishes_committed(published):
     # A rejected publish (a step that does not follow the last) is a failure
     # and changes nothing else.
     with pytest.raises(dte.DteError):
-        dte.publish_torch_adamw(pub, opt, named, step=STEPS + 5)
+        pub.publish_torch_adamw(opt, named, step=STEPS + 5)
     after = values_of(pub.metrics_text())
     assert after["dte_publish_failures_total"] == 1
     assert after["dte_publish_duration_seconds_count"] == STEPS + 1

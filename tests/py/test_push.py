@@ -101,8 +101,8 @@ def test_receivers_hold_every_version_bit_for_bit(run, n):
         res, _ = r.publish(step)
         assert res.version == step
         assert res.changed > 0
-        assert res.push["pushed"] == n and res.push["dropped"] == [], (res.push, r.group.status())
-        assert res.push["elements"] >= res.changed  # every change reaches each TP group
+        assert res.push.pushed == n and res.push.dropped == [], (res.push, r.group.status())
+        assert res.push.elements >= res.changed  # every change reaches each TP group
         r.await_marks(step)
     for tag, out in r.results().items():
         assert out["checked"] == [[0, "catch-up"]] + [[v, "push"] for v in range(1, steps + 1)]
@@ -113,7 +113,7 @@ def test_stopped_receiver_is_dropped_and_catches_up_from_the_store(run):
     r = run(LAYOUTS[2], timeout=1.0)
     r.start(3)
     res, _ = r.publish(1)
-    assert res.push["pushed"] == 2
+    assert res.push.pushed == 2
     r.await_marks(1)
     stopped = r.procs["tp2-r1"]
     os.kill(stopped.pid, signal.SIGSTOP)
@@ -122,8 +122,8 @@ def test_stopped_receiver_is_dropped_and_catches_up_from_the_store(run):
     finally:
         os.kill(stopped.pid, signal.SIGCONT)
     assert res.version == 2
-    assert res.push["pushed"] == 1
-    assert len(res.push["dropped"]) == 1 and "did not confirm v00000002" in res.push["dropped"][0]
+    assert res.push.pushed == 1
+    assert len(res.push.dropped) == 1 and "did not confirm v00000002" in res.push.dropped[0]
     assert secs < 5.0, "a stalled receiver held the publish for %.1f s" % secs
     r.await_marks(2)
     # The stopped receiver reconnects and holds v2: from the push that sat in
@@ -131,7 +131,7 @@ def test_stopped_receiver_is_dropped_and_catches_up_from_the_store(run):
     wait_for(lambda: [x["version"] for x in r.group.status()["receivers"]] == [2, 2], 30,
              "both receivers to be back at v2")
     res, _ = r.publish(3)
-    assert res.push["pushed"] == 2, res.push
+    assert res.push.pushed == 2, res.push
     out = r.results()
     assert out["tp2-r0"]["checked"] == [[0, "catch-up"], [1, "push"], [2, "push"], [3, "push"]]
     checked = out["tp2-r1"]["checked"]
@@ -150,7 +150,7 @@ def test_killed_receiver_does_not_stop_publishing_and_its_restart_catches_up(run
     for step in (2, 3):
         res, secs = r.publish(step)
         assert res.version == step
-        assert res.push["pushed"] == 1, res.push
+        assert res.push.pushed == 1, res.push
         assert secs < 5.0
     r.await_marks(3)
     events = r.group.status()["events"]
@@ -162,7 +162,7 @@ def test_killed_receiver_does_not_stop_publishing_and_its_restart_catches_up(run
     wait_for(lambda: [x["version"] for x in r.group.status()["receivers"]] == [3, 3], 30,
              "the restarted receiver to be registered at v3")
     res, _ = r.publish(4)
-    assert res.push["pushed"] == 2, res.push
+    assert res.push.pushed == 2, res.push
     out = r.results()
     assert out["tp2-r0"]["checked"] == [[3, "catch-up"], [4, "push"]]
     assert out["tp2-r1"]["status"]["version"] == 4
@@ -183,7 +183,7 @@ def test_receiver_keeps_its_version_when_the_trainer_dies(tmp_path):
         assert trainer.stdout.readline().startswith("published 0")
         with dte.PushReceiver(address, tensors, version=None, auto_apply=True,
                               timeout=5.0) as rx:
-            wait_for(lambda: rx.status()["behind"] is not None or rx.version is not None, 30,
+            wait_for(lambda: rx.status().behind is not None or rx.version is not None, 30,
                      "the server's welcome")
             if rx.version is None:
                 rx.catch_up(store)
@@ -194,18 +194,18 @@ def test_receiver_keeps_its_version_when_the_trainer_dies(tmp_path):
             # while catching up is made good from the store, as a server would.
             try:
                 rx.wait_for(2, timeout=30)
-            except dte.DteError as e:
-                assert e.code == 2, e
+            except dte.MissedPushes:
                 rx.catch_up(store)
             assert rx.version == 2
             trainer.kill()
             trainer.wait()
-            wait_for(lambda: not rx.status()["connected"], 10, "the receiver to notice")
+            wait_for(lambda: not rx.status().connected, 10, "the receiver to notice")
             st = rx.status()
-            assert st["version"] == 2 and not st["inconsistent"], st
-            with pytest.raises(dte.DteError) as e:
+            assert st.version == 2 and not st.inconsistent, st
+            with pytest.raises(dte.Timeout) as e:
                 rx.wait_for(3, timeout=0.5)
             assert e.value.code == 5 and "holding v00000002, not connected" in str(e.value)
+            assert isinstance(e.value, TimeoutError)
             want = push_util.local_state(push_util.read_version(dte, store, 2, shapes), 1, 0,
                                          False)
             for n, t in want.items():
@@ -238,13 +238,13 @@ def test_cuda_receivers_hold_every_version_bit_for_bit(run):
                               layout=dte.FusedReceiverLayout(2), version=None, timeout=10.0)
         rxs.append((rank, tensors, rx))
     for rank, tensors, rx in rxs:
-        wait_for(lambda: rx.status()["behind"] is not None, 30, "the server's welcome")
+        wait_for(lambda: rx.status().behind is not None, 30, "the server's welcome")
         rx.catch_up(r.store)
     wait_for(lambda: [x["version"] for x in r.group.status()["receivers"]] == [0, 0], 30,
              "both receivers at v0")
     for step in range(1, 4):
         res, _ = r.publish(step)
-        assert res.push["pushed"] == 2, res.push
+        assert res.push.pushed == 2, res.push
         want = push_util.read_version(dte, r.store, step, shapes)
         for rank, tensors, rx in rxs:
             rx.wait_for(step, timeout=30)
@@ -317,18 +317,18 @@ def test_distributed_publisher_pushes_each_version(tmp_path, mode):
             [t.join() for t in threads]
             assert results[0].version == results[1].version == step
             push = results[0].push
-            assert push["pushed"] == 2 and push["dropped"] == [], push
+            assert push.pushed == 2 and push.dropped == [], push
             if mode == "rank0":
                 assert results[1].push is None
             else:
                 other = results[1].push
-                assert other["pushed"] == 2 and other["dropped"] == [], other
-                assert push["elements"] > 0 and other["elements"] > 0, (push, other)
+                assert other.pushed == 2 and other.dropped == [], other
+                assert push.elements > 0 and other.elements > 0, (push, other)
                 # Each rank's push took its tensors from what it kept, or
                 # (no cache for them) read them back from the store.
                 for p in pubs:
                     st = p.last_stats()
-                    kept, back = st["push_tensors_kept"], st["push_tensors_read_back"]
+                    kept, back = st.push_tensors_kept, st.push_tensors_read_back
                     assert (kept, back) == ((0, kept + back) if cache == 0 else (kept + back, 0))
                     assert kept + back > 0, st
             want = push_util.read_version(dte, store, step, shapes)
@@ -367,8 +367,8 @@ def test_push_that_cannot_run_is_reported_and_the_version_still_committed(tmp_pa
                   for n, p in model.named().items()}
         r = pub.publish_adamw(step=1, params=params, lr=5e-6, weight_decay=0.01)
         assert r.version == 1
-        assert r.push == {"error": "receivers need the attention geometry from config.json, "
-                                   "and v00000001 has none"}, r.push
+        assert r.push == dte.PushReport(error="receivers need the attention geometry from "
+                                              "config.json, and v00000001 has none"), r.push
     with dte.StoreReader(store) as reader:
         assert reader.latest() == 1
 
@@ -391,7 +391,7 @@ def test_push_group_waits_for_the_receivers_it_expects_and_reports_those_missing
             rxs.pop().close()
             wait_for(lambda: len(group.status(events=False)["receivers"]) == 1, 30,
                      "the close")
-            with pytest.raises(dte.DteError) as e:
+            with pytest.raises(dte.Timeout) as e:
                 group.wait_for_receivers(timeout=0.3)
             assert e.value.code == 5 and "1 of 2 receivers after" in str(e.value)
             # Waiting left the event of the close for status() to take.
@@ -406,7 +406,7 @@ def test_push_group_waits_for_the_receivers_it_expects_and_reports_those_missing
                           "exp_avg_sq": opt.state[p]["exp_avg_sq"],
                           "step": opt.state[p]["step"]} for n, p in model.named().items()}
             r = pub.publish_adamw(step=1, params=params, lr=5e-6)
-            assert r.push["pushed"] == 1 and r.push["missing"] == 1, r.push
+            assert r.push.pushed == 1 and r.push.missing == 1, r.push
         finally:
             for rx in rxs:
                 rx.close()

@@ -46,6 +46,7 @@ Usage: /usr/bin/python3 tools/bench/dist_publish_bench.py [--build-dir build]
 """
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -174,7 +175,7 @@ def worker(a):
         c0, t0 = cpu_seconds(), time.monotonic()
         r = pub.publish_adamw(step=step, params=params, lr=a.lr, weight_decay=WD)
         wall, cpu = time.monotonic() - t0, cpu_seconds() - c0
-        stats = {} if single else pub.last_stats()
+        stats = {} if single else dataclasses.asdict(pub.last_stats())
         rows.append({"step": step, "version": r.version, "wall": wall, "cpu": cpu,
                      "extra_mib": (hwm_kib() - before_rss) / 1024,
                      "state_mib": sum(3 * p.numel() * 4 for p, _, _ in shards.values()) / 2**20,

@@ -160,7 +160,7 @@ def receiver_main(c, device, shm_name, inbox, outbox, source):
                 push = None
                 outbox.put(("ok",))
             elif kind == "live":
-                live = dte.Receiver(order[1], tp=1, rank=0)
+                live = dte.LiveReceiver(order[1], tp=1, rank=0)
                 for n, t in tensors.items():
                     if weights is not None:
                         live.register(n, weights.name, weights.offset(n), "BF16", t.shape,
@@ -455,15 +455,15 @@ def run(a):
                 raise SystemExit("gpu_sync: after step %d the receiver differs from the "
                                  "trainer's BF16 weights in %s" % (step, ", ".join(bad[:5])))
             st, push = pub.last_stats(), r.push
-            if push is None or "error" in push or push["pushed"] != 1:
+            if push is None or push.error or push.pushed != 1:
                 raise SystemExit("gpu_sync: step %d was not pushed: %r" % (step, push))
             row = {"step": step, "version": r.version, "changed": r.changed,
                    "changed_fraction": r.changed / n, "publish_s": t1 - t0,
-                   "detect_s": st["detect_ns"] / 1e9, "encode_s": st["encode_ns"] / 1e9,
-                   "commit_s": st["commit_ns"] / 1e9,
-                   "detect_device_bytes": st["detect_device_bytes"],
-                   "pack_s": push["pack_seconds"], "push_bytes": push["bytes"],
-                   "deliver_s": t_held - (t1 - push["seconds"]), "e2e_s": t_held - t0,
+                   "detect_s": st.detect_ns / 1e9, "encode_s": st.encode_ns / 1e9,
+                   "commit_s": st.commit_ns / 1e9,
+                   "detect_device_bytes": st.detect_device_bytes,
+                   "pack_s": push.pack_seconds, "push_bytes": push.bytes,
+                   "deliver_s": t_held - (t1 - push.seconds), "e2e_s": t_held - t0,
                    "warmup": i < a.warmup, "identical": True}
             report["steps"].append(row)
             log("step %d: %.2f%% changed; detect %.3f s (%d B device to host), encode %.3f s, "
@@ -517,7 +517,7 @@ def live_steps(a, dte, rx, pub, opt, params, views, store, work, step, n, report
                 raise SystemExit("gpu_sync: after live apply of step %d the receiver differs "
                                  "in %s" % (step, ", ".join(bad[:5])))
             row = {"step": step, "version": r.version, "changed_fraction": r.changed / n,
-                   "apply_s": t1 - t0, "entries": counts["entries"], "bytes": counts["bytes"],
+                   "apply_s": t1 - t0, "entries": counts.entries, "bytes": counts.bytes,
                    "identical": True}
             report["live"].append(row)
             log("live step %d: %.2f%% changed; apply %.3f s (%d entries, %d B)"

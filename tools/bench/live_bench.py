@@ -176,7 +176,7 @@ def receiver_child(mount, base, tp, rank, shm):
 
     w = with_version(d, fill)  # no file of the mount stays open
     try:
-        with dte.Receiver(mount, tp=tp, rank=rank) as r:
+        with dte.LiveReceiver(mount, tp=tp, rank=rank) as r:
             r.register_shared(w, version=base)
             layout = {k: [off, list(shape)] for k, (_, shape, off, _) in w.tensors.items()}
             print(json.dumps({"shm": w.name, "layout": layout}), flush=True)

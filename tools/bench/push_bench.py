@@ -38,6 +38,7 @@ Usage: /usr/bin/python3 tools/bench/push_bench.py [--size 1GiB] [--receivers 1,2
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -174,9 +175,7 @@ def receiver(a):
     while target <= a.steps:
         try:
             rx.wait_for(target, timeout=600)
-        except dte.DteError as e:
-            if e.code != 2:
-                raise
+        except dte.MissedPushes:
             rx.catch_up(a.store)
         held = rx.version
         out.write(json.dumps({"version": held, "t": time.time()}) + "\n")
@@ -345,16 +344,16 @@ def main():
                 [t.start() for t in ths]
                 [t.join() for t in ths]
                 res = results[0]
-                pushes = [x.push for x in results if x.push is not None]
+                pushes = [dataclasses.asdict(x.push) for x in results if x.push is not None]
                 t1 = max(ends)
-                push_start = min(e - x.push["seconds"] for e, x in zip(ends, results)
+                push_start = min(e - x.push.seconds for e, x in zip(ends, results)
                                  if x.push is not None)
             else:
                 res = pub.publish_adamw(step=step, params=state, lr=a.lr, betas=(0.9, 0.95),
                                         eps=1e-8, weight_decay=0.0)
                 t1 = time.time()
-                pushes = [res.push]
-                push_start = t1 - res.push["seconds"]
+                pushes = [dataclasses.asdict(res.push)]
+                push_start = t1 - res.push.seconds
             extra_mib = (status_kib("VmHWM") - rss0) / 1024
             push = dict(pushes[0], bytes=sum(x["bytes"] for x in pushes),
                         seconds=max(x["seconds"] for x in pushes),

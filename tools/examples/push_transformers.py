@@ -74,9 +74,7 @@ def serve(a):
         # Between requests: apply every push that arrived (paused), then serve.
         try:
             rx.wait_for(req["version"], timeout=60)
-        except dte.DteError as e:
-            if e.code != 2:
-                raise
+        except dte.MissedPushes:
             rx.catch_up(a.store)
         print(json.dumps({"version": rx.version, "tokens": generate(model),
                           "digest": digest(model)}), flush=True)
@@ -144,8 +142,8 @@ def train(a):
                     answer["digest"] == digest(loaded))
             print("step %d: loss %.3f, %.2f%% of BF16 elements changed, pushed %d bytes in "
                   "%.3f s; the served weights and greedy tokens %s the dtefs version's" % (
-                      step, loss.item(), 100 * r.changed / r.elements, r.push["bytes"],
-                      r.push["seconds"], "equal" if same else "DIFFER FROM"), flush=True)
+                      step, loss.item(), 100 * r.changed / r.elements, r.push.bytes,
+                      r.push.seconds, "equal" if same else "DIFFER FROM"), flush=True)
             if not same:
                 raise SystemExit("served %s, dtefs version %s" % (answer, want))
     finally:

@@ -6,6 +6,7 @@
         optimizer.step()
         r = pub.publish_adamw(step=step, params={name: (master, exp_avg, exp_avg_sq)},
                               lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+        # or, from a torch.optim.AdamW: pub.publish_torch_adamw(optimizer, named_params)
 
 From Megatron-Core shards, give the model and layout instead of "hf":
 
@@ -16,6 +17,7 @@ On every rank of a sharded trainer, each rank publishing the state it holds
 (whole tensors, rows=(begin, end) of dim 0, or flat=(begin, end) ranges):
 
     pub = dte.Publisher(store=..., rank=rank, world_size=world)  # torch.distributed group
+    # (world_size=1 needs no group: the one rank exchanges with itself)
     pub.publish_adamw(step=step, params={name: {"param": p, "exp_avg": m,
                                                 "exp_avg_sq": v, "rows": (r0, r1)}}, ...)
 
@@ -26,7 +28,7 @@ On the inference side, a dtefs mount applies versions in place into
 registered buffers (docs/live.md):
 
     with dte.SharedWeights("rank0", {name: ("BF16", shape), ...}) as w, \\
-         dte.Receiver("/mnt/policy", tp=2, rank=0) as rx:
+         dte.LiveReceiver("/mnt/policy", tp=2, rank=0) as rx:
         rx.register_shared(w)
         dte.apply("/mnt/policy")            # or `dtectl apply /mnt/policy`
 
@@ -40,14 +42,29 @@ straight into inference ranks' weights (docs/push.md):
     rx = dte.PushReceiver(address="trainer-0:29600", rank=tp_rank,
                           layout=dte.FusedReceiverLayout(tp),
                           tensors=dict(model.named_parameters()), version=loaded_version)
-    rx.wait_for(version)
+    rx.wait_for(version)                # dte.MissedPushes: rx.catch_up(store) first
+
+Failures raise a subclass of dte.DteError per kind (dte.InvalidArgument,
+also a ValueError; dte.NotFound; dte.VersionConflict; dte.Corrupt;
+dte.Timeout, also a TimeoutError; ...); .code keeps the C ABI's code.
 """
 
-from dte._live import Receiver, SharedWeights, apply, live_status
-from dte._push import FusedReceiverLayout, PushGroup, PushReceiver, ReceiverLayout
-from dte._publisher import (DteError, MetricsCollector, Publisher, PublishResult, StoreReader,
-                            chunk_rows, publish_torch_adamw)
+from dte._arrays import chunk_rows
+from dte._errors import (AlreadyExists, Busy, Corrupt, DteError, InternalError, InvalidArgument,
+                         IOFailure, MissedPushes, NotFound, PermissionDenied, Timeout,
+                         Unimplemented, VersionConflict)
+from dte._live import (LiveCounts, LiveReceiver, LiveStatus, SharedTensor, SharedWeights, apply,
+                       live_status)
+from dte._publisher import MetricsCollector, Params, Publisher
+from dte._push import (FusedReceiverLayout, PushGroup, PushReceiver, PushReceiverStatus,
+                       ReceiverLayout, ReceiverTensor)
+from dte._reader import StoreReader
+from dte._results import DistStats, PublishResult, PushReport
 
-__all__ = ["DteError", "FusedReceiverLayout", "MetricsCollector", "Publisher", "PublishResult", "PushGroup",
-           "PushReceiver", "Receiver", "ReceiverLayout", "SharedWeights", "StoreReader", "apply",
-           "chunk_rows", "live_status", "publish_torch_adamw"]
+__all__ = ["AlreadyExists", "Busy", "Corrupt", "DistStats", "DteError", "FusedReceiverLayout",
+           "InternalError", "InvalidArgument", "IOFailure", "LiveCounts", "LiveReceiver",
+           "LiveStatus", "MetricsCollector", "MissedPushes", "NotFound", "Params",
+           "PermissionDenied", "Publisher", "PublishResult", "PushGroup", "PushReceiver",
+           "PushReceiverStatus", "PushReport", "ReceiverLayout", "ReceiverTensor",
+           "SharedTensor", "SharedWeights", "StoreReader", "Timeout", "Unimplemented",
+           "VersionConflict", "apply", "chunk_rows", "live_status"]

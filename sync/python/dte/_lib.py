@@ -2,15 +2,12 @@
 
 import ctypes
 import os
+from typing import Iterator, List
 
-C_API_VERSION = 5  # DTE_C_API_VERSION of sync/c_api.h
+C_API_VERSION = 5  # DTE_C_API_VERSION of sync/capi/c_api.h
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F64, DTYPE_OTHER = 0, 1, 2, 3, 255
 MEMORY_HOST, MEMORY_CUDA = 0, 1
 ORDERS = {"torch_cpu": 0, "torch_cuda_foreach": 1, "torch_cuda_single_tensor": 2}
-CODE_NAMES = {1: "invalid argument", 2: "not found", 3: "already exists", 4: "corruption",
-              5: "I/O error", 6: "busy", 7: "unimplemented", 8: "internal",
-              9: "permission denied"}
-
 
 class Array(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32),
@@ -138,7 +135,7 @@ class LiveRegister(ctypes.Structure):
                 ("message", ctypes.c_char * LIVE_MESSAGE_BYTES), ("version", ctypes.c_uint64)]
 
 
-def _candidates():
+def _candidates() -> Iterator[str]:
     env = os.environ.get("DTE_LIBRARY")
     if env:
         yield env
@@ -148,8 +145,8 @@ def _candidates():
         yield os.path.join(build, "sync", "libdte.so")
 
 
-def _load():
-    tried = []
+def _load() -> ctypes.CDLL:
+    tried: List[str] = []
     for path in _candidates():
         if os.path.exists(path):
             return ctypes.CDLL(path)
@@ -158,7 +155,7 @@ def _load():
                       "library or install the package with pip" % ", ".join(tried))
 
 
-def _declare(lib):
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     P = ctypes.c_void_p
     sigs = {
         "dte_last_error": (ctypes.c_char_p, []),

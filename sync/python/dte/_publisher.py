@@ -1,188 +1,29 @@
-"""The Publisher and StoreReader classes over libdte's C ABI."""
+"""The Publisher: commits versions of a dte store from a training loop,
+over libdte's C ABI (sync/capi/c_api.h)."""
+
+from __future__ import annotations
 
 import ctypes
-import dataclasses
-import json
-import math
 import os
+from typing import (TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union,
+                    cast)
 
 from dte import _lib
+from dte._arrays import (ConverterSpec, ParamState, _fill, _mcore_key, _mcore_spec, _range_of,
+                         _step_value)
+from dte._errors import IOFailure, InvalidArgument
+from dte._exchange import _Exchange, _SoloExchange, _TorchExchange
+from dte._handle import _check, _Handle, _secret_arg, _text, _torch
 from dte._lib import lib
+from dte._results import DistStats, PublishResult, PushReport
 
+if TYPE_CHECKING:
+    from dte._push import PushGroup
 
-class DteError(RuntimeError):
-    """A failed dte call; .code is the C ABI's dte_code."""
-
-    def __init__(self, code, message):
-        super().__init__(message)
-        self.code = code
-
-
-def _check(rc):
-    if rc != 0:
-        msg = lib.dte_last_error().decode("utf-8", "replace")
-        raise DteError(rc, "%s: %s" % (_lib.CODE_NAMES.get(rc, "error %d" % rc), msg))
-
-
-def _secret_arg(secret):
-    """secret= as the C ABI takes it: None (from the environment) or bytes."""
-    if secret is None:
-        return None
-    if isinstance(secret, str):
-        secret = secret.encode()
-    if not isinstance(secret, bytes) or not secret or b"\0" in secret:
-        raise ValueError("secret must be a non-empty str or bytes without NUL bytes")
-    return secret
-
-
-def _torch():
-    try:
-        import torch
-        return torch
-    except ImportError:
-        return None
-
-
-def _as_array(x, what, name, keep):
-    """An _lib.Array viewing x (zero-copy for contiguous arrays); references
-    that must outlive the call go to keep."""
-    torch = _torch()
-    if torch is not None and isinstance(x, torch.Tensor):
-        if x.device.type != "cpu":
-            raise DteError(1, "tensor %s: %s is on %s; a single-process Publisher reads host "
-                           "memory (a distributed one, world_size= and rank=, finds the "
-                           "changes of CUDA tensors on their GPU)" % (name, what, x.device))
-        x = x.detach()
-        if not x.is_contiguous():
-            x = x.contiguous()
-        dtype = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16,
-                 torch.float16: _lib.DTYPE_F16, torch.float64: _lib.DTYPE_F64}.get(
-                     x.dtype, _lib.DTYPE_OTHER)
-        ptr, shape = x.data_ptr(), tuple(x.shape)
-    else:
-        import numpy as np
-        x = np.ascontiguousarray(x)
-        dtype = {np.dtype(np.float32): _lib.DTYPE_F32, np.dtype(np.float16): _lib.DTYPE_F16,
-                 np.dtype(np.float64): _lib.DTYPE_F64}.get(x.dtype, _lib.DTYPE_OTHER)
-        ptr, shape = x.ctypes.data, x.shape
-    dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
-    keep.extend((x, dims))
-    return _lib.Array(ptr or None, dtype, len(shape), dims)
-
-
-def _step_value(step):
-    if step is None:
-        return -1
-    if hasattr(step, "item"):
-        step = step.item()
-    return int(step)
-
-
-class _Handle:
-    """Owns one C handle, closed exactly once: by close(), at the end of a
-    with block, or when the object is collected. Subclasses name the C
-    function that closes it."""
-
-    _h = None
-    _close_fn = None  # name of the dte_*_close function
-
-    def close(self):
-        if self._h:
-            h, self._h = self._h, None
-            _check(getattr(lib, self._close_fn)(h))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except DteError:
-            pass  # nothing to tell at collection; the handle is gone either way
-
-
-@dataclasses.dataclass
-class PublishResult:
-    """What one publish committed. int(result) is the version."""
-    version: int
-    parent: int
-    tensors: int
-    elements: int
-    changed: int          # elements stored in the delta
-    flagged: int          # elements the fused detector reported
-    false_positives: int  # reported, then proven unchanged (not stored)
-    uncertain: int        # stored whole; at most this many stored elements are unchanged
-    stored_bytes: int
-    state_bytes: int      # optimizer state read: 12 bytes per element
-    # With push=: {"version", "pushed", "behind", "elements", "bytes", "seconds",
-    # "dropped": [lines]}, or {"error": ...} when the push could not run.
-    push: object = None
-
-    def __int__(self):
-        return self.version
-
-    __index__ = __int__
-
-
-_MCORE_KEYS = {"config", "tp", "ep", "etp", "vocab_divisible_by", "norms", "experts"}
-
-
-def _mcore_spec(spec):
-    """(config.json text, its name for errors, _lib.McoreLayout) of a converter= dict."""
-    if not isinstance(spec, dict):
-        raise DteError(1, "converter must be \"hf\" or a Megatron-Core spec dict with keys %s, "
-                       "not %r" % (", ".join(sorted(_MCORE_KEYS)), spec))
-    unknown = set(spec) - _MCORE_KEYS
-    if unknown or "config" not in spec:
-        raise DteError(1, "Megatron-Core converter spec: %s (keys: %s)" % (
-            "unknown keys %s" % sorted(unknown) if unknown else "\"config\" is required",
-            ", ".join(sorted(_MCORE_KEYS))))
-    config = spec["config"]
-    if isinstance(config, dict):
-        text, source = json.dumps(config), "converter config"
-    else:
-        with open(config, "rb") as f:
-            text, source = f.read(), os.fsdecode(config)
-    norms, experts = spec.get("norms", "te"), spec.get("experts", "sequential")
-    if norms not in _lib.MCORE_NORMS or experts not in _lib.MCORE_EXPERTS:
-        raise DteError(1, "Megatron-Core converter spec: norms must be one of %s and experts "
-                       "one of %s" % (sorted(_lib.MCORE_NORMS), sorted(_lib.MCORE_EXPERTS)))
-    layout = _lib.McoreLayout(int(spec.get("tp", 1)), int(spec.get("ep", 1)),
-                              int(spec.get("etp", 0)), int(spec.get("vocab_divisible_by", 128)),
-                              _lib.MCORE_NORMS[norms], _lib.MCORE_EXPERTS[experts])
-    if isinstance(text, str):
-        text = text.encode()
-    return text, source.encode(), layout
-
-
-def _fill(e, name, value, keep):
-    """Fills the array, step and group fields of a C parameter entry."""
-    if isinstance(value, dict):
-        d = value
-    else:
-        if len(value) != 3:
-            raise DteError(1, "tensor %s: expected (master, exp_avg, exp_avg_sq)" % name)
-        d = dict(zip(("param", "exp_avg", "exp_avg_sq"), value))
-    e.param = _as_array(d["param"], "param", name, keep)
-    e.exp_avg = _as_array(d["exp_avg"], "exp_avg", name, keep)
-    e.exp_avg_sq = _as_array(d["exp_avg_sq"], "exp_avg_sq", name, keep)
-    e.state_step = _step_value(d.get("step"))
-    e.lr = float(d["lr"]) if d.get("lr") is not None else math.nan
-    wd = d.get("weight_decay")
-    e.weight_decay = float(wd) if wd is not None else math.nan
-
-
-def _mcore_key(key):
-    """(name, tp_rank, ep_rank) of a params key: a 3-tuple, or a name (ranks 0)."""
-    if isinstance(key, str):
-        return key, 0, 0
-    if isinstance(key, tuple) and len(key) == 3 and isinstance(key[0], str):
-        return key[0], int(key[1]), int(key[2])
-    raise DteError(1, "Megatron-Core params are keyed by (mcore_name, tp_rank, ep_rank), not %r"
-                   % (key,))
+# params of publish_adamw: keyed by HF tensor name, or (mcore_name, tp_rank,
+# ep_rank) with a Megatron-Core converter; a distributed publisher also
+# takes a list of pieces per key.
+Params = Mapping[Any, Union[ParamState, Sequence[ParamState]]]
 
 
 class Publisher(_Handle):
@@ -192,9 +33,13 @@ class Publisher(_Handle):
 
     _close_fn = "dte_publisher_close"
 
-    def __init__(self, store, converter="hf", cache_dir=None, anchor_budget=1.0, anchor_every=0,
-                 rank=None, world_size=None, group=None, rendezvous=None, job=None,
-                 timeout=60.0, push=None, join_budget=0.125, *, secret=None):
+    def __init__(self, store: str | os.PathLike[str], *, converter: ConverterSpec = "hf",
+                 cache_dir: Optional[str] = None, anchor_budget: float = 1.0,
+                 anchor_every: int = 0, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, group: Any = None,
+                 rendezvous: Optional[str] = None, job: Optional[str] = None,
+                 timeout: float = 60.0, push: Optional[PushGroup] = None,
+                 join_budget: float = 0.125, secret: str | bytes | None = None) -> None:
         """anchor_budget, anchor_every, join_budget: the anchor policy and
         join tables, as dtectl commit's --anchor-budget, --anchor-every and
         --join-budget (docs/cli.md).
@@ -217,7 +62,9 @@ class Publisher(_Handle):
         job (ranks on hosts that share nothing but the store: messages are
         objects under exchange/JOB/ of the store; a restarted job takes a new
         name). timeout (seconds) bounds the TCP and store transports' waits;
-        a process group's own timeout bounds its waits.
+        a process group's own timeout bounds its waits. world_size=1 (rank 0)
+        needs none of them: with no process group initialized, the one rank
+        exchanges with itself.
 
         secret: the job secret (str or bytes) the TCP transport's ranks, and
         a PushGroup given none of its own, prove on every connection; None:
@@ -233,87 +80,121 @@ class Publisher(_Handle):
         connect to rank 0's address and are told the others) or on rank 0
         only (which pushes every tensor, read back from the store)."""
         self._h = None
-        self._transport = None
-        self._push = None
+        self._transport: Optional[ctypes.c_void_p] = None
+        self._push: Optional[PushGroup] = None
+        self._exchange: Optional[_Exchange] = None
+        self._job, self._tries = job, {}  # type: Optional[str], Dict[int, int]
+        self._timeout_ms = int(timeout * 1000)
         self._dist = world_size is not None or group is not None
-        handle = ctypes.c_void_p()
-        cache = os.fsencode(cache_dir) if cache_dir else None
         self._mcore = not (isinstance(converter, str) and converter == "hf")
+        self.rank, self.world_size = 0, 1
+        cache = os.fsencode(cache_dir) if cache_dir else None
         if self._dist:
-            self._exchange = None
-            self._job, self._tries = job, {}
-            if rendezvous is not None and job is not None:
-                raise DteError(1, "give rendezvous (TCP transport) or job (store transport), "
-                               "not both")
-            if job is not None:
-                if rank is None or world_size is None:
-                    raise DteError(1, "the store transport needs rank and world_size")
-            elif rendezvous is None:
-                import torch.distributed as dist
-                if group is None and not dist.is_initialized():
-                    raise DteError(1, "distributed publishing needs a torch.distributed process "
-                                   "group (group=, or an initialized default group) or a "
-                                   "rendezvous directory for dte's TCP transport")
-                self._exchange = _TorchExchange(group)
-                rank = self._exchange.rank if rank is None else rank
-                world_size = self._exchange.size if world_size is None else world_size
-                if (rank, world_size) != (self._exchange.rank, self._exchange.size):
-                    raise DteError(1, "rank %d of %d does not match the process group's rank %d "
-                                   "of %d" % (rank, world_size, self._exchange.rank,
-                                              self._exchange.size))
-            elif rank is None or world_size is None:
-                raise DteError(1, "dte's TCP transport needs rank and world_size")
-            self.rank, self.world_size = int(rank), int(world_size)
-            text = source = layout = None
-            if self._mcore:
-                text, source, layout = _mcore_spec(converter)
-            elif converter != "hf":
-                raise DteError(1, "converter must be \"hf\" or a Megatron-Core spec dict")
-            _check(lib.dte_dist_publisher_open(os.fsencode(store), cache, text, source,
-                                               ctypes.byref(layout) if layout else None,
-                                               ctypes.byref(handle)))
-            self._h = handle
-            self._close_fn = "dte_dist_publisher_close"
-            _check(lib.dte_dist_publisher_set_anchor_policy(self._h, float(anchor_budget),
-                                                            int(anchor_every)))
-            _check(lib.dte_dist_publisher_set_join_budget(self._h, float(join_budget)))
-            self._timeout_ms = int(timeout * 1000)
-            secret = _secret_arg(secret)
+            self._open_dist(store, cache, converter, (rank, world_size, group, rendezvous))
+            self._set_policy(anchor_budget, anchor_every, join_budget)
+            self._join_dist(push, rendezvous, timeout, _secret_arg(secret))
+        else:
+            self._open_single(store, cache, converter)
+            self._set_policy(anchor_budget, anchor_every, join_budget)
             if push is not None:
-                # As part `rank` of every rank's push; the ranks find out
-                # whether every rank or rank 0 alone pushes (below, or at
-                # each publish), and set it.
-                push._start(self.rank, self.world_size, secret=secret)
-                _check(lib.dte_dist_publisher_set_push(self._h, push._h))
-                self._push = push
-            if rendezvous is not None:
-                t = ctypes.c_void_p()
-                _check(lib.dte_transport_tcp(self.rank, self.world_size, os.fsencode(rendezvous),
-                                             int(timeout * 1000), secret, ctypes.byref(t)))
-                self._transport = t
-                # Connected by every rank together: the push servers'
-                # addresses go round now, so receivers can join before the
-                # first publish.
-                _check(lib.dte_dist_publisher_share_push(self._h, t))
-            return
+                if not push._h:
+                    push._start(secret=_secret_arg(secret))
+                _check(lib.dte_publisher_set_push(self._h, push._handle()))
+                self._push = push  # the server must outlive this publisher's use of it
+
+    def _open_single(self, store: str | os.PathLike[str], cache: Optional[bytes],
+                     converter: ConverterSpec) -> None:
+        handle = ctypes.c_void_p()
         if self._mcore:
             text, source, layout = _mcore_spec(converter)
             _check(lib.dte_publisher_open_mcore(os.fsencode(store), cache, text, source,
                                                 ctypes.byref(layout), ctypes.byref(handle)))
         else:
+            assert isinstance(converter, str)
             _check(lib.dte_publisher_open(os.fsencode(store), cache, converter.encode(),
                                           ctypes.byref(handle)))
         self._h = handle
-        _check(lib.dte_publisher_set_anchor_policy(self._h, float(anchor_budget),
-                                                   int(anchor_every)))
-        _check(lib.dte_publisher_set_join_budget(self._h, float(join_budget)))
-        if push is not None:
-            if not push._h:
-                push._start(secret=_secret_arg(secret))
-            _check(lib.dte_publisher_set_push(self._h, push._handle()))
-            self._push = push  # the server must outlive this publisher's use of it
 
-    def close(self):
+    def _set_policy(self, anchor_budget: float, anchor_every: int, join_budget: float) -> None:
+        if self._dist:
+            _check(lib.dte_dist_publisher_set_anchor_policy(self._h, float(anchor_budget),
+                                                            int(anchor_every)))
+            _check(lib.dte_dist_publisher_set_join_budget(self._h, float(join_budget)))
+        else:
+            _check(lib.dte_publisher_set_anchor_policy(self._h, float(anchor_budget),
+                                                       int(anchor_every)))
+            _check(lib.dte_publisher_set_join_budget(self._h, float(join_budget)))
+
+    def _choose_transport(self, rank: Optional[int], world_size: Optional[int], group: Any,
+                          rendezvous: Optional[str]) -> Tuple[int, int]:
+        """(rank, world_size) of a distributed publisher, once it is known
+        how its ranks exchange: the store (job=), dte's TCP transport
+        (rendezvous=), a torch.distributed group, or nothing at all for a
+        world of one."""
+        if rendezvous is not None and self._job is not None:
+            raise InvalidArgument("give rendezvous (TCP transport) or job (store transport), "
+                                  "not both")
+        if self._job is not None or rendezvous is not None:
+            if rank is None or world_size is None:
+                raise InvalidArgument("%s needs rank and world_size"
+                                      % ("the store transport" if self._job is not None
+                                         else "dte's TCP transport"))
+            return int(rank), int(world_size)
+        if group is None and world_size == 1 and rank in (None, 0) and not _dist_initialized():
+            self._exchange = _SoloExchange()
+            return 0, 1
+        import torch.distributed as dist
+        if group is None and not dist.is_initialized():
+            raise InvalidArgument("distributed publishing of %s ranks needs a torch.distributed "
+                                  "process group (group=, or an initialized default group), a "
+                                  "rendezvous directory for dte's TCP transport, or job= for "
+                                  "the store transport" % world_size)
+        ex = _TorchExchange(group)
+        self._exchange = ex
+        rank = ex.rank if rank is None else rank
+        world_size = ex.size if world_size is None else world_size
+        if (rank, world_size) != (ex.rank, ex.size):
+            raise InvalidArgument("rank %d of %d does not match the process group's rank %d of %d"
+                                  % (rank, world_size, ex.rank, ex.size))
+        return int(rank), int(world_size)
+
+    def _open_dist(self, store: str | os.PathLike[str], cache: Optional[bytes],
+                   converter: ConverterSpec,
+                   where: Tuple[Optional[int], Optional[int], Any, Optional[str]]) -> None:
+        self.rank, self.world_size = self._choose_transport(*where)
+        text = source = None
+        layout: Optional[_lib.McoreLayout] = None
+        if self._mcore:
+            text, source, layout = _mcore_spec(converter)
+        elif converter != "hf":
+            raise InvalidArgument("converter must be \"hf\" or a Megatron-Core spec dict")
+        handle = ctypes.c_void_p()
+        _check(lib.dte_dist_publisher_open(os.fsencode(store), cache, text, source,
+                                           ctypes.byref(layout) if layout else None,
+                                           ctypes.byref(handle)))
+        self._h = handle
+        self._close_fn = "dte_dist_publisher_close"
+
+    def _join_dist(self, push: Optional[PushGroup], rendezvous: Optional[str], timeout: float,
+                   secret: Optional[bytes]) -> None:
+        """Starts this rank's part of the push, and connects the TCP transport."""
+        if push is not None:
+            # As part `rank` of every rank's push; the ranks find out whether
+            # every rank or rank 0 alone pushes (below, or at each publish),
+            # and set it.
+            push._start(self.rank, self.world_size, secret=secret)
+            _check(lib.dte_dist_publisher_set_push(self._h, push._h))
+            self._push = push
+        if rendezvous is not None:
+            t = ctypes.c_void_p()
+            _check(lib.dte_transport_tcp(self.rank, self.world_size, os.fsencode(rendezvous),
+                                         int(timeout * 1000), secret, ctypes.byref(t)))
+            self._transport = t
+            # Connected by every rank together: the push servers' addresses
+            # go round now, so receivers can join before the first publish.
+            _check(lib.dte_dist_publisher_share_push(self._h, t))
+
+    def close(self) -> None:
         if self._push is not None and self._h:
             (lib.dte_dist_publisher_set_push if self._dist else lib.dte_publisher_set_push)(
                 self._h, None)
@@ -323,24 +204,26 @@ class Publisher(_Handle):
             self._transport = None
         super().close()
 
-    def import_checkpoint(self, directory):
+    def import_checkpoint(self, directory: str | os.PathLike[str]) -> int:
         """Commits a Hugging Face checkpoint directory; returns its version.
         Single-process publishers only: the ranks of a distributed one start
         from a version imported before they open it."""
         if self._dist:
-            raise DteError(1, "import_checkpoint: a distributed Publisher (rank %d of %d) does "
-                           "not import checkpoints; import version 0 once, before the ranks "
-                           "open their publishers, from one process with "
-                           "dte.Publisher(store).import_checkpoint(%r) or `dtectl import "
-                           "--store STORE %s`" % (self.rank, self.world_size,
-                                                  os.fsdecode(directory),
-                                                  os.fsdecode(directory)))
+            raise InvalidArgument("import_checkpoint: a distributed Publisher (rank %d of %d) does "
+                                  "not import checkpoints; import version 0 once, before the ranks "
+                                  "open their publishers, from one process with "
+                                  "dte.Publisher(store).import_checkpoint(%r) or `dtectl import "
+                                  "--store STORE %s`" % (self.rank, self.world_size,
+                                                         os.fsdecode(directory),
+                                                         os.fsdecode(directory)))
         version = ctypes.c_uint64()
         _check(lib.dte_publisher_import(self._h, os.fsencode(directory), ctypes.byref(version)))
         return version.value
 
-    def publish_adamw(self, step, params, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                      amsgrad=False, maximize=False, order="torch_cpu"):
+    def publish_adamw(self, step: int, params: Params, lr: float,
+                      betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                      weight_decay: float = 1e-2, amsgrad: bool = False, maximize: bool = False,
+                      order: str = "torch_cpu") -> PublishResult:
         """Publishes the BF16 weights after AdamW step `step`.
 
         params maps tensor names to (master_fp32, exp_avg, exp_avg_sq) or to a
@@ -360,16 +243,21 @@ class Publisher(_Handle):
         pieces, and torch DTensors (FSDP2, HSDP) with Shard(0) and Replicate
         placements give their rows themselves."""
         if order not in _lib.ORDERS:
-            raise DteError(1, "unknown order %r (one of %s)" % (order, ", ".join(_lib.ORDERS)))
+            raise InvalidArgument("unknown order %r (one of %s)" % (order, ", ".join(_lib.ORDERS)))
         h = _lib.AdamWStep(float(lr), float(betas[0]), float(betas[1]), float(eps),
                            float(weight_decay), int(step), int(bool(amsgrad)),
                            int(bool(maximize)), _lib.ORDERS[order])
         if self._push is not None and not self._push._h:
-            raise DteError(1, "the PushGroup given as push= was closed; close the Publisher "
-                           "first, or open it without push=")
+            raise InvalidArgument("the PushGroup given as push= was closed; close the Publisher "
+                                  "first, or open it without push=")
         if self._dist:
             return self._publish_ranges(h, params)
-        keep = []
+        return self._publish_whole(h, params)
+
+    def _publish_whole(self, h: _lib.AdamWStep, params: Params) -> PublishResult:
+        """A single-process publish: every tensor whole, in host memory."""
+        keep: List[Any] = []
+        entries: Any
         if self._mcore:
             entries = (_lib.McoreAdamWShard * max(len(params), 1))()
         else:
@@ -384,34 +272,34 @@ class Publisher(_Handle):
             encoded = name.encode()
             keep.append(encoded)
             e.name = encoded
-            _fill(e, label, value, keep)
+            _fill(e, label, cast(ParamState, value), keep)
         out = _lib.PublishResult()
         publish = (lib.dte_publisher_publish_adamw_mcore if self._mcore
                    else lib.dte_publisher_publish_adamw)
         _check(publish(self._h, ctypes.byref(h), entries, len(params), ctypes.byref(out)))
-        result = PublishResult(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
+        result = PublishResult.from_c(out)
         if self._push is not None:
             result.push = self._last_push()
         return result
 
-    def _last_push(self):
+    def _last_push(self) -> Optional[PushReport]:
         """The push report of the last publish (docs/push.md)."""
         text = ctypes.c_char_p()
         last = (lib.dte_dist_publisher_last_push_json if self._dist
                 else lib.dte_publisher_last_push_json)
         _check(last(self._h, ctypes.byref(text)))
-        return json.loads(text.value.decode())
+        return PushReport.from_json(_text(text))
 
-    def metrics_text(self):
+    def metrics_text(self) -> str:
         """What this publisher's publishes did, as Prometheus metrics in the
         text exposition format (names and meanings: docs/engine.md,
         "Metrics")."""
         text = ctypes.c_char_p()
         fn = lib.dte_dist_publisher_metrics_text if self._dist else lib.dte_publisher_metrics_text
         _check(fn(self._h, ctypes.byref(text)))
-        return text.value.decode()
+        return _text(text)
 
-    def serve_metrics(self, address):
+    def serve_metrics(self, address: Union[str, int, None]) -> int:
         """Serves the metrics at http://ADDRESS/metrics until close or the
         next call: "HOST:PORT", or a port alone for loopback (0: any free
         port; None or "": stop). Returns the port."""
@@ -421,7 +309,8 @@ class Publisher(_Handle):
         _check(fn(self._h, str(address or "").encode(), ctypes.byref(port)))
         return port.value
 
-    def push_metrics(self, gateway, job, labels=None):
+    def push_metrics(self, gateway: str, job: str,
+                     labels: Optional[Mapping[str, Any]] = None) -> None:
         """Pushes the metrics' current values to the Prometheus Pushgateway at
         `gateway` ("http://HOST:PORT") as `job`, grouped by `labels` (a dict;
         a distributed publisher adds {"rank": rank} unless given), replacing
@@ -435,34 +324,34 @@ class Publisher(_Handle):
         fn = lib.dte_dist_publisher_push_metrics if self._dist else lib.dte_publisher_push_metrics
         _check(fn(self._h, str(gateway).encode(), str(job).encode(), names, values, len(labels)))
 
-    def metrics_collector(self):
+    def metrics_collector(self) -> MetricsCollector:
         """A prometheus_client collector of these metrics, to register in the
         trainer's own registry (prometheus_client.REGISTRY or another) and
         serve or push with prometheus_client next to the trainer's metrics."""
         return MetricsCollector(self)
 
-    def last_stats(self):
-        """What the last distributed publish did on this rank: entries_sent,
-        bytes_sent, bytes_received, tensors_owned, parent_bytes_read,
-        messages_sent, push_tensors_kept, push_tensors_read_back, detect_ns
-        (detection: the host screen, or the device kernel and the copy of
-        its kept entries), encode_ns, commit_ns (its part sent to rank 0
-        until the outcome) and detect_device_bytes (copied device to
-        host)."""
+    def last_stats(self) -> DistStats:
+        """What the last distributed publish did on this rank (DistStats:
+        detect_ns is the host screen, or the device kernel and the copy of
+        its kept entries; commit_ns its part sent to rank 0 until the
+        outcome)."""
         if not self._dist:
-            raise DteError(1, "last_stats is for distributed publishers")
-        return _dist_stats(self._h)
+            raise InvalidArgument("last_stats is for distributed publishers")
+        out = _lib.DistStats()
+        _check(lib.dte_dist_publisher_last_stats(self._h, ctypes.byref(out)))
+        return DistStats.from_c(out)
 
-    def _publish_ranges(self, h, params):
-        keep, ranges = [], []
+    def _publish_ranges(self, h: _lib.AdamWStep, params: Params) -> PublishResult:
+        keep: List[Any] = []
+        ranges: List[_lib.AdamWRange] = []
         for key, value in params.items():
             if self._mcore:
                 name, tp_rank, ep_rank = _mcore_key(key)
                 label = "%s (tp rank %d, ep rank %d)" % (name, tp_rank, ep_rank)
             else:
                 if not isinstance(key, str):
-                    raise DteError(1, "params are keyed by Hugging Face tensor names, not %r"
-                                   % (key,))
+                    raise InvalidArgument("params are keyed by Hugging Face tensor names, not %r"
+                                          % (key,))
                 name, tp_rank, ep_rank, label = key, 0, 0, key
             encoded = name.encode()
             keep.append(encoded)
@@ -474,26 +363,10 @@ class Publisher(_Handle):
         # step, the copies contiguous() made).
         torch = _torch()
         for device in sorted({r.device for r in ranges if r.memory == _lib.MEMORY_CUDA}):
+            assert torch is not None
             torch.cuda.current_stream(device).synchronize()
         out = _lib.PublishResult()
-        per_call = self._exchange is not None or self._job is not None
-        if self._exchange is not None:
-            t = ctypes.c_void_p()
-            _check(lib.dte_transport_callback(self.rank, self.world_size, self._exchange.fn, None,
-                                              ctypes.byref(t)))
-        elif self._job is not None:
-            # A fresh prefix per attempt of a step: a retry never reads what
-            # a failed attempt left behind.
-            tries = self._tries.get(h.step, 0)
-            t = ctypes.c_void_p()
-            _check(lib.dte_transport_store(self._h, self.rank, self.world_size,
-                                           ("%s/step-%d/try-%d" % (self._job, h.step, tries))
-                                           .encode(), self._timeout_ms, ctypes.byref(t)))
-        else:
-            if not self._transport:
-                raise DteError(5, "the TCP transport failed earlier; open a new Publisher with a "
-                               "fresh rendezvous directory on every rank to retry")
-            t = self._transport
+        t, per_call = self._transport_for(h.step)
         try:
             rc = lib.dte_dist_publisher_publish_adamw(self._h, t, ctypes.byref(h), entries,
                                                       len(ranges), ctypes.byref(out))
@@ -506,10 +379,81 @@ class Publisher(_Handle):
             lib.dte_transport_close(self._transport)  # broken now
             self._transport = None
         _check(rc)
-        result = PublishResult(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
+        result = PublishResult.from_c(out)
         if self._push is not None:
             result.push = self._last_push()
         return result
+
+    def _transport_for(self, step: int) -> Tuple[ctypes.c_void_p, bool]:
+        """The transport of one distributed publish, and whether it is made
+        for this call (closed after it) rather than kept (TCP)."""
+        t = ctypes.c_void_p()
+        if self._exchange is not None:
+            _check(lib.dte_transport_callback(self.rank, self.world_size, self._exchange.fn, None,
+                                              ctypes.byref(t)))
+            return t, True
+        if self._job is not None:
+            # A fresh prefix per attempt of a step: a retry never reads what
+            # a failed attempt left behind.
+            prefix = "%s/step-%d/try-%d" % (self._job, step, self._tries.get(step, 0))
+            _check(lib.dte_transport_store(self._h, self.rank, self.world_size, prefix.encode(),
+                                           self._timeout_ms, ctypes.byref(t)))
+            return t, True
+        if not self._transport:
+            raise IOFailure("the TCP transport failed earlier; open a new Publisher with a "
+                            "fresh rendezvous directory on every rank to retry")
+        return self._transport, False
+
+    def publish_torch_adamw(self, optimizer: Any, named_params: Mapping[str, Any],
+                            step: Optional[int] = None) -> PublishResult:
+        """Publishes a torch.optim.AdamW's state after optimizer.step().
+
+        named_params maps store tensor names to the optimizer's parameters
+        (e.g. dict(model.named_parameters())). Every param group's lr and
+        weight decay are passed per tensor; unsupported settings (amsgrad,
+        maximize, fused, capturable) are rejected. step: the step to publish
+        (None: the optimizer state's, which every tensor must share)."""
+        torch = _torch()
+        if torch is None or not isinstance(optimizer, torch.optim.AdamW):
+            raise InvalidArgument("publish_torch_adamw needs a torch.optim.AdamW, not %s"
+                                  % type(optimizer).__name__)
+        group_of: Dict[int, Mapping[str, Any]] = {}
+        for g in optimizer.param_groups:
+            for flag in ("amsgrad", "maximize", "fused", "capturable"):
+                if g.get(flag):
+                    raise InvalidArgument("AdamW %s=True is not supported by the publisher" % flag)
+            for p in g["params"]:
+                group_of[id(p)] = g
+        params: Dict[str, ParamState] = {}
+        steps, first = set(), None
+        for name, p in named_params.items():
+            g = group_of.get(id(p))
+            if g is None:
+                raise InvalidArgument("tensor %s is not a parameter of the optimizer" % name)
+            st = optimizer.state[p]
+            s = _step_value(st["step"])
+            steps.add(s)
+            first = first or g
+            params[name] = {"param": p, "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"],
+                            "step": s, "lr": g["lr"], "weight_decay": g["weight_decay"]}
+        if step is None:
+            if len(steps) != 1:
+                raise InvalidArgument("parameters are at different optimizer steps %s"
+                                      % sorted(steps))
+            step = steps.pop()
+        assert first is not None
+        return self.publish_adamw(step=step, params=params, lr=first["lr"],
+                                  betas=first["betas"], eps=first["eps"],
+                                  weight_decay=first["weight_decay"])
+
+
+def _dist_initialized() -> bool:
+    """Whether torch.distributed has a default process group (False without torch)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return bool(dist.is_available() and dist.is_initialized())
 
 
 class MetricsCollector:
@@ -517,318 +461,10 @@ class MetricsCollector:
     collection reads the publisher's values of the moment. Needs the
     prometheus_client package (Debian's python3-prometheus-client)."""
 
-    def __init__(self, publisher):
+    def __init__(self, publisher: Publisher) -> None:
         from prometheus_client.parser import text_string_to_metric_families
         self._parse = text_string_to_metric_families
         self._publisher = publisher
 
-    def collect(self):
+    def collect(self) -> List[Any]:
         return list(self._parse(self._publisher.metrics_text()))
-
-
-def _dist_stats(h):
-    out = _lib.DistStats()
-    _check(lib.dte_dist_publisher_last_stats(h, ctypes.byref(out)))
-    return {f: getattr(out, f) for f, _ in _lib.DistStats._fields_}
-
-
-def chunk_rows(rows, rank, world_size):
-    """(begin, end) rows of torch.chunk(world_size) that rank holds (FSDP2's
-    Shard(0)): chunks of ceil(rows / world_size), the last short or empty."""
-    chunk = -(-rows // world_size)
-    begin = min(rows, chunk * rank)
-    return begin, min(rows, begin + chunk)
-
-
-def _fp32_view(x, what, name, keep):
-    """(address, elements, shape, device) of x as contiguous FP32; device is
-    None for host memory, else the torch CUDA device."""
-    torch = _torch()
-    if torch is not None and isinstance(x, torch.Tensor):
-        if x.device.type not in ("cpu", "cuda"):
-            raise DteError(1, "tensor %s: %s is on %s; the distributed publisher reads host or "
-                           "CUDA memory" % (name, what, x.device))
-        x = x.detach()
-        if x.dtype != torch.float32:
-            raise DteError(1, "tensor %s: %s is %s; the publisher needs FP32 master weights and "
-                           "moments" % (name, what, x.dtype))
-        x = x.contiguous()
-        keep.append(x)
-        device = x.device if x.device.type == "cuda" else None
-        return x.data_ptr(), x.numel(), tuple(x.shape), device
-    import numpy as np
-    x = np.ascontiguousarray(x)
-    if x.dtype != np.float32:
-        raise DteError(1, "tensor %s: %s is %s; the publisher needs FP32 master weights and "
-                       "moments" % (name, what, x.dtype))
-    keep.append(x)
-    return x.ctypes.data, x.size, x.shape, None
-
-
-def _is_dtensor(x):
-    """A torch DTensor (torch >= 2.0), or anything with its interface."""
-    return (x is not None and hasattr(x, "placements") and hasattr(x, "device_mesh")
-            and hasattr(x, "to_local"))
-
-
-def _dtensor_rows(x, what, label):
-    """(begin, end) rows of the global tensor that this rank's local shard of
-    the DTensor x holds: every Shard(0) mesh dimension, in mesh order, cuts
-    the rows the earlier ones left as torch.chunk does (DTensor's and FSDP2's
-    rule); Replicate mesh dimensions hold every row. Other placements cannot
-    be published from one rank's shard."""
-    mesh = x.device_mesh
-    coord = mesh.get_coordinate()
-    if coord is None:
-        raise DteError(1, "tensor %s: %s is a DTensor on a device mesh this rank is not part of"
-                       % (label, what))
-    rows = int(x.shape[0]) if len(x.shape) else 1
-    begin, end = 0, rows
-    for dim, pl in enumerate(x.placements):
-        if pl.is_replicate():
-            continue
-        if pl.is_shard() and getattr(pl, "dim", None) == 0:
-            b, e = chunk_rows(end - begin, int(coord[dim]), int(mesh.size(dim)))
-            begin, end = begin + b, begin + e
-            continue
-        raise DteError(1, "tensor %s: %s is a DTensor placed %s on mesh dimension %d; the "
-                       "publisher takes Shard(0) and Replicate placements (for other splits "
-                       "pass the local tensor with flat=(begin, end) pieces)"
-                       % (label, what, pl, dim))
-    return begin, end
-
-
-def _from_dtensors(d, label):
-    """d with DTensor param and moments replaced by their local shards and
-    the rows they hold."""
-    if "rows" in d or "flat" in d:
-        raise DteError(1, "tensor %s: a DTensor says which rows it holds; do not also pass rows "
-                       "or flat" % label)
-    out, held = dict(d), None
-    for k in ("param", "exp_avg", "exp_avg_sq"):
-        x = d[k]
-        if not _is_dtensor(x):
-            raise DteError(1, "tensor %s: %s is not a DTensor but the others are; pass param, "
-                           "exp_avg and exp_avg_sq all as DTensors or all as local tensors"
-                           % (label, k))
-        rows = _dtensor_rows(x, k, label)
-        if held is not None and (rows != held[0] or tuple(x.shape) != held[1]):
-            raise DteError(1, "tensor %s: %s is placed differently from param (rows %s of %s, "
-                           "param rows %s of %s)" % (label, k, rows, tuple(x.shape), held[0],
-                                                     held[1]))
-        held = held or (rows, tuple(x.shape))
-        out[k] = x.to_local()
-    begin, end = held[0]
-    shape = held[1]
-    if len(shape) == 0:
-        return out  # a scalar: whole
-    out["rows"] = (begin, end)
-    local = tuple(out["param"].shape)
-    if local != (end - begin,) + shape[1:]:
-        raise DteError(1, "tensor %s: the local shard of the DTensor is %s, but its placements "
-                       "give rows [%d, %d) of %s" % (label, local, begin, end, shape))
-    return out
-
-
-def _range_of(encoded, tp_rank, ep_rank, label, value, keep):
-    """The C range of one held piece: (param, exp_avg, exp_avg_sq) for a
-    whole tensor, or a dict with those keys and optionally rows=(begin, end)
-    (a dim-0 shard), flat=(begin, end) (a range of the flattened tensor),
-    step, lr and weight_decay. DTensors (all three) give their rows through
-    their placements."""
-    if isinstance(value, dict):
-        d = value
-    else:
-        if len(value) != 3:
-            raise DteError(1, "tensor %s: expected (master, exp_avg, exp_avg_sq)" % label)
-        d = dict(zip(("param", "exp_avg", "exp_avg_sq"), value))
-    if any(_is_dtensor(d.get(k)) for k in ("param", "exp_avg", "exp_avg_sq")):
-        d = _from_dtensors(d, label)
-    views = [_fp32_view(d[k], k, label, keep) for k in ("param", "exp_avg", "exp_avg_sq")]
-    n, shape, device = views[0][1], views[0][2], views[0][3]
-    if any(v[1] != n for v in views):
-        raise DteError(1, "tensor %s: param, exp_avg and exp_avg_sq have different sizes" % label)
-    if any(v[3] != device for v in views):
-        raise DteError(1, "tensor %s: param, exp_avg and exp_avg_sq are on different devices "
-                       "(%s)" % (label, ", ".join(str(v[3] or "cpu") for v in views)))
-    if "rows" in d and "flat" in d:
-        raise DteError(1, "tensor %s: give rows or flat, not both" % label)
-    if "rows" in d:
-        r0, r1 = (int(x) for x in d["rows"])
-        row = 1
-        for dim in shape[1:]:
-            row *= int(dim)
-        begin, end = r0 * row, r1 * row
-    elif "flat" in d:
-        begin, end = (int(x) for x in d["flat"])
-    else:
-        begin, end = 0, n
-    if end - begin != n:
-        raise DteError(1, "tensor %s: the range [%d, %d) holds %d elements but the arrays %d"
-                       % (label, begin, end, end - begin, n))
-    lr, wd = d.get("lr"), d.get("weight_decay")
-    return _lib.AdamWRange(encoded, tp_rank, ep_rank, begin, end, views[0][0], views[1][0],
-                           views[2][0], _step_value(d.get("step")),
-                           float(lr) if lr is not None else math.nan,
-                           float(wd) if wd is not None else math.nan,
-                           _lib.MEMORY_CUDA if device is not None else _lib.MEMORY_HOST,
-                           device.index if device is not None else 0)
-
-
-class _TorchExchange:
-    """Runs the distributed publisher's exchanges over a torch.distributed
-    process group: isend/irecv of the C buffers (batched, except on gloo),
-    self-messages copied. On an NCCL group, which moves only device memory,
-    each message is staged through a buffer on the rank's current CUDA
-    device."""
-
-    def __init__(self, group):
-        import torch.distributed as dist
-        self.dist, self.group = dist, group
-        self.rank = dist.get_rank(group)
-        self.size = dist.get_world_size(group)
-        self.backend = str(dist.get_backend(group)).lower()
-        self.device = None
-        if self.backend == "nccl":
-            torch = _torch()
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self.fn = _lib.EXCHANGE_FN(self._run)  # kept alive with the publisher
-
-    def _peer(self, r):
-        if self.group is None:
-            return r
-        return self.dist.distributed_c10d._get_global_rank(self.group, r)
-
-    def _run(self, ctx, sends, n_sends, recvs, n_recvs, error, error_size):
-        try:
-            torch = _torch()
-            dist = self.dist
-            ops, peers, local_sends, local_recvs, staged = [], [], [], [], []
-            for msgs, n, local, op in ((sends, n_sends, local_sends, dist.isend),
-                                       (recvs, n_recvs, local_recvs, dist.irecv)):
-                for i in range(n):
-                    m = msgs[i]
-                    if m.bytes == 0:
-                        continue
-                    if m.peer == self.rank:
-                        local.append(m)
-                        continue
-                    buf = (ctypes.c_uint8 * m.bytes).from_address(m.data)
-                    host = torch.frombuffer(buf, dtype=torch.uint8)
-                    if self.device is None:
-                        wire = host
-                    elif op is dist.isend:
-                        wire = host.to(self.device)
-                    else:
-                        wire = torch.empty(m.bytes, dtype=torch.uint8, device=self.device)
-                        staged.append((host, wire))
-                    ops.append(dist.P2POp(op, wire, self._peer(m.peer), self.group))
-                    peers.append(m.peer)
-            for s, r in zip(local_sends, local_recvs):
-                ctypes.memmove(r.data, s.data, s.bytes)
-            failed = []
-
-            def fail(peer, e):
-                if peer not in (p for p, _ in failed):
-                    failed.append((peer, e))
-
-            if ops:
-                # gloo posts each message on its own anyway, so post them one
-                # by one there: a post that fails (a peer's connection closed)
-                # is then charged to its peer. NCCL needs the batch.
-                posted = []
-                if self.backend == "gloo":
-                    for o, peer in zip(ops, peers):
-                        try:
-                            posted.append((o.op(o.tensor, o.peer, o.group, o.tag), peer))
-                        except Exception as e:  # noqa: BLE001 - reported through the C ABI
-                            fail(peer, e)
-                else:
-                    posted = list(zip(dist.batch_isend_irecv(ops), peers))
-                # Wait for every message, so that the error names each peer
-                # that failed (the one that died, not only a survivor that
-                # gave up on it first).
-                for req, peer in posted:
-                    try:
-                        req.wait()
-                    except Exception as e:  # noqa: BLE001 - reported through the C ABI
-                        fail(peer, e)
-            if failed:
-                raise RuntimeError("; ".join("rank %d: %s" % (p, e) for p, e in failed))
-            for host, wire in staged:
-                host.copy_(wire)  # device to host; synchronizes with the receive
-            return 0
-        except Exception as e:  # noqa: BLE001 - reported through the C ABI
-            msg = ("%s" % e).encode("utf-8", "replace")[:max(error_size - 1, 0)]
-            ctypes.memmove(error, msg + b"\0", len(msg) + 1)
-            return 1
-
-
-def publish_torch_adamw(publisher, optimizer, named_params, step=None):
-    """Publishes a torch.optim.AdamW's state after optimizer.step().
-
-    named_params maps store tensor names to the optimizer's parameters. Every
-    param group's lr and weight decay are passed per tensor; unsupported
-    settings (amsgrad, maximize, fused, capturable) are rejected."""
-    torch = _torch()
-    if not isinstance(optimizer, torch.optim.AdamW):
-        raise DteError(1, "publish_torch_adamw needs a torch.optim.AdamW, not %s"
-                       % type(optimizer).__name__)
-    group_of = {}
-    for g in optimizer.param_groups:
-        for flag in ("amsgrad", "maximize", "fused", "capturable"):
-            if g.get(flag):
-                raise DteError(1, "AdamW %s=True is not supported by the publisher" % flag)
-        for p in g["params"]:
-            group_of[id(p)] = g
-    params, steps, first = {}, set(), None
-    for name, p in named_params.items():
-        g = group_of.get(id(p))
-        if g is None:
-            raise DteError(1, "tensor %s is not a parameter of the optimizer" % name)
-        st = optimizer.state[p]
-        s = _step_value(st["step"])
-        steps.add(s)
-        first = first or g
-        params[name] = {"param": p, "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"],
-                        "step": s, "lr": g["lr"], "weight_decay": g["weight_decay"]}
-    if step is None:
-        if len(steps) != 1:
-            raise DteError(1, "parameters are at different optimizer steps %s" % sorted(steps))
-        step = steps.pop()
-    return publisher.publish_adamw(step=step, params=params, lr=first["lr"],
-                                   betas=first["betas"], eps=first["eps"],
-                                   weight_decay=first["weight_decay"])
-
-
-class StoreReader(_Handle):
-    """Reads tensors of committed versions, verified against their hashes."""
-
-    _close_fn = "dte_store_close"
-
-    def __init__(self, store, cache_dir=None):
-        handle = ctypes.c_void_p()
-        _check(lib.dte_store_open(os.fsencode(store),
-                                  os.fsencode(cache_dir) if cache_dir else None,
-                                  ctypes.byref(handle)))
-        self._h = handle
-
-    def latest(self):
-        """The newest committed version, None when there is none. Its manifest
-        was read, not only listed, and within this reader the answer never goes
-        back while that manifest exists (a listing that lacks it is made again)."""
-        has, version = ctypes.c_int(), ctypes.c_uint64()
-        _check(lib.dte_store_latest(self._h, ctypes.byref(has), ctypes.byref(version)))
-        return version.value if has.value else None
-
-    def read_into(self, version, name, out):
-        """Fills the contiguous numpy array or CPU torch tensor `out` (exactly the
-        tensor's size in bytes) with tensor `name` at `version`."""
-        torch = _torch()
-        if torch is not None and isinstance(out, torch.Tensor):
-            ptr, nbytes = out.data_ptr(), out.numel() * out.element_size()
-        else:
-            ptr, nbytes = out.ctypes.data, out.nbytes
-        _check(lib.dte_store_read_tensor(self._h, int(version), name.encode(),
-                                         ctypes.c_void_p(ptr), nbytes))
-        return out

@@ -20,27 +20,61 @@ DTE_JOB_SECRET or DTE_JOB_SECRET_FILE. Without one a PushGroup listens on
 loopback only and refuses any other address.
 """
 
+from __future__ import annotations
+
 import ctypes
+import dataclasses
 import json
+import os
 import time
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from dte import _lib
+from dte._errors import IO_ERROR, NOT_FOUND, InvalidArgument, MissedPushes, Timeout
+from dte._handle import _check, _Handle, _secret_arg, _text, _torch
 from dte._lib import lib
-from dte._publisher import DteError, StoreReader, _check, _Handle, _secret_arg, _torch
+from dte._reader import StoreReader
 
 _TORCH_DTYPES = {"bfloat16": "BF16", "float32": "F32", "float16": "F16", "float64": "F64",
                  "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
                  "bool": "BOOL"}
 
 
-def ReceiverLayout(tp=1, fuse_qkv=False, fuse_gate_up=False):
-    """How a receiver holds the model: tensor-parallel degree and fusions."""
-    return {"tp": int(tp), "fuse_qkv": bool(fuse_qkv), "fuse_gate_up": bool(fuse_gate_up)}
+# A receiver's tensor: a CPU or CUDA torch tensor, or a ("DTYPE", numpy array) pair.
+ReceiverTensor = Union[Any, Tuple[str, Any]]
 
 
-def FusedReceiverLayout(tp):
+@dataclasses.dataclass(frozen=True)
+class ReceiverLayout:
+    """How a receiver holds the model: its tensor-parallel degree, and
+    whether q/k/v and gate/up projections are fused into one tensor each."""
+    tp: int = 1
+    fuse_qkv: bool = False
+    fuse_gate_up: bool = False
+
+    def __post_init__(self) -> None:
+        if int(self.tp) < 1:
+            raise InvalidArgument("a receiver layout's tp must be at least 1, not %r" % (self.tp,))
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedReceiverLayout(ReceiverLayout):
     """vLLM's and SGLang's layout: qkv_proj and gate_up_proj fused, TP of degree tp."""
-    return ReceiverLayout(tp, True, True)
+    fuse_qkv: bool = True
+    fuse_gate_up: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class PushReceiverStatus:
+    """Where a push receiver stands."""
+    version: Optional[int]  # the version its tensors hold; None: unknown or inconsistent
+    inconsistent: bool      # a catch-up failed part way: catch up again
+    connected: bool
+    behind: Optional[int]   # the server's version when told to catch up, else None
+    pending: int            # pushes received, not yet applied
+    pushes: int             # pushes applied
+    elements: int           # elements they wrote
+    error: str              # the last problem, "" when none
 
 
 class PushGroup(_Handle):
@@ -67,28 +101,30 @@ class PushGroup(_Handle):
     None: the Publisher's secret=, else DTE_JOB_SECRET or
     DTE_JOB_SECRET_FILE); its receivers need the same. Without one the
     server listens on loopback only: a non-loopback address raises
-    DteError naming it and how to give a secret."""
+    InvalidArgument naming it and how to give a secret."""
 
     _close_fn = "dte_push_server_close"
 
-    def __init__(self, address="127.0.0.1:0", timeout=30.0, receivers=None, listen=None,
-                 advertise=None, cache_mib=None, *, secret=None):
+    def __init__(self, address: str = "127.0.0.1:0", *, timeout: float = 30.0,
+                 receivers: Optional[int] = None, listen: Optional[str] = None,
+                 advertise: Optional[str] = None, cache_mib: Optional[float] = None,
+                 secret: str | bytes | None = None) -> None:
         self._h = None
         self._secret = _secret_arg(secret)
         self._address, self._timeout = address, timeout
         self._receivers = int(receivers or 0)
         self._cache = -1 if cache_mib is None else int(cache_mib * (1 << 20))
         self._listen, self._advertise = listen, advertise
-        self._part = None
+        self._part: Optional[int] = None
 
-    def _start(self, part=0, parts=1, secret=None):
+    def _start(self, part: int = 0, parts: int = 1, secret: Optional[bytes] = None) -> None:
         """Starts the server (part 0 on `address`, others on `listen`) or,
         when it runs, checks it is the same part. secret: the publisher's,
         used when this group was given none."""
         if self._h:
             if part != 0 and self._part == 0 and parts > 1:
-                raise DteError(1, "this PushGroup listens at %s as rank 0's; give every other "
-                               "rank its own PushGroup" % self.address)
+                raise InvalidArgument("this PushGroup listens at %s as rank 0's; give every other "
+                                      "rank its own PushGroup" % self.address)
         else:
             listen = self._address
             if part != 0:
@@ -105,28 +141,32 @@ class PushGroup(_Handle):
             self._part = part
         _check(lib.dte_push_server_set_group(self._h, part, parts))
 
-    def _handle(self):
+    def _handle(self) -> ctypes.c_void_p:
         if not self._h:
             self._start()
+        assert self._h is not None
         return self._h
 
     @property
-    def port(self):
+    def port(self) -> int:
+        """The port this server listens on."""
         port = ctypes.c_int32()
         _check(lib.dte_push_server_port(self._handle(), ctypes.byref(port)))
         return port.value
 
     @property
-    def address(self):
+    def address(self) -> str:
         """HOST:PORT receivers reach this server at."""
         text = ctypes.c_char_p()
         _check(lib.dte_push_server_address(self._handle(), ctypes.byref(text)))
-        return text.value.decode()
+        return _text(text)
 
-    def wait_for_receivers(self, timeout=60.0, version=None):
+    def wait_for_receivers(self, timeout: float = 60.0,
+                           version: Optional[int] = None) -> Dict[str, Any]:
         """Waits until the `receivers` given at construction are connected
-        (and, with version, hold it); returns the status. DteError (code 5)
-        on timeout, saying how many are there."""
+        (and, with version, hold it); returns the status. Raises
+        dte.Timeout, saying how many are there, when `timeout` (seconds)
+        runs out."""
         end = time.monotonic() + timeout
         while True:
             st = self.status(events=False)
@@ -135,12 +175,12 @@ class PushGroup(_Handle):
             if len(there) >= self._receivers:
                 return st
             if time.monotonic() >= end:
-                raise DteError(5, "%d of %d receivers%s after %.1f s" % (
+                raise Timeout("%d of %d receivers%s after %.1f s" % (
                     len(there), self._receivers,
                     "" if version is None else " at v%d" % version, timeout))
             time.sleep(0.02)
 
-    def status(self, events=True):
+    def status(self, events: bool = True) -> Dict[str, Any]:
         """{"port", "address", "part", "parts", "expected", "receivers": [{"rank", "tp",
         "version", "behind", "pushes", ...}], "events": [lines about
         receivers refused or dropped since the last call that took them]}
@@ -148,10 +188,11 @@ class PushGroup(_Handle):
         text = ctypes.c_char_p()
         _check(lib.dte_push_server_status_json(self._handle(), int(bool(events)),
                                                ctypes.byref(text)))
-        return json.loads(text.value.decode())
+        st: Dict[str, Any] = json.loads(_text(text))
+        return st
 
 
-def _tensor_entry(name, value, keep):
+def _tensor_entry(name: str, value: ReceiverTensor, keep: List[Any]) -> _lib.PushTensor:
     """A _lib.PushTensor over the memory of a CPU or CUDA torch tensor or a
     ("DTYPE", numpy array) pair, written in place by pushes."""
     torch = _torch()
@@ -160,22 +201,23 @@ def _tensor_entry(name, value, keep):
         if value.device.type == "cuda":
             device = value.device.index if value.device.index is not None else 0
         elif value.device.type != "cpu":
-            raise DteError(1, "tensor %s is on %s; pushes go into CPU or CUDA memory"
-                           % (name, value.device))
+            raise InvalidArgument("tensor %s is on %s; pushes go into CPU or CUDA memory"
+                                  % (name, value.device))
         if not value.is_contiguous():
-            raise DteError(1, "tensor %s is not contiguous: pushes write it in place" % name)
+            raise InvalidArgument("tensor %s is not contiguous: pushes write it in place" % name)
         dtype = _TORCH_DTYPES.get(str(value.dtype).replace("torch.", ""))
         if dtype is None:
-            raise DteError(1, "tensor %s: dtype %s has no safetensors name" % (name, value.dtype))
+            raise InvalidArgument("tensor %s: dtype %s has no safetensors name"
+                                  % (name, value.dtype))
         ptr, shape = value.data_ptr(), tuple(value.shape)
     else:
         try:
             dtype, array = value
         except (TypeError, ValueError):
-            raise DteError(1, "tensor %s: give a torch tensor or a (\"DTYPE\", numpy array) pair"
-                           % name) from None
+            raise InvalidArgument("tensor %s: give a torch tensor or a (\"DTYPE\", numpy array) "
+                                  "pair" % name) from None
         if not array.flags["C_CONTIGUOUS"] or not array.flags["WRITEABLE"]:
-            raise DteError(1, "tensor %s: the array must be C-contiguous and writeable" % name)
+            raise InvalidArgument("tensor %s: the array must be C-contiguous and writeable" % name)
         ptr, shape = array.ctypes.data, tuple(array.shape)
         value = array
     dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
@@ -199,36 +241,42 @@ class PushReceiver(_Handle):
 
     _close_fn = "dte_push_receiver_close"
 
-    def __init__(self, address, tensors, rank=0, layout=None, version=None, auto_apply=False,
-                 timeout=30.0, *, secret=None):
+    def __init__(self, address: str, tensors: Mapping[str, ReceiverTensor], *, rank: int = 0,
+                 layout: Optional[ReceiverLayout] = None, version: Optional[int] = None,
+                 auto_apply: bool = False, timeout: float = 30.0,
+                 secret: str | bytes | None = None) -> None:
         layout = layout or ReceiverLayout()
-        self._keep = []
+        if not isinstance(layout, ReceiverLayout):
+            raise InvalidArgument("layout must be a dte.ReceiverLayout, not %r" % (layout,))
+        self._keep: List[Any] = []
         entries = (_lib.PushTensor * max(len(tensors), 1))()
         for i, (name, value) in enumerate(tensors.items()):
             entries[i] = _tensor_entry(name, value, self._keep)
         handle = ctypes.c_void_p()
         _check(lib.dte_push_receiver_open(
-            address.encode(), int(rank), int(layout["tp"]), int(layout["fuse_qkv"]),
-            int(layout["fuse_gate_up"]), int(version is not None),
+            address.encode(), int(rank), int(layout.tp), int(layout.fuse_qkv),
+            int(layout.fuse_gate_up), int(version is not None),
             int(version if version is not None else 0), entries, len(tensors),
             int(bool(auto_apply)), int(timeout * 1000), _secret_arg(secret),
             ctypes.byref(handle)))
         self._h = handle
         self.rank, self.layout = int(rank), layout
 
-    def apply_pending(self):
+    def apply_pending(self) -> int:
         """Writes every push received so far into the tensors; returns how many."""
         n = ctypes.c_uint64()
         _check(lib.dte_push_receiver_apply_pending(self._h, ctypes.byref(n)))
         return n.value
 
-    def wait_for(self, version, timeout=60.0):
+    def wait_for(self, version: int, timeout: float = 60.0) -> None:
         """Applies pushes until the tensors hold `version` or newer. Raises
-        DteError with code 2 (not found) when this receiver missed pushes
-        (catch_up() first), code 5 on timeout."""
-        _check(lib.dte_push_receiver_wait_for(self._h, int(version), int(timeout * 1000)))
+        MissedPushes when this receiver missed pushes (catch_up() first),
+        Timeout when `timeout` (seconds) ran out."""
+        _check(lib.dte_push_receiver_wait_for(self._h, int(version), int(timeout * 1000)),
+               {NOT_FOUND: MissedPushes, IO_ERROR: Timeout})
 
-    def catch_up(self, store, version=None, cache_dir=None):
+    def catch_up(self, store: Union[str, os.PathLike[str], StoreReader],
+                 version: Optional[int] = None, cache_dir: Optional[str] = None) -> None:
         """Copies `version` (default: the one the server said it is at) from
         the store (a path, an s3:// URI or a dte.StoreReader) into the
         tensors and tells the server, which pushes again from there."""
@@ -240,19 +288,18 @@ class PushReceiver(_Handle):
             if reader is not store:
                 reader.close()
 
-    def status(self):
-        """{"version" (None: unknown or inconsistent), "inconsistent", "connected",
-        "behind" (the server's version when told to catch up, else None),
-        "pending", "pushes", "elements", "error"}"""
+    def status(self) -> PushReceiverStatus:
+        """Where this receiver stands."""
         st = _lib.PushReceiverStatus()
         err = ctypes.c_char_p()
         _check(lib.dte_push_receiver_get_status(self._h, ctypes.byref(st), ctypes.byref(err)))
-        return {"version": st.version if st.has_version else None,
-                "inconsistent": bool(st.inconsistent), "connected": bool(st.connected),
-                "behind": st.behind if st.has_behind else None, "pending": st.pending,
-                "pushes": st.pushes, "elements": st.elements,
-                "error": err.value.decode("utf-8", "replace") if err.value else ""}
+        return PushReceiverStatus(
+            version=st.version if st.has_version else None,
+            inconsistent=bool(st.inconsistent), connected=bool(st.connected),
+            behind=st.behind if st.has_behind else None, pending=st.pending, pushes=st.pushes,
+            elements=st.elements, error=_text(err))
 
     @property
-    def version(self):
-        return self.status()["version"]
+    def version(self) -> Optional[int]:
+        """The version the tensors hold (None: unknown or inconsistent)."""
+        return self.status().version

@@ -24,25 +24,28 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 MAX_COLUMNS = 600  # heatmap columns: versions are averaged into at most this many
 
 
-def _stats(dtectl, common, by, versions):
+def _stats(dtectl: str, common: List[str], by: str,
+           versions: Optional[str]) -> Iterator[Dict[str, str]]:
     """Rows of `dtectl stats --csv --by BY`, a line at a time."""
     argv = [dtectl, "stats", "--csv", "--by", by] + common
     if versions:
         argv += ["--versions", versions]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
     yield from csv.DictReader(proc.stdout)
     err = proc.stderr.read()
     if proc.wait() != 0:
         raise SystemExit(err.strip() or "dtectl stats failed with exit %d" % proc.returncode)
 
 
-def collect(dtectl, common, versions):
+def collect(dtectl: str, common: List[str], versions: Optional[str]) -> Dict[str, Any]:
     """The report's figures: per-version totals and the layer-kind heatmap."""
-    per = {"version": [], "stored_as": [], "elements": [], "changed": [],
+    per: Dict[str, List[Any]] = {"version": [], "stored_as": [], "elements": [], "changed": [],
            "changed_fraction": [], "stored_bytes": [], "dense_bytes": []}
     for r in _stats(dtectl, common, "version", versions):
         per["version"].append(int(r["version"]))
@@ -60,7 +63,7 @@ def collect(dtectl, common, versions):
     fold = max(1, -(-n // MAX_COLUMNS))
     column = {v: i // fold for i, v in enumerate(per["version"])}
     columns = -(-n // fold)
-    cells = {}  # group -> [changed, elements] per column
+    cells: Dict[str, List[List[int]]] = {}  # group -> [changed, elements] per column
     for r in _stats(dtectl, common, "layer-kind", versions):
         acc = cells.get(r["group"])
         if acc is None:
@@ -71,7 +74,7 @@ def collect(dtectl, common, versions):
         c[0] += int(r["changed"])
         c[1] += int(r["elements"])
 
-    def order(g):
+    def order(g: str) -> Tuple[bool, int, str]:
         layer, kind = g.split("/", 1)
         return (layer == "-", int(layer) if layer != "-" else 0, kind)
     groups = sorted(cells, key=order)
@@ -81,13 +84,13 @@ def collect(dtectl, common, versions):
                                          "first_version": first, "changed_fraction": heat}}
 
 
-def _png(fig):
+def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def plots(data):
+def plots(data: Dict[str, Any]) -> List[Tuple[str, str, str]]:
     try:
         import matplotlib
     except ImportError:
@@ -164,7 +167,7 @@ def plots(data):
     return out
 
 
-def page(data, images, title):
+def page(data: Dict[str, Any], images: Sequence[Tuple[str, str, str]], title: str) -> str:
     per = data["versions"]
     n = len(per["version"])
     steps = [f for f, k in zip(per["changed_fraction"], per["stored_as"]) if k != "anchor"]
@@ -196,14 +199,15 @@ def page(data, images, title):
     return "\n".join(parts) + "\n"
 
 
-def _human(n):
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
             return "%.1f %s" % (n, unit)
         n /= 1024.0
+    return "%.1f TiB" % n
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="dtectl report", description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", required=True)
     ap.add_argument("--versions", help="A..B, A.., ..B or one version (default: all)")
