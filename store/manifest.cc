@@ -6,6 +6,7 @@
 //   record := kind:u8 pad:u8[3] blob:u32 offset:u64 length:u32 changed:u32 hash:u64
 #include "store/manifest.h"
 
+#include <algorithm>
 #include <cstring>
 #include <ctime>
 #include <limits>
@@ -286,6 +287,50 @@ Status ParseManifestJson(const json& j, Manifest* m, const std::string& what) {
 }
 
 }  // namespace
+
+TensorNameIndex& TensorNameIndex::operator=(const TensorNameIndex&) {
+  std::lock_guard lock(mu_);
+  built_ = false;
+  sorted_.clear();
+  return *this;
+}
+
+TensorNameIndex& TensorNameIndex::operator=(TensorNameIndex&& other) noexcept {
+  return *this = static_cast<const TensorNameIndex&>(other);
+}
+
+void TensorNameIndex::Build(const std::vector<FileEntry>& files) const {
+  std::lock_guard lock(mu_);
+  if (built_.load(std::memory_order_relaxed)) return;
+  for (uint32_t f = 0; f < files.size(); ++f) {
+    for (uint32_t t = 0; t < files[f].tensors.size(); ++t) {
+      sorted_.push_back({files[f].tensors[t].name, {f, t}});
+    }
+  }
+  std::sort(sorted_.begin(), sorted_.end());
+  built_.store(true, std::memory_order_release);
+}
+
+std::optional<TensorLocation> TensorNameIndex::Find(const std::vector<FileEntry>& files,
+                                                    std::string_view name) const {
+  if (!built_.load(std::memory_order_acquire)) Build(files);
+  auto it = std::lower_bound(sorted_.begin(), sorted_.end(), name,
+                             [](const Entry& e, std::string_view n) { return e.first < n; });
+  if (it != sorted_.end() && it->first == name) {
+    const auto [f, t] = it->second;
+    if (f < files.size() && t < files[f].tensors.size() && files[f].tensors[t].name == name) {
+      return TensorLocation{&files[f], &files[f].tensors[t], f, t};
+    }
+  }
+  for (uint32_t f = 0; f < files.size(); ++f) {  // not indexed: added or moved since
+    for (uint32_t t = 0; t < files[f].tensors.size(); ++t) {
+      if (files[f].tensors[t].name == name) {
+        return TensorLocation{&files[f], &files[f].tensors[t], f, t};
+      }
+    }
+  }
+  return std::nullopt;
+}
 
 uint64_t TensorEntry::elements() const {
   uint64_t n = 1;

@@ -9,10 +9,13 @@
 // with one 32-byte record per block of tensor data. Formats are specified in
 // docs/formats/manifest.md and docs/formats/block-table.md.
 //
-// Thread-safety: plain values.
+// Thread-safety: plain values; a const Manifest may be read, FindTensor
+// included, from several threads at once.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -92,6 +95,37 @@ struct VersionStats {
   uint64_t stored_bytes = 0, dense_bytes = 0;
 };
 
+// Where a tensor lies in a manifest (Manifest::FindTensor).
+struct TensorLocation {
+  const FileEntry* file = nullptr;
+  const TensorEntry* tensor = nullptr;
+  uint32_t file_index = 0;    // into Manifest::files
+  uint32_t tensor_index = 0;  // into file->tensors
+};
+
+// Manifest::FindTensor's index, tensor name -> (file, tensor), built on the
+// first lookup. A copied or moved-to manifest starts without one.
+// Thread-safety: lookups may run concurrently on a const manifest.
+class TensorNameIndex {
+ public:
+  TensorNameIndex() = default;
+  TensorNameIndex(const TensorNameIndex&) {}
+  TensorNameIndex(TensorNameIndex&&) noexcept {}
+  TensorNameIndex& operator=(const TensorNameIndex&);
+  TensorNameIndex& operator=(TensorNameIndex&&) noexcept;
+
+  std::optional<TensorLocation> Find(const std::vector<FileEntry>& files,
+                                     std::string_view name) const;
+
+ private:
+  using Entry = std::pair<std::string, std::pair<uint32_t, uint32_t>>;
+  void Build(const std::vector<FileEntry>& files) const;
+
+  mutable std::mutex mu_;  // serializes Build
+  mutable std::atomic<bool> built_{false};
+  mutable std::vector<Entry> sorted_;  // by name; written once, under mu_
+};
+
 struct Manifest {
   uint64_t version = 0;
   uint32_t revision = 0;
@@ -107,6 +141,16 @@ struct Manifest {
   bool anchor() const { return !parent.has_value(); }
   // True if the version can be materialized without any other version.
   bool self_contained() const { return anchor() || full.has_value(); }
+  // The tensor named `name` (tensor names are unique in a version), or
+  // nullopt. Logarithmic after a first call that indexes every tensor. Still
+  // right when files change after that: a hit is checked against the entry
+  // it names, and a name not found (or a stale hit) is searched linearly.
+  std::optional<TensorLocation> FindTensor(std::string_view name) const {
+    return tensor_index_.Find(files, name);
+  }
+
+ private:
+  TensorNameIndex tensor_index_;
 };
 
 // A join table (docs/formats/join.md): a full table of a delta version

@@ -6,6 +6,7 @@
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace dte {
@@ -404,6 +405,74 @@ TEST(Manifest, CreatedTimeIsRfc3339Utc) {
   EXPECT_EQ(now[10], 'T');
   EXPECT_EQ(now[19], 'Z');
   EXPECT_GE(now.substr(0, 4), "2024");
+}
+
+TEST(Manifest, FindTensorNamesItsFileAndPosition) {
+  Manifest m = Sample();
+  FileEntry more;
+  more.name = "model-2.safetensors";
+  more.safetensors = true;
+  more.tensors.push_back(Tensor("0.first", DType::kF32, {2}, 0, 0, 21));
+  more.tensors.push_back(Tensor("z.last", DType::kF32, {2}, 8, 1, 22));
+  m.files.push_back(more);
+  for (int pass = 0; pass < 2; ++pass) {  // the first builds the index
+    auto b = m.FindTensor("b.bias");
+    ASSERT_TRUE(b.has_value());
+    EXPECT_EQ(b->file, &m.files[1]);
+    EXPECT_EQ(b->tensor, &m.files[1].tensors[1]);
+    EXPECT_EQ(b->file_index, 1u);
+    EXPECT_EQ(b->tensor_index, 1u);
+    auto z = m.FindTensor("z.last");
+    ASSERT_TRUE(z.has_value());
+    EXPECT_EQ(z->file_index, 2u);
+    EXPECT_EQ(z->tensor_index, 1u);
+    EXPECT_EQ(m.FindTensor("0.first")->tensor->hash, H(21, ~uint64_t{21}));
+    EXPECT_FALSE(m.FindTensor("b.bia").has_value());
+    EXPECT_FALSE(m.FindTensor("config.json").has_value());  // a file, not a tensor
+  }
+}
+
+TEST(Manifest, FindTensorOfACopyPointsIntoTheCopy) {
+  const Manifest m = Sample();
+  ASSERT_TRUE(m.FindTensor("a.weight").has_value());  // index built on m
+  Manifest copy = m;
+  EXPECT_EQ(copy.FindTensor("a.weight")->tensor, &copy.files[1].tensors[0]);
+  Manifest assigned;
+  ASSERT_FALSE(assigned.FindTensor("a.weight").has_value());
+  assigned = copy;
+  EXPECT_EQ(assigned.FindTensor("a.weight")->tensor, &assigned.files[1].tensors[0]);
+  Manifest moved = std::move(assigned);
+  EXPECT_EQ(moved.FindTensor("c.empty")->tensor, &moved.files[1].tensors[2]);
+}
+
+TEST(Manifest, FindTensorSeesTensorsRenamedOrAddedAfterTheFirstLookup) {
+  Manifest m = Sample();
+  ASSERT_TRUE(m.FindTensor("a.weight").has_value());
+  m.files[1].tensors[0].name = "a.renamed";
+  EXPECT_FALSE(m.FindTensor("a.weight").has_value());
+  EXPECT_EQ(m.FindTensor("a.renamed")->tensor_index, 0u);
+  m.files[1].tensors.push_back(Tensor("d.added", DType::kF32, {1}, 524300, 3, 14));
+  EXPECT_EQ(m.FindTensor("d.added")->tensor_index, 3u);
+}
+
+TEST(Manifest, FindTensorFromManyThreadsAtOnce) {
+  Manifest m = Sample();
+  for (int i = 0; i < 200; ++i) {
+    m.files[1].tensors.push_back(Tensor("t" + std::to_string(i), DType::kF32, {1}, 0, 0, i));
+  }
+  const Manifest& shared = m;
+  std::vector<std::thread> threads;
+  std::vector<int> found(8, 0);
+  for (int k = 0; k < 8; ++k) {
+    threads.emplace_back([&, k] {
+      for (int i = 0; i < 200; ++i) {
+        auto at = shared.FindTensor("t" + std::to_string(i));
+        found[k] += at && at->tensor_index == static_cast<uint32_t>(i) + 3 ? 1 : 0;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(found, std::vector<int>(8, 200));
 }
 
 TEST(Manifest, SameTensorLayoutComparesOnlySafetensorsLayout) {
