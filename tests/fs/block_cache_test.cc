@@ -199,11 +199,10 @@ class SingleFlight : public ::testing::Test {
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] { out[t] = cache.GetOrLoad({9, 9}, loader); });
     }
-    for (;;) {
+    EXPECT_TRUE(test::WaitFor([&] {
       const CacheStats s = cache.Stats();
-      if (s.hits + s.misses - before.hits - before.misses == kThreads) break;
-      std::this_thread::yield();
-    }
+      return s.hits + s.misses - before.hits - before.misses == kThreads;
+    })) << "not every call reached the cache";
     release = true;
     for (auto& t : threads) t.join();
     return out;

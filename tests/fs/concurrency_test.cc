@@ -23,6 +23,7 @@
 #include "fs/filesystem.h"
 #include "store/ops/gc.h"
 #include "tests/fs/fs_fixture.h"
+#include "tests/testutil/wait.h"
 
 namespace dte::fs {
 namespace {
@@ -55,7 +56,9 @@ struct World {
   // Waits until the readers have made kRequestsPerWrite more requests.
   void Pace() {
     const uint64_t until = ops.load() + kRequestsPerWrite;
-    while (ops.load() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!test::WaitFor([&] { return ops.load() >= until; })) {
+      Fail("the readers made no " + std::to_string(kRequestsPerWrite) + " requests in 30 s");
+    }
   }
 
   std::mutex mu;

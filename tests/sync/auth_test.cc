@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -31,6 +30,7 @@
 #include "sync/transport/job_secret.h"
 #include "sync/transport/transport.h"
 #include "tests/testutil/memory_store.h"
+#include "tests/testutil/wait.h"
 
 namespace dte {
 namespace {
@@ -190,14 +190,6 @@ std::unique_ptr<Receiver> OpenReceiver(int port, const std::string& secret) {
   return r;
 }
 
-bool WaitUntil(const std::function<bool()>& done) {
-  for (int i = 0; i < 500; ++i) {
-    if (done()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return done();
-}
-
 std::string AllEvents(PushServer& s) {
   std::string all;
   for (const std::string& e : s.TakeEvents()) all += e + "\n";
@@ -212,7 +204,7 @@ TEST(PushAuth, StrangersAreRefusedAndLoggedBeforeAnythingWhileTheJobIsServed) {
   ASSERT_TRUE(server.ok()) << server.status().message();
   PushServer& s = **server;
   auto member = OpenReceiver(s.port(), kSecret);
-  ASSERT_TRUE(WaitUntil([&] { return s.Receivers().size() == 1; }));
+  ASSERT_TRUE(test::WaitFor([&] { return s.Receivers().size() == 1; }));
 
   // A receiver of the wire format without the handshake: refused, nothing sent.
   ScopedFd plain = Dial(s.port());
@@ -251,8 +243,8 @@ TEST(PushAuth, StrangersAreRefusedAndLoggedBeforeAnythingWhileTheJobIsServed) {
   // A receiver without the secret, and one with another.
   auto no_secret = OpenReceiver(s.port(), "");
   auto other = OpenReceiver(s.port(), kOther);
-  ASSERT_TRUE(WaitUntil([&] { return s.refused() >= 6; })) << s.refused();
-  ASSERT_TRUE(WaitUntil([&] {
+  ASSERT_TRUE(test::WaitFor([&] { return s.refused() >= 6; })) << s.refused();
+  ASSERT_TRUE(test::WaitFor([&] {
     return other->rx->GetStatus().error.find("did not prove it knows the job secret") !=
            std::string::npos;
   })) << other->rx->GetStatus().error;
@@ -266,7 +258,7 @@ TEST(PushAuth, StrangersAreRefusedAndLoggedBeforeAnythingWhileTheJobIsServed) {
   EXPECT_NE(events.find("before authenticating"), std::string::npos) << events;
   // The job's receivers: the first still there, a new one served.
   auto second = OpenReceiver(s.port(), kSecret);
-  ASSERT_TRUE(WaitUntil([&] { return s.Receivers().size() == 2; })) << s.Receivers().size();
+  ASSERT_TRUE(test::WaitFor([&] { return s.Receivers().size() == 2; })) << s.Receivers().size();
   EXPECT_TRUE(member->rx->GetStatus().connected);
   const auto status = nlohmann::json::parse(s.StatusJson());
   EXPECT_EQ(status["authenticated"], true);

@@ -30,6 +30,7 @@
 #include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
+#include "tests/testutil/wait.h"
 
 namespace dte {
 namespace {
@@ -162,9 +163,8 @@ class PushTest : public ::testing::Test {
 
   // Waits until the server lists `n` receivers past their hello.
   void AwaitReceivers(const PushServer& s, size_t n) {
-    for (int i = 0; i < 500 && s.Receivers().size() < n; ++i) {
-      std::this_thread::sleep_for(10ms);
-    }
+    ASSERT_TRUE(test::WaitFor([&] { return s.Receivers().size() >= n; }))
+        << s.Receivers().size() << " receivers listed, not " << n;
     ASSERT_EQ(s.Receivers().size(), n);
   }
 
@@ -276,11 +276,10 @@ TEST_F(PushTest, ReceiverThatMissedAPushIsToldAndCatchesUpFromTheStore) {
   ExpectHolds(*r, v1);
   EXPECT_EQ(r->rx->GetStatus().version, 1u);
   // The server hears of it and pushes the next version.
-  for (int i = 0; i < 500; ++i) {
+  ASSERT_TRUE(test::WaitFor([&] {
     auto rs = server->Receivers();
-    if (rs.size() == 1 && rs[0].version == 1u && !rs[0].behind) break;
-    std::this_thread::sleep_for(10ms);
-  }
+    return rs.size() == 1 && rs[0].version == 1u && !rs[0].behind;
+  })) << server->StatusJson();
   State v2 = transfer_test::RandomChange(specs_, v1, 0.05, rng);
   ASSERT_EQ(Commit(v2), 2u);
   auto report = server->Push(*store_, V(2), Diff(v1, v2));
@@ -356,9 +355,8 @@ TEST_F(PushTest, PartsFromEverySenderMakeOneVersionAndAMissingPartChangesNothing
     rxs.push_back(Receiver(*servers[0], FusedReceiverLayout(2), r, state_, 0, r == 0));
   for (auto& s : servers) AwaitReceivers(*s, rxs.size());
   for (auto& r : rxs) {
-    for (int i = 0; i < 500 && !r->rx->GetStatus().connected; ++i)
-      std::this_thread::sleep_for(10ms);
-    EXPECT_TRUE(r->rx->GetStatus().connected);
+    EXPECT_TRUE(test::WaitFor([&] { return r->rx->GetStatus().connected; }))
+        << LayoutText(r->layout, r->rank) << ": not connected";
   }
 
   // Each sender pushes the tensors it owns (tensor k: part k % kParts), all
@@ -433,14 +431,12 @@ TEST_F(PushTest, PartsFromEverySenderMakeOneVersionAndAMissingPartChangesNothing
   // Every sender hears of v3 (part 2's sender restarted at v3, say).
   ASSERT_TRUE(servers[2]->SetLatest(*store_, V(3)).ok());
   for (auto& s : servers) {
-    for (int i = 0; i < 500; ++i) {
+    ASSERT_TRUE(test::WaitFor([&] {
       auto infos = s->Receivers();
-      if (infos.size() == rxs.size() &&
-          std::all_of(infos.begin(), infos.end(),
-                      [](const PushReceiverInfo& x) { return x.version == 3u && !x.behind; }))
-        break;
-      std::this_thread::sleep_for(10ms);
-    }
+      return infos.size() == rxs.size() &&
+             std::all_of(infos.begin(), infos.end(),
+                         [](const PushReceiverInfo& x) { return x.version == 3u && !x.behind; });
+    })) << s->StatusJson();
   }
   State v4 = transfer_test::RandomChange(specs_, v3, 0.05, rng);
   ASSERT_EQ(Commit(v4), 4u);
@@ -526,12 +522,10 @@ TEST_F(PushTest, CudaReceiversHoldEachVersionBitForBit) {
     ASSERT_TRUE(rxs[r].rx->CatchUp(*store_, std::nullopt).ok());
     expect(r, state_, 0);
   }
-  for (int i = 0;
-       i < 500 && !(server->Receivers().size() == 2 && server->Receivers()[0].version == 0u &&
-                    server->Receivers()[1].version == 0u);
-       ++i) {
-    std::this_thread::sleep_for(10ms);
-  }
+  ASSERT_TRUE(test::WaitFor([&] {
+    auto infos = server->Receivers();
+    return infos.size() == 2 && infos[0].version == 0u && infos[1].version == 0u;
+  })) << server->StatusJson();
   std::mt19937_64 rng(9);
   State state = state_;
   for (int step = 1; step <= 2; ++step) {

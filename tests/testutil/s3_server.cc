@@ -127,7 +127,6 @@ Status S3TestServer::Start(bool check_signatures) {
   endpoint_ = "http://127.0.0.1:" + std::to_string(port_);
   const std::string script = ScriptPath();
   const std::string port = std::to_string(port_);
-  const auto started = std::chrono::steady_clock::now();
   pid_ = ::fork();
   if (pid_ < 0) return ErrnoStatus("fork", errno);
   if (pid_ == 0) {
@@ -147,19 +146,21 @@ Status S3TestServer::Start(bool check_signatures) {
     }
     ::_exit(127);
   }
-  while (std::chrono::steady_clock::now() - started < kStartTimeout) {
-    int wstatus = 0;
-    if (::waitpid(pid_, &wstatus, WNOHANG) == pid_) {
-      pid_ = -1;
-      return IOError("the S3 test server (" + script + ", moto) exited at start; " +
-                     "install it with tools/setup.sh; its log:\n" + Tail(log_path_));
-    }
-    // The signed server writes its credentials once it checks signatures.
-    if (check_signatures ? ::access(creds_path.c_str(), F_OK) == 0 : RawRequest("GET", "/").ok()) {
-      return check_signatures ? ReadCredentials(creds_path) : Status::Ok();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  bool exited = false;
+  // The signed server writes its credentials once it checks signatures.
+  const bool up = WaitFor(
+      [&] {
+        exited = ::waitpid(pid_, nullptr, WNOHANG) == pid_;
+        return exited || (check_signatures ? ::access(creds_path.c_str(), F_OK) == 0
+                                           : RawRequest("GET", "/").ok());
+      },
+      kStartTimeout, std::chrono::milliseconds(10));
+  if (exited) {
+    pid_ = -1;
+    return IOError("the S3 test server (" + script + ", moto) exited at start; " +
+                   "install it with tools/setup.sh; its log:\n" + Tail(log_path_));
   }
+  if (up) return check_signatures ? ReadCredentials(creds_path) : Status::Ok();
   Status timeout =
       IOError("the S3 test server (moto) did not answer on " + endpoint_ + " within " +
               std::to_string(kStartTimeout.count()) + " s; its log:\n" + Tail(log_path_));
@@ -175,15 +176,11 @@ void S3TestServer::Stop() {
   }
   if (pid_ <= 0) return;
   ::kill(pid_, SIGTERM);
-  for (int i = 0; i < 100; ++i) {
-    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
-      pid_ = -1;
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (!WaitFor([&] { return ::waitpid(pid_, nullptr, WNOHANG) == pid_; },
+               std::chrono::seconds(5))) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
   }
-  ::kill(pid_, SIGKILL);
-  ::waitpid(pid_, nullptr, 0);
   pid_ = -1;
 }
 
