@@ -1,6 +1,9 @@
 // A version's changed elements as a push sends them (sync/push/push_server.h):
 // per canonical tensor, the changed flat indices, their new values and,
-// where known, the parent's values; read from memory or back from the store.
+// where known, the parent's values (TensorChanges, store/changes.h); read
+// from memory or back from the store. Where the sender knows the parent's
+// elements a push sends the difference, which the delta codec stores in
+// about a byte; otherwise the whole value.
 #pragma once
 
 #include <cstdint>
@@ -9,25 +12,12 @@
 #include <vector>
 
 #include "store/base/status.h"
+#include "store/changes.h"  // TensorChanges
 
 namespace dte {
 
 class Store;
 struct Version;
-
-// The changed elements of one canonical (Hugging Face) tensor at a version:
-// increasing flat indices and their new values (DTypeWidth bytes each).
-// Where the sender knows the parent's elements (old_values, same layout as
-// values; known[k] != 0 for entry k, or `known` empty: all of them), a push
-// sends the difference, which the delta codec stores in about a byte;
-// otherwise the whole value.
-struct TensorChanges {
-  std::string name;
-  std::vector<uint64_t> indices;
-  std::vector<uint8_t> values;
-  std::vector<uint8_t> old_values;
-  std::vector<uint8_t> known;
-};
 
 // A version's changes, read one canonical tensor at a time: a push reads
 // them in the version's tensor order, twice (the counts of round 1, then the
@@ -51,11 +41,12 @@ class ChangesSource {
 Result<std::unique_ptr<ChangesSource>> StoreChanges(Store& store,
                                                     const std::shared_ptr<const Version>& v);
 
-// The changes of version v against its parent, read back from the store:
-// every sparse record decoded (its differences and whole values, exactly
-// what a push sends), and blocks stored dense compared with the parent's.
-// What a publisher that did not see every change itself (a distributed
-// publisher's rank 0) pushes. Memory: the version's changed elements.
+// The changes of version v against its parent, read back from the store
+// (ReadVersionChanges, store/changes.h): every sparse record decoded (its
+// differences and whole values, exactly what a push sends), and blocks
+// stored dense compared with the parent's. What a publisher that did not
+// see every change itself (a distributed publisher's rank 0) pushes.
+// Memory: the version's changed elements.
 Result<std::vector<TensorChanges>> ChangesFromStore(Store& store,
                                                     const std::shared_ptr<const Version>& v);
 

@@ -1,0 +1,190 @@
+// The push server's state (sync/push/push_server.h), shared by its three
+// parts: push_server.cc (setup, the group, the latest version, status),
+// push_io.cc (the I/O thread: accepts, the handshake, hellos, receipts and
+// the queued frames) and push_round.cc (a push, one method per phase).
+//
+// Thread-safety: one I/O thread owns the sockets; everything below mu_ is
+// guarded by it; a push runs on its caller's thread and touches
+// connections only under mu_. Lock order: mu_ alone.
+#pragma once
+
+#include <poll.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "store/base/posix_file.h"
+#include "sync/push/internal/push_wire.h"
+#include "sync/push/push_server.h"
+#include "sync/transfer/plan_inputs.h"
+#include "sync/transport/internal/auth_handshake.h"
+
+namespace dte {
+
+namespace push_internal {
+
+using Clock = std::chrono::steady_clock;
+// A receiver layout as plans are kept: tp, fuse_qkv, fuse_gate_up.
+using LayoutKey = std::tuple<int, bool, bool>;
+// A layout and a receiver rank of it: the receivers that share messages.
+using RankKey = std::pair<LayoutKey, int>;
+
+inline LayoutKey KeyOf(const ShardLayout& l) { return {l.tp, l.fuse_qkv, l.fuse_gate_up}; }
+inline std::string Json(const nlohmann::json& j) { return j.dump(); }
+
+}  // namespace push_internal
+
+class PushServer::Impl {
+ public:
+  explicit Impl(PushServerOptions o) : options_(std::move(o)) {}
+  ~Impl() { Stop(); }
+
+  Status Start();
+  void Stop();
+
+  int port() const { return port_; }
+  uint64_t expected() const { return options_.receivers; }
+  uint64_t cache_bytes() const { return options_.cache_bytes; }
+  std::string address() const;
+  bool authenticated() const { return !secret_.empty(); }
+
+  Status SetGroup(int part, int parts);
+  Status SetSenders(const std::vector<std::string>& senders);
+  std::pair<int, int> group() const;
+  Status SetLatest(Store& store, const std::shared_ptr<const Version>& v);
+
+  // push_round.cc.
+  Result<PushReport> Push(Store& store, const std::shared_ptr<const Version>& v,
+                          ChangesSource& changes);
+
+  std::vector<PushReceiverInfo> Receivers() const;
+  std::vector<std::string> TakeEvents();
+  uint64_t refused() const;
+
+ private:
+  using Clock = push_internal::Clock;
+  using LayoutKey = push_internal::LayoutKey;
+  using RankKey = push_internal::RankKey;
+
+  struct Out {
+    std::shared_ptr<const std::string> data;
+    size_t off = 0;
+  };
+  struct Conn {
+    ScopedFd fd;
+    std::string who;
+    push_internal::FrameReader in;
+    std::deque<Out> out;
+    bool hello_done = false;
+    Clock::time_point hello_deadline;
+    bool close_after_flush = false;
+    std::string drop;  // set: close it and report this
+    PushReceiverInfo info;
+    std::vector<PlanTensor> tensors;        // as the hello lists them
+    std::optional<uint64_t> awaiting;       // version sent, receipt not yet confirmed
+    std::vector<uint32_t> plan_to_own;      // plan receiver tensor -> index in `tensors`
+    std::optional<std::string> held_hello;  // until the senders are known (SetSenders)
+    // With a job secret: the handshake, and the bytes read until it is done.
+    std::optional<auth_internal::ServerHandshake> auth;
+    std::string auth_in;
+  };
+  // One push's state, from its targets to its report (push_round.cc).
+  struct Round;
+
+  // --- push_server.cc: connections and plans --------------------------------
+  void DropAllLocked(const std::string& why);
+  // Part 0 of several answers hellos only once it can name every sender.
+  bool HoldHellosLocked() const { return part_ == 0 && parts_ > 1 && senders_.empty(); }
+  // Hellos held until then are answered now.
+  void AnswerHeldLocked();
+  void Wake();
+  void InstallLocked(const std::shared_ptr<const Version>& v, PlanInputs in);
+  Result<const TransferPlan*> PlanLocked(const ShardLayout& layout);
+  void DropLocked(Conn& c, const std::string& why);
+  // A connection that did not prove it knows the job secret: closed before
+  // anything of it is read or anything sent to it but the handshake.
+  void RefuseLocked(Conn& c, const std::string& why);
+  static void Log(const std::string& line);
+  // Kept for StatusJson/TakeEvents; the oldest go past kMaxEvents.
+  void EventLocked(std::string line);
+  void SendLocked(Conn& c, std::string frame) {
+    c.out.push_back({std::make_shared<const std::string>(std::move(frame)), 0});
+  }
+  // One frame for several receivers, not copied.
+  void SendLocked(Conn& c, const std::shared_ptr<const std::string>& frame) {
+    c.out.push_back({frame, 0});
+  }
+  static uint64_t QueuedBytes(const Conn& c);
+  // The live connection `id` (hello done or not), or null.
+  Conn* LiveLocked(uint64_t id);
+
+  // --- push_io.cc: the I/O thread ---------------------------------------------
+  void Loop();
+  // Drops connections past their hello deadline, closes finished ones, and
+  // lists the rest for poll: returns poll's timeout.
+  int PollSetLocked(std::vector<pollfd>* fds, std::vector<uint64_t>* ids);
+  void AcceptLocked();
+  void ServeLocked(Conn& c, short revents, char* buf, size_t buf_size);
+  void WriteOutLocked(Conn& c);
+  void ReadInLocked(Conn& c, char* buf, size_t buf_size);
+  // Bytes read from c: the handshake's first, then the protocol's frames.
+  void OnBytesLocked(Conn& c, const char* data, size_t n);
+  void OnHello(Conn& c, const std::string& body);
+  void OnMessage(Conn& c, const push_internal::Parsed& m);
+  void OnReceived(Conn& c, std::optional<uint64_t> version);
+  void OnHeld(Conn& c, std::optional<uint64_t> version);
+
+  // --- push_round.cc: a push's phases, in order -------------------------------
+  // Installs the version and picks the receivers that hold its parent
+  // (the others are told to catch up).
+  Status SelectTargets(Round& r);
+  void TargetLocked(Round& r, uint64_t id, Conn& c);
+  void SendCounts(Round& r);
+  Status SendData(Round& r);
+  void WaitForQueuesLocked(Round& r, std::unique_lock<std::mutex>& lock);
+  void EndData(Round& r, const Status& streamed);
+  void AwaitConfirmations(Round& r);
+  void ReportTargetLocked(Round& r, uint64_t id);
+  // Queues a frame for every live target of `rk` (every target: null).
+  void SendAllLocked(Round& r, const RankKey* rk, const std::shared_ptr<const std::string>& frame);
+
+  PushServerOptions options_;
+  std::string secret_;  // the job secret; empty: none (loopback only)
+  ScopedFd listen_, wake_;
+  int port_ = 0;
+  std::thread io_;
+  std::atomic<bool> stop_{false};
+
+  mutable std::mutex mu_;
+  // A receipt arrived, a receiver was dropped, or a queue was written out.
+  std::condition_variable cv_;
+  std::map<uint64_t, std::unique_ptr<Conn>> conns_;
+  uint64_t next_id_ = 1;
+  std::optional<PlanInputs> inputs_;
+  std::shared_ptr<const Version> latest_;
+  std::map<LayoutKey, TransferPlan> plans_;
+  std::vector<std::string> events_;
+  uint64_t refused_ = 0;  // connections refused at the handshake
+  // Receivers dropped and closed while a push awaited them: id -> reason,
+  // for that push's report (cleared by each push).
+  std::map<uint64_t, std::string> gone_;
+  std::set<uint64_t> confirmed_;      // receivers that confirmed the current push
+  int part_ = 0, parts_ = 1;          // SetGroup
+  std::vector<std::string> senders_;  // every part's address, once known (SetSenders)
+};
+
+}  // namespace dte
