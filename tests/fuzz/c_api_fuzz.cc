@@ -50,7 +50,7 @@ T Take(std::string_view* in) {
 }
 
 void Config(std::string_view in) {
-  // The layout as c_api.cc's ToLayout fills it (enums are checked there).
+  // The layout as sync/capi/internal/c_api_convert.cc's ToLayout fills it (enums are checked there).
   ParallelLayout layout;
   layout.tp = Take<int32_t>(&in);
   layout.ep = Take<int32_t>(&in);

@@ -1,0 +1,54 @@
+// The objects behind the C ABI's handles (sync/capi/c_api.h declares them
+// opaque). The C ABI hands out tokens of dte::capi::HandleTable, never these
+// addresses; members a handle keeps alive (another handle's object) come
+// first, so that they outlive impl.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "store/store.h"
+#include "sync/capi/c_api.h"
+#include "sync/live/live_client.h"
+#include "sync/publish/dist_publisher.h"
+#include "sync/publish/publisher.h"
+#include "sync/push/push_receiver.h"
+#include "sync/push/push_server.h"
+#include "sync/transport/transport.h"
+
+struct dte_publisher {
+  std::shared_ptr<dte_push_server> push;  // set by dte_publisher_set_push
+  std::unique_ptr<dte::Publisher> impl;
+  std::string last_push = "null";  // dte_publisher_last_push_json
+  std::string metrics;             // dte_publisher_metrics_text
+};
+
+struct dte_push_server {
+  std::unique_ptr<dte::PushServer> impl;
+  std::string json;
+};
+
+struct dte_push_receiver {
+  std::unique_ptr<dte::PushReceiver> impl;
+  std::string error;
+};
+
+struct dte_store {
+  std::unique_ptr<dte::Store> impl;
+};
+
+struct dte_transport {
+  std::shared_ptr<dte_dist_publisher> store_of;  // dte_transport_store: whose store it uses
+  std::unique_ptr<dte::Transport> impl;
+};
+
+struct dte_dist_publisher {
+  std::shared_ptr<dte_push_server> push;  // set by dte_dist_publisher_set_push
+  std::unique_ptr<dte::DistPublisher> impl;
+  std::string last_push = "null";  // dte_dist_publisher_last_push_json
+  std::string metrics;             // dte_dist_publisher_metrics_text
+};
+
+struct dte_live {
+  dte::live::Control impl;
+};

@@ -1,0 +1,133 @@
+// The C ABI of dte_push_receiver: an inference server's end of a push.
+#include "sync/push/push_receiver.h"
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "sync/capi/c_api.h"
+#include "sync/capi/internal/c_api_glue.h"
+#include "sync/capi/internal/c_api_objects.h"
+
+using dte::capi::Close;
+using dte::capi::Fail;
+using dte::capi::FailWith;
+using dte::capi::Find;
+using dte::capi::Guard;
+using dte::capi::Issue;
+using dte::capi::WithHandle;
+
+namespace {
+
+// Tensor i of a dte_push_receiver_open call; refuses a missing name, dtype
+// or shape, an unknown dtype and a negative extent.
+int ToPushTensor(const dte_push_tensor& t, size_t i, dte::PushTensor* out) {
+  if (t.name == nullptr || t.dtype == nullptr || (t.shape == nullptr && t.ndim > 0) || t.ndim < 0) {
+    return FailWith(DTE_INVALID_ARGUMENT,
+                    "push receiver tensor " + std::to_string(i) + ": name, dtype, shape");
+  }
+  auto dtype = dte::ParseDType(t.dtype);
+  if (!dtype) {
+    return FailWith(DTE_INVALID_ARGUMENT,
+                    std::string("push receiver tensor ") + t.name + ": unknown dtype " + t.dtype);
+  }
+  *out = dte::PushTensor{t.name, *dtype, {}, t.data, t.device};
+  for (int32_t d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] < 0) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      std::string("push receiver tensor ") + t.name + ": negative shape");
+    }
+    out->shape.push_back(static_cast<uint64_t>(t.shape[d]));
+  }
+  return DTE_OK;
+}
+
+}  // namespace
+
+int dte_push_receiver_open(const char* address, int32_t rank, int32_t tp, int32_t fuse_qkv,
+                           int32_t fuse_gate_up, int32_t has_version, uint64_t version,
+                           const dte_push_tensor* tensors, size_t count, int32_t auto_apply,
+                           int64_t timeout_ms, const char* secret, dte_push_receiver** out) {
+  return Guard([&] {
+    if (address == nullptr || out == nullptr || (tensors == nullptr && count > 0) ||
+        timeout_ms <= 0) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "dte_push_receiver_open: address, tensors and out must be set, "
+                      "timeout_ms > 0");
+    }
+    dte::PushReceiverOptions o;
+    o.address = address;
+    if (secret) o.secret = secret;
+    o.rank = rank;
+    o.layout = dte::ShardLayout{tp, fuse_qkv != 0, fuse_gate_up != 0};
+    if (has_version) o.version = version;
+    o.auto_apply = auto_apply != 0;
+    o.timeout = std::chrono::milliseconds(timeout_ms);
+    for (size_t i = 0; i < count; ++i) {
+      dte::PushTensor pt;
+      if (int rc = ToPushTensor(tensors[i], i, &pt); rc != DTE_OK) return rc;
+      o.tensors.push_back(std::move(pt));
+    }
+    auto r = dte::PushReceiver::Open(o);
+    if (!r.ok()) return Fail(r.status());
+    *out = Issue(new dte_push_receiver{std::move(r).value(), {}});
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_push_receiver_close(dte_push_receiver* r) { return Close(r, __func__); }
+
+int dte_push_receiver_apply_pending(dte_push_receiver* h, uint64_t* applied_out) {
+  return WithHandle(h, __func__, [&](dte_push_receiver& r) {
+    auto n = r.impl->ApplyPending();
+    if (!n.ok()) return Fail(n.status());
+    if (applied_out) *applied_out = *n;
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_push_receiver_wait_for(dte_push_receiver* h, uint64_t version, int64_t timeout_ms) {
+  return WithHandle(h, __func__, [&](dte_push_receiver& r) {
+    if (timeout_ms < 0) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_receiver_wait_for: negative timeout_ms");
+    }
+    dte::Status s = r.impl->WaitFor(version, std::chrono::milliseconds(timeout_ms));
+    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
+  });
+}
+
+int dte_push_receiver_catch_up(dte_push_receiver* h, dte_store* sh, int32_t has_version,
+                               uint64_t version) {
+  return WithHandle(h, __func__, [&](dte_push_receiver& r) {
+    std::shared_ptr<dte_store> s = Find(sh, "dte_push_receiver_catch_up");
+    if (s == nullptr) return static_cast<int>(DTE_INVALID_ARGUMENT);
+    dte::Status st =
+        r.impl->CatchUp(*s->impl, has_version ? std::optional<uint64_t>(version) : std::nullopt);
+    return st.ok() ? static_cast<int>(DTE_OK) : Fail(st);
+  });
+}
+
+int dte_push_receiver_get_status(dte_push_receiver* h, dte_push_receiver_status* out,
+                                 const char** error_out) {
+  return WithHandle(h, __func__, [&](dte_push_receiver& r) {
+    if (out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_receiver_get_status: out must be set");
+    }
+    dte::PushReceiverStatus st = r.impl->GetStatus();
+    *out = dte_push_receiver_status{};
+    out->has_version = st.version.has_value();
+    out->version = st.version.value_or(0);
+    out->inconsistent = st.inconsistent;
+    out->connected = st.connected;
+    out->has_behind = st.behind.has_value();
+    out->behind = st.behind.value_or(0);
+    out->pending = st.pending;
+    out->pushes = st.pushes;
+    out->elements = st.elements;
+    r.error = st.error;
+    if (error_out) *error_out = r.error.c_str();
+    return static_cast<int>(DTE_OK);
+  });
+}
