@@ -157,6 +157,12 @@ class PushReceiver::Impl {
   }
 
   Status CatchUp(Store& store, std::optional<uint64_t> version);
+  Status FillFromStore(Store& store, const std::shared_ptr<const Version>& v,
+                       const TransferPlan& plan, const std::vector<uint32_t>& own,
+                       const std::string& what);
+  static Status ReadCanonical(Materializer& reader, const std::shared_ptr<const Version>& v,
+                              const std::string& name, std::vector<uint8_t>* buf,
+                              const std::string& what);
 
   PushReceiverStatus GetStatus() const {
     std::lock_guard lock(mu_);
@@ -368,9 +374,14 @@ class PushReceiver::Impl {
 
   // One link's connection: hello, then pushes until it fails or stops.
   Status Session(const std::shared_ptr<Link>& link);
+  void SendHello(Link& link);
+  Status OnPush(Link& link, int fd, const std::string& body, const std::string& who);
+  Status OnWelcome(Link& link, nlohmann::json& j, const std::string& who);
+  Status CheckWelcomePartLocked(Link& link, nlohmann::json& j, const std::string& who);
   // A part of a push arrived on `link`, checked: queue the version once
   // every part is in. Corruption when it does not fit.
   Status OnPart(Link& link, const push_internal::CountsMsg& counts, Pending part);
+  Result<Pending> JoinPartsLocked();
   // The primary's welcome named these senders: links to the others.
   void SetSendersLocked(const std::vector<std::string>& senders);
 
@@ -457,25 +468,7 @@ Status PushReceiver::Impl::Session(const std::shared_ptr<Link>& link) {
     if (stop_ || link->retired) return Status::Ok();
     link->fd = std::move(fd);
   }
-  nlohmann::json hello = {{"rank", options_.rank},
-                          {"tp", options_.layout.tp},
-                          {"fuse_qkv", options_.layout.fuse_qkv},
-                          {"fuse_gate_up", options_.layout.fuse_gate_up}};
-  {
-    std::lock_guard lock(mu_);
-    // The version the server may push onto: the last one queued, else held.
-    std::optional<uint64_t> v = pending_.empty() ? held_ : pending_.back().version;
-    if (inconsistent_) v.reset();
-    hello["version"] = v ? nlohmann::json(*v) : nlohmann::json(nullptr);
-    expected_parent_ = v;
-    link->hello_version = v;
-  }
-  nlohmann::json tensors = nlohmann::json::array();
-  for (const PushTensor& t : options_.tensors) {
-    tensors.push_back({{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}});
-  }
-  hello["tensors"] = std::move(tensors);
-  Send(*link, Msg::kHello, hello);
+  SendHello(*link);
   for (;;) {
     // Between pushes, wait for the next frame as long as it takes.
     for (;;) {
@@ -487,76 +480,12 @@ Status PushReceiver::Impl::Session(const std::shared_ptr<Link>& link) {
     ASSIGN_OR_RETURN(auto m, push_internal::RecvFrame(raw, push_internal::kMaxControlBytes,
                                                       Deadline(options_.timeout), who));
     if (m.type == Msg::kCounts) {
-      ASSIGN_OR_RETURN(auto counts, push_internal::DecodeCounts(m.body, who));
-      // Round 2: data frames (a batch of tensors at a time) up to the end mark.
-      std::string data;
-      for (;;) {
-        ASSIGN_OR_RETURN(auto f, push_internal::RecvFrame(raw, UINT64_MAX >> 8,
-                                                          Deadline(options_.timeout), who));
-        if (f.type == Msg::kDataEnd) break;
-        if (f.type != Msg::kData) {
-          return Corruption(who + " sent a " + push_internal::MsgName(f.type) +
-                            " inside the data of a push");
-        }
-        if (data.empty()) {
-          data = std::move(f.body);
-        } else {
-          data += f.body;
-        }
-      }
-      auto checked = Check(counts, data);
-      Status bad =
-          checked.ok() ? OnPart(*link, counts, std::move(checked).value()) : checked.status();
-      if (!bad.ok()) {
-        Send(*link, Msg::kError, {{"error", bad.message()}});
-        return bad;
-      }
+      RETURN_IF_ERROR(OnPush(*link, raw, m.body, who));
       continue;
     }
     nlohmann::json j = nlohmann::json::parse(m.body, nullptr, false);
     if (m.type == Msg::kWelcome) {
-      if (j.is_object() && j["error"].is_string()) {
-        std::lock_guard lock(mu_);
-        refused_ = "the push server refused this receiver: " + j["error"].get<std::string>();
-        return InvalidArgument(refused_);
-      }
-      const int part = j.is_object() && j["part"].is_number_integer() ? j["part"].get<int>() : 0;
-      const int parts = j.is_object() && j["parts"].is_number_integer() ? j["parts"].get<int>() : 1;
-      std::unique_lock lock(mu_);
-      if (link->part == 0) {
-        std::vector<std::string> senders;
-        if (parts > 1) {
-          if (!j["senders"].is_array() || j["senders"].size() != static_cast<size_t>(parts)) {
-            return Corruption(who + " sends part 0 of " + std::to_string(parts) +
-                              " but did not name every sender");
-          }
-          for (const auto& a : j["senders"]) {
-            if (!a.is_string()) return Corruption(who + " named a sender that is not HOST:PORT");
-            senders.push_back(a.get<std::string>());
-          }
-        }
-        if (part != 0) return Corruption(who + " says it sends part " + std::to_string(part));
-        SetSendersLocked(senders);
-      } else if (part != link->part || static_cast<size_t>(parts) != parts_) {
-        return Corruption(who + " says it sends part " + std::to_string(part) + " of " +
-                          std::to_string(parts) + ", but part 0 named it part " +
-                          std::to_string(link->part) + " of " + std::to_string(parts_));
-      }
-      link->welcomed = true;
-      if (ConnectedLocked()) error_.clear();
-      if (j.is_object() && j["latest"].is_number_unsigned()) {
-        const uint64_t latest = j["latest"].get<uint64_t>();
-        if (expected_parent_ != latest) behind_ = latest;
-      }
-      // A catch-up between the hello and this welcome: tell this sender too.
-      const std::optional<uint64_t> now = inconsistent_      ? std::nullopt
-                                          : pending_.empty() ? held_
-                                                             : pending_.back().version;
-      const bool tell = now.has_value() && now != link->hello_version;
-      const uint64_t held = now.value_or(0);
-      lock.unlock();
-      if (tell) Send(*link, Msg::kHeld, {{"version", held}});
-      cv_.notify_all();
+      RETURN_IF_ERROR(OnWelcome(*link, j, who));
     } else if (m.type == Msg::kBehind) {
       if (!j.is_object() || !j["latest"].is_number_unsigned()) {
         return Corruption(who + " sent a behind message without a version");
@@ -568,6 +497,108 @@ Status PushReceiver::Impl::Session(const std::shared_ptr<Link>& link) {
       return Corruption(who + " sent an unexpected " + push_internal::MsgName(m.type));
     }
   }
+}
+
+void PushReceiver::Impl::SendHello(Link& link) {
+  nlohmann::json hello = {{"rank", options_.rank},
+                          {"tp", options_.layout.tp},
+                          {"fuse_qkv", options_.layout.fuse_qkv},
+                          {"fuse_gate_up", options_.layout.fuse_gate_up}};
+  {
+    std::lock_guard lock(mu_);
+    // The version the server may push onto: the last one queued, else held.
+    std::optional<uint64_t> v = pending_.empty() ? held_ : pending_.back().version;
+    if (inconsistent_) v.reset();
+    hello["version"] = v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+    expected_parent_ = v;
+    link.hello_version = v;
+  }
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const PushTensor& t : options_.tensors) {
+    tensors.push_back({{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}});
+  }
+  hello["tensors"] = std::move(tensors);
+  Send(link, Msg::kHello, hello);
+}
+
+// A push's counts arrived: its data frames follow (a batch of tensors at a
+// time) up to the end mark; then the part is checked and kept.
+Status PushReceiver::Impl::OnPush(Link& link, int fd, const std::string& body,
+                                  const std::string& who) {
+  ASSIGN_OR_RETURN(auto counts, push_internal::DecodeCounts(body, who));
+  std::string data;
+  for (;;) {
+    ASSIGN_OR_RETURN(
+        auto f, push_internal::RecvFrame(fd, UINT64_MAX >> 8, Deadline(options_.timeout), who));
+    if (f.type == Msg::kDataEnd) break;
+    if (f.type != Msg::kData) {
+      return Corruption(who + " sent a " + push_internal::MsgName(f.type) +
+                        " inside the data of a push");
+    }
+    if (data.empty()) {
+      data = std::move(f.body);
+    } else {
+      data += f.body;
+    }
+  }
+  auto checked = Check(counts, data);
+  Status bad = checked.ok() ? OnPart(link, counts, std::move(checked).value()) : checked.status();
+  if (!bad.ok()) Send(link, Msg::kError, {{"error", bad.message()}});
+  return bad;
+}
+
+Status PushReceiver::Impl::OnWelcome(Link& link, nlohmann::json& j, const std::string& who) {
+  if (j.is_object() && j["error"].is_string()) {
+    std::lock_guard lock(mu_);
+    refused_ = "the push server refused this receiver: " + j["error"].get<std::string>();
+    return InvalidArgument(refused_);
+  }
+  std::unique_lock lock(mu_);
+  RETURN_IF_ERROR(CheckWelcomePartLocked(link, j, who));
+  link.welcomed = true;
+  if (ConnectedLocked()) error_.clear();
+  if (j.is_object() && j["latest"].is_number_unsigned()) {
+    const uint64_t latest = j["latest"].get<uint64_t>();
+    if (expected_parent_ != latest) behind_ = latest;
+  }
+  // A catch-up between the hello and this welcome: tell this sender too.
+  const std::optional<uint64_t> now = inconsistent_      ? std::nullopt
+                                      : pending_.empty() ? held_
+                                                         : pending_.back().version;
+  const bool tell = now.has_value() && now != link.hello_version;
+  const uint64_t held = now.value_or(0);
+  lock.unlock();
+  if (tell) Send(link, Msg::kHeld, {{"version", held}});
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+// The welcome's part and parts fit this link: part 0's names every sender
+// (and makes them this receiver's), another's matches what part 0 said.
+Status PushReceiver::Impl::CheckWelcomePartLocked(Link& link, nlohmann::json& j,
+                                                  const std::string& who) {
+  const int part = j.is_object() && j["part"].is_number_integer() ? j["part"].get<int>() : 0;
+  const int parts = j.is_object() && j["parts"].is_number_integer() ? j["parts"].get<int>() : 1;
+  if (link.part != 0) {
+    if (part == link.part && static_cast<size_t>(parts) == parts_) return Status::Ok();
+    return Corruption(who + " says it sends part " + std::to_string(part) + " of " +
+                      std::to_string(parts) + ", but part 0 named it part " +
+                      std::to_string(link.part) + " of " + std::to_string(parts_));
+  }
+  std::vector<std::string> senders;
+  if (parts > 1) {
+    if (!j["senders"].is_array() || j["senders"].size() != static_cast<size_t>(parts)) {
+      return Corruption(who + " sends part 0 of " + std::to_string(parts) +
+                        " but did not name every sender");
+    }
+    for (const auto& a : j["senders"]) {
+      if (!a.is_string()) return Corruption(who + " named a sender that is not HOST:PORT");
+      senders.push_back(a.get<std::string>());
+    }
+  }
+  if (part != 0) return Corruption(who + " says it sends part " + std::to_string(part));
+  SetSendersLocked(senders);
+  return Status::Ok();
 }
 
 void PushReceiver::Impl::SetSendersLocked(const std::vector<std::string>& senders) {
@@ -625,29 +656,10 @@ Status PushReceiver::Impl::OnPart(Link& link, const push_internal::CountsMsg& co
     complete = std::all_of(assembly_->parts.begin(), assembly_->parts.end(),
                            [](const std::optional<Pending>& x) { return x.has_value(); });
     if (complete) {
-      // One version from its parts: each op comes from one part (a tensor
-      // has one owner).
-      Pending whole = std::move(*assembly_->parts[0]);
-      std::set<size_t> ops;
-      for (const auto& seg : whole.segments) ops.insert(seg.op);
-      for (size_t p = 1; p < assembly_->parts.size(); ++p) {
-        Pending& x = *assembly_->parts[p];
-        std::set<size_t> mine;
-        for (auto& seg : x.segments) {
-          if (ops.count(seg.op)) {
-            assembly_.reset();
-            return Corruption("push of " + VersionName(counts.version) + ": parts 0-" +
-                              std::to_string(p - 1) + " and part " + std::to_string(p) +
-                              " both send elements of tensor " + options_.tensors[seg.tensor].name);
-          }
-          mine.insert(seg.op);
-          whole.segments.push_back(std::move(seg));
-        }
-        ops.insert(mine.begin(), mine.end());
-        whole.elements += x.elements;
-      }
+      auto whole = JoinPartsLocked();
       assembly_.reset();
-      pending_.push_back(std::move(whole));
+      if (!whole.ok()) return whole.status();
+      pending_.push_back(std::move(whole).value());
       expected_parent_ = counts.version;
     }
   }
@@ -659,6 +671,30 @@ Status PushReceiver::Impl::OnPart(Link& link, const push_internal::CountsMsg& co
     RETURN_IF_ERROR(ApplyPendingLocked().status());
   }
   return Status::Ok();
+}
+
+// One version from the assembly's parts: each op comes from one part (a
+// tensor has one owner).
+Result<Pending> PushReceiver::Impl::JoinPartsLocked() {
+  Pending whole = std::move(*assembly_->parts[0]);
+  std::set<size_t> ops;
+  for (const auto& seg : whole.segments) ops.insert(seg.op);
+  for (size_t p = 1; p < assembly_->parts.size(); ++p) {
+    Pending& x = *assembly_->parts[p];
+    std::set<size_t> mine;
+    for (auto& seg : x.segments) {
+      if (ops.count(seg.op)) {
+        return Corruption("push of " + VersionName(assembly_->version) + ": parts 0-" +
+                          std::to_string(p - 1) + " and part " + std::to_string(p) +
+                          " both send elements of tensor " + options_.tensors[seg.tensor].name);
+      }
+      mine.insert(seg.op);
+      whole.segments.push_back(std::move(seg));
+    }
+    ops.insert(mine.begin(), mine.end());
+    whole.elements += x.elements;
+  }
+  return whole;
 }
 
 Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version) {
@@ -683,15 +719,28 @@ Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version
     std::lock_guard lock(mu_);
     inconsistent_ = true;
   }
-  // One canonical tensor at a time: memory is the largest tensor.
-  std::map<std::string, std::pair<const FileEntry*, const TensorEntry*>> where;
-  for (const FileEntry& f : v->manifest.files) {
-    for (const TensorEntry& t : f.tensors) where[t.name] = {&f, &t};
+  RETURN_IF_ERROR(FillFromStore(store, v, plan, own, what));
+  {
+    std::lock_guard lock(mu_);
+    inconsistent_ = false;
+    held_ = *version;
+    // Pushes queued onto older versions are stale now; newer ones apply on top.
+    while (!pending_.empty() && pending_.front().version <= *version) pending_.pop_front();
+    if (pending_.empty()) expected_parent_ = *version;
+    if (behind_ && *behind_ <= *version) behind_.reset();
   }
+  SendAll(Msg::kHeld, {{"version", *version}});
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+// One receiver tensor at a time (a host copy of it when it lives on a
+// device), filled from the canonical tensors its ops read: memory is one
+// receiver tensor and one canonical tensor.
+Status PushReceiver::Impl::FillFromStore(Store& store, const std::shared_ptr<const Version>& v,
+                                         const TransferPlan& plan, const std::vector<uint32_t>& own,
+                                         const std::string& what) {
   Materializer reader(&store);
-  // One receiver tensor at a time (a host copy of it when it lives on a
-  // device), filled from the canonical tensors its ops read: memory is one
-  // receiver tensor and one canonical tensor.
   std::vector<uint8_t> buf, mirror;
   std::optional<uint32_t> in_buf;
   for (uint32_t rt = 0; rt < plan.receiver_tensors[options_.rank].size(); ++rt) {
@@ -707,12 +756,7 @@ Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version
     for (const TransferOp& op : plan.ops) {
       if (op.receiver != options_.rank || op.receiver_tensor != rt) continue;
       if (in_buf != op.canonical) {
-        const auto [file, tensor] = where.at(plan.canonical[op.canonical].name);
-        buf.resize(tensor->bytes());
-        RETURN_IF_ERROR(
-            reader
-                .ReadFile(v, *file, file->header_size + tensor->begin, tensor->bytes(), buf.data())
-                .WithContext(what));
+        RETURN_IF_ERROR(ReadCanonical(reader, v, plan.canonical[op.canonical].name, &buf, what));
         in_buf = op.canonical;
       }
       push_internal::CopyOpBox(plan, op, buf.data(), dst);
@@ -721,18 +765,21 @@ Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version
       RETURN_IF_ERROR(FromCuda(kernels::CudaCopyToDevice(t.data, mirror.data(), bytes), what));
     }
   }
-  {
-    std::lock_guard lock(mu_);
-    inconsistent_ = false;
-    held_ = *version;
-    // Pushes queued onto older versions are stale now; newer ones apply on top.
-    while (!pending_.empty() && pending_.front().version <= *version) pending_.pop_front();
-    if (pending_.empty()) expected_parent_ = *version;
-    if (behind_ && *behind_ <= *version) behind_.reset();
-  }
-  SendAll(Msg::kHeld, {{"version", *version}});
-  cv_.notify_all();
   return Status::Ok();
+}
+
+// Canonical tensor `name` of v, whole.
+Status PushReceiver::Impl::ReadCanonical(Materializer& reader,
+                                         const std::shared_ptr<const Version>& v,
+                                         const std::string& name, std::vector<uint8_t>* buf,
+                                         const std::string& what) {
+  auto at = v->manifest.FindTensor(name);
+  if (!at) return Internal(what + ": tensor " + name + " of the plan is not in the version");
+  const FileEntry& file = *at->file;
+  const TensorEntry& tensor = *at->tensor;
+  buf->resize(tensor.bytes());
+  return reader.ReadFile(v, file, file.header_size + tensor.begin, tensor.bytes(), buf->data())
+      .WithContext(what);
 }
 
 PushReceiver::PushReceiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

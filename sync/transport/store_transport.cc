@@ -51,7 +51,34 @@ class StoreTransport : public Transport {
            std::to_string(seq);
   }
 
+  // A receive this rank waits for: its message's key, in posting order per
+  // peer.
+  struct Wait {
+    const RecvBuffer* buf;
+    std::string key;
+    bool done = false;
+  };
+
   Status Run(std::span<const SendBuffer> sends, std::span<const RecvBuffer> recvs) {
+    RETURN_IF_ERROR(PostSends(sends));
+    std::vector<Wait> waits;
+    RETURN_IF_ERROR(PostRecvs(recvs, &waits));
+    const auto deadline = std::chrono::steady_clock::now() + options_.base.timeout;
+    size_t left = waits.size();
+    while (left > 0) {
+      for (Wait& w : waits) {
+        if (w.done) continue;
+        ASSIGN_OR_RETURN(w.done, TryReceive(w));
+        if (w.done) --left;
+      }
+      if (left == 0) break;
+      RETURN_IF_ERROR(CheckPeers(waits, deadline));
+      std::this_thread::sleep_for(options_.poll_interval);
+    }
+    return Status::Ok();
+  }
+
+  Status PostSends(std::span<const SendBuffer> sends) {
     for (const SendBuffer& b : sends) {
       if (b.peer < 0 || b.peer >= size())
         return InvalidArgument("bad peer " + std::to_string(b.peer));
@@ -64,13 +91,11 @@ class StoreTransport : public Transport {
                                 std::string_view(static_cast<const char*>(b.data), b.bytes))
                           .WithContext("sending to " + RankName(b.peer)));
     }
-    // The keys to wait for, in posting order per peer.
-    struct Wait {
-      const RecvBuffer* buf;
-      std::string key;
-      bool done = false;
-    };
-    std::vector<Wait> waits;
+    return Status::Ok();
+  }
+
+  // Receives from this rank itself are matched at once; the others wait.
+  Status PostRecvs(std::span<const RecvBuffer> recvs, std::vector<Wait>* waits) {
     for (const RecvBuffer& b : recvs) {
       if (b.peer < 0 || b.peer >= size())
         return InvalidArgument("bad peer " + std::to_string(b.peer));
@@ -83,46 +108,44 @@ class StoreTransport : public Transport {
         to_self_.pop_front();
         continue;
       }
-      waits.push_back({&b, Key(b.peer, rank(), received_[b.peer]++)});
-    }
-    const auto deadline = std::chrono::steady_clock::now() + options_.base.timeout;
-    size_t left = waits.size();
-    while (left > 0) {
-      for (Wait& w : waits) {
-        if (w.done) continue;
-        auto got = objects_->Get(w.key);
-        if (got.ok()) {
-          if (got->size() != w.buf->bytes) {
-            return Corruption(RankName(w.buf->peer) + " sent a message of " +
-                              std::to_string(got->size()) + " bytes where " +
-                              std::to_string(w.buf->bytes) + " were expected");
-          }
-          if (!got->empty()) std::memcpy(w.buf->data, got->data(), got->size());
-          objects_->Delete(w.key).IgnoreError();
-          w.done = true;
-          --left;
-        } else if (got.status().code() != Code::kNotFound) {
-          return got.status().WithContext("receiving from " + RankName(w.buf->peer));
-        }
-      }
-      if (left == 0) break;
-      // A peer that failed said why.
-      for (const Wait& w : waits) {
-        if (w.done) continue;
-        auto abort = objects_->Get(options_.prefix + "abort-" + std::to_string(w.buf->peer));
-        if (abort.ok()) return IOError(RankName(w.buf->peer) + " aborted the exchange: " + *abort);
-      }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        std::string who;
-        for (const Wait& w : waits) {
-          if (!w.done) who += (who.empty() ? "" : ", ") + RankName(w.buf->peer);
-        }
-        return IOError("timed out after " + std::to_string(options_.base.timeout.count()) +
-                       " ms waiting for " + who + " (exited, crashed or stalled?)");
-      }
-      std::this_thread::sleep_for(options_.poll_interval);
+      waits->push_back({&b, Key(b.peer, rank(), received_[b.peer]++)});
     }
     return Status::Ok();
+  }
+
+  // True once w's message arrived (copied out and its object deleted).
+  Result<bool> TryReceive(const Wait& w) {
+    auto got = objects_->Get(w.key);
+    if (!got.ok()) {
+      if (got.status().code() == Code::kNotFound) return false;
+      return got.status().WithContext("receiving from " + RankName(w.buf->peer));
+    }
+    if (got->size() != w.buf->bytes) {
+      return Corruption(RankName(w.buf->peer) + " sent a message of " +
+                        std::to_string(got->size()) + " bytes where " +
+                        std::to_string(w.buf->bytes) + " were expected");
+    }
+    if (!got->empty()) std::memcpy(w.buf->data, got->data(), got->size());
+    objects_->Delete(w.key).IgnoreError();
+    return true;
+  }
+
+  // A peer still waited for that failed said why; past the deadline, the
+  // peers still waited for are named.
+  Status CheckPeers(const std::vector<Wait>& waits,
+                    std::chrono::steady_clock::time_point deadline) {
+    for (const Wait& w : waits) {
+      if (w.done) continue;
+      auto abort = objects_->Get(options_.prefix + "abort-" + std::to_string(w.buf->peer));
+      if (abort.ok()) return IOError(RankName(w.buf->peer) + " aborted the exchange: " + *abort);
+    }
+    if (std::chrono::steady_clock::now() < deadline) return Status::Ok();
+    std::string who;
+    for (const Wait& w : waits) {
+      if (!w.done) who += (who.empty() ? "" : ", ") + RankName(w.buf->peer);
+    }
+    return IOError("timed out after " + std::to_string(options_.base.timeout.count()) +
+                   " ms waiting for " + who + " (exited, crashed or stalled?)");
   }
 
   ObjectStore* objects_;
