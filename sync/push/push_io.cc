@@ -234,6 +234,8 @@ void PushServer::Impl::OnMessage(Conn& c, const push_internal::Parsed& m) {
     }
     if (HoldHellosLocked()) {
       c.held_hello = m.body;  // answered by SetSenders
+      EventLocked("receiver " + c.who +
+                  " waits for the push senders: part 0 does not know them yet");
       return;
     }
     return OnHello(c, m.body);

@@ -346,8 +346,15 @@ TEST_F(PushTest, PartsFromEverySenderMakeOneVersionAndAMissingPartChangesNothing
   EXPECT_EQ(servers[0]->SetSenders({senders[0]}).code(), Code::kInvalidArgument);
   std::vector<std::unique_ptr<Rx>> rxs;
   // Connected before part 0 knows the senders: its hello waits for them.
+  // The server's event for the held hello proves it read the hello; from
+  // then on an answer would already list the receiver.
   rxs.push_back(Receiver(*servers[0], {1, false, false}, 0, state_, 0, true));
-  std::this_thread::sleep_for(100ms);
+  std::string events;
+  ASSERT_TRUE(test::WaitFor([&] {
+    for (const std::string& e : servers[0]->TakeEvents()) events += e + "\n";
+    return events.find("waits for the push senders") != std::string::npos;
+  })) << "no held hello; events:\n"
+      << events;
   EXPECT_TRUE(servers[0]->Receivers().empty());
   EXPECT_FALSE(rxs[0]->rx->GetStatus().connected);
   ASSERT_TRUE(servers[0]->SetSenders(senders).ok());
