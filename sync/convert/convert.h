@@ -80,9 +80,29 @@ struct ParallelLayout {
   int64_t PaddedVocab(int64_t vocab) const;
 };
 
-// Reads the fields of a HF config.json (`file` names it in errors). Accepts
-// model_type llama, qwen3 and qwen3_moe; rejects attention or MLP biases.
+// Reads the fields of a HF config.json (`file` names it in errors). The
+// model type is "model_type", else the first entry of "architectures"
+// (LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM); a key the file
+// leaves out takes the default of transformers' configuration class for that
+// type (LlamaConfig, Qwen3Config, Qwen3MoeConfig), as transformers would load
+// it. Accepts llama, qwen3 and qwen3_moe (Unimplemented otherwise) and
+// rejects attention or MLP biases. InvalidArgument names every key that is
+// missing (a config naming no model type has no defaults) or of the wrong
+// type at once.
 Result<ModelSpec> ParseHfConfig(std::string_view json, const std::string& file);
+
+// What attention heads look like: all a receiver's transfer plan needs.
+struct HfAttention {
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+// The attention geometry of a HF config.json of any model type: heads,
+// num_key_value_heads (default: heads), head_dim (default: transformers'
+// for a known type, else hidden_size / heads). InvalidArgument names every
+// key missing at once.
+Result<HfAttention> ParseHfAttention(std::string_view json, const std::string& file);
 
 // Checks that `spec` is consistent and can be sharded as `layout` says:
 // positive sizes, heads divisible by KV heads, KV heads divisible by TP

@@ -3,6 +3,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "sync/convert/convert.h"
 #include "sync/convert/internal/convert_matrix.h"
@@ -12,46 +15,151 @@ namespace {
 
 using nlohmann::json;
 
-// An integer field: nullopt if absent (or null), an error if not an integer.
-Result<std::optional<int64_t>> OptionalInt(const json& j, const char* key,
-                                           const std::string& file) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return std::optional<int64_t>();
-  if (!it->is_number_integer()) {
-    return InvalidArgument(file + ": \"" + key + "\" is not an integer");
+// What transformers' configuration class of a model type (LlamaConfig,
+// Qwen3Config, Qwen3MoeConfig) gives a key that config.json leaves out:
+// transformers loads the model with these sizes, so the converter and a
+// push's plan do too.
+struct HfDefaults {
+  const char* model_type;
+  const char* architecture;  // how "architectures" names it
+  int64_t vocab, hidden, ffn, layers, heads;
+  int64_t kv_heads;  // 0: num_attention_heads
+  int64_t head_dim;  // 0: hidden_size / num_attention_heads
+  int64_t experts, moe_ffn;
+};
+
+constexpr HfDefaults kHfDefaults[] = {
+    {"llama", "LlamaForCausalLM", 32000, 4096, 11008, 32, 32, 0, 0, 0, 0},
+    {"qwen3", "Qwen3ForCausalLM", 151936, 4096, 22016, 32, 32, 32, 128, 0, 0},
+    {"qwen3_moe", "Qwen3MoeForCausalLM", 151936, 2048, 6144, 24, 32, 4, 0, 128, 768},
+};
+
+const HfDefaults* DefaultsOf(const std::string& model_type) {
+  for (const HfDefaults& d : kHfDefaults) {
+    if (model_type == d.model_type) return &d;
   }
-  return std::optional<int64_t>(it->get<int64_t>());
+  return nullptr;
 }
 
-Result<int64_t> RequiredInt(const json& j, const char* key, const std::string& file) {
-  ASSIGN_OR_RETURN(std::optional<int64_t> v, OptionalInt(j, key, file));
-  if (!v) return InvalidArgument(file + ": missing \"" + key + "\"");
-  return *v;
-}
+std::string Quote(std::string_view key) { return "\"" + std::string(key) + "\""; }
 
-Result<bool> OptionalBool(const json& j, const char* key, bool fallback, const std::string& file) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) return InvalidArgument(file + ": \"" + key + "\" is not a boolean");
-  return it->get<bool>();
-}
+// Reads the keys of one config.json, noting every key that is missing (and
+// has no default) or has the wrong type, so that one error names them all.
+class ConfigReader {
+ public:
+  ConfigReader(const json& j, std::string file) : j_(j), file_(std::move(file)) {}
 
-Status ParseMoeFields(const json& j, const std::string& file, ModelSpec* spec) {
-  ASSIGN_OR_RETURN(spec->num_experts, RequiredInt(j, "num_experts", file));
-  ASSIGN_OR_RETURN(spec->moe_ffn_hidden, RequiredInt(j, "moe_intermediate_size", file));
-  ASSIGN_OR_RETURN(std::optional<int64_t> step, OptionalInt(j, "decoder_sparse_step", file));
-  spec->decoder_sparse_step = step.value_or(1);
-  auto it = j.find("mlp_only_layers");
-  if (it != j.end() && !it->is_null()) {
-    if (!it->is_array()) return InvalidArgument(file + ": \"mlp_only_layers\" is not a list");
-    for (const json& l : *it) {
-      if (!l.is_number_integer()) {
-        return InvalidArgument(file + ": \"mlp_only_layers\" holds a non-integer");
-      }
-      spec->mlp_only_layers.push_back(l.get<int64_t>());
+  bool Has(const char* key) const {
+    auto it = j_.find(key);
+    return it != j_.end() && !it->is_null();
+  }
+  // The integer at `key`; `fallback` when absent or null (none: required).
+  int64_t Int(const char* key, std::optional<int64_t> fallback) {
+    if (!Has(key)) {
+      if (!fallback) missing_.push_back(Quote(key));
+      return fallback.value_or(0);
     }
+    const json& v = j_.at(key);
+    if (!v.is_number_integer()) {
+      bad_.push_back(Quote(key) + " is not an integer");
+      return 0;
+    }
+    return v.get<int64_t>();
   }
-  return Status::Ok();
+  bool Bool(const char* key, bool fallback) {
+    if (!Has(key)) return fallback;
+    const json& v = j_.at(key);
+    if (!v.is_boolean()) {
+      bad_.push_back(Quote(key) + " is not a boolean");
+      return fallback;
+    }
+    return v.get<bool>();
+  }
+  std::vector<int64_t> IntList(const char* key) {
+    std::vector<int64_t> out;
+    if (!Has(key)) return out;
+    const json& v = j_.at(key);
+    if (!v.is_array()) {
+      bad_.push_back(Quote(key) + " is not a list");
+      return out;
+    }
+    for (const json& x : v) {
+      if (!x.is_number_integer()) {
+        bad_.push_back(Quote(key) + " holds a non-integer");
+        return {};
+      }
+      out.push_back(x.get<int64_t>());
+    }
+    return out;
+  }
+  void Missing(std::string what) { missing_.push_back(std::move(what)); }
+  void Bad(std::string what) { bad_.push_back(std::move(what)); }
+
+  // InvalidArgument naming the file and every key missing or bad.
+  Status Finish() const {
+    if (missing_.empty() && bad_.empty()) return Status::Ok();
+    std::string m = file_ + ":";
+    for (size_t i = 0; i < missing_.size(); ++i) m += (i ? ", " : " missing ") + missing_[i];
+    for (size_t i = 0; i < bad_.size(); ++i) m += (i || !missing_.empty() ? "; " : " ") + bad_[i];
+    return InvalidArgument(m);
+  }
+
+ private:
+  const json& j_;
+  std::string file_;
+  std::vector<std::string> missing_, bad_;
+};
+
+// The model type a config names: "model_type", else the type whose
+// architecture is the first entry of "architectures" (an architecture of no
+// known type is returned as it is named). nullopt: the config names neither.
+std::optional<std::string> ModelTypeOf(const json& j, ConfigReader& r) {
+  if (r.Has("model_type")) {
+    const json& t = j.at("model_type");
+    if (t.is_string()) return t.get<std::string>();
+    r.Bad("\"model_type\" is not a string");
+    return std::string();
+  }
+  auto arch = j.find("architectures");
+  if (arch == j.end() || !arch->is_array() || arch->empty() || !arch->front().is_string()) {
+    return std::nullopt;
+  }
+  const std::string a = arch->front().get<std::string>();
+  for (const HfDefaults& d : kHfDefaults) {
+    if (a == d.architecture) return std::string(d.model_type);
+  }
+  return a;
+}
+
+// The default of `field` when there are defaults, else none (the key is required).
+std::optional<int64_t> Default(const HfDefaults* d, int64_t HfDefaults::*field) {
+  if (d == nullptr) return std::nullopt;
+  return d->*field;
+}
+
+// Whether head_dim comes from the config or the defaults (not from hidden_size).
+bool HeadDimGiven(const ConfigReader& r, const HfDefaults* d) {
+  return r.Has("head_dim") || (d != nullptr && d->head_dim > 0);
+}
+
+// Heads, KV heads and head_dim. `hidden` (0: not read) gives head_dim when
+// neither the config nor the defaults do.
+void ReadAttention(ConfigReader& r, const HfDefaults* d, int64_t hidden, ModelSpec* s) {
+  s->num_attention_heads = r.Int("num_attention_heads", Default(d, &HfDefaults::heads));
+  const int64_t kv = d != nullptr && d->kv_heads > 0 ? d->kv_heads : s->num_attention_heads;
+  s->num_kv_heads = r.Int("num_key_value_heads", kv);
+  if (HeadDimGiven(r, d)) {
+    s->head_dim = r.Int("head_dim", d != nullptr ? d->head_dim : 0);
+  } else if (s->num_attention_heads > 0) {
+    s->head_dim = hidden / s->num_attention_heads;
+  }
+}
+
+void ReadMoe(ConfigReader& r, const HfDefaults& d, ModelSpec* s) {
+  s->num_experts = r.Int("num_experts", d.experts);
+  s->moe_ffn_hidden = r.Int("moe_intermediate_size", d.moe_ffn);
+  s->decoder_sparse_step = r.Int("decoder_sparse_step", 1);
+  s->mlp_only_layers = r.IntList("mlp_only_layers");
 }
 
 Status Positive(int64_t v, const char* what) {
@@ -105,40 +213,55 @@ uint64_t PlannedShard::elements() const { return internal::ShapeElements(shape);
 Result<ModelSpec> ParseHfConfig(std::string_view text, const std::string& file) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return InvalidArgument(file + ": not a JSON object");
+  ConfigReader r(j, file);
+  const std::optional<std::string> type = ModelTypeOf(j, r);
+  const HfDefaults* d = type ? DefaultsOf(*type) : nullptr;
+  if (type && !type->empty() && d == nullptr) {
+    return Unimplemented(file + ": model type \"" + *type +
+                         "\" has no converter (model_type llama, qwen3, qwen3_moe, or "
+                         "architectures LlamaForCausalLM, Qwen3ForCausalLM, "
+                         "Qwen3MoeForCausalLM)");
+  }
+  if (!type) r.Missing("\"model_type\" (or \"architectures\")");
   ModelSpec spec;
-  auto type = j.find("model_type");
-  if (type == j.end() || !type->is_string()) {
-    return InvalidArgument(file + ": missing \"model_type\"");
+  spec.model_type = type.value_or("");
+  spec.num_layers = r.Int("num_hidden_layers", Default(d, &HfDefaults::layers));
+  spec.hidden = r.Int("hidden_size", Default(d, &HfDefaults::hidden));
+  spec.ffn_hidden = r.Int("intermediate_size", Default(d, &HfDefaults::ffn));
+  spec.vocab = r.Int("vocab_size", Default(d, &HfDefaults::vocab));
+  ReadAttention(r, d, spec.hidden, &spec);
+  spec.tied_embeddings = r.Bool("tie_word_embeddings", false);
+  const bool attention_bias = r.Bool("attention_bias", false);
+  const bool mlp_bias = r.Bool("mlp_bias", false);
+  if (spec.model_type == "qwen3_moe") ReadMoe(r, *d, &spec);
+  RETURN_IF_ERROR(r.Finish());
+  for (auto [bias, set] : {std::pair{"attention_bias", attention_bias}, {"mlp_bias", mlp_bias}}) {
+    if (set) return Unimplemented(file + ": \"" + bias + "\" is set; biases have no converter");
   }
-  spec.model_type = type->get<std::string>();
-  const bool qwen3 = spec.model_type == "qwen3" || spec.model_type == "qwen3_moe";
-  if (!qwen3 && spec.model_type != "llama") {
-    return Unimplemented(file + ": model_type \"" + spec.model_type +
-                         "\" has no converter (llama, qwen3, qwen3_moe)");
-  }
-  ASSIGN_OR_RETURN(spec.num_layers, RequiredInt(j, "num_hidden_layers", file));
-  ASSIGN_OR_RETURN(spec.hidden, RequiredInt(j, "hidden_size", file));
-  ASSIGN_OR_RETURN(spec.num_attention_heads, RequiredInt(j, "num_attention_heads", file));
-  ASSIGN_OR_RETURN(spec.ffn_hidden, RequiredInt(j, "intermediate_size", file));
-  ASSIGN_OR_RETURN(spec.vocab, RequiredInt(j, "vocab_size", file));
-  ASSIGN_OR_RETURN(std::optional<int64_t> kv, OptionalInt(j, "num_key_value_heads", file));
-  spec.num_kv_heads = kv.value_or(spec.num_attention_heads);
-  ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, OptionalInt(j, "head_dim", file));
-  if (!head_dim && qwen3) return InvalidArgument(file + ": missing \"head_dim\"");
-  if (head_dim) {
-    spec.head_dim = *head_dim;
-  } else if (spec.num_attention_heads > 0) {
-    spec.head_dim = spec.hidden / spec.num_attention_heads;
-  }
-  ASSIGN_OR_RETURN(spec.tied_embeddings, OptionalBool(j, "tie_word_embeddings", false, file));
-  for (const char* bias : {"attention_bias", "mlp_bias"}) {
-    ASSIGN_OR_RETURN(bool has_bias, OptionalBool(j, bias, false, file));
-    if (has_bias)
-      return Unimplemented(file + ": \"" + bias + "\" is set; biases have no converter");
-  }
-  spec.qk_norm = qwen3;
-  if (spec.model_type == "qwen3_moe") RETURN_IF_ERROR(ParseMoeFields(j, file, &spec));
+  spec.qk_norm = spec.model_type == "qwen3" || spec.model_type == "qwen3_moe";
   return spec;
+}
+
+Result<HfAttention> ParseHfAttention(std::string_view text, const std::string& file) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument(file + ": not a JSON object");
+  ConfigReader r(j, file);
+  const std::optional<std::string> type = ModelTypeOf(j, r);
+  // Any model type: only the defaults differ (none for a type not known here).
+  const HfDefaults* d = type ? DefaultsOf(*type) : nullptr;
+  const int64_t hidden =
+      HeadDimGiven(r, d) ? 0 : r.Int("hidden_size", Default(d, &HfDefaults::hidden));
+  ModelSpec s;
+  ReadAttention(r, d, hidden, &s);
+  RETURN_IF_ERROR(r.Finish());
+  for (auto [v, what] : {std::pair{s.num_attention_heads, "num_attention_heads"},
+                         {s.num_kv_heads, "num_key_value_heads"},
+                         {s.head_dim, "head_dim"}}) {
+    if (v <= 0) {
+      return InvalidArgument(file + ": " + what + " must be positive, got " + std::to_string(v));
+    }
+  }
+  return HfAttention{s.num_attention_heads, s.num_kv_heads, s.head_dim};
 }
 
 Status ValidateLayout(const ModelSpec& s, const ParallelLayout& p) {

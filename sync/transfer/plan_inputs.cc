@@ -27,9 +27,9 @@ Result<PlanInputs> PlanInputsOf(Store& store, const Version& v) {
   Materializer reader(&store);
   ASSIGN_OR_RETURN(std::string json,
                    reader.ReadWholeBlob(config->blob, config->size, name + "/config.json"));
-  ASSIGN_OR_RETURN(ModelSpec spec, ParseHfConfig(json, name + "/config.json"));
-  in.geometry = {static_cast<uint64_t>(spec.num_attention_heads),
-                 static_cast<uint64_t>(spec.num_kv_heads), static_cast<uint64_t>(spec.head_dim)};
+  ASSIGN_OR_RETURN(HfAttention g, ParseHfAttention(json, name + "/config.json"));
+  in.geometry = {static_cast<uint64_t>(g.heads), static_cast<uint64_t>(g.kv_heads),
+                 static_cast<uint64_t>(g.head_dim)};
   return in;
 }
 

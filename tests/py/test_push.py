@@ -9,6 +9,7 @@ publishes; a trainer killed with kill -9 leaves receivers holding their
 last version, whole, and saying so.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -410,3 +411,55 @@ def test_push_group_waits_for_the_receivers_it_expects_and_reports_those_missing
         finally:
             for rx in rxs:
                 rx.close()
+
+
+def _publish_one_step(pub, model):
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-6)
+    for p in model.parameters():
+        p.grad = torch.ones(p.shape)
+    opt.step()
+    params = {n: {"param": p, "exp_avg": opt.state[p]["exp_avg"],
+                  "exp_avg_sq": opt.state[p]["exp_avg_sq"], "step": opt.state[p]["step"]}
+              for n, p in model.named().items()}
+    return pub.publish_adamw(step=1, params=params, lr=5e-6, weight_decay=0.01)
+
+
+def test_push_reads_model_facts_from_architectures_and_transformers_defaults(tmp_path):
+    """A config.json that names its model by "architectures" alone, with no
+    intermediate_size (a push does not need it) and no head_dim (hidden /
+    heads, as transformers derives it): the version is pushed."""
+    model = push_util.TinyGqaLM(seed=2)
+    push_util.save_checkpoint(tmp_path / "v0", model)
+    assert push_util.DIM // push_util.HEADS == push_util.HEAD_DIM
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": push_util.DIM,
+              "num_attention_heads": push_util.HEADS, "num_key_value_heads": push_util.KV_HEADS}
+    (tmp_path / "v0" / "config.json").write_text(json.dumps(config))
+    store = str(tmp_path / "store")
+    shapes = {n: tuple(p.shape) for n, p in model.named().items()}
+    with dte.PushGroup(receivers=1) as group, dte.Publisher(store=store, push=group) as pub:
+        assert pub.import_checkpoint(str(tmp_path / "v0")) == 0
+        v0 = push_util.read_version(dte, store, 0, shapes)
+        tensors = push_util.local_state(v0, 2, 1, True)
+        with dte.PushReceiver(group.address, tensors, rank=1, layout=dte.FusedReceiverLayout(2),
+                              version=0) as rx:
+            group.wait_for_receivers(timeout=30, version=0)
+            r = _publish_one_step(pub, model)
+            assert r.push.error == "" and r.push.pushed == 1, r.push
+            rx.wait_for(1, timeout=30)
+            want = push_util.local_state(push_util.read_version(dte, store, 1, shapes), 2, 1, True)
+            for n, t in want.items():
+                assert torch.equal(tensors[n].view(torch.int16), t.view(torch.int16)), n
+
+
+def test_push_without_model_facts_names_every_missing_key_at_once(tmp_path):
+    model = push_util.TinyGqaLM(seed=2)
+    push_util.save_checkpoint(tmp_path / "v0", model)
+    (tmp_path / "v0" / "config.json").write_text(json.dumps({"num_key_value_heads": 2}))
+    with dte.PushGroup() as group, dte.Publisher(store=str(tmp_path / "store"),
+                                                 push=group) as pub:
+        assert pub.import_checkpoint(str(tmp_path / "v0")) == 0
+        r = _publish_one_step(pub, model)
+    assert r.version == 1 and r.push.pushed == 0
+    assert r.push.error == ('v00000001/config.json: missing "hidden_size", '
+                            '"num_attention_heads"'), r.push
+

@@ -91,10 +91,13 @@ TEST(ConvertSpec, ParsesDenseConfigs) {
 }
 
 TEST(ConvertSpec, ConfigErrorsNameFileAndField) {
-  auto missing = ParseHfConfig(R"({"model_type": "llama", "hidden_size": 8})", "a/config.json");
+  // No model type, so no defaults: every missing key is named at once.
+  auto missing = ParseHfConfig(R"({"hidden_size": 8})", "a/config.json");
   EXPECT_EQ(missing.status().code(), Code::kInvalidArgument);
-  EXPECT_NE(missing.status().message().find("a/config.json"), std::string::npos);
-  EXPECT_NE(missing.status().message().find("num_hidden_layers"), std::string::npos);
+  EXPECT_EQ(missing.status().message(),
+            "a/config.json: missing \"model_type\" (or \"architectures\"), "
+            "\"num_hidden_layers\", \"intermediate_size\", \"vocab_size\", "
+            "\"num_attention_heads\"");
   auto type = ParseHfConfig(R"({"model_type": "gpt2"})", "b.json");
   EXPECT_EQ(type.status().code(), Code::kUnimplemented);
   EXPECT_NE(type.status().message().find("gpt2"), std::string::npos);
@@ -103,9 +106,74 @@ TEST(ConvertSpec, ConfigErrorsNameFileAndField) {
   auto bias = ParseHfConfig(biased, "c.json");
   EXPECT_EQ(bias.status().code(), Code::kUnimplemented);
   EXPECT_NE(bias.status().message().find("attention_bias"), std::string::npos);
-  auto wrong_type = ParseHfConfig(R"({"model_type": "llama", "num_hidden_layers": "2"})", "d");
-  EXPECT_NE(wrong_type.status().message().find("num_hidden_layers"), std::string::npos);
+  auto wrong_type =
+      ParseHfConfig(R"({"model_type": "llama", "num_hidden_layers": "2", "vocab_size": 1.5})", "d");
+  EXPECT_EQ(wrong_type.status().message(),
+            "d: \"num_hidden_layers\" is not an integer; \"vocab_size\" is not an integer");
   EXPECT_FALSE(ParseHfConfig("{not json", "e").ok());
+  auto arch = ParseHfConfig(R"({"architectures": ["MistralForCausalLM"]})", "f");
+  EXPECT_EQ(arch.status().code(), Code::kUnimplemented);
+  EXPECT_NE(arch.status().message().find("MistralForCausalLM"), std::string::npos);
+}
+
+TEST(ConvertSpec, ModelTypeFromArchitecturesAndTransformersDefaults) {
+  // As transformers loads it: LlamaForCausalLM is LlamaConfig, whose
+  // defaults fill what the file leaves out.
+  auto llama = ParseHfConfig(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
+                                 "num_attention_heads": 16})",
+                             "llama/config.json");
+  ASSERT_TRUE(llama.ok()) << llama.status().ToString();
+  EXPECT_EQ(llama->model_type, "llama");
+  EXPECT_EQ(llama->num_kv_heads, 16);  // num_key_value_heads: num_attention_heads
+  EXPECT_EQ(llama->head_dim, 128);     // hidden_size / num_attention_heads
+  EXPECT_EQ(llama->ffn_hidden, 11008);
+  EXPECT_EQ(llama->num_layers, 32);
+  EXPECT_EQ(llama->vocab, 32000);
+  EXPECT_FALSE(llama->tied_embeddings);
+  // Qwen3Config's head_dim is 128 whatever hidden_size / heads is.
+  auto qwen = ParseHfConfig(R"({"model_type": "qwen3", "hidden_size": 1024,
+                                "num_attention_heads": 16, "num_key_value_heads": 8})",
+                            "qwen3/config.json");
+  ASSERT_TRUE(qwen.ok()) << qwen.status().ToString();
+  EXPECT_EQ(qwen->head_dim, 128);
+  EXPECT_TRUE(qwen->qk_norm);
+  auto moe = ParseHfConfig(R"({"architectures": ["Qwen3MoeForCausalLM"]})", "moe/config.json");
+  ASSERT_TRUE(moe.ok()) << moe.status().ToString();
+  EXPECT_EQ(moe->model_type, "qwen3_moe");
+  EXPECT_EQ(moe->num_experts, 128);
+  EXPECT_EQ(moe->moe_ffn_hidden, 768);
+  EXPECT_EQ(moe->num_kv_heads, 4);
+  EXPECT_EQ(moe->head_dim, 2048 / 32);
+  // "model_type" wins over "architectures".
+  auto both = ParseHfConfig(R"({"model_type": "qwen3", "architectures": ["LlamaForCausalLM"]})",
+                            "both.json");
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  EXPECT_EQ(both->model_type, "qwen3");
+}
+
+TEST(ConvertSpec, AttentionOfAnyModelTypeNeedsOnlyItsOwnKeys) {
+  // What a push plans with: no model type, no intermediate_size.
+  auto plain = ParseHfAttention(
+      R"({"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2})", "a.json");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ((std::vector<int64_t>{plain->heads, plain->kv_heads, plain->head_dim}),
+            (std::vector<int64_t>{4, 2, 16}));
+  auto mistral = ParseHfAttention(R"({"architectures": ["MistralForCausalLM"], "head_dim": 8,
+                                      "num_attention_heads": 4})",
+                                  "m.json");
+  ASSERT_TRUE(mistral.ok()) << mistral.status().ToString();
+  EXPECT_EQ((std::vector<int64_t>{mistral->heads, mistral->kv_heads, mistral->head_dim}),
+            (std::vector<int64_t>{4, 4, 8}));
+  auto qwen = ParseHfAttention(R"({"architectures": ["Qwen3ForCausalLM"]})", "q.json");
+  ASSERT_TRUE(qwen.ok()) << qwen.status().ToString();
+  EXPECT_EQ((std::vector<int64_t>{qwen->heads, qwen->kv_heads, qwen->head_dim}),
+            (std::vector<int64_t>{32, 32, 128}));
+  auto none = ParseHfAttention(R"({"num_key_value_heads": 2})", "v1/config.json");
+  EXPECT_EQ(none.status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(none.status().message(),
+            "v1/config.json: missing \"hidden_size\", \"num_attention_heads\"");
+  auto zero = ParseHfAttention(R"({"num_attention_heads": 0, "head_dim": 8})", "z.json");
+  EXPECT_EQ(zero.status().message(), "z.json: num_attention_heads must be positive, got 0");
 }
 
 // Counts, for every element, how many copies write it (HF side) or read it
