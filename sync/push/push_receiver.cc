@@ -451,12 +451,12 @@ class PushReceiver::Impl {
 Status PushReceiver::Impl::Session(const std::shared_ptr<Link>& link) {
   const std::string who = "the push server at " + link->address;
   // Short deadlines to connect and authenticate: the receiver's destructor
-  // waits for them.
+  // waits for them. ConnectTcp adds the address itself.
   ASSIGN_OR_RETURN(
       ScopedFd fd,
       transport_internal::ConnectTcp(
           link->address, Deadline(std::min<std::chrono::milliseconds>(options_.timeout, 1000ms)),
-          who));
+          "the push server"));
   const int raw = fd.get();
   if (!options_.secret.empty()) {
     RETURN_IF_ERROR(auth_internal::ClientHandshake(

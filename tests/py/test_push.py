@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -463,3 +464,17 @@ def test_push_without_model_facts_names_every_missing_key_at_once(tmp_path):
     assert r.push.error == ('v00000001/config.json: missing "hidden_size", '
                             '"num_attention_heads"'), r.push
 
+
+def test_a_receiver_that_cannot_connect_names_the_server_address_once():
+    import socket
+    with socket.socket() as s:  # a loopback port nobody listens on once it is closed
+        s.bind(("127.0.0.1", 0))
+        address = "127.0.0.1:%d" % s.getsockname()[1]
+    w = np.zeros(4, np.float32)
+    with dte.PushReceiver(address, {"w": ("F32", w)}, timeout=1.0) as rx:
+        error = wait_for(lambda: rx.status().error, 30, "a failed connection")
+        assert "the push server at %s" % address in error, error
+        assert error.count(address) == 1, error
+        with pytest.raises(dte.Timeout) as e:
+            rx.wait_for(1, timeout=0.2)
+        assert str(e.value).count(address) == 1, str(e.value)

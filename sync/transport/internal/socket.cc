@@ -230,7 +230,8 @@ Result<ScopedFd> ConnectTcp(const std::string& address, const Deadline& deadline
         last = ErrnoStatus("connect to " + who + " at " + address, errno);
         continue;
       }
-      Status ready = WaitReady(fd.get(), POLLOUT, deadline, "connecting to " + who);
+      Status ready =
+          WaitReady(fd.get(), POLLOUT, deadline, "connecting to " + who + " at " + address);
       if (!ready.ok()) return ready;
       int err = 0;
       socklen_t len = sizeof(err);

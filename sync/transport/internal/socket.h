@@ -51,7 +51,8 @@ Status SplitHostPort(const std::string& address, std::string* host, int* port);
 Result<ScopedFd> ListenTcp(const std::string& address, int backlog, int* bound_port);
 
 // A connected, non-blocking socket to host:port (TCP_NODELAY), trying each
-// resolved address until the deadline.
+// resolved address until the deadline. `who` says what the peer is ("the
+// push server"); errors add " at ADDRESS" to it.
 Result<ScopedFd> ConnectTcp(const std::string& address, const Deadline& deadline,
                             const std::string& who);
 
