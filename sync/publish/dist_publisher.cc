@@ -626,10 +626,10 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
   plan.latest = *all[0].latest;
   for (int r = 0; r < world; ++r) {
     if (all[r].last_version && *all[r].last_version != plan.latest) {
-      return InvalidArgument(at_step + ": the latest version of store " + store_->uri() + " is " +
-                             VersionName(plan.latest) + ", not " +
-                             VersionName(*all[r].last_version) + " which rank " +
-                             std::to_string(r) + " published last: another writer changed it");
+      return AlreadyExists(at_step + ": the latest version of store " + store_->uri() + " is " +
+                           VersionName(plan.latest) + ", not " + VersionName(*all[r].last_version) +
+                           " which rank " + std::to_string(r) +
+                           " published last: another writer changed it");
     }
   }
   {

@@ -331,9 +331,9 @@ Result<std::unique_ptr<Publisher::Draft>> Publisher::Begin(const AdamWStep& h) {
                     "first");
   }
   if (last_version_ && *latest != *last_version_) {
-    return InvalidArgument("the latest version of store " + store_->uri() + " is " +
-                           VersionName(*latest) + ", not " + VersionName(*last_version_) +
-                           " which this publisher committed last: another writer changed it");
+    return AlreadyExists("the latest version of store " + store_->uri() + " is " +
+                         VersionName(*latest) + ", not " + VersionName(*last_version_) +
+                         " which this publisher committed last: another writer changed it");
   }
   ASSIGN_OR_RETURN(auto parent, store_->GetVersion(*latest));
   auto d = std::make_unique<Draft>(options_, store_.get(), *latest, std::move(parent));

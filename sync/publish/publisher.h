@@ -21,7 +21,8 @@
 //
 // Thread-safety: not thread-safe; use one Publisher from one thread at a
 // time. Several Publishers (in any processes) may target one store; a
-// publish that loses the race for the next version fails with AlreadyExists.
+// publish that loses the race for the next version, or finds that another
+// writer committed since this one's last version, fails with AlreadyExists.
 #pragma once
 
 #include <cstdint>

@@ -158,7 +158,7 @@ def test_a_damaged_listing_is_not_another_writer(moto, faults, bucket, dte_lib, 
         # A real other writer.
         other = dtectl(moto, moto.endpoint, uri, tmp_path / "other")
         assert other.commit(t.init) == 4
-        with pytest.raises(dte.DteError) as e:
+        with pytest.raises(dte.VersionConflict) as e:
             t.step(pub, 4)
         assert "another writer changed it" in str(e.value), str(e.value)
         assert "v00000004, not v00000003" in str(e.value), str(e.value)
