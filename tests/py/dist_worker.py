@@ -278,7 +278,7 @@ def main():
             if step <= latest:
                 continue  # already published: replay only
             if cfg.get("stall") == [rank, step]:
-                time.sleep(3600)
+                time.sleep(3600)  # a hung rank: the test kills it once the others exit
             step_now[0] = step
             if kill and kill[0] == rank and kill[1] == step and kill[2] == -1:
                 os.kill(os.getpid(), signal.SIGKILL)
