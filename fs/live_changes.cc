@@ -12,6 +12,7 @@
 
 #include "kernels/parallel.h"
 #include "kernels/width.h"
+#include "store/changes.h"
 
 namespace dte::fs {
 namespace {
@@ -67,11 +68,7 @@ Status Live::CheckLayout(const Version& from, const Version& to) {
 namespace {
 
 // One decoded record as a list of entries (see Live::BlockChange).
-struct Entries {
-  std::vector<uint32_t> idx;
-  std::vector<uint8_t> vals;
-  std::vector<uint8_t> whole;  // empty: no set elements
-};
+using Entries = BlockEntries;
 
 // Composes the entries of several records of one block, applied in order,
 // into one list: per element, differences add up; a whole value replaces
@@ -266,12 +263,7 @@ Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const 
           const std::string what = VersionName(v->manifest.version) + "/" + file.name +
                                    " tensor \"" + tensor.name + "\" block " +
                                    std::to_string(job.block);
-          if (rec.offset > blob.size() || rec.length > blob.size() - rec.offset) {
-            s = Corruption(what + ": record lies outside its blob");
-            break;
-          }
-          s = DecodeSparseEntries(std::string_view(blob).substr(rec.offset, rec.length), len, width,
-                                  &one.idx, &one.vals, &one.whole, &scratch, what);
+          s = DecodeRecordEntries(blob, rec, len, width, &one, &scratch, what);
           if (!s.ok()) break;
           if (!forward) {
             if (!one.whole.empty()) {
@@ -314,12 +306,8 @@ Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const 
         if (s.ok()) {
           const char* x = (*lb)->data();
           const char* y = (*tb)->data();
-          const size_t n = (*tb)->size() / static_cast<size_t>(width);
-          for (size_t i = 0; i < n; ++i) {
-            if (std::memcmp(x + i * width, y + i * width, static_cast<size_t>(width)) != 0) {
-              out.idx.push_back(static_cast<uint32_t>(i));
-            }
-          }
+          DifferingElements(reinterpret_cast<const uint8_t*>(x),
+                            reinterpret_cast<const uint8_t*>(y), (*tb)->size(), width, &out.idx);
           out.vals.resize(out.idx.size() * static_cast<size_t>(width));
           for (size_t k = 0; k < out.idx.size(); ++k) {
             std::memcpy(out.vals.data() + k * width, y + size_t{out.idx[k]} * width,

@@ -5,6 +5,7 @@
 #include <set>
 #include <tuple>
 
+#include "store/changes.h"
 #include "store/materialize.h"
 
 namespace dte {
@@ -211,93 +212,120 @@ uint64_t Load(const uint8_t* p, int width) {
   return v;
 }
 
+bool IsFloating(DType t) {
+  return t == DType::kBF16 || t == DType::kF16 || t == DType::kF32 || t == DType::kF64;
+}
+
+// Adds the distance between the floating-point elements x and y (which
+// differ in their bits) to d's buckets.
+void CountUlps(uint64_t x, uint64_t y, DType dtype, int width, TensorDiff* d) {
+  if (IsNan(x, dtype) || IsNan(y, dtype)) {
+    d->nan++;
+    return;
+  }
+  const int64_t ox = Ordered(x, width), oy = Ordered(y, width);
+  const uint64_t dist = ox > oy ? static_cast<uint64_t>(ox) - static_cast<uint64_t>(oy)
+                                : static_cast<uint64_t>(oy) - static_cast<uint64_t>(ox);
+  if (dist == 0) return;  // +0 and -0
+  d->max_ulp = std::max(d->max_ulp, dist);
+  int bucket = 0;
+  while (bucket < TensorDiff::kDiffBuckets && (uint64_t{1} << bucket) < dist) ++bucket;
+  d->ulps[bucket]++;
+}
+
+TensorDiff Named(const TensorEntry& t, const char* status) {
+  TensorDiff d;
+  d.name = t.name;
+  d.dtype = t.dtype;
+  d.elements = t.elements();
+  d.status = status;
+  return d;
+}
+
+// Versions a and b read a block at a time: the blocks whose hashes differ
+// are compared element by element (store/changes.h).
+class BlockDiffer {
+ public:
+  BlockDiffer(Store& store, std::shared_ptr<const Version> a, std::shared_ptr<const Version> b)
+      : reader_(&store),
+        a_(std::move(a)),
+        b_(std::move(b)),
+        chain_a_(reader_.ChainOf(a_)),
+        chain_b_(reader_.ChainOf(b_)) {}
+
+  // Tensor ta of a against tb of b (same dtype, shape and block size).
+  Status Diff(const FileEntry& fa, const TensorEntry& ta, const FileEntry& fb,
+              const TensorEntry& tb, TensorDiff* d) {
+    d->floating = IsFloating(ta.dtype);
+    if (d->floating) d->ulps.assign(TensorDiff::kDiffBuckets + 1, 0);
+    for (uint32_t blk = 0; blk < ta.blocks; ++blk) {
+      if (a_->records[size_t{ta.first_block} + blk].hash ==
+          b_->records[size_t{tb.first_block} + blk].hash) {
+        continue;
+      }
+      d->blocks_read++;
+      RETURN_IF_ERROR(DiffBlock(fa, ta, fb, tb, blk, d));
+    }
+    d->status = d->differ ? "differs" : "same";
+    return Status::Ok();
+  }
+
+ private:
+  Status DiffBlock(const FileEntry& fa, const TensorEntry& ta, const FileEntry& fb,
+                   const TensorEntry& tb, uint32_t blk, TensorDiff* d) {
+    const uint64_t bb = a_->manifest.block_bytes;
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(bb, ta.bytes() - uint64_t{blk} * bb));
+    const int w = DTypeWidth(ta.dtype);
+    block_a_.resize(len);
+    block_b_.resize(len);
+    RETURN_IF_ERROR(reader_.ReadBlock(a_, fa, ta, blk, block_a_.data(), &chain_a_));
+    RETURN_IF_ERROR(reader_.ReadBlock(b_, fb, tb, blk, block_b_.data(), &chain_b_));
+    differ_.clear();
+    DifferingElements(block_a_.data(), block_b_.data(), len, w, &differ_);
+    d->differ += differ_.size();
+    if (!d->floating) return Status::Ok();
+    for (uint32_t k : differ_) {
+      const size_t at = size_t{k} * static_cast<size_t>(w);
+      CountUlps(Load(&block_a_[at], w), Load(&block_b_[at], w), ta.dtype, w, d);
+    }
+    return Status::Ok();
+  }
+
+  Materializer reader_;
+  std::shared_ptr<const Version> a_, b_;
+  const VersionChain chain_a_, chain_b_;
+  std::vector<uint8_t> block_a_, block_b_;
+  std::vector<uint32_t> differ_;
+};
+
 }  // namespace
 
 Result<std::vector<TensorDiff>> DiffVersions(Store& store, uint64_t a, uint64_t b) {
   ASSIGN_OR_RETURN(auto va, store.GetVersion(a));
   ASSIGN_OR_RETURN(auto vb, store.GetVersion(b));
-  Materializer reader(&store);
-  const VersionChain chain_a = reader.ChainOf(va), chain_b = reader.ChainOf(vb);
-  struct Where {
-    const FileEntry* file;
-    const TensorEntry* tensor;
-  };
-  std::map<std::string, Where> in_b;
-  for (const FileEntry& f : vb->manifest.files) {
-    for (const TensorEntry& t : f.tensors) in_b[t.name] = {&f, &t};
-  }
+  BlockDiffer differ(store, va, vb);
   const bool same_blocks = va->manifest.block_bytes == vb->manifest.block_bytes;
   std::vector<TensorDiff> out;
-  std::vector<uint8_t> block_a, block_b;
-  std::set<std::string> seen;
   for (const FileEntry& fa : va->manifest.files) {
     for (const TensorEntry& ta : fa.tensors) {
-      seen.insert(ta.name);
-      TensorDiff d;
-      d.name = ta.name;
-      d.dtype = ta.dtype;
-      d.elements = ta.elements();
-      auto it = in_b.find(ta.name);
-      if (it == in_b.end()) {
-        d.status = "only in A";
-        out.push_back(std::move(d));
+      auto in_b = vb->manifest.FindTensor(ta.name);
+      if (!in_b) {
+        out.push_back(Named(ta, "only in A"));
         continue;
       }
-      const FileEntry& fb = *it->second.file;
-      const TensorEntry& tb = *it->second.tensor;
+      const TensorEntry& tb = *in_b->tensor;
       if (tb.dtype != ta.dtype || tb.shape != ta.shape || !same_blocks) {
-        d.status = "layout differs";
-        out.push_back(std::move(d));
+        out.push_back(Named(ta, "layout differs"));
         continue;
       }
-      const int w = DTypeWidth(ta.dtype);
-      d.floating = ta.dtype == DType::kBF16 || ta.dtype == DType::kF16 || ta.dtype == DType::kF32 ||
-                   ta.dtype == DType::kF64;
-      if (d.floating) d.ulps.assign(TensorDiff::kDiffBuckets + 1, 0);
-      const uint64_t bb = va->manifest.block_bytes;
-      for (uint32_t blk = 0; blk < ta.blocks; ++blk) {
-        if (va->records[size_t{ta.first_block} + blk].hash ==
-            vb->records[size_t{tb.first_block} + blk].hash) {
-          continue;
-        }
-        d.blocks_read++;
-        const uint64_t len = std::min<uint64_t>(bb, ta.bytes() - uint64_t{blk} * bb);
-        block_a.resize(len);
-        block_b.resize(len);
-        RETURN_IF_ERROR(reader.ReadBlock(va, fa, ta, blk, block_a.data(), &chain_a));
-        RETURN_IF_ERROR(reader.ReadBlock(vb, fb, tb, blk, block_b.data(), &chain_b));
-        for (uint64_t k = 0; k + w <= len; k += w) {
-          const uint64_t x = Load(&block_a[k], w), y = Load(&block_b[k], w);
-          if (x == y) continue;
-          d.differ++;
-          if (!d.floating) continue;
-          if (IsNan(x, ta.dtype) || IsNan(y, ta.dtype)) {
-            d.nan++;
-            continue;
-          }
-          const int64_t ox = Ordered(x, w), oy = Ordered(y, w);
-          const uint64_t dist = ox > oy ? static_cast<uint64_t>(ox) - static_cast<uint64_t>(oy)
-                                        : static_cast<uint64_t>(oy) - static_cast<uint64_t>(ox);
-          if (dist == 0) continue;  // +0 and -0
-          d.max_ulp = std::max(d.max_ulp, dist);
-          int bucket = 0;
-          while (bucket < TensorDiff::kDiffBuckets && (uint64_t{1} << bucket) < dist) ++bucket;
-          d.ulps[bucket]++;
-        }
-      }
-      d.status = d.differ ? "differs" : "same";
+      TensorDiff d = Named(ta, "");
+      RETURN_IF_ERROR(differ.Diff(fa, ta, *in_b->file, tb, &d));
       out.push_back(std::move(d));
     }
   }
   for (const FileEntry& fb : vb->manifest.files) {
     for (const TensorEntry& tb : fb.tensors) {
-      if (seen.count(tb.name)) continue;
-      TensorDiff d;
-      d.name = tb.name;
-      d.dtype = tb.dtype;
-      d.elements = tb.elements();
-      d.status = "only in B";
-      out.push_back(std::move(d));
+      if (!va->manifest.FindTensor(tb.name)) out.push_back(Named(tb, "only in B"));
     }
   }
   return out;
