@@ -173,6 +173,28 @@ Status ValidateLayout(const std::vector<PlanTensor>& canonical,
   return CheckFusedPartners(canonical, classes, layout);
 }
 
+namespace {
+
+// A q, k or v piece in the fused qkv tensor, a gate or up piece in the
+// fused gate_up tensor, when the layout fuses them: its rows' place there.
+void PlaceInFused(const PlanTensor& t, const Classified& c, const ShardLayout& layout,
+                  uint64_t q_rows, uint64_t kv_rows, Piece* p) {
+  const bool qkv = c.role == Role::kQ || c.role == Role::kK || c.role == Role::kV;
+  const bool gate_up = c.role == Role::kGate || c.role == Role::kUp;
+  if (qkv && layout.fuse_qkv) {
+    p->local.name = FusedName(c);
+    p->local.shape[0] = q_rows + 2 * kv_rows;
+    p->local_start[0] = c.role == Role::kQ ? 0 : c.role == Role::kK ? q_rows : q_rows + kv_rows;
+  } else if (gate_up && layout.fuse_gate_up) {
+    const uint64_t rows = t.shape[0] / layout.tp;
+    p->local.name = FusedName(c);
+    p->local.shape[0] = 2 * rows;
+    p->local_start[0] = c.role == Role::kGate ? 0 : rows;
+  }
+}
+
+}  // namespace
+
 Piece LocalPiece(const PlanTensor& t, const Classified& c, const AttentionGeometry& g,
                  const ShardLayout& layout, int rank) {
   const int tp = layout.tp;
@@ -223,18 +245,7 @@ Piece LocalPiece(const PlanTensor& t, const Classified& c, const AttentionGeomet
     case Role::kReplicated:
       break;
   }
-  const bool qkv = c.role == Role::kQ || c.role == Role::kK || c.role == Role::kV;
-  const bool gate_up = c.role == Role::kGate || c.role == Role::kUp;
-  if (qkv && layout.fuse_qkv) {
-    p.local.name = FusedName(c);
-    p.local.shape[0] = q_rows + 2 * kv_rows;
-    p.local_start[0] = c.role == Role::kQ ? 0 : c.role == Role::kK ? q_rows : q_rows + kv_rows;
-  } else if (gate_up && layout.fuse_gate_up) {
-    const uint64_t rows = t.shape[0] / tp;
-    p.local.name = FusedName(c);
-    p.local.shape[0] = 2 * rows;
-    p.local_start[0] = c.role == Role::kGate ? 0 : rows;
-  }
+  PlaceInFused(t, c, layout, q_rows, kv_rows, &p);
   return p;
 }
 
