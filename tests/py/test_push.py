@@ -130,7 +130,7 @@ def test_stopped_receiver_is_dropped_and_catches_up_from_the_store(run):
     r.await_marks(2)
     # The stopped receiver reconnects and holds v2: from the push that sat in
     # its socket (whole, so it applies) or from the store.
-    wait_for(lambda: [x["version"] for x in r.group.status()["receivers"]] == [2, 2], 30,
+    wait_for(lambda: [x.version for x in r.group.status().receivers] == [2, 2], 30,
              "both receivers to be back at v2")
     res, _ = r.publish(3)
     assert res.push.pushed == 2, res.push
@@ -155,13 +155,13 @@ def test_killed_receiver_does_not_stop_publishing_and_its_restart_catches_up(run
         assert res.push.pushed == 1, res.push
         assert secs < 5.0
     r.await_marks(3)
-    events = r.group.status()["events"]
+    events = r.group.status().events
     assert any("rank 0" in e and "closed the connection" in e for e in events), events
     # Restarted, it joins late with empty tensors: the store brings it to v3,
     # then it is pushed to again.
     tag = r.start_one(2, 0, True, 4)
     r.await_marks(3, [tag])
-    wait_for(lambda: [x["version"] for x in r.group.status()["receivers"]] == [3, 3], 30,
+    wait_for(lambda: [x.version for x in r.group.status().receivers] == [3, 3], 30,
              "the restarted receiver to be registered at v3")
     res, _ = r.publish(4)
     assert res.push.pushed == 2, res.push
@@ -242,7 +242,7 @@ def test_cuda_receivers_hold_every_version_bit_for_bit(run):
     for rank, tensors, rx in rxs:
         wait_for(lambda: rx.status().behind is not None, 30, "the server's welcome")
         rx.catch_up(r.store)
-    wait_for(lambda: [x["version"] for x in r.group.status()["receivers"]] == [0, 0], 30,
+    wait_for(lambda: [x.version for x in r.group.status().receivers] == [0, 0], 30,
              "both receivers at v0")
     for step in range(1, 4):
         res, _ = r.publish(step)
@@ -294,7 +294,7 @@ def test_distributed_publisher_pushes_each_version(tmp_path, mode):
     threads = [threading.Thread(target=open_rank, args=(r,)) for r in range(2)]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    wait_for(lambda: len(group.status()["receivers"]) == 2, 30, "both receivers")
+    wait_for(lambda: len(group.status().receivers) == 2, 30, "both receivers")
     try:
         for step in range(1, 4):
             g = torch.Generator().manual_seed(2000 + step)
@@ -389,17 +389,18 @@ def test_push_group_waits_for_the_receivers_it_expects_and_reports_those_missing
                for r in range(2)]
         try:
             st = group.wait_for_receivers(timeout=30, version=0)
-            assert st["expected"] == 2 and len(st["receivers"]) == 2, st
+            assert st.expected == 2 and len(st.receivers) == 2, st
+            assert [x.layout for x in st.receivers] == [dte.FusedReceiverLayout(2)] * 2, st
             rxs.pop().close()
-            wait_for(lambda: len(group.status(events=False)["receivers"]) == 1, 30,
+            wait_for(lambda: len(group.status(events=False).receivers) == 1, 30,
                      "the close")
             with pytest.raises(dte.Timeout) as e:
                 group.wait_for_receivers(timeout=0.3)
             assert e.value.code == 5 and "1 of 2 receivers after" in str(e.value)
             # Waiting left the event of the close for status() to take.
-            events = group.status()["events"]
+            events = group.status().events
             assert any("closed the connection" in x for x in events), events
-            assert group.status()["events"] == []
+            assert group.status().events == []
             opt = torch.optim.AdamW(model.parameters(), lr=5e-6)
             for p in model.parameters():
                 p.grad = torch.ones(p.shape)

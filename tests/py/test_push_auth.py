@@ -64,13 +64,13 @@ def test_strangers_are_refused_and_logged_while_the_jobs_receivers_hold_every_ve
                   dte.PushReceiver("127.0.0.1:%d" % port, zeros)]
         try:
             group.wait_for_receivers(timeout=30, version=0)
-            wait_for(lambda: group.status(events=False)["refused"] >= 3, 30, "3 refusals")
+            wait_for(lambda: group.status(events=False).refused >= 3, 30, "3 refusals")
             # The server may count the refusal before the receiver notes why.
             wait_for(lambda: "did not prove it knows the job secret" in others[0].status().error,
                      30, "the receiver to note the server's failed proof")
             st = group.status()
-            assert st["authenticated"] is True and len(st["receivers"]) == 1, st
-            refused = [e for e in st["events"] if " refused: " in e]
+            assert st.authenticated is True and len(st.receivers) == 1, st
+            refused = [e for e in st.events if " refused: " in e]
             assert all("from 127.0.0.1:" in e for e in refused), refused
             assert any("no authentication handshake" in e for e in refused), refused
             r = pub.publish_adamw(step=1, params=adamw_step(model, 1), lr=5e-6)
@@ -95,7 +95,7 @@ def test_without_a_secret_a_push_group_listens_on_loopback_only():
     assert "0.0.0.0:0, which is not a loopback address" in str(e.value)
     assert "DTE_JOB_SECRET" in str(e.value)
     with dte.PushGroup("127.0.0.1:0") as group:
-        assert group.status()["authenticated"] is False
+        assert group.status().authenticated is False
     with pytest.raises(ValueError):
         dte.PushGroup("127.0.0.1:0", secret=b"with\0nul")
 
@@ -110,7 +110,7 @@ def test_a_secret_from_the_environment_must_be_a_private_file(tmp_path, monkeypa
     assert e.value.code == 9 and "%s has mode 0644" % path in str(e.value), str(e.value)
     path.chmod(0o600)
     with dte.PushGroup("0.0.0.0:0") as group:
-        assert group.status()["authenticated"] is True
+        assert group.status().authenticated is True
 
 
 def test_a_rendezvous_secret_others_may_read_is_refused(tmp_path):

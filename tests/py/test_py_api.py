@@ -70,6 +70,8 @@ def test_layouts_are_frozen_dataclasses_and_a_dict_is_refused():
     fused = dte.FusedReceiverLayout(4)
     assert (fused.tp, fused.fuse_qkv, fused.fuse_gate_up) == (4, True, True)
     assert isinstance(fused, dte.ReceiverLayout)
+    assert fused == dte.ReceiverLayout(4, True, True) and fused != dte.ReceiverLayout(4)
+    assert len({fused, dte.ReceiverLayout(4, fuse_qkv=True, fuse_gate_up=True)}) == 1
     assert dataclasses.asdict(dte.ReceiverLayout(2)) == {"tp": 2, "fuse_qkv": False,
                                                          "fuse_gate_up": False}
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -56,15 +56,15 @@ from dte._errors import (AlreadyExists, Busy, Corrupt, DteError, InternalError, 
 from dte._live import (LiveCounts, LiveReceiver, LiveStatus, SharedTensor, SharedWeights, apply,
                        live_status)
 from dte._publisher import MetricsCollector, Params, Publisher
-from dte._push import (FusedReceiverLayout, PushGroup, PushReceiver, PushReceiverStatus,
-                       ReceiverLayout, ReceiverTensor)
+from dte._push import (FusedReceiverLayout, PushGroup, PushGroupReceiver, PushGroupStatus,
+                       PushReceiver, PushReceiverStatus, ReceiverLayout, ReceiverTensor)
 from dte._reader import StoreReader
 from dte._results import DistStats, PublishResult, PushReport
 
 __all__ = ["AlreadyExists", "Busy", "Corrupt", "DistStats", "DteError", "FusedReceiverLayout",
            "InternalError", "InvalidArgument", "IOFailure", "LiveCounts", "LiveReceiver",
            "LiveStatus", "MetricsCollector", "MissedPushes", "NotFound", "Params",
-           "PermissionDenied", "Publisher", "PublishResult", "PushGroup", "PushReceiver",
-           "PushReceiverStatus", "PushReport", "ReceiverLayout", "ReceiverTensor",
-           "SharedTensor", "SharedWeights", "StoreReader", "Timeout", "Unimplemented",
+           "PermissionDenied", "Publisher", "PublishResult", "PushGroup", "PushGroupReceiver",
+           "PushGroupStatus", "PushReceiver", "PushReceiverStatus", "PushReport",
+           "ReceiverLayout", "ReceiverTensor", "SharedTensor", "SharedWeights", "StoreReader", "Timeout", "Unimplemented",
            "VersionConflict", "apply", "chunk_rows", "live_status"]

@@ -44,10 +44,11 @@ _TORCH_DTYPES = {"bfloat16": "BF16", "float32": "F32", "float16": "F16", "float6
 ReceiverTensor = Union[Any, Tuple[str, Any]]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class ReceiverLayout:
     """How a receiver holds the model: its tensor-parallel degree, and
-    whether q/k/v and gate/up projections are fused into one tensor each."""
+    whether q/k/v and gate/up projections are fused into one tensor each.
+    Layouts with the same fields are equal, whatever their class."""
     tp: int = 1
     fuse_qkv: bool = False
     fuse_gate_up: bool = False
@@ -56,12 +57,62 @@ class ReceiverLayout:
         if int(self.tp) < 1:
             raise InvalidArgument("a receiver layout's tp must be at least 1, not %r" % (self.tp,))
 
+    def _fields(self) -> Tuple[int, bool, bool]:
+        return int(self.tp), bool(self.fuse_qkv), bool(self.fuse_gate_up)
 
-@dataclasses.dataclass(frozen=True)
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReceiverLayout):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class FusedReceiverLayout(ReceiverLayout):
     """vLLM's and SGLang's layout: qkv_proj and gate_up_proj fused, TP of degree tp."""
     fuse_qkv: bool = True
     fuse_gate_up: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class PushGroupReceiver:
+    """One receiver connected to a push group, as the server sees it."""
+    id: int                 # the connection's number, for its events
+    rank: int
+    layout: ReceiverLayout
+    version: Optional[int]  # the version it confirmed; None: unknown
+    behind: bool            # told to catch up from the store
+    pushes: int
+    elements: int
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PushGroupStatus:
+    """A push group's server: where it listens and who is connected."""
+    port: int
+    address: str             # HOST:PORT receivers reach it at
+    authenticated: bool      # connections must prove the job secret
+    refused: int             # connections refused (no or a wrong proof)
+    part: int                # this server's part of every push, of `parts`
+    parts: int
+    expected: int            # the `receivers` the group was given (0: none)
+    receivers: List[PushGroupReceiver]
+    events: List[str]        # receivers refused or dropped since the last call that took them
+
+    @classmethod
+    def from_json(cls, text: str) -> PushGroupStatus:
+        d: Dict[str, Any] = json.loads(text)
+        receivers = [PushGroupReceiver(
+            id=r["id"], rank=r["rank"], layout=ReceiverLayout(r["tp"], r["fuse_qkv"],
+                                                              r["fuse_gate_up"]),
+            version=r["version"], behind=r["behind"], pushes=r["pushes"],
+            elements=r["elements"], bytes=r["bytes"]) for r in d["receivers"]]
+        return cls(port=d["port"], address=d["address"], authenticated=d["authenticated"],
+                   refused=d["refused"], part=d["part"], parts=d["parts"],
+                   expected=d["expected"], receivers=receivers, events=list(d["events"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +213,7 @@ class PushGroup(_Handle):
         return _text(text)
 
     def wait_for_receivers(self, timeout: float = 60.0,
-                           version: Optional[int] = None) -> Dict[str, Any]:
+                           version: Optional[int] = None) -> PushGroupStatus:
         """Waits until the `receivers` given at construction are connected
         (and, with version, hold it); returns the status. Raises
         dte.Timeout, saying how many are there, when `timeout` (seconds)
@@ -170,8 +221,8 @@ class PushGroup(_Handle):
         end = time.monotonic() + timeout
         while True:
             st = self.status(events=False)
-            there = [r for r in st["receivers"]
-                     if version is None or (r["version"] == version and not r["behind"])]
+            there = [r for r in st.receivers
+                     if version is None or (r.version == version and not r.behind)]
             if len(there) >= self._receivers:
                 return st
             if time.monotonic() >= end:
@@ -180,16 +231,14 @@ class PushGroup(_Handle):
                     "" if version is None else " at v%d" % version, timeout))
             time.sleep(0.02)
 
-    def status(self, events: bool = True) -> Dict[str, Any]:
-        """{"port", "address", "part", "parts", "expected", "receivers": [{"rank", "tp",
-        "version", "behind", "pushes", ...}], "events": [lines about
-        receivers refused or dropped since the last call that took them]}
-        (events=False: "events" is empty, and they stay for a later call)."""
+    def status(self, events: bool = True) -> PushGroupStatus:
+        """Where the server listens, who is connected, and the events (lines
+        about receivers refused or dropped) since the last call that took
+        them (events=False: none taken; they stay for a later call)."""
         text = ctypes.c_char_p()
         _check(lib.dte_push_server_status_json(self._handle(), int(bool(events)),
                                                ctypes.byref(text)))
-        st: Dict[str, Any] = json.loads(_text(text))
-        return st
+        return PushGroupStatus.from_json(_text(text))
 
 
 def _tensor_entry(name: str, value: ReceiverTensor, keep: List[Any]) -> _lib.PushTensor:
