@@ -140,17 +140,15 @@ Status Committer::Plan(const std::vector<InputFile>& files) {
   }
   records_.resize(blocks);
   if (!parent_) return Status::Ok();
-  ASSIGN_OR_RETURN(parent_distance_, DistanceOf(*store_, parent_));
-  anchor_reason_ = PolicyAnchorReason(options_.anchor_policy, parent_distance_, dense_bytes);
-  if (!anchor_reason_.empty()) {
-    ASSIGN_OR_RETURN(full_, FullTableBuilder::Start(&sink_, blocks));
-    return Status::Ok();
-  }
-  ASSIGN_OR_RETURN(AnchorDistance join_distance,
-                   JoinDistanceOf(*store_, parent_, parent_distance_));
-  join_reason_ = JoinTableReason(options_.anchor_policy, join_distance, dense_bytes);
-  if (!join_reason_.empty()) {
-    ASSIGN_OR_RETURN(full_, FullTableBuilder::Start(&sink_, blocks, manifest_.version));
+  ASSIGN_OR_RETURN(TableDecision tables,
+                   DecideTables(*store_, options_.anchor_policy, parent_, dense_bytes));
+  parent_distance_ = tables.parent_distance;
+  anchor_reason_ = tables.anchor_reason;
+  join_reason_ = tables.join_reason;
+  if (tables.any_table()) {
+    std::optional<uint64_t> join;
+    if (tables.join_table()) join = manifest_.version;
+    ASSIGN_OR_RETURN(full_, FullTableBuilder::Start(&sink_, blocks, join));
   }
   return Status::Ok();
 }

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <iterator>
+#include <utility>
 #include <vector>
 
 #include "store/base/units.h"
@@ -86,6 +87,40 @@ std::string JoinTableReason(const AnchorPolicy& policy, const AnchorDistance& pa
                             uint64_t dense_bytes) {
   return OverBudget("join table: deltas since the last full or join table hold ", "the join budget",
                     policy.join_budget, parent_join_distance.bytes, dense_bytes);
+}
+
+namespace {
+
+// The policy anchor first; the join distance is asked for only when the
+// version is not one.
+template <typename JoinDistance>
+Result<TableDecision> Decide(const AnchorPolicy& policy, const AnchorDistance& parent_distance,
+                             uint64_t dense_bytes, JoinDistance join_distance) {
+  TableDecision d;
+  d.parent_distance = parent_distance;
+  d.anchor_reason = PolicyAnchorReason(policy, parent_distance, dense_bytes);
+  if (d.policy_anchor()) return d;
+  ASSIGN_OR_RETURN(AnchorDistance jd, join_distance());
+  d.join_reason = JoinTableReason(policy, jd, dense_bytes);
+  return d;
+}
+
+}  // namespace
+
+Result<TableDecision> DecideTables(Store& store, const AnchorPolicy& policy,
+                                   const std::shared_ptr<const Version>& parent,
+                                   uint64_t dense_bytes) {
+  ASSIGN_OR_RETURN(AnchorDistance parent_distance, DistanceOf(store, parent));
+  return Decide(policy, parent_distance, dense_bytes, [&]() -> Result<AnchorDistance> {
+    return JoinDistanceOf(store, parent, parent_distance);
+  });
+}
+
+TableDecision DecideTables(const AnchorPolicy& policy, const AnchorDistance& parent_distance,
+                           const AnchorDistance& parent_join_distance, uint64_t dense_bytes) {
+  auto d = Decide(policy, parent_distance, dense_bytes,
+                  [&]() -> Result<AnchorDistance> { return parent_join_distance; });
+  return std::move(d).value();  // the join distance is given: it cannot fail
 }
 
 AnchorDistance NextDistance(const AnchorDistance& parent_distance, bool self_contained,

@@ -76,6 +76,34 @@ Result<AnchorDistance> JoinDistanceOf(Store& store, const std::shared_ptr<const 
 std::string JoinTableReason(const AnchorPolicy& policy, const AnchorDistance& parent_join_distance,
                             uint64_t dense_bytes);
 
+// What the version after a parent gets besides its delta records: the one
+// decision commit, the Publisher and the DistPublisher share. A policy
+// anchor is asked first; only a version that is not one may get a join
+// table.
+struct TableDecision {
+  AnchorDistance parent_distance;  // DistanceOf(parent)
+  std::string anchor_reason;       // PolicyAnchorReason; "": not a policy anchor
+  std::string join_reason;         // JoinTableReason; "": no join table
+  // A full table, as a policy anchor (full table) or as a join table: both
+  // hold every block (store/write/version_writer.h, FullTableBuilder).
+  bool policy_anchor() const { return !anchor_reason.empty(); }
+  bool join_table() const { return !join_reason.empty(); }
+  bool any_table() const { return policy_anchor() || join_table(); }
+};
+
+// The decision for the version after `parent`, its new manifest holding
+// `dense_bytes` of tensor data: reads the parent's distance, and its join
+// distance (one listing, JoinDistanceOf) only when it is not a policy
+// anchor.
+Result<TableDecision> DecideTables(Store& store, const AnchorPolicy& policy,
+                                   const std::shared_ptr<const Version>& parent,
+                                   uint64_t dense_bytes);
+
+// The same decision from distances already known (a distributed writer's
+// rank 0 reads the join distance and sends it to the other ranks).
+TableDecision DecideTables(const AnchorPolicy& policy, const AnchorDistance& parent_distance,
+                           const AnchorDistance& parent_join_distance, uint64_t dense_bytes);
+
 // The distance of a new version: 0 if it is self-contained, else one more
 // version and `stored_bytes` more bytes than its parent's.
 AnchorDistance NextDistance(const AnchorDistance& parent_distance, bool self_contained,

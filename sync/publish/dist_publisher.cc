@@ -883,12 +883,10 @@ Result<PublishResult> DistPublisher::Run(Transport& t, const AdamWStep& h,
                              std::to_string(s.end - s.begin) + " elements without data");
     }
   }
-  plan.anchor_reason =
-      PolicyAnchorReason(options_.anchor_policy, plan.parent_distance, pm.stats.dense_bytes);
-  if (plan.anchor_reason.empty()) {
-    plan.join_reason =
-        JoinTableReason(options_.anchor_policy, plan.join_distance, pm.stats.dense_bytes);
-  }
+  const TableDecision tables = DecideTables(options_.anchor_policy, plan.parent_distance,
+                                            plan.join_distance, pm.stats.dense_bytes);
+  plan.anchor_reason = tables.anchor_reason;
+  plan.join_reason = tables.join_reason;
   // A policy anchor's full table, or a join table: built the same way (a
   // join table's blobs start with the join header).
   const bool join = !plan.join_reason.empty();

@@ -303,9 +303,7 @@ class Publisher::Draft {
   internal::BlobSink sink_;
   std::unique_ptr<internal::Spool> spool_;
   internal::EngineEncoder encoder_;
-  AnchorDistance parent_distance_;
-  std::string anchor_reason_;
-  std::string join_reason_;
+  TableDecision tables_;  // a policy anchor, a join table, or neither
   std::unique_ptr<internal::FullTableBuilder> full_;
   internal::EngineCounts counts_;
   PublishResult r_;
@@ -339,17 +337,11 @@ Result<std::unique_ptr<Publisher::Draft>> Publisher::Begin(const AdamWStep& h) {
   auto d = std::make_unique<Draft>(options_, store_.get(), *latest, std::move(parent));
   d->collect_changes_ = push_ != nullptr;
   ASSIGN_OR_RETURN(d->spool_, d->sink_.NewSpool());
-  ASSIGN_OR_RETURN(d->parent_distance_, DistanceOf(*store_, d->parent_));
-  d->anchor_reason_ = PolicyAnchorReason(options_.anchor_policy, d->parent_distance_,
-                                         d->parent_->manifest.stats.dense_bytes);
-  std::optional<uint64_t> join;
-  if (d->anchor_reason_.empty()) {
-    ASSIGN_OR_RETURN(AnchorDistance jd, JoinDistanceOf(*store_, d->parent_, d->parent_distance_));
-    d->join_reason_ =
-        JoinTableReason(options_.anchor_policy, jd, d->parent_->manifest.stats.dense_bytes);
-    if (!d->join_reason_.empty()) join = d->m_.version;
-  }
-  if (!d->anchor_reason_.empty() || join) {
+  ASSIGN_OR_RETURN(d->tables_, DecideTables(*store_, options_.anchor_policy, d->parent_,
+                                            d->parent_->manifest.stats.dense_bytes));
+  if (d->tables_.any_table()) {
+    std::optional<uint64_t> join;
+    if (d->tables_.join_table()) join = d->m_.version;
     ASSIGN_OR_RETURN(d->full_,
                      internal::FullTableBuilder::Start(&d->sink_, d->records_.size(), join));
     d->encoder_.SetFull(d->full_.get());
@@ -390,9 +382,9 @@ Result<PublishResult> Publisher::Finish(const AdamWStep& h, Draft& d) {
   static const std::vector<BlockRecord> kNone;
   if (d.full_) RETURN_IF_ERROR(FillUnclaimedFull(d));
   internal::JoinOutcome join;
-  RETURN_IF_ERROR(internal::PublishVersion(store_.get(), &d.sink_, &d.m_, d.records_,
-                                           d.full_ ? d.full_->records() : kNone, d.parent_distance_,
-                                           d.latest_, d.full_ && d.full_->join(), &join));
+  RETURN_IF_ERROR(internal::PublishVersion(
+      store_.get(), &d.sink_, &d.m_, d.records_, d.full_ ? d.full_->records() : kNone,
+      d.tables_.parent_distance, d.latest_, d.full_ && d.full_->join(), &join));
   last_version_ = d.m_.version;
   last_step_ = h.step;
   PublishResult r = d.r_;
@@ -406,8 +398,8 @@ Result<PublishResult> Publisher::Finish(const AdamWStep& h, Draft& d) {
   r.state_bytes = r.elements * 3 * sizeof(float);
   r.full_table = d.full_ && !d.full_->join();
   r.full_bytes = r.full_table ? d.full_->payload_bytes() : 0;
-  r.anchor_reason = d.anchor_reason_;
-  r.join_reason = d.join_reason_;
+  r.anchor_reason = d.tables_.anchor_reason;
+  r.join_reason = d.tables_.join_reason;
   r.join_table = join.written;
   r.join_bytes = join.bytes;
   r.join_error = join.error;
