@@ -52,7 +52,7 @@ PRELUDE = textwrap.dedent("""
         try:
             fn()
         except dte.DteError as e:
-            assert e.code == 1, (e.code, str(e))
+            assert isinstance(e, dte.InvalidArgument), (type(e), e.code, str(e))
             for word in words:
                 assert word in str(e), (word, str(e))
             print("refused:", e)

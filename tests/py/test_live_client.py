@@ -99,7 +99,7 @@ def test_dtectl_apply_help_needs_no_store():
 def test_python_apply_on_plain_directory_raises_naming_it(tmp_path):
     for call in (lambda: dte.apply(tmp_path), lambda: dte.apply(str(tmp_path), version=3),
                  lambda: dte.live_status(tmp_path), lambda: dte.LiveReceiver(tmp_path)):
-        with pytest.raises(dte.DteError) as e:
+        with pytest.raises(dte.NotFound) as e:
             call()
         assert e.value.code == 2
         assert str(e.value) == (f"not found: {tmp_path} is not a dtefs mount with live apply "
@@ -108,7 +108,7 @@ def test_python_apply_on_plain_directory_raises_naming_it(tmp_path):
 
 def test_python_on_file_without_ioctls(fake_mount):
     want = f"invalid argument: {fake_mount} is not a dtefs mount (ENOTTY)"
-    with pytest.raises(dte.DteError, match=r"\(ENOTTY\)$") as e:
+    with pytest.raises(dte.InvalidArgument, match=r"\(ENOTTY\)$") as e:
         dte.apply(fake_mount)
     assert (e.value.code, str(e.value)) == (1, want)
     with dte.LiveReceiver(fake_mount, tp=2, rank=1) as rx:  # the file opens
@@ -222,7 +222,7 @@ def test_shared_weights_refuses_an_existing_name(shm_name):
     path = os.path.join("/dev/shm", shm_name)
     with dte.SharedWeights("/" + shm_name, {"w": ("F32", (4,))}) as w:
         assert w.name == shm_name and w.path == path
-        with pytest.raises(dte.DteError) as e:
+        with pytest.raises(dte.AlreadyExists) as e:
             dte.SharedWeights(shm_name, {"w": ("F32", (4,))})
         assert e.value.code == 3 and path in str(e.value)
         assert os.path.exists(path)  # the refused one left it alone

@@ -131,7 +131,7 @@ def test_served_metrics_are_scraped_by_a_real_prometheus_server(published, tmp_p
             assert query('up{job="trainer"}') == 1
 
         # A busy port is refused, naming the address; the server serves on.
-        with pytest.raises(dte.DteError, match="cannot listen on 127.0.0.1:%d" % port) as e:
+        with pytest.raises(dte.IOFailure, match="cannot listen on 127.0.0.1:%d" % port) as e:
             pub.serve_metrics(str(port))
         assert e.value.code == 5
         assert values_of(get("http://127.0.0.1:%d/metrics" % port))[

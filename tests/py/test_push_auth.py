@@ -89,7 +89,7 @@ def test_strangers_are_refused_and_logged_while_the_jobs_receivers_hold_every_ve
 
 
 def test_without_a_secret_a_push_group_listens_on_loopback_only():
-    with pytest.raises(dte.DteError) as e:
+    with pytest.raises(dte.InvalidArgument) as e:
         dte.PushGroup("0.0.0.0:0").port
     assert e.value.code == 1
     assert "0.0.0.0:0, which is not a loopback address" in str(e.value)
@@ -105,7 +105,7 @@ def test_a_secret_from_the_environment_must_be_a_private_file(tmp_path, monkeypa
     path.write_text(SECRET + "\n")
     path.chmod(0o644)
     monkeypatch.setenv("DTE_JOB_SECRET_FILE", str(path))
-    with pytest.raises(dte.DteError) as e:
+    with pytest.raises(dte.PermissionDenied) as e:
         dte.PushGroup("0.0.0.0:0").port
     assert e.value.code == 9 and "%s has mode 0644" % path in str(e.value), str(e.value)
     path.chmod(0o600)
@@ -118,10 +118,10 @@ def test_a_rendezvous_secret_others_may_read_is_refused(tmp_path):
     rendezvous.mkdir()
     (rendezvous / "secret").write_text(SECRET)
     (rendezvous / "secret").chmod(0o640)
-    with pytest.raises(dte.DteError) as e:
+    with pytest.raises(PermissionError) as e:
         dte.Publisher(store=str(tmp_path / "store"), rank=0, world_size=1,
                       rendezvous=str(rendezvous), timeout=5.0)
-    assert e.value.code == 9
+    assert isinstance(e.value, dte.PermissionDenied) and e.value.code == 9
     assert "%s has mode 0640" % (rendezvous / "secret") in str(e.value), str(e.value)
     # A fresh directory: rank 0 makes the secret, private.
     fresh = tmp_path / "fresh"
