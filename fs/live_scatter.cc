@@ -142,6 +142,204 @@ bool IsShift(const kernels::RemapPlan& p) {
 // box lands at src + dst_offset + r * (dst_stride[0] - columns), modulo 2^64.
 bool IsRows(const kernels::RemapPlan& p) { return p.ndim == 2 && p.dst_stride[1] == 1; }
 
+// A registered buffer as the writers see it.
+struct BufferRef {
+  bool registered = false;  // false: no buffer for that receiver tensor
+  uint8_t* data = nullptr;
+  uint64_t elements = 0;
+  bool device = false;  // a CUDA IPC buffer
+};
+
+// A (tensor, op) pair that writes one of a receiver's buffers.
+struct Target {
+  const Live::Changes* c;
+  const TransferOp* op;
+  BufferRef buf;
+  bool shift;  // IsShift(op->remap)
+  bool rows;   // IsRows(op->remap)
+};
+
+// The targets of `changes` for receiver `rank` of `plan`, whose buffers are
+// by_tensor (by receiver tensor). first_canonical[f]: the canonical index
+// of file f's first tensor, the order ops_by_canonical lists them in.
+std::vector<Target> TargetsOf(const std::vector<Live::Changes>& changes,
+                              const std::vector<uint32_t>& first_canonical,
+                              const std::vector<std::vector<uint32_t>>& ops_by_canonical,
+                              const TransferPlan& plan, int rank,
+                              const std::vector<BufferRef>& by_tensor) {
+  std::vector<Target> targets;
+  for (const Live::Changes& c : changes) {
+    const uint32_t canonical = first_canonical[c.file] + c.tensor;
+    for (uint32_t op_index : ops_by_canonical[canonical]) {
+      const TransferOp& op = plan.ops[op_index];
+      if (op.receiver != rank || !by_tensor[op.receiver_tensor].registered) continue;
+      targets.push_back(
+          {&c, &op, by_tensor[op.receiver_tensor], IsShift(op.remap), IsRows(op.remap)});
+    }
+  }
+  return targets;
+}
+
+// Block element x as an index relative to `first`, clamped to [0, 2^32).
+uint64_t Relative(uint64_t x, uint64_t first) {
+  return x <= first ? uint64_t{0} : std::min<uint64_t>(x - first, UINT32_MAX);
+}
+
+// The entries of bc inside the box of a shift plan (IsShift), written
+// without a remap per element. Adds the bytes written to *wrote.
+bool WriteShift(const Target& tg, const Live::BlockChange& bc, const EntryView& view,
+                uint64_t* wrote) {
+  const kernels::RemapPlan& rp = tg.op->remap;
+  const uint64_t first = uint64_t{bc.block} * tg.c->block_elements;
+  if (rp.src_first > rp.src_last) return true;
+  const uint32_t* idx = bc.idx.data();
+  const size_t b = static_cast<size_t>(
+      std::lower_bound(idx, idx + bc.idx.size(), Relative(rp.src_first, first)) - idx);
+  const size_t e = static_cast<size_t>(
+      std::upper_bound(idx, idx + bc.idx.size(), Relative(rp.src_last, first)) - idx);
+  if (rp.src_last < first) return true;
+  if (!GuardedApplyRun(tg.buf.data, tg.buf.elements, first + rp.dst_offset, idx, view, b, e,
+                       tg.c->width)) {
+    return false;
+  }
+  *wrote += (e - b) * static_cast<uint64_t>(tg.c->width);
+  return true;
+}
+
+// A column split (IsRows): each source row's part of the box is one run
+// with its own shift.
+bool WriteRows(const Target& tg, const Live::BlockChange& bc, const EntryView& view,
+               uint64_t* wrote) {
+  const kernels::RemapPlan& rp = tg.op->remap;
+  const uint64_t first = uint64_t{bc.block} * tg.c->block_elements;
+  const uint64_t cols = rp.src_shape[1];
+  const uint32_t* idx = bc.idx.data();
+  const size_t n = bc.idx.size();
+  const uint64_t r0 = std::max<uint64_t>(rp.lo[0], (first + idx[0]) / cols);
+  const uint64_t r1 = std::min<uint64_t>(rp.hi[0], (first + idx[n - 1]) / cols + 1);
+  size_t from = 0;
+  for (uint64_t r = r0; r < r1; ++r) {
+    const uint64_t lo = r * cols + rp.lo[1], hi = r * cols + rp.hi[1] - 1;
+    if (hi < first) continue;
+    const size_t b =
+        static_cast<size_t>(std::lower_bound(idx + from, idx + n, Relative(lo, first)) - idx);
+    const size_t e =
+        static_cast<size_t>(std::upper_bound(idx + b, idx + n, Relative(hi, first)) - idx);
+    from = e;
+    const uint64_t base = first + rp.dst_offset + r * (rp.dst_stride[0] - cols);
+    if (!GuardedApplyRun(tg.buf.data, tg.buf.elements, base, idx, view, b, e, tg.c->width)) {
+      return false;
+    }
+    *wrote += (e - b) * static_cast<uint64_t>(tg.c->width);
+  }
+  return true;
+}
+
+// Index buffers of one thread, reused from block to block.
+struct Scratch {
+  std::vector<uint64_t> src, dst, pos;
+};
+
+// Any other plan: every entry remapped (RemapOpIndices).
+bool WriteRemapped(const Target& tg, const Live::BlockChange& bc, const EntryView& view, Scratch* s,
+                   uint64_t* wrote) {
+  const uint64_t first = uint64_t{bc.block} * tg.c->block_elements;
+  s->src.resize(bc.idx.size());
+  for (size_t i = 0; i < bc.idx.size(); ++i) s->src[i] = first + bc.idx[i];
+  s->dst.resize(s->src.size());
+  s->pos.resize(s->src.size());
+  const size_t k =
+      RemapOpIndices(*tg.op, s->src.data(), s->src.size(), s->dst.data(), s->pos.data());
+  if (k == 0) return true;
+  if (!GuardedApply(tg.buf.data, tg.buf.elements, s->dst.data(), s->pos.data(), view, k,
+                    tg.c->width)) {
+    return false;
+  }
+  *wrote += k * static_cast<uint64_t>(tg.c->width);
+  return true;
+}
+
+bool WriteHostBlock(const Target& tg, const Live::BlockChange& bc, Scratch* s, uint64_t* wrote) {
+  const EntryView view{bc.values, bc.vals.data(), bc.whole.empty() ? nullptr : bc.whole.data()};
+  if (tg.shift) return WriteShift(tg, bc, view, wrote);
+  if (tg.rows) return WriteRows(tg, bc, view, wrote);
+  return WriteRemapped(tg, bc, view, s, wrote);
+}
+
+// Host buffers: every block of every target is one piece of work, spread
+// over the worker threads (the pieces write distinct elements). False when
+// a write failed.
+bool WriteHost(const std::vector<Target>& targets, uint64_t* bytes) {
+  std::vector<std::pair<uint32_t, uint32_t>> work;  // (target, block)
+  for (uint32_t t = 0; t < targets.size(); ++t) {
+    if (targets[t].buf.device) continue;
+    for (uint32_t k = 0; k < targets[t].c->blocks.size(); ++k) work.emplace_back(t, k);
+  }
+  std::atomic<bool> ok{true};
+  std::atomic<uint64_t> written{0};
+  kernels::ParallelFor(work.size(), 8, [&](size_t begin, size_t end) {
+    Scratch scratch;
+    uint64_t wrote = 0;
+    for (size_t w = begin; w < end && ok.load(std::memory_order_relaxed); ++w) {
+      const Target& tg = targets[work[w].first];
+      if (!WriteHostBlock(tg, tg.c->blocks[work[w].second], &scratch, &wrote)) {
+        ok = false;
+        break;
+      }
+    }
+    written.fetch_add(wrote, std::memory_order_relaxed);
+  });
+  *bytes += written.load();
+  return ok.load();
+}
+
+// A device buffer: one remap + apply kernel for the target, its blocks
+// concatenated; the indices are checked on the host first.
+bool WriteDevice(const Target& tg, uint64_t* bytes) {
+  const Live::Changes& c = *tg.c;
+  std::vector<uint64_t> src;
+  std::vector<uint8_t> vals, whole;
+  bool all_whole = true;
+  for (const Live::BlockChange& bc : c.blocks) {
+    const uint64_t first = uint64_t{bc.block} * c.block_elements;
+    for (size_t i = 0; i < bc.idx.size(); ++i) {
+      src.push_back(first + bc.idx[i]);
+      whole.push_back(bc.Whole(i) ? 1 : 0);
+      all_whole = all_whole && bc.Whole(i);
+    }
+    vals.insert(vals.end(), bc.vals.begin(), bc.vals.end());
+  }
+  std::vector<uint64_t> dst(src.size()), pos(src.size());
+  const size_t k = RemapOpIndices(*tg.op, src.data(), src.size(), dst.data(), pos.data());
+  if (k == 0) return true;
+  bool ok = true;
+  for (size_t j = 0; j < k; ++j) ok = ok && dst[j] < tg.buf.elements;
+  kernels::CudaBuffer d_src, d_vals, d_whole;
+  kernels::CudaStatus cs = d_src.Allocate(src.size() * 8);
+  if (cs.ok()) cs = d_vals.Allocate(vals.size());
+  if (cs.ok()) cs = d_whole.Allocate(whole.size());
+  if (cs.ok()) cs = kernels::CudaCopyToDevice(d_src.data(), src.data(), src.size() * 8);
+  if (cs.ok()) cs = kernels::CudaCopyToDevice(d_vals.data(), vals.data(), vals.size());
+  if (cs.ok()) cs = kernels::CudaCopyToDevice(d_whole.data(), whole.data(), whole.size());
+  if (cs.ok() && ok) {
+    cs = kernels::CudaRemapApply(tg.op->remap, static_cast<const uint64_t*>(d_src.data()),
+                                 d_vals.data(), static_cast<const uint8_t*>(d_whole.data()),
+                                 all_whole, src.size(), c.width, tg.buf.data, nullptr);
+  }
+  if (cs.ok()) cs = kernels::CudaStreamSynchronize(nullptr);
+  *bytes += k * static_cast<uint64_t>(c.width);
+  return ok && cs.ok();
+}
+
+// Every target of one receiver; false when a write failed.
+bool WriteTargets(const std::vector<Target>& targets, uint64_t* bytes) {
+  if (!WriteHost(targets, bytes)) return false;
+  for (const Target& tg : targets) {
+    if (tg.buf.device && !WriteDevice(tg, bytes)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
@@ -159,150 +357,15 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
   for (auto& [owner, rc] : receivers_) {
     auto plan = PlanFor(v, rc.layout);
     if (!plan.ok()) return plan.status();
-    std::vector<Buffer*> by_tensor(
+    std::vector<BufferRef> by_tensor(
         (*plan)->plan.receiver_tensors[static_cast<size_t>(rc.rank)].size());
-    for (const auto& b : rc.buffers) by_tensor[b->receiver_tensor] = b.get();
-    // The (tensor, op) pairs that write this receiver's buffers.
-    struct Target {
-      const Changes* c;
-      const TransferOp* op;
-      Buffer* buf;
-      bool shift;  // IsShift(op->remap)
-      bool rows;   // IsRows(op->remap)
-    };
-    std::vector<Target> targets;
-    for (const Changes& c : changes) {
-      const uint32_t canonical = first_canonical[c.file] + c.tensor;
-      for (uint32_t op_index : (*plan)->ops_by_canonical[canonical]) {
-        const TransferOp& op = (*plan)->plan.ops[op_index];
-        if (op.receiver != rc.rank || !by_tensor[op.receiver_tensor]) continue;
-        targets.push_back(
-            {&c, &op, by_tensor[op.receiver_tensor], IsShift(op.remap), IsRows(op.remap)});
-      }
+    for (const auto& b : rc.buffers) {
+      by_tensor[b->receiver_tensor] = {true, b->data, b->elements, b->kind == DTE_LIVE_CUDA_IPC};
     }
-    std::atomic<bool> ok{true};
-    std::atomic<uint64_t> bytes{0};
-    std::vector<uint8_t> touched(by_tensor.size(), 0);
-    // Host buffers: every block of every target is one piece of work, spread
-    // over the worker threads (the pieces write distinct elements).
-    std::vector<std::pair<uint32_t, uint32_t>> work;  // (target, block)
-    for (uint32_t t = 0; t < targets.size(); ++t) {
-      if (targets[t].buf->kind == DTE_LIVE_CUDA_IPC) continue;
-      for (uint32_t k = 0; k < targets[t].c->blocks.size(); ++k) work.emplace_back(t, k);
-    }
-    kernels::ParallelFor(work.size(), 8, [&](size_t begin, size_t end) {
-      std::vector<uint64_t> src, dst, pos;
-      uint64_t wrote = 0;
-      for (size_t w = begin; w < end && ok.load(std::memory_order_relaxed); ++w) {
-        const Target& tg = targets[work[w].first];
-        const BlockChange& bc = tg.c->blocks[work[w].second];
-        const uint64_t first = uint64_t{bc.block} * tg.c->block_elements;
-        const EntryView view{bc.values, bc.vals.data(),
-                             bc.whole.empty() ? nullptr : bc.whole.data()};
-        if (tg.shift) {
-          // The entries inside the box, written without a remap per element.
-          const kernels::RemapPlan& rp = tg.op->remap;
-          if (rp.src_first > rp.src_last) continue;
-          auto rel = [&](uint64_t x) {
-            return x <= first ? uint64_t{0} : std::min<uint64_t>(x - first, UINT32_MAX);
-          };
-          const uint32_t* idx = bc.idx.data();
-          const size_t b = static_cast<size_t>(
-              std::lower_bound(idx, idx + bc.idx.size(), rel(rp.src_first)) - idx);
-          const size_t e = static_cast<size_t>(
-              std::upper_bound(idx, idx + bc.idx.size(), rel(rp.src_last)) - idx);
-          if (rp.src_last < first) continue;
-          if (!GuardedApplyRun(tg.buf->data, tg.buf->elements, first + rp.dst_offset, idx, view, b,
-                               e, tg.c->width)) {
-            ok = false;
-            break;
-          }
-          wrote += (e - b) * static_cast<uint64_t>(tg.c->width);
-          continue;
-        }
-        if (tg.rows) {
-          // A column split: each source row's part of the box is one run
-          // with its own shift (see IsRows).
-          const kernels::RemapPlan& rp = tg.op->remap;
-          const uint64_t cols = rp.src_shape[1];
-          const uint32_t* idx = bc.idx.data();
-          const size_t n = bc.idx.size();
-          auto rel = [&](uint64_t x) {
-            return x <= first ? uint64_t{0} : std::min<uint64_t>(x - first, UINT32_MAX);
-          };
-          const uint64_t r0 = std::max<uint64_t>(rp.lo[0], (first + idx[0]) / cols);
-          const uint64_t r1 = std::min<uint64_t>(rp.hi[0], (first + idx[n - 1]) / cols + 1);
-          size_t from = 0;
-          for (uint64_t r = r0; r < r1; ++r) {
-            const uint64_t lo = r * cols + rp.lo[1], hi = r * cols + rp.hi[1] - 1;
-            if (hi < first) continue;
-            const size_t b =
-                static_cast<size_t>(std::lower_bound(idx + from, idx + n, rel(lo)) - idx);
-            const size_t e = static_cast<size_t>(std::upper_bound(idx + b, idx + n, rel(hi)) - idx);
-            from = e;
-            const uint64_t base = first + rp.dst_offset + r * (rp.dst_stride[0] - cols);
-            if (!GuardedApplyRun(tg.buf->data, tg.buf->elements, base, idx, view, b, e,
-                                 tg.c->width)) {
-              ok = false;
-              break;
-            }
-            wrote += (e - b) * static_cast<uint64_t>(tg.c->width);
-          }
-          continue;
-        }
-        src.resize(bc.idx.size());
-        for (size_t i = 0; i < bc.idx.size(); ++i) src[i] = first + bc.idx[i];
-        dst.resize(src.size());
-        pos.resize(src.size());
-        const size_t k = RemapOpIndices(*tg.op, src.data(), src.size(), dst.data(), pos.data());
-        if (k == 0) continue;
-        if (!GuardedApply(tg.buf->data, tg.buf->elements, dst.data(), pos.data(), view, k,
-                          tg.c->width)) {
-          ok = false;
-          break;
-        }
-        wrote += k * static_cast<uint64_t>(tg.c->width);
-      }
-      bytes.fetch_add(wrote, std::memory_order_relaxed);
-    });
-    // Device buffers: one remap + apply kernel per target, its blocks
-    // concatenated; the indices are checked on the host first.
-    for (const Target& tg : targets) {
-      if (tg.buf->kind != DTE_LIVE_CUDA_IPC || !ok) continue;
-      const Changes& c = *tg.c;
-      std::vector<uint64_t> src;
-      std::vector<uint8_t> vals, whole;
-      bool all_whole = true;
-      for (const BlockChange& bc : c.blocks) {
-        const uint64_t first = uint64_t{bc.block} * c.block_elements;
-        for (size_t i = 0; i < bc.idx.size(); ++i) {
-          src.push_back(first + bc.idx[i]);
-          whole.push_back(bc.Whole(i) ? 1 : 0);
-          all_whole = all_whole && bc.Whole(i);
-        }
-        vals.insert(vals.end(), bc.vals.begin(), bc.vals.end());
-      }
-      std::vector<uint64_t> dst(src.size()), pos(src.size());
-      const size_t k = RemapOpIndices(*tg.op, src.data(), src.size(), dst.data(), pos.data());
-      if (k == 0) continue;
-      for (size_t j = 0; j < k; ++j) ok = ok && dst[j] < tg.buf->elements;
-      kernels::CudaBuffer d_src, d_vals, d_whole;
-      kernels::CudaStatus cs = d_src.Allocate(src.size() * 8);
-      if (cs.ok()) cs = d_vals.Allocate(vals.size());
-      if (cs.ok()) cs = d_whole.Allocate(whole.size());
-      if (cs.ok()) cs = kernels::CudaCopyToDevice(d_src.data(), src.data(), src.size() * 8);
-      if (cs.ok()) cs = kernels::CudaCopyToDevice(d_vals.data(), vals.data(), vals.size());
-      if (cs.ok()) cs = kernels::CudaCopyToDevice(d_whole.data(), whole.data(), whole.size());
-      if (cs.ok() && ok) {
-        cs = kernels::CudaRemapApply(tg.op->remap, static_cast<const uint64_t*>(d_src.data()),
-                                     d_vals.data(), static_cast<const uint8_t*>(d_whole.data()),
-                                     all_whole, src.size(), c.width, tg.buf->data, nullptr);
-      }
-      if (cs.ok()) cs = kernels::CudaStreamSynchronize(nullptr);
-      if (!cs.ok()) ok = false;
-      bytes += k * static_cast<uint64_t>(c.width);
-    }
-    if (!ok) {
+    const std::vector<Target> targets = TargetsOf(
+        changes, first_canonical, (*plan)->ops_by_canonical, (*plan)->plan, rc.rank, by_tensor);
+    uint64_t bytes = 0;
+    if (!WriteTargets(targets, &bytes)) {
       // Its memory went away under the mapping (or a device call failed):
       // the receiver is dropped and the apply goes on for the others.
       LogLine("dtefs: live apply: dropped receiver (" + LayoutText(rc.layout, rc.rank) +
@@ -310,8 +373,9 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
       failed.push_back(owner);
       continue;
     }
+    std::vector<uint8_t> touched(by_tensor.size(), 0);
     for (const Target& tg : targets) touched[tg.op->receiver_tensor] = 1;
-    counts->bytes += bytes.load();
+    counts->bytes += bytes;
     if (!targets.empty()) counts->receivers++;
     counts->buffers += static_cast<uint64_t>(std::count(touched.begin(), touched.end(), 1));
   }
