@@ -1,43 +1,24 @@
 #include "sync/publish/publish_metrics.h"
 
-#include <prometheus/counter.h>
-#include <prometheus/exposer.h>
-#include <prometheus/gateway.h>
-#include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
-#include <prometheus/registry.h>
-#include <prometheus/text_serializer.h>
-
 #include <chrono>
-#include <exception>
 #include <utility>
+#include <vector>
 
+#include "sync/metrics/gateway.h"
+#include "sync/metrics/server.h"
 #include "sync/publish/dist_publisher.h"
 #include "sync/publish/publisher.h"
 
 namespace dte {
 namespace {
 
-prometheus::Counter& NewCounter(prometheus::Registry& r, const char* name, const char* help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
-}
-
-prometheus::Gauge& NewGauge(prometheus::Registry& r, const char* name, const char* help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
-}
-
 // Seconds, from a hundredth to ten minutes: a small model's publish to a
 // large model's on a slow store.
-const prometheus::Histogram::BucketBoundaries kPublishBuckets = {
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 600};
+const std::vector<double> kPublishBuckets = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,  2.5,
+                                             5,    10,    25,   50,  100,  250, 600};
 // A push: a millisecond to a minute.
-const prometheus::Histogram::BucketBoundaries kPushBuckets = {
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60};
-
-prometheus::Histogram& NewHistogram(prometheus::Registry& r, const char* name, const char* help,
-                                    const prometheus::Histogram::BucketBoundaries& buckets) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
-}
+const std::vector<double> kPushBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                          0.5,   1,      2.5,   5,    10,    25,   60};
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -46,81 +27,79 @@ double Now() {
 }  // namespace
 
 struct PublishMetrics::Impl {
-  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
-  prometheus::Registry& r = *registry;
+  metrics::Registry r;
 
-  prometheus::Counter& versions = NewCounter(r, "dte_publish_versions_total", "Versions committed");
-  prometheus::Counter& failures =
-      NewCounter(r, "dte_publish_failures_total", "Publishes that failed, committing nothing");
-  prometheus::Counter& tensors =
-      NewCounter(r, "dte_publish_tensors_total", "Tensors published from optimizer state");
-  prometheus::Counter& elements =
-      NewCounter(r, "dte_publish_elements_total", "Elements of the tensors published");
-  prometheus::Counter& changed = NewCounter(r, "dte_publish_changed_elements_total",
-                                            "Elements stored in the versions' deltas");
-  prometheus::Counter& flagged =
-      NewCounter(r, "dte_publish_flagged_elements_total",
-                 "Candidate elements the screen or the fused detector reported");
-  prometheus::Counter& false_positives =
-      NewCounter(r, "dte_publish_false_positive_elements_total",
-                 "Candidates reported, then proven unchanged (not stored)");
-  prometheus::Counter& uncertain =
-      NewCounter(r, "dte_publish_uncertain_elements_total",
-                 "Elements stored because their old bits were not provable");
-  prometheus::Counter& state_bytes = NewCounter(r, "dte_publish_state_read_bytes_total",
-                                                "Bytes of optimizer state read (theta, m, v)");
-  prometheus::Counter& stored_bytes =
-      NewCounter(r, "dte_publish_stored_bytes_total", "Bytes of blobs the versions added");
-  prometheus::Counter& anchors =
-      NewCounter(r, "dte_publish_anchors_total", "Versions that also carry a full table");
-  prometheus::Counter& full_bytes = NewCounter(r, "dte_publish_full_table_bytes_total",
-                                               "Payload bytes of the anchors' full tables");
-  prometheus::Counter& joins = NewCounter(r, "dte_publish_join_tables_total", "Join tables stored");
-  prometheus::Counter& join_bytes =
-      NewCounter(r, "dte_publish_join_table_bytes_total", "Bytes of the join tables stored");
-  prometheus::Counter& pushes =
-      NewCounter(r, "dte_publish_pushes_total", "Pushes run after a commit");
-  prometheus::Counter& push_errors = NewCounter(r, "dte_publish_push_errors_total",
-                                                "Pushes that could not run (receivers catch up)");
-  prometheus::Counter& push_bytes =
-      NewCounter(r, "dte_publish_push_bytes_total", "Bytes pushed, over all receivers");
-  prometheus::Counter& push_receivers =
-      NewCounter(r, "dte_publish_push_receivers_total", "Receivers that confirmed a push");
-  prometheus::Counter& push_dropped =
-      NewCounter(r, "dte_publish_push_receivers_dropped_total", "Receivers dropped by a push");
-  prometheus::Counter& dist_entries =
-      NewCounter(r, "dte_publish_dist_entries_sent_total", "Changed entries this rank routed");
-  prometheus::Counter& dist_sent = NewCounter(r, "dte_publish_dist_sent_bytes_total",
-                                              "Payload bytes this rank sent to other ranks");
-  prometheus::Counter& dist_received =
-      NewCounter(r, "dte_publish_dist_received_bytes_total", "Payload bytes this rank received");
-  prometheus::Counter& dist_owned =
-      NewCounter(r, "dte_publish_dist_owned_tensors_total", "Tensors this rank encoded");
-  prometheus::Counter& dist_parent =
-      NewCounter(r, "dte_publish_dist_parent_read_bytes_total",
-                 "Parent block bytes this rank read to encode its tensors");
+  metrics::Counter versions = r.AddCounter("dte_publish_versions_total", "Versions committed");
+  metrics::Counter failures =
+      r.AddCounter("dte_publish_failures_total", "Publishes that failed, committing nothing");
+  metrics::Counter tensors =
+      r.AddCounter("dte_publish_tensors_total", "Tensors published from optimizer state");
+  metrics::Counter elements =
+      r.AddCounter("dte_publish_elements_total", "Elements of the tensors published");
+  metrics::Counter changed =
+      r.AddCounter("dte_publish_changed_elements_total", "Elements stored in the versions' deltas");
+  metrics::Counter flagged =
+      r.AddCounter("dte_publish_flagged_elements_total",
+                   "Candidate elements the screen or the fused detector reported");
+  metrics::Counter false_positives =
+      r.AddCounter("dte_publish_false_positive_elements_total",
+                   "Candidates reported, then proven unchanged (not stored)");
+  metrics::Counter uncertain =
+      r.AddCounter("dte_publish_uncertain_elements_total",
+                   "Elements stored because their old bits were not provable");
+  metrics::Counter state_bytes = r.AddCounter("dte_publish_state_read_bytes_total",
+                                              "Bytes of optimizer state read (theta, m, v)");
+  metrics::Counter stored_bytes =
+      r.AddCounter("dte_publish_stored_bytes_total", "Bytes of blobs the versions added");
+  metrics::Counter anchors =
+      r.AddCounter("dte_publish_anchors_total", "Versions that also carry a full table");
+  metrics::Counter full_bytes = r.AddCounter("dte_publish_full_table_bytes_total",
+                                             "Payload bytes of the anchors' full tables");
+  metrics::Counter joins = r.AddCounter("dte_publish_join_tables_total", "Join tables stored");
+  metrics::Counter join_bytes =
+      r.AddCounter("dte_publish_join_table_bytes_total", "Bytes of the join tables stored");
+  metrics::Counter pushes = r.AddCounter("dte_publish_pushes_total", "Pushes run after a commit");
+  metrics::Counter push_errors = r.AddCounter("dte_publish_push_errors_total",
+                                              "Pushes that could not run (receivers catch up)");
+  metrics::Counter push_bytes =
+      r.AddCounter("dte_publish_push_bytes_total", "Bytes pushed, over all receivers");
+  metrics::Counter push_receivers =
+      r.AddCounter("dte_publish_push_receivers_total", "Receivers that confirmed a push");
+  metrics::Counter push_dropped =
+      r.AddCounter("dte_publish_push_receivers_dropped_total", "Receivers dropped by a push");
+  metrics::Counter dist_entries =
+      r.AddCounter("dte_publish_dist_entries_sent_total", "Changed entries this rank routed");
+  metrics::Counter dist_sent = r.AddCounter("dte_publish_dist_sent_bytes_total",
+                                            "Payload bytes this rank sent to other ranks");
+  metrics::Counter dist_received =
+      r.AddCounter("dte_publish_dist_received_bytes_total", "Payload bytes this rank received");
+  metrics::Counter dist_owned =
+      r.AddCounter("dte_publish_dist_owned_tensors_total", "Tensors this rank encoded");
+  metrics::Counter dist_parent =
+      r.AddCounter("dte_publish_dist_parent_read_bytes_total",
+                   "Parent block bytes this rank read to encode its tensors");
 
-  prometheus::Gauge& last_version =
-      NewGauge(r, "dte_publish_last_version", "The version committed last");
-  prometheus::Gauge& last_step =
-      NewGauge(r, "dte_publish_last_step", "The optimizer step published last");
-  prometheus::Gauge& last_ratio = NewGauge(r, "dte_publish_last_changed_ratio",
-                                           "Changed elements / elements of the last publish");
-  prometheus::Gauge& last_time =
-      NewGauge(r, "dte_publish_last_success_timestamp_seconds", "Unix time of the last commit");
+  metrics::Gauge last_version =
+      r.AddGauge("dte_publish_last_version", "The version committed last");
+  metrics::Gauge last_step =
+      r.AddGauge("dte_publish_last_step", "The optimizer step published last");
+  metrics::Gauge last_ratio = r.AddGauge("dte_publish_last_changed_ratio",
+                                         "Changed elements / elements of the last publish");
+  metrics::Gauge last_time =
+      r.AddGauge("dte_publish_last_success_timestamp_seconds", "Unix time of the last commit");
 
-  prometheus::Histogram& duration = NewHistogram(
-      r, "dte_publish_duration_seconds", "Time of a publish, call to return", kPublishBuckets);
-  prometheus::Histogram& push_duration = NewHistogram(
-      r, "dte_publish_push_duration_seconds", "Time of a push after a commit", kPushBuckets);
+  metrics::Histogram duration = r.AddHistogram(
+      "dte_publish_duration_seconds", "Time of a publish, call to return", kPublishBuckets);
+  metrics::Histogram push_duration = r.AddHistogram("dte_publish_push_duration_seconds",
+                                                    "Time of a push after a commit", kPushBuckets);
 
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<metrics::Server> server;
 };
 
 PublishMetrics::PublishMetrics() : impl_(std::make_unique<Impl>()) {}
 PublishMetrics::~PublishMetrics() = default;
 
-std::shared_ptr<prometheus::Registry> PublishMetrics::registry() const { return impl_->registry; }
+std::shared_ptr<prometheus::Registry> PublishMetrics::registry() const { return impl_->r.native(); }
 
 void PublishMetrics::Committed(const PublishResult& r, int64_t step, double seconds) {
   Impl& m = *impl_;
@@ -172,62 +151,23 @@ void PublishMetrics::Routed(const DistPublishStats& s) {
   m.dist_parent.Increment(static_cast<double>(s.parent_bytes_read));
 }
 
-std::string PublishMetrics::Text() const {
-  return prometheus::TextSerializer().Serialize(impl_->registry->Collect());
-}
+std::string PublishMetrics::Text() const { return impl_->r.Text(); }
 
 Result<int> PublishMetrics::Serve(const std::string& address) {
   if (address.empty()) {
-    impl_->exposer.reset();
+    impl_->server.reset();
     return 0;
   }
-  const std::string listen = MetricsListenAddress(address);
-  std::unique_ptr<prometheus::Exposer> exposer;
-  try {
-    exposer = std::make_unique<prometheus::Exposer>(listen, 1);
-  } catch (const std::exception& e) {
-    return IOError("publisher metrics: cannot listen on " + listen + ": " + e.what());
-  }
-  exposer->RegisterCollectable(impl_->registry);
-  impl_->exposer = std::move(exposer);  // the previous server, if any, stops
-  const std::vector<int> ports = impl_->exposer->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
+  auto server = metrics::Server::Start(MetricsListenAddress(address), 1);
+  if (!server.ok()) return server.status().WithContext("publisher metrics");
+  (*server)->Serve(impl_->r);
+  impl_->server = std::move(*server);  // the previous server, if any, stops
+  return impl_->server->port();
 }
 
 Status PublishMetrics::Push(const std::string& gateway, const std::string& job,
                             const std::map<std::string, std::string>& labels) {
-  std::string url = gateway;
-  while (!url.empty() && url.back() == '/') url.pop_back();
-  if (url.find("://") == std::string::npos) url = "http://" + url;
-  const size_t colon = url.rfind(':');
-  if (colon == std::string::npos || colon < url.find("://") + 3 || colon + 1 == url.size()) {
-    return InvalidArgument("publisher metrics: gateway \"" + gateway + "\" is not HOST:PORT");
-  }
-  if (job.empty() || job.find('/') != std::string::npos) {
-    return InvalidArgument("publisher metrics: Pushgateway job \"" + job +
-                           "\" must be non-empty and without '/'");
-  }
-  for (const auto& [name, value] : labels) {
-    if (name.empty() || value.empty() || value.find('/') != std::string::npos) {
-      return InvalidArgument("publisher metrics: grouping label " + name + "=\"" + value +
-                             "\" must have a name and a non-empty value without '/'");
-    }
-  }
-  const std::string what = "publisher metrics: push to " + url + " (job " + job + ")";
-  try {
-    prometheus::Gateway g(url.substr(0, colon), url.substr(colon + 1), job,
-                          prometheus::Labels(labels.begin(), labels.end()));
-    g.RegisterCollectable(impl_->registry);
-    const int code = g.Push();
-    if (code < 200 || code >= 300) {
-      return IOError(what + ": " +
-                     (code < 0 ? "transfer failed (curl error " + std::to_string(-code) + ")"
-                               : "HTTP " + std::to_string(code)));
-    }
-  } catch (const std::exception& e) {
-    return IOError(what + ": " + e.what());
-  }
-  return Status::Ok();
+  return metrics::PushToGateway(impl_->r, gateway, job, labels).WithContext("publisher metrics");
 }
 
 }  // namespace dte

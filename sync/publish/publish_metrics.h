@@ -1,11 +1,11 @@
 // PublishMetrics: what a trainer's publishes did, as Prometheus metrics in
-// a prometheus-cpp Registry: versions committed and publishes failed,
-// elements examined, flagged and changed, bytes of optimizer state read and
-// of blobs stored, publish and push durations, and for a distributed
-// publisher what this rank routed and encoded. Every Publisher and
-// DistPublisher records into its own (metrics()). A trainer serves the
-// registry (Serve, or its own prometheus::Exposer), pushes it to a
-// Pushgateway (Push, or its own prometheus::Gateway), or reads the
+// a metrics::Registry (sync/metrics/registry.h): versions committed and
+// publishes failed, elements examined, flagged and changed, bytes of
+// optimizer state read and of blobs stored, publish and push durations,
+// and for a distributed publisher what this rank routed and encoded. Every
+// Publisher and DistPublisher records into its own (metrics()). A trainer
+// serves the registry (Serve, or its own prometheus::Exposer), pushes it to
+// a Pushgateway (Push, or its own prometheus::Gateway), or reads the
 // exposition text (Text). Names and meanings: docs/engine.md, "Metrics".
 //
 // On a distributed publisher every rank records the committed version's
@@ -41,8 +41,9 @@ class PublishMetrics {
   PublishMetrics(const PublishMetrics&) = delete;
   PublishMetrics& operator=(const PublishMetrics&) = delete;
 
-  // The registry holding the metrics, for a trainer's own exposer or
-  // gateway (RegisterCollectable) or to collect next to its own metrics.
+  // The prometheus-cpp registry holding the metrics, for a trainer's own
+  // exposer or gateway (RegisterCollectable) or to collect next to its own
+  // metrics; a trainer that uses it links prometheus-cpp itself.
   std::shared_ptr<prometheus::Registry> registry() const;
 
   // A publish of optimizer step `step` that committed `r` (its push, if
