@@ -159,3 +159,7 @@ def test_publish_torch_adamw_is_a_publisher_method(tmp_path):
         with pytest.raises(dte.InvalidArgument, match="needs a torch.optim.AdamW"):
             pub.publish_torch_adamw(torch.optim.SGD([w], lr=0.1), {"w": w})
     assert not hasattr(dte, "publish_torch_adamw") and not hasattr(dte, "Receiver")
+
+
+def test_every_exported_name_exists():
+    assert sorted(n for n in dte.__all__ if not hasattr(dte, n)) == []

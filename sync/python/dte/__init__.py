@@ -66,5 +66,5 @@ __all__ = ["AlreadyExists", "Busy", "Corrupt", "DistStats", "DteError", "FusedRe
            "LiveStatus", "MetricsCollector", "MissedPushes", "NotFound", "Params",
            "PermissionDenied", "Publisher", "PublishResult", "PushGroup", "PushGroupReceiver",
            "PushGroupStatus", "PushReceiver", "PushReceiverStatus", "PushReport",
-           "ReceiverLayout", "ReceiverTensor", "SharedTensor", "SharedWeights", "StoreReader", "Timeout", "Unimplemented",
-           "VersionConflict", "apply", "chunk_rows", "live_status"]
+           "ReceiverLayout", "ReceiverTensor", "SharedTensor", "SharedWeights", "StoreReader",
+           "Timeout", "Unimplemented", "VersionConflict", "apply", "chunk_rows", "live_status"]
