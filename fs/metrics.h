@@ -1,7 +1,7 @@
 // dtefs --metrics ADDR: the daemon's counters and gauges (those of
 // .dte/status) and its read and apply latency histograms in the Prometheus
-// exposition format at http://ADDR/metrics, through the Prometheus C++
-// client library (prometheus-cpp). Every scrape reads the values of the
+// exposition format at http://ADDR/metrics, through sync/metrics (a
+// Collector read at each scrape). Every scrape reads the values of the
 // moment; names and their meaning are in docs/fs.md ("Metrics").
 //
 // Thread-safety: the server's threads read the filesystem's thread-safe
