@@ -6,9 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "fs/internal/live_changes.h"
 #include "kernels/cuda.h"
@@ -19,6 +23,133 @@ namespace {
 
 std::string CString(const char* field, size_t size) {
   return std::string(field, strnlen(field, size));
+}
+
+// The tensor name of a registration; refuses another ABI version and a
+// name that is empty or not NUL-terminated.
+Result<std::string> RequestName(const dte_live_register& r) {
+  if (r.abi_version != DTE_LIVE_ABI_VERSION) {
+    return InvalidArgument("register: ABI version " + std::to_string(r.abi_version) +
+                           " (this daemon speaks " + std::to_string(DTE_LIVE_ABI_VERSION) + ")");
+  }
+  std::string name = CString(r.name, sizeof r.name);
+  if (name.empty() || name.size() == sizeof r.name) {
+    return InvalidArgument("register: the tensor name is empty or not NUL-terminated");
+  }
+  return name;
+}
+
+Status CheckKindAndRank(const dte_live_register& r, const std::string& what) {
+  if (r.kind != DTE_LIVE_HOST_SHM && r.kind != DTE_LIVE_CUDA_IPC) {
+    return InvalidArgument(what + ": unknown buffer kind " + std::to_string(r.kind));
+  }
+  if (r.tp < 1 || r.rank < 0 || r.rank >= r.tp) {
+    return InvalidArgument(what + ": rank " + std::to_string(r.rank) + " of tp " +
+                           std::to_string(r.tp));
+  }
+  return Status::Ok();
+}
+
+// The layout of a buffer of an owner that registered before: the owner's.
+Status CheckSameLayout(const ShardLayout& had, int had_rank, const ShardLayout& layout, int rank,
+                       const std::string& what) {
+  if (had_rank != rank || had.tp != layout.tp || had.fuse_qkv != layout.fuse_qkv ||
+      had.fuse_gate_up != layout.fuse_gate_up) {
+    return InvalidArgument(what + ": layout " + LayoutText(layout, rank) +
+                           " differs from this receiver's " + LayoutText(had, had_rank));
+  }
+  return Status::Ok();
+}
+
+// The registration's dtype and shape against those of the layout's tensor.
+Status CheckDTypeAndShape(const dte_live_register& r, const PlanTensor& t,
+                          const std::string& what) {
+  const std::string dtype = CString(r.dtype, sizeof r.dtype);
+  std::optional<DType> dt = ParseDType(dtype);
+  std::vector<uint64_t> shape;
+  for (uint32_t d = 0; d < std::min<uint32_t>(r.ndim, DTE_LIVE_MAX_DIMS); ++d) {
+    shape.push_back(r.shape[d] < 0 ? UINT64_MAX : static_cast<uint64_t>(r.shape[d]));
+  }
+  if (dt && *dt == t.dtype && r.ndim <= DTE_LIVE_MAX_DIMS && shape == t.shape) {
+    return Status::Ok();
+  }
+  auto text = [](const std::vector<uint64_t>& v) {
+    return ShapeString(std::vector<int64_t>(v.begin(), v.end()));
+  };
+  return InvalidArgument(what + ": " + dtype + " " + text(shape) + " given, the layout has " +
+                         DTypeName(t.dtype) + " " + text(t.shape));
+}
+
+// Where a registered buffer's bytes are: the mapping (or the opened CUDA
+// allocation) and the tensor's first byte in it.
+struct Mapping {
+  void* map = nullptr;
+  size_t map_len = 0;
+  uint8_t* data = nullptr;
+};
+
+Result<Mapping> OpenCudaIpc(const dte_live_register& r, const std::string& what) {
+  if (!kernels::CudaDeviceAvailable()) {
+    return Status(Code::kUnimplemented,
+                  what + ": CUDA IPC buffers need a CUDA device, and this host has none");
+  }
+  void* ptr = nullptr;
+  kernels::CudaStatus cs = kernels::CudaIpcOpenMemHandle(r.cuda_ipc_handle, r.cuda_device, &ptr);
+  if (!cs.ok()) return InvalidArgument(what + ": " + cs.message);
+  // A handle names a whole allocation (a caching allocator's block holds
+  // many tensors): the tensor starts `offset` bytes into it.
+  return Mapping{ptr, 0, static_cast<uint8_t*>(ptr) + r.offset};
+}
+
+// Opens /dev/shm/SHM_NAME, a regular file of uid (any, for root) with room
+// for `bytes` at the registration's offset; *size is its size.
+Result<int> OpenShm(const dte_live_register& r, uid_t uid, uint64_t bytes, const std::string& path,
+                    const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    return Status(e == EACCES || e == EPERM ? Code::kPermissionDenied : Code::kNotFound,
+                  what + ": cannot open " + path + ": " + std::strerror(e));
+  }
+  struct stat st = {};
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  if (!stat_ok || !S_ISREG(st.st_mode) || (uid != 0 && st.st_uid != uid)) {
+    ::close(fd);
+    return Status(Code::kPermissionDenied,
+                  what + ": " + path + " is not a regular file of the registering user");
+  }
+  if (r.offset > static_cast<uint64_t>(st.st_size) ||
+      bytes > static_cast<uint64_t>(st.st_size) - r.offset) {
+    ::close(fd);
+    return InvalidArgument(what + ": " + std::to_string(bytes) + " bytes at offset " +
+                           std::to_string(r.offset) + " do not fit in " + path + " (" +
+                           std::to_string(st.st_size) + " bytes)");
+  }
+  return fd;
+}
+
+Result<Mapping> MapShm(const dte_live_register& r, uid_t uid, uint64_t bytes,
+                       const std::string& what) {
+  const std::string shm = CString(r.shm_name, sizeof r.shm_name);
+  if (!IsPlainFileName(shm)) {
+    return InvalidArgument(what + ": shm_name \"" + shm + "\" must name an object in /dev/shm");
+  }
+  const std::string path = "/dev/shm/" + shm;
+  ASSIGN_OR_RETURN(const int fd, OpenShm(r, uid, bytes, path, what));
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t map_off = r.offset / page * page;
+  Mapping m;
+  m.map_len = static_cast<size_t>(r.offset - map_off + std::max<uint64_t>(bytes, 1));
+  // Populated now, so the first apply does not fault the mapping in.
+  m.map = ::mmap(nullptr, m.map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+                 static_cast<off_t>(map_off));
+  const int e = errno;
+  ::close(fd);
+  if (m.map == MAP_FAILED) {
+    return IOError(what + ": cannot map " + path + ": " + std::strerror(e));
+  }
+  m.data = static_cast<uint8_t*>(m.map) + (r.offset - map_off);
+  return m;
 }
 
 }  // namespace
@@ -47,22 +178,9 @@ Result<const Live::Plan*> Live::PlanFor(const Version& v, const ShardLayout& lay
 }
 
 Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_register& r) {
-  if (r.abi_version != DTE_LIVE_ABI_VERSION) {
-    return InvalidArgument("register: ABI version " + std::to_string(r.abi_version) +
-                           " (this daemon speaks " + std::to_string(DTE_LIVE_ABI_VERSION) + ")");
-  }
-  const std::string name = CString(r.name, sizeof r.name);
-  if (name.empty() || name.size() == sizeof r.name) {
-    return InvalidArgument("register: the tensor name is empty or not NUL-terminated");
-  }
+  ASSIGN_OR_RETURN(const std::string name, RequestName(r));
   const std::string what = "register \"" + name + "\"";
-  if (r.kind != DTE_LIVE_HOST_SHM && r.kind != DTE_LIVE_CUDA_IPC) {
-    return InvalidArgument(what + ": unknown buffer kind " + std::to_string(r.kind));
-  }
-  if (r.tp < 1 || r.rank < 0 || r.rank >= r.tp) {
-    return InvalidArgument(what + ": rank " + std::to_string(r.rank) + " of tp " +
-                           std::to_string(r.tp));
-  }
+  RETURN_IF_ERROR(CheckKindAndRank(r, what));
   const ShardLayout layout{r.tp, r.fuse_qkv != 0, r.fuse_gate_up != 0};
   std::shared_ptr<const LiveView> view = View();
   if (!view) return NotFound(what + ": the mount has no live version yet");
@@ -74,20 +192,15 @@ Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_regist
   // scatter includes this buffer.
   if (applying_.load()) return Busy(what + ": a live apply is running; register after it");
   view = View();
-  if (r.version != DTE_LIVE_LATEST && r.version != view->version->manifest.version) {
+  const uint64_t live = view->version->manifest.version;
+  if (r.version != DTE_LIVE_LATEST && r.version != live) {
     return InvalidArgument(what + ": the buffer holds " + VersionName(r.version) +
-                           " but the live version is " +
-                           VersionName(view->version->manifest.version) +
+                           " but the live version is " + VersionName(live) +
                            "; load it again from MOUNT/live/ and register");
   }
-  auto existing = receivers_.find(owner);
-  if (existing != receivers_.end()) {
+  if (auto existing = receivers_.find(owner); existing != receivers_.end()) {
     const Receiver& rc = existing->second;
-    if (rc.rank != r.rank || rc.layout.tp != layout.tp || rc.layout.fuse_qkv != layout.fuse_qkv ||
-        rc.layout.fuse_gate_up != layout.fuse_gate_up) {
-      return InvalidArgument(what + ": layout " + LayoutText(layout, r.rank) +
-                             " differs from this receiver's " + LayoutText(rc.layout, rc.rank));
-    }
+    RETURN_IF_ERROR(CheckSameLayout(rc.layout, rc.rank, layout, r.rank, what));
     for (const auto& b : rc.buffers) {
       if (b->name == name) return AlreadyExists(what + ": already registered by this receiver");
     }
@@ -98,21 +211,9 @@ Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_regist
                          [&](const PlanTensor& t) { return t.name == name; });
   if (it == tensors.end()) {
     return NotFound(what + ": no such tensor in layout " + LayoutText(layout, r.rank) + " of " +
-                    VersionName(view->version->manifest.version));
+                    VersionName(live));
   }
-  const std::string dtype = CString(r.dtype, sizeof r.dtype);
-  std::optional<DType> dt = ParseDType(dtype);
-  std::vector<uint64_t> shape;
-  for (uint32_t d = 0; d < std::min<uint32_t>(r.ndim, DTE_LIVE_MAX_DIMS); ++d) {
-    shape.push_back(r.shape[d] < 0 ? UINT64_MAX : static_cast<uint64_t>(r.shape[d]));
-  }
-  if (!dt || *dt != it->dtype || r.ndim > DTE_LIVE_MAX_DIMS || shape != it->shape) {
-    auto text = [](const std::vector<uint64_t>& v) {
-      return ShapeString(std::vector<int64_t>(v.begin(), v.end()));
-    };
-    return InvalidArgument(what + ": " + dtype + " " + text(shape) + " given, the layout has " +
-                           DTypeName(it->dtype) + " " + text(it->shape));
-  }
+  RETURN_IF_ERROR(CheckDTypeAndShape(r, *it, what));
   auto buf = std::make_unique<Buffer>();
   buf->name = name;
   buf->receiver_tensor = static_cast<uint32_t>(it - tensors.begin());
@@ -120,58 +221,11 @@ Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_regist
   buf->elements = ShapeElements(it->shape);
   buf->kind = r.kind;
   const uint64_t bytes = buf->elements * static_cast<uint64_t>(buf->width);
-  if (r.kind == DTE_LIVE_CUDA_IPC) {
-    if (!kernels::CudaDeviceAvailable()) {
-      return Status(Code::kUnimplemented,
-                    what + ": CUDA IPC buffers need a CUDA device, and this host has none");
-    }
-    void* ptr = nullptr;
-    kernels::CudaStatus cs = kernels::CudaIpcOpenMemHandle(r.cuda_ipc_handle, r.cuda_device, &ptr);
-    if (!cs.ok()) return InvalidArgument(what + ": " + cs.message);
-    // A handle names a whole allocation (a caching allocator's block holds
-    // many tensors): the tensor starts `offset` bytes into it.
-    buf->map = ptr;
-    buf->data = static_cast<uint8_t*>(ptr) + r.offset;
-  } else {
-    const std::string shm = CString(r.shm_name, sizeof r.shm_name);
-    if (!IsPlainFileName(shm)) {
-      return InvalidArgument(what + ": shm_name \"" + shm + "\" must name an object in /dev/shm");
-    }
-    const std::string path = "/dev/shm/" + shm;
-    const int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-      const int e = errno;
-      return Status(e == EACCES || e == EPERM ? Code::kPermissionDenied : Code::kNotFound,
-                    what + ": cannot open " + path + ": " + std::strerror(e));
-    }
-    struct stat st = {};
-    const bool stat_ok = ::fstat(fd, &st) == 0;
-    if (!stat_ok || !S_ISREG(st.st_mode) || (uid != 0 && st.st_uid != uid)) {
-      ::close(fd);
-      return Status(Code::kPermissionDenied,
-                    what + ": " + path + " is not a regular file of the registering user");
-    }
-    if (r.offset > static_cast<uint64_t>(st.st_size) ||
-        bytes > static_cast<uint64_t>(st.st_size) - r.offset) {
-      ::close(fd);
-      return InvalidArgument(what + ": " + std::to_string(bytes) + " bytes at offset " +
-                             std::to_string(r.offset) + " do not fit in " + path + " (" +
-                             std::to_string(st.st_size) + " bytes)");
-    }
-    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-    const uint64_t map_off = r.offset / page * page;
-    buf->map_len = static_cast<size_t>(r.offset - map_off + std::max<uint64_t>(bytes, 1));
-    // Populated now, so the first apply does not fault the mapping in.
-    void* m = ::mmap(nullptr, buf->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
-                     static_cast<off_t>(map_off));
-    const int e = errno;
-    ::close(fd);
-    if (m == MAP_FAILED) {
-      return IOError(what + ": cannot map " + path + ": " + std::strerror(e));
-    }
-    buf->map = m;
-    buf->data = static_cast<uint8_t*>(m) + (r.offset - map_off);
-  }
+  ASSIGN_OR_RETURN(
+      Mapping m, r.kind == DTE_LIVE_CUDA_IPC ? OpenCudaIpc(r, what) : MapShm(r, uid, bytes, what));
+  buf->map = m.map;
+  buf->map_len = m.map_len;
+  buf->data = m.data;
   buf->id = next_buffer_id_++;
   const uint64_t id = buf->id;
   Receiver& rc = receivers_[owner];
