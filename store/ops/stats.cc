@@ -56,6 +56,31 @@ std::optional<uint64_t> TensorLayer(const std::string& name) {
   return LayerAfter(name, ".h.");  // GPT-2 style
 }
 
+namespace {
+
+// The row a tensor counts in when grouped `by`.
+std::string GroupOf(const std::string& name, StatsGroup by) {
+  switch (by) {
+    case StatsGroup::kTensor:
+      return name;
+    case StatsGroup::kLayer: {
+      auto layer = TensorLayer(name);
+      return layer ? std::to_string(*layer) : "-";
+    }
+    case StatsGroup::kKind:
+      return TensorKind(name);
+    case StatsGroup::kLayerKind: {
+      auto layer = TensorLayer(name);
+      return (layer ? std::to_string(*layer) : "-") + "/" + TensorKind(name);
+    }
+    case StatsGroup::kVersion:
+      break;
+  }
+  return "all";
+}
+
+}  // namespace
+
 Result<std::vector<StatsRow>> VersionStats(const Version& v, StatsGroup by) {
   const Manifest& m = v.manifest;
   std::vector<StatsRow> rows;
@@ -80,29 +105,7 @@ Result<std::vector<StatsRow>> VersionStats(const Version& v, StatsGroup by) {
                           std::to_string(uint64_t{t.first_block} + t.blocks) +
                           ") past the block table's " + std::to_string(v.records.size()));
       }
-      std::string group;
-      switch (by) {
-        case StatsGroup::kTensor:
-          group = t.name;
-          break;
-        case StatsGroup::kLayer: {
-          auto layer = TensorLayer(t.name);
-          group = layer ? std::to_string(*layer) : "-";
-          break;
-        }
-        case StatsGroup::kKind:
-          group = TensorKind(t.name);
-          break;
-        case StatsGroup::kLayerKind: {
-          auto layer = TensorLayer(t.name);
-          group = (layer ? std::to_string(*layer) : "-") + "/" + TensorKind(t.name);
-          break;
-        }
-        case StatsGroup::kVersion:
-          group = "all";
-          break;
-      }
-      StatsRow& r = row_of(group);
+      StatsRow& r = row_of(GroupOf(t.name, by));
       r.tensors++;
       r.elements += t.elements();
       r.changed += t.changed;
