@@ -33,12 +33,15 @@ PY=/usr/bin/python3
 # Debian's python3-openssl cannot load, which Debian's awscli imports:
 # pyOpenSSL>=25 matches it.
 # transformers serves the push example's model (4.44 is the last release that
-# runs on Debian's torch 1.13).
-if ! "$PY" -c 'import safetensors, xxhash, tokenizers, moto.server, OpenSSL.SSL, transformers' \
+# runs on Debian's torch 1.13). ml_dtypes' float8_e4m3fn is the FP8 tests'
+# reference, pinned: 0.4.1 runs on Debian's numpy 1.24, while 0.6 pulls in
+# numpy 2, which Debian's scipy rejects.
+if ! "$PY" -c 'import safetensors, xxhash, tokenizers, moto.server, OpenSSL.SSL, transformers, ml_dtypes' \
     2>/dev/null; then
-  echo "setup: installing python packages (safetensors, xxhash, tokenizers, moto, transformers)"
+  echo "setup: installing python packages (safetensors, xxhash, tokenizers, moto, transformers, ml_dtypes)"
   "$PY" -m pip install -q --break-system-packages --root-user-action=ignore \
-    safetensors xxhash tokenizers 'moto[server]==5.2.5' 'pyOpenSSL>=25' 'transformers==4.44.2'
+    safetensors xxhash tokenizers 'moto[server]==5.2.5' 'pyOpenSSL>=25' 'transformers==4.44.2' \
+    'ml_dtypes==0.4.1'
 fi
 
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then
