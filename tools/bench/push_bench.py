@@ -209,7 +209,7 @@ def receiver(a):
 
 # --- trainer -----------------------------------------------------------------
 
-def main():
+def parse_args():
     p = argparse.ArgumentParser()
     p.add_argument("mode", nargs="?", default="bench")
     p.add_argument("--size", default="1GiB")
@@ -234,13 +234,236 @@ def main():
     p.add_argument("--tp", type=int)
     p.add_argument("--rank", type=int)
     p.add_argument("--out")
-    a = p.parse_args()
+    return p.parse_args()
+
+
+class Bench:
+    """One receiver count's run: the model and its optimizer, the store with
+    v0, the publisher(s) and push group(s), and the receiver processes."""
+
+    def __init__(self, a, dte, c, names, work, n_rx):
+        import safetensors.torch
+        import torch
+        self.a, self.dte, self.c, self.names, self.n_rx = a, dte, c, names, n_rx
+        self.elements = sum(math.prod(s) for s in names.values())
+        self.root = os.path.join(work, "rx%d" % n_rx)
+        os.makedirs(self.root)
+        g = torch.Generator().manual_seed(1)
+        self.params = {n: torch.nn.Parameter(torch.randn(s, generator=g) * 0.02 if len(s) > 1
+                                             else torch.ones(s)) for n, s in names.items()}
+        self.opt = torch.optim.AdamW(self.params.values(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
+                                     weight_decay=0.0, foreach=False)
+        ckpt = os.path.join(self.root, "v0")
+        os.makedirs(ckpt)
+        safetensors.torch.save_file(
+            {n: t.detach().to(torch.bfloat16) for n, t in self.params.items()},
+            os.path.join(ckpt, "model.safetensors"))
+        json.dump(c, open(os.path.join(ckpt, "config.json"), "w"))
+        json.dump(c, open(os.path.join(self.root, "config.json"), "w"))
+        self.store = os.path.join(self.root, "store")
+        self.group = dte.PushGroup("127.0.0.1:0", timeout=120.0)
+        with dte.Publisher(store=self.store) as importer:
+            importer.import_checkpoint(ckpt)
+        self.open_publishers()
+        self.start_receivers()
+
+    def open_publishers(self):
+        a, dte = self.a, self.dte
+        self.pubs, self.groups = [], [self.group]
+        if not a.dist:
+            self.pub = dte.Publisher(store=self.store, push=self.group)
+            return
+        rdv = os.path.join(self.root, "rendezvous")
+        os.makedirs(rdv)
+        self.pubs = [None] * a.world
+        for _ in range(1, a.world):
+            self.groups.append(
+                dte.PushGroup(self.group.address, timeout=120.0) if a.owners else None)
+
+        def open_rank(r):
+            self.pubs[r] = dte.Publisher(store=self.store, push=self.groups[r], rank=r,
+                                         world_size=a.world, rendezvous=rdv)
+        run_threads(open_rank, range(a.world))
+        self.pub = self.pubs[0]
+
+    def start_receivers(self):
+        a = self.a
+        self.procs, self.outs = [], []
+        for r in range(self.n_rx):
+            out = os.path.join(self.root, "rx%d.jsonl" % r)
+            self.outs.append(out)
+            self.procs.append(subprocess.Popen(
+                [sys.executable, __file__, "receiver", "--address", self.group.address,
+                 "--store", self.store, "--config", os.path.join(self.root, "config.json"),
+                 "--tp", str(self.n_rx), "--rank", str(r), "--steps", str(a.steps), "--out", out,
+                 "--build-dir", a.build_dir] + (["--cuda"] if a.cuda else [])))
+        while not all(self.held(i) >= 0 for i in range(self.n_rx)):
+            if any(pr.poll() is not None for pr in self.procs):
+                raise SystemExit("a receiver exited")
+            time.sleep(0.05)
+        log("%d receiver(s) at v0" % self.n_rx)
+
+    def records(self, i):
+        try:
+            return [json.loads(x) for x in open(self.outs[i])]
+        except FileNotFoundError:
+            return []
+
+    def held(self, i):
+        return max([x["version"] for x in self.records(i) if "version" in x], default=-1)
+
+    def train_step(self, step):
+        import torch
+        gs = torch.Generator().manual_seed(100 + step)
+        for t in self.params.values():
+            t.grad = torch.randn(t.shape, generator=gs)
+        self.opt.step()
+        st = self.opt.state
+        return {n: {"param": t, "exp_avg": st[t]["exp_avg"], "exp_avg_sq": st[t]["exp_avg_sq"],
+                    "step": st[t]["step"]} for n, t in self.params.items()}
+
+    def publish(self, step, state):
+        """(result, push reports, end time, push start time) of one publish."""
+        a = self.a
+        if not (a.dist and a.world > 1):
+            res = self.pub.publish_adamw(step=step, params=state, lr=a.lr, betas=(0.9, 0.95),
+                                         eps=1e-8, weight_decay=0.0)
+            t1 = time.time()
+            return res, [dataclasses.asdict(res.push)], t1, t1 - res.push.seconds
+        results, ends = [None] * a.world, [0.0] * a.world
+
+        def publish_rank(r):
+            results[r] = self.pubs[r].publish_adamw(
+                step=step, params=rank_rows(state, r, a.world), lr=a.lr, betas=(0.9, 0.95),
+                eps=1e-8, weight_decay=0.0)
+            ends[r] = time.time()
+        run_threads(publish_rank, range(a.world))
+        pushes = [dataclasses.asdict(x.push) for x in results if x.push is not None]
+        push_start = min(e - x.push.seconds for e, x in zip(ends, results) if x.push is not None)
+        return results[0], pushes, max(ends), push_start
+
+    def push_row(self, step):
+        """Trains and publishes step `step`; its row once every receiver holds it."""
+        state = self.train_step(step)
+        trim_heap()
+        rss0 = status_kib("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current resident set
+        t0 = time.time()
+        res, pushes, t1, push_start = self.publish(step, state)
+        extra_mib = (status_kib("VmHWM") - rss0) / 1024
+        for x in pushes:
+            assert x["pushed"] == self.n_rx and not x["dropped"], x
+        while not all(self.held(i) >= step for i in range(self.n_rx)):
+            time.sleep(0.002)
+        applied = max(x["t"] for i in range(self.n_rx) for x in self.records(i)
+                      if x.get("version") == step)
+        row = {"receivers": self.n_rx, "step": step, "changed": res.changed,
+               "changed_fraction": res.changed / self.elements, "publish_s": t1 - t0,
+               "push_s": applied - push_start, "push_bytes": sum(x["bytes"] for x in pushes),
+               "push_confirmed_s": max(x["seconds"] for x in pushes),
+               "rank_push_s": [x["seconds"] for x in pushes],
+               "rank_push_bytes": [x["bytes"] for x in pushes],
+               "push_pack_s": max(x["pack_seconds"] for x in pushes),
+               "publish_extra_mib": extra_mib}
+        log("rx %d step %d: %.2f%% changed, publish %.3f s, push %.3f s (packed %.3f, "
+            "received %.3f s; per pushing rank %s s), %d bytes, publish's extra memory "
+            "%.0f MiB" % (
+                self.n_rx, step, 100 * row["changed_fraction"], row["publish_s"], row["push_s"],
+                row["push_pack_s"], row["push_confirmed_s"],
+                "/".join("%.3f" % x for x in row["rank_push_s"]), row["push_bytes"], extra_mib))
+        return row
+
+    def baseline_rows(self):
+        """The baseline: whole BF16 tensors to every receiver over TCP."""
+        import torch
+        bf16 = {n: t.detach().to(torch.bfloat16).contiguous() for n, t in self.params.items()}
+        socks = []
+        for i in range(self.n_rx):
+            port = next(x["baseline_port"] for x in self.records(i) if "baseline_port" in x)
+            s = socket.create_connection(("127.0.0.1", port))
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            socks.append(s)
+        rows = []
+        # Round 0 warms the receivers' buffers and sockets and is not counted.
+        for step in range(0, self.a.steps + 1):
+            t0 = time.time()
+            done = []
+
+            def send(s):
+                for n in self.names:
+                    s.sendall(memoryview(bf16[n].view(torch.uint8).numpy()))
+                done.append(struct.unpack("<d", s.recv(8))[0])
+            run_threads(send, socks)
+            base = {"receivers": self.n_rx, "step": step, "baseline_s": max(done) - t0,
+                    "baseline_bytes": self.n_rx * self.elements * 2}
+            if step > 0:
+                rows.append(base)
+            log("rx %d baseline %d: %.3f s, %d bytes" % (self.n_rx, step, base["baseline_s"],
+                                                         base["baseline_bytes"]))
+        for s in socks:
+            s.close()
+        return rows
+
+    def close(self):
+        for pr in self.procs:
+            if pr.wait(600) != 0:
+                raise SystemExit("a receiver failed")
+        for x in self.pubs or [self.pub]:
+            x.close()
+        for g in self.groups:
+            if g is not None:
+                g.close()
+        import shutil
+        shutil.rmtree(self.root)
+
+
+def run_threads(fn, args):
+    """fn(x) for every x of args, each on its own thread; returns when all did."""
+    threads = [threading.Thread(target=fn, args=(x,)) for x in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def rank_rows(state, r, world):
+    """The rows [r/world, (r+1)/world) of every tensor of state: rank r's."""
+    mine = {}
+    for n, st in state.items():
+        rows_n = st["param"].shape[0]
+        chunk = (rows_n + world - 1) // world
+        r0, r1 = min(rows_n, r * chunk), min(rows_n, (r + 1) * chunk)
+        mine[n] = {"param": st["param"].detach()[r0:r1], "exp_avg": st["exp_avg"][r0:r1],
+                   "exp_avg_sq": st["exp_avg_sq"][r0:r1], "rows": (r0, r1), "step": st["step"]}
+    return mine
+
+
+def print_summary(rows):
+    """The push of the last step (AdamW's first steps change more elements;
+    the last is the steady state) against the baseline's median."""
+    print("| receivers | changed | publish | push | baseline | time ratio | push bytes | "
+          "baseline bytes | bytes ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n_rx in sorted({r["receivers"] for r in rows}):
+        pr = [r for r in rows if r["receivers"] == n_rx and "push_s" in r]
+        br = [r for r in rows if r["receivers"] == n_rx and "baseline_s" in r]
+        last = max(pr, key=lambda r: r["step"])
+        base = sorted(r["baseline_s"] for r in br)
+        push_s, base_s = last["push_s"], base[len(base) // 2]
+        pb, bb = last["push_bytes"], br[0]["baseline_bytes"]
+        print("| %d | %.2f%% | %.3f s | %.3f s | %.3f s | %.1fx | %.1f MB | %.1f MB | %.0fx |" % (
+            n_rx, 100 * last["changed_fraction"], last["publish_s"], push_s, base_s,
+            base_s / push_s, pb / 1e6, bb / 1e6, bb / pb))
+
+
+def main():
+    a = parse_args()
     os.environ.setdefault("DTE_LIBRARY", os.path.join(a.build_dir, "sync", "libdte.so"))
     if a.mode == "receiver":
         return receiver(a)
     sys.path.insert(0, os.path.join(SOURCE, "sync", "python"))
     import dte
-    import safetensors.torch
     import torch
     torch.set_num_threads(os.cpu_count())
     units = {"GiB": 1 << 30, "MiB": 1 << 20}
@@ -252,189 +475,11 @@ def main():
     rows = []
     work = tempfile.mkdtemp(prefix="dte-push-bench-", dir=a.work)
     for n_rx in [int(x) for x in a.receivers.split(",")]:
-        root = os.path.join(work, "rx%d" % n_rx)
-        os.makedirs(root)
-        g = torch.Generator().manual_seed(1)
-        params = {n: torch.nn.Parameter(torch.randn(s, generator=g) * 0.02 if len(s) > 1
-                                        else torch.ones(s)) for n, s in names.items()}
-        opt = torch.optim.AdamW(params.values(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
-                                weight_decay=0.0, foreach=False)
-        ckpt = os.path.join(root, "v0")
-        os.makedirs(ckpt)
-        safetensors.torch.save_file({n: t.detach().to(torch.bfloat16) for n, t in params.items()},
-                                    os.path.join(ckpt, "model.safetensors"))
-        json.dump(c, open(os.path.join(ckpt, "config.json"), "w"))
-        json.dump(c, open(os.path.join(root, "config.json"), "w"))
-        store = os.path.join(root, "store")
-        group = dte.PushGroup("127.0.0.1:0", timeout=120.0)
-        with dte.Publisher(store=store) as importer:
-            importer.import_checkpoint(ckpt)
-        pubs, groups = [], [group]
-        if a.dist:
-            rdv = os.path.join(root, "rendezvous")
-            os.makedirs(rdv)
-            pubs = [None] * a.world
-            for r in range(1, a.world):
-                groups.append(dte.PushGroup(group.address, timeout=120.0) if a.owners else None)
-
-            def open_rank(r):
-                pubs[r] = dte.Publisher(store=store, push=groups[r], rank=r,
-                                        world_size=a.world, rendezvous=rdv)
-            ths = [threading.Thread(target=open_rank, args=(r,)) for r in range(a.world)]
-            [t.start() for t in ths]
-            [t.join() for t in ths]
-            pub = pubs[0]
-        else:
-            pub = dte.Publisher(store=store, push=group)
-        procs, outs = [], []
-        for r in range(n_rx):
-            out = os.path.join(root, "rx%d.jsonl" % r)
-            outs.append(out)
-            procs.append(subprocess.Popen(
-                [sys.executable, __file__, "receiver", "--address", group.address, "--store",
-                 store, "--config", os.path.join(root, "config.json"), "--tp", str(n_rx),
-                 "--rank", str(r), "--steps", str(a.steps), "--out", out, "--build-dir",
-                 a.build_dir] + (["--cuda"] if a.cuda else [])))
-
-        def records(i):
-            try:
-                return [json.loads(x) for x in open(outs[i])]
-            except FileNotFoundError:
-                return []
-
-        def held(i):
-            return max([x["version"] for x in records(i) if "version" in x], default=-1)
-
-        while not all(held(i) >= 0 for i in range(n_rx)):
-            if any(pr.poll() is not None for pr in procs):
-                raise SystemExit("a receiver exited")
-            time.sleep(0.05)
-        log("%d receiver(s) at v0" % n_rx)
-        for step in range(1, a.steps + 1):
-            gs = torch.Generator().manual_seed(100 + step)
-            for t in params.values():
-                t.grad = torch.randn(t.shape, generator=gs)
-            opt.step()
-            state = {n: {"param": t, "exp_avg": opt.state[t]["exp_avg"],
-                         "exp_avg_sq": opt.state[t]["exp_avg_sq"], "step": opt.state[t]["step"]}
-                     for n, t in params.items()}
-            trim_heap()
-            rss0 = status_kib("VmRSS")
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # resets VmHWM to the current resident set
-            t0 = time.time()
-            if a.dist and a.world > 1:
-                results, ends = [None] * a.world, [0.0] * a.world
-
-                def publish_rank(r):
-                    mine = {}
-                    for n, st in state.items():
-                        rows_n = st["param"].shape[0]
-                        chunk = (rows_n + a.world - 1) // a.world
-                        r0, r1 = min(rows_n, r * chunk), min(rows_n, (r + 1) * chunk)
-                        mine[n] = {"param": st["param"].detach()[r0:r1],
-                                   "exp_avg": st["exp_avg"][r0:r1],
-                                   "exp_avg_sq": st["exp_avg_sq"][r0:r1], "rows": (r0, r1),
-                                   "step": st["step"]}
-                    results[r] = pubs[r].publish_adamw(step=step, params=mine, lr=a.lr,
-                                                       betas=(0.9, 0.95), eps=1e-8,
-                                                       weight_decay=0.0)
-                    ends[r] = time.time()
-                ths = [threading.Thread(target=publish_rank, args=(r,)) for r in range(a.world)]
-                [t.start() for t in ths]
-                [t.join() for t in ths]
-                res = results[0]
-                pushes = [dataclasses.asdict(x.push) for x in results if x.push is not None]
-                t1 = max(ends)
-                push_start = min(e - x.push.seconds for e, x in zip(ends, results)
-                                 if x.push is not None)
-            else:
-                res = pub.publish_adamw(step=step, params=state, lr=a.lr, betas=(0.9, 0.95),
-                                        eps=1e-8, weight_decay=0.0)
-                t1 = time.time()
-                pushes = [dataclasses.asdict(res.push)]
-                push_start = t1 - res.push.seconds
-            extra_mib = (status_kib("VmHWM") - rss0) / 1024
-            push = dict(pushes[0], bytes=sum(x["bytes"] for x in pushes),
-                        seconds=max(x["seconds"] for x in pushes),
-                        pack_seconds=max(x["pack_seconds"] for x in pushes))
-            for x in pushes:
-                assert x["pushed"] == n_rx and not x["dropped"], x
-            while not all(held(i) >= step for i in range(n_rx)):
-                time.sleep(0.002)
-            applied = max(x["t"] for i in range(n_rx) for x in records(i)
-                          if x.get("version") == step)
-            row = {"receivers": n_rx, "step": step, "changed": res.changed,
-                   "changed_fraction": res.changed / elements, "publish_s": t1 - t0,
-                   "push_s": applied - push_start, "push_bytes": push["bytes"],
-                   "push_confirmed_s": push["seconds"],
-                   "rank_push_s": [x["seconds"] for x in pushes],
-                   "rank_push_bytes": [x["bytes"] for x in pushes]}
-            rows.append(row)
-            row["push_pack_s"] = push["pack_seconds"]
-            row["publish_extra_mib"] = extra_mib
-            log("rx %d step %d: %.2f%% changed, publish %.3f s, push %.3f s (packed %.3f, "
-                "received %.3f s; per pushing rank %s s), %d bytes, publish's extra memory "
-                "%.0f MiB" % (
-                    n_rx, step, 100 * row["changed_fraction"], row["publish_s"], row["push_s"],
-                    push["pack_seconds"], push["seconds"],
-                    "/".join("%.3f" % x for x in row["rank_push_s"]), row["push_bytes"],
-                    extra_mib))
-        # The baseline: whole BF16 tensors to every receiver over TCP.
-        bf16 = {n: t.detach().to(torch.bfloat16).contiguous() for n, t in params.items()}
-        socks = []
-        for i in range(n_rx):
-            port = next(x["baseline_port"] for x in records(i) if "baseline_port" in x)
-            s = socket.create_connection(("127.0.0.1", port))
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            socks.append(s)
-        # Round 0 warms the receivers' buffers and sockets and is not counted.
-        for step in range(0, a.steps + 1):
-            t0 = time.time()
-            done = []
-
-            def send(s):
-                for n in names:
-                    s.sendall(memoryview(bf16[n].view(torch.uint8).numpy()))
-                done.append(struct.unpack("<d", s.recv(8))[0])
-            threads = [threading.Thread(target=send, args=(s,)) for s in socks]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-            base = {"receivers": n_rx, "step": step, "baseline_s": max(done) - t0,
-                    "baseline_bytes": n_rx * elements * 2}
-            if step > 0:
-                rows.append(base)
-            log("rx %d baseline %d: %.3f s, %d bytes" % (n_rx, step, base["baseline_s"],
-                                                         base["baseline_bytes"]))
-        for s in socks:
-            s.close()
-        for pr in procs:
-            if pr.wait(600) != 0:
-                raise SystemExit("a receiver failed")
-        for x in pubs or [pub]:
-            x.close()
-        for g in groups:
-            if g is not None:
-                g.close()
-        import shutil
-        shutil.rmtree(root)
-    # Summary: the push of the last step (AdamW's first steps change more
-    # elements; the last is the steady state), the baseline's median.
-    print("| receivers | changed | publish | push | baseline | time ratio | push bytes | "
-          "baseline bytes | bytes ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for n_rx in sorted({r["receivers"] for r in rows}):
-        pr = [r for r in rows if r["receivers"] == n_rx and "push_s" in r]
-        br = [r for r in rows if r["receivers"] == n_rx and "baseline_s" in r]
-        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-        last = max(pr, key=lambda r: r["step"])
-        push_s, base_s = last["push_s"], med([r["baseline_s"] for r in br])
-        pb, bb = last["push_bytes"], br[0]["baseline_bytes"]
-        print("| %d | %.2f%% | %.3f s | %.3f s | %.3f s | %.1fx | %.1f MB | %.1f MB | %.0fx |" % (
-            n_rx, 100 * last["changed_fraction"], last["publish_s"], push_s, base_s,
-            base_s / push_s, pb / 1e6, bb / 1e6, bb / pb))
+        bench = Bench(a, dte, c, names, work, n_rx)
+        rows += [bench.push_row(step) for step in range(1, a.steps + 1)]
+        rows += bench.baseline_rows()
+        bench.close()
+    print_summary(rows)
     if a.json:
         json.dump({"config": c, "rows": rows}, open(a.json, "w"), indent=1)
 
