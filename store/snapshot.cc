@@ -33,9 +33,9 @@ namespace {
 constexpr uint32_t kSnapshotFormatVersion = 1;
 constexpr char kSuffix[] = ".snap";
 constexpr char kTempPrefix[] = ".tmp.";
-// Written data is flushed and dropped from the page cache in windows of
-// this size, so a snapshot of many gigabytes neither piles up dirty pages
-// nor evicts what readers use.
+// A kDropBehind writer's data is flushed and dropped from the page cache
+// in windows of this size, so a snapshot of many gigabytes neither piles up
+// dirty pages nor evicts what readers use.
 constexpr uint64_t kWriteBehindWindow = uint64_t{32} << 20;
 
 void PutFixed(std::string* out, uint64_t x, int bytes) {
@@ -122,7 +122,7 @@ struct SnapshotWriter::State {
   uint64_t version = 0, block_bytes = 0;
   std::string tmp;
   ScopedFd fd;
-  std::unique_ptr<WriteBehind> behind;
+  std::unique_ptr<WriteBehind> behind;  // null for SnapshotPages::kKeep
   bool published = false;
 };
 
@@ -135,7 +135,7 @@ SnapshotWriter::~SnapshotWriter() {
 Status SnapshotWriter::Write(size_t record, const uint8_t* data, uint64_t len) {
   const uint64_t offset = record * state_->block_bytes;
   RETURN_IF_ERROR(PwriteAll(state_->fd.get(), data, len, offset, state_->tmp));
-  state_->behind->Wrote(offset + len);
+  if (state_->behind) state_->behind->Wrote(offset + len);
   return Status::Ok();
 }
 
@@ -184,7 +184,7 @@ uint64_t SnapshotSet::SnapshotSize(const Manifest& m) {
 }
 
 Result<std::unique_ptr<SnapshotWriter>> SnapshotSet::Begin(uint64_t version, uint64_t block_bytes,
-                                                           uint64_t bytes) {
+                                                           uint64_t bytes, SnapshotPages pages) {
   RETURN_IF_ERROR(CheckSpace(dir_, bytes));
   auto st = std::make_unique<SnapshotWriter::State>();
   st->set = this;
@@ -198,7 +198,7 @@ Result<std::unique_ptr<SnapshotWriter>> SnapshotSet::Begin(uint64_t version, uin
     ::unlink(st->tmp.c_str());
     return s;
   }
-  st->behind = std::make_unique<WriteBehind>(st->fd.get());
+  if (pages == SnapshotPages::kDropBehind) st->behind = std::make_unique<WriteBehind>(st->fd.get());
   return std::unique_ptr<SnapshotWriter>(new SnapshotWriter(std::move(st)));
 }
 

@@ -51,13 +51,26 @@ struct SnapshotStats {
 
 class SnapshotSet;
 
+// What a snapshot writer does with the pages it wrote.
+enum class SnapshotPages {
+  // Written back and dropped from the page cache window by window, as they
+  // are written: a snapshot built in the background (dtefs, verify) neither
+  // piles up dirty pages nor evicts what readers use. Writes go in order.
+  kDropBehind,
+  // Left in the page cache for the kernel to write back: a commit's
+  // snapshot, which the next commit reads whole as its parent (a dropped
+  // one would be read back from disk). Writes in any order.
+  kKeep,
+};
+
 // A snapshot being written, block by block, by whoever has the bytes (a
 // commit writing the version it builds, or SnapshotSet::Build). The file is
 // a temporary one until Publish; destroying an unpublished writer removes
 // it.
 //
-// Thread-safety: Write may be called concurrently for disjoint records;
-// Publish once, after every Write returned.
+// Thread-safety: with SnapshotPages::kKeep, Write may be called
+// concurrently for disjoint records; with kDropBehind, from one thread at a
+// time, in order of records. Publish once, after every Write returned.
 class SnapshotWriter {
  public:
   ~SnapshotWriter();
@@ -115,7 +128,9 @@ class SnapshotSet : public BlockBase {
   // with blocks of `block_bytes`. IOError if the directory's filesystem
   // lacks the space for it plus a reserve of 5% (the low-disk guard).
   Result<std::unique_ptr<SnapshotWriter>> Begin(uint64_t version, uint64_t block_bytes,
-                                                uint64_t bytes) EXCLUDES(mu_);
+                                                uint64_t bytes,
+                                                SnapshotPages pages = SnapshotPages::kDropBehind)
+      EXCLUDES(mu_);
 
   // The size of the snapshot file of a version with this manifest.
   static uint64_t SnapshotSize(const Manifest& m);

@@ -49,7 +49,8 @@ class Committer {
   Status StoreTensor(int fd, const InputFile& in, FileEntry* entry, TensorEntry* t,
                      const FileEntry* parent, Spool* spool, uint32_t blob_index);
   // Reads, hashes and (for a delta) encodes blocks [first, first+count) of t
-  // into chunk_ and encoded_, on the thread pool.
+  // into chunk_ and encoded_, on the thread pool; each worker also writes
+  // the blocks it read to the new version's snapshot.
   Status ProcessChunk(int fd, const InputFile& in, const FileEntry& entry, const TensorEntry& t,
                       const FileEntry* parent, uint32_t first, uint32_t count);
   // Fills the chunk's block records, appending payloads to the spool.
@@ -58,11 +59,14 @@ class Committer {
   Status Publish();
   void Progress(uint64_t bytes);
   // Opens the cache directory's snapshots and starts the new version's
-  // snapshot; without them the commit goes on (result().snapshot says why).
+  // snapshot if it is due; without one the commit goes on (result().snapshot
+  // says why).
   void StartSnapshot();
-  // Writes a chunk of the new version's bytes to its snapshot, giving the
-  // snapshot up (not the commit) on an error.
-  void SnapshotChunk(const TensorEntry& t, uint32_t first, uint64_t len);
+  // Why the new version gets no snapshot (CommitOptions::snapshot_every),
+  // or "" when it is due.
+  std::string SnapshotNotDue();
+  // Gives the snapshot up (not the commit) after the first failed write.
+  void DropSnapshotOnError(const std::vector<Status>& writes);
   // After the version exists: publishes its snapshot and prunes old ones.
   void FinishSnapshot();
   CommitResult Summary() const;
@@ -170,8 +174,13 @@ void Committer::StartSnapshot() {
     snapshot_note_ = "none: --keep-snapshots 0";
     return;
   }
+  if (std::string why = SnapshotNotDue(); !why.empty()) {
+    snapshot_note_ = "none: " + why;
+    return;
+  }
+  // Kept in the page cache: the next commit reads it whole as its parent.
   auto writer = snapshots_->Begin(manifest_.version, manifest_.block_bytes,
-                                  SnapshotSet::SnapshotSize(manifest_));
+                                  SnapshotSet::SnapshotSize(manifest_), SnapshotPages::kKeep);
   if (!writer.ok()) {
     snapshot_note_ = "none: " + writer.status().message();
     return;
@@ -179,12 +188,29 @@ void Committer::StartSnapshot() {
   snapshot_ = std::move(writer).value();
 }
 
-void Committer::SnapshotChunk(const TensorEntry& t, uint32_t first, uint64_t len) {
-  if (!snapshot_) return;
-  Status s = snapshot_->Write(uint64_t{t.first_block} + first, chunk_.data(), len);
-  if (s.ok()) return;
-  snapshot_.reset();
-  snapshot_note_ = "none: " + s.message();
+std::string Committer::SnapshotNotDue() {
+  if (!parent_ || full_ || options_.snapshot_every <= 1) return "";
+  std::shared_ptr<const Version> v = parent_;
+  for (uint32_t d = 1; d < options_.snapshot_every; ++d) {
+    if (snapshots_->Has(*v)) {
+      return "the snapshot of " + VersionName(v->manifest.version) + " is " + std::to_string(d) +
+             " version(s) back (--snapshot-every " + std::to_string(options_.snapshot_every) + ")";
+    }
+    if (v->manifest.self_contained() || !v->manifest.parent) return "";
+    auto up = store_->GetVersion(*v->manifest.parent);
+    if (!up.ok()) return "";
+    v = *std::move(up);
+  }
+  return "";
+}
+
+void Committer::DropSnapshotOnError(const std::vector<Status>& writes) {
+  for (const Status& s : writes) {
+    if (s.ok()) continue;
+    snapshot_.reset();
+    snapshot_note_ = "none: " + s.message();
+    return;
+  }
 }
 
 void Committer::FinishSnapshot() {
@@ -228,7 +254,7 @@ Status Committer::ProcessChunk(int fd, const InputFile& in, const FileEntry& ent
   const uint64_t bb = manifest_.block_bytes;
   const int width = DTypeWidth(t.dtype);
   auto blen = [&](uint32_t b) { return std::min<uint64_t>(bb, t.bytes() - uint64_t{b} * bb); };
-  std::vector<Status> errors(count);
+  std::vector<Status> errors(count), snapshot_writes(snapshot_ ? count : 0);
   encoded_.assign(count, EncodedBlock{});
   if (full_) full_encoded_.assign(count, EncodedBlock{});
   if (parent) old_chunk_.resize(size_t{count} * bb);
@@ -242,6 +268,7 @@ Status Committer::ProcessChunk(int fd, const InputFile& in, const FileEntry& ent
           ReadInput(fd, in.header.data_offset + t.begin + uint64_t{b} * bb, blen(b), now, in.path);
       if (!errors[i].ok()) break;
       records_[t.first_block + b].hash = HashBlock(now, blen(b));
+      if (snapshot_) snapshot_writes[i] = snapshot_->Write(t.first_block + b, now, blen(b));
       if (!parent) continue;
       uint8_t* old = old_chunk_.data() + i * bb;
       const TensorEntry& pt = parent->tensors[&t - entry.tensors.data()];
@@ -252,6 +279,7 @@ Status Committer::ProcessChunk(int fd, const InputFile& in, const FileEntry& ent
     }
   });
   for (const auto& e : errors) RETURN_IF_ERROR(e);
+  DropSnapshotOnError(snapshot_writes);
   return Status::Ok();
 }
 
@@ -284,7 +312,6 @@ Status Committer::StoreTensor(int fd, const InputFile& in, FileEntry* entry, Ten
     uint64_t len = std::min<uint64_t>(uint64_t{count} * bb, t->bytes() - off);
     chunk_.resize(len);
     RETURN_IF_ERROR(ProcessChunk(fd, in, *entry, *t, parent, first, count));
-    SnapshotChunk(*t, first, len);
     hasher.Update(chunk_.data(), len);
     if (!parent) RETURN_IF_ERROR(spool->Append(chunk_.data(), len));
     RETURN_IF_ERROR(AppendChunk(*t, parent == nullptr, first, count, spool, blob_index));

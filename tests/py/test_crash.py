@@ -78,8 +78,9 @@ def test_commit_killed_at_random_moments(big, tmp_path, kind):
     """A policy anchor also writes a full table (--anchor-every 1), a join
     table commit (v2 onto v1) a join table after its manifest and prunes;
     both try fewer moments. Every commit also writes its snapshot into the
-    cache, so kills land while a snapshot is being written too: the next
-    command must clear its temporary file and the retry must commit right."""
+    cache (--snapshot-every 1), so kills land while a snapshot is being
+    written too: the next command must clear its temporary file and the
+    retry must commit right."""
     policy_anchor, join = kind == "policy-anchor", kind == "join-table"
     rng = random.Random(SEED + policy_anchor + 2 * join)
     base = Dtectl(tmp_path / "base", tmp_path / "base-cache")
@@ -92,6 +93,7 @@ def test_commit_killed_at_random_moments(big, tmp_path, kind):
     env = dict(base.env, DTE_THREADS="1")
     extra = (("--anchor-every", 1) if policy_anchor else
              ("--anchor-budget", 0, "--join-budget", "1e-9") if join else ())
+    extra += ("--snapshot-every", 1)
     kills = KILLS if kind == "delta" else KILLS // 2
     version = ("--version", target)
 

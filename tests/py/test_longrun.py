@@ -28,13 +28,15 @@ def run_ckpts(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def run_store(tmp_path_factory, run_ckpts):
-    """v0 imported, v1..vSTEPS committed with --anchor-every EVERY. Copy before writing."""
+    """v0 imported, v1..vSTEPS committed with --anchor-every EVERY, each leaving
+    its snapshot (--snapshot-every 1). Copy before writing."""
     root = tmp_path_factory.mktemp("longrun")
     d = Dtectl(root / "store", root / "cache")
     d.ok("import", run_ckpts(0))
     d.results = {}
     for step in range(1, STEPS + 1):
-        r = json.loads(d.ok("commit", run_ckpts(step), "--anchor-every", EVERY, "--json").stdout)
+        r = json.loads(d.ok("commit", run_ckpts(step), "--anchor-every", EVERY,
+                            "--snapshot-every", 1, "--json").stdout)
         assert r["version"] == step
         d.results[step] = r
     return d

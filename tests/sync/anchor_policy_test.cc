@@ -168,6 +168,7 @@ TEST_F(LongRun, BudgetOfDeltaBytesTriggersFullTables) {
 TEST_F(LongRun, CommitReadsTheParentFromItsSnapshotAndKeepsTheNewest) {
   CommitOptions o;
   o.keep_snapshots = 2;
+  o.snapshot_every = 1;  // a snapshot of every version
   EXPECT_EQ(Commit(0, o).parent_snapshot_blocks, 0u);
   for (uint64_t s = 1; s < 6; ++s) {
     CommitResult r = Commit(s, o);
@@ -182,6 +183,29 @@ TEST_F(LongRun, CommitReadsTheParentFromItsSnapshotAndKeepsTheNewest) {
   ASSERT_EQ(names.size(), 2u);
   EXPECT_EQ(names[0].substr(0, 9), "v00000004");
   EXPECT_EQ(names[1].substr(0, 9), "v00000005");
+}
+
+TEST_F(LongRun, CommitLeavesASnapshotOfEveryEighthVersionByDefault) {
+  CommitOptions o;
+  o.anchor_policy = {0, 0, 0};  // no full or join tables: those versions always get one
+  o.keep_snapshots = 8;
+  for (uint64_t s = 0; s < 13; ++s) {
+    CommitResult r = Commit(s, o);
+    const bool due = s % 8 == 0;  // v0 is stored whole; then 8 versions from the last one
+    EXPECT_EQ(r.snapshot.ends_with(".snap"), due) << "v" << s << ": " << r.snapshot;
+    // Every parent comes from a snapshot (plus at most 7 deltas on it).
+    if (s > 0) {
+      EXPECT_GT(r.parent_snapshot_blocks, 0u) << "v" << s;
+    }
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(SnapDir())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  ASSERT_EQ(names.size(), 2u);
+  EXPECT_EQ(names[0].substr(0, 9), "v00000000");
+  EXPECT_EQ(names[1].substr(0, 9), "v00000008");
+  auto fresh = Open("");
+  for (uint64_t s : {7u, 12u}) ExpectHolds(*fresh, s);
 }
 
 TEST_F(LongRun, DeletedCacheOrDamagedSnapshotStillCommitsTheRightBytes) {

@@ -137,6 +137,7 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
   o.force_anchor = import || a.anchor;
   o.anchor_policy = AnchorPolicy{a.anchor_budget, a.anchor_every, a.join_budget};
   o.keep_snapshots = a.keep_snapshots;
+  o.snapshot_every = a.snapshot_every;
   o.progress = progress.Callback();
   if (Status s = CheckAnchorPolicy(o.anchor_policy); !s.ok()) return Fail(cmd, s);
   auto r = CommitDirectory(**store, a.dir, o);

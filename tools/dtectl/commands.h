@@ -28,6 +28,7 @@ struct CommitArgs {
   uint64_t anchor_every = 0;
   double join_budget = 0.125;
   uint32_t keep_snapshots = 3;
+  uint32_t snapshot_every = 8;
 };
 
 // log: the newest `limit` versions (all: nullopt) of those numbered at

@@ -109,6 +109,13 @@ int main(int argc, char** argv) {
                     "commit, keeping the newest N there (default 3; 0: none)")
         ->check(CLI::NonNegativeNumber);
   }
+  commit
+      ->add_option("--snapshot-every", ca.snapshot_every,
+                   "Leave a snapshot only of a version stored whole and of one with no "
+                   "snapshot among its last N-1 ancestors on this host, so the next commit "
+                   "reads its parent from a snapshot plus at most N-1 deltas (default 8; "
+                   "1: every version)")
+      ->check(CLI::PositiveNumber);
 
   dte::cli::LogArgs lg;
   CLI::App* log = app.add_subcommand("log", "List versions");
