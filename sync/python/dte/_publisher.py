@@ -83,7 +83,8 @@ class Publisher(_Handle):
         self._transport: Optional[ctypes.c_void_p] = None
         self._push: Optional[PushGroup] = None
         self._exchange: Optional[_Exchange] = None
-        self._job, self._tries = job, {}  # type: Optional[str], Dict[int, int]
+        self._job: Optional[str] = job
+        self._tries: Dict[int, int] = {}  # failed attempts per step (store transport)
         self._timeout_ms = int(timeout * 1000)
         self._dist = world_size is not None or group is not None
         self._mcore = not (isinstance(converter, str) and converter == "hf")
