@@ -336,23 +336,26 @@ std::vector<std::string> EffectiveMountOptions(const MountOptions& options) {
   return out;
 }
 
-Status Serve(const MountOptions& o) {
-  {
-    // Check the store before mounting so errors reach the caller's terminal.
-    // Without the index: RocksDB's threads would not survive the daemon fork.
-    ASSIGN_OR_RETURN(auto probe, OpenStore(o, false));
-    ASSIGN_OR_RETURN(auto versions, probe->ListVersions());
-    if (o.live_version && !versions.count(*o.live_version)) {
-      return NotFound("dtefs: --live-version " + std::to_string(*o.live_version) + ": " +
-                      VersionName(*o.live_version) + " is not in the store");
-    }
+namespace {
+
+// The store and --live-version, checked before mounting so errors reach the
+// caller's terminal. Without the index: RocksDB's threads would not survive
+// the daemon fork.
+Status CheckStore(const MountOptions& o) {
+  ASSIGN_OR_RETURN(auto probe, OpenStore(o, false));
+  ASSIGN_OR_RETURN(auto versions, probe->ListVersions());
+  if (o.live_version && !versions.count(*o.live_version)) {
+    return NotFound("dtefs: --live-version " + std::to_string(*o.live_version) + ": " +
+                    VersionName(*o.live_version) + " is not in the store");
   }
-  const std::string mountpoint = CanonicalMountpoint(o.mountpoint);
-  Session session;
-  MountState state;  // requests only reach it once the loop runs
-  state.readahead_kb = o.readahead_kb;
+  return Status::Ok();
+}
+
+// Mounts, daemonizes (unless --foreground) and moves the log to its file.
+Status MountAndDaemonize(const MountOptions& o, const std::string& mountpoint, Session* session,
+                         MountState* state) {
   ASSIGN_OR_RETURN(const int log_fd, OpenLog(o));
-  if (Status m = session.Mount(o, &state); !m.ok()) {
+  if (Status m = session->Mount(o, state); !m.ok()) {
     if (log_fd >= 0) ::close(log_fd);
     return m;
   }
@@ -361,29 +364,52 @@ Status Serve(const MountOptions& o) {
     return Internal("dtefs: cannot daemonize");
   }
   AdoptLog(log_fd, o, mountpoint);
+  return Status::Ok();
+}
+
+// The store (with its index: after daemonizing), snapshots and the
+// Filesystem with its first listing and live version.
+Status LoadFilesystem(const MountOptions& o, MountState* state) {
+  ASSIGN_OR_RETURN(state->store, OpenStore(o, true));
+  state->snapshots = OpenSnapshots(o, *state->store);
+  state->fs = std::make_unique<Filesystem>(state->store.get(), o.cache_bytes);
+  state->fs->SetSnapshots(state->snapshots.get());
+  state->fs->SetInitialLive(o.live_version);
+  RETURN_IF_ERROR(state->fs->Refresh());
+  state->store->SetPatientListing(false);
+  if (o.live_version && !state->fs->live().View()) {
+    return NotFound("dtefs: --live-version " + std::to_string(*o.live_version) + ": " +
+                    VersionName(*o.live_version) + " is not in the store");
+  }
+  return Status::Ok();
+}
+
+// The metrics endpoint of --metrics-address (null without one). After
+// daemonizing: its threads would not survive the fork.
+Result<std::unique_ptr<MetricsServer>> StartMetrics(const MountOptions& o, Filesystem* fs) {
+  if (o.metrics_address.empty()) return std::unique_ptr<MetricsServer>();
+  const std::string address = MetricsListenAddress(o.metrics_address);
+  ASSIGN_OR_RETURN(std::unique_ptr<MetricsServer> metrics, MetricsServer::Start(address, fs));
+  LogLine("dtefs: metrics at http://" + address.substr(0, address.rfind(':')) + ":" +
+          std::to_string(metrics->port()) + "/metrics");
+  return metrics;
+}
+
+}  // namespace
+
+Status Serve(const MountOptions& o) {
+  RETURN_IF_ERROR(CheckStore(o));
+  const std::string mountpoint = CanonicalMountpoint(o.mountpoint);
+  Session session;
+  MountState state;  // requests only reach it once the loop runs
+  state.readahead_kb = o.readahead_kb;
+  RETURN_IF_ERROR(MountAndDaemonize(o, mountpoint, &session, &state));
   Status s;
   {
     ShutdownSignalsBlocked blocked;  // a signal now stays pending until Release()
-    ASSIGN_OR_RETURN(state.store, OpenStore(o, true));
-    state.snapshots = OpenSnapshots(o, *state.store);
-    state.fs = std::make_unique<Filesystem>(state.store.get(), o.cache_bytes);
-    state.fs->SetSnapshots(state.snapshots.get());
-    state.fs->SetInitialLive(o.live_version);
-    RETURN_IF_ERROR(state.fs->Refresh());
-    state.store->SetPatientListing(false);
-    if (o.live_version && !state.fs->live().View()) {
-      return NotFound("dtefs: --live-version " + std::to_string(*o.live_version) + ": " +
-                      VersionName(*o.live_version) + " is not in the store");
-    }
-    // After daemonizing (its threads would not survive the fork); stopped
-    // at the end of this block, before the Filesystem it reads.
-    std::unique_ptr<MetricsServer> metrics;
-    if (!o.metrics_address.empty()) {
-      const std::string address = MetricsListenAddress(o.metrics_address);
-      ASSIGN_OR_RETURN(metrics, MetricsServer::Start(address, state.fs.get()));
-      LogLine("dtefs: metrics at http://" + address.substr(0, address.rfind(':')) + ":" +
-              std::to_string(metrics->port()) + "/metrics");
-    }
+    RETURN_IF_ERROR(LoadFilesystem(o, &state));
+    // Stopped at the end of this block, before the Filesystem it reads.
+    ASSIGN_OR_RETURN(std::unique_ptr<MetricsServer> metrics, StartMetrics(o, state.fs.get()));
     // Stopped after the request loop, before the Filesystem it applies to.
     LiveWorker live_worker(state.fs.get(), session.get(), mountpoint);
     state.live_worker = &live_worker;
