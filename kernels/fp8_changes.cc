@@ -4,7 +4,7 @@
 // both versions' scales are computed from the whole block; where the scale
 // is unchanged only the changed elements can change their byte, so only
 // they are requantized; where it changed every byte of the block is
-// compared.
+// compared. Blocks are independent and examined in parallel.
 #include <algorithm>
 #include <utility>
 
@@ -16,47 +16,18 @@ namespace dte::kernels {
 namespace {
 
 using fp8_internal::BlockOf;
+using fp8_internal::BlockRect;
 using fp8_internal::kNoElement;
 using fp8_internal::RectOf;
 
-// A touched block and its changed elements: bucket[begin, end).
-struct Touched {
-  uint64_t block;
-  size_t begin, end;
-};
-
-// What one touched block contributes.
+// What one examined block contributes.
 struct BlockResult {
+  bool touched = false;
   std::vector<std::pair<uint64_t, uint8_t>> bytes;
   bool scale_changed = false;
   float scale = 0.0f;
   uint64_t bad = kNoElement;  // first non-finite element of either version
 };
-
-// Pairs (block, index) for the in-bounds changed indices, grouped by block,
-// indices ascending within a block.
-std::vector<std::pair<uint64_t, uint64_t>> Bucket(const Fp8Layout& l, const uint64_t* changed,
-                                                  size_t n) {
-  std::vector<std::pair<uint64_t, uint64_t>> bucket;
-  bucket.reserve(n);
-  for (size_t k = 0; k < n; ++k) {
-    if (changed[k] < l.num_elements()) bucket.emplace_back(BlockOf(l, changed[k]), changed[k]);
-  }
-  std::sort(bucket.begin(), bucket.end());
-  bucket.erase(std::unique(bucket.begin(), bucket.end()), bucket.end());
-  return bucket;
-}
-
-std::vector<Touched> TouchedBlocks(const std::vector<std::pair<uint64_t, uint64_t>>& bucket) {
-  std::vector<Touched> touched;
-  for (size_t k = 0; k < bucket.size(); ++k) {
-    if (touched.empty() || touched.back().block != bucket[k].first) {
-      touched.push_back({bucket[k].first, k, k});
-    }
-    touched.back().end = k + 1;
-  }
-  return touched;
-}
 
 void CompareAt(uint64_t i, const uint16_t* parent, const uint16_t* child, float old_scale,
                float new_scale, BlockResult* res) {
@@ -65,20 +36,19 @@ void CompareAt(uint64_t i, const uint16_t* parent, const uint16_t* child, float 
   if (before != after) res->bytes.emplace_back(i, after);
 }
 
+// Block b, whose changed elements are changed[0 .. n) (n > 0).
 BlockResult ExamineBlock(const Fp8Layout& l, const uint16_t* parent, const uint16_t* child,
-                         const Touched& t,
-                         const std::vector<std::pair<uint64_t, uint64_t>>& bucket) {
+                         uint64_t b, const uint64_t* changed, size_t n) {
   BlockResult res;
-  const fp8_internal::BlockRect rect = RectOf(l, t.block);
+  res.touched = true;
+  const BlockRect rect = RectOf(l, b);
   const float old_scale = fp8_internal::BlockScale(l, parent, rect, &res.bad);
   const float new_scale = fp8_internal::BlockScale(l, child, rect, &res.bad);
   if (res.bad != kNoElement) return res;
   res.scale = new_scale;
   res.scale_changed = FloatBits(old_scale) != FloatBits(new_scale);
   if (!res.scale_changed) {
-    for (size_t k = t.begin; k < t.end; ++k) {
-      CompareAt(bucket[k].second, parent, child, old_scale, new_scale, &res);
-    }
+    for (size_t k = 0; k < n; ++k) CompareAt(changed[k], parent, child, old_scale, new_scale, &res);
     return res;
   }
   for (uint64_t r = rect.r0; r < rect.r1; ++r) {
@@ -89,15 +59,37 @@ BlockResult ExamineBlock(const Fp8Layout& l, const uint16_t* parent, const uint1
   return res;
 }
 
-// Concatenates the blocks' results into *out (bytes sorted by index).
-void Merge(const std::vector<Touched>& touched, std::vector<BlockResult>& results,
-           Fp8ChangeSet* out) {
+// The flat indices of block b where parent and child differ, into *out.
+void DifferingIn(const Fp8Layout& l, const uint16_t* parent, const uint16_t* child, uint64_t b,
+                 std::vector<uint64_t>* out) {
+  out->clear();
+  const BlockRect rect = RectOf(l, b);
+  for (uint64_t r = rect.r0; r < rect.r1; ++r) {
+    for (uint64_t i = r * l.cols + rect.c0; i < r * l.cols + rect.c1; ++i) {
+      if (parent[i] != child[i]) out->push_back(i);
+    }
+  }
+}
+
+// The refusal for the first refused block, or collects every block's bytes
+// and scales into *out (bytes sorted by index).
+std::string Merge(const Fp8Layout& l, const uint16_t* child, std::string_view tensor,
+                  std::vector<BlockResult>& results, const std::vector<uint64_t>& block_of,
+                  Fp8ChangeSet* out) {
   std::vector<std::pair<uint64_t, uint8_t>> bytes;
-  for (size_t k = 0; k < touched.size(); ++k) {
-    bytes.insert(bytes.end(), results[k].bytes.begin(), results[k].bytes.end());
-    if (results[k].scale_changed) {
-      out->scale_index.push_back(touched[k].block);
-      out->scale_value.push_back(results[k].scale);
+  for (size_t k = 0; k < results.size(); ++k) {
+    const BlockResult& res = results[k];
+    if (!res.touched) continue;
+    if (res.bad != kNoElement) {
+      const bool in_child = Bf16AbsNonFinite(Bf16AbsBits(child[res.bad]));
+      return fp8_internal::Refusal(l, tensor, res.bad) +
+             (in_child ? " (in the new version)" : " (in the parent version)");
+    }
+    ++out->blocks_touched;
+    bytes.insert(bytes.end(), res.bytes.begin(), res.bytes.end());
+    if (res.scale_changed) {
+      out->scale_index.push_back(block_of.empty() ? k : block_of[k]);
+      out->scale_value.push_back(res.scale);
     }
   }
   std::sort(bytes.begin(), bytes.end());
@@ -107,31 +99,57 @@ void Merge(const std::vector<Touched>& touched, std::vector<BlockResult>& result
     out->byte_index.push_back(i);
     out->byte_value.push_back(v);
   }
+  return {};
 }
 
 }  // namespace
+
+std::string Fp8Changes(const Fp8Layout& l, const uint16_t* parent, const uint16_t* child,
+                       std::string_view tensor, Fp8ChangeSet* out) {
+  *out = Fp8ChangeSet{};
+  std::vector<BlockResult> results(l.num_blocks());
+  ParallelFor(l.num_blocks(), 1, [&](size_t begin, size_t end) {
+    std::vector<uint64_t> changed;
+    for (size_t b = begin; b < end; ++b) {
+      DifferingIn(l, parent, child, b, &changed);
+      if (!changed.empty()) {
+        results[b] = ExamineBlock(l, parent, child, b, changed.data(), changed.size());
+      }
+    }
+  });
+  return Merge(l, child, tensor, results, {}, out);
+}
 
 std::string Fp8ChangesAt(const Fp8Layout& l, const uint16_t* parent, const uint16_t* child,
                          const uint64_t* changed, size_t n, std::string_view tensor,
                          Fp8ChangeSet* out) {
   *out = Fp8ChangeSet{};
-  const auto bucket = Bucket(l, changed, n);
-  const std::vector<Touched> touched = TouchedBlocks(bucket);
-  std::vector<BlockResult> results(touched.size());
-  ParallelFor(touched.size(), 1, [&](size_t begin, size_t end) {
+  // (block, index) for the in-bounds indices, grouped by block.
+  std::vector<std::pair<uint64_t, uint64_t>> bucket;
+  bucket.reserve(n);
+  for (size_t k = 0; k < n; ++k) {
+    if (changed[k] < l.num_elements()) bucket.emplace_back(BlockOf(l, changed[k]), changed[k]);
+  }
+  std::sort(bucket.begin(), bucket.end());
+  bucket.erase(std::unique(bucket.begin(), bucket.end()), bucket.end());
+  std::vector<uint64_t> idx(bucket.size()), block_of;
+  std::vector<size_t> starts;  // the first entry of each block in idx
+  for (size_t k = 0; k < bucket.size(); ++k) {
+    idx[k] = bucket[k].second;
+    if (k == 0 || bucket[k].first != bucket[k - 1].first) {
+      starts.push_back(k);
+      block_of.push_back(bucket[k].first);
+    }
+  }
+  starts.push_back(bucket.size());
+  std::vector<BlockResult> results(block_of.size());
+  ParallelFor(block_of.size(), 1, [&](size_t begin, size_t end) {
     for (size_t k = begin; k < end; ++k) {
-      results[k] = ExamineBlock(l, parent, child, touched[k], bucket);
+      results[k] = ExamineBlock(l, parent, child, block_of[k], idx.data() + starts[k],
+                                starts[k + 1] - starts[k]);
     }
   });
-  for (const BlockResult& res : results) {
-    if (res.bad == kNoElement) continue;
-    const bool in_child = Bf16AbsNonFinite(Bf16AbsBits(child[res.bad]));
-    return fp8_internal::Refusal(l, tensor, res.bad) +
-           (in_child ? " (in the new version)" : " (in the parent version)");
-  }
-  out->blocks_touched = touched.size();
-  Merge(touched, results, out);
-  return {};
+  return Merge(l, child, tensor, results, block_of, out);
 }
 
 }  // namespace dte::kernels

@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <limits>
 
-#include "kernels/change_detect.h"
 #include "kernels/fp8.h"
 #include "kernels/internal/fp8_blocks.h"
 #include "kernels/parallel.h"
@@ -86,15 +85,6 @@ void Fp8Dequantize(const Fp8Layout& l, const uint8_t* q, const float* scale, flo
       }
     }
   });
-}
-
-std::string Fp8Changes(const Fp8Layout& l, const uint16_t* parent, const uint16_t* child,
-                       std::string_view tensor, Fp8ChangeSet* out) {
-  std::vector<uint64_t> idx(l.num_elements());
-  std::vector<uint16_t> vals(l.num_elements());
-  const size_t n =
-      DetectChangesParallel(parent, child, l.num_elements(), 2, idx.data(), vals.data());
-  return Fp8ChangesAt(l, parent, child, idx.data(), n, tensor, out);
 }
 
 }  // namespace dte::kernels
