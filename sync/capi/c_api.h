@@ -40,15 +40,18 @@ extern "C" {
 #endif
 
 /* 5: dte_*_close return a dte_code; handles are checked tokens; dte_dist_stats
- * gains the phase times and detect_device_bytes. */
-#define DTE_C_API_VERSION 5
+ * gains the phase times and detect_device_bytes.
+ * 6: a publish that finds another writer moved the store's latest version
+ * returns DTE_ALREADY_EXISTS (was DTE_INVALID_ARGUMENT); a push or live
+ * apply reads only the attention geometry of config.json. */
+#define DTE_C_API_VERSION 6
 
 /* Result codes (the store's error classes). */
 enum dte_code {
   DTE_OK = 0,
   DTE_INVALID_ARGUMENT = 1,
   DTE_NOT_FOUND = 2,
-  DTE_ALREADY_EXISTS = 3, /* a racing publisher committed the version first */
+  DTE_ALREADY_EXISTS = 3, /* a racing publisher committed the version, or moved latest, first */
   DTE_CORRUPTION = 4,
   DTE_IO_ERROR = 5,
   DTE_BUSY = 6,
