@@ -24,7 +24,7 @@ namespace {
     ASSERT_TRUE(st_.ok()) << st_.message; \
   } while (0)
 
-TEST(CudaFp8, FailsCleanlyWithoutDeviceAndRejectsBadLayouts) {
+TEST(Cuda, Fp8FailsCleanlyWithoutDeviceAndRejectsBadLayouts) {
   const Fp8Layout bad{.rows = 4, .cols = 4, .block_rows = 0};
   const CudaStatus st = CudaFp8Quantize(bad, nullptr, nullptr, nullptr, nullptr);
   EXPECT_FALSE(st.ok());
@@ -36,7 +36,7 @@ TEST(CudaFp8, FailsCleanlyWithoutDeviceAndRejectsBadLayouts) {
   }
 }
 
-TEST(CudaFp8, QuantizeAndDequantizeEqualTheCpuBackend) {
+TEST(Cuda, Fp8QuantizeAndDequantizeEqualTheCpuBackend) {
   SKIP_WITHOUT_CUDA_DEVICE();
   for (Fp8ScaleRule rule : {Fp8ScaleRule::kPlain, Fp8ScaleRule::kPowerOfTwo}) {
     const Fp8Layout l{.rows = 333, .cols = 517, .rule = rule};
