@@ -1,6 +1,6 @@
 """The exceptions dte raises: one class per kind of failure, all DteError.
 
-Every failure of libdte's C ABI (sync/c_api.h) comes back as a dte_code;
+Every failure of libdte's C ABI (sync/capi/c_api.h) comes back as a dte_code;
 error() is the one place that turns a code into its class. A few calls
 document what a code means for them (a push receiver's wait_for: "not found"
 is missed pushes, "I/O error" a timeout); they pass that refinement to
@@ -35,7 +35,7 @@ CODE_NAMES: Dict[int, str] = {
 
 
 class DteError(RuntimeError):
-    """A failed dte call. .code is the C ABI's dte_code (sync/c_api.h); the
+    """A failed dte call. .code is the C ABI's dte_code (sync/capi/c_api.h); the
     subclass says the kind, and the message names what was involved."""
 
     code: int = INTERNAL
