@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <string>
 
 #include "store/base/units.h"
 #include "store/cached_store.h"
@@ -68,17 +70,51 @@ bool ParseSizes(const SizeText& sizes, Common* c) {
   return true;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The command line: every command's options and arguments, and the
+// commands that were given.
+struct Dtectl {
   CLI::App app{"dtectl: every version of a policy as checkpoint files"};
-  app.require_subcommand(1);
-  app.set_help_all_flag("--help-all", "Show help for every command");
   Common c;
   SizeText sizes;
-  c.store = EnvOr("DTE_STORE", "");
-
   dte::cli::CommitArgs ca;
+  dte::cli::LogArgs lg;
+  dte::cli::StatsArgs sa;
+  std::string report_versions, report_out;
+  std::string diff_a, diff_b;
+  std::string export_version, out;
+  std::optional<uint64_t> verify_version;
+  dte::cli::GcArgs ga;
+  std::optional<uint32_t> cache_keep;
+  dte::cli::LiveArgs la;
+  CLI::App *import = nullptr, *commit = nullptr, *log = nullptr, *stats = nullptr,
+           *report = nullptr, *diff = nullptr, *exp = nullptr, *verify = nullptr, *gc = nullptr,
+           *reindex = nullptr, *cache = nullptr, *apply = nullptr, *status = nullptr;
+
+  Dtectl();
+  // import and commit.
+  void AddCommitCommands();
+  // log, stats, report and diff.
+  void AddReadCommands();
+  // export, verify, gc, reindex and cache.
+  void AddStoreCommands();
+  // apply and status, which take a mount point, not a store.
+  void AddMountCommands();
+  // The command given, once parsed; its exit code.
+  int Run();
+  int RunOnStore();
+};
+
+Dtectl::Dtectl() {
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every command");
+  c.store = EnvOr("DTE_STORE", "");
+  AddCommitCommands();
+  AddReadCommands();
+  AddStoreCommands();
+  AddMountCommands();
+}
+
+void Dtectl::AddCommitCommands() {
   auto add_commit = [&](const char* name, const char* help) {
     CLI::App* cmd = app.add_subcommand(name, help);
     AddCommon(cmd, &c, &sizes, true);
@@ -86,8 +122,8 @@ int main(int argc, char** argv) {
     cmd->add_option("--version", ca.version, "Version number (default: latest + 1)");
     return cmd;
   };
-  CLI::App* import = add_commit("import", "Store a checkpoint as a full (anchor) version");
-  CLI::App* commit = add_commit("commit", "Store a checkpoint as a delta against the latest");
+  import = add_commit("import", "Store a checkpoint as a full (anchor) version");
+  commit = add_commit("commit", "Store a checkpoint as a delta against the latest");
   commit->add_flag("--anchor", ca.anchor, "Store full weights instead of a delta");
   commit->add_option("--anchor-budget", ca.anchor_budget,
                      "Also store the version whole (zstd) once the deltas since the last full "
@@ -116,16 +152,16 @@ int main(int argc, char** argv) {
                    "reads its parent from a snapshot plus at most N-1 deltas (default 8; "
                    "1: every version)")
       ->check(CLI::PositiveNumber);
+}
 
-  dte::cli::LogArgs lg;
-  CLI::App* log = app.add_subcommand("log", "List versions");
+void Dtectl::AddReadCommands() {
+  log = app.add_subcommand("log", "List versions");
   AddCommon(log, &c, &sizes, true);
   log->add_option("--limit", lg.limit, "Only the newest N versions (of those --since selects)")
       ->check(kCount);
   log->add_option("--since", lg.since, "Only versions numbered V or higher")->check(kCount);
 
-  dte::cli::StatsArgs sa;
-  CLI::App* stats = app.add_subcommand(
+  stats = app.add_subcommand(
       "stats", "Changed elements and stored bytes per version and tensor, layer or kind");
   AddCommon(stats, &c, &sizes, true);
   stats->add_option("--versions", sa.versions, "A..B, A.., ..B or one version (default: all)");
@@ -133,33 +169,30 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"tensor", "layer", "kind", "layer-kind", "version"}));
   stats->add_flag("--csv", sa.csv, "Print CSV (a header line, then one line per row)");
 
-  std::string report_versions, report_out;
-  CLI::App* report = app.add_subcommand(
+  report = app.add_subcommand(
       "report", "Write one self-contained HTML page with plots of how the policy moves");
   AddCommon(report, &c, &sizes, false);
   report->add_option("--versions", report_versions, "A..B, A.., ..B or one version (default: all)");
   report->add_option("-o,--out", report_out, "The HTML file to write")->required();
 
-  std::string diff_a, diff_b;
-  CLI::App* diff = app.add_subcommand(
-      "diff", "Per tensor: the elements that differ between two versions, in ulps");
+  diff = app.add_subcommand("diff",
+                            "Per tensor: the elements that differ between two versions, in ulps");
   AddCommon(diff, &c, &sizes, true);
   diff->add_option("A", diff_a, "A version number or 'latest'")->required();
   diff->add_option("B", diff_b, "A version number or 'latest'")->required();
+}
 
-  std::string export_version, out;
-  CLI::App* exp = app.add_subcommand("export", "Write a version as a plain model directory");
+void Dtectl::AddStoreCommands() {
+  exp = app.add_subcommand("export", "Write a version as a plain model directory");
   AddCommon(exp, &c, &sizes, true);
   exp->add_option("--version", export_version, "Version number or 'latest'")->required();
   exp->add_option("OUT_DIR", out, "Output directory (must not exist or be empty)")->required();
 
-  std::optional<uint64_t> verify_version;
-  CLI::App* verify = app.add_subcommand("verify", "Check every blob, chain and tensor hash");
+  verify = app.add_subcommand("verify", "Check every blob, chain and tensor hash");
   AddCommon(verify, &c, &sizes, true);
   verify->add_option("--version", verify_version, "Only this version (and its chain)");
 
-  dte::cli::GcArgs ga;
-  CLI::App* gc = app.add_subcommand("gc", "Keep the newest versions, reclaim the rest");
+  gc = app.add_subcommand("gc", "Keep the newest versions, reclaim the rest");
   AddCommon(gc, &c, &sizes, true);
   gc->add_option("--keep-last", ga.keep_last, "Versions to keep")->required()->check(kCount);
   gc->add_option("--keep-every", ga.keep_every,
@@ -173,35 +206,29 @@ int main(int argc, char** argv) {
                  "Never delete unreferenced blobs younger than this (commits in flight)");
   gc->add_flag("--dry-run", ga.dry_run, "Only report what would be kept, removed and rebased");
 
-  CLI::App* reindex = app.add_subcommand("reindex", "Rebuild the local index from the store");
+  reindex = app.add_subcommand("reindex", "Rebuild the local index from the store");
   AddCommon(reindex, &c, &sizes, true);
 
-  std::optional<uint32_t> cache_keep;
-  CLI::App* cache =
-      app.add_subcommand("cache", "Show (and prune) this host's snapshots of the store");
+  cache = app.add_subcommand("cache", "Show (and prune) this host's snapshots of the store");
   AddCommon(cache, &c, &sizes, true);
   cache
       ->add_option("--keep-snapshots", cache_keep,
                    "Delete all but the snapshots of the newest N versions")
       ->check(CLI::NonNegativeNumber);
+}
 
-  // apply and status take a mount point, not a store.
-  dte::cli::LiveArgs la;
-  CLI::App* apply = app.add_subcommand("apply", "Make a version live in place on a dtefs mount");
+void Dtectl::AddMountCommands() {
+  apply = app.add_subcommand("apply", "Make a version live in place on a dtefs mount");
   apply->add_option("MOUNT", la.mount, "dtefs mount point")->required();
   apply->add_option("--version", la.version, "Version number or 'latest' (default)");
   apply->add_flag("--json", la.json, "Print the result as JSON");
   apply->add_flag("-q,--quiet", la.quiet, "No output on success");
-  CLI::App* status = app.add_subcommand("status", "Show the live state of a dtefs mount");
+  status = app.add_subcommand("status", "Show the live state of a dtefs mount");
   status->add_option("MOUNT", la.mount, "dtefs mount point")->required();
   status->add_flag("--json", la.json, "Print the result as JSON");
+}
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    int code = app.exit(e);
-    return code == 0 ? 0 : 2;
-  }
+int Dtectl::Run() {
   if (*apply) return dte::cli::RunApply(la);
   if (*status) return dte::cli::RunStatus(la);
   if (c.store.empty()) {
@@ -216,6 +243,10 @@ int main(int argc, char** argv) {
     ::setenv("AWS_ENDPOINT_URL_S3", c.endpoint.c_str(), 1);
     ::setenv("AWS_ENDPOINT_URL", c.endpoint.c_str(), 1);
   }
+  return RunOnStore();
+}
+
+int Dtectl::RunOnStore() {
   if (*import) return dte::cli::RunCommit(c, ca, true);
   if (*commit) return dte::cli::RunCommit(c, ca, false);
   if (*log) return dte::cli::RunLog(c, lg);
@@ -228,4 +259,17 @@ int main(int argc, char** argv) {
   if (*reindex) return dte::cli::RunReindex(c);
   if (*cache) return dte::cli::RunCache(c, cache_keep);
   return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Dtectl cli;
+  try {
+    cli.app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = cli.app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  return cli.Run();
 }
