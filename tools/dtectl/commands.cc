@@ -240,6 +240,75 @@ int RunLog(const Common& c, const LogArgs& a) {
   return worst;
 }
 
+namespace {
+
+void PrintStatsHeader(const Common& c, const StatsArgs& a) {
+  if (a.csv) {
+    std::printf(
+        "version,kind,group,tensors,elements,changed,changed_fraction,blocks,blocks_changed,"
+        "stored_bytes,dense_bytes,version_stored_bytes\n");
+  } else if (c.json) {
+    std::printf("[");
+  } else {
+    std::printf("%-10s %-6s %-48s %8s %14s %10s %12s %12s\n", "VERSION", "KIND", "GROUP", "TENSORS",
+                "ELEMENTS", "CHANGED", "STORED", "DENSE");
+  }
+}
+
+json StatsRowJson(const StatsRow& r, double fraction) {
+  return json{{"version", r.version},
+              {"kind", r.stored_as},
+              {"group", r.group},
+              {"tensors", r.tensors},
+              {"elements", r.elements},
+              {"changed", r.changed},
+              {"changed_fraction", fraction},
+              {"blocks", r.blocks},
+              {"blocks_changed", r.blocks_changed},
+              {"stored_bytes", r.stored_bytes},
+              {"dense_bytes", r.dense_bytes},
+              {"version_stored_bytes", r.version_stored_bytes}};
+}
+
+void PrintStatsCsv(const StatsRow& r, double fraction) {
+  std::string group = r.group;  // tensor names hold no commas or quotes in practice
+  if (group.find_first_of(",\"") != std::string::npos) {
+    std::string quoted = "\"";
+    for (char ch : group) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+    group = quoted + "\"";
+  }
+  std::printf(
+      "%llu,%s,%s,%llu,%llu,%llu,%.9g,%llu,%llu,%llu,%llu,%llu\n",
+      static_cast<unsigned long long>(r.version), r.stored_as.c_str(), group.c_str(),
+      static_cast<unsigned long long>(r.tensors), static_cast<unsigned long long>(r.elements),
+      static_cast<unsigned long long>(r.changed), fraction,
+      static_cast<unsigned long long>(r.blocks), static_cast<unsigned long long>(r.blocks_changed),
+      static_cast<unsigned long long>(r.stored_bytes),
+      static_cast<unsigned long long>(r.dense_bytes),
+      static_cast<unsigned long long>(r.version_stored_bytes));
+}
+
+// One row of stats for version `num`, as --json (after a comma unless
+// first), --csv or text.
+void PrintStatsRow(const Common& c, const StatsArgs& a, uint64_t num, const StatsRow& r,
+                   bool first) {
+  const double fraction =
+      r.elements ? static_cast<double>(r.changed) / static_cast<double>(r.elements) : 0.0;
+  if (c.json) {
+    std::printf("%s\n%s", first ? "" : ",", StatsRowJson(r, fraction).dump().c_str());
+  } else if (a.csv) {
+    PrintStatsCsv(r, fraction);
+  } else {
+    std::printf("%-10s %-6s %-48s %8llu %14llu %10s %12s %12s\n", VersionName(num).c_str(),
+                r.stored_as.c_str(), r.group.c_str(), static_cast<unsigned long long>(r.tensors),
+                static_cast<unsigned long long>(r.elements), Percent(r.changed, r.elements).c_str(),
+                HumanBytes(static_cast<double>(r.stored_bytes)).c_str(),
+                HumanBytes(static_cast<double>(r.dense_bytes)).c_str());
+  }
+}
+
+}  // namespace
+
 int RunStats(const Common& c, const StatsArgs& a) {
   if (c.json && a.csv) return Usage("stats", "give --json or --csv, not both");
   const std::optional<StatsGroup> by = ParseStatsGroup(a.by);
@@ -258,17 +327,7 @@ int RunStats(const Common& c, const StatsArgs& a) {
   if (!selected.ok()) return Fail("stats", selected.status());
   // One version at a time (manifest and block table, no payload), each row
   // printed as it comes: memory stays one version's, whatever the range.
-  const char* kColumns =
-      "version,kind,group,tensors,elements,changed,changed_fraction,blocks,blocks_changed,"
-      "stored_bytes,dense_bytes,version_stored_bytes";
-  if (a.csv) {
-    std::printf("%s\n", kColumns);
-  } else if (c.json) {
-    std::printf("[");
-  } else {
-    std::printf("%-10s %-6s %-48s %8s %14s %10s %12s %12s\n", "VERSION", "KIND", "GROUP", "TENSORS",
-                "ELEMENTS", "CHANGED", "STORED", "DENSE");
-  }
+  PrintStatsHeader(c, a);
   bool first = true;
   for (const auto& [num, key] : *selected) {
     auto v = (*store)->GetVersionAt(num, key);
@@ -282,48 +341,7 @@ int RunStats(const Common& c, const StatsArgs& a) {
       return Fail("stats", rows.status());
     }
     for (const StatsRow& r : *rows) {
-      const double fraction =
-          r.elements ? static_cast<double>(r.changed) / static_cast<double>(r.elements) : 0.0;
-      const char* kind = r.stored_as.c_str();
-      if (c.json) {
-        json j{{"version", r.version},
-               {"kind", kind},
-               {"group", r.group},
-               {"tensors", r.tensors},
-               {"elements", r.elements},
-               {"changed", r.changed},
-               {"changed_fraction", fraction},
-               {"blocks", r.blocks},
-               {"blocks_changed", r.blocks_changed},
-               {"stored_bytes", r.stored_bytes},
-               {"dense_bytes", r.dense_bytes},
-               {"version_stored_bytes", r.version_stored_bytes}};
-        std::printf("%s\n%s", first ? "" : ",", j.dump().c_str());
-      } else if (a.csv) {
-        std::string group = r.group;  // tensor names hold no commas or quotes in practice
-        if (group.find_first_of(",\"") != std::string::npos) {
-          std::string quoted = "\"";
-          for (char ch : group) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-          group = quoted + "\"";
-        }
-        std::printf("%llu,%s,%s,%llu,%llu,%llu,%.9g,%llu,%llu,%llu,%llu,%llu\n",
-                    static_cast<unsigned long long>(r.version), kind, group.c_str(),
-                    static_cast<unsigned long long>(r.tensors),
-                    static_cast<unsigned long long>(r.elements),
-                    static_cast<unsigned long long>(r.changed), fraction,
-                    static_cast<unsigned long long>(r.blocks),
-                    static_cast<unsigned long long>(r.blocks_changed),
-                    static_cast<unsigned long long>(r.stored_bytes),
-                    static_cast<unsigned long long>(r.dense_bytes),
-                    static_cast<unsigned long long>(r.version_stored_bytes));
-      } else {
-        std::printf("%-10s %-6s %-48s %8llu %14llu %10s %12s %12s\n", VersionName(num).c_str(),
-                    kind, r.group.c_str(), static_cast<unsigned long long>(r.tensors),
-                    static_cast<unsigned long long>(r.elements),
-                    Percent(r.changed, r.elements).c_str(),
-                    HumanBytes(static_cast<double>(r.stored_bytes)).c_str(),
-                    HumanBytes(static_cast<double>(r.dense_bytes)).c_str());
-      }
+      PrintStatsRow(c, a, num, r, first);
       first = false;
     }
   }
