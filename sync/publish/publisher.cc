@@ -240,11 +240,6 @@ class Publisher::Draft {
         sink_(&store->objects()),
         encoder_(parent_->manifest.block_bytes, o.margin_ulps, o.screen) {
     const Manifest& pm = parent_->manifest;
-    for (size_t f = 0; f < pm.files.size(); ++f) {
-      for (size_t t = 0; t < pm.files[f].tensors.size(); ++t) {
-        where_[pm.files[f].tensors[t].name] = {f, t};
-      }
-    }
     // The new version: the parent's files and blocks, every block unchanged
     // until a published tensor overwrites its records.
     m_.version = latest + 1;
@@ -261,13 +256,13 @@ class Publisher::Draft {
 
   // The parent's tensor `name`, once per publish.
   Result<TensorAt> Claim(const std::string& name) {
-    auto it = where_.find(name);
-    if (it == where_.end()) {
+    auto at = parent_->manifest.FindTensor(name);
+    if (!at) {
       return InvalidArgument("tensor " + name + " is not in " + VersionName(latest_) +
                              " of store " + store_uri_);
     }
     if (!claimed_.insert(name).second) return InvalidArgument("tensor " + name + " is given twice");
-    return it->second;
+    return TensorAt{at->file_index, at->tensor_index};
   }
   const TensorEntry& Entry(TensorAt at) const {
     return parent_->manifest.files[at.file].tensors[at.tensor];
@@ -296,7 +291,6 @@ class Publisher::Draft {
   std::string store_uri_;
   uint64_t latest_;
   std::shared_ptr<const Version> parent_;
-  std::map<std::string, TensorAt> where_;
   std::set<std::string> claimed_;
   Manifest m_;
   std::vector<BlockRecord> records_;
