@@ -14,7 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ml_dtypes = pytest.importorskip("ml_dtypes")
+try:
+    import ml_dtypes
+except ImportError:
+    pytest.fail("ml_dtypes is not installed (tools/setup.sh installs it)", pytrace=False)
 F8 = ml_dtypes.float8_e4m3fn
 
 BUILD_DIR = Path(os.environ.get("DTE_BUILD_DIR", "/work/main/build"))
