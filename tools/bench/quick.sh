@@ -23,8 +23,9 @@
 # Not part of the test suite. Needs the tools, dtefs and libdte.so built:
 #   ninja -C build dtectl dtefs dte-gen dte_shared
 # Usage: tools/bench/quick.sh [BUILD_DIR]   (default build)
-#   env QUICK_WORK   scratch directory on a disk (default /var/tmp/dte-quick),
-#                    removed at the end unless QUICK_KEEP=1
+#   env QUICK_WORK   scratch directory on a disk (default /var/tmp/dte-quick);
+#                    its stores and models are removed at the end unless
+#                    QUICK_KEEP=1, the JSON and logs stay in QUICK_WORK/results
 #   env QUICK_ONLY   a subset, e.g. "commit chain"
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -71,8 +72,9 @@ status=0
 $PY $B/quick_report.py --results "$OUT" --reference $B/quick_reference.json --benches "$ONLY" ||
   status=$?
 if [ "${QUICK_KEEP:-0}" != 1 ]; then
-  rm -rf "$WORK"
+  rm -rf "$WORK/commit" "$WORK/fs" "$WORK/chain" "$WORK/live"
+  echo "results and logs in $OUT"
 else
-  echo "kept $WORK (results in $OUT)"
+  echo "kept $WORK (results and logs in $OUT)"
 fi
 exit "$status"
