@@ -53,6 +53,7 @@ from dte._arrays import chunk_rows
 from dte._errors import (AlreadyExists, Busy, Corrupt, DteError, InternalError, InvalidArgument,
                          IOFailure, MissedPushes, NotFound, PermissionDenied, Timeout,
                          Unimplemented, VersionConflict)
+from dte._follower import CheckResult, Follower, Stale
 from dte._live import (LiveCounts, LiveReceiver, LiveStatus, SharedTensor, SharedWeights, apply,
                        live_status)
 from dte._publisher import MetricsCollector, Params, Publisher
@@ -61,10 +62,10 @@ from dte._push import (FusedReceiverLayout, PushGroup, PushGroupReceiver, PushGr
 from dte._reader import StoreReader
 from dte._results import DistStats, PublishResult, PushReport
 
-__all__ = ["AlreadyExists", "Busy", "Corrupt", "DistStats", "DteError", "FusedReceiverLayout",
-           "InternalError", "InvalidArgument", "IOFailure", "LiveCounts", "LiveReceiver",
-           "LiveStatus", "MetricsCollector", "MissedPushes", "NotFound", "Params",
+__all__ = ["AlreadyExists", "Busy", "CheckResult", "Corrupt", "DistStats", "DteError",
+           "Follower", "FusedReceiverLayout", "InternalError", "InvalidArgument", "IOFailure",
+           "LiveCounts", "LiveReceiver", "LiveStatus", "MetricsCollector", "MissedPushes", "NotFound", "Params",
            "PermissionDenied", "Publisher", "PublishResult", "PushGroup", "PushGroupReceiver",
            "PushGroupStatus", "PushReceiver", "PushReceiverStatus", "PushReport",
-           "ReceiverLayout", "ReceiverTensor", "SharedTensor", "SharedWeights", "StoreReader",
-           "Timeout", "Unimplemented", "VersionConflict", "apply", "chunk_rows", "live_status"]
+           "ReceiverLayout", "ReceiverTensor", "SharedTensor", "SharedWeights", "Stale",
+           "StoreReader", "Timeout", "Unimplemented", "VersionConflict", "apply", "chunk_rows", "live_status"]
