@@ -71,7 +71,8 @@ struct Fp8ChangeSet {
   std::vector<uint8_t> byte_value;
   std::vector<uint64_t> scale_index;
   std::vector<float> scale_value;
-  // Blocks examined: those holding at least one changed BF16 element.
+  // Blocks examined: those holding at least one changed BF16 element (for
+  // Fp8ChangesAt, one of the given in-bounds indices).
   uint64_t blocks_touched = 0;
 };
 

@@ -110,6 +110,24 @@ TEST(Fp8Changes, GivenIndicesOnlyReadsTheirBlocks) {
   EXPECT_LE(got.blocks_touched, changed.size());
 }
 
+TEST(Fp8Changes, GivenIndicesMayRepeatOrIncludeUnchangedAndOutOfBounds) {
+  const Fp8Layout l{.rows = 130, .cols = 140};
+  const std::vector<uint16_t> parent = Weights(l.num_elements(), 9);
+  const std::vector<uint16_t> child = Step(parent, 0.01, 10);
+  std::vector<uint64_t> changed;
+  for (uint64_t i = 0; i < l.num_elements(); ++i) {
+    if (parent[i] != child[i]) changed.push_back(i);
+  }
+  std::vector<uint64_t> noisy = changed;
+  noisy.insert(noisy.end(), changed.begin(), changed.begin() + 10);  // repeats
+  noisy.push_back(3);                                                // unchanged
+  noisy.push_back(l.num_elements() + 5);                             // out of bounds
+  Fp8ChangeSet got;
+  ASSERT_EQ(Fp8ChangesAt(l, parent.data(), child.data(), noisy.data(), noisy.size(), kTensor, &got),
+            "");
+  ExpectEqual(got, BruteForce(l, parent, child));
+}
+
 TEST(Fp8Changes, NoChangeIsEmpty) {
   const Fp8Layout l{.rows = 10, .cols = 10};
   const std::vector<uint16_t> x = Weights(100, 7);
