@@ -111,7 +111,8 @@ class Follower:
         while True:
             want = 0 if last is None else last + 1
             self.wait_for(want, timeout)
-            found = [v for v in self._source.versions(last) if v >= want]
+            listed = self._source.versions(last if last is not None and last >= 0 else None)
+            found = [v for v in listed if v >= want]
             if not every and found:
                 found = found[-1:]
             for v in found:
