@@ -63,6 +63,16 @@
 
 namespace dte {
 
+namespace dist_internal {
+struct Plan;
+struct Detected;
+struct Encoded;
+class DeviceFinder;
+}  // namespace dist_internal
+namespace internal {
+class BlobSink;
+}  // namespace internal
+
 // The optimizer state one rank holds of one Hugging Face tensor: elements
 // [begin, end) of the tensor flattened in row-major order, as contiguous
 // FP32 arrays of end - begin elements each. A whole tensor is [0, n); an
@@ -168,9 +178,34 @@ class DistPublisher {
 
  private:
   DistPublisher(PublisherOptions options, std::unique_ptr<Store> store);
-  struct Plan;
+  // One publish: the phases above, in order, each a method, the publish's
+  // state passed between them (sync/publish/internal/dist_plan.h).
   Result<PublishResult> Run(Transport& transport, const AdamWStep& h,
                             const std::vector<RangeState>& ranges);
+  // 1. Agreement (dist_publisher_agree.cc): the plan every rank derives;
+  // the result when rank 0 committed this step already (a retry).
+  Result<std::optional<PublishResult>> Agree(Transport& t, dist_internal::Plan& plan);
+  std::string OwnHeader(const dist_internal::Plan& plan);  // EncodeHeader's bytes
+  Status LoadParent(Transport& t, dist_internal::Plan& plan);
+  Status ReadParent(dist_internal::Plan& plan);
+  // 2. Ownership (dist_publisher_agree.cc).
+  void AssignOwners(dist_internal::Plan& plan) const;
+  // 3. Detection (dist_publisher_detect.cc).
+  dist_internal::Detected Detect(const dist_internal::Plan& plan);
+  Status DetectPieces(const dist_internal::Plan& plan, dist_internal::Detected& d);
+  // 4. Routing: the entries each rank sent this one.
+  Result<std::vector<std::string>> Route(Transport& t, const dist_internal::Plan& plan,
+                                         dist_internal::Detected& d);
+  // 5. Encoding (dist_publisher_encode.cc).
+  void Encode(const dist_internal::Plan& plan, const dist_internal::Detected& d,
+              std::vector<std::string>& routed, dist_internal::Encoded& e);
+  Status EncodeOwned(const dist_internal::Plan& plan, dist_internal::Encoded& e);
+  // 6. Commit (dist_publisher_commit.cc): the parts to rank 0, which
+  // commits; every rank learns the outcome.
+  Result<PublishResult> Commit(Transport& t, const dist_internal::Plan& plan,
+                               const dist_internal::Detected& d, dist_internal::Encoded& e);
+  Status CommitParts(const dist_internal::Plan& plan, const std::vector<std::string>& parts,
+                     internal::BlobSink& sink, PublishResult* res);
   // The push of this and later publishes, from every rank's push server
   // address (empty: none): sets push_owned_ and the server's group.
   Status AgreePush(int rank, const std::vector<std::string>& senders, const std::string& what);
@@ -191,8 +226,8 @@ class DistPublisher {
   // a bound; the rest are read back from the store), until it is done.
   std::map<std::string, TensorChanges> push_changes_;
   void PushOwned(PublishResult& out);  // the last publish found its step committed already
-  struct DeviceFinder;  // device buffers for ranges in CUDA memory, kept between publishes
-  std::unique_ptr<DeviceFinder> device_;
+  // Device buffers for ranges in CUDA memory, kept between publishes.
+  std::unique_ptr<dist_internal::DeviceFinder> device_;
   std::unique_ptr<PublishMetrics> metrics_;
 };
 
