@@ -142,6 +142,55 @@ bool ParseTextOptions(const TextOptions& text, dte::fs::MountOptions* o) {
   return true;
 }
 
+// Every option of the command line, into o, text and opts (the -o lists).
+void AddOptions(CLI::App* app, dte::fs::MountOptions* o, TextOptions* text,
+                std::vector<std::string>* opts) {
+  app->add_option("STORE", o->store, "Store: a directory or s3://bucket/prefix")->required();
+  app->add_option("MOUNTPOINT", o->mountpoint, "Directory to mount on")->required();
+  app->add_flag("-f,--foreground", o->foreground, "Stay in the foreground");
+  app->add_flag("-d,--debug", o->debug, "Trace FUSE requests (implies -f)");
+  app->add_option("--cache-dir", o->cache_dir,
+                  "Host-local index (env DTE_CACHE_DIR, default ~/.cache/dte)");
+  app->add_option("--cache-size", text->cache_size,
+                  "Block cache size, e.g. 256MiB (default 256MiB)");
+  app->add_option("--poll-ms", o->poll_ms, "How often to look for new versions (default 500)");
+  app->add_option("--snapshot-every", o->snapshot_every,
+                  "Snapshot a version this many versions from its anchor or last snapshot "
+                  "(default 8; 0: no snapshots)");
+  app->add_option("--snapshots", o->max_snapshots, "Keep at most this many snapshots (default 8)");
+  app->add_option("--readahead-kb", o->readahead_kb,
+                  "Kernel readahead of the mount in KiB, set when root (default 4096; 0: leave it)")
+      ->check(CLI::Range(uint64_t{0}, kMaxReadaheadKb));
+  app->add_option("--endpoint", text->endpoint,
+                  "S3 endpoint URL for s3:// stores (env AWS_ENDPOINT_URL)");
+  app->add_option("--blob-cache-size", text->blob_cache_size,
+                  "s3:// stores: local disk cache of blob ranges (default 4GiB; 0: none)");
+  app->add_option("--blob-chunk-size", text->blob_chunk_size,
+                  "s3:// stores: blobs are fetched and cached in aligned pieces of this size "
+                  "(default 4MiB; a multiple of 64KiB)");
+  app->add_option("--prefetch", text->prefetch,
+                  "s3:// stores: \"latest\" pulls every new latest version into the blob cache");
+  app->add_option("--metrics", o->metrics_address,
+                  "Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, or PORT for "
+                  "127.0.0.1:PORT (default: none)");
+  app->add_option("--log-file", o->log_file,
+                  "Append messages here once mounted (default: stderr in the foreground, "
+                  "CACHE_DIR/dtefs.log for a daemon)");
+  app->add_option("--live-version", o->live_version,
+                  "Version live/ shows at mount (default: the newest); dtectl apply moves it");
+  app->add_option("-o", *opts, "Mount options, comma-separated (allow_other, ro, ...)");
+}
+
+// The store keeps a descriptor open per blob of a version's chain (up to a
+// quarter of the soft limit): take the hard limit, as servers do.
+void RaiseFileLimit() {
+  struct rlimit nofile {};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -149,47 +198,9 @@ int main(int argc, char** argv) {
   dte::fs::MountOptions o;
   TextOptions text;
   std::vector<std::string> opts;
-  app.add_option("STORE", o.store, "Store: a directory or s3://bucket/prefix")->required();
-  app.add_option("MOUNTPOINT", o.mountpoint, "Directory to mount on")->required();
-  app.add_flag("-f,--foreground", o.foreground, "Stay in the foreground");
-  app.add_flag("-d,--debug", o.debug, "Trace FUSE requests (implies -f)");
-  app.add_option("--cache-dir", o.cache_dir,
-                 "Host-local index (env DTE_CACHE_DIR, default ~/.cache/dte)");
-  app.add_option("--cache-size", text.cache_size, "Block cache size, e.g. 256MiB (default 256MiB)");
-  app.add_option("--poll-ms", o.poll_ms, "How often to look for new versions (default 500)");
-  app.add_option("--snapshot-every", o.snapshot_every,
-                 "Snapshot a version this many versions from its anchor or last snapshot "
-                 "(default 8; 0: no snapshots)");
-  app.add_option("--snapshots", o.max_snapshots, "Keep at most this many snapshots (default 8)");
-  app.add_option("--readahead-kb", o.readahead_kb,
-                 "Kernel readahead of the mount in KiB, set when root (default 4096; 0: leave it)")
-      ->check(CLI::Range(uint64_t{0}, kMaxReadaheadKb));
-  app.add_option("--endpoint", text.endpoint,
-                 "S3 endpoint URL for s3:// stores (env AWS_ENDPOINT_URL)");
-  app.add_option("--blob-cache-size", text.blob_cache_size,
-                 "s3:// stores: local disk cache of blob ranges (default 4GiB; 0: none)");
-  app.add_option("--blob-chunk-size", text.blob_chunk_size,
-                 "s3:// stores: blobs are fetched and cached in aligned pieces of this size "
-                 "(default 4MiB; a multiple of 64KiB)");
-  app.add_option("--prefetch", text.prefetch,
-                 "s3:// stores: \"latest\" pulls every new latest version into the blob cache");
-  app.add_option("--metrics", o.metrics_address,
-                 "Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, or PORT for "
-                 "127.0.0.1:PORT (default: none)");
-  app.add_option("--log-file", o.log_file,
-                 "Append messages here once mounted (default: stderr in the foreground, "
-                 "CACHE_DIR/dtefs.log for a daemon)");
-  app.add_option("--live-version", o.live_version,
-                 "Version live/ shows at mount (default: the newest); dtectl apply moves it");
-  app.add_option("-o", opts, "Mount options, comma-separated (allow_other, ro, ...)");
+  AddOptions(&app, &o, &text, &opts);
   CLI11_PARSE(app, argc, argv);
-  // The store keeps a descriptor open per blob of a version's chain (up to a
-  // quarter of the soft limit): take the hard limit, as servers do.
-  struct rlimit nofile {};
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
-    nofile.rlim_cur = nofile.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &nofile);
-  }
+  RaiseFileLimit();
   if (o.cache_dir.empty()) o.cache_dir = dte::DefaultCacheDir();
   if (!TakeMountOptions(opts, &o, &text)) {
     std::cerr << "dtefs: bad -o value (poll_ms=, snapshot_every=, snapshots=, readahead_kb=, "
