@@ -44,6 +44,12 @@ straight into inference ranks' weights (docs/push.md):
                           tensors=dict(model.named_parameters()), version=loaded_version)
     rx.wait_for(version)                # dte.MissedPushes: rx.catch_up(store) first
 
+A rollout loop follows a mount or a store and stamps samples with the
+version its model holds (docs/integrations.md):
+
+    follower = dte.Follower("/mnt/policy", max_lag=2)   # or a store URI
+    version = follower.load_into(model)   # in place; verified against the hashes
+
 Failures raise a subclass of dte.DteError per kind (dte.InvalidArgument,
 also a ValueError; dte.NotFound; dte.VersionConflict; dte.Corrupt;
 dte.Timeout, also a TimeoutError; ...); .code keeps the C ABI's code.
@@ -64,8 +70,10 @@ from dte._results import DistStats, PublishResult, PushReport
 
 __all__ = ["AlreadyExists", "Busy", "CheckResult", "Corrupt", "DistStats", "DteError",
            "Follower", "FusedReceiverLayout", "InternalError", "InvalidArgument", "IOFailure",
-           "LiveCounts", "LiveReceiver", "LiveStatus", "MetricsCollector", "MissedPushes", "NotFound", "Params",
-           "PermissionDenied", "Publisher", "PublishResult", "PushGroup", "PushGroupReceiver",
-           "PushGroupStatus", "PushReceiver", "PushReceiverStatus", "PushReport",
+           "LiveCounts", "LiveReceiver", "LiveStatus", "MetricsCollector", "MissedPushes",
+           "NotFound", "Params", "PermissionDenied", "Publisher", "PublishResult", "PushGroup",
+           "PushGroupReceiver", "PushGroupStatus", "PushReceiver", "PushReceiverStatus",
+           "PushReport",
            "ReceiverLayout", "ReceiverTensor", "SharedTensor", "SharedWeights", "Stale",
-           "StoreReader", "Timeout", "Unimplemented", "VersionConflict", "apply", "chunk_rows", "live_status"]
+           "StoreReader", "Timeout", "Unimplemented", "VersionConflict", "apply", "chunk_rows",
+           "live_status"]
