@@ -43,8 +43,8 @@ struct CommitOptions {
   // Which versions get one: a version stored whole (an anchor, or one with
   // a full or join table), and a delta whose chain has no snapshot on this
   // host within the last snapshot_every - 1 versions, so a parent is read
-  // from a snapshot plus at most that many deltas (dtefs's --snapshot-every
-  // picks the same versions). 1: every version.
+  // from a snapshot plus at most that many deltas (in a run of plain
+  // deltas, the versions dtefs's --snapshot-every picks). 1: every version.
   uint32_t snapshot_every = 8;
   // Called with (bytes done, bytes total) as files are processed.
   std::function<void(uint64_t, uint64_t)> progress;
