@@ -163,3 +163,33 @@ def test_load_into_from_an_s3_store(tmp_path, moto, bucket, monkeypatch):
         assert f.check(model).against == "manifest"
         it = f.versions(after=-1, timeout=0.5)
         assert [next(it), next(it)] == [0, 1]  # listed through boto3
+
+
+def test_without_the_manifest_check_compares_with_a_read_through_the_mount(versions, mount,
+                                                                          monkeypatch):
+    """A mount of a store this process cannot read: the expected hashes come
+    from reading the version through the mount."""
+    from dte._sources import MountSource
+    monkeypatch.setattr(MountSource, "_hashes_from_store", lambda self, version: {})
+    model = follower_util.model()
+    with dte.Follower(mount.path, live=False) as f:
+        assert f.load_into(model) == 0
+        assert f.check(model).against == "read"
+        with torch.no_grad():
+            model.model.norm.weight.view(torch.int16)[7] ^= 1
+        with pytest.raises(dte.Corrupt, match=r"model\.norm\.weight"):
+            f.check(model)
+
+
+def test_versions_every_false_skips_to_the_newest(versions):
+    with dte.Follower(versions.dtectl.store) as f:
+        every = f.versions(after=-1, timeout=5)
+        assert next(every) == 0
+        for _ in range(3):
+            versions.commit()
+        assert [next(every) for _ in range(3)] == [1, 2, 3]
+        versions.commit()
+        newest = f.versions(after=0, every=False, timeout=0.3)
+        assert next(newest) == 4  # 1..3 skipped
+        with pytest.raises(dte.Timeout):
+            next(newest)
