@@ -189,66 +189,70 @@ class FlatBuffer:
                 for n in self.names}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--store", required=True)
-    ap.add_argument("--tp", type=int, default=2)
-    ap.add_argument("--pp", type=int, default=1)
-    ap.add_argument("--moe", action="store_true", help="a Qwen3-MoE model")
-    ap.add_argument("--ep", type=int, default=1, help="expert parallel size (with --moe)")
-    ap.add_argument("--steps", type=int, default=3)
-    a = ap.parse_args()
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    tp, pp, ep = a.tp, a.pp, a.ep
-    cfg = MOE_CONFIG if a.moe else CONFIG
-    if world % (tp * pp) or (world // (tp * pp)) % ep or (ep > 1 and not a.moe):
-        sys.exit("world size %d: needs a multiple of tp x pp = %d whose DP size the EP size %d "
-                 "divides (EP only with --moe)" % (world, tp * pp, ep))
-    dp = world // (tp * pp)
-    # Megatron's rank order: TP fastest, then PP, then DP; EP ranks are
-    # consecutive DP ranks.
-    tp_rank, pp_rank, dp_rank = rank % tp, (rank // tp) % pp, rank // (tp * pp)
-    ep_rank, edp_rank = dp_rank % ep, dp_rank // ep
+class Topology:
+    """This rank's place in Megatron's rank order: TP fastest, then PP, then
+    DP; EP ranks are consecutive DP ranks."""
 
-    def ranks_of(t, p, ds):
-        return [t + tp * p + tp * pp * d for d in ds]
+    def __init__(self, a, rank, world):
+        self.tp, self.pp, self.ep = a.tp, a.pp, a.ep
+        tp, pp, ep = self.tp, self.pp, self.ep
+        if world % (tp * pp) or (world // (tp * pp)) % ep or (ep > 1 and not a.moe):
+            sys.exit("world size %d: needs a multiple of tp x pp = %d whose DP size the EP size "
+                     "%d divides (EP only with --moe)" % (world, tp * pp, ep))
+        self.rank, self.world, self.dp = rank, world, world // (tp * pp)
+        self.tp_rank, self.pp_rank, self.dp_rank = rank % tp, (rank // tp) % pp, rank // (tp * pp)
+        self.ep_rank, self.edp_rank = self.dp_rank % ep, self.dp_rank // ep
 
-    groups = {}
-    for p in range(pp):
-        for t in range(tp):
-            groups[("dp", t, p)] = dist.new_group(ranks_of(t, p, range(dp)))
-            for e in range(ep):
-                groups[("edp", t, p, e)] = dist.new_group(ranks_of(t, p, range(e, dp, ep)))
+    def ranks_of(self, t, p, ds):
+        return [t + self.tp * p + self.tp * self.pp * d for d in ds]
 
-    shapes = mcore_shapes(cfg, tp, ep)
-    work = a.store + ".work"
-    if pp_rank == 0 and dp_rank == ep_rank:
-        # The initial checkpoint of this TP and EP rank, every stage's
-        # parameters (only to import version 0; a real job starts from its
-        # own checkpoint).
-        save_mcore(os.path.join(work, "init-mcore"), cfg, tp_rank, ep_rank,
-                   {n: init_value(n, shapes[n], tp_rank, ep_rank) for n in shapes})
+    def groups(self):
+        """The DP group of every (TP rank, stage) and the expert-DP group of
+        every (TP rank, stage, EP rank); every rank creates them all."""
+        groups = {}
+        for p in range(self.pp):
+            for t in range(self.tp):
+                groups[("dp", t, p)] = dist.new_group(self.ranks_of(t, p, range(self.dp)))
+                for e in range(self.ep):
+                    groups[("edp", t, p, e)] = dist.new_group(
+                        self.ranks_of(t, p, range(e, self.dp, self.ep)))
+        return groups
+
+
+def import_initial(store, cfg, topo, shapes, work):
+    """Version 0: the initial checkpoint of every TP and EP rank, every
+    stage's parameters (only to import it; a real job starts from its own
+    checkpoint), converted to Hugging Face and imported by rank 0."""
+    if topo.pp_rank == 0 and topo.dp_rank == topo.ep_rank:
+        save_mcore(os.path.join(work, "init-mcore"), cfg, topo.tp_rank, topo.ep_rank,
+                   {n: init_value(n, shapes[n], topo.tp_rank, topo.ep_rank) for n in shapes})
     dist.barrier()
-    if rank == 0:
-        mcore2hf(os.path.join(work, "init-mcore"), os.path.join(work, "init-hf"), tp, ep)
-        with dte.Publisher(a.store) as p:
+    if topo.rank == 0:
+        mcore2hf(os.path.join(work, "init-mcore"), os.path.join(work, "init-hf"), topo.tp,
+                 topo.ep)
+        with dte.Publisher(store) as p:
             print("imported version", p.import_checkpoint(os.path.join(work, "init-hf")))
     dist.barrier()
 
+
+def train_and_publish(a, cfg, topo, shapes):
+    """Trains --steps steps, publishing each; returns the stage's dense and
+    expert FlatBuffers."""
+    groups = topo.groups()
+    tp_rank, pp_rank, ep_rank = topo.tp_rank, topo.pp_rank, topo.ep_rank
     # This stage's parameters: dense ones cut over the DP group, this EP
     # rank's experts over its expert-DP group.
-    mine = sorted(n for n in shapes if stage_of(n, pp, cfg) == pp_rank)
+    mine = sorted(n for n in shapes if stage_of(n, topo.pp, cfg) == pp_rank)
     weights = {n: init_value(n, shapes[n], tp_rank, ep_rank) for n in mine}
     dense = FlatBuffer([n for n in mine if not is_expert(n)], weights,
-                       groups[("dp", tp_rank, pp_rank)], dp_rank, dp)
+                       groups[("dp", tp_rank, pp_rank)], topo.dp_rank, topo.dp)
     experts = FlatBuffer([n for n in mine if is_expert(n)], weights,
-                         groups[("edp", tp_rank, pp_rank, ep_rank)], edp_rank, dp // ep)
+                         groups[("edp", tp_rank, pp_rank, ep_rank)], topo.edp_rank,
+                         topo.dp // topo.ep)
     opt = torch.optim.AdamW([dense.master, experts.master], lr=LR, weight_decay=WD,
                             foreach=False)
-
-    pub = dte.Publisher(a.store, converter={"config": cfg, "tp": tp, "ep": ep}, rank=rank,
-                        world_size=world)
+    pub = dte.Publisher(a.store, converter={"config": cfg, "tp": topo.tp, "ep": topo.ep},
+                        rank=topo.rank, world_size=topo.world)
     for step in range(1, a.steps + 1):
         # Stand-ins for the reduced gradients, the same on every replica.
         for buf, seed in ((dense, 1000 * step + 10 * tp_rank + pp_rank),
@@ -259,42 +263,73 @@ def main():
         params = dense.pieces(opt, tp_rank, 0)
         params.update(experts.pieces(opt, tp_rank, ep_rank))
         r = pub.publish_adamw(step=step, params=params, lr=LR, weight_decay=WD)
-        if rank == 0:
+        if topo.rank == 0:
             print("step %d: version %d, %d changed elements" % (step, r.version, r.changed))
+    return dense, experts
 
+
+def save_final(cfg, topo, shapes, dense, experts, work):
+    """The master weights gathered over the DP groups, saved per stage."""
+    stage_dir = os.path.join(work, "final-stage%d" % topo.pp_rank)
+    whole = dense.gather(shapes)
+    if topo.dp_rank == 0:
+        save_mcore(os.path.join(stage_dir, "dense"), cfg, topo.tp_rank, 0, whole)
+    whole = experts.gather(shapes)
+    if topo.edp_rank == 0:
+        save_mcore(os.path.join(stage_dir, "experts"), cfg, topo.tp_rank, topo.ep_rank, whole)
+    dist.barrier()
+
+
+def latest_matches(store, cfg, topo, work):
+    """Rank 0: whether the latest version equals the stages' final weights
+    merged and converted to Hugging Face, tensor by tensor."""
+    for t in range(topo.tp):
+        for e in range(topo.ep):
+            merged = {}
+            for p in range(topo.pp):
+                for part, pe in (("dense", 0), ("experts", e)):
+                    merged.update(safetensors.torch.load_file(os.path.join(
+                        work, "final-stage%d" % p, part,
+                        "mp_rank_%02d_%03d.safetensors" % (t, pe))))
+            save_mcore(os.path.join(work, "final-mcore"), cfg, t, e, merged)
+    mcore2hf(os.path.join(work, "final-mcore"), os.path.join(work, "final-hf"), topo.tp, topo.ep)
+    reader = dte.StoreReader(store)
+    ok = True
+    for f in sorted(os.listdir(os.path.join(work, "final-hf"))):
+        if not f.endswith(".safetensors"):
+            continue
+        expected = safetensors.torch.load_file(os.path.join(work, "final-hf", f))
+        for n, t in expected.items():
+            got = torch.empty(t.shape, dtype=torch.bfloat16)
+            reader.read_into(reader.latest(), n, got)
+            ok &= bool(torch.equal(got.view(torch.int16), t.view(torch.int16)))
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--moe", action="store_true", help="a Qwen3-MoE model")
+    ap.add_argument("--ep", type=int, default=1, help="expert parallel size (with --moe)")
+    ap.add_argument("--steps", type=int, default=3)
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    topo = Topology(a, dist.get_rank(), dist.get_world_size())
+    cfg = MOE_CONFIG if a.moe else CONFIG
+    shapes = mcore_shapes(cfg, topo.tp, topo.ep)
+    work = a.store + ".work"
+    import_initial(a.store, cfg, topo, shapes, work)
+    dense, experts = train_and_publish(a, cfg, topo, shapes)
     # Check: gather the master weights, convert to Hugging Face and compare
     # with the latest version.
-    stage_dir = os.path.join(work, "final-stage%d" % pp_rank)
-    whole = dense.gather(shapes)
-    if dp_rank == 0:
-        save_mcore(os.path.join(stage_dir, "dense"), cfg, tp_rank, 0, whole)
-    whole = experts.gather(shapes)
-    if edp_rank == 0:
-        save_mcore(os.path.join(stage_dir, "experts"), cfg, tp_rank, ep_rank, whole)
-    dist.barrier()
+    save_final(cfg, topo, shapes, dense, experts, work)
     ok = True
-    if rank == 0:
-        for t in range(tp):
-            for e in range(ep):
-                merged = {}
-                for p in range(pp):
-                    for part, pe in (("dense", 0), ("experts", e)):
-                        merged.update(safetensors.torch.load_file(os.path.join(
-                            work, "final-stage%d" % p, part,
-                            "mp_rank_%02d_%03d.safetensors" % (t, pe))))
-                save_mcore(os.path.join(work, "final-mcore"), cfg, t, e, merged)
-        mcore2hf(os.path.join(work, "final-mcore"), os.path.join(work, "final-hf"), tp, ep)
-        reader = dte.StoreReader(a.store)
-        for f in sorted(os.listdir(os.path.join(work, "final-hf"))):
-            if not f.endswith(".safetensors"):
-                continue
-            expected = safetensors.torch.load_file(os.path.join(work, "final-hf", f))
-            for n, t in expected.items():
-                got = torch.empty(t.shape, dtype=torch.bfloat16)
-                reader.read_into(reader.latest(), n, got)
-                ok &= bool(torch.equal(got.view(torch.int16), t.view(torch.int16)))
+    if topo.rank == 0:
+        ok = latest_matches(a.store, cfg, topo, work)
         print("latest version equals the trainer's weights converted to Hugging Face:", ok)
-    flags = [None] * world
+    flags = [None] * topo.world
     dist.all_gather_object(flags, ok)
     dist.destroy_process_group()
     sys.exit(0 if all(flags) else 1)
