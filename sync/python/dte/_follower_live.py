@@ -56,8 +56,10 @@ class LiveHold:
             live = live_status(self.mount).live_version
             if live is None:
                 raise InvalidArgument("%s has no live version" % self.mount)
+            # From vNNNNNNNN, not live/: pages of live/ left in the page cache
+            # would make every apply patch them too (docs/live.md).
             for t in self.targets:
-                self.source.read_bytes("live", t.info,
+                self.source.read_bytes(version_name(live), t.info,
                                        memoryview(self.weights.array(t.info.name)).cast("B"))
             rx = LiveReceiver(self.mount, tp=1, rank=0, fuse_qkv=False, fuse_gate_up=False)
             try:
