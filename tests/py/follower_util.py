@@ -59,12 +59,14 @@ class Versions:
         self.model = model(seed=0)
         self.states = []
 
-    def commit(self):
-        """Moves the weights one step and commits them; returns the version."""
+    def commit(self, fraction=1.0):
+        """Moves `fraction` of the weights one step and commits them;
+        returns the version."""
         if self.states:
             with torch.no_grad():
                 for p in self.model.parameters():
-                    p.add_(torch.randn_like(p) * 0.02)
+                    step = torch.randn_like(p) * 0.02
+                    p.add_(step * (torch.rand(p.shape) < fraction).to(p.dtype))
         d = os.path.join(self.root, f"ckpt-{len(self.states)}")
         self.model.save_pretrained(d, safe_serialization=True)
         if self.states:

@@ -193,3 +193,23 @@ def test_versions_every_false_skips_to_the_newest(versions):
         assert next(newest) == 4  # 1..3 skipped
         with pytest.raises(dte.Timeout):
             next(newest)
+
+
+def test_a_live_model_written_by_someone_else_is_detected_and_reloaded(versions, mount):
+    """A live apply adds changes to what the buffer holds, so a stray write
+    stays wrong through later versions: the check after the apply finds
+    it, and the next load_into reads the whole version again."""
+    model = follower_util.model()
+    with dte.Follower(mount.path, live=True) as f:
+        assert f.load_into(model) == 0 and f.live
+        versions.commit(fraction=0.02)
+        f.wait_for(1, timeout=10)
+        same = versions.states[1]["lm_head.weight"] == versions.states[0]["lm_head.weight"]
+        row, col = (int(i) for i in same.nonzero()[0])  # an element v1 leaves as it was
+        with torch.no_grad():
+            model.lm_head.weight.view(torch.int16)[row, col] ^= 0x40
+        with pytest.raises(dte.Corrupt, match=r"lm_head\.weight"):
+            f.load_into(model)
+        assert f.held is None and not f.live
+        assert f.load_into(model) == 1 and f.live
+        assert differing(model, versions.states[1]) == []

@@ -158,8 +158,21 @@ class Follower:
         self._held = self._load(model, int(version))
         self._model_id = id(model)
         if self.verify:
-            self.check(model, self._held)
+            try:
+                self.check(model, self._held)
+            except Corrupt:
+                self._forget()
+                raise
         return self._held
+
+    def _forget(self) -> None:
+        """After a failed check: the model holds no known version, so the
+        next load_into reads a whole version (and registers again: applies
+        only add changes to what a buffer holds)."""
+        if self._live is not None:
+            self._live.close()
+            self._live = None
+        self._held = None
 
     def _check_model(self, model: Any) -> None:
         if self._model_id is not None and id(model) != self._model_id:
