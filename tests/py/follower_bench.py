@@ -85,7 +85,8 @@ def main():
         with dte.Follower(m.path, live=False, verify=False) as f:
             f.load_into(model, 0)
             drop_page_cache(v1)
-            timed("load_into v0 -> v1, reads through the mount, page cache dropped", lambda: f.load_into(model, 1))
+            timed("load_into v0 -> v1, reads through the mount, page cache dropped",
+                  lambda: f.load_into(model, 1))
             timed("check (XXH3-128 of every tensor)", lambda: f.check(model))
         model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
         with dte.Follower(m.path, live=True, verify=False) as f:

@@ -14,11 +14,13 @@ import json
 import os
 import re
 import struct
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
-from dte._errors import Corrupt, InvalidArgument, IOFailure, NotFound, Unimplemented
+from dte._errors import (Corrupt, DteError, InvalidArgument, IOFailure, NotFound,
+                         PermissionDenied, Unimplemented)
 from dte._reader import StoreReader
 
+_T = TypeVar("_T")
 _VERSION_DIR = re.compile(r"^v(\d{8,})$")
 _MANIFEST = re.compile(r"^v(\d{8,})(?:\.r\d+)?\.json$")
 _WIDTH = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2, "F16": 2,
@@ -55,8 +57,17 @@ def _count(shape: Tuple[int, ...]) -> int:
     return n
 
 
-def layout_of_manifest(m: Any) -> Dict[str, TensorInfo]:
-    """{name: TensorInfo} of a parsed manifest (docs/formats/manifest.md)."""
+def layout_of_manifest(m: Any, what: str) -> Dict[str, TensorInfo]:
+    """{name: TensorInfo} of a parsed manifest (docs/formats/manifest.md);
+    `what` names it in errors."""
+    try:
+        return _tensor_infos(m)
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
+        raise Corrupt("%s is not a manifest dte can read (%s: %s)"
+                      % (what, type(e).__name__, e)) from None
+
+
+def _tensor_infos(m: Any) -> Dict[str, TensorInfo]:
     out: Dict[str, TensorInfo] = {}
     for f in m.get("files", []):
         base = int(f.get("header_size", 0))
@@ -77,6 +88,21 @@ def _s3_client() -> Any:
                             "(pip install boto3); or follow a dtefs mount of it") from None
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return boto3.client("s3", endpoint_url=endpoint)
+
+
+def _s3_call(what: str, fn: Callable[[], _T]) -> _T:
+    """fn(), its boto3 failure turned into the dte exception of its kind:
+    the one place that converts them."""
+    exc = importlib.import_module("botocore.exceptions")
+    try:
+        return fn()
+    except exc.ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        cls = {"NoSuchKey": NotFound, "NoSuchBucket": NotFound, "404": NotFound,
+               "AccessDenied": PermissionDenied, "403": PermissionDenied}.get(code, IOFailure)
+        raise cls("%s: %s" % (what, e)) from None
+    except exc.BotoCoreError as e:
+        raise IOFailure("%s: %s" % (what, e)) from None
 
 
 class StoreSource:
@@ -112,12 +138,15 @@ class StoreSource:
                     glob.glob(os.path.join(glob.escape(self.uri), "manifests", begins + "*"))
                     if p.endswith(".json")]
         client, bucket, prefix = self._bucket()
-        names: List[str] = []
-        for page in client.get_paginator("list_objects_v2").paginate(
-                Bucket=bucket, Prefix=prefix + "manifests/" + begins,
-                StartAfter=prefix + "manifests/" + start if start else ""):
-            names += [o["Key"].rsplit("/", 1)[-1] for o in page.get("Contents", [])]
-        return names
+
+        def listing() -> List[str]:
+            names: List[str] = []
+            for page in client.get_paginator("list_objects_v2").paginate(
+                    Bucket=bucket, Prefix=prefix + "manifests/" + begins,
+                    StartAfter=prefix + "manifests/" + start if start else ""):
+                names += [o["Key"].rsplit("/", 1)[-1] for o in page.get("Contents", [])]
+            return names
+        return _s3_call("list s3://%s/%smanifests/%s*" % (bucket, prefix, begins), listing)
 
     def versions(self, after: Optional[int]) -> List[int]:
         """The versions listed, newer than `after`, in increasing order."""
@@ -133,15 +162,28 @@ class StoreSource:
             raise NotFound("%s has no manifest of %s" % (self.describe(), vn))
         name = names[-1]  # any revision holds the same tensors; the newest sorts last
         if not self.uri.startswith("s3://"):
-            with open(os.path.join(self.uri, "manifests", name), "rb") as f:
-                return json.loads(f.read())
-        client, bucket, prefix = self._bucket()
-        body = client.get_object(Bucket=bucket, Key=prefix + "manifests/" + name)["Body"].read()
-        return json.loads(body)
+            path = os.path.join(self.uri, "manifests", name)
+            try:
+                with open(path, "rb") as f:
+                    body = f.read()
+            except OSError as e:
+                raise (NotFound if isinstance(e, FileNotFoundError) else IOFailure)(
+                    "cannot read %s: %s" % (path, e.strerror)) from None
+        else:
+            client, bucket, prefix = self._bucket()
+            key = prefix + "manifests/" + name
+            body = _s3_call("get s3://%s/%s" % (bucket, key), lambda: client.get_object(
+                Bucket=bucket, Key=key)["Body"].read())
+        try:
+            return json.loads(body)
+        except ValueError as e:
+            raise Corrupt("%s: manifest %s is not JSON: %s" % (self.describe(), name, e)) from None
 
     def layout(self, version: int) -> Dict[str, TensorInfo]:
         if version not in self._layouts:
-            self._layouts[version] = layout_of_manifest(self._read_manifest(version))
+            self._layouts[version] = layout_of_manifest(
+                self._read_manifest(version), "the manifest of %s in %s" % (
+                    version_name(version), self.describe()))
         return self._layouts[version]
 
     def read_into(self, version: int, info: TensorInfo, out: Any) -> None:
@@ -165,13 +207,23 @@ def _read_exact(fd: int, view: memoryview, offset: int, what: str) -> None:
         done += n
 
 
+def _safetensors_header(path: str) -> Tuple[int, Any]:
+    """(header bytes, parsed header) of a safetensors file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise Corrupt("%s: not a safetensors file" % path)
+            (size,) = struct.unpack("<Q", head)
+            return size, json.loads(f.read(size))
+    except OSError as e:
+        raise IOFailure("cannot read the header of %s: %s" % (path, e.strerror)) from None
+    except ValueError as e:
+        raise Corrupt("%s: the safetensors header is not JSON: %s" % (path, e)) from None
+
+
 def _safetensors_layout(path: str, file: str) -> Dict[str, TensorInfo]:
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise Corrupt("%s: not a safetensors file" % path)
-        (size,) = struct.unpack("<Q", head)
-        header = json.loads(f.read(size))
+    size, header = _safetensors_header(path)
     out: Dict[str, TensorInfo] = {}
     for name, t in header.items():
         if name == "__metadata__":
@@ -229,13 +281,13 @@ class MountSource:
             self._store_tried = True
             try:
                 self._store = StoreSource(str(self.status().get("store", "")))
-            except Exception:  # noqa: BLE001 (no store here: hashes come from reads)
+            except (DteError, OSError, ValueError):  # no store here: hashes come from reads
                 self._store = None
         if self._store is None:
             return {}
         try:
             return {n: t.hash for n, t in self._store.layout(version).items()}
-        except Exception:  # noqa: BLE001 (gone, unreadable: hashes come from reads)
+        except DteError:  # gone, unreadable here: hashes come from reads
             return {}
 
     def layout(self, version: int) -> Dict[str, TensorInfo]:
@@ -246,6 +298,8 @@ class MountSource:
             except FileNotFoundError:
                 raise NotFound("%s has no version %s" % (self.describe(),
                                                          version_name(version))) from None
+            except OSError as e:
+                raise IOFailure("cannot list %s: %s" % (directory, e.strerror)) from None
             out: Dict[str, TensorInfo] = {}
             for f in files:
                 out.update(_safetensors_layout(os.path.join(directory, f), f))
