@@ -213,3 +213,27 @@ def test_a_live_model_written_by_someone_else_is_detected_and_reloaded(versions,
         assert f.held is None and not f.live
         assert f.load_into(model) == 1 and f.live
         assert differing(model, versions.states[1]) == []
+
+
+def test_a_load_that_fails_half_way_forgets_the_version(versions, monkeypatch):
+    """Some tensors at the new version and some at the old: the model holds
+    no version, and the next load_into reads a whole one."""
+    from dte._sources import StoreSource
+    model = follower_util.model()
+    with dte.Follower(versions.dtectl.store) as f:
+        assert f.load_into(model) == 0
+        versions.commit()
+        real, calls = StoreSource.read_into, []
+
+        def failing(self, version, info, out):
+            calls.append(info.name)
+            if len(calls) == 3:
+                raise dte.IOFailure("injected: %s" % info.name)
+            real(self, version, info, out)
+        monkeypatch.setattr(StoreSource, "read_into", failing)
+        with pytest.raises(dte.IOFailure, match="injected"):
+            f.load_into(model)
+        assert f.held is None
+        monkeypatch.setattr(StoreSource, "read_into", real)
+        assert f.load_into(model) == 1
+        assert differing(model, versions.states[1]) == []

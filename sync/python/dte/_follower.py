@@ -113,6 +113,8 @@ class Follower:
             self.wait_for(want, timeout)
             listed = self._source.versions(last if last is not None and last >= 0 else None)
             found = [v for v in listed if v >= want]
+            if not found:  # latest moved before the listing shows it: look again
+                time.sleep(self.poll_interval)
             if not every and found:
                 found = found[-1:]
             for v in found:
@@ -184,11 +186,15 @@ class Follower:
         if self._live is None and self._live_wanted is not False and self._held is None \
                 and isinstance(self._source, MountSource):
             self._start_live(tgts)
-        if self._live is not None:
-            return self._live.move_to(version) if self._live.held() != version else version
-        for t in tgts:
-            fill(t, lambda out, t=t: self._source.read_into(version, t.info, out))
-        return version
+        try:
+            if self._live is not None:
+                return self._live.move_to(version) if self._live.held() != version else version
+            for t in tgts:
+                fill(t, lambda out, t=t: self._source.read_into(version, t.info, out))
+            return version
+        except BaseException:
+            self._forget()  # some tensors may hold the new version, others not
+            raise
 
     def _start_live(self, tgts: List[Target]) -> None:
         assert isinstance(self._source, MountSource)
