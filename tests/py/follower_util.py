@@ -16,16 +16,17 @@ import transformers  # noqa: E402
 from dtectl_util import Dtectl  # noqa: E402
 
 
-def config():
+def config(tied=False):
     return transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                                    max_position_embeddings=128, tie_word_embeddings=False)
+                                    max_position_embeddings=128, tie_word_embeddings=tied)
 
 
-def model(dtype=torch.bfloat16, seed=1):
-    """A fresh model (random weights: not any version) in `dtype`."""
+def model(dtype=torch.bfloat16, seed=1, tied=False):
+    """A fresh model (random weights: not any version) in `dtype`; tied:
+    lm_head shares the embedding's weight (saved once)."""
     torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(config()).to(dtype).eval()
+    return transformers.LlamaForCausalLM(config(tied)).to(dtype).eval()
 
 
 def state(m):
@@ -53,10 +54,10 @@ class Versions:
     """Versions of one trained model committed to `store` (a directory or
     s3:// URI) by dtectl; states[v] is version v's BF16 state_dict."""
 
-    def __init__(self, root, store, env=None):
+    def __init__(self, root, store, env=None, tied=False):
         self.root = str(root)
         self.dtectl = Dtectl(store, os.path.join(self.root, "dtectl-cache"), env=env)
-        self.model = model(seed=0)
+        self.model = model(seed=0, tied=tied)
         self.states = []
 
     def commit(self, fraction=1.0):

@@ -237,3 +237,20 @@ def test_a_load_that_fails_half_way_forgets_the_version(versions, monkeypatch):
         monkeypatch.setattr(StoreSource, "read_into", real)
         assert f.load_into(model) == 1
         assert differing(model, versions.states[1]) == []
+
+
+def test_tied_embeddings_stay_tied_through_live_applies(tmp_path):
+    """save_pretrained stores a tied lm_head once; the model's lm_head.weight
+    shares the embedding's memory, so it is loaded (and applied) with it."""
+    versions = Versions(tmp_path, str(tmp_path / "store"), tied=True)
+    versions.commit()
+    model = follower_util.model(tied=True)
+    with mounts(str(tmp_path)) as start:
+        m = start(versions.dtectl.store)
+        with dte.Follower(m.path) as f:
+            assert f.load_into(model) == 0 and f.live, f.live_reason
+            versions.commit(fraction=0.05)
+            f.wait_for(1, timeout=10)
+            assert f.load_into(model) == 1
+            assert differing(model, versions.states[1]) == []
+            assert model.lm_head.weight is model.model.embed_tokens.weight
