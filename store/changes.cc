@@ -10,14 +10,30 @@ namespace dte {
 namespace {
 
 template <int W>
-void DifferingTyped(const uint8_t* a, const uint8_t* b, size_t n, std::vector<uint32_t>* idx) {
+void DifferingIn(const uint8_t* a, const uint8_t* b, size_t begin, size_t end,
+                 std::vector<uint32_t>* idx) {
   using U = typename kernels::ElementBits<W>::type;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = begin; i < end; ++i) {
     U x, y;
     std::memcpy(&x, a + i * W, W);
     std::memcpy(&y, b + i * W, W);
     if (x != y) idx->push_back(static_cast<uint32_t>(i));
   }
+}
+
+// Eight bytes at a time: changes are sparse, so most words are equal and
+// skipped whole.
+template <int W>
+void DifferingTyped(const uint8_t* a, const uint8_t* b, size_t n, std::vector<uint32_t>* idx) {
+  constexpr size_t kPerWord = 8 / W;
+  const size_t words = n / kPerWord;
+  for (size_t k = 0; k < words; ++k) {
+    uint64_t x, y;
+    std::memcpy(&x, a + k * 8, 8);
+    std::memcpy(&y, b + k * 8, 8);
+    if (x != y) DifferingIn<W>(a, b, k * kPerWord, (k + 1) * kPerWord, idx);
+  }
+  DifferingIn<W>(a, b, words * kPerWord, n, idx);
 }
 
 void AppendBytes(std::vector<uint8_t>* to, const uint8_t* from, size_t n) {
