@@ -127,6 +127,53 @@ std::vector<std::pair<uint64_t, std::string>> LogSelection(
 
 }  // namespace
 
+namespace {
+
+json CommitJson(const CommitResult& r, double secs, Store& store) {
+  return json{{"version", r.version},
+              {"parent", r.parent ? json(*r.parent) : json(nullptr)},
+              {"kind", r.parent ? "delta" : "anchor"},
+              {"anchor_reason", r.anchor_reason},
+              {"full_table", r.full_table},
+              {"full_bytes", r.full_bytes},
+              {"join_reason", r.join_reason},
+              {"join_table", r.join_table},
+              {"join_bytes", r.join_bytes},
+              {"join_error", r.join_error},
+              {"parent_snapshot_blocks", r.parent_snapshot_blocks},
+              {"snapshot", r.snapshot},
+              {"tensors", r.tensors},
+              {"elements", r.elements},
+              {"changed_elements", r.changed_elements},
+              {"stored_bytes", r.stored_bytes},
+              {"dense_bytes", r.dense_bytes},
+              {"input_bytes", r.input_bytes},
+              {"seconds", secs},
+              {"blob_cache", CacheJson(store)}};
+}
+
+// The one-line summary of a commit, on stderr.
+void PrintCommit(const char* cmd, const CommitResult& r, double secs) {
+  std::string kind = r.parent ? "delta of " + VersionName(*r.parent) : "anchor: " + r.anchor_reason;
+  if (r.full_table) {
+    kind += ", full copy " + HumanBytes(static_cast<double>(r.full_bytes)) + " (" +
+            r.anchor_reason + ")";
+  }
+  if (!r.join_reason.empty()) {
+    kind += r.join_table ? ", join table " + HumanBytes(static_cast<double>(r.join_bytes))
+                         : ", no join table: " + r.join_error;
+  }
+  std::cerr << cmd << ": " << VersionName(r.version) << " (" << kind << "), "
+            << Percent(r.changed_elements, r.elements) << " of " << r.elements
+            << " elements changed, stored " << HumanBytes(static_cast<double>(r.stored_bytes))
+            << " (" << Percent(r.stored_bytes, r.dense_bytes) << " of dense "
+            << HumanBytes(static_cast<double>(r.dense_bytes)) << "), read "
+            << HumanBytes(static_cast<double>(r.input_bytes)) << " in " << secs << " s ("
+            << Rate(r.input_bytes, secs) << ")\n";
+}
+
+}  // namespace
+
 int RunCommit(const Common& c, const CommitArgs& a, bool import) {
   const char* cmd = import ? "import" : "commit";
   auto store = OpenStore(c, cmd, import, BlobReads::kCached);
@@ -153,47 +200,11 @@ int RunCommit(const Common& c, const CommitArgs& a, bool import) {
   double secs = progress.Finish();
   if (!r.ok()) return Fail(cmd, r.status());
   if (c.json) {
-    json j{{"version", r->version},
-           {"parent", r->parent ? json(*r->parent) : json(nullptr)},
-           {"kind", r->parent ? "delta" : "anchor"},
-           {"anchor_reason", r->anchor_reason},
-           {"full_table", r->full_table},
-           {"full_bytes", r->full_bytes},
-           {"join_reason", r->join_reason},
-           {"join_table", r->join_table},
-           {"join_bytes", r->join_bytes},
-           {"join_error", r->join_error},
-           {"parent_snapshot_blocks", r->parent_snapshot_blocks},
-           {"snapshot", r->snapshot},
-           {"tensors", r->tensors},
-           {"elements", r->elements},
-           {"changed_elements", r->changed_elements},
-           {"stored_bytes", r->stored_bytes},
-           {"dense_bytes", r->dense_bytes},
-           {"input_bytes", r->input_bytes},
-           {"seconds", secs},
-           {"blob_cache", CacheJson(**store)}};
-    std::cout << j.dump() << "\n";
+    std::cout << CommitJson(*r, secs, **store).dump() << "\n";
     return 0;
   }
   std::cout << r->version << "\n";
-  std::string kind =
-      r->parent ? "delta of " + VersionName(*r->parent) : "anchor: " + r->anchor_reason;
-  if (r->full_table) {
-    kind += ", full copy " + HumanBytes(static_cast<double>(r->full_bytes)) + " (" +
-            r->anchor_reason + ")";
-  }
-  if (!r->join_reason.empty()) {
-    kind += r->join_table ? ", join table " + HumanBytes(static_cast<double>(r->join_bytes))
-                          : ", no join table: " + r->join_error;
-  }
-  std::cerr << cmd << ": " << VersionName(r->version) << " (" << kind << "), "
-            << Percent(r->changed_elements, r->elements) << " of " << r->elements
-            << " elements changed, stored " << HumanBytes(static_cast<double>(r->stored_bytes))
-            << " (" << Percent(r->stored_bytes, r->dense_bytes) << " of dense "
-            << HumanBytes(static_cast<double>(r->dense_bytes)) << "), read "
-            << HumanBytes(static_cast<double>(r->input_bytes)) << " in " << secs << " s ("
-            << Rate(r->input_bytes, secs) << ")\n";
+  PrintCommit(cmd, *r, secs);
   return 0;
 }
 
