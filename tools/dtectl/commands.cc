@@ -399,6 +399,45 @@ int RunReport(const Common& c, const std::string& versions, const std::string& o
   return Fail("report", ErrnoStatus("running " + python + " " + script, errno));
 }
 
+namespace {
+
+json TensorDiffJson(const TensorDiff& d) {
+  json t{{"name", d.name},     {"dtype", DTypeName(d.dtype)},
+         {"status", d.status}, {"elements", d.elements},
+         {"differ", d.differ}, {"blocks_read", d.blocks_read},
+         {"max_ulp", nullptr}, {"ulps", nullptr},
+         {"nan", nullptr}};
+  if (d.floating) {
+    json ulps = json::array();
+    for (size_t k = 0; k < d.ulps.size(); ++k) {
+      // Bucket k holds distances up to 2^k; the last one everything above.
+      ulps.push_back({{"le", k < TensorDiff::kDiffBuckets ? json(uint64_t{1} << k) : json(nullptr)},
+                      {"count", d.ulps[k]}});
+    }
+    t["max_ulp"] = d.max_ulp;
+    t["ulps"] = std::move(ulps);
+    t["nan"] = d.nan;
+  }
+  return t;
+}
+
+void PrintTensorDiff(const TensorDiff& d) {
+  std::string hist = "-", max_ulp = "-";
+  if (d.floating && d.differ) {
+    uint64_t more = d.nan;
+    for (size_t k = 4; k < d.ulps.size(); ++k) more += d.ulps[k];
+    hist = std::to_string(d.ulps[0]) + "/" + std::to_string(d.ulps[1]) + "/" +
+           std::to_string(d.ulps[2]) + "/" + std::to_string(d.ulps[3]) + "/" + std::to_string(more);
+    max_ulp = std::to_string(d.max_ulp);
+  }
+  std::printf("%-56s %-5s %-14s %12llu %10s %8llu %8s  %s\n", d.name.c_str(), DTypeName(d.dtype),
+              d.status.c_str(), static_cast<unsigned long long>(d.differ),
+              Percent(d.differ, d.elements).c_str(), static_cast<unsigned long long>(d.blocks_read),
+              max_ulp.c_str(), hist.c_str());
+}
+
+}  // namespace
+
 int RunDiff(const Common& c, const std::string& a, const std::string& b) {
   auto store = OpenStore(c, "diff", false, BlobReads::kCached);
   if (!store.ok()) return Fail("diff", store.status());
@@ -415,26 +454,7 @@ int RunDiff(const Common& c, const std::string& a, const std::string& b) {
   }
   if (c.json) {
     json tensors = json::array();
-    for (const TensorDiff& d : *diffs) {
-      json t{{"name", d.name},     {"dtype", DTypeName(d.dtype)},
-             {"status", d.status}, {"elements", d.elements},
-             {"differ", d.differ}, {"blocks_read", d.blocks_read},
-             {"max_ulp", nullptr}, {"ulps", nullptr},
-             {"nan", nullptr}};
-      if (d.floating) {
-        json ulps = json::array();
-        for (size_t k = 0; k < d.ulps.size(); ++k) {
-          // Bucket k holds distances up to 2^k; the last one everything above.
-          ulps.push_back(
-              {{"le", k < TensorDiff::kDiffBuckets ? json(uint64_t{1} << k) : json(nullptr)},
-               {"count", d.ulps[k]}});
-        }
-        t["max_ulp"] = d.max_ulp;
-        t["ulps"] = std::move(ulps);
-        t["nan"] = d.nan;
-      }
-      tensors.push_back(std::move(t));
-    }
+    for (const TensorDiff& d : *diffs) tensors.push_back(TensorDiffJson(d));
     json j{{"a", *va},
            {"b", *vb},
            {"elements", elements},
@@ -445,21 +465,7 @@ int RunDiff(const Common& c, const std::string& a, const std::string& b) {
   }
   std::printf("%-56s %-5s %-14s %12s %10s %8s %8s  %s\n", "TENSOR", "DTYPE", "STATUS", "DIFFER",
               "OF", "BLOCKS", "MAX_ULP", "ULPS 1/2/<=4/<=8/more");
-  for (const TensorDiff& d : *diffs) {
-    std::string hist = "-", max_ulp = "-";
-    if (d.floating && d.differ) {
-      uint64_t more = d.nan;
-      for (size_t k = 4; k < d.ulps.size(); ++k) more += d.ulps[k];
-      hist = std::to_string(d.ulps[0]) + "/" + std::to_string(d.ulps[1]) + "/" +
-             std::to_string(d.ulps[2]) + "/" + std::to_string(d.ulps[3]) + "/" +
-             std::to_string(more);
-      max_ulp = std::to_string(d.max_ulp);
-    }
-    std::printf("%-56s %-5s %-14s %12llu %10s %8llu %8s  %s\n", d.name.c_str(), DTypeName(d.dtype),
-                d.status.c_str(), static_cast<unsigned long long>(d.differ),
-                Percent(d.differ, d.elements).c_str(),
-                static_cast<unsigned long long>(d.blocks_read), max_ulp.c_str(), hist.c_str());
-  }
+  for (const TensorDiff& d : *diffs) PrintTensorDiff(d);
   std::printf("%s -> %s: %llu of %llu elements differ (%s)\n", VersionName(*va).c_str(),
               VersionName(*vb).c_str(), static_cast<unsigned long long>(differ),
               static_cast<unsigned long long>(elements), Percent(differ, elements).c_str());
