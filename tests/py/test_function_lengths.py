@@ -93,3 +93,10 @@ def test_exit_code_says_whether_a_function_is_over_the_limit(tmp_path):
     top = subprocess.run([sys.executable, tool, "--top", "1", str(tmp_path)],
                          capture_output=True, text=True)
     assert top.returncode == 0 and top.stdout.split() == ["12", f"{src}:1", "Long"]
+
+
+def test_sync_fs_and_tools_hold_no_function_over_120_lines():
+    tool = os.path.join(ROOT, "tools", "function_lengths.py")
+    r = subprocess.run([sys.executable, tool, "--max", "120"], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, "split these into their phases:\n" + r.stdout
