@@ -37,13 +37,14 @@ PY=/usr/bin/python3
 # reference, pinned: 0.4.1 runs on Debian's numpy 1.24, while 0.6 pulls in
 # numpy 2, which Debian's scipy rejects.
 # accelerate: transformers.Trainer needs it (dte.hf.PublishCallback's tests);
-# 0.34 runs on torch 1.13.
+# 0.31 runs on torch 1.13 (0.34's multi-CPU setup calls torch.cpu.device_count,
+# which 1.13 lacks).
 if ! "$PY" -c 'import safetensors, xxhash, tokenizers, moto.server, OpenSSL.SSL, transformers, ml_dtypes, accelerate' \
     2>/dev/null; then
   echo "setup: installing python packages (safetensors, xxhash, tokenizers, moto, transformers, ml_dtypes)"
   "$PY" -m pip install -q --break-system-packages --root-user-action=ignore \
     safetensors xxhash tokenizers 'moto[server]==5.2.5' 'pyOpenSSL>=25' 'transformers==4.44.2' \
-    'ml_dtypes==0.4.1' 'accelerate==0.34.2'
+    'ml_dtypes==0.4.1' 'accelerate==0.31.0'
 fi
 
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then

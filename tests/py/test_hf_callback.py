@@ -4,10 +4,16 @@ step the store's latest version is the step's number and equals the
 model's bfloat16() weights bit for bit (read back with dte.StoreReader);
 with gradient accumulation 2, with a publish every 2 steps, and across a
 resume from a Trainer checkpoint (which continues the numbering, and is
-refused, naming both numbers, when the store is ahead). An SGD optimizer
-and BF16 weights are refused, naming what was found."""
+refused, naming both numbers, when the store is ahead); and in two DDP
+processes over gloo, each rank publishing about half of the tensors over the
+Trainer's own process group. An SGD optimizer and BF16 weights are refused,
+naming what was found."""
 
+import json
 import os
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -126,3 +132,35 @@ def test_sgd_and_bf16_weights_are_refused(tmp_path):
     assert not os.path.exists(store)  # refused before anything was written
     with pytest.raises(dte.InvalidArgument, match="every"):
         dte.hf.PublishCallback(store=store, every=0)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ddp_ranks_share_the_publish_over_the_trainers_group(tmp_path):
+    """Two processes (the env torch.distributed.run sets; DDP on CPU over
+    gloo), gradient accumulation 2: every step is a version equal to both
+    ranks' bfloat16() weights, and each rank published about half."""
+    store, port = str(tmp_path / "store"), free_port()
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_ddp_worker.py")
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, worker, store, str(tmp_path), "3"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    reports = [json.load(open(tmp_path / ("rank-%d.json" % r))) for r in (0, 1)]
+    for r in reports:
+        assert (r["world"], r["backend"], r["ddp"]) == (2, "gloo", "DistributedDataParallel")
+        assert r["seen"] == [1, 2, 3] and r["versions"] == [1, 2, 3]
+    mine = [set(r["mine"]) for r in reports]
+    assert mine[0] and mine[1] and not mine[0] & mine[1]
+    assert mine[0] | mine[1] == set(reports[0]["all"])
+    total = reports[0]["elements"] + reports[1]["elements"]
+    assert all(abs(r["elements"] - total / 2) < total / 10 for r in reports)
