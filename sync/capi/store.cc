@@ -58,29 +58,29 @@ int dte_store_read_tensor(dte_store* h, uint64_t version, const char* name, void
     }
     auto v = s.impl->GetVersion(version);
     if (!v.ok()) return Fail(v.status());
-    for (const auto& f : (*v)->manifest.files) {
-      for (const auto& t : f.tensors) {
-        if (t.name != name) continue;
-        if (t.bytes() != bytes) {
-          return FailWith(DTE_INVALID_ARGUMENT,
-                          "tensor " + t.name + " of " + dte::VersionName(version) + " holds " +
-                              std::to_string(t.bytes()) + " bytes, not " + std::to_string(bytes));
-        }
-        dte::Materializer reader(s.impl.get());
-        // Chain walks start at this host's snapshots where there are some.
-        std::unique_ptr<dte::SnapshotSet> snapshots = dte::OpenStoreSnapshots(*s.impl);
-        reader.SetBase(snapshots.get());
-        auto* out = static_cast<uint8_t*>(dst);
-        dte::Status st = reader.ReadFile(*v, f, f.header_size + t.begin, bytes, out);
-        if (!st.ok()) return Fail(st);
-        if (dte::HashBytes(out, bytes) != t.hash) {
-          return FailWith(DTE_CORRUPTION, "tensor " + t.name + " of " + dte::VersionName(version) +
-                                              " does not match its content hash");
-        }
-        return static_cast<int>(DTE_OK);
-      }
+    auto at = (*v)->manifest.FindTensor(name);
+    if (!at) {
+      return FailWith(DTE_NOT_FOUND, "tensor " + std::string(name) + " is not in " +
+                                         dte::VersionName(version) + " of store " + s.impl->uri());
     }
-    return FailWith(DTE_NOT_FOUND, "tensor " + std::string(name) + " is not in " +
-                                       dte::VersionName(version) + " of store " + s.impl->uri());
+    const dte::FileEntry& f = *at->file;
+    const dte::TensorEntry& t = *at->tensor;
+    if (t.bytes() != bytes) {
+      return FailWith(DTE_INVALID_ARGUMENT,
+                      "tensor " + t.name + " of " + dte::VersionName(version) + " holds " +
+                          std::to_string(t.bytes()) + " bytes, not " + std::to_string(bytes));
+    }
+    dte::Materializer reader(s.impl.get());
+    // Chain walks start at this host's snapshots where there are some.
+    std::unique_ptr<dte::SnapshotSet> snapshots = dte::OpenStoreSnapshots(*s.impl);
+    reader.SetBase(snapshots.get());
+    auto* out = static_cast<uint8_t*>(dst);
+    dte::Status st = reader.ReadFile(*v, f, f.header_size + t.begin, bytes, out);
+    if (!st.ok()) return Fail(st);
+    if (dte::HashBytes(out, bytes) != t.hash) {
+      return FailWith(DTE_CORRUPTION, "tensor " + t.name + " of " + dte::VersionName(version) +
+                                          " does not match its content hash");
+    }
+    return static_cast<int>(DTE_OK);
   });
 }
