@@ -99,6 +99,25 @@ def test_every_step_is_a_version_equal_to_the_bf16_weights(tmp_path, accumulate)
     assert differing(store, 0, start_model) == []
 
 
+def test_weights_on_a_gpu_go_through_the_distributed_publisher(tmp_path, monkeypatch):
+    """A single process whose weights are on a GPU publishes through a
+    distributed publisher of world 1 (it reads CUDA memory); run here with
+    CPU weights taken for GPU ones."""
+    monkeypatch.setattr(dte.hf, "_on_gpu", lambda named: True)
+    kinds = []
+    real = dte.hf.PublishCallback.on_optimizer_step
+
+    def spy(self, *args, **kw):
+        kinds.append((self._pub.world_size, self._pub._dist))
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(dte.hf.PublishCallback, "on_optimizer_step", spy)
+    store = str(tmp_path / "store")
+    _, pub, check, _ = train(tmp_path, store, steps=3)
+    assert check.seen == [1, 2, 3] and [r.version for r in pub.results] == [1, 2, 3]
+    assert kinds == [(1, True)] * 3
+
+
 def test_every_two_steps_commits_whole_versions(tmp_path):
     store = str(tmp_path / "store")
     _, pub, check, _ = train(tmp_path, store, every=2, steps=4)

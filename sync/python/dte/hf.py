@@ -75,6 +75,10 @@ def _trained(model: Any, optimizer: Any) -> Dict[str, Any]:
     return named
 
 
+def _on_gpu(named: Mapping[str, Any]) -> bool:
+    return any(p.device.type != "cpu" for p in named.values())
+
+
 def _share(named: Mapping[str, Any], rank: int, world: int) -> Dict[str, Any]:
     """This rank's tensors: the largest first, each to the least loaded rank."""
     load = [0] * world
@@ -153,7 +157,10 @@ class PublishCallback(transformers.TrainerCallback):
                 "hold version %d (one version per %d step(s)), but its latest version is %s; "
                 "resume from the checkpoint of the store's latest version, or use a fresh "
                 "store" % (step, self.store, expected, self._n, latest))
-        if self._n == 1 and self._world > 1:
+        if self._n == 1 and (self._world > 1 or _on_gpu(named)):
+            # The distributed publisher: shares the tensors among the ranks,
+            # and finds the changes of CUDA tensors on their GPU (a world
+            # of one needs no process group).
             self._named = _share(named, self._rank, self._world)
             self._pub = Publisher(self.store, rank=self._rank, world_size=self._world,
                                   **self.options)
