@@ -44,6 +44,11 @@ straight into inference ranks' weights (docs/push.md):
                           tensors=dict(model.named_parameters()), version=loaded_version)
     rx.wait_for(version)                # dte.MissedPushes: rx.catch_up(store) first
 
+A transformers.Trainer publishes every optimizer step with a callback
+(import dte.hf; docs/integrations.md):
+
+    trainer = transformers.Trainer(..., callbacks=[dte.hf.PublishCallback(store="/data/policy")])
+
 A rollout loop follows a mount or a store and stamps samples with the
 version its model holds (docs/integrations.md):
 

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 
 import transformers  # type: ignore[import]  # (no type hints)
 
-from dte._errors import InvalidArgument, VersionConflict
+from dte._errors import DteError, InvalidArgument, VersionConflict
 from dte._publisher import Publisher
 from dte._reader import StoreReader
 from dte._results import PublishResult
@@ -145,9 +145,15 @@ class PublishCallback(transformers.TrainerCallback):
         self._n = self._every(args)
         self._rank, self._world = int(args.process_index), int(args.world_size)
         step = int(state.global_step)
+        failed: Optional[DteError] = None
         if self._rank == 0:
-            self._start_store(model, step)
+            try:
+                self._start_store(model, step)
+            except DteError as e:
+                failed = e  # after the barrier: the other ranks are waiting at it
         self._barrier()
+        if failed is not None:
+            raise failed
         with StoreReader(self.store) as reader:
             latest = reader.latest()
         expected = step // self._n
