@@ -118,9 +118,10 @@ def test_weights_on_a_gpu_go_through_the_distributed_publisher(tmp_path, monkeyp
     assert kinds == [(1, True)] * 3
 
 
-def test_every_two_steps_commits_whole_versions(tmp_path):
+@pytest.mark.parametrize("every", [2, "save_steps"])
+def test_every_two_steps_commits_whole_versions(tmp_path, every):
     store = str(tmp_path / "store")
-    _, pub, check, _ = train(tmp_path, store, every=2, steps=4)
+    _, pub, check, _ = train(tmp_path, store, every=every, steps=4, save_steps=2)
     assert check.seen == [0, 1, 1, 2]
     assert pub.results == []
 
