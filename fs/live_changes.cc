@@ -170,176 +170,239 @@ void Negate(std::vector<uint8_t>* vals, int width) {
   kernels::DispatchWidth(width, [&](auto w) { NegateTyped<Bits<w.value>>(vals); });
 }
 
-}  // namespace
+// The steps of Live::ChangedSet, one method each: the versions whose records
+// lead from the live version to the target, the blocks that differ, the
+// delta blobs their records point into, each block's entries (composed from
+// the records, or compared), and the per-tensor lists.
+class ChangeStep {
+ public:
+  ChangeStep(const LiveView& from, const LiveView& to, ReadPath* reader)
+      : from_(from), to_(to), live_(*from.version), target_(*to.version), reader_(reader) {}
 
-Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const LiveView& to,
-                                                    dte_live_counts* counts) {
-  const Version& L = *from.version;
-  const Version& T = *to.version;
-  // The versions whose records lead from the older of the two to the newer,
-  // newest first.
-  const bool forward = T.manifest.version > L.manifest.version;
-  const VersionChain& hi_chain = forward ? to.chain : from.chain;
-  const uint64_t lo = std::min(L.manifest.version, T.manifest.version);
-  std::vector<std::shared_ptr<const Version>> path;
-  bool on_chain = false;
-  for (const auto& v : hi_chain) {
-    if (v->manifest.version == lo) {
-      on_chain = true;
-      break;
-    }
-    path.push_back(v);
-  }
-  if (!on_chain) path.clear();
-  // The order records are applied in: forward oldest first; backward each
-  // one undone, newest first.
-  if (forward) std::reverse(path.begin(), path.end());
+  void FindPath();
+  void ListJobs();
+  Status ReadBlobs();
+  Status ComputeBlocks();
+  std::vector<Live::Changes> Gather(dte_live_counts* counts);
 
+ private:
   struct Job {
     uint32_t file, tensor, block;
     size_t record;
-    bool diff;  // compare L and T instead of composing the deltas' entries
+    bool diff;  // compare the two versions instead of composing the deltas' entries
   };
-  std::vector<Job> jobs;
-  std::map<std::pair<const Version*, uint32_t>, std::string> blobs;  // verified delta blobs
-  for (uint32_t f = 0; f < T.manifest.files.size(); ++f) {
-    const FileEntry& file = T.manifest.files[f];
+  // A worker's buffers, reused from block to block.
+  struct Scratch {
+    CodecScratch codec;
+    Entries one, acc;
+    Composer composer;
+  };
+  Status ComputeBlock(const Job& job, Scratch* w, Live::BlockChange* out) const;
+  // Composes the records' entries of the job's block (`len` bytes) into
+  // *out; sets *diff where they cannot say (then *out is left alone).
+  Status Compose(const Job& job, size_t len, int width, Scratch* w, Live::BlockChange* out,
+                 bool* diff) const;
+  Status Compare(const Job& job, int width, Live::BlockChange* out) const;
+
+  const LiveView& from_;
+  const LiveView& to_;
+  const Version& live_;
+  const Version& target_;
+  ReadPath* const reader_;
+
+  bool forward_ = false;  // the target is newer than the live version
+  bool on_chain_ = false;
+  std::vector<std::shared_ptr<const Version>> path_;  // in the order records are applied
+  std::vector<Job> jobs_;
+  std::map<std::pair<const Version*, uint32_t>, std::string> blobs_;  // verified delta blobs
+  std::vector<Live::BlockChange> outs_;                               // per job
+};
+
+// The versions whose records lead from the older of the two to the newer.
+void ChangeStep::FindPath() {
+  forward_ = target_.manifest.version > live_.manifest.version;
+  const VersionChain& hi_chain = forward_ ? to_.chain : from_.chain;
+  const uint64_t lo = std::min(live_.manifest.version, target_.manifest.version);
+  // The chain is newest first.
+  for (const auto& v : hi_chain) {
+    if (v->manifest.version == lo) {
+      on_chain_ = true;
+      break;
+    }
+    path_.push_back(v);
+  }
+  if (!on_chain_) path_.clear();
+  // The order records are applied in: forward oldest first; backward each
+  // one undone, newest first.
+  if (forward_) std::reverse(path_.begin(), path_.end());
+}
+
+// One job per block whose hash differs, and the delta blobs they need.
+void ChangeStep::ListJobs() {
+  for (uint32_t f = 0; f < target_.manifest.files.size(); ++f) {
+    const FileEntry& file = target_.manifest.files[f];
     for (uint32_t t = 0; t < file.tensors.size(); ++t) {
       const TensorEntry& tensor = file.tensors[t];
       for (uint32_t b = 0; b < tensor.blocks; ++b) {
         const size_t r = size_t{tensor.first_block} + b;
-        if (L.records[r].hash == T.records[r].hash) continue;  // same content
-        bool diff = !on_chain || path.empty();
-        for (const auto& v : path) {
+        if (live_.records[r].hash == target_.records[r].hash) continue;  // same content
+        bool diff = !on_chain_ || path_.empty();
+        for (const auto& v : path_) {
           const BlockRecord& rec = v->records[r];
           if (rec.kind == BlockKind::kSparse) {
-            blobs.emplace(std::make_pair(v.get(), rec.blob), std::string());
+            blobs_.emplace(std::make_pair(v.get(), rec.blob), std::string());
           } else if (rec.kind != BlockKind::kSame) {
             diff = true;
           }
         }
-        jobs.push_back({f, t, b, r, diff});
+        jobs_.push_back({f, t, b, r, diff});
       }
     }
   }
-  // Delta blobs are small (a version's changed elements): each is read whole
-  // and checked against its content hash before its entries are trusted.
-  for (auto& [key, bytes] : blobs) {
+}
+
+// Delta blobs are small (a version's changed elements): each is read whole
+// and checked against its content hash before its entries are trusted.
+Status ChangeStep::ReadBlobs() {
+  for (auto& [key, bytes] : blobs_) {
     const BlobRef& ref = key.first->manifest.blobs[key.second];
     ASSIGN_OR_RETURN(
         bytes, reader_->materializer().ReadWholeBlob(
                    ref.hash, ref.size,
                    VersionName(key.first->manifest.version) + " delta blob " + BlobKey(ref.hash)));
   }
+  return Status::Ok();
+}
 
-  std::vector<BlockChange> outs(jobs.size());
+Status ChangeStep::ComputeBlocks() {
+  outs_.resize(jobs_.size());
   Mutex err_mu;
   dte::Status first_error;
-  kernels::ParallelFor(jobs.size(), 4, [&](size_t begin, size_t end) {
-    CodecScratch scratch;
-    Entries one, acc;
-    Composer composer;
+  kernels::ParallelFor(jobs_.size(), 4, [&](size_t begin, size_t end) {
+    Scratch scratch;
     for (size_t j = begin; j < end; ++j) {
-      const Job& job = jobs[j];
-      const FileEntry& file = T.manifest.files[job.file];
-      const TensorEntry& tensor = file.tensors[job.tensor];
-      const int width = DTypeWidth(tensor.dtype);
-      const uint64_t block_bytes = T.manifest.block_bytes;
-      const uint64_t first_byte = uint64_t{job.block} * block_bytes;
-      const size_t len = static_cast<size_t>(
-          std::min<uint64_t>(block_bytes, (tensor.end - tensor.begin) - first_byte));
-      BlockChange& out = outs[j];
-      out.block = job.block;
-      dte::Status s;
-      bool diff = job.diff;
-      if (!diff) {
-        // Compose the records' entries: no block of either version is
-        // materialized.
-        int records = 0;
-        for (const auto& v : path) {
-          const BlockRecord& rec = v->records[job.record];
-          if (rec.kind != BlockKind::kSparse) continue;
-          const std::string& blob = blobs.at({v.get(), rec.blob});
-          const std::string what = VersionName(v->manifest.version) + "/" + file.name +
-                                   " tensor \"" + tensor.name + "\" block " +
-                                   std::to_string(job.block);
-          s = DecodeRecordEntries(blob, rec, len, width, &one, &scratch, what);
-          if (!s.ok()) break;
-          if (!forward) {
-            if (!one.whole.empty()) {
-              // A set element does not say what it was before: take the
-              // values from the blocks instead.
-              diff = true;
-              break;
-            }
-            Negate(&one.vals, width);
-          }
-          if (records == 0) {
-            std::swap(acc, one);  // a single record is used as it is
-          } else {
-            if (records == 1) {
-              composer.Start(len / static_cast<size_t>(width), width);
-              composer.Add(acc);
-            }
-            composer.Add(one);
-          }
-          ++records;
-        }
-        if (records > 1) composer.Finish(&acc);  // also clears it after a break
-        if (s.ok() && !diff) {
-          out.idx.swap(acc.idx);
-          out.vals.swap(acc.vals);
-          out.whole.swap(acc.whole);
-        }
-      }
-      if (s.ok() && diff) {
-        // Compare L's and T's blocks (each checked against its block hash)
-        // and take the values from T's.
-        out.values = true;
-        out.idx.clear();
-        out.whole.clear();
-        auto tb = reader_->TensorBlock(to.version, job.file, job.tensor, job.block, &to.chain);
-        auto lb = tb.ok() ? reader_->TensorBlock(from.version, job.file, job.tensor, job.block,
-                                                 &from.chain)
-                          : tb;
-        s = lb.status();
-        if (s.ok()) {
-          const char* x = (*lb)->data();
-          const char* y = (*tb)->data();
-          DifferingElements(reinterpret_cast<const uint8_t*>(x),
-                            reinterpret_cast<const uint8_t*>(y), (*tb)->size(), width, &out.idx);
-          out.vals.resize(out.idx.size() * static_cast<size_t>(width));
-          for (size_t k = 0; k < out.idx.size(); ++k) {
-            std::memcpy(out.vals.data() + k * width, y + size_t{out.idx[k]} * width,
-                        static_cast<size_t>(width));
-          }
-        }
-      }
+      dte::Status s = ComputeBlock(jobs_[j], &scratch, &outs_[j]);
       if (!s.ok()) {
         MutexLock lock(&err_mu);
         if (first_error.ok()) first_error = s;
       }
     }
   });
-  if (!first_error.ok()) return first_error;
+  return first_error;
+}
 
-  std::vector<Changes> changes;
+Status ChangeStep::ComputeBlock(const Job& job, Scratch* w, Live::BlockChange* out) const {
+  const TensorEntry& tensor = target_.manifest.files[job.file].tensors[job.tensor];
+  const int width = DTypeWidth(tensor.dtype);
+  const uint64_t block_bytes = target_.manifest.block_bytes;
+  const uint64_t first_byte = uint64_t{job.block} * block_bytes;
+  const size_t len = static_cast<size_t>(
+      std::min<uint64_t>(block_bytes, (tensor.end - tensor.begin) - first_byte));
+  out->block = job.block;
+  bool diff = job.diff;
+  if (!diff) RETURN_IF_ERROR(Compose(job, len, width, w, out, &diff));
+  if (!diff) return Status::Ok();
+  return Compare(job, width, out);
+}
+
+// No block of either version is materialized.
+Status ChangeStep::Compose(const Job& job, size_t len, int width, Scratch* w,
+                           Live::BlockChange* out, bool* diff) const {
+  const FileEntry& file = target_.manifest.files[job.file];
+  const TensorEntry& tensor = file.tensors[job.tensor];
+  dte::Status s;
+  int records = 0;
+  for (const auto& v : path_) {
+    const BlockRecord& rec = v->records[job.record];
+    if (rec.kind != BlockKind::kSparse) continue;
+    const std::string& blob = blobs_.at({v.get(), rec.blob});
+    const std::string what = VersionName(v->manifest.version) + "/" + file.name + " tensor \"" +
+                             tensor.name + "\" block " + std::to_string(job.block);
+    s = DecodeRecordEntries(blob, rec, len, width, &w->one, &w->codec, what);
+    if (!s.ok()) break;
+    if (!forward_) {
+      if (!w->one.whole.empty()) {
+        // A set element does not say what it was before: take the values
+        // from the blocks instead.
+        *diff = true;
+        break;
+      }
+      Negate(&w->one.vals, width);
+    }
+    if (records == 0) {
+      std::swap(w->acc, w->one);  // a single record is used as it is
+    } else {
+      if (records == 1) {
+        w->composer.Start(len / static_cast<size_t>(width), width);
+        w->composer.Add(w->acc);
+      }
+      w->composer.Add(w->one);
+    }
+    ++records;
+  }
+  if (records > 1) w->composer.Finish(&w->acc);  // also clears it after a break
+  if (s.ok() && !*diff) {
+    out->idx.swap(w->acc.idx);
+    out->vals.swap(w->acc.vals);
+    out->whole.swap(w->acc.whole);
+  }
+  return s;
+}
+
+// Compares the live version's and the target's blocks (each checked against
+// its block hash) and takes the values from the target's.
+Status ChangeStep::Compare(const Job& job, int width, Live::BlockChange* out) const {
+  out->values = true;
+  out->idx.clear();
+  out->whole.clear();
+  ASSIGN_OR_RETURN(auto tb,
+                   reader_->TensorBlock(to_.version, job.file, job.tensor, job.block, &to_.chain));
+  ASSIGN_OR_RETURN(
+      auto lb, reader_->TensorBlock(from_.version, job.file, job.tensor, job.block, &from_.chain));
+  const char* x = lb->data();
+  const char* y = tb->data();
+  DifferingElements(reinterpret_cast<const uint8_t*>(x), reinterpret_cast<const uint8_t*>(y),
+                    tb->size(), width, &out->idx);
+  out->vals.resize(out->idx.size() * static_cast<size_t>(width));
+  for (size_t k = 0; k < out->idx.size(); ++k) {
+    std::memcpy(out->vals.data() + k * width, y + size_t{out->idx[k]} * width,
+                static_cast<size_t>(width));
+  }
+  return Status::Ok();
+}
+
+// The changed blocks as per-tensor lists, in block order; those whose
+// entries all cancelled are left out.
+std::vector<Live::Changes> ChangeStep::Gather(dte_live_counts* counts) {
+  std::vector<Live::Changes> changes;
   counts->entries = 0;
-  counts->blocks = jobs.size();
+  counts->blocks = jobs_.size();
   counts->compared_blocks = 0;
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    const Job& job = jobs[j];
-    if (outs[j].values) counts->compared_blocks++;
-    if (outs[j].idx.empty()) continue;
-    const TensorEntry& tensor = T.manifest.files[job.file].tensors[job.tensor];
+  for (size_t j = 0; j < jobs_.size(); ++j) {
+    const Job& job = jobs_[j];
+    if (outs_[j].values) counts->compared_blocks++;
+    if (outs_[j].idx.empty()) continue;
+    const TensorEntry& tensor = target_.manifest.files[job.file].tensors[job.tensor];
     const int width = DTypeWidth(tensor.dtype);
     if (changes.empty() || changes.back().file != job.file || changes.back().tensor != job.tensor) {
-      changes.push_back({job.file, job.tensor, width, T.manifest.block_bytes / width, {}});
+      changes.push_back({job.file, job.tensor, width, target_.manifest.block_bytes / width, {}});
     }
-    counts->entries += outs[j].idx.size();
-    changes.back().blocks.push_back(std::move(outs[j]));
+    counts->entries += outs_[j].idx.size();
+    changes.back().blocks.push_back(std::move(outs_[j]));
   }
   return changes;
+}
+
+}  // namespace
+
+Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const LiveView& to,
+                                                    dte_live_counts* counts) {
+  ChangeStep step(from, to, reader_);
+  step.FindPath();
+  step.ListJobs();
+  RETURN_IF_ERROR(step.ReadBlobs());
+  RETURN_IF_ERROR(step.ComputeBlocks());
+  return step.Gather(counts);
 }
 
 }  // namespace dte::fs
