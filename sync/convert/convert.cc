@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "store/dtype.h"
-#include "sync/convert/internal/convert_matrix.h"
+#include "sync/convert/convert_matrix.h"
 
 namespace dte {
 namespace {

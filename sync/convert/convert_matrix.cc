@@ -1,4 +1,4 @@
-#include "sync/convert/internal/convert_matrix.h"
+#include "sync/convert/convert_matrix.h"
 
 namespace dte::internal {
 

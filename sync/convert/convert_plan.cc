@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "sync/convert/convert.h"
-#include "sync/convert/internal/convert_matrix.h"
+#include "sync/convert/convert_matrix.h"
 
 namespace dte {
 namespace {

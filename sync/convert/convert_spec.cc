@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "sync/convert/convert.h"
-#include "sync/convert/internal/convert_matrix.h"
+#include "sync/convert/convert_matrix.h"
 
 namespace dte {
 namespace {

@@ -8,7 +8,7 @@
 #include "kernels/adamw.h"
 #include "kernels/bf16_math.h"
 #include "kernels/cuda.h"
-#include "sync/convert/internal/convert_matrix.h"
+#include "sync/convert/convert_matrix.h"
 #include "sync/publish/dist_publisher.h"
 #include "sync/publish/internal/dist_plan.h"
 #include "sync/publish/internal/dist_wire.h"

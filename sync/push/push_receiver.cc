@@ -16,8 +16,8 @@
 #include "sync/push/internal/push_plan.h"
 #include "sync/push/internal/push_receiver_impl.h"
 #include "sync/transfer/plan_inputs.h"
-#include "sync/transport/internal/socket.h"
 #include "sync/transport/job_secret.h"
+#include "sync/transport/socket.h"
 
 namespace dte {
 

@@ -7,8 +7,8 @@
 #include <cstdio>
 
 #include "sync/push/internal/push_receiver_impl.h"
-#include "sync/transport/internal/auth_handshake.h"
-#include "sync/transport/internal/socket.h"
+#include "sync/transport/auth_handshake.h"
+#include "sync/transport/socket.h"
 
 namespace dte {
 

@@ -28,7 +28,7 @@
 // Wire format and states: docs/push.md.
 //
 // Every connection starts with the job secret's handshake, both ways
-// (sync/transport/internal/auth_handshake.h) when the job has a secret: a connection
+// (sync/transport/auth_handshake.h) when the job has a secret: a connection
 // that does not prove it knows it is refused, logged (stderr and the
 // server's events, with the peer's address) and closed before its hello is
 // read; a receiver sends nothing but the handshake to, and takes nothing

@@ -1,4 +1,4 @@
-#include "sync/transport/internal/auth_handshake.h"
+#include "sync/transport/auth_handshake.h"
 
 #include <cctype>
 #include <cstring>

@@ -26,7 +26,7 @@
 
 #include "store/base/status.h"
 #include "store/crypto.h"
-#include "sync/transport/internal/socket.h"
+#include "sync/transport/socket.h"
 
 namespace dte::auth_internal {
 

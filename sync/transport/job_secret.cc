@@ -10,7 +10,7 @@
 
 #include "store/base/posix_file.h"
 #include "store/crypto.h"
-#include "sync/transport/internal/socket.h"
+#include "sync/transport/socket.h"
 
 namespace dte {
 namespace {

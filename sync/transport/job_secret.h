@@ -1,7 +1,7 @@
 // The job secret: the key every process of one job (a trainer's ranks, the
 // inference receivers it pushes to) shares and a stranger does not. The push
 // server, the push receivers and the TCP transport prove knowledge of it to
-// each other on every connection (sync/transport/internal/auth_handshake.h) before
+// each other on every connection (sync/transport/auth_handshake.h) before
 // anything else crosses it.
 //
 // Where it comes from, first found wins:

@@ -21,7 +21,7 @@
 
 #include "kernels/cuda.h"
 #include "sync/transport/internal/chunk.h"
-#include "sync/transport/internal/socket.h"
+#include "sync/transport/socket.h"
 
 namespace dte {
 namespace {

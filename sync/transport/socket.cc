@@ -1,4 +1,4 @@
-#include "sync/transport/internal/socket.h"
+#include "sync/transport/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -3,7 +3,7 @@
 //
 // Stream grammar (every integer u64 little-endian):
 //   auth    := the job secret's handshake, protocol "p2p"
-//              (sync/transport/internal/auth_handshake.h; the connector is the client)
+//              (sync/transport/auth_handshake.h; the connector is the client)
 //   hello   := magic "DTEP2P01" rank size        (connector -> acceptor, once)
 //   stream  := frame* [abort]
 //   frame   := length payload                     (length < 2^63)
@@ -22,10 +22,10 @@
 #include <optional>
 #include <vector>
 
-#include "sync/transport/internal/auth_handshake.h"
+#include "sync/transport/auth_handshake.h"
 #include "sync/transport/internal/chunk.h"
-#include "sync/transport/internal/socket.h"
 #include "sync/transport/job_secret.h"
+#include "sync/transport/socket.h"
 #include "sync/transport/transport.h"
 
 namespace dte {

@@ -73,7 +73,7 @@ struct TransportOptions {
 // rank listens on an ephemeral port it publishes in the rendezvous
 // directory). Returns once all size - 1 connections are up. Every
 // connection starts with the job secret's handshake, both ways
-// (sync/transport/internal/auth_handshake.h), before a rank's hello: a connection
+// (sync/transport/auth_handshake.h), before a rank's hello: a connection
 // that does not prove the secret is logged (stderr, with its address and
 // why), closed and not counted as a rank; the ranks go on waiting for
 // theirs.

@@ -1,5 +1,5 @@
 // Fuzzes the server side of the job secret's handshake
-// (sync/transport/internal/auth_handshake.h), which reads bytes from anyone who can
+// (sync/transport/auth_handshake.h), which reads bytes from anyone who can
 // reach a push server, on arbitrary bytes fed in arbitrary pieces.
 //
 // Input: a byte of piece size (1-64), then the bytes a client sends.
@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "sync/transport/internal/auth_handshake.h"
+#include "sync/transport/auth_handshake.h"
 
 namespace dte::auth_internal {
 namespace {

@@ -55,13 +55,9 @@ PRIVATE_HEADERS = ("prometheus/", "rocksdb/", "curl/", "nccl.h", "fuse")
 # The benchmarks measure internals, as tests do: they may include any
 # module's internal/ headers.
 INTERNAL_READERS = ("tools/bench/",)
-# Other modules' internal/ headers that a module includes: helpers that two
-# modules share today, each to become a public header of its module.
-INTERNAL_EXCEPTIONS = {
-    ("sync/push", "sync/transport/internal/auth_handshake.h"),
-    ("sync/push", "sync/transport/internal/socket.h"),
-    ("sync/publish", "sync/convert/internal/convert_matrix.h"),
-}
+# Other modules' internal/ headers that a module includes (none: a header
+# two modules share is a public header of the module that owns it).
+INTERNAL_EXCEPTIONS: set = set()
 # (file, header) pairs allowed outside the owner, each with its reason.
 HEADER_EXCEPTIONS = {
     # The codec benchmark measures zstd itself as the baseline.

@@ -1,5 +1,5 @@
 // Authentication with the job secret (sync/transport/job_secret.h,
-// sync/transport/internal/auth_handshake.h): the handshake's state machine against
+// sync/transport/auth_handshake.h): the handshake's state machine against
 // wrong proofs, replays and reflections; the push server and the TCP
 // transport against strangers on real loopback sockets (raw sockets that
 // skip the handshake, hold another secret, or replay and reflect proofs),
@@ -25,9 +25,9 @@
 #include "sync/push/internal/push_wire.h"
 #include "sync/push/push_receiver.h"
 #include "sync/push/push_server.h"
-#include "sync/transport/internal/auth_handshake.h"
-#include "sync/transport/internal/socket.h"
+#include "sync/transport/auth_handshake.h"
 #include "sync/transport/job_secret.h"
+#include "sync/transport/socket.h"
 #include "sync/transport/transport.h"
 #include "tests/testutil/memory_store.h"
 #include "tests/testutil/wait.h"

@@ -25,7 +25,7 @@
 #include "sync/push/internal/push_wire.h"
 #include "sync/push/push_receiver.h"
 #include "sync/push/push_server.h"
-#include "sync/transport/internal/socket.h"
+#include "sync/transport/socket.h"
 #include "tests/sync/transfer_test_util.h"
 #include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"

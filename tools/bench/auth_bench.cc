@@ -1,5 +1,5 @@
 // Cost of authenticating a push connection with the job secret
-// (sync/transport/internal/auth_handshake.h): a real PushServer on loopback, and
+// (sync/transport/auth_handshake.h): a real PushServer on loopback, and
 // `connections` receivers' worth of connections made one after another, each
 // connect, [handshake,] hello, welcome, close; with and without a secret, in
 // the same run. Also the CPU time of one HMAC-SHA256 proof and the bytes
@@ -16,8 +16,8 @@
 #include "store/crypto.h"
 #include "sync/push/internal/push_wire.h"
 #include "sync/push/push_server.h"
-#include "sync/transport/internal/auth_handshake.h"
-#include "sync/transport/internal/socket.h"
+#include "sync/transport/auth_handshake.h"
+#include "sync/transport/socket.h"
 
 namespace dte {
 namespace {

@@ -31,7 +31,7 @@
 #include "sync/push/internal/push_wire.h"
 #include "sync/push/push_server.h"
 #include "sync/transfer/plan_inputs.h"
-#include "sync/transport/internal/auth_handshake.h"
+#include "sync/transport/auth_handshake.h"
 
 namespace dte {
 

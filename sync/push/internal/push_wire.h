@@ -13,7 +13,7 @@
 
 #include "store/base/status.h"
 #include "store/delta_codec.h"
-#include "sync/transport/internal/socket.h"
+#include "sync/transport/socket.h"
 
 namespace dte::push_internal {
 
