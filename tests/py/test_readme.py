@@ -23,6 +23,7 @@ import subprocess
 import sys
 
 import follower_util
+from wait_util import wait_for
 
 import dte
 import torch
@@ -32,9 +33,12 @@ LAST = 8  # the trainer's max_steps
 MAX_LAG = 2
 
 # Runs rollout.py as __main__ (sys.argv: rollout.py STORE), then saves what
-# the checks need from its globals.
+# the checks need from its globals. It imports the snippet's modules first
+# and says so (rollout.ready), so that the trainer, started then, cannot be
+# done before the rollout follows it.
 ROLLOUT = """
-import json, runpy, sys, torch
+import json, runpy, sys, torch, transformers, dte
+open("rollout.ready", "w").close()
 sys.argv = sys.argv[1:]
 g = runpy.run_path(sys.argv[0], run_name="__main__")
 torch.save(g["model"].state_dict(), "rollout-model.pt")
@@ -78,19 +82,27 @@ def run_quickstart(tmp_path, store, extra_env):
     for name in ("train.py", "rollout.py"):
         (tmp_path / name).write_text(blocks[name])
     env = package_env(tmp_path, extra_env)
-    trainer = subprocess.Popen([sys.executable, "train.py", store], cwd=tmp_path, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs = []
+
+    def start(name, *argv):  # output to NAME.log: a full pipe would stall it
+        with open(tmp_path / (name + ".log"), "w") as log:
+            procs.append((name, subprocess.Popen([sys.executable, *argv, store], cwd=tmp_path,
+                                                 env=env, stdout=log, stderr=subprocess.STDOUT)))
     try:
-        rollout = subprocess.run([sys.executable, "-c", ROLLOUT, "rollout.py", store],
-                                 cwd=tmp_path, env=env, capture_output=True, text=True,
-                                 timeout=240)
-        train_out, _ = trainer.communicate(timeout=240)
+        start("rollout.py", "-c", ROLLOUT, "rollout.py")
+        wait_for(lambda: procs[0][1].poll() is not None or (tmp_path / "rollout.ready").exists(),
+                 120, "the rollout's imports")
+        start("train.py", "train.py")
+        for _, p in procs:
+            p.wait(timeout=240)
     finally:
-        if trainer.poll() is None:
-            trainer.kill()
-            trainer.wait()
-    assert trainer.returncode == 0, train_out[-3000:]
-    assert rollout.returncode == 0, rollout.stderr[-3000:]
+        for _, p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for name, p in procs:
+        assert p.returncode == 0, "%s: exit %d\n%s" % (
+            name, p.returncode, (tmp_path / (name + ".log")).read_text()[-3000:])
     with open(tmp_path / "rollout.json") as f:
         result = json.load(f)
     return result, torch.load(tmp_path / "rollout-model.pt")
