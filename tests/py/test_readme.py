@@ -10,8 +10,8 @@ environment: PYTHONPATH and DTE_LIBRARY point at the built package (what
 `pip install .` gives a reader), DTE_CACHE_DIR at a temporary directory,
 and for s3:// the AWS_* variables of the moto server (the README's
 `export` line names which) and the bucket `my-bucket`. The rollout runs in
-its own process through runpy, which then saves its `model` and the
-stamps of its `samples` for the checks: the trainer committed versions
+its own process through runpy, started before the trainer, and then saves
+its `model` and the stamps of its `samples` for the checks: the trainer committed versions
 0..8, the stamps never go back and end within max_lag of 8, and the
 rollout's model holds the version of its last stamp bit for bit (read
 back with dte.StoreReader)."""
