@@ -100,6 +100,26 @@ def test_max_lag_keeps_then_reloads_or_raises(versions):
         assert f.load_into(model, 2) == 2  # an explicit version always loads
 
 
+def test_a_store_not_there_yet_is_waited_for_only_when_asked(tmp_path, versions):
+    missing = str(tmp_path / "not-yet")
+    with pytest.raises(dte.NotFound):
+        dte.Follower(missing)  # wait=0: at once
+    t = time.monotonic()
+    with pytest.raises(dte.NotFound):
+        dte.Follower(missing, wait=0.3)
+    assert time.monotonic() - t >= 0.3
+
+    import shutil
+    import threading
+    copier = threading.Timer(0.3, shutil.copytree, (versions.dtectl.store, missing))
+    copier.start()
+    try:
+        with dte.Follower(missing, wait=30) as f:  # appears while it waits
+            assert f.wait_for(0, timeout=10) == 0
+    finally:
+        copier.join()
+
+
 def test_wait_for_raises_timeout(versions, mount):
     for source in (versions.dtectl.store, mount.path):
         with dte.Follower(source) as f:

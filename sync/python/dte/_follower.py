@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any, Iterator, List, Optional, Union
 
-from dte._errors import Corrupt, DteError, InvalidArgument, NOT_FOUND, Timeout
+from dte._errors import Corrupt, DteError, InvalidArgument, NOT_FOUND, NotFound, Timeout
 from dte._follower_live import LiveHold, why_not_live
 from dte._sources import MountSource, StoreSource, TensorInfo, version_name
 from dte._tensors import Target, fill, targets, tensor_hash
@@ -50,12 +50,15 @@ class Follower:
     otherwise loads the newest (on_lag="reload") or raises dte.Stale
     (on_lag="raise"); None: every load_into loads the newest. verify: every
     load is checked against the version's tensor hashes (check()).
-    Not thread-safe: one Follower per model."""
+    wait: seconds to wait for the source to appear (a rollout started
+    before the trainer created the store); 0 (default): a store that is not
+    there raises dte.NotFound at once. Not thread-safe: one Follower per
+    model."""
 
     def __init__(self, source: Union[str, os.PathLike[str]], *, max_lag: Optional[int] = None,
                  on_lag: str = "reload", live: Optional[bool] = None, verify: bool = True,
                  strict: bool = True, poll_interval: float = 0.05,
-                 cache_dir: Optional[str] = None) -> None:
+                 cache_dir: Optional[str] = None, wait: float = 0.0) -> None:
         path = os.fspath(source)
         if max_lag is not None and int(max_lag) < 0:
             raise InvalidArgument("max_lag must be >= 0 or None, not %r" % (max_lag,))
@@ -64,9 +67,17 @@ class Follower:
         self.max_lag = None if max_lag is None else int(max_lag)
         self.on_lag, self.verify, self.strict = on_lag, bool(verify), bool(strict)
         self.poll_interval = float(poll_interval)
-        is_mount = not path.startswith("s3://") and os.path.isdir(os.path.join(path, ".dte"))
-        self._source: Union[MountSource, StoreSource] = (
-            MountSource(path) if is_mount else StoreSource(path, cache_dir))
+        deadline = time.monotonic() + max(0.0, float(wait))
+        while True:
+            is_mount = not path.startswith("s3://") and os.path.isdir(os.path.join(path, ".dte"))
+            try:
+                self._source: Union[MountSource, StoreSource] = (
+                    MountSource(path) if is_mount else StoreSource(path, cache_dir))
+                break
+            except NotFound:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(self.poll_interval)
         if live and not is_mount:
             raise InvalidArgument("live=True needs a dtefs mount; %s is a store" % path)
         self._live_wanted = live
