@@ -41,7 +41,7 @@ PY=/usr/bin/python3
 # which 1.13 lacks).
 if ! "$PY" -c 'import safetensors, xxhash, tokenizers, moto.server, OpenSSL.SSL, transformers, ml_dtypes, accelerate' \
     2>/dev/null; then
-  echo "setup: installing python packages (safetensors, xxhash, tokenizers, moto, transformers, ml_dtypes)"
+  echo "setup: installing python packages (safetensors, xxhash, tokenizers, moto, transformers, ml_dtypes, accelerate)"
   "$PY" -m pip install -q --break-system-packages --root-user-action=ignore \
     safetensors xxhash tokenizers 'moto[server]==5.2.5' 'pyOpenSSL>=25' 'transformers==4.44.2' \
     'ml_dtypes==0.4.1' 'accelerate==0.31.0'
