@@ -34,6 +34,7 @@
 
 #include "kernels/bf16_math.h"
 #include "kernels/hd.h"
+#include "kernels/rn_math.h"
 
 namespace dte::kernels {
 
@@ -52,22 +53,6 @@ enum class Fp8ScaleRule : uint8_t {
 };
 
 namespace fp8_internal {
-
-DTE_HD float DivRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-DTE_HD float MulRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
 
 // The magnitude bits (sign cleared) of a finite, non-NaN E4M3 result for
 // 0 < |x| < 448 given as FP32 magnitude bits a.
@@ -118,7 +103,7 @@ DTE_HD float E4m3BitsToFp32(uint8_t b) {
   if ((b & 0x7Fu) == 0x7Fu) return BitsToFloat(sign | 0x7FC00000u);
   if (exp == 0) {
     // m * 2^-9: an exact product, as m has 3 bits.
-    const float v = fp8_internal::MulRn(static_cast<float>(mant), 1.0f / 512.0f);
+    const float v = rn::Mul(static_cast<float>(mant), 1.0f / 512.0f);
     return BitsToFloat(sign | FloatBits(v));
   }
   return BitsToFloat(sign | ((exp + 120u) << 23) | (mant << 20));
@@ -153,19 +138,15 @@ DTE_HD float Fp8BlockScale(float amax, Fp8ScaleRule rule) {
   const uint32_t u = FloatBits(amax);
   if (!IsFiniteBits(u)) return BitsToFloat(0x7FC00000u);
   if ((u & 0x7FFFFFFFu) == 0) return 1.0f;
-  float s = fp8_internal::DivRn(BitsToFloat(u & 0x7FFFFFFFu), kE4m3Max);
+  float s = rn::Div(BitsToFloat(u & 0x7FFFFFFFu), kE4m3Max);
   if (FloatBits(s) == 0) s = BitsToFloat(1u);
   return rule == Fp8ScaleRule::kPowerOfTwo ? CeilPowerOfTwo(s) : s;
 }
 
 // One element of a block with scale `scale`: E4M3(x / scale).
-DTE_HD uint8_t QuantizeE4m3(float x, float scale) {
-  return Fp32ToE4m3Bits(fp8_internal::DivRn(x, scale));
-}
+DTE_HD uint8_t QuantizeE4m3(float x, float scale) { return Fp32ToE4m3Bits(rn::Div(x, scale)); }
 
 // The dequantized value a loader computes: E4M3(q) * scale, in FP32.
-DTE_HD float DequantizeE4m3(uint8_t q, float scale) {
-  return fp8_internal::MulRn(E4m3BitsToFp32(q), scale);
-}
+DTE_HD float DequantizeE4m3(uint8_t q, float scale) { return rn::Mul(E4m3BitsToFp32(q), scale); }
 
 }  // namespace dte::kernels
