@@ -13,21 +13,10 @@
 #include "kernels/bf16.h"
 #include "kernels/change_detect.h"
 #include "kernels/remap.h"
+#include "tests/kernels/cuda_test_util.h"
 
 namespace dte::kernels {
 namespace {
-
-#define SKIP_WITHOUT_CUDA_DEVICE()                                                \
-  if (!CudaDeviceAvailable()) {                                                   \
-    GTEST_SKIP() << "no CUDA device: the runtime reports none (or dte was built " \
-                    "without CUDA); the CPU tests cover the shared element math"; \
-  }
-
-#define ASSERT_CUDA_OK(expr)              \
-  do {                                    \
-    const CudaStatus st_ = (expr);        \
-    ASSERT_TRUE(st_.ok()) << st_.message; \
-  } while (0)
 
 // A device copy of a host vector (or n uninitialized elements), read back
 // with Download. Failures are reported as test failures where they happen.

@@ -9,20 +9,10 @@
 #include <random>
 #include <vector>
 
+#include "tests/kernels/cuda_test_util.h"
+
 namespace dte::kernels {
 namespace {
-
-#define SKIP_WITHOUT_CUDA_DEVICE()                                                \
-  if (!CudaDeviceAvailable()) {                                                   \
-    GTEST_SKIP() << "no CUDA device: the runtime reports none (or dte was built " \
-                    "without CUDA); the CPU tests cover the shared element math"; \
-  }
-
-#define ASSERT_CUDA_OK(expr)              \
-  do {                                    \
-    const CudaStatus st_ = (expr);        \
-    ASSERT_TRUE(st_.ok()) << st_.message; \
-  } while (0)
 
 TEST(Cuda, Fp8FailsCleanlyWithoutDeviceAndRejectsBadLayouts) {
   const Fp8Layout bad{.rows = 4, .cols = 4, .block_rows = 0};
