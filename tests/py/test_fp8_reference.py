@@ -18,49 +18,10 @@ try:
     import ml_dtypes
 except ImportError:
     pytest.fail("ml_dtypes is not installed (tools/setup.sh installs it)", pytrace=False)
-F8 = ml_dtypes.float8_e4m3fn
+from fp8_ref import F8, F32, bf16_values, expand, ref_quantize, ref_scales, to_bf16  # noqa: E402,F401
 
 BUILD_DIR = Path(os.environ.get("DTE_BUILD_DIR", "/work/main/build"))
 TOOL = BUILD_DIR / "tests" / "fp8_tool"
-F32 = np.float32
-
-
-def bf16_values(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def to_bf16(x: np.ndarray) -> np.ndarray:
-    return x.astype(F32).astype(ml_dtypes.bfloat16).view(np.uint16)
-
-
-def ref_scales(x: np.ndarray, br: int, bc: int, rule: str) -> np.ndarray:
-    rows, cols = x.shape
-    gr, gc = -(-rows // br), -(-cols // bc)
-    padded = np.zeros((gr * br, gc * bc), dtype=F32)
-    padded[:rows, :cols] = np.abs(x)
-    amax = padded.reshape(gr, br, gc, bc).max(axis=(1, 3))
-    with np.errstate(under="ignore"):
-        s = (amax / F32(448.0)).astype(F32)  # IEEE FP32 division, rounded once
-    s[(s == 0) & (amax > 0)] = np.finfo(F32).smallest_subnormal
-    s[amax == 0] = F32(1.0)
-    if rule == "pow2":
-        mant, exp = np.frexp(s)  # s = mant * 2**exp, mant in [0.5, 1)
-        p = np.where(mant == 0.5, s, np.ldexp(F32(1.0), exp)).astype(F32)
-        s = np.clip(p, F32(2.0 ** -126), F32(2.0 ** 127)).astype(F32)
-    return s
-
-
-def expand(s: np.ndarray, br: int, bc: int, shape) -> np.ndarray:
-    return np.repeat(np.repeat(s, br, axis=0), bc, axis=1)[: shape[0], : shape[1]]
-
-
-def ref_quantize(bits: np.ndarray, br: int, bc: int, rule: str):
-    x = bf16_values(bits)
-    s = ref_scales(x, br, bc, rule)
-    with np.errstate(under="ignore"):
-        scaled = x / expand(s, br, bc, x.shape)
-    q = np.clip(scaled, F32(-448.0), F32(448.0)).astype(F8).view(np.uint8)
-    return q, s
 
 
 def run_tool(tmp_path: Path, cmd: str, shape, block, rule: str, *arrays):
