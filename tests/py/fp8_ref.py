@@ -51,3 +51,23 @@ def ref_quantize(bits: np.ndarray, br: int, bc: int, rule: str):
         scaled = x / expand(s, br, bc, x.shape)
     q = np.clip(scaled, F32(-448.0), F32(448.0)).astype(F8).view(np.uint8)
     return q, s
+
+
+def read_safetensors(path) -> dict:
+    """Every tensor of a safetensors file, read by the real `safetensors`
+    package: {name: (dtype string, shape, numpy array)}.
+
+    Debian's torch 1.13 has no float8 dtypes, so framework="pt" cannot give
+    F8_E4M3 tensors; the numpy framework can once numpy answers to the dtype
+    names the package's Rust reader asks it for, which ml_dtypes provides.
+    """
+    from safetensors import safe_open
+
+    np.float8_e4m3fn = ml_dtypes.float8_e4m3fn
+    np.bfloat16 = ml_dtypes.bfloat16
+    out = {}
+    with safe_open(str(path), framework="numpy") as f:
+        for name in f.keys():
+            s = f.get_slice(name)
+            out[name] = (s.get_dtype(), list(s.get_shape()), f.get_tensor(name))
+    return out
