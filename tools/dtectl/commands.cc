@@ -22,6 +22,7 @@
 #include "store/store.h"
 #include "tools/dtectl/open_store.h"
 #include "tools/dtectl/progress.h"
+#include "tools/dtectl/stats_fp8.h"
 
 namespace dte::cli {
 namespace {
@@ -324,6 +325,10 @@ int RunStats(const Common& c, const StatsArgs& a) {
   if (c.json && a.csv) return Usage("stats", "give --json or --csv, not both");
   const std::optional<StatsGroup> by = ParseStatsGroup(a.by);
   if (!by) return Usage("stats", "--by must be tensor, layer, kind, layer-kind or version");
+  if (a.fp8 && *by != StatsGroup::kTensor && *by != StatsGroup::kVersion) {
+    return Usage("stats", "--fp8 shows rows --by tensor or --by version");
+  }
+  if (a.fp8 && a.fp8_block == 0) return Usage("stats", "--fp8-block must be at least 1");
   VersionRange range;
   if (!a.versions.empty()) {
     auto r = ParseVersionRange(a.versions);
@@ -336,6 +341,7 @@ int RunStats(const Common& c, const StatsArgs& a) {
   if (!listed.ok()) return Fail("stats", listed.status());
   auto selected = SelectVersions(*listed, range, (*store)->uri());
   if (!selected.ok()) return Fail("stats", selected.status());
+  if (a.fp8) return RunStatsFp8(c, a, **store, *selected);
   // One version at a time (manifest and block table, no payload), each row
   // printed as it comes: memory stays one version's, whatever the range.
   PrintStatsHeader(c, a);

@@ -48,11 +48,14 @@ struct GcArgs {
 
 // stats: per version of `versions` (ParseVersionRange's text; empty: all),
 // rows grouped `by` (tensor, layer, kind, layer-kind or version), as a table, JSON
-// (Common::json) or CSV.
+// (Common::json) or CSV. With fp8, the FP8 changes of the tensors the FP8
+// policy quantizes, in fp8_block x fp8_block blocks (tools/dtectl/stats_fp8.h).
 struct StatsArgs {
   std::string versions;
   std::string by = "tensor";
   bool csv = false;
+  bool fp8 = false;
+  uint64_t fp8_block = 128;
 };
 
 int RunCommit(const Common& c, const CommitArgs& a, bool import);

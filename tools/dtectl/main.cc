@@ -168,6 +168,11 @@ void Dtectl::AddReadCommands() {
   stats->add_option("--by", sa.by, "Rows per tensor (default), layer, kind, layer-kind or version")
       ->check(CLI::IsMember({"tensor", "layer", "kind", "layer-kind", "version"}));
   stats->add_flag("--csv", sa.csv, "Print CSV (a header line, then one line per row)");
+  stats->add_flag("--fp8", sa.fp8,
+                  "FP8 bytes and scales that changed, beside the BF16 elements, under both "
+                  "scale rules (tensors the FP8 policy quantizes; --by tensor or version)");
+  stats->add_option("--fp8-block", sa.fp8_block, "FP8 block size N (N x N; default 128)")
+      ->check(CLI::PositiveNumber);
 
   report = app.add_subcommand(
       "report", "Write one self-contained HTML page with plots of how the policy moves");
