@@ -375,6 +375,7 @@ Status LoadFilesystem(const MountOptions& o, MountState* state) {
   state->fs = std::make_unique<Filesystem>(state->store.get(), o.cache_bytes);
   state->fs->SetSnapshots(state->snapshots.get());
   state->fs->SetInitialLive(o.live_version);
+  if (o.fp8) state->fs->EnableFp8(o.fp8_view);
   RETURN_IF_ERROR(state->fs->Refresh());
   state->store->SetPatientListing(false);
   if (o.live_version && !state->fs->live().View()) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "store/base/status.h"
+#include "store/fp8_view.h"
 
 namespace dte::fs {
 
@@ -56,6 +57,10 @@ struct MountOptions {
   // The version live/ shows at mount (nullopt: the newest); live apply moves
   // it (fs/live.h).
   std::optional<uint64_t> live_version;
+  // fp8/: every version as a block-scaled FP8 checkpoint (fs/fp8_reader.h),
+  // with these block sizes and scale rule; false hides the tree.
+  bool fp8 = true;
+  Fp8ViewOptions fp8_view;
   // Serve the Prometheus metrics (fs/metrics.h) on HOST:PORT, or on
   // 127.0.0.1:PORT when only a port is given; empty: no metrics.
   std::string metrics_address;

@@ -210,6 +210,7 @@ Result<NodeAttr> Filesystem::GetAttr(uint64_t ino) {
       return a;
     }
   }
+  if (IsFp8(ino)) return Fp8GetAttr(ino);
   std::optional<InodeKey> key = inodes_.Find(ino);
   if (!key) return NotFound("inode " + std::to_string(ino));
   if (key->version == kLiveKey) {
@@ -231,6 +232,7 @@ Result<NodeAttr> Filesystem::Lookup(uint64_t parent, std::string_view name) {
       if (!live_.View()) return NotFound("live: no version is live yet");
       return GetAttr(kLiveDirIno);
     }
+    if (name == "fp8" && fp8_) return Fp8DirAttr();
     std::optional<uint64_t> version = ParseVersionName(name);
     if (!version) return NotFound(std::string(name));
     ASSIGN_OR_RETURN(auto v, VersionOf(*version));
@@ -251,6 +253,7 @@ Result<NodeAttr> Filesystem::Lookup(uint64_t parent, std::string_view name) {
     }
     return NotFound("live/" + std::string(name));
   }
+  if (IsFp8(parent)) return Fp8Lookup(parent, name);
   std::optional<InodeKey> key = inodes_.Find(parent);
   if (!key || key->file != kDirFile) return NotFound("inode " + std::to_string(parent));
   ASSIGN_OR_RETURN(auto v, VersionOf(key->version));
@@ -288,6 +291,7 @@ Result<std::vector<DirEntry>> Filesystem::RootEntries() {
     ASSIGN_OR_RETURN(NodeAttr live, GetAttr(kLiveDirIno));
     out.push_back({"live", live});
   }
+  if (fp8_) out.push_back({"fp8", Fp8DirAttr()});
   ASSIGN_OR_RETURN(NodeAttr dte, GetAttr(kDteDirIno));
   out.push_back({".dte", dte});
   return out;
@@ -309,6 +313,7 @@ Result<std::vector<DirEntry>> Filesystem::ReadDir(uint64_t ino) {
     }
     return out;
   }
+  if (IsFp8(ino)) return Fp8ReadDir(ino);
   std::optional<InodeKey> key = inodes_.Find(ino);
   if (!key) return NotFound("inode " + std::to_string(ino));
   if (key->file != kDirFile) return InvalidArgument("inode " + std::to_string(ino) + " is a file");
@@ -321,7 +326,8 @@ Result<std::vector<DirEntry>> Filesystem::ReadDir(uint64_t ino) {
 }
 
 Result<std::string> Filesystem::ReadLink(uint64_t ino) {
-  if (ino != kLatestIno) return InvalidArgument("inode " + std::to_string(ino) + " is no symlink");
+  if (ino != kLatestIno && ino != kFp8LatestIno)
+    return InvalidArgument("inode " + std::to_string(ino) + " is no symlink");
   MutexLock lock(&mu_);
   if (versions_.empty()) return NotFound("latest: the store has no versions");
   return VersionName(versions_.rbegin()->first);
@@ -340,6 +346,7 @@ Result<std::unique_ptr<OpenFile>> Filesystem::Open(uint64_t ino, int flags) {
     f->control = true;
     return f;
   }
+  if (IsFp8(ino)) return Fp8Open(ino);
   std::optional<InodeKey> key = inodes_.Find(ino);
   if (!key) return NotFound("inode " + std::to_string(ino));
   if (key->version == kLiveKey) {
@@ -369,9 +376,10 @@ Status Filesystem::Read(const OpenFile& f, uint64_t offset, uint64_t len, std::s
 
 uint64_t Filesystem::ReadableBytes(const OpenFile& f, uint64_t offset, uint64_t len,
                                    const Version* live) {
-  const uint64_t size = f.version ? f.version->manifest.files[f.file_index].size
-                        : live    ? live->manifest.files[f.file_index].size
-                                  : f.snapshot.size();
+  const uint64_t size = f.fp8       ? f.fp8->view.files()[f.file_index].size
+                        : f.version ? f.version->manifest.files[f.file_index].size
+                        : live      ? live->manifest.files[f.file_index].size
+                                    : f.snapshot.size();
   return offset >= size ? 0 : std::min(len, size - offset);
 }
 
@@ -402,6 +410,7 @@ Status Filesystem::ReadPieces(const OpenFile& f, uint64_t offset, uint64_t len,
   if (f.live && !view) return NotFound("live: no live version");
   len = ReadableBytes(f, offset, len, view ? view->version.get() : nullptr);
   if (len == 0) return Status::Ok();
+  if (f.fp8) return Fp8ReadPieces(f, offset, len, out);
   if (!f.version && !view) {
     out->push_back({nullptr, f.snapshot.data() + offset, static_cast<size_t>(len)});
     return Status::Ok();

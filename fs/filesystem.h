@@ -6,6 +6,9 @@
 //   /latest               symlink to the newest version's directory
 //   /live/<file>          the files of the live version, changed in place by
 //                         live apply (fs/live.h)
+//   /fp8/vNNNNNNNN/<file> every version as a block-scaled FP8 checkpoint
+//                         (fs/fp8_reader.h), unless EnableFp8 was not called
+//   /fp8/latest           symlink to the newest version's FP8 directory
 //   /.dte/status          JSON: versions, counters, caches, snapshots, polling,
 //                         prefetch, readahead, live apply, recent errors
 //   /.dte/control         live apply's ioctls (sync/live/live_abi.h)
@@ -41,6 +44,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fs/fp8_reader.h"
 #include "fs/inode_table.h"
 #include "fs/latency.h"
 #include "fs/listing_guard.h"
@@ -60,8 +64,13 @@ inline constexpr uint64_t kDteDirIno = 3;
 inline constexpr uint64_t kStatusIno = 4;
 inline constexpr uint64_t kLiveDirIno = 5;
 inline constexpr uint64_t kControlIno = 6;
+inline constexpr uint64_t kFp8DirIno = 7;
+inline constexpr uint64_t kFp8LatestIno = 8;
 // The InodeTable "version" of live/ files.
 inline constexpr uint64_t kLiveKey = UINT64_MAX - 1;
+// The InodeTable "version" of fp8/vNNNNNNNN and its files: the version with
+// this bit set (version numbers stay far below it).
+inline constexpr uint64_t kFp8KeyBit = uint64_t{1} << 62;
 
 enum class NodeType { kDirectory, kRegular, kSymlink };
 
@@ -83,9 +92,10 @@ struct DirEntry {
 // is released.
 // A live/ file (live) reads whatever version is live at each read.
 // .dte/control (control) reads as empty; it is the handle receivers are
-// registered under.
+// registered under. An fp8/ file (fp8) reads its version's FP8 view.
 struct OpenFile {
   std::shared_ptr<const Version> version;  // null for .dte files and live/ files
+  std::shared_ptr<const Fp8Mounted> fp8;   // fp8/ files: the view, file_index its file
   VersionChain chain;                      // version first, then its parents
   uint32_t file_index = 0;
   bool live = false;
@@ -180,6 +190,10 @@ class Filesystem {
   void SetSnapshots(SnapshotSet* snapshots);
   // The prefetcher whose progress .dte/status reports (not owned; null: none).
   void SetPrefetcher(const Prefetcher* prefetcher) { prefetcher_ = prefetcher; }
+  // Shows fp8/ with views made with `options`. Call before serving requests.
+  void EnableFp8(const Fp8ViewOptions& options);
+  // Null unless EnableFp8 was called.
+  Fp8Reader* fp8() { return fp8_.get(); }
   // The mount's bdi directory in sysfs, whose read_ahead_kb .dte/status reports.
   void SetReadaheadBdi(const std::string& bdi) EXCLUDES(mu_);
   // Logs a problem of background work (stderr and .dte/status errors).
@@ -195,6 +209,17 @@ class Filesystem {
   NodeAttr RootAttr() EXCLUDES(mu_);
   NodeAttr LiveFileAttr(const Version& v, uint32_t file) EXCLUDES(mu_);
   Result<std::vector<DirEntry>> RootEntries() EXCLUDES(mu_);
+  // fp8/ (fs/filesystem_fp8.cc). IsFp8 says whether an inode lies in it.
+  bool IsFp8(uint64_t ino);
+  Result<NodeAttr> Fp8Lookup(uint64_t parent, std::string_view name) EXCLUDES(mu_);
+  Result<NodeAttr> Fp8GetAttr(uint64_t ino) EXCLUDES(mu_);
+  Result<std::vector<DirEntry>> Fp8ReadDir(uint64_t ino) EXCLUDES(mu_);
+  Result<std::unique_ptr<OpenFile>> Fp8Open(uint64_t ino) EXCLUDES(mu_);
+  Status Fp8ReadPieces(const OpenFile& f, uint64_t offset, uint64_t len,
+                       std::vector<ReadPath::Piece>* out) EXCLUDES(mu_);
+  // The view of fp8/vNNNNNNNN (built on first use; a refusal is reported once).
+  Result<std::shared_ptr<const Fp8Mounted>> Fp8ViewOf(uint64_t version) EXCLUDES(mu_);
+  NodeAttr Fp8DirAttr() EXCLUDES(mu_);
   void RecordError(const Version& v, uint32_t file, const Status& s) EXCLUDES(mu_);
   void PushErrorLocked(const std::string& message) REQUIRES(mu_);
   using VersionMap = std::map<uint64_t, std::string>;  // version -> manifest key
@@ -216,6 +241,7 @@ class Filesystem {
   ReadPath reader_;
   InodeTable inodes_;
   Live live_{store_, &reader_};
+  std::unique_ptr<Fp8Reader> fp8_;  // set before serving, then constant
   ListingGuard guard_{[this](uint64_t version, const std::string& key) {
     return store_->ManifestExists(version, key);
   }};

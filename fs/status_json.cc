@@ -136,6 +136,23 @@ json LiveJson(const dte_live_status& live, const LivePageStats& pages) {
           {"last_pages", LastPagesJson(pages)}};
 }
 
+// fp8/ views (null when the tree is off): the view settings, views built,
+// block rows quantized (and found in the block cache), bytes in and out.
+json Fp8Json(const Fp8Reader* fp8) {
+  if (fp8 == nullptr) return nullptr;
+  const Fp8ReaderStats s = fp8->Stats();
+  const Fp8ViewOptions& o = fp8->options();
+  return {{"scale", o.rule == kernels::Fp8ScaleRule::kPowerOfTwo ? "pow2" : "plain"},
+          {"block", {o.block_rows, o.block_cols}},
+          {"views_built", s.views_built},
+          {"view_failures", s.view_failures},
+          {"rows_quantized", s.rows_quantized},
+          {"row_hits", s.row_hits},
+          {"bf16_bytes_read", s.bf16_bytes_read},
+          {"fp8_bytes_made", s.fp8_bytes_made},
+          {"quantize_ns", s.quantize_ns}};
+}
+
 }  // namespace
 
 std::string Filesystem::StatusJson() {
@@ -170,6 +187,7 @@ std::string Filesystem::StatusJson() {
   j["blob_cache"] = BlobCacheJson(store_->blob_cache());
   j["prefetch"] = PrefetchJson(prefetcher_.load());
   j["live"] = LiveJson(LiveStatus(), live_.LastPageStats());
+  j["fp8"] = Fp8Json(fp8_.get());
   j["readahead_kb"] = nullptr;
   if (!bdi.empty()) {
     auto kb = ReadReadaheadKb(bdi);

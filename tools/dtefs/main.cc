@@ -3,14 +3,15 @@
 //   dtefs STORE MOUNTPOINT [-f] [--cache-dir DIR] [--cache-size N] [--poll-ms N]
 //         [--snapshot-every N] [--snapshots N] [--readahead-kb N]
 //         [--endpoint URL] [--blob-cache-size N] [--blob-chunk-size N]
-//         [--prefetch latest] [--log-file PATH] [-o opts]
+//         [--prefetch latest] [--log-file PATH]
+//         [--fp8-scale plain|pow2] [--fp8-block N] [--no-fp8] [-o opts]
 //
 // Also the program the fuse3 mount helper runs for `mount -t fuse.dtefs` and
 // fstab lines: `dtefs STORE MOUNTPOINT -o rw,allow_other,...`; there the
 // dtefs options can be given as cache_dir=DIR, cache_size=N, poll_ms=N,
 // snapshot_every=N, snapshots=N, readahead_kb=N, endpoint=URL,
 // blob_cache_size=N, blob_chunk_size=N, prefetch=latest, log_file=PATH,
-// metrics=ADDR.
+// metrics=ADDR, fp8_scale=plain|pow2, fp8_block=N, no_fp8.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -65,7 +66,10 @@ struct TextOptions {
   std::string blob_chunk_size = "4MiB";
   std::string prefetch;
   std::string endpoint;
+  std::string fp8_scale = "plain";
 };
+
+constexpr uint64_t kMaxFp8Block = 1 << 16;
 
 // Splits -o lists at commas and takes out the dtefs options given there.
 bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptions* o,
@@ -104,6 +108,13 @@ bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptio
         if (!ParseCount(*v, 0, UINT32_MAX, &o->snapshot_every)) return false;
       } else if (auto v = value(opt, "snapshots")) {
         if (!ParseCount(*v, 0, UINT32_MAX, &o->max_snapshots)) return false;
+      } else if (auto v = value(opt, "fp8_scale")) {
+        text->fp8_scale = *v;
+      } else if (auto v = value(opt, "fp8_block")) {
+        if (!ParseCount(*v, 1, kMaxFp8Block, &o->fp8_view.block_rows)) return false;
+        o->fp8_view.block_cols = o->fp8_view.block_rows;
+      } else if (opt == "no_fp8") {
+        o->fp8 = false;
       } else if (auto v = value(opt, "readahead_kb")) {
         if (!ParseCount(*v, 0, kMaxReadaheadKb, &o->readahead_kb)) return false;
       } else if (!opt.empty()) {
@@ -139,6 +150,13 @@ bool ParseTextOptions(const TextOptions& text, dte::fs::MountOptions* o) {
     return false;
   }
   o->prefetch_latest = text.prefetch == "latest";
+  if (text.fp8_scale != "plain" && text.fp8_scale != "pow2") {
+    std::cerr << "dtefs: bad --fp8-scale (fp8_scale=) \"" << text.fp8_scale
+              << "\": plain or pow2\n";
+    return false;
+  }
+  o->fp8_view.rule = text.fp8_scale == "pow2" ? dte::kernels::Fp8ScaleRule::kPowerOfTwo
+                                              : dte::kernels::Fp8ScaleRule::kPlain;
   return true;
 }
 
@@ -178,6 +196,15 @@ void AddOptions(CLI::App* app, dte::fs::MountOptions* o, TextOptions* text,
                   "CACHE_DIR/dtefs.log for a daemon)");
   app->add_option("--live-version", o->live_version,
                   "Version live/ shows at mount (default: the newest); dtectl apply moves it");
+  app->add_option("--fp8-scale", text->fp8_scale,
+                  "Scale rule of the FP8 views under fp8/: plain (amax / 448) or pow2 "
+                  "(rounded up to a power of two, UE8M0) (default plain)");
+  app->add_option_function<uint64_t>(
+         "--fp8-block", [o](uint64_t n) { o->fp8_view.block_rows = o->fp8_view.block_cols = n; },
+         "Block size N of the FP8 views: N x N elements per scale (default 128)")
+      ->check(CLI::Range(uint64_t{1}, kMaxFp8Block));
+  app->add_flag_callback(
+      "--no-fp8", [o] { o->fp8 = false; }, "Do not show fp8/");
   app->add_option("-o", *opts, "Mount options, comma-separated (allow_other, ro, ...)");
 }
 
@@ -204,7 +231,7 @@ int main(int argc, char** argv) {
   if (o.cache_dir.empty()) o.cache_dir = dte::DefaultCacheDir();
   if (!TakeMountOptions(opts, &o, &text)) {
     std::cerr << "dtefs: bad -o value (poll_ms=, snapshot_every=, snapshots=, readahead_kb=, "
-                 "live_version=)\n";
+                 "live_version=, fp8_block=)\n";
     return 2;
   }
   if (!ParseTextOptions(text, &o)) return 2;
