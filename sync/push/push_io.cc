@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "sync/push/internal/push_fp8.h"
 #include "sync/push/internal/push_plan.h"
 #include "sync/push/internal/push_server_impl.h"
 
@@ -209,17 +210,22 @@ void PushServer::Impl::OnHello(Conn& c, const std::string& body) {
     c.info.version = j["version"].get<uint64_t>();
   }
   c.tensors = std::move(tensors).value();
+  if (j.contains("fp8") && !j["fp8"].is_null()) {
+    auto fp8 = push_internal::ParseFp8Options(j["fp8"]);
+    if (!fp8.ok()) return refuse(fp8.status().message());
+    c.fp8 = std::move(fp8).value();
+    c.fp8_key = push_internal::Fp8OptionsJson(*c.fp8).dump();
+    c.info.fp8 = c.fp8;
+  }
   nlohmann::json welcome = {{"latest", nullptr}, {"part", part_}, {"parts", parts_}};
   if (part_ == 0 && parts_ > 1) welcome["senders"] = senders_;
   if (latest_) {
     auto plan = PlanLocked(layout);
     if (!plan.ok()) return refuse(plan.status().message());
-    auto match =
-        push_internal::MatchReceiverTensors(**plan, rank, c.tensors,
-                                            "receiver " + LayoutText(layout, rank) + " against " +
-                                                VersionName(latest_->manifest.version));
-    if (!match.ok()) return refuse(match.status().message());
-    c.plan_to_own = std::move(match).value();
+    Status match = MatchLocked(c, **plan,
+                               "receiver " + LayoutText(layout, rank) + " against " +
+                                   VersionName(latest_->manifest.version));
+    if (!match.ok()) return refuse(match.message());
     welcome["latest"] = latest_->manifest.version;
     c.info.behind = c.info.version != latest_->manifest.version;
   }

@@ -36,6 +36,7 @@ PushReceiver::Impl::Impl(PushReceiverOptions o) : options_(std::move(o)) {
     numel_.push_back(ShapeElements(t.shape));
     plan_tensors_.push_back({t.name, t.dtype, t.shape});
   }
+  kinds_ = push_internal::TensorKinds(plan_tensors_, options_.fp8.has_value());
   held_ = options_.version;
   expected_parent_ = options_.version;
 }
@@ -113,6 +114,7 @@ PushReceiverStatus PushReceiver::Impl::GetStatus() const {
   s.pending = pending_.size();
   s.pushes = pushes_;
   s.elements = elements_;
+  s.bytes = bytes_;
   s.error = !refused_.empty() ? refused_ : error_;
   return s;
 }
@@ -147,13 +149,22 @@ Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version
       MakeTransferPlan(in.canonical, in.geometry, ShardLayout{1, false, false}, options_.layout));
   const std::string what = "catch-up to " + VersionName(*version) + " of receiver " +
                            LayoutText(options_.layout, options_.rank);
-  ASSIGN_OR_RETURN(auto own,
-                   push_internal::MatchReceiverTensors(plan, options_.rank, plan_tensors_, what));
+  std::optional<Fp8ReceiverPlan> fp8;
+  if (options_.fp8) {
+    auto made = MakeFp8ReceiverPlan(plan, options_.rank, *options_.fp8);
+    if (!made.ok()) return made.status().WithContext(what);
+    fp8 = std::move(made).value();
+  }
+  ASSIGN_OR_RETURN(
+      auto own,
+      fp8 ? push_internal::MatchFp8ReceiverTensors(plan, *fp8, plan_tensors_, what)
+          : push_internal::MatchReceiverTensors(plan, options_.rank, plan_tensors_, what));
   {
     std::lock_guard lock(mu_);
     inconsistent_ = true;
   }
-  RETURN_IF_ERROR(FillFromStore(store, v, plan, own, what));
+  RETURN_IF_ERROR(fp8 ? FillFp8FromStore(store, v, plan, *fp8, own, what)
+                      : FillFromStore(store, v, plan, own, what));
   {
     std::lock_guard lock(mu_);
     inconsistent_ = false;
@@ -190,7 +201,8 @@ Status PushReceiver::Impl::FillFromStore(Store& store, const std::shared_ptr<con
     for (const TransferOp& op : plan.ops) {
       if (op.receiver != options_.rank || op.receiver_tensor != rt) continue;
       if (in_buf != op.canonical) {
-        RETURN_IF_ERROR(ReadCanonical(reader, v, plan.canonical[op.canonical].name, &buf, what));
+        RETURN_IF_ERROR(push_internal::ReadTensorBytes(reader, v, plan.canonical[op.canonical].name,
+                                                       &buf, what));
         in_buf = op.canonical;
       }
       push_internal::CopyOpBox(plan, op, buf.data(), dst);
@@ -200,20 +212,6 @@ Status PushReceiver::Impl::FillFromStore(Store& store, const std::shared_ptr<con
     }
   }
   return Status::Ok();
-}
-
-// Canonical tensor `name` of v, whole.
-Status PushReceiver::Impl::ReadCanonical(Materializer& reader,
-                                         const std::shared_ptr<const Version>& v,
-                                         const std::string& name, std::vector<uint8_t>* buf,
-                                         const std::string& what) {
-  auto at = v->manifest.FindTensor(name);
-  if (!at) return Internal(what + ": tensor " + name + " of the plan is not in the version");
-  const FileEntry& file = *at->file;
-  const TensorEntry& tensor = *at->tensor;
-  buf->resize(tensor.bytes());
-  return reader.ReadFile(v, file, file.header_size + tensor.begin, tensor.bytes(), buf->data())
-      .WithContext(what);
 }
 
 PushReceiver::PushReceiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -237,6 +235,11 @@ Result<std::unique_ptr<PushReceiver>> PushReceiver::Open(const PushReceiverOptio
                              ", but this process has no CUDA device (or dte was built without "
                              "CUDA)");
     }
+  }
+  if (options.fp8) {
+    std::vector<PlanTensor> tensors;
+    for (const PushTensor& t : options.tensors) tensors.push_back({t.name, t.dtype, t.shape});
+    RETURN_IF_ERROR(push_internal::CheckFp8Tensors(tensors, *options.fp8, "push receiver"));
   }
   PushReceiverOptions resolved = options;
   ASSIGN_OR_RETURN(std::optional<JobSecret> secret, FindJobSecret(options.secret, ""));

@@ -14,6 +14,7 @@
 
 #include "store/base/status.h"
 #include "store/dtype.h"
+#include "sync/transfer/fp8_plan.h"
 #include "sync/transfer/transfer_plan.h"
 
 namespace dte {
@@ -47,6 +48,15 @@ struct PushReceiverOptions {
   std::chrono::milliseconds timeout{30000};  // bound on each receive once a push starts
   // After a lost connection, reconnect every this long (doubling up to 8x).
   std::chrono::milliseconds reconnect{200};
+  // An FP8 receiver (docs/push.md "FP8 receivers"): the tensors the
+  // policy quantizes (sync/transfer/fp8_plan.h) are held as F8_E4M3 bytes
+  // plus an F32 "<module>.weight_scale_inv" per tensor, blocks of
+  // block_rows x block_cols, scales by `rule`; pushes write the bytes and
+  // scales that changed, a catch-up the quantized version. Every TP split
+  // of an FP8 tensor must fall on block boundaries (else the server refuses
+  // the receiver, naming the tensor, the split and the block). nullopt:
+  // every tensor as the version holds it.
+  std::optional<Fp8ReceiverOptions> fp8;
 };
 
 struct PushReceiverStatus {
@@ -56,7 +66,8 @@ struct PushReceiverStatus {
   std::optional<uint64_t> behind;  // the server's version when told to catch up
   uint64_t pending = 0;            // pushes received, not applied yet
   uint64_t pushes = 0;             // pushes applied
-  uint64_t elements = 0;           // elements written by pushes
+  uint64_t elements = 0;           // elements written by pushes (FP8 bytes and scales included)
+  uint64_t bytes = 0;              // bytes those elements hold
   std::string error;               // the last error (a refused hello, a bad push, a lost link)
 };
 

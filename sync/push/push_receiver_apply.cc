@@ -70,6 +70,7 @@ Result<uint64_t> PushReceiver::Impl::ApplyPendingLocked() {
       held_ = p.version;
       pushes_++;
       elements_ += p.elements;
+      bytes_ += p.bytes;
       if (behind_ && *behind_ <= p.version) behind_.reset();
     }
     SendAll(Msg::kApplied, {{"version", p.version}});
@@ -133,13 +134,15 @@ Result<Pending> PushReceiver::Impl::Check(const push_internal::CountsMsg& c,
       return Corruption(what + ": " + std::to_string(c.count[k]) + " elements for tensor " +
                         t.name + " of " + std::to_string(numel_[c.tensor[k]]));
     }
+    RETURN_IF_ERROR(CheckEntryKind(c, k, what));
     const size_t first = bytes.size();
     RETURN_IF_ERROR(
         push_internal::SplitOpSegments(&in, c.count[k], what + ", tensor " + t.name, &bytes));
-    for (size_t i = first; i < bytes.size(); ++i) {
-      p.segments.push_back({c.tensor[k], c.op[k], {}});
-    }
+    // Entries of one op but another kind write another tensor: their own "op".
+    const size_t op = size_t{c.op[k]} * 3 + (c.kind.empty() ? 0 : static_cast<size_t>(c.kind[k]));
+    for (size_t i = first; i < bytes.size(); ++i) p.segments.push_back({c.tensor[k], op, {}});
     p.elements += c.count[k];
+    p.bytes += c.count[k] * DTypeWidth(t.dtype);
   }
   if (!in.empty()) {
     return Corruption(what + ": " + std::to_string(in.size()) + " bytes after the last op");
@@ -235,6 +238,7 @@ Result<Pending> PushReceiver::Impl::JoinPartsLocked() {
     }
     ops.insert(mine.begin(), mine.end());
     whole.elements += x.elements;
+    whole.bytes += x.bytes;
   }
   return whole;
 }

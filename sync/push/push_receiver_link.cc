@@ -91,8 +91,8 @@ Status PushReceiver::Impl::Session(const std::shared_ptr<Link>& link) {
     }
     ASSIGN_OR_RETURN(auto m, push_internal::RecvFrame(raw, push_internal::kMaxControlBytes,
                                                       Deadline(options_.timeout), who));
-    if (m.type == Msg::kCounts) {
-      RETURN_IF_ERROR(OnPush(*link, raw, m.body, who));
+    if (m.type == Msg::kCounts || m.type == Msg::kCountsFp8) {
+      RETURN_IF_ERROR(OnPush(*link, raw, m, who));
       continue;
     }
     nlohmann::json j = nlohmann::json::parse(m.body, nullptr, false);
@@ -130,14 +130,18 @@ void PushReceiver::Impl::SendHello(Link& link) {
     tensors.push_back({{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}});
   }
   hello["tensors"] = std::move(tensors);
+  if (options_.fp8) {
+    hello["fp8"] = push_internal::Fp8OptionsJson(*options_.fp8);
+    hello["wire"] = 2;  // takes kCountsFp8
+  }
   Send(link, Msg::kHello, hello);
 }
 
 // A push's counts arrived: its data frames follow (a batch of tensors at a
 // time) up to the end mark; then the part is checked and kept.
-Status PushReceiver::Impl::OnPush(Link& link, int fd, const std::string& body,
+Status PushReceiver::Impl::OnPush(Link& link, int fd, const push_internal::Parsed& m,
                                   const std::string& who) {
-  ASSIGN_OR_RETURN(auto counts, push_internal::DecodeCounts(body, who));
+  ASSIGN_OR_RETURN(auto counts, push_internal::DecodeCounts(m.type, m.body, who));
   std::string data;
   for (;;) {
     ASSIGN_OR_RETURN(

@@ -10,6 +10,8 @@
 //  5. EndData: the end of round 2 (or, when reading failed, every target
 //     dropped).
 //  6. AwaitConfirmations: the receipts, and the report.
+#include "sync/push/internal/push_round.h"
+
 #include <deque>
 
 #include "kernels/parallel.h"
@@ -49,6 +51,7 @@ struct OpJob {
   const TransferPlan* plan;
   size_t op;  // index into plan->ops
   const TensorChanges* changes;
+  bool encode = true;  // false: only counted (every receiver of it takes FP8 entries)
 };
 
 // An op's entries for its receiver rank: how many, and (in round 2) their
@@ -75,7 +78,7 @@ void PackPiece(const OpJob& job, bool encode, Piece* pc, std::vector<uint64_t>* 
   pos->resize(len);
   const size_t j = RemapOpIndices(op, c.indices.data() + pc->begin, len, dst->data(), pos->data());
   pc->count = j;
-  if (j == 0 || !encode) return;
+  if (j == 0 || !encode || !job.encode) return;
   for (size_t q = 0; q < j; ++q) (*pos)[q] += pc->begin;
   push_internal::AppendOpSegments(
       dst->data(), pos->data(), j, DTypeWidth(job.plan->canonical[op.canonical].dtype),
@@ -113,71 +116,6 @@ double SecondsSince(push_internal::Clock::time_point t) {
 
 }  // namespace
 
-struct PushServer::Impl::Round {
-  struct Target {
-    uint64_t id;
-    RankKey key;  // layout and receiver rank: who shares its messages
-    std::vector<uint32_t> plan_to_own;
-  };
-  // Consecutive changed tensors of about options' batch_entries entries in
-  // all (or one tensor), packed together. Round 1 packs each batch whole
-  // while the encodings kept so far fit options' cache_bytes (then round 2
-  // only sends them: one pass, as for most versions), and only counts the
-  // rest, which round 2 reads and packs again.
-  struct PackedBatch {
-    std::vector<size_t> tensors;
-    bool encoded = false;
-    std::map<RankKey, std::string> data;  // while encoded, until sent
-  };
-  using Batch = std::vector<std::pair<size_t, const TensorChanges*>>;
-
-  Round(Store& store, const std::shared_ptr<const Version>& v, ChangesSource& changes,
-        const PushServerOptions& options)
-      : store(store),
-        v(v),
-        changes(changes),
-        options(options),
-        vname(VersionName(v->manifest.version)),
-        t0(Clock::now()) {
-    report.version = v->manifest.version;
-  }
-
-  void IndexOps();
-  Result<const TensorChanges*> ReadTensor(size_t c, std::deque<TensorChanges>* held);
-  Status PackBatch(const Batch& batch, bool encode, bool check,
-                   std::map<RankKey, std::string>* data);
-  Status CountChanges();
-  Status FlushBatch(Batch* batch);
-  void MakeCounts(int part, int parts);
-  Status EncodeAgain(PackedBatch& pb, std::map<RankKey, std::string>* data);
-
-  Store& store;
-  std::shared_ptr<const Version> v;
-  ChangesSource& changes;
-  const PushServerOptions& options;
-  const std::string vname;
-  const Clock::time_point t0;
-  uint64_t parent = 0;
-  std::vector<PlanTensor> canonical;
-  PushReport report;
-
-  std::vector<Target> targets;
-  std::map<LayoutKey, const TransferPlan*> plans;
-  // Each plan's ops by the canonical tensor they come from (plan order:
-  // canonical order, so tensors in order are plan order for every rank).
-  std::map<LayoutKey, std::vector<std::vector<size_t>>> ops_of;
-  std::vector<size_t> changed;                           // canonical tensors with changes, in order
-  std::map<LayoutKey, std::vector<uint64_t>> op_counts;  // per plan op
-  std::vector<PackedBatch> packed;
-  uint64_t cached = 0;  // bytes of packed batches kept
-
-  std::map<RankKey, push_internal::CountsMsg> counts;
-  std::map<RankKey, uint64_t> elements;
-  double pack = 0;
-  Clock::time_point deadline;
-  std::vector<uint64_t> sent;  // targets sent round 1
-};
-
 void PushServer::Impl::Round::IndexOps() {
   for (const auto& [key, plan] : plans) {
     auto& by = ops_of[key];
@@ -212,12 +150,14 @@ Status PushServer::Impl::Round::PackBatch(const Batch& batch, bool encode, bool 
   for (const auto& [c, tc] : batch) {
     for (const auto& [key, plan] : plans) {
       for (size_t k : ops_of[key][c]) {
-        jobs.push_back({plan, k, tc});
+        jobs.push_back({plan, k, tc, NeedsElements(key, plan->ops[k])});
         keys.push_back(key);
       }
     }
   }
   std::vector<OpOut> out = PackOps(jobs, encode);
+  std::map<Fp8Key, Fp8OpOut> fp8_out;
+  if (!fp8.empty()) RETURN_IF_ERROR(PackFp8(batch, check, &fp8_out));
   for (size_t j = 0; j < jobs.size(); ++j) {
     const TransferOp& op = jobs[j].plan->ops[jobs[j].op];
     uint64_t& count = op_counts[keys[j]][jobs[j].op];
@@ -226,7 +166,19 @@ Status PushServer::Impl::Round::PackBatch(const Batch& batch, bool encode, bool 
                       " read differently in the second pass");
     }
     count = out[j].count;
-    if (encode) (*data)[{keys[j], op.receiver}] += out[j].data;
+    if (!encode) continue;
+    // Every variant with receivers of this layout and rank: the op's
+    // elements, or its FP8 entries where it writes an FP8 tensor.
+    if (plain_layouts.count(keys[j])) (*data)[{keys[j], op.receiver, 0}] += out[j].data;
+    for (int v = 1; v <= static_cast<int>(fp8.size()); ++v) {
+      if (!fp8[v - 1].failed.empty() || !fp8[v - 1].plans.count({keys[j], op.receiver})) continue;
+      std::string& d = (*data)[{keys[j], op.receiver, v}];
+      if (!IsFp8Op(v, keys[j], op)) {
+        d += out[j].data;
+      } else if (auto it = fp8_out.find({v, keys[j], jobs[j].op}); it != fp8_out.end()) {
+        d += it->second.data;
+      }
+    }
     std::string().swap(out[j].data);
   }
   return Status::Ok();
@@ -262,24 +214,29 @@ Status PushServer::Impl::Round::CountChanges() {
   return Status::Ok();
 }
 
-// Each layout and rank's counts message, and the elements it announces.
+// Each layout, rank and variant's counts message, and the elements it
+// announces.
 void PushServer::Impl::Round::MakeCounts(int part, int parts) {
-  for (const auto& [key, plan] : plans) {
-    for (int r = 0; r < std::get<0>(key); ++r) {
-      push_internal::CountsMsg& m = counts[{key, r}];
-      m.version = v->manifest.version;
-      m.parent = parent;
-      m.part = static_cast<uint32_t>(part);
-      m.parts = static_cast<uint32_t>(parts);
+  for (const Target& t : targets) {
+    if (counts.count(t.key)) continue;
+    const auto& [key, rank, variant] = t.key;
+    push_internal::CountsMsg& m = counts[t.key];
+    m.version = v->manifest.version;
+    m.parent = parent;
+    m.part = static_cast<uint32_t>(part);
+    m.parts = static_cast<uint32_t>(parts);
+    if (variant > 0) {
+      MakeFp8Counts(variant, key, rank, &m, &elements[t.key]);
+      continue;
     }
+    const TransferPlan* plan = plans.at(key);
     for (size_t k = 0; k < plan->ops.size(); ++k) {
       const uint64_t n = op_counts[key][k];
-      if (n == 0) continue;
-      const RankKey rk{key, plan->ops[k].receiver};
-      counts[rk].op.push_back(static_cast<uint32_t>(k));
-      counts[rk].tensor.push_back(plan->ops[k].receiver_tensor);
-      counts[rk].count.push_back(n);
-      elements[rk] += n;
+      if (n == 0 || plan->ops[k].receiver != rank) continue;
+      m.op.push_back(static_cast<uint32_t>(k));
+      m.tensor.push_back(plan->ops[k].receiver_tensor);
+      m.count.push_back(n);
+      elements[t.key] += n;
     }
   }
 }
@@ -351,14 +308,21 @@ void PushServer::Impl::TargetLocked(Round& r, uint64_t id, Conn& c) {
   auto plan = PlanLocked(c.info.layout);
   if (!plan.ok()) return DropLocked(c, plan.status().message());
   if (c.plan_to_own.empty() && !(*plan)->receiver_tensors[c.info.rank].empty()) {
-    auto match =
-        push_internal::MatchReceiverTensors(**plan, c.info.rank, c.tensors, "receiver " + c.who);
-    if (!match.ok()) return DropLocked(c, match.status().message());
-    c.plan_to_own = std::move(match).value();
+    Status match = MatchLocked(c, **plan, "receiver " + c.who + " against " + r.vname);
+    if (!match.ok()) return DropLocked(c, match.message());
   }
   const LayoutKey key = push_internal::KeyOf(c.info.layout);
   r.plans[key] = *plan;
-  r.targets.push_back({id, {key, c.info.rank}, c.plan_to_own});
+  int variant = 0;
+  if (c.fp8) {
+    auto fp8 = Fp8PlanLocked(c, **plan);
+    if (!fp8.ok()) return DropLocked(c, fp8.status().message());
+    variant = r.Fp8VariantOf(c.fp8_key);
+    r.fp8[variant - 1].plans[{key, c.info.rank}] = *fp8;
+  } else {
+    r.plain_layouts.insert(key);
+  }
+  r.targets.push_back({id, {key, c.info.rank, variant}, c.plan_to_own});
 }
 
 // Round 1: each target's counts, in its own tensor numbering.
@@ -370,9 +334,16 @@ void PushServer::Impl::SendCounts(Round& r) {
     for (Round::Target& t : r.targets) {
       Conn* c = LiveLocked(t.id);
       if (!c) continue;
+      const int variant = std::get<2>(t.key);
+      if (variant > 0 && !r.fp8[variant - 1].failed.empty()) {
+        DropLocked(*c, r.fp8[variant - 1].failed);
+        r.report.dropped.push_back("receiver " + c->who + ": " + c->drop);
+        continue;
+      }
       push_internal::CountsMsg m = r.counts[t.key];
       for (uint32_t& tensor : m.tensor) tensor = t.plan_to_own[tensor];
-      std::string f1 = Frame(Msg::kCounts, push_internal::EncodeCounts(m));
+      std::string f1 =
+          Frame(variant > 0 ? Msg::kCountsFp8 : Msg::kCounts, push_internal::EncodeCounts(m));
       r.report.bytes += f1.size();
       c->info.bytes += f1.size();
       r.report.elements += r.elements[t.key];
@@ -408,6 +379,13 @@ Status PushServer::Impl::SendData(Round& r) {
     if (!pb.encoded) RETURN_IF_ERROR(r.EncodeAgain(pb, &data));
     r.pack += SecondsSince(p0);
     std::unique_lock lock(mu_);
+    for (Round::Target& t : r.targets) {
+      const int variant = std::get<2>(t.key);
+      Conn* c = LiveLocked(t.id);
+      if (c && variant > 0 && !r.fp8[variant - 1].failed.empty()) {
+        DropLocked(*c, r.fp8[variant - 1].failed);
+      }
+    }
     for (auto& [rk, bytes] : data) {
       if (bytes.empty()) continue;
       SendAllLocked(r, &rk, std::make_shared<const std::string>(Frame(Msg::kData, bytes)));

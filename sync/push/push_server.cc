@@ -13,6 +13,8 @@
 #include <cstdio>
 
 #include "store/store.h"
+#include "sync/push/internal/push_fp8.h"
+#include "sync/push/internal/push_plan.h"
 #include "sync/push/internal/push_server_impl.h"
 #include "sync/transport/job_secret.h"
 
@@ -112,9 +114,15 @@ Status PushServer::Impl::SetLatest(Store& store, const std::shared_ptr<const Ver
   {
     std::lock_guard lock(mu_);
     InstallLocked(v, std::move(in));
-    // Receivers that hold something else catch up to it.
+    // Receivers that hold something else catch up to it; those whose
+    // tensors no longer fit it (another model, or a split an FP8 receiver's
+    // blocks do not divide) are dropped, and refused when they say hello.
     for (auto& [id, c] : conns_) {
       if (!c->hello_done || !c->drop.empty()) continue;
+      if (Status fits = FitsLatestLocked(*c); !fits.ok()) {
+        DropLocked(*c, fits.message());
+        continue;
+      }
       // One that got ahead of this server (caught up from the store before
       // it heard of the version) is no longer behind.
       c->info.behind = c->info.version != v->manifest.version;
@@ -176,6 +184,7 @@ void PushServer::Impl::InstallLocked(const std::shared_ptr<const Version>& v, Pl
       inputs_->geometry.num_kv_heads != in.geometry.num_kv_heads ||
       inputs_->geometry.head_dim != in.geometry.head_dim) {
     plans_.clear();
+    fp8_plans_.clear();
     for (auto& [id, c] : conns_) c->plan_to_own.clear();
   }
   inputs_ = std::move(in);
@@ -192,6 +201,40 @@ Result<const TransferPlan*> PushServer::Impl::PlanLocked(const ShardLayout& layo
     return plan.status().WithContext("receiver layout " + LayoutText(layout, 0));
   }
   return &plans_.emplace(key, std::move(plan).value()).first->second;
+}
+
+Result<const Fp8ReceiverPlan*> PushServer::Impl::Fp8PlanLocked(const Conn& c,
+                                                               const TransferPlan& plan) {
+  const auto key = std::make_tuple(push_internal::KeyOf(c.info.layout), c.info.rank, c.fp8_key);
+  if (auto it = fp8_plans_.find(key); it != fp8_plans_.end()) return &it->second;
+  auto made = MakeFp8ReceiverPlan(plan, c.info.rank, *c.fp8);
+  if (!made.ok()) {
+    return made.status().WithContext("FP8 receiver " + LayoutText(c.info.layout, c.info.rank) +
+                                     " (blocks of " + std::to_string(c.fp8->block_rows) + " x " +
+                                     std::to_string(c.fp8->block_cols) + ")");
+  }
+  return &fp8_plans_.emplace(key, std::move(made).value()).first->second;
+}
+
+Status PushServer::Impl::FitsLatestLocked(Conn& c) {
+  if (!c.plan_to_own.empty()) return Status::Ok();
+  ASSIGN_OR_RETURN(const TransferPlan* plan, PlanLocked(c.info.layout));
+  if (plan->receiver_tensors[c.info.rank].empty()) return Status::Ok();
+  return MatchLocked(c, *plan,
+                     "receiver " + LayoutText(c.info.layout, c.info.rank) + " against " +
+                         VersionName(latest_->manifest.version));
+}
+
+Status PushServer::Impl::MatchLocked(Conn& c, const TransferPlan& plan, const std::string& what) {
+  if (!c.fp8) {
+    ASSIGN_OR_RETURN(c.plan_to_own,
+                     push_internal::MatchReceiverTensors(plan, c.info.rank, c.tensors, what));
+    return Status::Ok();
+  }
+  ASSIGN_OR_RETURN(const Fp8ReceiverPlan* fp8, Fp8PlanLocked(c, plan));
+  ASSIGN_OR_RETURN(c.plan_to_own,
+                   push_internal::MatchFp8ReceiverTensors(plan, *fp8, c.tensors, what));
+  return Status::Ok();
 }
 
 void PushServer::Impl::DropLocked(Conn& c, const std::string& why) {
@@ -288,6 +331,7 @@ std::string PushServer::StatusJson(bool take_events) {
                   {"tp", i.layout.tp},
                   {"fuse_qkv", i.layout.fuse_qkv},
                   {"fuse_gate_up", i.layout.fuse_gate_up},
+                  {"fp8", i.fp8 ? push_internal::Fp8OptionsJson(*i.fp8) : nlohmann::json(nullptr)},
                   {"version", i.version ? nlohmann::json(*i.version) : nlohmann::json(nullptr)},
                   {"behind", i.behind},
                   {"pushes", i.pushes},

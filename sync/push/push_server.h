@@ -55,6 +55,7 @@
 
 #include "store/base/status.h"
 #include "sync/push/changes.h"
+#include "sync/transfer/fp8_plan.h"
 #include "sync/transfer/transfer_plan.h"
 
 namespace dte {
@@ -99,8 +100,9 @@ struct PushReceiverInfo {
   uint64_t id = 0;  // connection number, unique for the server's life
   int rank = 0;
   ShardLayout layout;
-  std::optional<uint64_t> version;  // what it holds or was sent; nullopt: unknown
-  bool behind = false;              // told to catch up
+  std::optional<Fp8ReceiverOptions> fp8;  // an FP8 receiver's options
+  std::optional<uint64_t> version;        // what it holds or was sent; nullopt: unknown
+  bool behind = false;                    // told to catch up
   uint64_t pushes = 0, elements = 0, bytes = 0;
 };
 
@@ -170,7 +172,8 @@ class PushServer {
   uint64_t refused() const;
   // {"port", "address", "authenticated" (whether it has a job secret),
   // "refused", "part", "parts", "expected" (options' receivers),
-  // "receivers": [{"id", "rank", "tp", "fuse_qkv", "fuse_gate_up", "version"
+  // "receivers": [{"id", "rank", "tp", "fuse_qkv", "fuse_gate_up", "fp8"
+  // (null, or {"block", "scale_rule", "skip_modules", "skip_substrings"}), "version"
   // (null: unknown), "behind", "pushes", "elements", "bytes"}], "events":
   // [...]} (the events are taken; with take_events false, "events" is
   // empty and they stay for a later call).

@@ -655,7 +655,7 @@ TEST_F(PushTest, MalformedPushIsRefusedBeforeAnyByteIsWritten) {
   ASSERT_TRUE(hello.ok() && hello->type == push_internal::Msg::kHello);
   // Two ops on tensor t, in two data frames (as a push sends a tensor at a
   // time): a valid one, then one whose segment runs past the end.
-  push_internal::CountsMsg counts{5, 4, 0, 1, {0, 1}, {0, 0}, {2, 1}};
+  push_internal::CountsMsg counts{5, 4, 0, 1, {0, 1}, {0, 0}, {2, 1}, {}};
   std::string ok_data, bad_data;
   const uint64_t ok_dst[] = {3, 9}, bad_dst[] = {70}, pos[] = {0, 1};
   const uint16_t vals[] = {1, 2};

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "store/dtype.h"
+#include "store/store.h"
 
 namespace dte::push_internal {
 
@@ -23,13 +24,18 @@ Result<std::vector<uint32_t>> MatchReceiverTensors(const TransferPlan& plan, int
   if (rank < 0 || static_cast<size_t>(rank) >= plan.receiver_tensors.size()) {
     return InvalidArgument(what + ": rank " + std::to_string(rank) + " is outside the layout");
   }
+  return MatchTensors(plan.receiver_tensors[rank], have, what);
+}
+
+Result<std::vector<uint32_t>> MatchTensors(const std::vector<PlanTensor>& want,
+                                           const std::vector<PlanTensor>& have,
+                                           const std::string& what) {
   std::map<std::string, uint32_t> by_name;
   for (uint32_t i = 0; i < have.size(); ++i) {
     if (!by_name.emplace(have[i].name, i).second) {
       return InvalidArgument(what + ": tensor " + have[i].name + " is given twice");
     }
   }
-  const auto& want = plan.receiver_tensors[rank];
   std::vector<uint32_t> out;
   out.reserve(want.size());
   for (const PlanTensor& t : want) {
@@ -53,6 +59,21 @@ Result<std::vector<uint32_t>> MatchReceiverTensors(const TransferPlan& plan, int
                            std::to_string(by_name.size()) + " such tensors)");
   }
   return out;
+}
+
+Status ReadTensorBytes(Materializer& reader, const std::shared_ptr<const Version>& v,
+                       const std::string& name, std::vector<uint8_t>* buf,
+                       const std::string& what) {
+  auto at = v->manifest.FindTensor(name);
+  if (!at) {
+    return Internal(what + ": tensor " + name + " of the plan is not in " +
+                    VersionName(v->manifest.version));
+  }
+  const FileEntry& file = *at->file;
+  const TensorEntry& tensor = *at->tensor;
+  buf->resize(tensor.bytes());
+  return reader.ReadFile(v, file, file.header_size + tensor.begin, tensor.bytes(), buf->data())
+      .WithContext(what);
 }
 
 void CopyOpBox(const TransferPlan& plan, const TransferOp& op, const void* src, void* dst) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "store/base/status.h"
+#include "store/materialize.h"
 #include "sync/transfer/transfer_plan.h"
 
 namespace dte::push_internal {
@@ -20,6 +21,16 @@ namespace dte::push_internal {
 Result<std::vector<uint32_t>> MatchReceiverTensors(const TransferPlan& plan, int rank,
                                                    const std::vector<PlanTensor>& have,
                                                    const std::string& what);
+
+// The same against any list of tensors: for each of `want`, the index of
+// the tensor of the same name in `have`.
+Result<std::vector<uint32_t>> MatchTensors(const std::vector<PlanTensor>& want,
+                                           const std::vector<PlanTensor>& have,
+                                           const std::string& what);
+
+// Tensor `name` of version v, whole, into *buf; `what` prefixes errors.
+Status ReadTensorBytes(Materializer& reader, const std::shared_ptr<const Version>& v,
+                       const std::string& name, std::vector<uint8_t>* buf, const std::string& what);
 
 // Copies the part of canonical tensor `op.canonical` (all of it at `src`,
 // row-major) that op covers into the receiver tensor at `dst`.

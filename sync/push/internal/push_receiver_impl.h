@@ -24,6 +24,7 @@
 #include "kernels/cuda.h"
 #include "store/base/posix_file.h"
 #include "store/materialize.h"
+#include "sync/push/internal/push_fp8.h"
 #include "sync/push/internal/push_wire.h"
 #include "sync/push/push_receiver.h"
 #include "sync/transfer/transfer_plan.h"
@@ -37,11 +38,12 @@ struct Pending {
   uint64_t version = 0, parent = 0;
   struct Segment {
     uint32_t tensor;
-    size_t op;  // which op of the push it belongs to
+    size_t op;  // which op of the push it belongs to, times 3, plus its EntryKind
     push_internal::OpEntries entries;
   };
   std::vector<Segment> segments;
   uint64_t elements = 0;
+  uint64_t bytes = 0;  // elements times their width
 };
 
 // The connection to one sender (part `part` of each push).
@@ -89,9 +91,17 @@ class PushReceiver::Impl {
   Status FillFromStore(Store& store, const std::shared_ptr<const Version>& v,
                        const TransferPlan& plan, const std::vector<uint32_t>& own,
                        const std::string& what);
-  static Status ReadCanonical(Materializer& reader, const std::shared_ptr<const Version>& v,
-                              const std::string& name, std::vector<uint8_t>* buf,
-                              const std::string& what);
+
+  // --- push_receiver_fp8.cc ---------------------------------------------------
+  // The catch-up of an FP8 receiver: each canonical tensor read and
+  // quantized once, its ops' boxes of bytes and scales copied into the
+  // receiver's tensors, other tensors as FillFromStore does.
+  Status FillFp8FromStore(Store& store, const std::shared_ptr<const Version>& v,
+                          const TransferPlan& plan, const Fp8ReceiverPlan& fp8,
+                          const std::vector<uint32_t>& own, const std::string& what);
+  // Checks an entry of round 1 against the tensor it names: its kind
+  // fits what the tensor holds.
+  Status CheckEntryKind(const push_internal::CountsMsg& c, size_t k, const std::string& what) const;
 
   // --- push_receiver_apply.cc -------------------------------------------------
   // Writes every queued push in order; apply_mu_ held.
@@ -115,7 +125,7 @@ class PushReceiver::Impl {
   // One link's connection: hello, then pushes until it fails or stops.
   Status Session(const std::shared_ptr<Link>& link);
   void SendHello(Link& link);
-  Status OnPush(Link& link, int fd, const std::string& body, const std::string& who);
+  Status OnPush(Link& link, int fd, const push_internal::Parsed& counts, const std::string& who);
   Status OnWelcome(Link& link, nlohmann::json& j, const std::string& who);
   Status CheckWelcomePartLocked(Link& link, nlohmann::json& j, const std::string& who);
   // The primary's welcome named these senders: links to the others.
@@ -132,6 +142,7 @@ class PushReceiver::Impl {
   PushReceiverOptions options_;
   std::vector<uint64_t> numel_;
   std::vector<PlanTensor> plan_tensors_;
+  std::vector<push_internal::EntryKind> kinds_;  // what each tensor holds
   std::thread thread_;
   std::atomic<bool> stop_{false};
 
@@ -151,7 +162,7 @@ class PushReceiver::Impl {
   size_t parts_ = 1;                            // senders of each push
   std::vector<std::string> senders_;            // as part 0's welcome named them
   std::optional<Assembly> assembly_;
-  uint64_t pushes_ = 0, elements_ = 0;
+  uint64_t pushes_ = 0, elements_ = 0, bytes_ = 0;
 };
 
 }  // namespace dte

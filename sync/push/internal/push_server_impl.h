@@ -30,6 +30,7 @@
 #include "store/base/posix_file.h"
 #include "sync/push/internal/push_wire.h"
 #include "sync/push/push_server.h"
+#include "sync/transfer/fp8_plan.h"
 #include "sync/transfer/plan_inputs.h"
 #include "sync/transport/auth_handshake.h"
 
@@ -40,8 +41,9 @@ namespace push_internal {
 using Clock = std::chrono::steady_clock;
 // A receiver layout as plans are kept: tp, fuse_qkv, fuse_gate_up.
 using LayoutKey = std::tuple<int, bool, bool>;
-// A layout and a receiver rank of it: the receivers that share messages.
-using RankKey = std::pair<LayoutKey, int>;
+// A layout, a receiver rank of it and, for FP8 receivers, the push's
+// variant of their FP8 options (0: none): the receivers that share messages.
+using RankKey = std::tuple<LayoutKey, int, int>;
 
 inline LayoutKey KeyOf(const ShardLayout& l) { return {l.tp, l.fuse_qkv, l.fuse_gate_up}; }
 inline std::string Json(const nlohmann::json& j) { return j.dump(); }
@@ -94,9 +96,13 @@ class PushServer::Impl {
     bool close_after_flush = false;
     std::string drop;  // set: close it and report this
     PushReceiverInfo info;
-    std::vector<PlanTensor> tensors;        // as the hello lists them
-    std::optional<uint64_t> awaiting;       // version sent, receipt not yet confirmed
-    std::vector<uint32_t> plan_to_own;      // plan receiver tensor -> index in `tensors`
+    std::vector<PlanTensor> tensors;   // as the hello lists them
+    std::optional<uint64_t> awaiting;  // version sent, receipt not yet confirmed
+    // Plan receiver tensor -> index in `tensors`; for an FP8 receiver also
+    // N + rt -> its scale tensor's (sync/push/internal/push_fp8.h).
+    std::vector<uint32_t> plan_to_own;
+    std::optional<Fp8ReceiverOptions> fp8;  // an FP8 receiver's options, as its hello said
+    std::string fp8_key;                    // the same as JSON: receivers alike share messages
     std::optional<std::string> held_hello;  // until the senders are known (SetSenders)
     // With a job secret: the handshake, and the bytes read until it is done.
     std::optional<auth_internal::ServerHandshake> auth;
@@ -114,6 +120,13 @@ class PushServer::Impl {
   void Wake();
   void InstallLocked(const std::shared_ptr<const Version>& v, PlanInputs in);
   Result<const TransferPlan*> PlanLocked(const ShardLayout& layout);
+  // The FP8 plan of an FP8 receiver's layout, rank and options.
+  Result<const Fp8ReceiverPlan*> Fp8PlanLocked(const Conn& c, const TransferPlan& plan);
+  // Lines c's tensors up with the plan (c.plan_to_own): the plan's
+  // receiver tensors, or an FP8 receiver's (with their scales).
+  Status MatchLocked(Conn& c, const TransferPlan& plan, const std::string& what);
+  // MatchLocked against the latest version, unless c is matched already.
+  Status FitsLatestLocked(Conn& c);
   void DropLocked(Conn& c, const std::string& why);
   // A connection that did not prove it knows the job secret: closed before
   // anything of it is read or anything sent to it but the handshake.
@@ -177,6 +190,8 @@ class PushServer::Impl {
   std::optional<PlanInputs> inputs_;
   std::shared_ptr<const Version> latest_;
   std::map<LayoutKey, TransferPlan> plans_;
+  // FP8 receivers' plans by layout, rank and options (JSON); cleared with plans_.
+  std::map<std::tuple<LayoutKey, int, std::string>, Fp8ReceiverPlan> fp8_plans_;
   std::vector<std::string> events_;
   uint64_t refused_ = 0;  // connections refused at the handshake
   // Receivers dropped and closed while a push awaited them: id -> reason,

@@ -18,7 +18,7 @@ void PutU32(uint8_t* p, uint32_t v) {
 }
 
 bool KnownType(uint32_t t) {
-  return t >= static_cast<uint32_t>(Msg::kHello) && t <= static_cast<uint32_t>(Msg::kDataEnd);
+  return t >= static_cast<uint32_t>(Msg::kHello) && t <= static_cast<uint32_t>(Msg::kCountsFp8);
 }
 
 // A frame header's type and body length, checked.
@@ -61,6 +61,8 @@ const char* MsgName(Msg m) {
       return "error";
     case Msg::kDataEnd:
       return "data end";
+    case Msg::kCountsFp8:
+      return "FP8 counts";
   }
   return "unknown";
 }
@@ -87,7 +89,9 @@ Result<std::optional<Parsed>> FrameReader::Next(uint64_t max_body, const std::st
 }
 
 std::string EncodeCounts(const CountsMsg& m) {
-  std::string out(32 + m.count.size() * 16, '\0');
+  const bool fp8 = !m.kind.empty();
+  const size_t entry = fp8 ? 24 : 16;
+  std::string out(32 + m.count.size() * entry, '\0');
   auto* p = reinterpret_cast<uint8_t*>(out.data());
   PutU64(p, m.version);
   PutU64(p + 8, m.parent);
@@ -95,15 +99,45 @@ std::string EncodeCounts(const CountsMsg& m) {
   PutU32(p + 20, m.parts);
   PutU64(p + 24, m.count.size());
   p += 32;
-  for (size_t i = 0; i < m.count.size(); ++i, p += 16) {
+  for (size_t i = 0; i < m.count.size(); ++i, p += entry) {
     PutU32(p, m.op[i]);
     PutU32(p + 4, m.tensor[i]);
     PutU64(p + 8, m.count[i]);
+    if (fp8) PutU32(p + 16, static_cast<uint32_t>(m.kind[i]));
   }
   return out;
 }
 
-Result<CountsMsg> DecodeCounts(std::string_view body, const std::string& who) {
+namespace {
+
+// Entry i of a counts message at p (entry bytes each), checked against the
+// entry before it.
+Status DecodeCountsEntry(const uint8_t* p, bool fp8, size_t i, const std::string& who,
+                         CountsMsg* m) {
+  m->op[i] = GetU32(p);
+  m->tensor[i] = GetU32(p + 4);
+  m->count[i] = GetU64(p + 8);
+  uint32_t kind = 0;
+  if (fp8) {
+    kind = GetU32(p + 16);
+    if (kind > static_cast<uint32_t>(EntryKind::kFp8Scales) || GetU32(p + 20) != 0) {
+      return Corruption(who + " sent FP8 counts with an entry of unknown kind " +
+                        std::to_string(kind));
+    }
+    m->kind[i] = static_cast<EntryKind>(kind);
+  }
+  if (i == 0) return Status::Ok();
+  const bool ordered = m->op[i] > m->op[i - 1] || (fp8 && m->op[i] == m->op[i - 1] &&
+                                                   kind > static_cast<uint32_t>(m->kind[i - 1]));
+  if (!ordered) return Corruption(who + " sent counts whose ops are not in increasing order");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<CountsMsg> DecodeCounts(Msg type, std::string_view body, const std::string& who) {
+  const bool fp8 = type == Msg::kCountsFp8;
+  const size_t entry = fp8 ? 24 : 16;
   const auto* p = reinterpret_cast<const uint8_t*>(body.data());
   if (body.size() < 32) return Corruption(who + " sent a truncated counts message");
   CountsMsg m;
@@ -112,7 +146,7 @@ Result<CountsMsg> DecodeCounts(std::string_view body, const std::string& who) {
   m.part = GetU32(p + 16);
   m.parts = GetU32(p + 20);
   const uint64_t n = GetU64(p + 24);
-  if (n > (body.size() - 32) / 16 || body.size() != 32 + n * 16) {
+  if (n > (body.size() - 32) / entry || body.size() != 32 + n * entry) {
     return Corruption(who + " sent a counts message of " + std::to_string(body.size()) +
                       " bytes for " + std::to_string(n) + " ops");
   }
@@ -123,15 +157,10 @@ Result<CountsMsg> DecodeCounts(std::string_view body, const std::string& who) {
   m.op.resize(n);
   m.tensor.resize(n);
   m.count.resize(n);
+  if (fp8) m.kind.resize(n);
   p += 32;
-  for (uint64_t i = 0; i < n; ++i, p += 16) {
-    m.op[i] = GetU32(p);
-    m.tensor[i] = GetU32(p + 4);
-    m.count[i] = GetU64(p + 8);
-    if (i > 0 && m.op[i] <= m.op[i - 1]) {
-      return Corruption(who + " sent counts whose ops are not in increasing order");
-    }
-  }
+  for (uint64_t i = 0; i < n; ++i, p += entry)
+    RETURN_IF_ERROR(DecodeCountsEntry(p, fp8, i, who, &m));
   return m;
 }
 

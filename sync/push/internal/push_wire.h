@@ -28,6 +28,17 @@ enum class Msg : uint32_t {
   kHeld = 8,      // receiver -> server, JSON {"version": N}: after a catch-up
   kError = 9,     // either way, JSON {"error": "..."}: the sender closes next
   kDataEnd = 10,  // server -> receiver, empty: round 2 is complete
+  // server -> receiver, round 1 for an FP8 receiver (wire 2): kCounts whose
+  // entries also say what they write (EntryKind).
+  kCountsFp8 = 11,
+};
+
+// What a counts entry writes into its receiver tensor. kCounts entries are
+// all kElements.
+enum class EntryKind : uint32_t {
+  kElements = 0,   // the op's elements, in the version's dtype
+  kFp8Bytes = 1,   // E4M3 bytes of the op's elements (an F8_E4M3 tensor)
+  kFp8Scales = 2,  // block scales of the op's box (an F32 weight_scale_inv tensor)
 };
 
 inline constexpr uint32_t kMagic = 0x48535044;  // "DPSH"
@@ -62,15 +73,27 @@ class FrameReader {
 // changes of the tensors it owns: sync/push/push_server.h) and, for each plan op of that
 // receiver with changes in this part (increasing op index), the receiver
 // tensor it lands in and its count of elements. Ops not listed have none.
+//
+// kCounts body: u64 version, u64 parent, u32 part, u32 parts, u64 n, then n
+// entries of 16 bytes: u32 op, u32 tensor, u64 count. kCountsFp8 (an FP8
+// receiver's; docs/push.md "FP8 receivers") has the same header and entries
+// of 24 bytes: u32 op, u32 tensor, u64 count, u32 kind (EntryKind), u32 0;
+// entries in increasing (op, kind), an op writing an FP8 tensor listed as
+// its bytes and then its scales (each only when it has some).
 struct CountsMsg {
   uint64_t version = 0, parent = 0;
   uint32_t part = 0, parts = 1;
   std::vector<uint32_t> op;
   std::vector<uint32_t> tensor;
   std::vector<uint64_t> count;
+  std::vector<EntryKind> kind;  // empty: every entry kElements
 };
+// The body of a kCounts message, or of a kCountsFp8 one when m.kind is
+// not empty.
 std::string EncodeCounts(const CountsMsg& m);
-Result<CountsMsg> DecodeCounts(std::string_view body, const std::string& who);
+// Decodes a kCounts or kCountsFp8 body (`type`); a kCountsFp8 message's
+// kind is filled for every entry.
+Result<CountsMsg> DecodeCounts(Msg type, std::string_view body, const std::string& who);
 
 // Round 2 of a push to one receiver: for each op of round 1, in order, the op's entries in segments
 // of at most 2^31 receiver-local elements: u64 base (the first entry's flat index in the receiver

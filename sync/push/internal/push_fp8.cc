@@ -1,0 +1,260 @@
+#include "sync/push/internal/push_fp8.h"
+
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "kernels/parallel.h"
+#include "store/dtype.h"
+#include "store/store.h"
+#include "sync/push/internal/push_plan.h"
+
+namespace dte::push_internal {
+
+const char* Fp8RuleName(kernels::Fp8ScaleRule rule) {
+  return rule == kernels::Fp8ScaleRule::kPowerOfTwo ? "pow2" : "plain";
+}
+
+nlohmann::json Fp8OptionsJson(const Fp8ReceiverOptions& o) {
+  return {{"block", {o.block_rows, o.block_cols}},
+          {"scale_rule", Fp8RuleName(o.rule)},
+          {"skip_modules", o.policy.skip_modules},
+          {"skip_substrings", o.policy.skip_substrings}};
+}
+
+namespace {
+
+Status StringList(const nlohmann::json& j, const char* key, std::vector<std::string>* out) {
+  if (!j.contains(key)) return Status::Ok();  // the default policy's
+  if (!j[key].is_array()) return InvalidArgument(std::string("fp8.") + key + " is not a list");
+  out->clear();
+  for (const auto& s : j[key]) {
+    if (!s.is_string()) return InvalidArgument(std::string("fp8.") + key + " holds a non-string");
+    out->push_back(s.get<std::string>());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Fp8ReceiverOptions> ParseFp8Options(const nlohmann::json& j) {
+  Fp8ReceiverOptions o;
+  if (!j.is_object() || !j["block"].is_array() || j["block"].size() != 2 ||
+      !j["block"][0].is_number_unsigned() || !j["block"][1].is_number_unsigned() ||
+      !j["scale_rule"].is_string()) {
+    return InvalidArgument("fp8 options are not {block: [rows, cols], scale_rule, ...}");
+  }
+  o.block_rows = j["block"][0].get<uint64_t>();
+  o.block_cols = j["block"][1].get<uint64_t>();
+  if (o.block_rows == 0 || o.block_cols == 0) {
+    return InvalidArgument("fp8 block " + std::to_string(o.block_rows) + " x " +
+                           std::to_string(o.block_cols) + ": sizes must be at least 1");
+  }
+  const std::string rule = j["scale_rule"].get<std::string>();
+  if (rule != "plain" && rule != "pow2") {
+    return InvalidArgument("fp8 scale rule '" + rule + "' is neither plain nor pow2");
+  }
+  o.rule = rule == "pow2" ? kernels::Fp8ScaleRule::kPowerOfTwo : kernels::Fp8ScaleRule::kPlain;
+  RETURN_IF_ERROR(StringList(j, "skip_modules", &o.policy.skip_modules));
+  RETURN_IF_ERROR(StringList(j, "skip_substrings", &o.policy.skip_substrings));
+  return o;
+}
+
+std::vector<PlanTensor> Fp8ReceiverTensors(const TransferPlan& plan, const Fp8ReceiverPlan& fp8) {
+  const auto& own = plan.receiver_tensors[fp8.rank];
+  std::vector<PlanTensor> out(2 * own.size());
+  for (size_t rt = 0; rt < own.size(); ++rt) {
+    out[rt] = own[rt];
+    if (!fp8.tensors[rt].fp8) continue;
+    out[rt].dtype = DType::kF8E4M3;
+    out[own.size() + rt] = {fp8.tensors[rt].scale_name, DType::kF32, fp8.tensors[rt].scale_shape};
+  }
+  return out;
+}
+
+Result<std::vector<uint32_t>> MatchFp8ReceiverTensors(const TransferPlan& plan,
+                                                      const Fp8ReceiverPlan& fp8,
+                                                      const std::vector<PlanTensor>& have,
+                                                      const std::string& what) {
+  const std::vector<PlanTensor> slots = Fp8ReceiverTensors(plan, fp8);
+  std::vector<PlanTensor> want;
+  std::vector<size_t> slot_of;
+  for (size_t s = 0; s < slots.size(); ++s) {
+    if (slots[s].name.empty()) continue;
+    want.push_back(slots[s]);
+    slot_of.push_back(s);
+  }
+  ASSIGN_OR_RETURN(std::vector<uint32_t> idx, MatchTensors(want, have, what));
+  std::vector<uint32_t> out(slots.size(), kNoTensor);
+  for (size_t k = 0; k < idx.size(); ++k) out[slot_of[k]] = idx[k];
+  return out;
+}
+
+std::vector<EntryKind> TensorKinds(const std::vector<PlanTensor>& tensors, bool fp8) {
+  std::vector<EntryKind> kinds(tensors.size(), EntryKind::kElements);
+  if (!fp8) return kinds;
+  std::set<std::string> scales;
+  for (const PlanTensor& t : tensors) {
+    if (t.dtype == DType::kF8E4M3) scales.insert(Fp8ScaleName(t.name));
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].dtype == DType::kF8E4M3) {
+      kinds[i] = EntryKind::kFp8Bytes;
+    } else if (tensors[i].dtype == DType::kF32 && scales.count(tensors[i].name)) {
+      kinds[i] = EntryKind::kFp8Scales;
+    }
+  }
+  return kinds;
+}
+
+const char* EntryKindName(EntryKind k) {
+  switch (k) {
+    case EntryKind::kElements:
+      return "elements";
+    case EntryKind::kFp8Bytes:
+      return "FP8 bytes";
+    case EntryKind::kFp8Scales:
+      return "FP8 scales";
+  }
+  return "unknown";
+}
+
+Status CheckFp8Tensors(const std::vector<PlanTensor>& tensors, const Fp8ReceiverOptions& o,
+                       const std::string& what) {
+  if (o.block_rows == 0 || o.block_cols == 0) {
+    return InvalidArgument(what + ": FP8 block sizes must be at least 1");
+  }
+  std::map<std::string, const PlanTensor*> by_name;
+  for (const PlanTensor& t : tensors) by_name[t.name] = &t;
+  for (const PlanTensor& t : tensors) {
+    if (t.dtype != DType::kF8E4M3) continue;
+    if (t.shape.size() != 2) {
+      return InvalidArgument(what + ": FP8 tensor " + t.name + " is " +
+                             std::to_string(t.shape.size()) + "-D; FP8 tensors are 2-D");
+    }
+    const kernels::Fp8Layout l{t.shape[0], t.shape[1], o.block_rows, o.block_cols, o.rule};
+    const std::vector<uint64_t> grid = {l.grid_rows(), l.grid_cols()};
+    auto it = by_name.find(Fp8ScaleName(t.name));
+    if (it == by_name.end() || it->second->dtype != DType::kF32 || it->second->shape != grid) {
+      return InvalidArgument(what + ": FP8 tensor " + t.name + " needs its scales as F32 " +
+                             Fp8ScaleName(t.name) + " of shape [" + std::to_string(grid[0]) + ", " +
+                             std::to_string(grid[1]) + "] (blocks of " +
+                             std::to_string(o.block_rows) + " x " + std::to_string(o.block_cols) +
+                             ")");
+    }
+  }
+  return Status::Ok();
+}
+
+Status ReadFp8Versions(Materializer& reader, const std::shared_ptr<const Version>& parent,
+                       const PlanTensor& tensor, const TensorChanges& changes,
+                       const std::string& what, Fp8Versions* out) {
+  std::vector<uint8_t> buf;
+  RETURN_IF_ERROR(ReadTensorBytes(reader, parent, tensor.name, &buf, what));
+  out->parent.resize(buf.size() / 2);
+  std::memcpy(out->parent.data(), buf.data(), out->parent.size() * 2);
+  std::vector<uint8_t>().swap(buf);
+  out->child = out->parent;
+  const size_t n = changes.indices.size();
+  const auto* nv = reinterpret_cast<const uint8_t*>(changes.values.data());
+  for (size_t k = 0; k < n; ++k) {
+    uint16_t now, was = 0;
+    std::memcpy(&now, nv + 2 * k, 2);
+    const bool diff = !changes.old_values.empty() && (changes.known.empty() || changes.known[k]);
+    if (diff) std::memcpy(&was, changes.old_values.data() + 2 * k, 2);
+    uint16_t& x = out->child[changes.indices[k]];
+    x = diff ? static_cast<uint16_t>(x + (now - was)) : now;
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// The parent's scale of block b (row-major over the grid).
+float ParentScale(const kernels::Fp8Layout& l, const uint16_t* x, uint64_t b) {
+  const uint64_t r0 = (b / l.grid_cols()) * l.block_rows;
+  const uint64_t c0 = (b % l.grid_cols()) * l.block_cols;
+  const uint64_t r1 = std::min(r0 + l.block_rows, l.rows);
+  const uint64_t c1 = std::min(c0 + l.block_cols, l.cols);
+  uint16_t amax = 0;
+  for (uint64_t r = r0; r < r1; ++r) {
+    for (uint64_t c = c0; c < c1; ++c)
+      amax = std::max(amax, kernels::Bf16AbsBits(x[r * l.cols + c]));
+  }
+  return kernels::Fp8BlockScale(kernels::Bf16BitsToFp32(amax), l.rule);
+}
+
+uint64_t BlockOf(const kernels::Fp8Layout& l, uint64_t i) {
+  return (i / l.cols / l.block_rows) * l.grid_cols() + (i % l.cols) / l.block_cols;
+}
+
+}  // namespace
+
+Status ComputeFp8Changes(const kernels::Fp8Layout& layout, const Fp8Versions& v,
+                         const TensorChanges& changes, const std::string& tensor, Fp8Changes* out) {
+  const std::string bad =
+      kernels::Fp8ChangesAt(layout, v.parent.data(), v.child.data(), changes.indices.data(),
+                            changes.indices.size(), tensor, &out->set);
+  if (!bad.empty()) return InvalidArgument(bad);
+  // The parent's scale of every block holding a changed byte or scale.
+  std::vector<uint64_t> blocks;
+  for (uint64_t i : out->set.byte_index) {
+    const uint64_t b = BlockOf(layout, i);
+    if (blocks.empty() || blocks.back() != b) blocks.push_back(b);
+  }
+  blocks.insert(blocks.end(), out->set.scale_index.begin(), out->set.scale_index.end());
+  std::sort(blocks.begin(), blocks.end());
+  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  std::vector<float> scale(blocks.size());
+  kernels::ParallelFor(blocks.size(), 16, [&](size_t lo, size_t hi) {
+    for (size_t k = lo; k < hi; ++k) scale[k] = ParentScale(layout, v.parent.data(), blocks[k]);
+  });
+  auto scale_of = [&](uint64_t b) {
+    return scale[std::lower_bound(blocks.begin(), blocks.end(), b) - blocks.begin()];
+  };
+  out->old_bytes.resize(out->set.byte_index.size());
+  for (size_t k = 0; k < out->set.byte_index.size(); ++k) {
+    const uint64_t i = out->set.byte_index[k];
+    out->old_bytes[k] =
+        kernels::QuantizeE4m3(kernels::Bf16BitsToFp32(v.parent[i]), scale_of(BlockOf(layout, i)));
+  }
+  out->old_scales.resize(out->set.scale_index.size());
+  for (size_t k = 0; k < out->set.scale_index.size(); ++k) {
+    out->old_scales[k] = scale_of(out->set.scale_index[k]);
+  }
+  return Status::Ok();
+}
+
+void EncodeFp8Op(const Fp8ReceiverOp& op, const Fp8Changes& changes, uint64_t* n_bytes,
+                 std::string* bytes_out, uint64_t* n_scales, std::string* scales_out) {
+  Fp8OpIndices at;
+  RemapFp8Changes(op, changes.set, &at);
+  *n_bytes = at.byte_index.size();
+  *n_scales = at.scale_index.size();
+  if (*n_bytes > 0) {
+    AppendOpSegments(at.byte_index.data(), at.byte_pos.data(), at.byte_index.size(), 1,
+                     changes.set.byte_value.data(), changes.old_bytes.data(), nullptr, bytes_out);
+  }
+  if (*n_scales > 0) {
+    AppendOpSegments(at.scale_index.data(), at.scale_pos.data(), at.scale_index.size(), 4,
+                     reinterpret_cast<const uint8_t*>(changes.set.scale_value.data()),
+                     reinterpret_cast<const uint8_t*>(changes.old_scales.data()), nullptr,
+                     scales_out);
+  }
+}
+
+void CopyRemapBox(const kernels::RemapPlan& remap, const void* src, int width, void* dst) {
+  if (remap.ndim != 2 || remap.lo[0] >= remap.hi[0] || remap.lo[1] >= remap.hi[1]) return;
+  const uint64_t cols = remap.src_shape[1];
+  const size_t row = (remap.hi[1] - remap.lo[1]) * width;
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  for (uint64_t r = remap.lo[0]; r < remap.hi[0]; ++r) {
+    const uint64_t from = r * cols + remap.lo[1];
+    uint64_t to = 0;
+    if (!kernels::RemapElement(remap, from, &to)) continue;
+    std::memcpy(d + to * width, s + from * width, row);
+  }
+}
+
+}  // namespace dte::push_internal

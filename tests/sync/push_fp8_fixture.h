@@ -1,0 +1,283 @@
+// The fixture of tests/sync/push_fp8_test.cc: a small Llama-shaped model
+// of finite BF16 weights committed version by version, a push server, and
+// FP8 and BF16 receivers whose buffers are compared with what they must
+// hold, computed independently of the push and of the FP8 receiver plan:
+// every quantized canonical tensor through kernels::Fp8Quantize, then split
+// with the plain row and column slicing of tests/sync/transfer_test_util.h
+// (the block grids split the same way, in block rows and columns).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/fp8.h"
+#include "store/fp8_policy.h"
+#include "store/ops/commit.h"
+#include "store/store.h"
+#include "sync/push/push_receiver.h"
+#include "sync/push/push_server.h"
+#include "tests/sync/transfer_test_util.h"
+#include "tests/testutil/checkpoint.h"
+#include "tests/testutil/memory_store.h"
+#include "tests/testutil/wait.h"
+
+namespace dte::push_fp8_test {
+
+using namespace std::chrono_literals;
+using transfer_test::Bytes;
+using transfer_test::ModelConfig;
+using transfer_test::State;
+
+inline Fp8ReceiverOptions Fp8Options(uint64_t rows, uint64_t cols, kernels::Fp8ScaleRule rule) {
+  Fp8ReceiverOptions o;
+  o.block_rows = rows;
+  o.block_cols = cols;
+  o.rule = rule;
+  return o;
+}
+
+// One receiver: layout, rank, FP8 options (none: BF16), buffers by name.
+struct Rx {
+  ShardLayout layout;
+  int rank = 0;
+  std::optional<Fp8ReceiverOptions> fp8;
+  State buffers;
+  std::unique_ptr<PushReceiver> rx;
+};
+
+class PushFp8Test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::mt19937_64 rng(11);
+    specs_ = transfer_test::ModelSpecs(config_);
+    state_ = RandomState(rng);
+    store_ = test::OpenTestStore(tmp_.path() + "/store");
+    ASSERT_TRUE(store_);
+    ASSERT_EQ(Commit(state_), 0u);
+  }
+
+  static bool IsBf16(const PlanTensor& t) { return t.dtype == DType::kBF16; }
+  bool Quantized(const PlanTensor& t, const Fp8Policy& policy = {}) const {
+    std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
+    return QuantizeAsFp8(policy, t.name, t.dtype, shape);
+  }
+
+  // Random finite BF16 weights (normal, sigma 0.05); F32 tensors random bits.
+  State RandomState(std::mt19937_64& rng) const {
+    std::normal_distribution<float> normal(0.0f, 0.05f);
+    State s;
+    for (const PlanTensor& t : specs_) {
+      Bytes b(transfer_test::ByteSize(t));
+      if (!IsBf16(t)) {
+        for (auto& x : b) x = static_cast<uint8_t>(rng());
+      } else {
+        for (size_t i = 0; i < b.size(); i += 2) {
+          const float f = normal(rng);
+          uint32_t u;
+          std::memcpy(&u, &f, 4);
+          const uint16_t h = static_cast<uint16_t>(u >> 16);
+          std::memcpy(&b[i], &h, 2);
+        }
+      }
+      s[t.name] = std::move(b);
+    }
+    return s;
+  }
+
+  // Changes each element with probability `density` by flipping some of
+  // its two lowest mantissa bits (BF16 stays finite); with grow, the first
+  // element of every quantized tensor becomes 4x its block's largest
+  // magnitude, so that block's scale changes under both rules.
+  State Step(const State& s, double density, bool grow, std::mt19937_64& rng) const {
+    std::uniform_real_distribution<double> u(0, 1);
+    State out = s;
+    for (const PlanTensor& t : specs_) {
+      Bytes& b = out[t.name];
+      const int w = DTypeWidth(t.dtype);
+      for (size_t i = 0; i < b.size() / w; ++i) {
+        if (u(rng) < density) b[i * w] ^= static_cast<uint8_t>(1 + rng() % 3);
+      }
+      if (!grow || !Quantized(t)) continue;
+      uint16_t amax = 0;  // over the whole tensor: at least its first block's
+      for (size_t i = 0; i < b.size(); i += 2) {
+        uint16_t h;
+        std::memcpy(&h, &b[i], 2);
+        amax = std::max<uint16_t>(amax, h & 0x7FFF);
+      }
+      const uint16_t big = static_cast<uint16_t>(amax + (2 << 7));  // exponent + 2: 4x
+      std::memcpy(&b[0], &big, 2);
+    }
+    return out;
+  }
+
+  uint64_t Commit(const State& state) {
+    test::TestCheckpoint c;
+    const ModelConfig& m = config_;
+    c.raw_files["config.json"] =
+        "{\"model_type\": \"llama\", \"num_hidden_layers\": " + std::to_string(m.layers) +
+        ", \"hidden_size\": " + std::to_string(m.hidden) +
+        ", \"num_attention_heads\": " + std::to_string(m.heads) +
+        ", \"num_key_value_heads\": " + std::to_string(m.kv_heads) +
+        ", \"head_dim\": " + std::to_string(m.head_dim) +
+        ", \"intermediate_size\": " + std::to_string(m.intermediate) +
+        ", \"vocab_size\": " + std::to_string(m.vocab) + "}\n";
+    test::TestSafetensors f{"model.safetensors", {}, {{"format", "pt"}}};
+    for (const PlanTensor& t : specs_) {
+      const Bytes& b = state.at(t.name);
+      std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
+      f.tensors.push_back({t.name, t.dtype, shape, std::string(b.begin(), b.end())});
+    }
+    c.safetensors.push_back(f);
+    const std::string dir = tmp_.path() + "/ckpt" + std::to_string(dirs_++);
+    EXPECT_TRUE(test::WriteCheckpoint(c, dir).ok());
+    auto r = CommitDirectory(*store_, dir, CommitOptions{});
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? r->version : 0;
+  }
+
+  std::shared_ptr<const Version> V(uint64_t version) {
+    auto v = store_->GetVersion(version);
+    EXPECT_TRUE(v.ok()) << v.status().message();
+    return v.ok() ? *v : nullptr;
+  }
+
+  // Per tensor, the elements that differ, with their old values.
+  std::vector<TensorChanges> Diff(const State& a, const State& b) const {
+    std::vector<TensorChanges> out;
+    for (const PlanTensor& t : specs_) {
+      const int w = DTypeWidth(t.dtype);
+      const Bytes &x = a.at(t.name), &y = b.at(t.name);
+      TensorChanges c;
+      c.name = t.name;
+      for (size_t i = 0; i < x.size() / w; ++i) {
+        if (std::memcmp(&x[i * w], &y[i * w], w) == 0) continue;
+        c.indices.push_back(i);
+        c.values.insert(c.values.end(), y.begin() + i * w, y.begin() + (i + 1) * w);
+        c.old_values.insert(c.old_values.end(), x.begin() + i * w, x.begin() + (i + 1) * w);
+      }
+      if (!c.indices.empty()) out.push_back(std::move(c));
+    }
+    return out;
+  }
+
+  std::unique_ptr<PushServer> StartServer() {
+    PushServerOptions o;
+    o.timeout = 10s;
+    auto s = PushServer::Start(o);
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    if (!s.ok()) return nullptr;
+    Status latest = (*s)->SetLatest(*store_, V(*store_->Latest().value()));
+    EXPECT_TRUE(latest.ok()) << latest.message();
+    return std::move(s).value();
+  }
+
+  // What a receiver of `layout`/`rank` with `fp8` options holds at `state`:
+  // the BF16 shard, its FP8 tensors replaced by the shards of the quantized
+  // canonical tensors and their block grids (split like the elements, in
+  // blocks: this needs block_rows to divide head_dim, or TP 1 unfused).
+  State Expected(const State& state, const ShardLayout& layout, int rank,
+                 const std::optional<Fp8ReceiverOptions>& fp8) const {
+    State out = transfer_test::ShardModel(config_, specs_, state, layout, rank);
+    if (!fp8) return out;
+    std::vector<PlanTensor> qspecs, sspecs;
+    State q, s;
+    for (const PlanTensor& t : specs_) {
+      if (!Quantized(t, fp8->policy)) continue;
+      const kernels::Fp8Layout l{t.shape[0], t.shape[1], fp8->block_rows, fp8->block_cols,
+                                 fp8->rule};
+      Bytes qb(l.num_elements()), sb(l.num_blocks() * 4);
+      const std::string bad =
+          kernels::Fp8Quantize(l, reinterpret_cast<const uint16_t*>(state.at(t.name).data()),
+                               qb.data(), reinterpret_cast<float*>(sb.data()), t.name);
+      EXPECT_EQ(bad, "");
+      qspecs.push_back({t.name, DType::kF8E4M3, t.shape});
+      sspecs.push_back({t.name, DType::kF32, {l.grid_rows(), l.grid_cols()}});
+      q[t.name] = std::move(qb);
+      s[t.name] = std::move(sb);
+    }
+    const bool whole = layout.tp == 1 && !layout.fuse_qkv && !layout.fuse_gate_up;
+    ModelConfig grid = config_;
+    EXPECT_TRUE(whole || config_.head_dim % fp8->block_rows == 0);
+    grid.head_dim = config_.head_dim / fp8->block_rows;
+    for (auto& [name, bytes] : transfer_test::ShardModel(config_, qspecs, q, layout, rank)) {
+      out[name] = std::move(bytes);
+    }
+    State scales = whole ? s : transfer_test::ShardModel(grid, sspecs, s, layout, rank);
+    for (auto& [name, bytes] : scales) out[Fp8ScaleName(name)] = std::move(bytes);
+    return out;
+  }
+
+  // A receiver whose buffers hold `state` as `version` (nullopt: zeros,
+  // version unknown). Its tensors' shapes from the transfer plan, as a
+  // server's model has them; FP8 ones are those Expected gives 1-byte
+  // elements, scales the "weight_scale_inv" ones.
+  std::unique_ptr<Rx> Receiver(const PushServer& server, ShardLayout layout, int rank,
+                               std::optional<Fp8ReceiverOptions> fp8, const State& state,
+                               std::optional<uint64_t> version, bool auto_apply = true) {
+    auto r = std::make_unique<Rx>();
+    r->layout = layout;
+    r->rank = rank;
+    r->fp8 = fp8;
+    r->buffers = Expected(state, layout, rank, fp8);
+    if (!version) {
+      for (auto& [name, b] : r->buffers) std::fill(b.begin(), b.end(), 0);
+    }
+    PushReceiverOptions o;
+    o.address = "127.0.0.1:" + std::to_string(server.port());
+    o.rank = rank;
+    o.layout = layout;
+    o.version = version;
+    o.auto_apply = auto_apply;
+    o.timeout = 10s;
+    o.fp8 = fp8;
+    auto plan = MakeTransferPlan(specs_, config_.Geometry(), ShardLayout{1, false, false}, layout);
+    EXPECT_TRUE(plan.ok()) << plan.status().message();
+    for (const PlanTensor& t : plan->receiver_tensors[rank]) {
+      Bytes& b = r->buffers.at(t.name);
+      const bool is_fp8 = b.size() == ShapeElements(t.shape);
+      o.tensors.push_back({t.name, is_fp8 ? DType::kF8E4M3 : t.dtype, t.shape, b.data()});
+      if (!is_fp8) continue;
+      const std::vector<uint64_t> grid = {(t.shape[0] + fp8->block_rows - 1) / fp8->block_rows,
+                                          (t.shape[1] + fp8->block_cols - 1) / fp8->block_cols};
+      const std::string sname = Fp8ScaleName(t.name);
+      o.tensors.push_back({sname, DType::kF32, grid, r->buffers.at(sname).data()});
+    }
+    auto rx = PushReceiver::Open(o);
+    EXPECT_TRUE(rx.ok()) << rx.status().message();
+    if (rx.ok()) r->rx = std::move(rx).value();
+    return r;
+  }
+
+  void ExpectHolds(const Rx& r, const State& state) const {
+    const State want = Expected(state, r.layout, r.rank, r.fp8);
+    ASSERT_EQ(want.size(), r.buffers.size());
+    for (const auto& [name, bytes] : want) {
+      const Bytes& got = r.buffers.at(name);
+      size_t differ = 0;
+      for (size_t i = 0; i < bytes.size(); ++i) differ += got[i] != bytes[i];
+      ASSERT_EQ(differ, 0u) << LayoutText(r.layout, r.rank) << (r.fp8 ? " FP8" : " BF16")
+                            << ": tensor " << name << " differs in " << differ << " of "
+                            << bytes.size() << " bytes";
+    }
+  }
+
+  void AwaitReceivers(const PushServer& s, size_t n) {
+    ASSERT_TRUE(test::WaitFor([&] { return s.Receivers().size() >= n; }))
+        << s.Receivers().size() << " receivers listed, not " << n;
+  }
+
+  ModelConfig config_;
+  std::vector<PlanTensor> specs_;
+  State state_;
+  test::ScopedTempDir tmp_;
+  int dirs_ = 0;
+  std::unique_ptr<Store> store_;
+};
+
+}  // namespace dte::push_fp8_test
