@@ -102,6 +102,57 @@ std::string Merge(const Fp8Layout& l, const uint16_t* child, std::string_view te
   return {};
 }
 
+// The distinct in-bounds changed indices grouped by block, blocks
+// ascending, indices ascending within each: block_of[k]'s are
+// idx[starts[k] .. starts[k + 1]).
+struct BlockGroups {
+  std::vector<uint64_t> idx, block_of;
+  std::vector<size_t> starts;
+};
+
+// Any order: sorts (block, index) pairs.
+void GroupBySorting(const Fp8Layout& l, const uint64_t* changed, size_t n, BlockGroups* g) {
+  std::vector<std::pair<uint64_t, uint64_t>> bucket;
+  bucket.reserve(n);
+  for (size_t k = 0; k < n; ++k) {
+    if (changed[k] < l.num_elements()) bucket.emplace_back(BlockOf(l, changed[k]), changed[k]);
+  }
+  std::sort(bucket.begin(), bucket.end());
+  bucket.erase(std::unique(bucket.begin(), bucket.end()), bucket.end());
+  g->idx.resize(bucket.size());
+  for (size_t k = 0; k < bucket.size(); ++k) {
+    g->idx[k] = bucket[k].second;
+    if (k == 0 || bucket[k].first != bucket[k - 1].first) {
+      g->starts.push_back(k);
+      g->block_of.push_back(bucket[k].first);
+    }
+  }
+  g->starts.push_back(bucket.size());
+}
+
+// Ascending input, at most a few blocks per index: a counting sort by
+// block, which keeps each block's indices ascending (no n log n sort).
+void GroupSortedByBlock(const Fp8Layout& l, const uint64_t* changed, size_t n, BlockGroups* g) {
+  std::vector<uint64_t> block(n, kNoElement);
+  std::vector<size_t> next(l.num_blocks() + 1, 0);
+  for (size_t k = 0; k < n; ++k) {
+    if (changed[k] >= l.num_elements() || (k > 0 && changed[k] == changed[k - 1])) continue;
+    block[k] = BlockOf(l, changed[k]);
+    ++next[block[k] + 1];
+  }
+  // next[b + 1] counts block b's indices; made into block b's first slot.
+  for (uint64_t b = 0; b < l.num_blocks(); ++b) {
+    if (next[b + 1] != 0) g->block_of.push_back(b);
+    next[b + 1] += next[b];
+  }
+  for (uint64_t b : g->block_of) g->starts.push_back(next[b]);
+  g->starts.push_back(next[l.num_blocks()]);
+  g->idx.resize(next[l.num_blocks()]);
+  for (size_t k = 0; k < n; ++k) {
+    if (block[k] != kNoElement) g->idx[next[block[k]]++] = changed[k];
+  }
+}
+
 }  // namespace
 
 std::string Fp8Changes(const Fp8Layout& l, const uint16_t* parent, const uint16_t* child,
@@ -124,32 +175,20 @@ std::string Fp8ChangesAt(const Fp8Layout& l, const uint16_t* parent, const uint1
                          const uint64_t* changed, size_t n, std::string_view tensor,
                          Fp8ChangeSet* out) {
   *out = Fp8ChangeSet{};
-  // (block, index) for the in-bounds indices, grouped by block.
-  std::vector<std::pair<uint64_t, uint64_t>> bucket;
-  bucket.reserve(n);
-  for (size_t k = 0; k < n; ++k) {
-    if (changed[k] < l.num_elements()) bucket.emplace_back(BlockOf(l, changed[k]), changed[k]);
+  BlockGroups g;
+  if (std::is_sorted(changed, changed + n) && l.num_blocks() <= 4 * uint64_t{n} + 1024) {
+    GroupSortedByBlock(l, changed, n, &g);
+  } else {
+    GroupBySorting(l, changed, n, &g);
   }
-  std::sort(bucket.begin(), bucket.end());
-  bucket.erase(std::unique(bucket.begin(), bucket.end()), bucket.end());
-  std::vector<uint64_t> idx(bucket.size()), block_of;
-  std::vector<size_t> starts;  // the first entry of each block in idx
-  for (size_t k = 0; k < bucket.size(); ++k) {
-    idx[k] = bucket[k].second;
-    if (k == 0 || bucket[k].first != bucket[k - 1].first) {
-      starts.push_back(k);
-      block_of.push_back(bucket[k].first);
-    }
-  }
-  starts.push_back(bucket.size());
-  std::vector<BlockResult> results(block_of.size());
-  ParallelFor(block_of.size(), 1, [&](size_t begin, size_t end) {
+  std::vector<BlockResult> results(g.block_of.size());
+  ParallelFor(g.block_of.size(), 1, [&](size_t begin, size_t end) {
     for (size_t k = begin; k < end; ++k) {
-      results[k] = ExamineBlock(l, parent, child, block_of[k], idx.data() + starts[k],
-                                starts[k + 1] - starts[k]);
+      results[k] = ExamineBlock(l, parent, child, g.block_of[k], g.idx.data() + g.starts[k],
+                                g.starts[k + 1] - g.starts[k]);
     }
   });
-  return Merge(l, child, tensor, results, block_of, out);
+  return Merge(l, child, tensor, results, g.block_of, out);
 }
 
 }  // namespace dte::kernels

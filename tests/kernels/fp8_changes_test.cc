@@ -128,6 +128,25 @@ TEST(Fp8Changes, GivenIndicesMayRepeatOrIncludeUnchangedAndOutOfBounds) {
   ExpectEqual(got, BruteForce(l, parent, child));
 }
 
+// Ascending indices (grouped by block without sorting) with adjacent
+// repeats, unchanged ones and ones past the end.
+TEST(Fp8Changes, GivenAscendingIndicesMayRepeatOrIncludeUnchangedAndOutOfBounds) {
+  const Fp8Layout l{.rows = 130, .cols = 140};
+  const std::vector<uint16_t> parent = Weights(l.num_elements(), 11);
+  const std::vector<uint16_t> child = Step(parent, 0.01, 12);
+  std::vector<uint64_t> noisy;
+  for (uint64_t i = 0; i < l.num_elements(); ++i) {
+    if (parent[i] != child[i]) noisy.insert(noisy.end(), i % 3 ? 1 : 2, i);
+    if (i % 97 == 0 && parent[i] == child[i]) noisy.push_back(i);
+  }
+  noisy.insert(noisy.end(), {l.num_elements(), l.num_elements(), l.num_elements() + 5});
+  Fp8ChangeSet got;
+  ASSERT_EQ(Fp8ChangesAt(l, parent.data(), child.data(), noisy.data(), noisy.size(), kTensor, &got),
+            "");
+  ExpectEqual(got, BruteForce(l, parent, child));
+  EXPECT_GT(got.byte_index.size(), 0u);
+}
+
 TEST(Fp8Changes, NoChangeIsEmpty) {
   const Fp8Layout l{.rows = 10, .cols = 10};
   const std::vector<uint16_t> x = Weights(100, 7);
