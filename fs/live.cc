@@ -7,6 +7,7 @@
 
 #include "fs/filesystem.h"
 #include "fs/internal/live_changes.h"
+#include "fs/internal/live_fp8.h"
 
 // The apply's orchestration and the live view. Its steps live beside it:
 // fs/live_changes.cc (layout check, changed set), fs/live_scatter.cc
@@ -97,11 +98,16 @@ Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target
     return fail(changes.status().WithContext("apply of " + VersionName(counts.to_version) +
                                              " refused, live state unchanged"));
   }
+  auto fp8 = Fp8ChangedSets(*from, *to, *changes);
+  if (!fp8.ok()) {
+    return fail(fp8.status().WithContext("apply of " + VersionName(counts.to_version) +
+                                         " refused, live state unchanged"));
+  }
   counts.decode_ns = Nanos(start);
 
   // Nothing has been written so far. From here on the apply completes.
   Clock::time_point t = Clock::now();
-  if (dte::Status s = Scatter(*target, *changes, &counts); !s.ok()) return fail(s);
+  if (dte::Status s = Scatter(*target, *changes, *fp8, &counts); !s.ok()) return fail(s);
   counts.scatter_ns = Nanos(t);
 
   t = Clock::now();

@@ -32,6 +32,13 @@
 // buffers of one owner share a layout, and Drop(owner) forgets them (the
 // file was released: the process exited or closed it).
 //
+// An FP8 receiver (docs/live.md, "FP8 receivers") holds some tensors as
+// block-scaled E4M3 bytes and their scales (sync/transfer/fp8_plan.h). For
+// them step 2 also computes, per quantized tensor that changed, its FP8
+// change set between L and T (kernels::Fp8ChangesAt over the changed
+// elements, on the BF16 content of the touched FP8 block rows), and step 3
+// writes only the E4M3 bytes and scales that changed.
+//
 // The implementation is one file per concern: live.cc (Apply, the view,
 // status), live_changes.cc (steps 1-2), live_scatter.cc (receiver
 // buffers), live_pages.cc (the page cache), live_registry.cc (receivers).
@@ -57,6 +64,7 @@
 #include "store/base/thread_annotations.h"
 #include "store/store.h"
 #include "sync/live/live_abi.h"
+#include "sync/transfer/fp8_plan.h"
 #include "sync/transfer/transfer_plan.h"
 
 namespace dte::fs {
@@ -153,12 +161,18 @@ class Live {
   // The changed set of an apply (fs/internal/live_changes.h).
   struct BlockChange;
   struct Changes;
+  // The FP8 change sets of an apply for one block size and scale rule
+  // (fs/internal/live_fp8.h).
+  struct Fp8Sets;
 
   // Registers one buffer for `owner`, on behalf of a process of user `uid`.
   // Checks the layout against the live version (the name exists for that
-  // layout and rank, dtype and shape match), the owner's earlier layout, and
-  // for host buffers the /dev/shm object (a regular file of uid, or any for
-  // root, large enough). Returns the buffer id.
+  // layout and rank, dtype and shape match), the owner's earlier layout and
+  // FP8 options, and for host buffers the /dev/shm object (a regular file of
+  // uid, or any for root, large enough). An F8_E4M3 buffer or a scale buffer
+  // ("<module>.weight_scale_inv", F32) is checked against the receiver's
+  // FP8 plan (MakeFp8ReceiverPlan: block-aligned splits, quantized 2-D
+  // tensors, scale grid shapes). Returns the buffer id.
   Result<uint64_t> Register(uint64_t owner, uid_t uid, const dte_live_register& r)
       EXCLUDES(receivers_mu_, view_mu_);
   // Drops buffer `id` of owner (0: all of them).
@@ -190,6 +204,10 @@ class Live {
     uint64_t id = 0;
     std::string name;
     uint32_t receiver_tensor = 0;  // index into the plan's receiver_tensors[rank]
+    // What the buffer holds of that tensor: its elements as the layout has
+    // them, or (FP8 receivers) its E4M3 bytes or its block scales.
+    enum class Role : uint8_t { kElements, kFp8Bytes, kFp8Scales };
+    Role role = Role::kElements;
     int width = 0;
     uint64_t elements = 0;
     uint32_t kind = DTE_LIVE_HOST_SHM;
@@ -205,6 +223,8 @@ class Live {
     ShardLayout layout;
     int rank = 0;
     uid_t uid = 0;
+    uint32_t fp8_block = 0, fp8_rule = 0;        // as registered (dte_live_register)
+    std::shared_ptr<const Fp8ReceiverPlan> fp8;  // made by its first FP8 buffer
     std::vector<std::unique_ptr<Buffer>> buffers;
   };
   struct Plan {
@@ -216,7 +236,31 @@ class Live {
   Result<std::vector<Changes>> ChangedSet(const LiveView& from, const LiveView& to,
                                           dte_live_counts* counts);
   Result<const Plan*> PlanFor(const Version& v, const ShardLayout& layout) REQUIRES(receivers_mu_);
-  Status Scatter(const Version& v, const std::vector<Changes>& changes, dte_live_counts* counts)
+  Status Scatter(const Version& v, const std::vector<Changes>& changes,
+                 const std::vector<Fp8Sets>& fp8, dte_live_counts* counts) EXCLUDES(receivers_mu_);
+  // What a registration's buffer holds (fs/live_fp8.cc for FP8 ones).
+  struct BufferSpec {
+    uint32_t receiver_tensor = 0;
+    Buffer::Role role = Buffer::Role::kElements;
+    int width = 0;
+    uint64_t elements = 0;
+  };
+  Result<BufferSpec> Spec(const dte_live_register& r, const std::string& name, const Plan& plan,
+                          std::shared_ptr<const Fp8ReceiverPlan>* fp8, const std::string& what,
+                          uint64_t live) REQUIRES(receivers_mu_);
+  // An FP8 buffer's spec against the receiver's FP8 plan *fp8, made first
+  // when null.
+  Result<BufferSpec> Fp8Spec(const dte_live_register& r, const std::string& name, const Plan& plan,
+                             std::shared_ptr<const Fp8ReceiverPlan>* fp8, const std::string& what)
+      REQUIRES(receivers_mu_);
+  // Writes the FP8 change sets into rc's FP8 buffers (fs/live_fp8_scatter.cc);
+  // false when a write failed. Adds the bytes (E4M3 bytes and 4 per scale)
+  // and the buffers written.
+  static bool WriteFp8(const Receiver& rc, const std::vector<Fp8Sets>& sets, uint64_t* bytes,
+                       uint64_t* buffers);
+  // The FP8 change sets the registered FP8 receivers need (fs/live_fp8.cc).
+  Result<std::vector<Fp8Sets>> Fp8ChangedSets(const LiveView& from, const LiveView& to,
+                                              const std::vector<Changes>& changes)
       EXCLUDES(receivers_mu_);
   // Step 6 (fs/live_pages.cc).
   Status PushPages(const LiveView& from, const LiveView& to, const std::vector<Changes>& changes,

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fs/internal/live_changes.h"
+#include "fs/internal/live_fp8.h"
 #include "kernels/cuda.h"
 #include "sync/transfer/plan_inputs.h"
 
@@ -57,6 +58,18 @@ Status CheckSameLayout(const ShardLayout& had, int had_rank, const ShardLayout& 
       had.fuse_gate_up != layout.fuse_gate_up) {
     return InvalidArgument(what + ": layout " + LayoutText(layout, rank) +
                            " differs from this receiver's " + LayoutText(had, had_rank));
+  }
+  return Status::Ok();
+}
+
+// The FP8 options of a buffer of an owner that registered before: the owner's.
+Status CheckSameFp8(uint32_t had_block, uint32_t had_rule, const dte_live_register& r,
+                    const std::string& what) {
+  const uint32_t block = internal::Fp8BlockOf(r);
+  if (had_block != block || had_rule != r.fp8_scale_rule) {
+    return InvalidArgument(what + ": FP8 block " + std::to_string(block) + " and scale rule " +
+                           std::to_string(r.fp8_scale_rule) + " differ from this receiver's (" +
+                           std::to_string(had_block) + ", " + std::to_string(had_rule) + ")");
   }
   return Status::Ok();
 }
@@ -177,6 +190,25 @@ Result<const Live::Plan*> Live::PlanFor(const Version& v, const ShardLayout& lay
   return &plans_.emplace(key, std::move(entry)).first->second;
 }
 
+Result<Live::BufferSpec> Live::Spec(const dte_live_register& r, const std::string& name,
+                                    const Plan& plan, std::shared_ptr<const Fp8ReceiverPlan>* fp8,
+                                    const std::string& what, uint64_t live) {
+  const auto& tensors = plan.plan.receiver_tensors[static_cast<size_t>(r.rank)];
+  auto it = std::find_if(tensors.begin(), tensors.end(),
+                         [&](const PlanTensor& t) { return t.name == name; });
+  if (internal::IsFp8Registration(r, name, it != tensors.end())) {
+    return Fp8Spec(r, name, plan, fp8, what);
+  }
+  if (it == tensors.end()) {
+    const ShardLayout layout{r.tp, r.fuse_qkv != 0, r.fuse_gate_up != 0};
+    return NotFound(what + ": no such tensor in layout " + LayoutText(layout, r.rank) + " of " +
+                    VersionName(live));
+  }
+  RETURN_IF_ERROR(CheckDTypeAndShape(r, *it, what));
+  return BufferSpec{static_cast<uint32_t>(it - tensors.begin()), Buffer::Role::kElements,
+                    DTypeWidth(it->dtype), ShapeElements(it->shape)};
+}
+
 Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_register& r) {
   ASSIGN_OR_RETURN(const std::string name, RequestName(r));
   const std::string what = "register \"" + name + "\"";
@@ -198,27 +230,24 @@ Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_regist
                            " but the live version is " + VersionName(live) +
                            "; load it again from MOUNT/live/ and register");
   }
+  std::shared_ptr<const Fp8ReceiverPlan> fp8;
   if (auto existing = receivers_.find(owner); existing != receivers_.end()) {
     const Receiver& rc = existing->second;
     RETURN_IF_ERROR(CheckSameLayout(rc.layout, rc.rank, layout, r.rank, what));
+    RETURN_IF_ERROR(CheckSameFp8(rc.fp8_block, rc.fp8_rule, r, what));
     for (const auto& b : rc.buffers) {
       if (b->name == name) return AlreadyExists(what + ": already registered by this receiver");
     }
+    fp8 = rc.fp8;
   }
   ASSIGN_OR_RETURN(const Plan* plan, PlanFor(*view->version, layout));
-  const auto& tensors = plan->plan.receiver_tensors[static_cast<size_t>(r.rank)];
-  auto it = std::find_if(tensors.begin(), tensors.end(),
-                         [&](const PlanTensor& t) { return t.name == name; });
-  if (it == tensors.end()) {
-    return NotFound(what + ": no such tensor in layout " + LayoutText(layout, r.rank) + " of " +
-                    VersionName(live));
-  }
-  RETURN_IF_ERROR(CheckDTypeAndShape(r, *it, what));
+  ASSIGN_OR_RETURN(const BufferSpec spec, Spec(r, name, *plan, &fp8, what, live));
   auto buf = std::make_unique<Buffer>();
   buf->name = name;
-  buf->receiver_tensor = static_cast<uint32_t>(it - tensors.begin());
-  buf->width = DTypeWidth(it->dtype);
-  buf->elements = ShapeElements(it->shape);
+  buf->receiver_tensor = spec.receiver_tensor;
+  buf->role = spec.role;
+  buf->width = spec.width;
+  buf->elements = spec.elements;
   buf->kind = r.kind;
   const uint64_t bytes = buf->elements * static_cast<uint64_t>(buf->width);
   ASSIGN_OR_RETURN(
@@ -233,7 +262,10 @@ Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_regist
     rc.layout = layout;
     rc.rank = r.rank;
     rc.uid = uid;
+    rc.fp8_block = internal::Fp8BlockOf(r);
+    rc.fp8_rule = r.fp8_scale_rule;
   }
+  rc.fp8 = std::move(fp8);
   rc.buffers.push_back(std::move(buf));
   return id;
 }

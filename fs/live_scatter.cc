@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fs/internal/live_changes.h"
+#include "fs/internal/live_fp8.h"
 #include "fs/log.h"
 #include "kernels/cuda.h"
 #include "kernels/parallel.h"
@@ -342,8 +343,13 @@ bool WriteTargets(const std::vector<Target>& targets, uint64_t* bytes) {
 
 }  // namespace
 
+bool internal::UnderSigbusGuard(const std::function<void()>& write) {
+  InstallSigbusHandler();
+  return UnderBusGuard(write);
+}
+
 Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
-                     dte_live_counts* counts) {
+                     const std::vector<Fp8Sets>& fp8, dte_live_counts* counts) {
   InstallSigbusHandler();
   MutexLock lock(&receivers_mu_);
   // Canonical index of each (file, tensor): the order PlanFor lists them in.
@@ -360,12 +366,13 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
     std::vector<BufferRef> by_tensor(
         (*plan)->plan.receiver_tensors[static_cast<size_t>(rc.rank)].size());
     for (const auto& b : rc.buffers) {
+      if (b->role != Buffer::Role::kElements) continue;  // FP8 buffers: WriteFp8
       by_tensor[b->receiver_tensor] = {true, b->data, b->elements, b->kind == DTE_LIVE_CUDA_IPC};
     }
     const std::vector<Target> targets = TargetsOf(
         changes, first_canonical, (*plan)->ops_by_canonical, (*plan)->plan, rc.rank, by_tensor);
-    uint64_t bytes = 0;
-    if (!WriteTargets(targets, &bytes)) {
+    uint64_t bytes = 0, fp8_buffers = 0;
+    if (!WriteTargets(targets, &bytes) || !WriteFp8(rc, fp8, &bytes, &fp8_buffers)) {
       // Its memory went away under the mapping (or a device call failed):
       // the receiver is dropped and the apply goes on for the others.
       LogLine("dtefs: live apply: dropped receiver (" + LayoutText(rc.layout, rc.rank) +
@@ -376,8 +383,9 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
     std::vector<uint8_t> touched(by_tensor.size(), 0);
     for (const Target& tg : targets) touched[tg.op->receiver_tensor] = 1;
     counts->bytes += bytes;
-    if (!targets.empty()) counts->receivers++;
-    counts->buffers += static_cast<uint64_t>(std::count(touched.begin(), touched.end(), 1));
+    if (!targets.empty() || fp8_buffers > 0) counts->receivers++;
+    counts->buffers +=
+        static_cast<uint64_t>(std::count(touched.begin(), touched.end(), 1)) + fp8_buffers;
   }
   for (uint64_t owner : failed) receivers_.erase(owner);
   return Status::Ok();

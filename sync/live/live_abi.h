@@ -85,6 +85,13 @@ enum dte_live_buffer_kind {
   DTE_LIVE_CUDA_IPC = 1, /* GPU memory exported with cudaIpcGetMemHandle */
 };
 
+/* How an FP8 receiver's block scales follow from each block's absolute
+ * maximum (kernels/fp8_math.h, docs/fp8.md). */
+enum dte_live_fp8_scale_rule {
+  DTE_LIVE_FP8_PLAIN = 0, /* amax / 448 */
+  DTE_LIVE_FP8_POW2 = 1,  /* amax / 448 rounded up to a power of two */
+};
+
 /* DTE_IOC_REGISTER: one weight buffer of a receiver. The receiver is the
  * open control file: every buffer registered through it shares its layout
  * and is unregistered when it is closed (the process exits). */
@@ -101,7 +108,12 @@ typedef struct dte_live_register {
   char name[DTE_LIVE_NAME_BYTES]; /* in */
   char dtype[8];                  /* in: safetensors name, "BF16" */
   uint32_t ndim;                  /* in */
-  uint32_t reserved0;
+  /* in: the receiver's FP8 block (block x block elements, one F32 scale
+   * each; 0: 128), the same in every registration of a receiver. An FP8
+   * receiver registers its quantized tensors with dtype "F8_E4M3" and their
+   * scales as "<module>.weight_scale_inv" (F32, the block grid of the
+   * rank-local tensor); docs/live.md, "FP8 receivers". */
+  uint32_t fp8_block;
   int64_t shape[DTE_LIVE_MAX_DIMS]; /* in */
   /* DTE_LIVE_HOST_SHM: the object's name under /dev/shm (no '/'), owned by
    * the caller, and the byte offset of the tensor in it. */
@@ -112,7 +124,7 @@ typedef struct dte_live_register {
    * caching allocator's block holds many tensors). */
   uint8_t cuda_ipc_handle[64]; /* in */
   int32_t cuda_device;         /* in */
-  uint32_t reserved1;
+  uint32_t fp8_scale_rule;     /* in: enum dte_live_fp8_scale_rule, as fp8_block */
   uint64_t buffer_id; /* out: for DTE_IOC_UNREGISTER */
   int32_t error;      /* out: 0 or an errno value */
   uint32_t reserved2;

@@ -126,11 +126,11 @@ class LiveRegister(ctypes.Structure):
                 ("tp", ctypes.c_int32), ("rank", ctypes.c_int32),
                 ("fuse_qkv", ctypes.c_uint32), ("fuse_gate_up", ctypes.c_uint32),
                 ("name", ctypes.c_char * LIVE_NAME_BYTES), ("dtype", ctypes.c_char * 8),
-                ("ndim", ctypes.c_uint32), ("reserved0", ctypes.c_uint32),
+                ("ndim", ctypes.c_uint32), ("fp8_block", ctypes.c_uint32),
                 ("shape", ctypes.c_int64 * LIVE_MAX_DIMS),
                 ("shm_name", ctypes.c_char * LIVE_NAME_BYTES), ("offset", ctypes.c_uint64),
                 ("cuda_ipc_handle", ctypes.c_uint8 * 64), ("cuda_device", ctypes.c_int32),
-                ("reserved1", ctypes.c_uint32), ("buffer_id", ctypes.c_uint64),
+                ("fp8_scale_rule", ctypes.c_uint32), ("buffer_id", ctypes.c_uint64),
                 ("error", ctypes.c_int32), ("reserved2", ctypes.c_uint32),
                 ("message", ctypes.c_char * LIVE_MESSAGE_BYTES), ("version", ctypes.c_uint64)]
 
