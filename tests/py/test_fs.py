@@ -68,7 +68,7 @@ def shard_names(ckpt):
 def test_ls_shows_versions_and_latest_symlink(fs_store, ckpts, mount):
     m = mount(fs_store.store, foreground=False)  # the daemonizing form
     names = [f"v{i:08d}" for i in range(STEPS)]
-    assert sorted(os.listdir(m.path)) == sorted(names + ["latest", "live", ".dte"])
+    assert sorted(os.listdir(m.path)) == sorted(names + ["latest", "live", "fp8", ".dte"])
     assert os.path.islink(os.path.join(m.path, "latest"))
     assert os.readlink(os.path.join(m.path, "latest")) == names[-1]
     log = {v["version"]: v for v in fs_store.log()}
@@ -213,7 +213,7 @@ def test_gc_removes_versions_while_an_open_file_keeps_reading(fs_store, ckpts, m
         wait_for(lambda: not os.path.exists(os.path.join(m.path, "v00000000")), 5.0,
                  "v00000000 lookups to fail")
         assert head + f.read() == want
-    assert sorted(os.listdir(m.path)) == [".dte", "latest", "live", f"v{STEPS - 1:08d}"]
+    assert sorted(os.listdir(m.path)) == [".dte", "fp8", "latest", "live", f"v{STEPS - 1:08d}"]
     for f in os.listdir(ckpts.dir(STEPS - 1)):  # the kept version was rebased: same bytes
         assert filecmp.cmp(os.path.join(m.path, "latest", f),
                            os.path.join(ckpts.dir(STEPS - 1), f), shallow=False)

@@ -101,7 +101,7 @@ def check_serves_the_store(mnt, store, ckpts, cache_dir):
     assert "ro" in fs["options"].split(","), fs
     (entry,) = proc_mounts_entry(mnt)
     assert entry[2] == "fuse.dtefs" and "ro" in entry[3].split(","), entry
-    assert sorted(os.listdir(mnt)) == [".dte", "latest", "live", "v00000000", "v00000001"]
+    assert sorted(os.listdir(mnt)) == [".dte", "fp8", "latest", "live", "v00000000", "v00000001"]
     for version, step in (("latest", 1), ("v00000000", 0)):
         for name in os.listdir(ckpts.dir(step)):
             r = subprocess.run(["cmp", os.path.join(mnt, version, name),

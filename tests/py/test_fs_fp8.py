@@ -1,0 +1,161 @@
+"""FP8 views on a real mount: MOUNT/fp8/vNNNNNNNN and MOUNT/fp8/latest of a
+small generated Llama (dte-gen, three versions) read through /dev/fuse.
+
+Every file is read with the real `safetensors` package (fp8_ref.read_safetensors:
+its numpy framework, with ml_dtypes' float8_e4m3fn and bfloat16, because
+Debian's torch 1.13 has no float8 dtype for framework="pt"). Quantized weights
+must be F8_E4M3 / float8_e4m3fn of the BF16 shape and equal, byte for byte,
+the independent numpy + ml_dtypes reference (fp8_ref.ref_quantize) of the
+committed BF16 tensor; their weight_scale_inv F32 scales bit for bit; every
+other tensor and file unchanged except config.json (quantization_config) and
+the index (the scales in weight_map, total_size).
+"""
+
+import json
+import os
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from dtectl_util import Dtectl
+import fs_util
+from fp8_ref import F8, read_safetensors, ref_quantize
+
+STEPS = 2  # versions 0..2
+SKIPPED = ("embed", "norm")  # name parts the default policy leaves in BF16
+NUMPY_DTYPE = {"F8_E4M3": F8, "F32": np.float32, "BF16": ml_dtypes.bfloat16}
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """(store, step -> checkpoint dir) of a 4 MiB generated Llama, 3 versions."""
+    root = tmp_path_factory.mktemp("fp8")
+    step_dir = fs_util.generate(root / "gen", "4MiB", STEPS, "--shard-size", "2MB")
+    d = Dtectl(root / "store", root / "cache")
+    d.ok("import", step_dir(0))
+    for step in range(1, STEPS + 1):
+        d.ok("commit", step_dir(step))
+    return root / "store", step_dir
+
+
+@pytest.fixture
+def mount(tmp_path):
+    with fs_util.mounts(tmp_path) as start:
+        yield start
+
+
+def quantized(name, dtype, shape):
+    """The default policy of store/fp8_policy.h for a dense Llama."""
+    module = name[: -len(".weight")]
+    return (dtype == "BF16" and len(shape) == 2 and name.endswith(".weight")
+            and name != "lm_head.weight" and not any(s in module for s in SKIPPED))
+
+
+def header_order(path):
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    assert n % 8 == 0
+    entries = [(e["data_offsets"][0], k) for k, e in header.items() if k != "__metadata__"]
+    return [k for _, k in sorted(entries)], header.get("__metadata__")
+
+
+def check_safetensors(src, got, block, rule):
+    want = read_safetensors(src)
+    have = read_safetensors(got)
+    names = []
+    for name, (dtype, shape, arr) in want.items():
+        if not quantized(name, dtype, shape):
+            assert have[name][:2] == (dtype, shape), name
+            assert have[name][2].dtype == NUMPY_DTYPE[dtype], name
+            assert have[name][2].tobytes() == arr.tobytes(), name
+            continue
+        names += [name, name + "_scale_inv"]
+        q, s = ref_quantize(arr.view(np.uint16), block, block, rule)
+        f8_dtype, f8_shape, f8 = have[name]
+        assert (f8_dtype, f8_shape, f8.dtype) == ("F8_E4M3", shape, F8), name
+        mismatch = np.flatnonzero(f8.view(np.uint8) != q)
+        assert mismatch.size == 0, f"{name}: {mismatch.size} bytes differ, first at {mismatch[0]}"
+        s_dtype, s_shape, scales = have[name + "_scale_inv"]
+        assert (s_dtype, s_shape, scales.dtype) == ("F32", list(s.shape), np.float32), name
+        np.testing.assert_array_equal(scales.view(np.uint32), s.view(np.uint32), err_msg=name)
+    assert sorted(have) == sorted(list(want) + [n for n in names if n.endswith("_scale_inv")])
+    order, metadata = header_order(got)
+    assert metadata == header_order(src)[1]
+    for name in names[::2]:  # each weight is followed by its scales
+        assert order[order.index(name) + 1] == name + "_scale_inv"
+    return len(names) // 2
+
+
+def check_version(src, fp8_dir, block=128, rule="plain"):
+    assert sorted(os.listdir(fp8_dir)) == sorted(os.listdir(src))
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    quantized_tensors = 0
+    tensor_bytes = 0
+    for name in sorted(os.listdir(src)):
+        got = os.path.join(fp8_dir, name)
+        if name.endswith(".safetensors"):
+            quantized_tensors += check_safetensors(os.path.join(src, name), got, block, rule)
+            tensor_bytes += sum(a.nbytes for _, _, a in read_safetensors(got).values())
+        elif name not in ("config.json", "model.safetensors.index.json"):
+            with open(os.path.join(src, name), "rb") as a, open(got, "rb") as b:
+                assert a.read() == b.read(), name
+    assert quantized_tensors == 3 * 7  # q, k, v, o, gate, up, down per layer
+    with open(os.path.join(fp8_dir, "config.json")) as f:
+        got_config = json.load(f)
+    q = got_config.pop("quantization_config")
+    assert got_config == config
+    want_q = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+              "weight_block_size": [block, block],
+              "modules_to_not_convert": ["lm_head", "model.embed_tokens"]}
+    if rule == "pow2":
+        want_q["scale_fmt"] = "ue8m0"
+    assert q == want_q
+    with open(os.path.join(src, "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    with open(os.path.join(fp8_dir, "model.safetensors.index.json")) as f:
+        got_index = json.load(f)
+    weight_map = dict(index["weight_map"])
+    for name, shard in index["weight_map"].items():
+        if quantized(name, "BF16", [0, 0]) and "layers" in name:
+            weight_map[name + "_scale_inv"] = shard
+    assert got_index["weight_map"] == weight_map
+    assert got_index["metadata"]["total_size"] == tensor_bytes
+
+
+def test_every_version_and_latest_read_as_fp8(llama, mount):
+    store, step_dir = llama
+    m = mount(store)
+    fp8 = os.path.join(m.path, "fp8")
+    assert "fp8" in os.listdir(m.path)
+    assert sorted(os.listdir(fp8)) == ["latest"] + [f"v{v:08d}" for v in range(STEPS + 1)]
+    assert os.readlink(os.path.join(fp8, "latest")) == f"v{STEPS:08d}"
+    for v in range(STEPS + 1):
+        check_version(step_dir(v), os.path.join(fp8, f"v{v:08d}"))
+    check_version(step_dir(STEPS), os.path.join(fp8, "latest"))
+    bf16 = os.stat(os.path.join(m.path, "v00000001", "model-00001-of-00003.safetensors"))
+    st = os.stat(os.path.join(fp8, "v00000001", "model-00001-of-00003.safetensors"))
+    assert st.st_ino != bf16.st_ino and st.st_size < bf16.st_size
+    status = m.status()
+    assert status["fp8"]["scale"] == "plain" and status["fp8"]["rows_quantized"] > 0
+    assert status["read_errors"] == 0 and status["errors"] == []
+    with pytest.raises(OSError):
+        open(os.path.join(fp8, "v00000001", "config.json"), "w")
+
+
+def test_power_of_two_scales_and_other_blocks(llama, mount):
+    store, step_dir = llama
+    m = mount(store, "--fp8-scale", "pow2", "--fp8-block", "64")
+    check_version(step_dir(1), os.path.join(m.path, "fp8", "v00000001"), 64, "pow2")
+    assert m.status()["fp8"]["block"] == [64, 64]
+
+
+def test_no_fp8_hides_the_tree(llama, mount):
+    store, _ = llama
+    m = mount(store, "--no-fp8")
+    assert "fp8" not in os.listdir(m.path)
+    assert not os.path.exists(os.path.join(m.path, "fp8"))
+    assert m.status()["fp8"] is None
