@@ -5,8 +5,10 @@ bytes and scales counted from those arrays, under both scale rules.
 """
 
 import json
+import re
 
 import numpy as np
+import pytest
 
 import ckpt_util
 from dtectl_util import ERROR, USAGE
@@ -142,3 +144,29 @@ def test_bad_input_names_what_is_wrong(dte, ckpts, tmp_path):
     assert "total" not in doc
     assert len([x for x in doc["rows"] if x["version"] == 1]) == len(quantized(bad))
     assert name not in [x["group"] for x in doc["rows"] if x["version"] == 2]
+
+
+def test_report_plots_the_fp8_change_set_of_the_stats(dte, ckpts, tmp_path):
+    for step in range(4):
+        dte.ok("import" if step == 0 else "commit", ckpts.dir(step))
+    out = str(tmp_path / "run.html")
+    r = dte.run("report", "--fp8", "--versions", "0..3", "-o", out)
+    assert r.returncode == 0, r.stderr
+    text = open(out).read()
+    assert len(re.findall(r'<img [^>]*src="data:image/png;base64,', text)) == 5
+    assert '<img id="fp8"' in text and "FP8 (128 x 128 blocks)" in text
+    m = re.search(r'<script type="application/json" id="dte-report-data">(.*?)</script>', text,
+                  re.S)
+    fp8 = json.loads(m.group(1).replace("<\\/", "</"))["fp8"]
+    rows = stats(dte, "--by", "version")["rows"]
+    assert fp8["anchors"] == [0] and fp8["version"] == [1, 2, 3]
+    deltas = rows[1:]
+    assert fp8["bf16_changed"] == [x["bf16_changed"] for x in deltas]
+    for rule in RULES:
+        assert fp8[rule]["bytes_changed"] == [x[rule]["bytes_changed"] for x in deltas]
+        assert fp8[rule]["scales_changed"] == [x[rule]["scales_changed"] for x in deltas]
+        assert fp8[rule]["ratio"] == pytest.approx([x[rule]["ratio"] for x in deltas])
+        assert fp8[rule]["step_ratio"] == pytest.approx([x[rule]["step_ratio"] for x in deltas])
+    # Without --fp8 the page has no FP8 figures.
+    r = dte.run("report", "-o", str(tmp_path / "plain.html"))
+    assert r.returncode == 0 and '<img id="fp8"' not in open(tmp_path / "plain.html").read()

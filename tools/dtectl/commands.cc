@@ -366,7 +366,8 @@ int RunStats(const Common& c, const StatsArgs& a) {
   return 0;
 }
 
-int RunReport(const Common& c, const std::string& versions, const std::string& out) {
+int RunReport(const Common& c, const std::string& versions, const std::string& out,
+              uint64_t fp8_block) {
   // The script: $DTE_REPORT_SCRIPT, the installed copy, or the source tree's.
   std::string script;
   if (const char* env = std::getenv("DTE_REPORT_SCRIPT"); env && *env) {
@@ -398,6 +399,7 @@ int RunReport(const Common& c, const std::string& versions, const std::string& o
                                    c.store, "--out", out,        "--cache-dir", c.cache_dir};
   if (!versions.empty()) args.insert(args.end(), {"--versions", versions});
   if (!c.endpoint.empty()) args.insert(args.end(), {"--endpoint", c.endpoint});
+  if (fp8_block) args.insert(args.end(), {"--fp8", "--fp8-block", std::to_string(fp8_block)});
   std::vector<char*> argv;
   for (std::string& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);

@@ -68,8 +68,10 @@ int RunStats(const Common& c, const StatsArgs& a);
 // report: runs the report script (sync/python/dte/report.py, $DTE_REPORT_SCRIPT)
 // with $DTE_PYTHON (default /usr/bin/python3, else python3), which reads
 // `dtectl stats` and writes
-// one self-contained HTML page to `out`.
-int RunReport(const Common& c, const std::string& versions, const std::string& out);
+// one self-contained HTML page to `out`; with fp8_block (not 0), also the
+// FP8 change set per version in fp8_block x fp8_block blocks (stats --fp8).
+int RunReport(const Common& c, const std::string& versions, const std::string& out,
+              uint64_t fp8_block = 0);
 // diff: per tensor, the elements that differ between versions a and b and
 // their distances in units in the last place.
 int RunDiff(const Common& c, const std::string& a, const std::string& b);

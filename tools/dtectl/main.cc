@@ -80,6 +80,8 @@ struct Dtectl {
   dte::cli::LogArgs lg;
   dte::cli::StatsArgs sa;
   std::string report_versions, report_out;
+  bool report_fp8 = false;
+  uint64_t report_fp8_block = 128;
   std::string diff_a, diff_b;
   std::string export_version, out;
   std::optional<uint64_t> verify_version;
@@ -179,6 +181,9 @@ void Dtectl::AddReadCommands() {
   AddCommon(report, &c, &sizes, false);
   report->add_option("--versions", report_versions, "A..B, A.., ..B or one version (default: all)");
   report->add_option("-o,--out", report_out, "The HTML file to write")->required();
+  report->add_flag("--fp8", report_fp8, "Also plot the FP8 change set per version (stats --fp8)");
+  report->add_option("--fp8-block", report_fp8_block, "FP8 block size N (N x N; default 128)")
+      ->check(CLI::PositiveNumber);
 
   diff = app.add_subcommand("diff",
                             "Per tensor: the elements that differ between two versions, in ulps");
@@ -257,7 +262,9 @@ int Dtectl::RunOnStore() {
   if (*log) return dte::cli::RunLog(c, lg);
   if (*stats) return dte::cli::RunStats(c, sa);
   if (*diff) return dte::cli::RunDiff(c, diff_a, diff_b);
-  if (*report) return dte::cli::RunReport(c, report_versions, report_out);
+  if (*report) {
+    return dte::cli::RunReport(c, report_versions, report_out, report_fp8 ? report_fp8_block : 0);
+  }
   if (*exp) return dte::cli::RunExport(c, export_version, out);
   if (*verify) return dte::cli::RunVerify(c, verify_version);
   if (*gc) return dte::cli::RunGc(c, ga);

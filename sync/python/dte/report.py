@@ -1,14 +1,16 @@
 """A run's update report: one self-contained HTML page with plots of how the
 policy moves, from `dtectl stats` (manifests and block tables only).
 
-    python3 -m dte.report --store STORE [--versions A..B] -o run.html
-    dtectl report --store STORE [--versions A..B] -o run.html   (runs this)
+    python3 -m dte.report --store STORE [--versions A..B] [--fp8] -o run.html
+    dtectl report --store STORE [--versions A..B] [--fp8] -o run.html   (runs this)
 
 Plots (matplotlib, embedded as PNG): the changed fraction per version; a
 heatmap of the changed fraction per layer and kind of tensor across
 versions (anchors, which count every element as changed, are marked rather
-than plotted in both); stored bytes per version against the dense size; and how the
-chain is stored (anchors, policy anchors with a full table, deltas). The
+than plotted in both); stored bytes per version against the dense size; how the
+chain is stored (anchors, policy anchors with a full table, deltas); and
+with --fp8, the FP8 bytes changed per BF16 element changed and the changed
+scales per version under both scale rules (`dtectl stats --fp8`). The
 page also embeds the plotted figures as JSON (`<script id="dte-report-data">`).
 Memory: the per-version totals and the heatmap's cells (layers x kinds per
 version, folded into at most MAX_COLUMNS columns), read from dtectl's CSV
@@ -22,6 +24,7 @@ import html
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -29,10 +32,10 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 MAX_COLUMNS = 600  # heatmap columns: versions are averaged into at most this many
 
 
-def _stats(dtectl: str, common: List[str], by: str,
-           versions: Optional[str]) -> Iterator[Dict[str, str]]:
-    """Rows of `dtectl stats --csv --by BY`, a line at a time."""
-    argv = [dtectl, "stats", "--csv", "--by", by] + common
+def _stats(dtectl: str, common: List[str], by: str, versions: Optional[str],
+           extra: Sequence[str] = ()) -> Iterator[Dict[str, str]]:
+    """Rows of `dtectl stats --csv --by BY [EXTRA]`, a line at a time."""
+    argv = [dtectl, "stats", "--csv", "--by", by, *extra] + common
     if versions:
         argv += ["--versions", versions]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -82,6 +85,56 @@ def collect(dtectl: str, common: List[str], versions: Optional[str]) -> Dict[str
     first = [per["version"][i * fold] for i in range(columns)]
     return {"versions": per, "heatmap": {"groups": groups, "fold": fold,
                                          "first_version": first, "changed_fraction": heat}}
+
+
+def collect_fp8(dtectl: str, common: List[str], versions: Optional[str],
+                block: int) -> Dict[str, Any]:
+    """Per delta version, what its FP8 form changed (`dtectl stats --fp8`):
+    the BF16 elements, and per scale rule the FP8 bytes and scales, the
+    ratio bytes / elements and the receiver step bytes FP8 / BF16."""
+    fp8: Dict[str, Any] = {"block": block, "anchors": [], "version": [], "bf16_changed": [],
+                           "blocks": []}
+    for rule in ("plain", "pow2"):
+        fp8[rule] = {"bytes_changed": [], "scales_changed": [], "ratio": [], "step_ratio": []}
+    for r in _stats(dtectl, common, "version", versions, ["--fp8", "--fp8-block", str(block)]):
+        if r["version"] == "total":
+            continue
+        if r["kind"] == "anchor":
+            fp8["anchors"].append(int(r["version"]))
+            continue
+        fp8["version"].append(int(r["version"]))
+        bf16, blocks = int(r["bf16_changed"]), int(r["blocks"])
+        fp8["bf16_changed"].append(bf16)
+        fp8["blocks"].append(blocks)
+        for rule in ("plain", "pow2"):
+            nbytes, scales = int(r[rule + "_bytes_changed"]), int(r[rule + "_scales_changed"])
+            fp8[rule]["bytes_changed"].append(nbytes)
+            fp8[rule]["scales_changed"].append(scales)
+            fp8[rule]["ratio"].append(nbytes / bf16 if bf16 else 0.0)
+            fp8[rule]["step_ratio"].append((nbytes + 4 * scales) / (2 * bf16) if bf16 else 0.0)
+    return fp8
+
+
+def fp8_plot(fp8: Dict[str, Any], plt: Any, np: Any) -> Tuple[str, str, str]:
+    """FP8 bytes / BF16 elements changed, and changed scales, per version."""
+    v = np.array(fp8["version"])
+    blocks = np.maximum(np.array(fp8["blocks"]), 1)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5), sharex=True)
+    marker = "." if len(v) < 60 else None
+    for rule, color in (("plain", "tab:blue"), ("pow2", "tab:orange")):
+        top.plot(v, fp8[rule]["ratio"], lw=1, marker=marker, color=color, label=rule)
+        bottom.plot(v, 100 * np.array(fp8[rule]["scales_changed"]) / blocks, lw=1,
+                    marker=marker, color=color, label=rule)
+    top.set_ylabel("FP8 bytes / BF16 elements")
+    top.set_title("FP8 change set per version (%d x %d blocks)" % (fp8["block"], fp8["block"]))
+    bottom.set_ylabel("changed scales (%)")
+    bottom.set_xlabel("version")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    image = ("fp8", "FP8 change set per version", _png(fig))
+    plt.close(fig)
+    return image
 
 
 def _png(fig: Any) -> str:
@@ -164,6 +217,8 @@ def plots(data: Dict[str, Any]) -> List[Tuple[str, str, str]]:
     ax.set_title("How the chain is stored")
     out.append(("chain", "Anchors and deltas", _png(fig)))
     plt.close(fig)
+    if data.get("fp8"):
+        out.append(fp8_plot(data["fp8"], plt, np))
     return out
 
 
@@ -176,6 +231,12 @@ def page(data: Dict[str, Any], images: Sequence[Tuple[str, str, str]], title: st
                    n, "v%08d" % per["version"][0], "v%08d" % per["version"][-1],
                    n - len(steps), "%.3f%%" % (100 * sum(steps) / len(steps)) if steps else "-",
                    _human(sum(per["stored_bytes"])), _human(per["dense_bytes"][-1])))
+    fp8 = data.get("fp8")
+    if fp8 and fp8["version"]:
+        summary += ("; FP8 (%d x %d blocks) bytes changed per BF16 element changed, median "
+                    "over the steps: %.3f plain, %.3f power-of-two scales" % (
+                        fp8["block"], fp8["block"], statistics.median(fp8["plain"]["ratio"]),
+                        statistics.median(fp8["pow2"]["ratio"])))
     parts = ["<!DOCTYPE html>", "<html><head><meta charset=\"utf-8\">",
              "<title>%s</title>" % html.escape(title),
              "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}"
@@ -216,6 +277,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--cache-dir")
     ap.add_argument("--endpoint")
     ap.add_argument("--title")
+    ap.add_argument("--fp8", action="store_true",
+                    help="also the FP8 change set per version (dtectl stats --fp8)")
+    ap.add_argument("--fp8-block", type=int, default=128, help="FP8 block size (default 128)")
     a = ap.parse_args(argv)
     common = ["--store", a.store, "-q"]
     if a.cache_dir:
@@ -223,6 +287,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.endpoint:
         common += ["--endpoint", a.endpoint]
     data = collect(a.dtectl, common, a.versions)
+    if a.fp8:
+        data["fp8"] = collect_fp8(a.dtectl, common, a.versions, a.fp8_block)
     text = page(data, plots(data), a.title or "dte: updates of %s" % a.store)
     tmp = a.out + ".tmp-%d" % os.getpid()
     try:
