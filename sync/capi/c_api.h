@@ -351,6 +351,7 @@ typedef struct dte_push_receiver_status {
   int32_t has_behind; /* the server said it is at `behind`: catch up */
   uint64_t behind;
   uint64_t pending, pushes, elements;
+  uint64_t bytes; /* bytes the pushes wrote (elements times their width) */
 } dte_push_receiver_status;
 
 /* Starts a receiver: rank `rank` of a layout of degree tp (fuse_* nonzero:
@@ -363,6 +364,24 @@ int dte_push_receiver_open(const char* address, int32_t rank, int32_t tp, int32_
                            int32_t fuse_gate_up, int32_t has_version, uint64_t version,
                            const dte_push_tensor* tensors, size_t count, int32_t auto_apply,
                            int64_t timeout_ms, const char* secret, dte_push_receiver** out);
+/* How an FP8 push receiver's block scales follow from each block's absolute
+ * maximum (kernels/fp8_math.h, docs/fp8.md). */
+enum dte_push_fp8_scale_rule {
+  DTE_PUSH_FP8_PLAIN = 0, /* amax / 448 */
+  DTE_PUSH_FP8_POW2 = 1,  /* amax / 448 rounded up to a power of two */
+};
+/* The same for an FP8 receiver (docs/push.md, "FP8 receivers"): the
+ * tensors the default FP8 policy quantizes are given as "F8_E4M3" tensors
+ * with an "F32" "<module>.weight_scale_inv" each (the block grid of the
+ * rank-local tensor), blocks of fp8_block_rows x fp8_block_cols (0: 128),
+ * scales by fp8_scale_rule (enum dte_push_fp8_scale_rule). Pushes write the
+ * E4M3 bytes and scales that changed; a catch-up quantizes the version. */
+int dte_push_receiver_open_fp8(const char* address, int32_t rank, int32_t tp, int32_t fuse_qkv,
+                               int32_t fuse_gate_up, int32_t has_version, uint64_t version,
+                               const dte_push_tensor* tensors, size_t count, int32_t auto_apply,
+                               int64_t timeout_ms, const char* secret, uint64_t fp8_block_rows,
+                               uint64_t fp8_block_cols, int32_t fp8_scale_rule,
+                               dte_push_receiver** out);
 int dte_push_receiver_close(dte_push_receiver* r);
 int dte_push_receiver_apply_pending(dte_push_receiver* r, uint64_t* applied_out);
 /* DTE_OK once the tensors hold `version` or newer; DTE_NOT_FOUND when the

@@ -46,34 +46,71 @@ int ToPushTensor(const dte_push_tensor& t, size_t i, dte::PushTensor* out) {
 
 }  // namespace
 
+namespace {
+
+// dte_push_receiver_open and dte_push_receiver_open_fp8 (fp8: null for none).
+int OpenReceiver(const char* address, int32_t rank, int32_t tp, int32_t fuse_qkv,
+                 int32_t fuse_gate_up, int32_t has_version, uint64_t version,
+                 const dte_push_tensor* tensors, size_t count, int32_t auto_apply,
+                 int64_t timeout_ms, const char* secret, const dte::Fp8ReceiverOptions* fp8,
+                 dte_push_receiver** out) {
+  if (address == nullptr || out == nullptr || (tensors == nullptr && count > 0) ||
+      timeout_ms <= 0) {
+    return FailWith(DTE_INVALID_ARGUMENT,
+                    "dte_push_receiver_open: address, tensors and out must be set, "
+                    "timeout_ms > 0");
+  }
+  dte::PushReceiverOptions o;
+  o.address = address;
+  if (secret) o.secret = secret;
+  o.rank = rank;
+  o.layout = dte::ShardLayout{tp, fuse_qkv != 0, fuse_gate_up != 0};
+  if (has_version) o.version = version;
+  o.auto_apply = auto_apply != 0;
+  o.timeout = std::chrono::milliseconds(timeout_ms);
+  if (fp8) o.fp8 = *fp8;
+  for (size_t i = 0; i < count; ++i) {
+    dte::PushTensor pt;
+    if (int rc = ToPushTensor(tensors[i], i, &pt); rc != DTE_OK) return rc;
+    o.tensors.push_back(std::move(pt));
+  }
+  auto r = dte::PushReceiver::Open(o);
+  if (!r.ok()) return Fail(r.status());
+  *out = Issue(new dte_push_receiver{std::move(r).value(), {}});
+  return static_cast<int>(DTE_OK);
+}
+
+}  // namespace
+
 int dte_push_receiver_open(const char* address, int32_t rank, int32_t tp, int32_t fuse_qkv,
                            int32_t fuse_gate_up, int32_t has_version, uint64_t version,
                            const dte_push_tensor* tensors, size_t count, int32_t auto_apply,
                            int64_t timeout_ms, const char* secret, dte_push_receiver** out) {
   return Guard([&] {
-    if (address == nullptr || out == nullptr || (tensors == nullptr && count > 0) ||
-        timeout_ms <= 0) {
-      return FailWith(DTE_INVALID_ARGUMENT,
-                      "dte_push_receiver_open: address, tensors and out must be set, "
-                      "timeout_ms > 0");
+    return OpenReceiver(address, rank, tp, fuse_qkv, fuse_gate_up, has_version, version, tensors,
+                        count, auto_apply, timeout_ms, secret, nullptr, out);
+  });
+}
+
+int dte_push_receiver_open_fp8(const char* address, int32_t rank, int32_t tp, int32_t fuse_qkv,
+                               int32_t fuse_gate_up, int32_t has_version, uint64_t version,
+                               const dte_push_tensor* tensors, size_t count, int32_t auto_apply,
+                               int64_t timeout_ms, const char* secret, uint64_t fp8_block_rows,
+                               uint64_t fp8_block_cols, int32_t fp8_scale_rule,
+                               dte_push_receiver** out) {
+  return Guard([&] {
+    if (fp8_scale_rule != DTE_PUSH_FP8_PLAIN && fp8_scale_rule != DTE_PUSH_FP8_POW2) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_push_receiver_open_fp8: scale rule " +
+                                                std::to_string(fp8_scale_rule) +
+                                                " is neither DTE_PUSH_FP8_PLAIN nor _POW2");
     }
-    dte::PushReceiverOptions o;
-    o.address = address;
-    if (secret) o.secret = secret;
-    o.rank = rank;
-    o.layout = dte::ShardLayout{tp, fuse_qkv != 0, fuse_gate_up != 0};
-    if (has_version) o.version = version;
-    o.auto_apply = auto_apply != 0;
-    o.timeout = std::chrono::milliseconds(timeout_ms);
-    for (size_t i = 0; i < count; ++i) {
-      dte::PushTensor pt;
-      if (int rc = ToPushTensor(tensors[i], i, &pt); rc != DTE_OK) return rc;
-      o.tensors.push_back(std::move(pt));
-    }
-    auto r = dte::PushReceiver::Open(o);
-    if (!r.ok()) return Fail(r.status());
-    *out = Issue(new dte_push_receiver{std::move(r).value(), {}});
-    return static_cast<int>(DTE_OK);
+    dte::Fp8ReceiverOptions fp8;
+    fp8.block_rows = fp8_block_rows ? fp8_block_rows : dte::kernels::kFp8DefaultBlock;
+    fp8.block_cols = fp8_block_cols ? fp8_block_cols : dte::kernels::kFp8DefaultBlock;
+    fp8.rule = fp8_scale_rule == DTE_PUSH_FP8_POW2 ? dte::kernels::Fp8ScaleRule::kPowerOfTwo
+                                                   : dte::kernels::Fp8ScaleRule::kPlain;
+    return OpenReceiver(address, rank, tp, fuse_qkv, fuse_gate_up, has_version, version, tensors,
+                        count, auto_apply, timeout_ms, secret, &fp8, out);
   });
 }
 
@@ -126,6 +163,7 @@ int dte_push_receiver_get_status(dte_push_receiver* h, dte_push_receiver_status*
     out->pending = st.pending;
     out->pushes = st.pushes;
     out->elements = st.elements;
+    out->bytes = st.bytes;
     r.error = st.error;
     if (error_out) *error_out = r.error.c_str();
     return static_cast<int>(DTE_OK);

@@ -66,12 +66,19 @@ std::set<std::string> ExportedFunctions(const std::string& path, std::string* er
 }
 
 // Exported functions that take no handle.
-const std::set<std::string> kNoHandle = {"dte_last_error",         "dte_c_api_version",
-                                         "dte_publisher_open",     "dte_publisher_open_mcore",
-                                         "dte_store_open",         "dte_transport_tcp",
-                                         "dte_transport_callback", "dte_dist_publisher_open",
-                                         "dte_push_server_start",  "dte_push_receiver_open",
-                                         "dte_live_apply_version", "dte_live_get_status",
+const std::set<std::string> kNoHandle = {"dte_last_error",
+                                         "dte_c_api_version",
+                                         "dte_publisher_open",
+                                         "dte_publisher_open_mcore",
+                                         "dte_store_open",
+                                         "dte_transport_tcp",
+                                         "dte_transport_callback",
+                                         "dte_dist_publisher_open",
+                                         "dte_push_server_start",
+                                         "dte_push_receiver_open",
+                                         "dte_push_receiver_open_fp8",
+                                         "dte_live_apply_version",
+                                         "dte_live_get_status",
                                          "dte_live_open"};
 
 int NoExchange(void*, const dte_message*, size_t, const dte_message*, size_t, char*, size_t) {

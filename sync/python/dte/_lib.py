@@ -88,7 +88,7 @@ class PushReceiverStatus(ctypes.Structure):
                 ("inconsistent", ctypes.c_int32), ("connected", ctypes.c_int32),
                 ("has_behind", ctypes.c_int32), ("behind", ctypes.c_uint64),
                 ("pending", ctypes.c_uint64), ("pushes", ctypes.c_uint64),
-                ("elements", ctypes.c_uint64)]
+                ("elements", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
 
 
 # Live apply (sync/live/live_abi.h): the ioctl structs, field for field.
@@ -240,6 +240,14 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                                   ctypes.POINTER(PushTensor), ctypes.c_size_t,
                                                   ctypes.c_int32, ctypes.c_int64, ctypes.c_char_p,
                                                   ctypes.POINTER(P)]),
+        "dte_push_receiver_open_fp8": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int32,
+                                                      ctypes.c_int32, ctypes.c_int32,
+                                                      ctypes.c_int32, ctypes.c_int32,
+                                                      ctypes.c_uint64, ctypes.POINTER(PushTensor),
+                                                      ctypes.c_size_t, ctypes.c_int32,
+                                                      ctypes.c_int64, ctypes.c_char_p,
+                                                      ctypes.c_uint64, ctypes.c_uint64,
+                                                      ctypes.c_int32, ctypes.POINTER(P)]),
         "dte_push_receiver_close": (ctypes.c_int, [P]),
         "dte_push_receiver_apply_pending": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_uint64)]),
         "dte_push_receiver_wait_for": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.c_int64]),
