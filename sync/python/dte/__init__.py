@@ -65,6 +65,7 @@ from dte._errors import (AlreadyExists, Busy, Corrupt, DteError, InternalError, 
                          IOFailure, MissedPushes, NotFound, PermissionDenied, Timeout,
                          Unimplemented, VersionConflict)
 from dte._follower import CheckResult, Follower, Stale
+from dte._fp8 import Fp8Options
 from dte._live import (LiveCounts, LiveReceiver, LiveStatus, SharedTensor, SharedWeights, apply,
                        live_status)
 from dte._publisher import MetricsCollector, Params, Publisher
@@ -74,7 +75,8 @@ from dte._reader import StoreReader
 from dte._results import DistStats, PublishResult, PushReport
 
 __all__ = ["AlreadyExists", "Busy", "CheckResult", "Corrupt", "DistStats", "DteError",
-           "Follower", "FusedReceiverLayout", "InternalError", "InvalidArgument", "IOFailure",
+           "Follower", "Fp8Options", "FusedReceiverLayout", "InternalError", "InvalidArgument",
+           "IOFailure",
            "LiveCounts", "LiveReceiver", "LiveStatus", "MetricsCollector", "MissedPushes",
            "NotFound", "Params", "PermissionDenied", "Publisher", "PublishResult", "PushGroup",
            "PushGroupReceiver", "PushGroupStatus", "PushReceiver", "PushReceiverStatus",

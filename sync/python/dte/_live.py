@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 
 from dte import _lib
 from dte._errors import AlreadyExists, InvalidArgument, IOFailure, NotFound
+from dte._fp8 import Fp8Options
 from dte._handle import _check, _Handle
 from dte._lib import lib
 
@@ -283,12 +284,19 @@ class LiveReceiver(_Handle):
     of (tp, fuse_qkv, fuse_gate_up) holds them. A buffer must hold the live
     version when it is registered and be written by nobody but the daemon
     afterwards: an apply adds the changes to what it holds. Closing the
-    receiver (or exiting) unregisters them all. Not thread-safe."""
+    receiver (or exiting) unregisters them all. Not thread-safe.
+
+    An FP8 receiver (fp8=Fp8Options(...)) registers its quantized tensors
+    with dtype "F8_E4M3" and their scales "<module>.weight_scale_inv" as
+    "F32" of the block grid's shape, and the others as the layout has them;
+    an apply writes only the E4M3 bytes and scales that changed, so the
+    buffers always equal the target version quantized (docs/live.md)."""
 
     _close_fn = "dte_live_close"
 
     def __init__(self, mount: str | os.PathLike[str], *, tp: int = 1, rank: int = 0,
-                 fuse_qkv: bool = True, fuse_gate_up: bool = True) -> None:
+                 fuse_qkv: bool = True, fuse_gate_up: bool = True,
+                 fp8: Optional[Fp8Options] = None) -> None:
         self._h = None
         self.mount = os.fsdecode(mount)
         self.tp, self.rank = int(tp), int(rank)
@@ -296,6 +304,9 @@ class LiveReceiver(_Handle):
             raise InvalidArgument("bad receiver layout: rank %d of tp %d (tp >= 1, 0 <= rank < tp)"
                                   % (self.rank, self.tp))
         self.fuse_qkv, self.fuse_gate_up = bool(fuse_qkv), bool(fuse_gate_up)
+        if fp8 is not None and not isinstance(fp8, Fp8Options):
+            raise InvalidArgument("fp8 must be a dte.Fp8Options, not %r" % (fp8,))
+        self.fp8 = fp8
         handle = ctypes.c_void_p()
         _check(lib.dte_live_open(os.fsencode(mount), ctypes.byref(handle)))
         self._h = handle
@@ -337,6 +348,8 @@ class LiveReceiver(_Handle):
         for i, d in enumerate(shape):
             r.shape[i] = d
         r.version = _lib.LIVE_LATEST if version is None else int(version)
+        fp8 = self.fp8 or Fp8Options()
+        r.fp8_block, r.fp8_scale_rule = fp8.block, fp8.rule_code
         return r
 
     def register_cuda(self, name: str, tensor: Any, version: Optional[int] = None) -> int:

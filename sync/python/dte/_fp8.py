@@ -1,0 +1,48 @@
+"""How an FP8 receiver holds its quantized tensors (docs/fp8.md): the block
+size and the scale rule, declared once per receiver (dte.LiveReceiver's
+fp8=)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from dte._errors import InvalidArgument
+
+ScaleRule = Literal["plain", "pow2"]
+_RULES = {"plain": 0, "pow2": 1}  # enum dte_live_fp8_scale_rule
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Options:
+    """Block-scaled E4M3: one FP32 scale per block x block elements, from the
+    block's absolute maximum: amax / 448 ("plain", the public checkpoints'
+    `weight_scale_inv`) or that rounded up to a power of two ("pow2",
+    UE8M0-style). The receiver's tensor-parallel splits must fall on block
+    boundaries (the registration says which one does not)."""
+    block: int = 128
+    scale_rule: ScaleRule = "plain"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block, int) or not 1 <= self.block < 2**32:
+            raise InvalidArgument("FP8 block must be an integer in [1, 2^32), not %r"
+                                  % (self.block,))
+        if self.scale_rule not in _RULES:
+            raise InvalidArgument("FP8 scale rule %r is not one of %s"
+                                  % (self.scale_rule, ", ".join(_RULES)))
+
+    @property
+    def rule_code(self) -> int:
+        """The C ABI's dte_live_fp8_scale_rule."""
+        return _RULES[self.scale_rule]
+
+    @staticmethod
+    def scale_name(weight: str) -> str:
+        """The scale tensor of an FP8 weight: "<module>.weight_scale_inv"."""
+        return (weight[:-len(".weight")] if weight.endswith(".weight") else weight) \
+            + ".weight_scale_inv"
+
+    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """The scale grid of a rank-local rows x cols tensor."""
+        rows, cols = shape
+        return (-(-rows // self.block), -(-cols // self.block))
