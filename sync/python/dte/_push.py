@@ -31,13 +31,14 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from dte import _lib
 from dte._errors import IO_ERROR, NOT_FOUND, InvalidArgument, MissedPushes, Timeout
+from dte._fp8 import Fp8Options
 from dte._handle import _check, _Handle, _secret_arg, _text, _torch
 from dte._lib import lib
 from dte._reader import StoreReader
 
 _TORCH_DTYPES = {"bfloat16": "BF16", "float32": "F32", "float16": "F16", "float64": "F64",
                  "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
-                 "bool": "BOOL"}
+                 "bool": "BOOL", "float8_e4m3fn": "F8_E4M3"}
 
 
 # A receiver's tensor: a CPU or CUDA torch tensor, or a ("DTYPE", numpy array) pair.
@@ -86,7 +87,17 @@ class PushGroupReceiver:
     behind: bool            # told to catch up from the store
     pushes: int
     elements: int
-    bytes: int
+    bytes: int              # bytes sent to it
+    fp8: Optional[Fp8Options] = None  # an FP8 receiver's block and scale rule
+
+
+def _fp8_of(d: Optional[Dict[str, Any]]) -> Optional[Fp8Options]:
+    """A receiver's FP8 options as the server's status lists them."""
+    if d is None:
+        return None
+    rows, cols = d["block"]
+    # Fp8Options has square blocks; the C API's receivers declare them so.
+    return Fp8Options(block=int(rows), scale_rule=d["scale_rule"]) if rows == cols else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +120,8 @@ class PushGroupStatus:
             id=r["id"], rank=r["rank"], layout=ReceiverLayout(r["tp"], r["fuse_qkv"],
                                                               r["fuse_gate_up"]),
             version=r["version"], behind=r["behind"], pushes=r["pushes"],
-            elements=r["elements"], bytes=r["bytes"]) for r in d["receivers"]]
+            elements=r["elements"], bytes=r["bytes"], fp8=_fp8_of(r.get("fp8")))
+            for r in d["receivers"]]
         return cls(port=d["port"], address=d["address"], authenticated=d["authenticated"],
                    refused=d["refused"], part=d["part"], parts=d["parts"],
                    expected=d["expected"], receivers=receivers, events=list(d["events"]))
@@ -124,8 +136,9 @@ class PushReceiverStatus:
     behind: Optional[int]   # the server's version when told to catch up, else None
     pending: int            # pushes received, not yet applied
     pushes: int             # pushes applied
-    elements: int           # elements they wrote
+    elements: int           # elements they wrote (FP8 bytes and scales included)
     error: str              # the last problem, "" when none
+    bytes: int = 0          # bytes they wrote (elements times their width)
 
 
 class PushGroup(_Handle):
@@ -286,30 +299,43 @@ class PushReceiver(_Handle):
     wait, received and checked, until apply_pending() or wait_for().
     secret: the job secret (str or bytes; None: DTE_JOB_SECRET or
     DTE_JOB_SECRET_FILE), proved to every server, which must prove it
-    back."""
+    back.
+    fp8: an FP8 receiver (dte.Fp8Options: block, scale_rule): the weights
+    the FP8 policy quantizes are given as F8_E4M3 tensors (torch
+    float8_e4m3fn, or ("F8_E4M3", uint8 array) pairs), each with its F32
+    scales "<module>.weight_scale_inv" (Fp8Options.scale_name/scale_shape);
+    pushes write the E4M3 bytes and scales that changed, catch_up the
+    version quantized. Every tensor-parallel split of them must fall on
+    block boundaries (else the server refuses the receiver, naming the
+    tensor, the split and the block)."""
 
     _close_fn = "dte_push_receiver_close"
 
     def __init__(self, address: str, tensors: Mapping[str, ReceiverTensor], *, rank: int = 0,
                  layout: Optional[ReceiverLayout] = None, version: Optional[int] = None,
                  auto_apply: bool = False, timeout: float = 30.0,
-                 secret: str | bytes | None = None) -> None:
+                 secret: str | bytes | None = None, fp8: Optional[Fp8Options] = None) -> None:
         layout = layout or ReceiverLayout()
         if not isinstance(layout, ReceiverLayout):
             raise InvalidArgument("layout must be a dte.ReceiverLayout, not %r" % (layout,))
+        if fp8 is not None and not isinstance(fp8, Fp8Options):
+            raise InvalidArgument("fp8 must be a dte.Fp8Options, not %r" % (fp8,))
         self._keep: List[Any] = []
         entries = (_lib.PushTensor * max(len(tensors), 1))()
         for i, (name, value) in enumerate(tensors.items()):
             entries[i] = _tensor_entry(name, value, self._keep)
         handle = ctypes.c_void_p()
-        _check(lib.dte_push_receiver_open(
-            address.encode(), int(rank), int(layout.tp), int(layout.fuse_qkv),
-            int(layout.fuse_gate_up), int(version is not None),
-            int(version if version is not None else 0), entries, len(tensors),
-            int(bool(auto_apply)), int(timeout * 1000), _secret_arg(secret),
-            ctypes.byref(handle)))
+        args = (address.encode(), int(rank), int(layout.tp), int(layout.fuse_qkv),
+                int(layout.fuse_gate_up), int(version is not None),
+                int(version if version is not None else 0), entries, len(tensors),
+                int(bool(auto_apply)), int(timeout * 1000), _secret_arg(secret))
+        if fp8 is None:
+            _check(lib.dte_push_receiver_open(*args, ctypes.byref(handle)))
+        else:
+            _check(lib.dte_push_receiver_open_fp8(*args, fp8.block, fp8.block, fp8.rule_code,
+                                                  ctypes.byref(handle)))
         self._h = handle
-        self.rank, self.layout = int(rank), layout
+        self.rank, self.layout, self.fp8 = int(rank), layout, fp8
 
     def apply_pending(self) -> int:
         """Writes every push received so far into the tensors; returns how many."""
@@ -346,7 +372,7 @@ class PushReceiver(_Handle):
             version=st.version if st.has_version else None,
             inconsistent=bool(st.inconsistent), connected=bool(st.connected),
             behind=st.behind if st.has_behind else None, pending=st.pending, pushes=st.pushes,
-            elements=st.elements, error=_text(err))
+            elements=st.elements, error=_text(err), bytes=st.bytes)
 
     @property
     def version(self) -> Optional[int]:
