@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what tools/gpu_check.sh runs into one archive for a GPU host that
 # has neither the project's dependencies nor a network: the CUDA tests, the
-# CUDA benchmark, sync_test, libdte.so, dtefs and dtectl of BUILD_DIR
+# CUDA benchmark, sync_test, libdte.so, dtefs, dtectl and dte-gen of BUILD_DIR
 # (stripped, at the same paths under BUILD_DIR), and the shared libraries
 # they load that are not the C library's own (under lib/).
 #
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 out=${2:-build-bundle/gpu.tar.xz}
-files=(tests/kernels_test tools/bench/cuda_bench tests/sync_test sync/libdte.so tools/dtefs
+files=(tests/kernels_test tools/bench/cuda_bench tests/sync_test sync/libdte.so tools/dtefs tools/dte-gen
        tools/dtectl)
 for f in "${files[@]}"; do
   [[ -e $build/$f ]] || { echo "gpu_bundle: $build/$f is not built" >&2; exit 1; }

@@ -93,10 +93,41 @@ else
   echo "== tools/bench/gpu_sync.py: not run (needs a full build's libdte.so and dtefs in $build)"
 fi
 
+fp8_hf=0
+if [[ -x $build/tools/dtectl && -x $build/tools/dtefs && -x $build/tools/dte-gen ]]; then
+  # Issue 29, item 5: transformers' fine-grained FP8 loads MOUNT/fp8/vN and
+  # gets the logits and greedy tokens of a directory the reference quantizer
+  # made from the same BF16 version (tools/fp8_hf_check.py).
+  echo "== FP8 views loaded by transformers' fine-grained FP8 (tools/fp8_hf_check.py)"
+  python=${DTE_PYTHON:-$(command -v python3)}
+  fp8=$(mktemp -d)
+  "$build/tools/dte-gen" -q -o "$fp8/gen" --hidden 1024 --layers 2 --intermediate 2816 \
+    --heads 8 --kv-heads 4 --vocab 8192 --steps 1 --lr 2e-5
+  "$build/tools/dtectl" import --store "$fp8/store" --cache-dir "$fp8/cache" "$fp8/gen/step-000000"
+  "$build/tools/dtectl" commit --store "$fp8/store" --cache-dir "$fp8/cache" "$fp8/gen/step-000001"
+  mkdir -p "$fp8/mnt"
+  if "$build/tools/dtefs" "$fp8/store" "$fp8/mnt" --cache-dir "$fp8/cache-fs"; then
+    for _ in $(seq 100); do [[ -e $fp8/mnt/fp8/latest/config.json ]] && break; sleep 0.1; done
+    "$python" tools/fp8_hf_check.py --bf16 "$fp8/mnt/v00000001" --fp8 "$fp8/mnt/fp8/v00000001" \
+      --gpu || fp8_hf=$?
+    fusermount3 -u "$fp8/mnt" || true
+  else
+    echo "gpu_check: dtefs could not mount (no /dev/fuse?): the FP8 load check did not run" >&2
+    fp8_hf=2
+  fi
+  rm -rf "$fp8"
+else
+  echo "== FP8 views in transformers: not run (needs a full build's dtectl, dtefs and dte-gen)"
+fi
+
 if [[ $gpus -ge 2 && -x $build/tests/sync_test ]]; then
   echo "== NCCL transport between two GPUs"
   "$build/tests/sync_test" --gtest_filter='P2P.Nccl*' --gtest_color=no
 else
   echo "== NCCL transport: not run ($gpus GPU(s); it needs two and a full build's sync_test)"
+fi
+if [[ $fp8_hf -ne 0 ]]; then
+  echo "gpu_check: the FP8 transformers check failed or could not run (status $fp8_hf)" >&2
+  exit 1
 fi
 echo "gpu_check: all GPU checks passed"
