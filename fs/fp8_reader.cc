@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <string>
+
+#include "kernels/parallel.h"
 
 namespace dte::fs {
 namespace {
@@ -143,9 +146,25 @@ Status Fp8Reader::TensorPieces(const Fp8Mounted& m, const Fp8Part& p, uint64_t l
   // Bytes of one block row in this part.
   const uint64_t per_row =
       weight ? t.layout.block_rows * t.layout.cols : t.layout.grid_cols() * sizeof(float);
-  for (uint64_t at = lo - p.begin; at < hi - p.begin;) {
-    const uint64_t row = at / per_row;
-    ASSIGN_OR_RETURN(BlockCache::Value value, BlockRow(m, p.tensor, row, chain));
+  // The block rows of the range, quantized in parallel on the CPU backend's
+  // pool when there are several (a 1 MiB read of a 4096-column weight
+  // spans two), as ReadPath materializes the blocks of one read.
+  const uint64_t first = (lo - p.begin) / per_row;
+  std::vector<std::optional<Result<BlockCache::Value>>> got((hi - p.begin - 1) / per_row - first +
+                                                            1);
+  auto load = [&](size_t i) { got[i].emplace(BlockRow(m, p.tensor, first + i, chain)); };
+  if (got.size() > 1) {
+    kernels::ParallelFor(got.size(), 1, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) load(i);
+    });
+  } else {
+    load(0);
+  }
+  uint64_t at = lo - p.begin;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!got[i]->ok()) return got[i]->status();
+    const BlockCache::Value& value = **got[i];
+    const uint64_t row = first + i;
     const uint64_t row_begin = row * per_row;
     const uint64_t row_size = weight ? t.RowsOf(row) * t.layout.cols : per_row;
     const uint64_t n = std::min(row_begin + row_size, hi - p.begin) - at;
