@@ -4,12 +4,14 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fs/filesystem.h"
@@ -184,6 +186,32 @@ TEST_F(Fp8FsTest, RandomRangesEqualAWholeFileQuantization) {
   auto j = json::parse(fs_->StatusJson());
   EXPECT_GT(j["fp8"]["rows_quantized"].get<uint64_t>(), 0u);
   EXPECT_GT(j["fp8"]["row_hits"].get<uint64_t>(), 0u);
+}
+
+// Readers racing over one file share each block row's quantization (the
+// cache is single flight) and all see the same bytes; also run under TSan.
+TEST_F(Fp8FsTest, ConcurrentReadersSeeTheSameBytes) {
+  const std::string want = QuantizedFile(Model(1).safetensors[0], 128);
+  const uint64_t ino = Fp8FileIno(1, kShard1);
+  std::vector<std::thread> readers;
+  std::atomic<int> wrong{0};
+  for (int k = 0; k < 8; ++k) {
+    readers.emplace_back([&, k] {
+      std::mt19937_64 rng(k);
+      auto f = fs_->Open(ino, O_RDONLY);
+      if (!f.ok()) return (void)wrong++;
+      for (int i = 0; i < 50; ++i) {
+        const uint64_t off = rng() % want.size();
+        const uint64_t len = 1 + rng() % 200000;
+        auto got = test::ReadRange(*fs_, **f, off, len);
+        if (!got.ok() || *got != want.substr(off, len)) wrong++;
+      }
+    });
+  }
+  for (std::thread& t : readers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  auto j = json::parse(fs_->StatusJson());
+  EXPECT_EQ(j["fp8"]["rows_quantized"], 6 + 1) << "each block row once (up_proj 6, o_proj 1)";
 }
 
 TEST_F(Fp8FsTest, NoCacheStillServesTheSameBytes) {
