@@ -42,8 +42,8 @@ BlockResult ExamineBlock(const Fp8Layout& l, const uint16_t* parent, const uint1
   BlockResult res;
   res.touched = true;
   const BlockRect rect = RectOf(l, b);
-  const float old_scale = fp8_internal::BlockScale(l, parent, rect, &res.bad);
-  const float new_scale = fp8_internal::BlockScale(l, child, rect, &res.bad);
+  const float old_scale = fp8_internal::FastBlockScale(l, parent, rect, &res.bad);
+  const float new_scale = fp8_internal::FastBlockScale(l, child, rect, &res.bad);
   if (res.bad != kNoElement) return res;
   res.scale = new_scale;
   res.scale_changed = FloatBits(old_scale) != FloatBits(new_scale);

@@ -52,17 +52,6 @@ DTE_VECTORIZE uint16_t AbsMax(const uint16_t* x, size_t n) {
   return m;
 }
 
-// BlockScale for a block whose rows are scanned by AbsMax; a block holding
-// NaN or +-inf goes through BlockScale, which finds the element to refuse.
-float FastBlockScale(const Fp8Layout& l, const uint16_t* x, const BlockRect& rect, uint64_t* bad) {
-  uint16_t amax = 0;
-  for (uint64_t r = rect.r0; r < rect.r1; ++r) {
-    amax = std::max(amax, AbsMax(x + r * l.cols + rect.c0, rect.c1 - rect.c0));
-  }
-  if (Bf16AbsNonFinite(amax)) return fp8_internal::BlockScale(l, x, rect, bad);
-  return Fp8BlockScale(Bf16BitsToFp32(amax), l.rule);
-}
-
 // QuantizeE4m3 over n elements that share a finite scale, written without
 // branches so that the compiler vectorizes it; the same bytes as the
 // element function for every finite FP32 y (checked exhaustively when it was
@@ -93,6 +82,18 @@ DTE_VECTORIZE void QuantizeRun(const uint16_t* x, uint8_t* q, size_t n, float sc
 
 }  // namespace
 
+// BlockScale for a block whose rows are scanned by AbsMax; a block holding
+// NaN or +-inf goes through BlockScale, which finds the element to refuse.
+float fp8_internal::FastBlockScale(const Fp8Layout& l, const uint16_t* x, const BlockRect& rect,
+                                   uint64_t* bad) {
+  uint16_t amax = 0;
+  for (uint64_t r = rect.r0; r < rect.r1; ++r) {
+    amax = std::max(amax, AbsMax(x + r * l.cols + rect.c0, rect.c1 - rect.c0));
+  }
+  if (Bf16AbsNonFinite(amax)) return fp8_internal::BlockScale(l, x, rect, bad);
+  return Fp8BlockScale(Bf16BitsToFp32(amax), l.rule);
+}
+
 std::string fp8_internal::Refusal(const Fp8Layout& l, std::string_view tensor, uint64_t bad) {
   const uint64_t b = BlockOf(l, bad);
   const BlockRect rect = RectOf(l, b);
@@ -122,7 +123,7 @@ std::string Fp8Quantize(const Fp8Layout& l, const uint16_t* bf16, uint8_t* q_out
   ParallelFor(l.num_blocks(), BlockGrain(l), [&](size_t begin, size_t end) {
     for (size_t b = begin; b < end; ++b) {
       const BlockRect rect = RectOf(l, b);
-      const float scale = FastBlockScale(l, bf16, rect, &bad[b]);
+      const float scale = fp8_internal::FastBlockScale(l, bf16, rect, &bad[b]);
       scale_out[b] = scale;
       for (uint64_t r = rect.r0; r < rect.r1; ++r) {
         const uint64_t i0 = r * l.cols + rect.c0;

@@ -52,6 +52,10 @@ inline float BlockScale(const Fp8Layout& l, const uint16_t* x, const BlockRect& 
   return Fp8BlockScale(Bf16BitsToFp32(amax), l.rule);
 }
 
+// BlockScale with the block's rows scanned by a vectorized maximum
+// (kernels/fp8_cpu.cc); the same scale and *bad.
+float FastBlockScale(const Fp8Layout& l, const uint16_t* x, const BlockRect& rect, uint64_t* bad);
+
 // "tensor 'NAME': FP8 block (R, C) (rows .., cols ..) holds a NaN or
 // infinite weight at element (r, c); ..." for flat element `bad`.
 std::string Refusal(const Fp8Layout& l, std::string_view tensor, uint64_t bad);
