@@ -95,7 +95,7 @@ Status PushServer::Impl::Round::PackFp8Tensor(size_t c, const TensorChanges& tc,
     }
     parent_version = *pv;
   }
-  push_internal::Fp8Versions versions;
+  push_internal::Fp8Versions& versions = fp8_versions;
   Status read =
       push_internal::ReadFp8Versions(*reader, parent_version, canonical[c], tc, what, &versions);
   if (!read.ok()) {

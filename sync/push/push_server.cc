@@ -208,11 +208,7 @@ Result<const Fp8ReceiverPlan*> PushServer::Impl::Fp8PlanLocked(const Conn& c,
   const auto key = std::make_tuple(push_internal::KeyOf(c.info.layout), c.info.rank, c.fp8_key);
   if (auto it = fp8_plans_.find(key); it != fp8_plans_.end()) return &it->second;
   auto made = MakeFp8ReceiverPlan(plan, c.info.rank, *c.fp8);
-  if (!made.ok()) {
-    return made.status().WithContext("FP8 receiver " + LayoutText(c.info.layout, c.info.rank) +
-                                     " (blocks of " + std::to_string(c.fp8->block_rows) + " x " +
-                                     std::to_string(c.fp8->block_cols) + ")");
-  }
+  if (!made.ok()) return made.status();
   return &fp8_plans_.emplace(key, std::move(made).value()).first->second;
 }
 
@@ -231,9 +227,10 @@ Status PushServer::Impl::MatchLocked(Conn& c, const TransferPlan& plan, const st
                      push_internal::MatchReceiverTensors(plan, c.info.rank, c.tensors, what));
     return Status::Ok();
   }
-  ASSIGN_OR_RETURN(const Fp8ReceiverPlan* fp8, Fp8PlanLocked(c, plan));
+  auto fp8 = Fp8PlanLocked(c, plan);
+  if (!fp8.ok()) return fp8.status().WithContext(what);
   ASSIGN_OR_RETURN(c.plan_to_own,
-                   push_internal::MatchFp8ReceiverTensors(plan, *fp8, c.tensors, what));
+                   push_internal::MatchFp8ReceiverTensors(plan, **fp8, c.tensors, what));
   return Status::Ok();
 }
 

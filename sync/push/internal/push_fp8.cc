@@ -149,12 +149,11 @@ Status CheckFp8Tensors(const std::vector<PlanTensor>& tensors, const Fp8Receiver
 Status ReadFp8Versions(Materializer& reader, const std::shared_ptr<const Version>& parent,
                        const PlanTensor& tensor, const TensorChanges& changes,
                        const std::string& what, Fp8Versions* out) {
-  std::vector<uint8_t> buf;
-  RETURN_IF_ERROR(ReadTensorBytes(reader, parent, tensor.name, &buf, what));
-  out->parent.resize(buf.size() / 2);
-  std::memcpy(out->parent.data(), buf.data(), out->parent.size() * 2);
-  std::vector<uint8_t>().swap(buf);
-  out->child = out->parent;
+  // Read straight into buffers a push keeps from tensor to tensor.
+  const uint64_t n_el = ShapeElements(tensor.shape);
+  out->parent.resize(n_el);
+  RETURN_IF_ERROR(ReadTensorInto(reader, parent, tensor.name, out->parent.data(), n_el * 2, what));
+  out->child.assign(out->parent.begin(), out->parent.end());
   const size_t n = changes.indices.size();
   const auto* nv = reinterpret_cast<const uint8_t*>(changes.values.data());
   for (size_t k = 0; k < n; ++k) {

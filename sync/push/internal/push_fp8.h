@@ -75,6 +75,8 @@ struct Fp8Changes {
 // The canonical tensor's BF16 elements in the parent (read whole from the
 // store) and in the version (the parent with `changes` applied: values
 // over old values, or whole where not known).
+// A push reuses one Fp8Versions for every tensor: its buffers grow to the
+// largest.
 struct Fp8Versions {
   std::vector<uint16_t> parent, child;
 };

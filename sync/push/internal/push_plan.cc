@@ -65,14 +65,25 @@ Status ReadTensorBytes(Materializer& reader, const std::shared_ptr<const Version
                        const std::string& name, std::vector<uint8_t>* buf,
                        const std::string& what) {
   auto at = v->manifest.FindTensor(name);
+  buf->resize(at ? at->tensor->bytes() : 0);
+  return ReadTensorInto(reader, v, name, buf->data(), buf->size(), what);
+}
+
+Status ReadTensorInto(Materializer& reader, const std::shared_ptr<const Version>& v,
+                      const std::string& name, void* dst, uint64_t size, const std::string& what) {
+  auto at = v->manifest.FindTensor(name);
   if (!at) {
     return Internal(what + ": tensor " + name + " of the plan is not in " +
                     VersionName(v->manifest.version));
   }
   const FileEntry& file = *at->file;
   const TensorEntry& tensor = *at->tensor;
-  buf->resize(tensor.bytes());
-  return reader.ReadFile(v, file, file.header_size + tensor.begin, tensor.bytes(), buf->data())
+  if (tensor.bytes() != size) {
+    return Internal(what + ": tensor " + name + " of " + VersionName(v->manifest.version) +
+                    " holds " + std::to_string(tensor.bytes()) + " bytes, not " +
+                    std::to_string(size));
+  }
+  return reader.ReadFile(v, file, file.header_size + tensor.begin, size, static_cast<uint8_t*>(dst))
       .WithContext(what);
 }
 

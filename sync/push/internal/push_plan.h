@@ -31,6 +31,10 @@ Result<std::vector<uint32_t>> MatchTensors(const std::vector<PlanTensor>& want,
 // Tensor `name` of version v, whole, into *buf; `what` prefixes errors.
 Status ReadTensorBytes(Materializer& reader, const std::shared_ptr<const Version>& v,
                        const std::string& name, std::vector<uint8_t>* buf, const std::string& what);
+// The same into dst, which has room for `size` bytes: the tensor's size
+// (Internal otherwise).
+Status ReadTensorInto(Materializer& reader, const std::shared_ptr<const Version>& v,
+                      const std::string& name, void* dst, uint64_t size, const std::string& what);
 
 // Copies the part of canonical tensor `op.canonical` (all of it at `src`,
 // row-major) that op covers into the receiver tensor at `dst`.

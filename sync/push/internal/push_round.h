@@ -120,6 +120,7 @@ struct PushServer::Impl::Round {
   std::map<Fp8Key, std::array<uint64_t, 2>> fp8_counts;  // bytes and scales per FP8 op
   std::shared_ptr<const Version> parent_version;         // read by PackFp8Tensor
   std::unique_ptr<Materializer> reader;
+  push_internal::Fp8Versions fp8_versions;  // one tensor's, reused
 
   std::map<RankKey, push_internal::CountsMsg> counts;
   std::map<RankKey, uint64_t> elements;
