@@ -169,6 +169,24 @@ Status ReadFp8Versions(Materializer& reader, const std::shared_ptr<const Version
 
 namespace {
 
+// The largest BF16 magnitude bits of n elements, in lanes the compiler
+// can keep in one vector register.
+uint16_t AmaxBits(const uint16_t* x, uint64_t n) {
+  constexpr int kLanes = 16;
+  uint16_t lane[kLanes] = {};
+  uint64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const uint16_t a = x[i + k] & 0x7FFFu;
+      lane[k] = a > lane[k] ? a : lane[k];
+    }
+  }
+  uint16_t m = 0;
+  for (int k = 0; k < kLanes; ++k) m = std::max(m, lane[k]);
+  for (; i < n; ++i) m = std::max<uint16_t>(m, x[i] & 0x7FFFu);
+  return m;
+}
+
 // The parent's scale of block b (row-major over the grid).
 float ParentScale(const kernels::Fp8Layout& l, const uint16_t* x, uint64_t b) {
   const uint64_t r0 = (b / l.grid_cols()) * l.block_rows;
@@ -176,10 +194,7 @@ float ParentScale(const kernels::Fp8Layout& l, const uint16_t* x, uint64_t b) {
   const uint64_t r1 = std::min(r0 + l.block_rows, l.rows);
   const uint64_t c1 = std::min(c0 + l.block_cols, l.cols);
   uint16_t amax = 0;
-  for (uint64_t r = r0; r < r1; ++r) {
-    for (uint64_t c = c0; c < c1; ++c)
-      amax = std::max(amax, kernels::Bf16AbsBits(x[r * l.cols + c]));
-  }
+  for (uint64_t r = r0; r < r1; ++r) amax = std::max(amax, AmaxBits(x + r * l.cols + c0, c1 - c0));
   return kernels::Fp8BlockScale(kernels::Bf16BitsToFp32(amax), l.rule);
 }
 
