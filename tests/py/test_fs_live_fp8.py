@@ -4,8 +4,9 @@ their E4M3 bytes, their block scales and their BF16 tensors, in vLLM's fused
 TP layout, under both scale rules. After every `dtectl apply`, forward and
 back, every buffer equals the target version sharded directly and, for the
 quantized tensors, quantized by the independent numpy + ml_dtypes reference
-(tests/py/fp8_ref.py), bit for bit; the apply writes only the bytes and
-scales that changed.
+(tests/py/fp8_ref.py), bit for bit, and the TP-1 receiver equals the
+mount's own FP8 view of the target (MOUNT/fp8/vN read with the safetensors
+package); the apply writes only the bytes and scales that changed.
 
 The model is test_fs_live's dte-gen Llama, with AdamW steps large enough
 (lr 2e-5) that some block scales move. 32 x 32 blocks: the small model's
@@ -22,7 +23,7 @@ import pytest
 from dtectl_util import Dtectl
 import fs_util
 from fs_util import BUILD_DIR
-from fp8_ref import ref_quantize
+from fp8_ref import read_safetensors, ref_quantize
 from test_fs_live import (HEAD_DIM, HEADS, HIDDEN, INTER, KV_HEADS, LAYERS, PY_PATH, VOCAB,
                           apply, load_raw, shard)
 
@@ -102,6 +103,19 @@ class Fp8Receiver:
         self.w.unlink()
 
 
+def fused_view(fp8_dir):
+    """{name: uint8 array} of the mount's FP8 view (MOUNT/fp8/vN) laid out
+    as a TP-1 fused receiver: q/k/v and gate/up bytes and scales stacked."""
+    view = {k: a.view(np.uint8) for k, (_, _, a) in
+            read_safetensors(os.path.join(fp8_dir, "model.safetensors")).items()}
+    for parts, fused in ((("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+                         (("gate_proj", "up_proj"), "gate_up_proj")):
+        for k in [k for k in view if f".{parts[0]}." in k]:
+            view[k.replace(parts[0], fused)] = np.concatenate(
+                [view.pop(k.replace(parts[0], p)) for p in parts])
+    return view
+
+
 def differing_bytes(a, b):
     """Bytes that differ between two expected() results, element-wise."""
     n = 0
@@ -114,7 +128,7 @@ def differing_bytes(a, b):
 def test_fp8_receivers_equal_the_reference_after_every_apply(mount, gen):
     sys.path.insert(0, PY_PATH)
     import dte
-    m = mount("--live-version", 1)
+    m = mount("--live-version", 1, "--fp8-block", BLOCK)
     states = {v: load_raw(gen(v) / "model.safetensors") for v in range(STEPS + 1)}
     rxs = []
     try:
@@ -142,6 +156,13 @@ def test_fp8_receivers_equal_the_reference_after_every_apply(mount, gen):
                     old, new = shard(states[at], 1, 0), shard(states[target], 1, 0)
                     bf16_bytes += sum(2 * int(np.count_nonzero(old[k] != new[k]))
                                       for k in after if after[k][0] == "F8_E4M3")
+            # The plain TP-1 receiver equals the mount's FP8 view of the target.
+            view = fused_view(os.path.join(m.path, "fp8", "v%08d" % target))
+            x = rxs[0]
+            for k, (dt, _) in expected(states[target], 1, 0, "plain").items():
+                if dt != "BF16":
+                    assert np.array_equal(x.w.array(k).view(np.uint8).reshape(-1),
+                                          view[k].reshape(-1)), (target, k)
             # Only what changed is written: E4M3 bytes, 4 per scale, 2 per BF16 element.
             assert r["bytes"] == want, (r, want)
             at = target
