@@ -53,73 +53,64 @@ Status PushServer::Impl::Round::PackFp8(const Batch& batch, bool check,
   return Status::Ok();
 }
 
-namespace {
-
-// One FP8 op of one variant's plan to encode from a change set.
-struct Fp8Job {
-  int variant;
-  push_internal::LayoutKey layout;
-  const Fp8ReceiverOp* op;
-  const push_internal::Fp8Changes* changes;
-};
-
-using BlockShape = std::tuple<uint64_t, uint64_t, kernels::Fp8ScaleRule>;
-
-}  // namespace
-
-Status PushServer::Impl::Round::PackFp8Tensor(size_t c, const TensorChanges& tc, bool check,
-                                              std::map<Fp8Key, Fp8OpOut>* out) {
-  struct Use {
-    int variant;
-    LayoutKey layout;
-    const Fp8ReceiverPlan* plan;
-  };
-  std::vector<Use> uses;
+// The variants and layouts whose FP8 ops read canonical tensor c.
+std::vector<PushServer::Impl::Round::Fp8Use> PushServer::Impl::Round::Fp8UsesOf(size_t c) const {
+  std::vector<Fp8Use> uses;
   for (int v = 1; v <= static_cast<int>(fp8.size()); ++v) {
     if (!fp8[v - 1].failed.empty()) continue;
     for (const auto& [at, plan] : fp8[v - 1].plans) {
       if (!plan->ops_by_canonical[c].empty()) uses.push_back({v, at.first, plan});
     }
   }
-  if (uses.empty() || tc.indices.empty()) return Status::Ok();
-  const std::string what = "FP8 push of " + vname + ": tensor " + canonical[c].name;
-  auto fail = [&](const Status& s) {
-    for (const Use& u : uses) fp8[u.variant - 1].failed = "FP8 receivers: " + s.message();
-  };
+  return uses;
+}
+
+// Tensor c's parent from the store and its version in BF16, into fp8_versions.
+Status PushServer::Impl::Round::ReadFp8Versions(size_t c, const TensorChanges& tc) {
   if (!reader) {
+    ASSIGN_OR_RETURN(parent_version, store.GetVersion(parent));
     reader = std::make_unique<Materializer>(&store);
-    auto pv = store.GetVersion(parent);
-    if (!pv.ok()) {
-      fail(pv.status());
-      return Status::Ok();
-    }
-    parent_version = *pv;
   }
-  push_internal::Fp8Versions& versions = fp8_versions;
-  Status read =
-      push_internal::ReadFp8Versions(*reader, parent_version, canonical[c], tc, what, &versions);
-  if (!read.ok()) {
-    fail(read);
-    return Status::Ok();
-  }
-  // One change set per block shape and rule.
-  std::map<BlockShape, push_internal::Fp8Changes> sets;
-  std::vector<Fp8Job> jobs;
-  for (const Use& u : uses) {
+  return push_internal::ReadFp8Versions(*reader, parent_version, canonical[c], tc,
+                                        "FP8 push of " + vname + ": tensor " + canonical[c].name,
+                                        &fp8_versions);
+}
+
+// Each use's FP8 ops, with the change set of its block shape and rule
+// (computed once per shape and rule, into *sets).
+Status PushServer::Impl::Round::Fp8Jobs(size_t c, const TensorChanges& tc,
+                                        const std::vector<Fp8Use>& uses,
+                                        std::map<Fp8Shape, push_internal::Fp8Changes>* sets,
+                                        std::vector<Fp8Job>* jobs) {
+  for (const Fp8Use& u : uses) {
     const kernels::Fp8Layout& l = u.plan->canonical_layout[c];
-    const BlockShape shape{l.block_rows, l.block_cols, l.rule};
-    auto it = sets.find(shape);
-    if (it == sets.end()) {
-      it = sets.emplace(shape, push_internal::Fp8Changes{}).first;
-      Status s = push_internal::ComputeFp8Changes(l, versions, tc, canonical[c].name, &it->second);
-      if (!s.ok()) {
-        fail(s);
-        return Status::Ok();
-      }
+    const Fp8Shape shape{l.block_rows, l.block_cols, l.rule};
+    auto it = sets->find(shape);
+    if (it == sets->end()) {
+      it = sets->emplace(shape, push_internal::Fp8Changes{}).first;
+      RETURN_IF_ERROR(
+          push_internal::ComputeFp8Changes(l, fp8_versions, tc, canonical[c].name, &it->second));
     }
     for (uint32_t k : u.plan->ops_by_canonical[c]) {
-      jobs.push_back({u.variant, u.layout, &u.plan->ops[k], &it->second});
+      jobs->push_back({u.variant, u.layout, &u.plan->ops[k], &it->second});
     }
+  }
+  return Status::Ok();
+}
+
+Status PushServer::Impl::Round::PackFp8Tensor(size_t c, const TensorChanges& tc, bool check,
+                                              std::map<Fp8Key, Fp8OpOut>* out) {
+  const std::vector<Fp8Use> uses = Fp8UsesOf(c);
+  if (uses.empty() || tc.indices.empty()) return Status::Ok();
+  std::map<Fp8Shape, push_internal::Fp8Changes> sets;
+  std::vector<Fp8Job> jobs;
+  Status made = ReadFp8Versions(c, tc);
+  if (made.ok()) made = Fp8Jobs(c, tc, uses, &sets, &jobs);
+  if (!made.ok()) {
+    // This version cannot be quantized (or read): those variants' receivers
+    // are dropped; the push goes on for the others.
+    for (const Fp8Use& u : uses) fp8[u.variant - 1].failed = "FP8 receivers: " + made.message();
+    return Status::Ok();
   }
   std::vector<Fp8OpOut> encoded(jobs.size());
   kernels::ParallelFor(jobs.size(), 1, [&](size_t lo, size_t hi) {

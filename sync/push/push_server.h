@@ -35,6 +35,15 @@
 // from, a server that does not prove it. Without a secret the server
 // listens on loopback only.
 //
+// An FP8 receiver (PushReceiverOptions::fp8) holds the tensors the FP8
+// policy quantizes as E4M3 bytes and block scales (sync/transfer/fp8_plan.h).
+// For each changed tensor it quantizes, the server reads the parent from the
+// store, computes the FP8 change set once per block shape and scale rule,
+// and sends each FP8 receiver the bytes and scales that changed in its
+// layout (FP8 counts: each entry says whether it writes elements, E4M3
+// bytes or scales). Receivers of the same FP8 options, layout and rank
+// share messages; a split that does not fall on the blocks is refused.
+//
 // A receiver checks a whole push (every count against its tensor, every
 // index in range, the parent against the version it holds) before it
 // writes a byte; pushes are applied in version order; it always knows the

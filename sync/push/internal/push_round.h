@@ -53,6 +53,20 @@ struct PushServer::Impl::Round {
   };
   // [variant, layout, plan op].
   using Fp8Key = std::tuple<int, LayoutKey, size_t>;
+  // A variant's layout whose FP8 ops read a canonical tensor.
+  struct Fp8Use {
+    int variant;
+    LayoutKey layout;
+    const Fp8ReceiverPlan* plan;
+  };
+  // One FP8 op of a use, to encode from the change set of its block shape.
+  struct Fp8Job {
+    int variant;
+    LayoutKey layout;
+    const Fp8ReceiverOp* op;
+    const push_internal::Fp8Changes* changes;
+  };
+  using Fp8Shape = std::tuple<uint64_t, uint64_t, kernels::Fp8ScaleRule>;
 
   Round(Store& store, const std::shared_ptr<const Version>& v, ChangesSource& changes,
         const PushServerOptions& options)
@@ -90,6 +104,10 @@ struct PushServer::Impl::Round {
   Status PackFp8(const Batch& batch, bool check, std::map<Fp8Key, Fp8OpOut>* out);
   Status PackFp8Tensor(size_t c, const TensorChanges& changes, bool check,
                        std::map<Fp8Key, Fp8OpOut>* out);
+  std::vector<Fp8Use> Fp8UsesOf(size_t c) const;
+  Status ReadFp8Versions(size_t c, const TensorChanges& changes);
+  Status Fp8Jobs(size_t c, const TensorChanges& changes, const std::vector<Fp8Use>& uses,
+                 std::map<Fp8Shape, push_internal::Fp8Changes>* sets, std::vector<Fp8Job>* jobs);
   // Round 1's entries of an FP8 variant's layout and rank.
   void MakeFp8Counts(int v, const LayoutKey& layout, int rank, push_internal::CountsMsg* m,
                      uint64_t* elements) const;
