@@ -59,8 +59,11 @@ def check_row(row, want):
 
 
 def test_counts_equal_the_reference_quantizer_per_tensor_and_version(dte, ckpts):
-    for step in range(4):
-        dte.ok("import" if step == 0 else "commit", ckpts.dir(step))
+    # Version 2 is a policy anchor (a delta with a full table): counted
+    # against its parent like any delta.
+    dte.ok("import", ckpts.dir(0))
+    for step in range(1, 4):
+        dte.ok("commit", ckpts.dir(step), "--anchor-every", "2")
     doc = stats(dte)
     assert (doc["block_rows"], doc["block_cols"]) == (128, 128)
     rows = doc["rows"]
@@ -71,7 +74,7 @@ def test_counts_equal_the_reference_quantizer_per_tensor_and_version(dte, ckpts)
         want = reference(ckpts.state(step - 1), ckpts.state(step), 128)
         mine = [r for r in rows if r["version"] == step]
         assert sorted(r["group"] for r in mine) == sorted(want_names)
-        assert all(r["kind"] == "delta" for r in mine)
+        assert all(r["kind"] == ("full" if step == 2 else "delta") for r in mine)
         for r in mine:
             check_row(r, want[r["group"]])
         total["bf16_changed"] += sum(w["bf16_changed"] for w in want.values())
