@@ -256,7 +256,7 @@ def table(res, pre, keep):
     bf16 = med([r["fwd"]["bytes"] for r in res[pre + "bf16"]])
     print("| receiver | bytes written | vs BF16 | quantized tensors' bytes | vs BF16 "
           "| apply fwd s | back s | daemon decode s "
-          "| scatter s | requant s (read + quantize) | requant / apply |")
+          "| scatter s | requant s (read + quantize) | requant / apply [each repetition] |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for kind in KINDS:
         rows = res[pre + kind]
@@ -271,7 +271,8 @@ def table(res, pre, keep):
             total = med([r["total_s"] for r in q])
             rq = (f"{total:.2f} ({med([r['read_s'] for r in q]):.2f} + "
                   f"{med([r['quantize_s'] for r in q]):.2f})")
-            ratio = f"{total / fwd:.1f}x"
+            each = [x["total_s"] / r["fwd"]["wall"] for x, r in zip(q, rows)]
+            ratio = f"{total / fwd:.1f}x [{', '.join(f'{x:.1f}' for x in each)}]"
         print(f"| {kind} | {nbytes / 2**20:.1f} MiB | {nbytes / bf16:.3f} | "
               f"{(nbytes - keep) / 2**20:.1f} MiB | {(nbytes - keep) / (bf16 - keep):.3f} | "
               f"{fwd:.2f} | "
