@@ -72,14 +72,15 @@ Result<Live::BufferSpec> Live::Fp8Spec(const dte_live_register& r, const std::st
   const Fp8ReceiverPlan& p = **fp8;
   const bool bytes = std::string(r.dtype, strnlen(r.dtype, sizeof r.dtype)) == kFp8DTypeName;
   // A scale buffer names its weight: "<module>.weight_scale_inv".
-  const std::string weight = bytes ? name : name.substr(0, name.size() - 10);
+  static constexpr std::string_view kScaleSuffix = "_scale_inv";
+  const std::string weight = bytes ? name : name.substr(0, name.size() - kScaleSuffix.size());
   const auto& tensors = plan.plan.receiver_tensors[static_cast<size_t>(r.rank)];
   auto it = std::find_if(tensors.begin(), tensors.end(),
                          [&](const PlanTensor& t) { return t.name == weight; });
   if (it == tensors.end()) {
-    return NotFound(what + ": no such tensor in layout " +
-                    LayoutText({r.tp, r.fuse_qkv != 0, r.fuse_gate_up != 0}, r.rank) +
-                    (bytes ? "" : " has this scale tensor"));
+    const std::string layout = LayoutText({r.tp, r.fuse_qkv != 0, r.fuse_gate_up != 0}, r.rank);
+    return NotFound(what + ": " + (bytes ? "no such tensor" : "no weight \"" + weight + "\"") +
+                    " in layout " + layout);
   }
   const auto i = static_cast<uint32_t>(it - tensors.begin());
   const Fp8ReceiverTensor& t = p.tensors[i];

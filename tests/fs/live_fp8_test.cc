@@ -373,6 +373,13 @@ TEST_F(LiveFp8Test, RegistrationRefusesWhatAnFp8ReceiverCannotHold) {
   refused(Request(down + "_scale_inv", "F32", {2, 13}, 1, 0, name), 1,
           "F32 [2, 13] given, the FP8 layout has F32 [2, 12]");
   refused(Request(down, "F8_E4M3", {256, 1535}, 1, 0, name), 1, "the FP8 layout has F8_E4M3");
+  auto missing = live.Register(
+      1, getuid(),
+      Request("model.layers.9.mlp.down_proj.weight_scale_inv", "F32", {2, 12}, 1, 0, name));
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
+  EXPECT_NE(missing.status().message().find("no weight \"model.layers.9.mlp.down_proj.weight\""),
+            std::string::npos)
+      << missing.status().message();
   dte_live_register r = Request(down, "F8_E4M3", {256, 1536}, 1, 0, name);
   r.fp8_scale_rule = 7;
   refused(r, 1, "unknown FP8 scale rule 7");
