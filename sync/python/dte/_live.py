@@ -352,17 +352,21 @@ class LiveReceiver(_Handle):
         r.fp8_block, r.fp8_scale_rule = fp8.block, fp8.rule_code
         return r
 
-    def register_cuda(self, name: str, tensor: Any, version: Optional[int] = None) -> int:
+    def register_cuda(self, name: str, tensor: Any, version: Optional[int] = None,
+                      dtype: Optional[str] = None) -> int:
         """Registers tensor `name` (as register) held by `tensor`, a
         contiguous PyTorch CUDA tensor of this process, through a CUDA IPC
         handle of the allocation holding it and its offset there; returns
         its buffer id. The tensor must stay allocated while it is
         registered. Needs PyTorch's default CUDA allocator (an allocation
-        per IPC handle: not expandable segments)."""
+        per IPC handle: not expandable segments). `dtype` overrides the
+        safetensors dtype taken from the tensor's: "F8_E4M3" for the FP8
+        bytes of an FP8 receiver held in a uint8 tensor (PyTorch without
+        float8 dtypes)."""
         if not self._h:
             raise InvalidArgument("the receiver of %s is closed" % self.mount)
         device, handle, offset = _cuda_ipc(name, tensor)
-        dtype = _TORCH_DTYPES.get(str(tensor.dtype))
+        dtype = dtype or _TORCH_DTYPES.get(str(tensor.dtype))
         if dtype is None:
             raise InvalidArgument("tensor %s: %s has no safetensors name here"
                                   % (name, tensor.dtype))
