@@ -43,8 +43,10 @@ extern "C" {
  * gains the phase times and detect_device_bytes.
  * 6: a publish that finds another writer moved the store's latest version
  * returns DTE_ALREADY_EXISTS (was DTE_INVALID_ARGUMENT); a push or live
- * apply reads only the attention geometry of config.json. */
-#define DTE_C_API_VERSION 6
+ * apply reads only the attention geometry of config.json.
+ * 7: FP8 receivers: dte_push_receiver_open_fp8; dte_push_receiver_status
+ * gains bytes (the bytes pushes wrote). */
+#define DTE_C_API_VERSION 7
 
 /* Result codes (the store's error classes). */
 enum dte_code {
