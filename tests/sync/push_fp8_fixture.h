@@ -166,8 +166,7 @@ class PushFp8Test : public ::testing::Test {
     return out;
   }
 
-  std::unique_ptr<PushServer> StartServer() {
-    PushServerOptions o;
+  std::unique_ptr<PushServer> StartServer(PushServerOptions o = {}) {
     o.timeout = 10s;
     auto s = PushServer::Start(o);
     EXPECT_TRUE(s.ok()) << s.status().message();

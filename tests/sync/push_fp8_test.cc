@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cuda.h"
+#include "sync/push/changes.h"
 #include "sync/push/internal/push_wire.h"
 #include "sync/transport/socket.h"
 #include "tests/sync/push_fp8_fixture.h"
@@ -120,6 +121,42 @@ TEST_F(PushFp8Test, ReceiversThatMissedPushesCatchUpToTheQuantizedVersion) {
   for (auto& r : rxs) {
     ASSERT_TRUE(r->rx->WaitFor(2, 10s).ok());
     ExpectHolds(*r, v2);
+  }
+}
+
+// A version pushed from its records in the store (a distributed
+// publisher's rank 0: differences over unknown old values, dense blocks
+// compared), with no cache and one tensor per batch, so every tensor is
+// read, its FP8 change set computed, and its data packed twice: the FP8
+// receivers still equal the version.
+TEST_F(PushFp8Test, ChangesReadBackFromTheStoreInTwoPassesPushTheQuantizedVersion) {
+  PushServerOptions no_cache;
+  no_cache.cache_bytes = 0;
+  no_cache.batch_entries = 1;
+  auto server = StartServer(no_cache);
+  ASSERT_TRUE(server);
+  std::vector<std::unique_ptr<Rx>> rxs;
+  for (int r = 0; r < 2; ++r) {
+    rxs.push_back(Receiver(*server, FusedReceiverLayout(2), r,
+                           Fp8Options(4, 4, Fp8ScaleRule::kPowerOfTwo), state_, 0));
+  }
+  rxs.push_back(Receiver(*server, FusedReceiverLayout(2), 0, std::nullopt, state_, 0));
+  AwaitReceivers(*server, rxs.size());
+  std::mt19937_64 rng(12);
+  State state = state_;
+  for (double density : {0.05, 0.7}) {
+    State next = Step(state, density, density > 0.5, rng);
+    const uint64_t v = Commit(next);
+    auto source = StoreChanges(*store_, V(v));
+    ASSERT_TRUE(source.ok()) << source.status().message();
+    auto report = server->Push(*store_, V(v), **source);
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    EXPECT_EQ(report->pushed, rxs.size());
+    for (auto& r : rxs) {
+      ASSERT_TRUE(r->rx->WaitFor(v, 10s).ok());
+      ExpectHolds(*r, next);
+    }
+    state = std::move(next);
   }
 }
 
