@@ -7,11 +7,13 @@
 // pushes are refused with nothing written.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda.h"
@@ -152,6 +154,56 @@ TEST_F(PushFp8Test, ChangesReadBackFromTheStoreInTwoPassesPushTheQuantizedVersio
     auto report = server->Push(*store_, V(v), **source);
     ASSERT_TRUE(report.ok()) << report.status().message();
     EXPECT_EQ(report->pushed, rxs.size());
+    for (auto& r : rxs) {
+      ASSERT_TRUE(r->rx->WaitFor(v, 10s).ok());
+      ExpectHolds(*r, next);
+    }
+    state = std::move(next);
+  }
+}
+
+// A push in parts from two senders (a distributed publisher's ranks, each
+// pushing the tensors it owns; each computes the FP8 change sets of its
+// own): the FP8 receivers join the parts into one version equal to the
+// quantized version.
+TEST_F(PushFp8Test, PartsFromTwoSendersMakeOneQuantizedVersion) {
+  std::vector<std::unique_ptr<PushServer>> servers;
+  std::vector<std::string> senders;
+  for (int p = 0; p < 2; ++p) {
+    servers.push_back(StartServer());
+    ASSERT_TRUE(servers.back());
+    ASSERT_TRUE(servers.back()->SetGroup(p, 2).ok());
+    senders.push_back(servers.back()->address());
+  }
+  for (auto& s : servers) ASSERT_TRUE(s->SetSenders(senders).ok());
+  std::vector<std::unique_ptr<Rx>> rxs;
+  for (int r = 0; r < 2; ++r) {
+    rxs.push_back(Receiver(*servers[0], FusedReceiverLayout(2), r,
+                           Fp8Options(4, 4, Fp8ScaleRule::kPlain), state_, 0));
+  }
+  for (auto& s : servers) AwaitReceivers(*s, rxs.size());
+  std::mt19937_64 rng(14);
+  State state = state_;
+  for (int step = 1; step <= 2; ++step) {
+    State next = Step(state, 0.05, step == 2, rng);
+    const uint64_t v = Commit(next);
+    std::vector<std::vector<TensorChanges>> mine(2);
+    for (TensorChanges& c : Diff(state, next)) {
+      const size_t k = std::find_if(specs_.begin(), specs_.end(),
+                                    [&](const PlanTensor& t) { return t.name == c.name; }) -
+                       specs_.begin();
+      mine[k % 2].push_back(std::move(c));
+    }
+    std::vector<Result<PushReport>> reports(2, Internal("not run"));
+    std::vector<std::thread> threads;
+    for (int p = 0; p < 2; ++p) {
+      threads.emplace_back([&, p] { reports[p] = servers[p]->Push(*store_, V(v), mine[p]); });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& rep : reports) {
+      ASSERT_TRUE(rep.ok()) << rep.status().message();
+      EXPECT_EQ(rep->pushed, rxs.size());
+    }
     for (auto& r : rxs) {
       ASSERT_TRUE(r->rx->WaitFor(v, 10s).ok());
       ExpectHolds(*r, next);
