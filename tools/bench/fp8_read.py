@@ -33,28 +33,41 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import chain_bench  # noqa: E402
 import fs_bench_util as fu  # noqa: E402
-from chain_bench import DTECTL, DTEGEN, Mount, cpu_seconds, drop_from_page_cache, run  # noqa: E402
+from chain_bench import Mount, cpu_seconds, drop_from_page_cache, run  # noqa: E402
 
 GB = 1e9
+
+
+def copy_tools(work):
+    """Copies dtefs, dtectl and dte-gen into work/bin, so that a rebuild in the
+    build directory cannot swap them in the middle of a run."""
+    bin_dir = os.path.join(work, "bin")
+    os.makedirs(bin_dir, exist_ok=True)
+    for name in ("DTEFS", "DTECTL", "DTEGEN"):
+        built = getattr(chain_bench, name)
+        if not os.access(built, os.X_OK):
+            sys.exit(f"{built} is not built")
+        setattr(chain_bench, name, shutil.copy2(built, bin_dir))
 
 
 def build_store(work, size, steps):
     """Commits steps 0..steps of a dte-gen model as one chain (reused if there)."""
     store, cache = os.path.join(work, "store"), os.path.join(work, "dtectl-cache")
     if os.path.isdir(os.path.join(store, "manifests")):
-        n = len(json.loads(run([DTECTL, "log", "--store", store, "--cache-dir", cache,
+        n = len(json.loads(run([chain_bench.DTECTL, "log", "--store", store, "--cache-dir", cache,
                                 "--json"]).stdout))
         if n == steps + 1:
             return store
         sys.exit(f"{store} holds {n} versions, not {steps + 1}: remove it or use another --work")
     gen = os.path.join(work, "gen")
     t0 = time.monotonic()
-    run([DTEGEN, "--out", gen, "--size", size, "--steps", str(steps), "--shard-size", "512MB",
-         "-q"])
+    run([chain_bench.DTEGEN, "--out", gen, "--size", size, "--steps", str(steps),
+         "--shard-size", "512MB", "-q"])
     for step in range(steps + 1):
-        run([DTECTL, "import" if step == 0 else "commit", "--store", store, "--cache-dir", cache,
-             "-q", os.path.join(gen, f"step-{step:06d}")])
+        run([chain_bench.DTECTL, "import" if step == 0 else "commit", "--store", store,
+             "--cache-dir", cache, "-q", os.path.join(gen, f"step-{step:06d}")])
     print(f"  committed v0..v{steps} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     shutil.rmtree(gen, ignore_errors=True)
     return store
@@ -138,7 +151,8 @@ def bench(store, work, version, scale, reps, load):
 
 def table(results):
     lines = ["| reader | side | seconds | GB/s served | GB/s of the BF16 version | dtefs CPU s | "
-             "quantize s | peak RSS MiB | other load (cores) |", "|---|---|---|---|---|---|---|---|---|"]
+             "quantize s | peak RSS MiB | other load (cores) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for rname, r in results.items():
         for side in ("bf16", "fp8"):
             s = r[side]
@@ -167,10 +181,8 @@ def main():
                    help="read again when other processes used more cores than this meanwhile")
     p.add_argument("--retries", type=int, default=2)
     a = p.parse_args()
-    for tool in (DTECTL, DTEGEN):
-        if not os.access(tool, os.X_OK):
-            sys.exit(f"{tool} is not built")
     work = a.work or tempfile.mkdtemp(prefix="fp8-read-")
+    copy_tools(work)
     fu.install_cleanup()
     try:
         store = build_store(work, a.size, a.steps)
