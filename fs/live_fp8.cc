@@ -126,10 +126,18 @@ class Fp8Step {
   Status Run();
 
  private:
-  Status RunJob(const BandJob& job, std::vector<uint16_t>* live, std::vector<uint16_t>* target,
-                std::vector<uint64_t>* idx, kernels::Fp8ChangeSet* out) const;
-  Status ReadBand(const Live::Changes& c, uint64_t e0, uint64_t e1, std::vector<uint16_t>* live,
-                  std::vector<uint16_t>* target) const;
+  // A worker's buffers, reused from band to band: both versions' band, a
+  // store block, the band's changed indices.
+  struct Scratch {
+    std::vector<uint16_t> live, target, block;
+    std::vector<uint64_t> idx;
+  };
+  Status RunJob(const BandJob& job, Scratch* w, kernels::Fp8ChangeSet* out) const;
+  Status ReadBand(const Live::Changes& c, uint64_t e0, uint64_t e1, Scratch* w) const;
+  uint64_t NumElements(const Live::Changes& c) const {
+    const TensorEntry& t = to_.version->manifest.files[c.file].tensors[c.tensor];
+    return (t.end - t.begin) / 2;
+  }
   const std::string& NameOf(const Live::Changes& c) const {
     return to_.version->manifest.files[c.file].tensors[c.tensor].name;
   }
@@ -169,15 +177,25 @@ void Fp8Step::ListJobs(const std::vector<Live::Changes>& changes,
 // are the same where no change lies, and the target's minus the
 // differences where the changes are differences; blocks with whole values
 // or compared ones are read from the live version too.
-Status Fp8Step::ReadBand(const Live::Changes& c, uint64_t e0, uint64_t e1,
-                         std::vector<uint16_t>* live, std::vector<uint16_t>* target) const {
+Status Fp8Step::ReadBand(const Live::Changes& c, uint64_t e0, uint64_t e1, Scratch* w) const {
+  std::vector<uint16_t>* live = &w->live;
+  std::vector<uint16_t>* target = &w->target;
+  std::vector<uint16_t>* scratch = &w->block;
   const uint64_t be = c.block_elements;
   for (uint64_t b = e0 / be; b * be < e1; ++b) {
     const uint64_t lo = std::max(e0, b * be), hi = std::min(e1, (b + 1) * be);
     const auto block = static_cast<uint32_t>(b);
-    ASSIGN_OR_RETURN(auto tb,
-                     reader_->TensorBlock(to_.version, c.file, c.tensor, block, &to_.chain));
-    std::memcpy(target->data() + (lo - e0), tb->data() + (lo - b * be) * 2, (hi - lo) * 2);
+    // A store block inside the band is read in place, one it shares with
+    // another band through a scratch block. Not cached: the pass over a
+    // version would only evict what reads of the mount use.
+    const bool inside = lo == b * be && hi == std::min(NumElements(c), (b + 1) * be);
+    if (!inside) scratch->resize(be);
+    uint16_t* dst = inside ? target->data() + (lo - e0) : scratch->data();
+    RETURN_IF_ERROR(reader_->CopyTensorBlock(to_.version, c.file, c.tensor, block,
+                                             reinterpret_cast<uint8_t*>(dst), &to_.chain));
+    if (!inside) {
+      std::memcpy(target->data() + (lo - e0), scratch->data() + (lo - b * be), (hi - lo) * 2);
+    }
     auto bc = std::lower_bound(c.blocks.begin(), c.blocks.end(), block,
                                [](const Live::BlockChange& x, uint32_t v) { return x.block < v; });
     const bool changed = bc != c.blocks.end() && bc->block == block;
@@ -200,9 +218,10 @@ Status Fp8Step::ReadBand(const Live::Changes& c, uint64_t e0, uint64_t e1,
   return Status::Ok();
 }
 
-Status Fp8Step::RunJob(const BandJob& job, std::vector<uint16_t>* live,
-                       std::vector<uint16_t>* target, std::vector<uint64_t>* idx,
-                       kernels::Fp8ChangeSet* out) const {
+Status Fp8Step::RunJob(const BandJob& job, Scratch* w, kernels::Fp8ChangeSet* out) const {
+  std::vector<uint16_t>* live = &w->live;
+  std::vector<uint16_t>* target = &w->target;
+  std::vector<uint64_t>* idx = &w->idx;
   const kernels::Fp8Layout& l = out_->plan->canonical_layout[job.canonical];
   kernels::Fp8Layout band = l;
   const uint64_t r0 = job.band * l.block_rows;
@@ -210,7 +229,7 @@ Status Fp8Step::RunJob(const BandJob& job, std::vector<uint16_t>* live,
   const uint64_t e0 = r0 * l.cols, e1 = e0 + band.num_elements();
   live->resize(band.num_elements());
   target->resize(band.num_elements());
-  RETURN_IF_ERROR(ReadBand(*job.c, e0, e1, live, target));
+  RETURN_IF_ERROR(ReadBand(*job.c, e0, e1, w));
   const std::vector<uint64_t>& all = changed_.at(job.c);
   idx->assign(all.begin() + static_cast<ptrdiff_t>(job.begin),
               all.begin() + static_cast<ptrdiff_t>(job.end));
@@ -230,10 +249,9 @@ Status Fp8Step::RunJob(const BandJob& job, std::vector<uint16_t>* live,
 Status Fp8Step::Run() {
   std::vector<BandResult> results(jobs_.size());
   kernels::ParallelFor(jobs_.size(), 1, [&](size_t begin, size_t end) {
-    std::vector<uint16_t> live, target;
-    std::vector<uint64_t> idx;
+    Scratch w;
     for (size_t j = begin; j < end; ++j) {
-      results[j].status = RunJob(jobs_[j], &live, &target, &idx, &results[j].set);
+      results[j].status = RunJob(jobs_[j], &w, &results[j].set);
     }
   });
   out_->by_canonical.assign(out_->plan->canonical_fp8.size(), kernels::Fp8ChangeSet{});

@@ -78,6 +78,27 @@ Result<BlockCache::Value> ReadPath::Block(const std::shared_ptr<const Version>& 
   });
 }
 
+Status ReadPath::CopyTensorBlock(const std::shared_ptr<const Version>& v, uint32_t file_index,
+                                 uint32_t tensor, uint32_t block, uint8_t* dst,
+                                 const VersionChain* chain) {
+  const FileEntry& file = v->manifest.files[file_index];
+  const TensorEntry& t = file.tensors[tensor];
+  const size_t record = size_t{t.first_block} + block;
+  const uint64_t bb = v->manifest.block_bytes;
+  const uint64_t len = std::min<uint64_t>(bb, t.bytes() - uint64_t{block} * bb);
+  const BlockCache::Value cached =
+      cache_.Peek(CacheKey{v->manifest.version, record, v->manifest.revision});
+  if (cached && cached->size() == len) {
+    std::memcpy(dst, cached->data(), len);
+    return Status::Ok();
+  }
+  Status s = materializer_.ReadBlock(v, file, t, block, dst, chain);
+  if (!s.ok()) {
+    return Status(s.code(), s.message() + " [blobs: " + ChainBlobs(store_, v, record) + "]");
+  }
+  return Status::Ok();
+}
+
 Status ReadPath::VisitData(const std::shared_ptr<const Version>& v, const FileEntry& file,
                            uint64_t offset, uint64_t len, const VersionChain* chain,
                            const PieceSink& take) {

@@ -60,6 +60,14 @@ class ReadPath {
     return Block(v, f, f.tensors[tensor], block, chain);
   }
 
+  // The same block copied into dst (room for the block's length): from the
+  // cache when it holds it, else materialized and checked without being
+  // cached, for a reader that passes over a whole version once (a live
+  // apply's FP8 change sets) and would only evict what others read.
+  Status CopyTensorBlock(const std::shared_ptr<const Version>& v, uint32_t file_index,
+                         uint32_t tensor, uint32_t block, uint8_t* dst,
+                         const VersionChain* chain = nullptr);
+
   VersionChain ChainOf(const std::shared_ptr<const Version>& v, bool stop_at_joins = false) {
     return materializer_.ChainOf(v, stop_at_joins);
   }
