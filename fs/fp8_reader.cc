@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -29,10 +30,10 @@ Result<std::optional<std::string>> ReadRawFile(ReadPath* reader,
 // The refusal of block row `row` of t (whose BF16 rows are `bf16`), naming
 // the first non-finite element by its row and column in the whole tensor
 // (Fp8Quantize's `refusal` numbers blocks within the row).
-Status NonFinite(const Fp8Mounted& m, const Fp8Tensor& t, uint64_t row,
-                 const std::vector<uint16_t>& bf16, const std::string& refusal) {
+Status NonFinite(const Fp8Mounted& m, const Fp8Tensor& t, uint64_t row, const uint16_t* bf16,
+                 const std::string& refusal) {
   const uint64_t first = row * t.layout.block_rows;
-  for (uint64_t i = 0; i < bf16.size(); ++i) {
+  for (uint64_t i = 0; i < t.RowsOf(row) * t.layout.cols; ++i) {
     if ((bf16[i] & 0x7F80) != 0x7F80) continue;
     return IOError("FP8 view of " + VersionName(m.version->manifest.version) + ": tensor '" +
                    t.name + "' holds a NaN or infinite weight at element (" +
@@ -43,6 +44,19 @@ Status NonFinite(const Fp8Mounted& m, const Fp8Tensor& t, uint64_t row,
                    "); FP8 quantization refuses non-finite weights");
   }
   return IOError("FP8 view of " + VersionName(m.version->manifest.version) + ": " + refusal);
+}
+
+// A buffer of this thread for at least n BF16 elements, not zero-filled and
+// kept between calls: block rows are read into it (allocating and faulting
+// in fresh pages for every row cost more than copying into warm ones).
+uint16_t* RowBuffer(uint64_t n) {
+  thread_local std::unique_ptr<uint16_t[]> buffer;
+  thread_local uint64_t size = 0;
+  if (size < n) {
+    buffer.reset(new uint16_t[n]);
+    size = n;
+  }
+  return buffer.get();
 }
 
 }  // namespace
@@ -104,10 +118,10 @@ Result<BlockCache::Value> Fp8Reader::QuantizeRow(const Fp8Mounted& m, const Fp8T
                                                  uint64_t row, const VersionChain* chain) {
   const uint64_t rows = t.RowsOf(row);
   const uint64_t cols = t.layout.cols;
-  std::vector<uint16_t> bf16(rows * cols);
+  uint16_t* bf16 = RowBuffer(rows * cols);
   RETURN_IF_ERROR(reader_->Read(m.version, t.file,
                                 t.source_offset + row * t.layout.block_rows * cols * 2,
-                                bf16.size() * 2, reinterpret_cast<uint8_t*>(bf16.data()), chain));
+                                rows * cols * 2, reinterpret_cast<uint8_t*>(bf16), chain));
   kernels::Fp8Layout layout = t.layout;
   layout.rows = rows;
   const uint64_t scales = layout.grid_cols();
@@ -115,14 +129,14 @@ Result<BlockCache::Value> Fp8Reader::QuantizeRow(const Fp8Mounted& m, const Fp8T
   auto* q = reinterpret_cast<uint8_t*>(out->mutable_data());
   std::vector<float> scale(scales);
   const auto start = std::chrono::steady_clock::now();
-  std::string refusal = kernels::Fp8Quantize(layout, bf16.data(), q, scale.data(), t.name);
+  std::string refusal = kernels::Fp8Quantize(layout, bf16, q, scale.data(), t.name);
   quantize_ns_ += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count());
   if (!refusal.empty()) return NonFinite(m, t, row, bf16, refusal);
   std::memcpy(q + rows * cols, scale.data(), scales * sizeof(float));
   rows_quantized_++;
-  bf16_bytes_ += bf16.size() * 2;
+  bf16_bytes_ += rows * cols * 2;
   fp8_bytes_ += out->size();
   return std::shared_ptr<const Bytes>(std::move(out));
 }
