@@ -112,6 +112,14 @@ Result<Fp8View> Fp8View::Build(const Fp8ViewSource& source, const Fp8ViewOptions
   return view;
 }
 
+// A safetensors file of the view being laid out: its tensors and parts,
+// offsets relative to the data section until the header is known.
+struct Fp8View::FileLayout {
+  std::vector<TensorInfo> infos;
+  std::vector<Fp8Part> parts;
+  uint64_t at = 0;  // bytes of the data section so far
+};
+
 Status Fp8View::BuildSafetensors(const Fp8ViewSource& source, uint32_t file) {
   const FileEntry& f = manifest_->files[file];
   const std::string what = What(f.name);
@@ -122,53 +130,10 @@ Status Fp8View::BuildSafetensors(const Fp8ViewSource& source, uint32_t file) {
   }
   const std::string_view header_json = std::string_view(source.headers[file]).substr(kPrefixBytes);
   ASSIGN_OR_RETURN(SafetensorsHeader parsed, ParseSafetensorsHeader(header_json, f.size, what));
-  std::vector<TensorInfo> infos;
-  std::vector<Fp8Part> data_parts;  // offsets relative to the data section for now
+  FileLayout layout;
   const size_t first_tensor = tensors_.size();
-  uint64_t at = 0;
-  for (uint32_t k = 0; k < f.tensors.size(); ++k) {
-    const TensorEntry& t = f.tensors[k];
-    const Fp8Decision d = DecideFp8(options_.policy, t.name, t.dtype, t.shape);
-    if (d != Fp8Decision::kQuantize) {
-      if (d == Fp8Decision::kSkippedModule) not_converted_.push_back(ModuleOf(t.name));
-      kept_[t.name] = KeptReason(d, t);
-      infos.push_back({t.name, t.dtype, t.shape, at, at + t.bytes()});
-      AddPart({at, t.bytes(), Fp8PartKind::kCopy, f.header_size + t.begin, 0}, &data_parts);
-      at += t.bytes();
-      continue;
-    }
-    Fp8Tensor q;
-    q.file = file;
-    q.tensor = k;
-    q.name = t.name;
-    q.scale_name = t.name + kScaleSuffix;
-    q.layout = {static_cast<uint64_t>(t.shape[0]), static_cast<uint64_t>(t.shape[1]),
-                options_.block_rows, options_.block_cols, options_.rule};
-    q.source_offset = f.header_size + t.begin;
-    if (manifest_->FindTensor(q.scale_name)) {
-      return InvalidArgument(what + ": tensor '" + q.scale_name +
-                             "' already exists; the FP8 view cannot add the scales of '" + t.name +
-                             "' under that name");
-    }
-    const uint64_t weight_bytes = q.layout.num_elements();
-    const uint64_t scale_bytes = q.layout.num_blocks() * sizeof(float);
-    const auto index = static_cast<uint32_t>(tensors_.size());
-    infos.push_back({t.name, DType::kF8E4M3, t.shape, at, at + weight_bytes});
-    AddPart({at, weight_bytes, Fp8PartKind::kWeight, 0, index}, &data_parts);
-    q.weight_offset = at;
-    at += weight_bytes;
-    infos.push_back(
-        {q.scale_name,
-         DType::kF32,
-         {static_cast<int64_t>(q.layout.grid_rows()), static_cast<int64_t>(q.layout.grid_cols())},
-         at,
-         at + scale_bytes});
-    AddPart({at, scale_bytes, Fp8PartKind::kScale, 0, index}, &data_parts);
-    q.scale_offset = at;
-    at += scale_bytes;
-    tensors_.push_back(std::move(q));
-  }
-  tensor_bytes_ += at;
+  for (uint32_t k = 0; k < f.tensors.size(); ++k) RETURN_IF_ERROR(LayOut(file, k, &layout));
+  tensor_bytes_ += layout.at;
   if (tensors_.size() == first_tensor) {  // nothing quantized: the file as it is
     files_[file] = CopiedFile(f);
     return Status::Ok();
@@ -176,11 +141,11 @@ Status Fp8View::BuildSafetensors(const Fp8ViewSource& source, uint32_t file) {
   Fp8ViewFile& out = files_[file];
   out.name = f.name;
   out.changed = true;
-  out.text = BuildSafetensorsHeader(infos, parsed.metadata);
+  out.text = BuildSafetensorsHeader(layout.infos, parsed.metadata);
   const uint64_t h = out.text.size();
-  out.size = h + at;
+  out.size = h + layout.at;
   AddPart({0, h, Fp8PartKind::kText, 0, 0}, &out.parts);
-  for (Fp8Part p : data_parts) {
+  for (Fp8Part p : layout.parts) {
     p.begin += h;
     AddPart(p, &out.parts);
   }
@@ -188,6 +153,48 @@ Status Fp8View::BuildSafetensors(const Fp8ViewSource& source, uint32_t file) {
     tensors_[i].weight_offset += h;
     tensors_[i].scale_offset += h;
   }
+  return Status::Ok();
+}
+
+Status Fp8View::LayOut(uint32_t file, uint32_t k, FileLayout* l) {
+  const FileEntry& f = manifest_->files[file];
+  const TensorEntry& t = f.tensors[k];
+  const Fp8Decision d = DecideFp8(options_.policy, t.name, t.dtype, t.shape);
+  if (d != Fp8Decision::kQuantize) {
+    if (d == Fp8Decision::kSkippedModule) not_converted_.push_back(ModuleOf(t.name));
+    kept_[t.name] = KeptReason(d, t);
+    l->infos.push_back({t.name, t.dtype, t.shape, l->at, l->at + t.bytes()});
+    AddPart({l->at, t.bytes(), Fp8PartKind::kCopy, f.header_size + t.begin, 0}, &l->parts);
+    l->at += t.bytes();
+    return Status::Ok();
+  }
+  Fp8Tensor q;
+  q.file = file;
+  q.tensor = k;
+  q.name = t.name;
+  q.scale_name = t.name + kScaleSuffix;
+  q.layout = {static_cast<uint64_t>(t.shape[0]), static_cast<uint64_t>(t.shape[1]),
+              options_.block_rows, options_.block_cols, options_.rule};
+  q.source_offset = f.header_size + t.begin;
+  if (manifest_->FindTensor(q.scale_name)) {
+    return InvalidArgument(What(f.name) + ": tensor '" + q.scale_name +
+                           "' already exists; the FP8 view cannot add the scales of '" + t.name +
+                           "' under that name");
+  }
+  const auto index = static_cast<uint32_t>(tensors_.size());
+  const uint64_t weight_bytes = q.layout.num_elements();
+  q.weight_offset = l->at;
+  l->infos.push_back({t.name, DType::kF8E4M3, t.shape, l->at, l->at + weight_bytes});
+  AddPart({l->at, weight_bytes, Fp8PartKind::kWeight, 0, index}, &l->parts);
+  l->at += weight_bytes;
+  const uint64_t scale_bytes = q.layout.num_blocks() * sizeof(float);
+  const std::vector<int64_t> grid = {static_cast<int64_t>(q.layout.grid_rows()),
+                                     static_cast<int64_t>(q.layout.grid_cols())};
+  q.scale_offset = l->at;
+  l->infos.push_back({q.scale_name, DType::kF32, grid, l->at, l->at + scale_bytes});
+  AddPart({l->at, scale_bytes, Fp8PartKind::kScale, 0, index}, &l->parts);
+  l->at += scale_bytes;
+  tensors_.push_back(std::move(q));
   return Status::Ok();
 }
 

@@ -130,7 +130,10 @@ class Fp8View {
   Result<const Fp8Tensor*> Find(std::string_view name) const;
 
  private:
+  struct FileLayout;
   Status BuildSafetensors(const Fp8ViewSource& source, uint32_t file);
+  // Tensor k of safetensors file `file`: kept, or its E4M3 form and scales.
+  Status LayOut(uint32_t file, uint32_t k, FileLayout* layout);
   Status BuildIndex(const std::string& bytes, Fp8ViewFile* out) const;
   Status BuildConfig(const std::string& bytes, Fp8ViewFile* out) const;
   std::string What(std::string_view file) const;
