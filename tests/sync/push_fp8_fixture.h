@@ -22,6 +22,7 @@
 #include "store/store.h"
 #include "sync/push/push_receiver.h"
 #include "sync/push/push_server.h"
+#include "tests/sync/push_test_util.h"
 #include "tests/sync/transfer_test_util.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
@@ -117,63 +118,22 @@ class PushFp8Test : public ::testing::Test {
   }
 
   uint64_t Commit(const State& state) {
-    test::TestCheckpoint c;
-    const ModelConfig& m = config_;
-    c.raw_files["config.json"] =
-        "{\"model_type\": \"llama\", \"num_hidden_layers\": " + std::to_string(m.layers) +
-        ", \"hidden_size\": " + std::to_string(m.hidden) +
-        ", \"num_attention_heads\": " + std::to_string(m.heads) +
-        ", \"num_key_value_heads\": " + std::to_string(m.kv_heads) +
-        ", \"head_dim\": " + std::to_string(m.head_dim) +
-        ", \"intermediate_size\": " + std::to_string(m.intermediate) +
-        ", \"vocab_size\": " + std::to_string(m.vocab) + "}\n";
-    test::TestSafetensors f{"model.safetensors", {}, {{"format", "pt"}}};
-    for (const PlanTensor& t : specs_) {
-      const Bytes& b = state.at(t.name);
-      std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
-      f.tensors.push_back({t.name, t.dtype, shape, std::string(b.begin(), b.end())});
-    }
-    c.safetensors.push_back(f);
     const std::string dir = tmp_.path() + "/ckpt" + std::to_string(dirs_++);
-    EXPECT_TRUE(test::WriteCheckpoint(c, dir).ok());
-    auto r = CommitDirectory(*store_, dir, CommitOptions{});
-    EXPECT_TRUE(r.ok()) << r.status().message();
-    return r.ok() ? r->version : 0;
+    return push_test::CommitState(*store_, config_, specs_, state, dir);
   }
 
   std::shared_ptr<const Version> V(uint64_t version) {
-    auto v = store_->GetVersion(version);
-    EXPECT_TRUE(v.ok()) << v.status().message();
-    return v.ok() ? *v : nullptr;
+    return push_test::GetVersion(*store_, version);
   }
 
   // Per tensor, the elements that differ, with their old values.
   std::vector<TensorChanges> Diff(const State& a, const State& b) const {
-    std::vector<TensorChanges> out;
-    for (const PlanTensor& t : specs_) {
-      const int w = DTypeWidth(t.dtype);
-      const Bytes &x = a.at(t.name), &y = b.at(t.name);
-      TensorChanges c;
-      c.name = t.name;
-      for (size_t i = 0; i < x.size() / w; ++i) {
-        if (std::memcmp(&x[i * w], &y[i * w], w) == 0) continue;
-        c.indices.push_back(i);
-        c.values.insert(c.values.end(), y.begin() + i * w, y.begin() + (i + 1) * w);
-        c.old_values.insert(c.old_values.end(), x.begin() + i * w, x.begin() + (i + 1) * w);
-      }
-      if (!c.indices.empty()) out.push_back(std::move(c));
-    }
-    return out;
+    return push_test::Diff(specs_, a, b, /*with_old=*/true);
   }
 
   std::unique_ptr<PushServer> StartServer(PushServerOptions o = {}) {
     o.timeout = 10s;
-    auto s = PushServer::Start(o);
-    EXPECT_TRUE(s.ok()) << s.status().message();
-    if (!s.ok()) return nullptr;
-    Status latest = (*s)->SetLatest(*store_, V(*store_->Latest().value()));
-    EXPECT_TRUE(latest.ok()) << latest.message();
-    return std::move(s).value();
+    return push_test::StartServer(*store_, o);
   }
 
   // What a receiver of `layout`/`rank` with `fp8` options holds at `state`:
