@@ -73,6 +73,14 @@ class Dtectl:
         """Commits a directory; returns the version number dtectl printed."""
         return int(self.ok("commit", ckpt_dir, *args).stdout)
 
+    def import_steps(self, step_dir, steps):
+        """Imports step 0 of `step_dir` (step -> checkpoint directory) and
+        commits steps 1..steps, which must become versions 1..steps."""
+        self.ok("import", step_dir(0))
+        for step in range(1, steps + 1):
+            assert self.commit(step_dir(step)) == step
+        return self
+
     def log(self, **kw):
         return json.loads(self.ok("log", "--json", **kw).stdout)
 

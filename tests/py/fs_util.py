@@ -41,11 +41,13 @@ def binary():
 
 
 def generate(out, size, steps, *args):
-    """dte-gen steps 0..steps of a `size` model into out (more dte-gen
-    arguments in args); returns step -> that step's checkpoint directory."""
+    """dte-gen steps 0..steps of a `size` model (None: the shape args give)
+    into out (more dte-gen arguments in args); returns step -> that step's
+    checkpoint directory."""
     gen = BUILD_DIR / "tools" / "dte-gen"
     assert os.access(gen, os.X_OK), f"{gen} is not built"
-    subprocess.run([str(gen), "--out", str(out), "--size", size, "--steps", str(steps),
+    size_args = [] if size is None else ["--size", size]
+    subprocess.run([str(gen), "--out", str(out), *size_args, "--steps", str(steps),
                     *map(str, args), "-q"], check=True, timeout=300)
     return lambda step: Path(out) / f"step-{step:06d}"
 

@@ -110,6 +110,26 @@ def read_version(dte, store, version, names):
     return out
 
 
+def train_step(model, opt, seed):
+    """One AdamW step of `opt` on a random linear loss drawn from `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    opt.zero_grad()
+    loss = sum((p * torch.randn(p.shape, generator=g)).sum() for p in model.parameters())
+    loss.backward()
+    opt.step()
+
+
+def adamw_params(model, opt):
+    """{name: dict} for Publisher.publish_adamw: each parameter with its
+    optimizer state."""
+    out = {}
+    for name, p in model.named().items():
+        st = opt.state[p]
+        out[name] = {"param": p, "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"],
+                     "step": st["step"]}
+    return out
+
+
 def save_checkpoint(directory, model):
     import safetensors.torch
     os.makedirs(directory, exist_ok=True)

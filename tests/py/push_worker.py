@@ -72,23 +72,6 @@ def receiver(a):
     rx.close()
 
 
-def train_step(model, opt, step):
-    g = torch.Generator().manual_seed(1000 + step)
-    opt.zero_grad()
-    loss = sum((p * torch.randn(p.shape, generator=g)).sum() for p in model.parameters())
-    loss.backward()
-    opt.step()
-
-
-def params_for(model, opt):
-    out = {}
-    for name, p in model.named().items():
-        st = opt.state[p]
-        out[name] = {"param": p, "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"],
-                     "step": st["step"]}
-    return out
-
-
 def push_json(r):
     """The publish's push report as one line of JSON (null: no push)."""
     return json.dumps(dataclasses.asdict(r.push) if r.push else None)
@@ -104,8 +87,8 @@ def trainer(a):
     pub.import_checkpoint(a.ckpt)
     print("published 0", flush=True)
     for step in range(1, a.steps + 1):
-        train_step(model, opt, step)
-        r = pub.publish_adamw(step=step, params=params_for(model, opt), lr=5e-6,
+        push_util.train_step(model, opt, 1000 + step)
+        r = pub.publish_adamw(step=step, params=push_util.adamw_params(model, opt), lr=5e-6,
                               betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
         print("published %d %s" % (r.version, push_json(r)), flush=True)
     while True:  # serves the receivers until the test kills it
@@ -130,7 +113,7 @@ def rank(a):
         step = int(arg)
         while trained < step:
             trained += 1
-            train_step(model, opt, trained)
+            push_util.train_step(model, opt, 1000 + trained)
         params = {}
         for n, p in model.named().items():
             st = opt.state[p]

@@ -32,25 +32,20 @@ SOURCE_DIR = os.environ.get("DTE_SOURCE_DIR", "/work/main")
 PY_PATH = os.path.join(SOURCE_DIR, "sync", "python")
 
 
+# dte-gen's arguments for this model (the live tests share it).
+MODEL_ARGS = ("--hidden", HIDDEN, "--layers", LAYERS, "--heads", HEADS, "--kv-heads", KV_HEADS,
+              "--head-dim", HEAD_DIM, "--intermediate", INTER, "--vocab", VOCAB)
+
+
 @pytest.fixture(scope="module")
 def gen(tmp_path_factory):
-    out = tmp_path_factory.mktemp("livegen")
-    subprocess.run([str(BUILD_DIR / "tools" / "dte-gen"), "--out", str(out), "--steps",
-                    str(STEPS), "--hidden", str(HIDDEN), "--layers", str(LAYERS), "--heads",
-                    str(HEADS), "--kv-heads", str(KV_HEADS), "--head-dim", str(HEAD_DIM),
-                    "--intermediate", str(INTER), "--vocab", str(VOCAB), "-q"],
-                   check=True, timeout=300)
-    return lambda step: out / f"step-{step:06d}"
+    return fs_util.generate(tmp_path_factory.mktemp("livegen"), None, STEPS, *MODEL_ARGS)
 
 
 @pytest.fixture(scope="module")
 def live_store(tmp_path_factory, gen):
     root = tmp_path_factory.mktemp("livestore")
-    d = Dtectl(root / "store", root / "cache")
-    d.ok("import", gen(0))
-    for step in range(1, STEPS + 1):
-        assert d.commit(gen(step)) == step
-    return d
+    return Dtectl(root / "store", root / "cache").import_steps(gen, STEPS)
 
 
 @pytest.fixture

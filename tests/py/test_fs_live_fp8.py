@@ -14,7 +14,6 @@ K/V heads (32 rows) are the receivers' split.
 """
 
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -22,10 +21,9 @@ import pytest
 
 from dtectl_util import Dtectl
 import fs_util
-from fs_util import BUILD_DIR
 from fp8_ref import read_safetensors, ref_quantize
-from test_fs_live import (HEAD_DIM, HEADS, HIDDEN, INTER, KV_HEADS, LAYERS, PY_PATH, VOCAB,
-                          apply, load_raw, shard)
+from test_fs_live import (HEAD_DIM, HEADS, HIDDEN, KV_HEADS, MODEL_ARGS, PY_PATH, VOCAB, apply,
+                          load_raw, shard)
 
 STEPS = 3
 BLOCK = 32
@@ -33,23 +31,14 @@ BLOCK = 32
 
 @pytest.fixture(scope="module")
 def gen(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fp8gen")
-    subprocess.run([str(BUILD_DIR / "tools" / "dte-gen"), "--out", str(out), "--steps",
-                    str(STEPS), "--hidden", str(HIDDEN), "--layers", str(LAYERS), "--heads",
-                    str(HEADS), "--kv-heads", str(KV_HEADS), "--head-dim", str(HEAD_DIM),
-                    "--intermediate", str(INTER), "--vocab", str(VOCAB), "--lr", "2e-5", "-q"],
-                   check=True, timeout=300)
-    return lambda step: out / f"step-{step:06d}"
+    return fs_util.generate(tmp_path_factory.mktemp("fp8gen"), None, STEPS, *MODEL_ARGS, "--lr",
+                            "2e-5")
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, gen):
     root = tmp_path_factory.mktemp("fp8store")
-    d = Dtectl(root / "store", root / "cache")
-    d.ok("import", gen(0))
-    for step in range(1, STEPS + 1):
-        assert d.commit(gen(step)) == step
-    return d.store
+    return Dtectl(root / "store", root / "cache").import_steps(gen, STEPS).store
 
 
 @pytest.fixture

@@ -59,14 +59,8 @@ class Run(push_util.ReceiverProcs):
         return super().start_one(self.group.address, tp, rank, fused, steps)
 
     def publish(self, step):
-        g = torch.Generator().manual_seed(1000 + step)
-        self.opt.zero_grad()
-        loss = sum((p * torch.randn(p.shape, generator=g)).sum() for p in self.model.parameters())
-        loss.backward()
-        self.opt.step()
-        params = {n: {"param": p, "exp_avg": self.opt.state[p]["exp_avg"],
-                      "exp_avg_sq": self.opt.state[p]["exp_avg_sq"],
-                      "step": self.opt.state[p]["step"]} for n, p in self.model.named().items()}
+        push_util.train_step(self.model, self.opt, 1000 + step)
+        params = push_util.adamw_params(self.model, self.opt)
         t0 = time.monotonic()
         r = self.pub.publish_adamw(step=step, params=params, lr=5e-6, betas=(0.9, 0.95),
                                    eps=1e-8, weight_decay=0.0)

@@ -90,14 +90,8 @@ class Trainer:
         self.names = {n: tuple(p.shape) for n, p in self.model.named().items()}
 
     def step(self, step):
-        g = torch.Generator().manual_seed(2000 + step)
-        self.opt.zero_grad()
-        loss = sum((p * torch.randn(p.shape, generator=g)).sum() for p in self.model.parameters())
-        loss.backward()
-        self.opt.step()
-        params = {n: {"param": p, "exp_avg": self.opt.state[p]["exp_avg"],
-                      "exp_avg_sq": self.opt.state[p]["exp_avg_sq"],
-                      "step": self.opt.state[p]["step"]} for n, p in self.model.named().items()}
+        push_util.train_step(self.model, self.opt, 2000 + step)
+        params = push_util.adamw_params(self.model, self.opt)
         return self.pub.publish_adamw(step=step, params=params, lr=2e-5, betas=(0.9, 0.95),
                                       eps=1e-8, weight_decay=0.0)
 
