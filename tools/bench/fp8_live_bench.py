@@ -35,7 +35,6 @@ Usage: /usr/bin/python3 tools/bench/fp8_live_bench.py [--build-dir build]
 import argparse
 import json
 import os
-import shlex
 import shutil
 import statistics
 import sys
@@ -281,8 +280,7 @@ def table(res, pre, keep):
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build-dir", default=os.environ.get("DTE_BUILD_DIR",
-                                                          os.path.join(ROOT, "build")))
+    fu.add_build_dir_arg(ap)
     ap.add_argument("--work", default="/var/tmp/dte-fp8-live-bench")
     ap.add_argument("--size", help="BF16 bytes of the model (default 1536MiB; --quick 128MiB)")
     ap.add_argument("--quick", action="store_true")
@@ -295,8 +293,7 @@ def parse_args():
     a.size = a.size or ("128MiB" if a.quick else "1536MiB")
     a.reps = a.reps or (1 if a.quick else 3)
     a.model_args = model_args(a.size, a.quick)
-    a.cmdline = shlex.join(["/usr/bin/python3", os.path.relpath(os.path.abspath(__file__), ROOT)]
-                           + sys.argv[1:])
+    a.cmdline = fu.command_line(__file__)
     a.work = os.path.abspath(a.work)
     return a
 

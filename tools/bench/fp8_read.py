@@ -173,13 +173,7 @@ def main():
     p.add_argument("--work")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--json")
-    p.add_argument("--max-busy", type=float, default=0.15,
-                   help="wait until at most this fraction of the CPUs is busy before a read")
-    p.add_argument("--quiet-timeout", type=float, default=60.0,
-                   help="give up waiting for a quiet machine after this many seconds")
-    p.add_argument("--max-other", type=float, default=0.3,
-                   help="read again when other processes used more cores than this meanwhile")
-    p.add_argument("--retries", type=int, default=2)
+    fu.add_quiet_args(p, max_busy=0.15, quiet_timeout=60.0, max_other=0.3, retries=2)
     a = p.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="fp8-read-")
     copy_tools(work)

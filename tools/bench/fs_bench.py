@@ -46,7 +46,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fs_bench_util as fu  # noqa: E402
 from fs_bench_report import GB, deltas, report  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PT_SOURCE = "/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c"
 
 
@@ -413,8 +412,7 @@ def remove_work(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build-dir", default=os.environ.get("DTE_BUILD_DIR",
-                                                          os.path.join(ROOT, "build")))
+    fu.add_build_dir_arg(ap)
     ap.add_argument("--work", default="/var/tmp/dte-fs-bench",
                     help="work dir: store, exports, mounts (must be a disk, not tmpfs)")
     ap.add_argument("--size", default="512MiB")
@@ -424,13 +422,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=5, help="repetitions; medians are reported")
     ap.add_argument("--readahead-kb", type=int, default=4096)
     ap.add_argument("--dtefs-args", default="", help="extra dtefs arguments")
-    ap.add_argument("--max-busy", type=float, default=0.25,
-                    help="wait before each timed run until at most this CPU fraction is busy")
-    ap.add_argument("--quiet-timeout", type=float, default=30.0,
-                    help="longest wait (seconds) for a quiet machine before each timed run")
-    ap.add_argument("--max-other", type=float, default=0.3,
-                    help="repeat a timed run if other processes used more cores than this")
-    ap.add_argument("--retries", type=int, default=3, help="repeats of a contended run")
+    fu.add_quiet_args(ap, max_busy=0.25, quiet_timeout=30.0, max_other=0.3, retries=3)
     ap.add_argument("--keep", action="store_true", help="keep the work dir (store, exports)")
     ap.add_argument("--cold-only", action="store_true",
                     help="only the cold sequential read against passthrough_ll")
@@ -439,8 +431,7 @@ def main():
     a = ap.parse_args()
     if a.load_child:
         return load_child(a.load_child[0], a.load_child[1:])
-    a.cmdline = shlex.join(["/usr/bin/python3", os.path.relpath(os.path.abspath(__file__), ROOT)]
-                           + sys.argv[1:])
+    a.cmdline = fu.command_line(__file__)
     a.work = os.path.abspath(a.work)
     a.created_work = not os.path.exists(a.work)
     os.makedirs(a.work, exist_ok=True)

@@ -10,6 +10,7 @@ Every wait has a deadline.
 
 import atexit
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -289,3 +290,31 @@ class OtherLoad:
         other = (_busy_seconds() - self.busy0) - (_own_seconds(self.pids) - self.own0)
         self.cores = max(0.0, other) / max(wall, 1e-6)
         return False
+
+
+# --- command lines the benchmarks share ------------------------------------------------
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def add_build_dir_arg(ap):
+    """--build-dir: $DTE_BUILD_DIR, else the repository's build/."""
+    ap.add_argument("--build-dir", default=os.environ.get("DTE_BUILD_DIR",
+                                                          os.path.join(REPO_ROOT, "build")))
+
+
+def add_quiet_args(ap, *, max_busy, quiet_timeout, max_other, retries):
+    """The quiet-machine options of a timed benchmark (QuietWaiter, OtherLoad)."""
+    ap.add_argument("--max-busy", type=float, default=max_busy,
+                    help="wait before each timed run until at most this CPU fraction is busy")
+    ap.add_argument("--quiet-timeout", type=float, default=quiet_timeout,
+                    help="longest wait (seconds) for a quiet machine before each timed run")
+    ap.add_argument("--max-other", type=float, default=max_other,
+                    help="repeat a timed run if other processes used more cores than this")
+    ap.add_argument("--retries", type=int, default=retries, help="repeats of a contended run")
+
+
+def command_line(script):
+    """How this run of `script` (a path) was started, to print beside its results."""
+    return shlex.join(["/usr/bin/python3", os.path.relpath(os.path.abspath(script), REPO_ROOT)]
+                      + sys.argv[1:])

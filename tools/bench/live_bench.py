@@ -755,8 +755,7 @@ def report(a, b, res, model_line, changed):
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build-dir", default=os.environ.get("DTE_BUILD_DIR",
-                                                          os.path.join(ROOT, "build")))
+    fu.add_build_dir_arg(ap)
     ap.add_argument("--work", default="/var/tmp/dte-live-bench",
                     help="work dir: store, cache, mount (a disk, not tmpfs)")
     ap.add_argument("--size", help="BF16 bytes of the model (default 2GiB; --quick 64MiB)")
@@ -770,10 +769,7 @@ def parse_args():
     ap.add_argument("--mapped-distances", default="1,2,8")
     ap.add_argument("--sections", default="one,recv,mapped",
                     help="what to measure besides the reload baseline")
-    ap.add_argument("--max-busy", type=float, default=0.3)
-    ap.add_argument("--quiet-timeout", type=float, default=10.0)
-    ap.add_argument("--max-other", type=float, default=0.5)
-    ap.add_argument("--retries", type=int, default=1)
+    fu.add_quiet_args(ap, max_busy=0.3, quiet_timeout=10.0, max_other=0.5, retries=1)
     ap.add_argument("--keep", action="store_true", help="keep the work dir (store, snapshots)")
     ap.add_argument("--json")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -795,8 +791,7 @@ def parse_args():
         sys.exit("--distances and --receivers must include 1")
     a.model_args = ["--size", a.size, *GEOMETRY, *(QUICK["model"] if a.quick else []),
                     "--shard-size", a.shard_size]
-    a.cmdline = shlex.join(["/usr/bin/python3", os.path.relpath(os.path.abspath(__file__), ROOT)]
-                           + sys.argv[1:])
+    a.cmdline = fu.command_line(__file__)
     a.work = os.path.abspath(a.work)
     return a
 
