@@ -113,12 +113,19 @@ std::string Fp8ScaleName(const std::string& weight_name) {
   return std::string(base) + ".weight_scale_inv";
 }
 
+std::string Fp8BlockError(const Fp8ReceiverOptions& o) {
+  if (o.block_rows >= 1 && o.block_rows < kFp8MaxBlock && o.block_cols >= 1 &&
+      o.block_cols < kFp8MaxBlock) {
+    return {};
+  }
+  return "FP8 block " + std::to_string(o.block_rows) + " x " + std::to_string(o.block_cols) +
+         ": each side must be in [1, 2^32)";
+}
+
 Result<Fp8ReceiverPlan> MakeFp8ReceiverPlan(const TransferPlan& plan, int receiver_rank,
                                             const Fp8ReceiverOptions& options) {
-  if (options.block_rows == 0 || options.block_cols == 0) {
-    return InvalidArgument("FP8 receiver: block sizes must be >= 1 (" +
-                           std::to_string(options.block_rows) + " x " +
-                           std::to_string(options.block_cols) + ")");
+  if (std::string e = Fp8BlockError(options); !e.empty()) {
+    return InvalidArgument("FP8 receiver: " + e);
   }
   if (receiver_rank < 0 || static_cast<size_t>(receiver_rank) >= plan.receiver_tensors.size()) {
     return InvalidArgument("FP8 receiver: rank " + std::to_string(receiver_rank) +

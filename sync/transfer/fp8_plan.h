@@ -46,6 +46,14 @@ struct Fp8ReceiverOptions {
   Fp8Policy policy;
 };
 
+// Block sides are in [1, kFp8MaxBlock) (the live ABI's fp8_block is 32-bit,
+// and block grids are computed without overflow below it).
+inline constexpr uint64_t kFp8MaxBlock = uint64_t{1} << 32;
+
+// Empty when o's block sides are in range; else why, naming the block
+// ("FP8 block R x C: ...").
+std::string Fp8BlockError(const Fp8ReceiverOptions& o);
+
 // "F8_E4M3", the safetensors dtype of an FP8 receiver tensor's bytes.
 inline constexpr const char* kFp8DTypeName = "F8_E4M3";
 

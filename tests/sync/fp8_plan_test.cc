@@ -300,6 +300,20 @@ TEST(Fp8Plan, RefusesZeroBlocksAndRanksOutOfRange) {
             Code::kInvalidArgument);
 }
 
+// A block side of 2^32 or more (the live ABI's fp8_block is 32-bit) is
+// refused before any grid is computed: ceil(rows / block) would wrap.
+TEST(Fp8Plan, RefusesBlockSidesOf2To32OrMoreNamingTheBlock) {
+  auto plan = Plan(ShardLayout{1, false, false});  // whole tensors: every block aligned
+  ASSERT_TRUE(plan.ok());
+  for (const uint64_t huge : {uint64_t{1} << 32, ~uint64_t{0}}) {
+    Fp8ReceiverOptions o;
+    o.block_rows = huge;
+    const Status s = MakeFp8ReceiverPlan(*plan, 0, o).status();
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << huge;
+    EXPECT_NE(s.message().find(std::to_string(huge) + " x 128"), std::string::npos) << s.message();
+  }
+}
+
 TEST(Fp8Plan, ScaleNameReplacesTheWeightSuffix) {
   EXPECT_EQ(Fp8ScaleName("model.layers.3.mlp.down_proj.weight"),
             "model.layers.3.mlp.down_proj.weight_scale_inv");

@@ -5,6 +5,8 @@
 // canonical tensor, split by plain row and column slicing:
 // tests/sync/push_fp8_fixture.h), bit for bit; bad layouts and malformed
 // pushes are refused with nothing written.
+#include "sync/push/internal/push_fp8.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,6 +30,26 @@ namespace {
 using kernels::Fp8ScaleRule;
 
 class PushFp8Rules : public PushFp8Test, public ::testing::WithParamInterface<Fp8ScaleRule> {};
+
+// The fp8 options of a receiver's hello, as the server parses them: block
+// sides outside [1, 2^32) are refused naming the block, before a plan.
+TEST(PushFp8Hello, BlockSidesOutOfRangeAreRefusedNamingTheBlock) {
+  auto parse = [](uint64_t rows, uint64_t cols) {  // as the hello's JSON text has them
+    return push_internal::ParseFp8Options(
+        nlohmann::json::parse("{\"block\": [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                              "], \"scale_rule\": \"plain\"}"));
+  };
+  ASSERT_TRUE(parse(128, 64).ok()) << parse(128, 64).status().message();
+  EXPECT_EQ(parse(128, 64)->block_cols, 64u);
+  for (const uint64_t bad : {uint64_t{0}, uint64_t{1} << 32, ~uint64_t{0}}) {
+    auto o = parse(bad, 128);
+    ASSERT_FALSE(o.ok()) << bad;
+    EXPECT_EQ(o.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(o.status().message().find("block " + std::to_string(bad) + " x 128"),
+              std::string::npos)
+        << o.status().message();
+  }
+}
 
 // A BF16 receiver and FP8 receivers of three layouts on one server: TP 1
 // unfused with blocks of 5 x 7 (partial blocks at every edge), TP 1 and TP

@@ -46,10 +46,7 @@ Result<Fp8ReceiverOptions> ParseFp8Options(const nlohmann::json& j) {
   }
   o.block_rows = j["block"][0].get<uint64_t>();
   o.block_cols = j["block"][1].get<uint64_t>();
-  if (o.block_rows == 0 || o.block_cols == 0) {
-    return InvalidArgument("fp8 block " + std::to_string(o.block_rows) + " x " +
-                           std::to_string(o.block_cols) + ": sizes must be at least 1");
-  }
+  if (std::string e = Fp8BlockError(o); !e.empty()) return InvalidArgument("fp8 options: " + e);
   const std::string rule = j["scale_rule"].get<std::string>();
   if (rule != "plain" && rule != "pow2") {
     return InvalidArgument("fp8 scale rule '" + rule + "' is neither plain nor pow2");
@@ -121,9 +118,7 @@ const char* EntryKindName(EntryKind k) {
 
 Status CheckFp8Tensors(const std::vector<PlanTensor>& tensors, const Fp8ReceiverOptions& o,
                        const std::string& what) {
-  if (o.block_rows == 0 || o.block_cols == 0) {
-    return InvalidArgument(what + ": FP8 block sizes must be at least 1");
-  }
+  if (std::string e = Fp8BlockError(o); !e.empty()) return InvalidArgument(what + ": " + e);
   std::map<std::string, const PlanTensor*> by_name;
   for (const PlanTensor& t : tensors) by_name[t.name] = &t;
   for (const PlanTensor& t : tensors) {
