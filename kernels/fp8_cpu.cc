@@ -110,6 +110,13 @@ std::string Fp8LayoutError(const Fp8Layout& l) {
     return "FP8 block size " + std::to_string(l.block_rows) + " x " + std::to_string(l.block_cols) +
            ": both sides must be at least 1";
   }
+  // ceil(n / block) as (n + block - 1) / block must not wrap.
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  if (l.block_rows - 1 > kMax - l.rows || l.block_cols - 1 > kMax - l.cols) {
+    return "FP8 block size " + std::to_string(l.block_rows) + " x " + std::to_string(l.block_cols) +
+           " for " + std::to_string(l.rows) + " x " + std::to_string(l.cols) +
+           " elements: the block grid overflows 64 bits";
+  }
   if (l.cols != 0 && l.rows > std::numeric_limits<uint64_t>::max() / l.cols) {
     return "FP8 tensor of " + std::to_string(l.rows) + " x " + std::to_string(l.cols) +
            " elements: the element count overflows 64 bits";

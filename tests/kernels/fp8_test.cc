@@ -167,6 +167,15 @@ TEST(Fp8Quantize, LayoutErrors) {
   EXPECT_NE(Fp8LayoutError({.rows = uint64_t{1} << 40, .cols = uint64_t{1} << 40}).find("overflow"),
             std::string::npos);
   EXPECT_EQ(Fp8LayoutError({.rows = 0, .cols = 5}), "");
+  // A block side whose grid would wrap (rows + block - 1 past 2^64; dtectl
+  // stats --fp8-block takes any 64-bit count) is refused, naming the block.
+  const uint64_t huge = ~uint64_t{0};
+  EXPECT_NE(Fp8LayoutError({.rows = 4, .cols = 4, .block_rows = huge})
+                .find("block size " + std::to_string(huge) + " x 128"),
+            std::string::npos);
+  EXPECT_NE(Fp8LayoutError({.rows = 4, .cols = 4, .block_cols = huge - 2}).find("overflow"),
+            std::string::npos);
+  EXPECT_EQ(Fp8LayoutError({.rows = 4, .cols = 4, .block_rows = huge - 3}), "");
   const Fp8Layout empty{.rows = 0, .cols = 5};
   EXPECT_EQ(Quantize(empty, {}).error, "");
 }

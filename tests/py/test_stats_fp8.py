@@ -129,6 +129,12 @@ def test_bad_input_names_what_is_wrong(dte, ckpts, tmp_path):
     for bad in (["--by", "layer"], ["--fp8-block", "0"]):
         r = dte.run("stats", "--fp8", *bad)
         assert r.returncode == USAGE and r.stdout == "", (bad, r.stderr)
+    # A block whose grid, ceil(rows / block), would wrap 64 bits: refused
+    # naming the tensor and the block, nothing counted.
+    r = dte.run("stats", "--fp8", "--json", "--fp8-block", str(2**64 - 1), "--versions", "1")
+    assert r.returncode == ERROR, (r.returncode, r.stderr)
+    assert f"FP8 block size {2**64 - 1} x {2**64 - 1}" in r.stderr, r.stderr
+    assert "block grid overflows" in r.stderr and "tensor '" in r.stderr, r.stderr
     # A NaN in a quantized tensor: the quantizer's refusal, naming tensor
     # and block; the rows before it print, the JSON document is closed.
     bad = ckpts.state(1).clone()
