@@ -227,6 +227,22 @@ TEST(Fp8View, ConfigGainsTheQuantizationConfig) {
   EXPECT_EQ(v2->tensors()[0].layout.grid_cols(), 6u);
 }
 
+// Without a config.json the view has none either (it cannot make up a
+// model's config): its safetensors files are quantized all the same, and
+// the index, if any, is rewritten.
+TEST(Fp8View, VersionWithoutConfigJsonIsViewedWithoutOne) {
+  ViewFixture fx;
+  fx.AddShard("model.safetensors", kShard1);
+  fx.AddRaw("tokenizer.json", "{}");
+  Result<Fp8View> view = fx.Build();
+  ASSERT_TRUE(view.ok()) << view.status().message();
+  ASSERT_EQ(view->files().size(), 2u);
+  EXPECT_EQ(view->files()[0].name, "model.safetensors");
+  EXPECT_TRUE(view->files()[0].changed);
+  EXPECT_FALSE(view->files()[1].changed);
+  EXPECT_EQ(view->tensors().size(), 2u);  // q_proj and down_proj
+}
+
 TEST(Fp8View, ConfigThatIsAlreadyQuantizedIsRefused) {
   ViewFixture fx;
   fx.AddRaw(kConfigFile, R"({"quantization_config": {"quant_method": "fp8"}})");
