@@ -164,9 +164,9 @@ namespace {
 // A hello's tensors, or the reason it is refused.
 Result<std::vector<PlanTensor>> HelloTensors(const nlohmann::json& list) {
   std::vector<PlanTensor> tensors;
-  for (const auto& t : list) {
-    if (!t.is_object() || !t["name"].is_string() || !t["dtype"].is_string() ||
-        !t["shape"].is_array()) {
+  for (const auto& t : list) {  // const: operator[] must only see keys that are there
+    if (!t.is_object() || !t.contains("name") || !t.contains("dtype") || !t.contains("shape") ||
+        !t["name"].is_string() || !t["dtype"].is_string() || !t["shape"].is_array()) {
       return InvalidArgument("a tensor entry is not {name, dtype, shape}");
     }
     auto dtype = ParseDType(t["dtype"].get<std::string>());

@@ -49,6 +49,46 @@ TEST(PushFp8Hello, BlockSidesOutOfRangeAreRefusedNamingTheBlock) {
               std::string::npos)
         << o.status().message();
   }
+  // Keys missing or of the wrong type: refused, never looked up blindly.
+  for (const char* text : {R"({"scale_rule": "plain"})", R"({"block": [128, 128]})", R"({})",
+                           R"({"block": [128, 128], "scale_rule": 1})", R"([])"}) {
+    auto o = push_internal::ParseFp8Options(nlohmann::json::parse(text));
+    ASSERT_FALSE(o.ok()) << text;
+    EXPECT_EQ(o.status().code(), Code::kInvalidArgument) << text;
+  }
+}
+
+// Hellos whose tensor entries or fp8 options lack keys are refused in the
+// welcome, naming what is wrong (the server looks up no missing key).
+TEST_F(PushFp8Test, HelloWithMissingKeysIsRefusedInTheWelcome) {
+  using push_internal::Msg;
+  auto server = StartServer();
+  ASSERT_TRUE(server);
+  const nlohmann::json tensor = {{"name", "w"}, {"dtype", "BF16"}, {"shape", {2, 2}}};
+  struct Case {
+    nlohmann::json tensors, fp8;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {{nlohmann::json::object()}, nullptr, "a tensor entry is not {name, dtype, shape}"},
+      {{{{"name", "w"}, {"dtype", "BF16"}}}, nullptr, "a tensor entry is not {name, dtype, shape}"},
+      {{tensor}, {{"scale_rule", "plain"}}, "fp8 options are not {block: [rows, cols]"},
+      {{tensor}, nlohmann::json::object(), "fp8 options are not {block: [rows, cols]"},
+  };
+  for (const Case& c : cases) {
+    transport_internal::Deadline d(10s);
+    auto fd =
+        transport_internal::ConnectTcp("127.0.0.1:" + std::to_string(server->port()), d, "server");
+    ASSERT_TRUE(fd.ok()) << fd.status().message();
+    const nlohmann::json hello = {
+        {"rank", 0}, {"tp", 1}, {"version", 0}, {"tensors", c.tensors}, {"fp8", c.fp8}};
+    const std::string f = push_internal::Frame(Msg::kHello, hello.dump());
+    ASSERT_TRUE(transport_internal::SendAll(fd->get(), f.data(), f.size(), d, "server").ok());
+    auto welcome = push_internal::RecvFrame(fd->get(), 1 << 20, d, "server");
+    ASSERT_TRUE(welcome.ok()) << welcome.status().message();
+    EXPECT_EQ(welcome->type, Msg::kWelcome);
+    EXPECT_NE(welcome->body.find(c.error), std::string::npos) << welcome->body;
+  }
 }
 
 // A BF16 receiver and FP8 receivers of three layouts on one server: TP 1

@@ -39,15 +39,17 @@ Status StringList(const nlohmann::json& j, const char* key, std::vector<std::str
 
 Result<Fp8ReceiverOptions> ParseFp8Options(const nlohmann::json& j) {
   Fp8ReceiverOptions o;
-  if (!j.is_object() || !j["block"].is_array() || j["block"].size() != 2 ||
-      !j["block"][0].is_number_unsigned() || !j["block"][1].is_number_unsigned() ||
-      !j["scale_rule"].is_string()) {
+  // j is const: operator[] must only see keys that are there.
+  if (!j.is_object() || !j.contains("block") || !j.contains("scale_rule") ||
+      !j.at("block").is_array() || j.at("block").size() != 2 ||
+      !j.at("block")[0].is_number_unsigned() || !j.at("block")[1].is_number_unsigned() ||
+      !j.at("scale_rule").is_string()) {
     return InvalidArgument("fp8 options are not {block: [rows, cols], scale_rule, ...}");
   }
-  o.block_rows = j["block"][0].get<uint64_t>();
-  o.block_cols = j["block"][1].get<uint64_t>();
+  o.block_rows = j.at("block")[0].get<uint64_t>();
+  o.block_cols = j.at("block")[1].get<uint64_t>();
   if (std::string e = Fp8BlockError(o); !e.empty()) return InvalidArgument("fp8 options: " + e);
-  const std::string rule = j["scale_rule"].get<std::string>();
+  const std::string rule = j.at("scale_rule").get<std::string>();
   if (rule != "plain" && rule != "pow2") {
     return InvalidArgument("fp8 scale rule '" + rule + "' is neither plain nor pow2");
   }
