@@ -183,6 +183,19 @@ def test_fp8_registrations_are_refused_naming_what_to_fix(mount):
             with pytest.raises(dte.InvalidArgument, match="not held in FP8 \\(skipped module\\)"):
                 r.register("lm_head.weight", w.name, w.offset("lm_head.weight"), "F8_E4M3",
                            [VOCAB, HIDDEN])
+        # register_cuda(dtype=) must name a dtype of the tensor's element
+        # width (checked before any CUDA call): F32 over uint8 memory would
+        # write 4 bytes per element into a tensor of 1-byte ones.
+        class Uint8Tensor:
+            dtype, shape = "torch.uint8", (rows, HIDDEN)
+
+            def element_size(self):
+                return 1
+
+        with dte.LiveReceiver(m.path, tp=1, rank=0, fp8=dte.Fp8Options(block=BLOCK)) as r:
+            with pytest.raises(dte.InvalidArgument, match="dtype F32 \\(4-byte elements\\) does "
+                                                          "not match the tensor's 1-byte"):
+                r.register_cuda(qkv, Uint8Tensor(), dtype="F32")
         with pytest.raises(dte.InvalidArgument, match="scale rule 'e8m0' is not one of"):
             dte.Fp8Options(scale_rule="e8m0")  # type: ignore[arg-type]
         with pytest.raises(ValueError):
