@@ -185,6 +185,16 @@ def test_fp8_receivers_equal_the_reference_quantization_of_every_version(trainer
     assert scales_changed > 0, "no plain scale changed in three steps: raise the learning rate"
 
 
+def test_a_pair_whose_dtype_is_wider_than_its_array_is_refused(trainer):
+    """("F32", uint8 array): pushes would write 4 bytes per element into
+    1-byte ones; refused before the receiver connects."""
+    tensors = {"model.layers.0.mlp.down_proj.weight_scale_inv": ("F32", np.zeros(4, np.uint8))}
+    with pytest.raises(dte.InvalidArgument, match="dtype F32 \\(4-byte elements\\) does not "
+                                                  "match the array's 1-byte uint8"):
+        dte.PushReceiver(trainer.group.address, tensors, rank=0, layout=dte.ReceiverLayout(1),
+                         timeout=10.0, fp8=dte.Fp8Options(block=32))
+
+
 def test_a_split_off_the_fp8_blocks_is_refused_naming_tensor_and_block(trainer):
     v0 = trainer.version(0)
     fp8 = dte.Fp8Options(block=32)  # TP 2 ranks hold 16 rows of each k_proj

@@ -24,6 +24,7 @@ from dte._errors import AlreadyExists, InvalidArgument, IOFailure, NotFound
 from dte._fp8 import Fp8Options
 from dte._handle import _check, _Handle
 from dte._lib import lib
+from dte._sources import _WIDTH
 
 # safetensors dtype name -> numpy dtype of the view (BF16 and FP8 as raw bits).
 _NUMPY_DTYPES = {"BOOL": "?", "U8": "u1", "I8": "i1", "F8_E4M3": "u1", "F8_E5M2": "u1",
@@ -251,11 +252,6 @@ _TORCH_DTYPES = {"torch.bfloat16": "BF16", "torch.float16": "F16", "torch.float3
                  "torch.int32": "I32", "torch.int64": "I64", "torch.float64": "F64"}
 
 
-# Element widths of the safetensors dtypes a buffer may be registered as.
-_DTYPE_WIDTHS = {"F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1, "BF16": 2, "F16": 2,
-                 "I16": 2, "U16": 2, "F32": 4, "I32": 4, "U32": 4, "F64": 8, "I64": 8, "U64": 8}
-
-
 def _cuda_ipc(name: str, tensor: Any) -> Tuple[int, bytes, int]:
     """(device, the 64-byte cudaIpcMemHandle_t of the allocation holding
     `tensor`, the tensor's byte offset in it), from PyTorch's own sharing of
@@ -370,12 +366,12 @@ class LiveReceiver(_Handle):
         float8 dtypes)."""
         if not self._h:
             raise InvalidArgument("the receiver of %s is closed" % self.mount)
-        if dtype is not None and _DTYPE_WIDTHS.get(dtype) != tensor.element_size():
+        if dtype is not None and _WIDTH.get(dtype) != tensor.element_size():
             # The daemon writes elements of `dtype` into the tensor's memory:
             # a wider dtype would write past the tensor.
             raise InvalidArgument("tensor %s: dtype %s (%s-byte elements) does not match the "
                                   "tensor's %d-byte %s elements"
-                                  % (name, dtype, _DTYPE_WIDTHS.get(dtype, "unknown"),
+                                  % (name, dtype, _WIDTH.get(dtype, "unknown"),
                                      tensor.element_size(), tensor.dtype))
         dtype = dtype or _TORCH_DTYPES.get(str(tensor.dtype))
         if dtype is None:
