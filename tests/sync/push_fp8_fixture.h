@@ -187,17 +187,9 @@ class PushFp8Test : public ::testing::Test {
     if (!version) {
       for (auto& [name, b] : r->buffers) std::fill(b.begin(), b.end(), 0);
     }
-    PushReceiverOptions o;
-    o.address = "127.0.0.1:" + std::to_string(server.port());
-    o.rank = rank;
-    o.layout = layout;
-    o.version = version;
-    o.auto_apply = auto_apply;
-    o.timeout = 10s;
+    PushReceiverOptions o = push_test::ReceiverOptions(server, layout, rank, version, auto_apply);
     o.fp8 = fp8;
-    auto plan = MakeTransferPlan(specs_, config_.Geometry(), ShardLayout{1, false, false}, layout);
-    EXPECT_TRUE(plan.ok()) << plan.status().message();
-    for (const PlanTensor& t : plan->receiver_tensors[rank]) {
+    for (const PlanTensor& t : push_test::ReceiverTensors(config_, specs_, layout, rank)) {
       Bytes& b = r->buffers.at(t.name);
       const bool is_fp8 = b.size() == ShapeElements(t.shape);
       o.tensors.push_back({t.name, is_fp8 ? DType::kF8E4M3 : t.dtype, t.shape, b.data()});
@@ -207,9 +199,7 @@ class PushFp8Test : public ::testing::Test {
       const std::string sname = Fp8ScaleName(t.name);
       o.tensors.push_back({sname, DType::kF32, grid, r->buffers.at(sname).data()});
     }
-    auto rx = PushReceiver::Open(o);
-    EXPECT_TRUE(rx.ok()) << rx.status().message();
-    if (rx.ok()) r->rx = std::move(rx).value();
+    r->rx = push_test::OpenReceiver(o);
     return r;
   }
 

@@ -87,24 +87,12 @@ class PushTest : public ::testing::Test {
     r->layout = layout;
     r->rank = rank;
     r->buffers = transfer_test::ShardModel(config_, specs_, state, layout, rank);
-    PushReceiverOptions o;
-    o.address = "127.0.0.1:" + std::to_string(server.port());
+    PushReceiverOptions o = push_test::ReceiverOptions(server, layout, rank, version, auto_apply);
     o.secret = secret_;
-    o.rank = rank;
-    o.layout = layout;
-    o.version = version;
-    o.auto_apply = auto_apply;
-    o.timeout = 10s;
-    // Shapes of the local tensors: from a plan, the same way a server's
-    // model would have them.
-    auto plan = MakeTransferPlan(specs_, config_.Geometry(), ShardLayout{1, false, false}, layout);
-    EXPECT_TRUE(plan.ok()) << plan.status().message();
-    for (const PlanTensor& t : plan->receiver_tensors[rank]) {
+    for (const PlanTensor& t : push_test::ReceiverTensors(config_, specs_, layout, rank)) {
       o.tensors.push_back({t.name, t.dtype, t.shape, r->buffers.at(t.name).data()});
     }
-    auto rx = PushReceiver::Open(o);
-    EXPECT_TRUE(rx.ok()) << rx.status().message();
-    if (rx.ok()) r->rx = std::move(rx).value();
+    r->rx = push_test::OpenReceiver(o);
     return r;
   }
 

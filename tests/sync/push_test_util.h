@@ -6,13 +6,16 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "store/ops/commit.h"
 #include "store/store.h"
+#include "sync/push/push_receiver.h"
 #include "sync/push/push_server.h"
 #include "tests/sync/transfer_test_util.h"
 #include "tests/testutil/checkpoint.h"
@@ -88,6 +91,38 @@ inline std::unique_ptr<PushServer> StartServer(Store& store, const PushServerOpt
   Status latest = (*s)->SetLatest(store, GetVersion(store, *store.Latest().value()));
   EXPECT_TRUE(latest.ok()) << latest.message();
   return std::move(s).value();
+}
+
+// The options of a receiver of `server` on loopback (10 s timeout), before
+// its tensors.
+inline PushReceiverOptions ReceiverOptions(const PushServer& server, const ShardLayout& layout,
+                                           int rank, std::optional<uint64_t> version,
+                                           bool auto_apply) {
+  PushReceiverOptions o;
+  o.address = "127.0.0.1:" + std::to_string(server.port());
+  o.rank = rank;
+  o.layout = layout;
+  o.version = version;
+  o.auto_apply = auto_apply;
+  o.timeout = std::chrono::seconds(10);
+  return o;
+}
+
+// The receiver tensors of `layout` and `rank` for a model of `config`,
+// with the shapes a server's model gives them (from a transfer plan).
+inline std::vector<PlanTensor> ReceiverTensors(const transfer_test::ModelConfig& config,
+                                               const std::vector<PlanTensor>& specs,
+                                               const ShardLayout& layout, int rank) {
+  auto plan = MakeTransferPlan(specs, config.Geometry(), ShardLayout{1, false, false}, layout);
+  EXPECT_TRUE(plan.ok()) << plan.status().message();
+  return plan.ok() ? plan->receiver_tensors[rank] : std::vector<PlanTensor>{};
+}
+
+// Opens a receiver of options `o` (null on failure, which the test reports).
+inline std::unique_ptr<PushReceiver> OpenReceiver(const PushReceiverOptions& o) {
+  auto rx = PushReceiver::Open(o);
+  EXPECT_TRUE(rx.ok()) << rx.status().message();
+  return rx.ok() ? std::move(rx).value() : nullptr;
 }
 
 }  // namespace dte::push_test
