@@ -19,9 +19,16 @@
 #           single-process publisher (CPU, bytes exchanged), 256 MiB model
 #   push    push_bench.py: the push of a step to 1 receiver vs sending every
 #           tensor whole (time, bytes), 256 MiB model
+#   fp8_read  fp8_read.py: cold read of v1 of a 256 MiB model in FP8
+#           (MOUNT/fp8/) vs in BF16 from fresh mounts (3 reps, 2 readers)
+#   fp8_live  fp8_live_bench.py --quick: dtectl apply of one step into FP8
+#           receivers (plain, pow2) vs a BF16 receiver (bytes into the quantized
+#           tensors) and vs fp8_requant of the whole version, 256 MiB model
+#   fp8_push  fp8_push_bench.py: the push of one step into an FP8 receiver vs a
+#           BF16 receiver (bytes into the quantized tensors), 256 MiB model
 #
 # Not part of the test suite. Needs the tools, dtefs and libdte.so built:
-#   ninja -C build dtectl dtefs dte-gen dte_shared
+#   ninja -C build dtectl dtefs dte-gen dte_shared fp8_requant
 # Usage: tools/bench/quick.sh [BUILD_DIR]   (default build)
 #   env QUICK_WORK   scratch directory on a disk (default /var/tmp/dte-quick);
 #                    its stores and models are removed at the end unless
@@ -31,7 +38,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=$(realpath "${1:-build}")
 WORK=${QUICK_WORK:-/var/tmp/dte-quick}
-ONLY=${QUICK_ONLY:-commit fs chain live dist push}
+ONLY=${QUICK_ONLY:-commit fs chain live dist push fp8_read fp8_live fp8_push}
 PY=/usr/bin/python3
 B=tools/bench
 OUT=$WORK/results
@@ -66,13 +73,19 @@ run dist $PY $B/dist_publish_bench.py --build-dir "$BUILD" --worlds 2 --tensors 
   --json "$OUT/dist.json"
 run push $PY $B/push_bench.py --build-dir "$BUILD" --size 256MiB --receivers 1 --steps 4 \
   --json "$OUT/push.json"
+run fp8_read env DTE_BUILD_DIR="$BUILD" $PY $B/fp8_read.py --size 256MiB --steps 1 --reps 3 \
+  --quiet-timeout 3 --retries 0 --work "$WORK/fp8_read" --json "$OUT/fp8_read.json"
+run fp8_live $PY $B/fp8_live_bench.py --build-dir "$BUILD" --work "$WORK/fp8_live" --quick \
+  --size 256MiB --reps 1 --json "$OUT/fp8_live.json"
+run fp8_push $PY $B/fp8_push_bench.py --build-dir "$BUILD" --size 256MiB --steps 1 \
+  --kinds bf16,plain --work "$WORK" --json "$OUT/fp8_push.json"
 
 echo "== total $SECONDS s; ratios against tools/bench/quick_reference.json:"
 status=0
 $PY $B/quick_report.py --results "$OUT" --reference $B/quick_reference.json --benches "$ONLY" ||
   status=$?
 if [ "${QUICK_KEEP:-0}" != 1 ]; then
-  rm -rf "$WORK/commit" "$WORK/fs" "$WORK/chain" "$WORK/live"
+  rm -rf "$WORK/commit" "$WORK/fs" "$WORK/chain" "$WORK/live" "$WORK/fp8_read" "$WORK/fp8_live"
   echo "results and logs in $OUT"
 else
   echo "kept $WORK (results and logs in $OUT)"

@@ -11,7 +11,7 @@ is 1 if anything was flagged.
 
 Usage: /usr/bin/python3 tools/bench/quick_report.py --results DIR
        [--reference tools/bench/quick_reference.json] [--tolerance 0.2]
-       [--benches "commit fs chain live dist push"]
+       [--benches "commit fs chain live dist push fp8_read fp8_live fp8_push"]
 """
 import argparse
 import json
@@ -104,6 +104,41 @@ def push_bytes_vs_full_sync(results):
     return r, r, r
 
 
+def fp8_read_vs_bf16(results):
+    """BF16 read time / FP8 read time, per repetition and reader."""
+    r = load(results, "fp8_read")
+    return summary([1 / x for reader in ("sequential", "parallel") for x in r[reader]["ratios"]])
+
+
+FP8_LIVE_KINDS = ("fp8-plain", "fp8-pow2")
+
+
+def fp8_live_bytes_vs_bf16(results):
+    """Bytes an FP8 step writes into the quantized tensors / a BF16 step's
+    (the bytes written into the tensors kept in BF16 taken off both)."""
+    res = load(results, "fp8_live")["results"]
+    keep = res["unquantized_bytes"]
+    bf16 = statistics.median(r["fwd"]["bytes"] for r in res["bf16"])
+    return summary([(r["fwd"]["bytes"] - keep) / (bf16 - keep)
+                    for kind in FP8_LIVE_KINDS for r in res[kind]])
+
+
+def fp8_live_vs_requant(results):
+    """Re-quantizing the version / the FP8 apply (cold), per rule and repetition."""
+    res = load(results, "fp8_live")["results"]
+    return summary([q["total_s"] / r["fwd"]["wall"] for kind in FP8_LIVE_KINDS
+                    for q, r in zip(res["requant-" + kind.split("-")[1]], res[kind])])
+
+
+def fp8_push_bytes_vs_bf16(results):
+    """Bytes the FP8 receivers' last step wrote into the quantized tensors / the BF16's."""
+    res = load(results, "fp8_push")["results"]
+    bf16 = max(res["bf16"]["rows"], key=lambda r: r["step"])
+    return summary([r["written_quantized"] / bf16["written_quantized"]
+                    for kind, k in res.items() if kind != "bf16"
+                    for r in k["rows"] if r["step"] == bf16["step"]])
+
+
 METRICS = {
     "commit_vs_zstd": commit_vs_zstd,
     "cold_read_vs_passthrough": cold_read_vs_passthrough,
@@ -115,12 +150,21 @@ METRICS = {
     "dist_exchanged_per_changed": dist_exchanged_per_changed,
     "push_vs_full_sync": push_vs_full_sync,
     "push_bytes_vs_full_sync": push_bytes_vs_full_sync,
+    "fp8_read_vs_bf16": fp8_read_vs_bf16,
+    "fp8_live_bytes_vs_bf16": fp8_live_bytes_vs_bf16,
+    "fp8_live_vs_requant": fp8_live_vs_requant,
+    "fp8_push_bytes_vs_bf16": fp8_push_bytes_vs_bf16,
 }
 
 
 def worse_by(value, ref, better):
     """How much worse than the reference value is (0.1: 10% worse; < 0: better)."""
     return value / ref - 1 if better == "lower" else ref / value - 1
+
+
+def fmt(ratio):
+    """Two decimals, three for ratios under 0.1 (bytes of FP8 against BF16)."""
+    return f"{ratio:.3f}" if ratio < 0.1 else f"{ratio:.2f}"
 
 
 def report(results, reference, tolerance, benches):
@@ -141,8 +185,8 @@ def report(results, reference, tolerance, benches):
         flag = worse > tolerance
         if flag:
             flagged.append(name)
-        span = f" [{lo:.2f}-{hi:.2f}]" if hi > lo else ""
-        print(f"| {name} | {ref['better']} | {med:.2f}{span} | {ref['reference']:g} | "
+        span = f" [{fmt(lo)}-{fmt(hi)}]" if hi > lo else ""
+        print(f"| {name} | {ref['better']} | {fmt(med)}{span} | {ref['reference']:g} | "
               f"{100 * worse:+.0f}% | {'**FLAGGED**' if flag else 'ok'} |")
     return flagged
 
