@@ -46,17 +46,55 @@ Status NonFinite(const Fp8Mounted& m, const Fp8Tensor& t, uint64_t row, const ui
   return IOError("FP8 view of " + VersionName(m.version->manifest.version) + ": " + refusal);
 }
 
-// A buffer of this thread for at least n BF16 elements, not zero-filled and
-// kept between calls: block rows are read into it (allocating and faulting
-// in fresh pages for every row cost more than copying into warm ones).
-uint16_t* RowBuffer(uint64_t n) {
-  thread_local std::unique_ptr<uint16_t[]> buffer;
-  thread_local uint64_t size = 0;
-  if (size < n) {
-    buffer.reset(new uint16_t[n]);
-    size = n;
+// Block rows of up to this many BF16 elements (8 MiB) are read into a buffer
+// of the reading thread kept between calls; larger ones (wide tensors with
+// large --fp8-block) into one freed after the row, so no thread keeps more.
+constexpr uint64_t kKeptRowElements = uint64_t{4} << 20;
+
+// A buffer for at least n BF16 elements, not zero-filled: this thread's kept
+// one (allocating and faulting in fresh pages for every row cost more than
+// copying into warm ones) or, above kKeptRowElements, its own.
+class RowBuffer {
+ public:
+  explicit RowBuffer(uint64_t n) {
+    thread_local std::unique_ptr<uint16_t[]> kept;
+    thread_local uint64_t kept_size = 0;
+    if (n > kKeptRowElements) {
+      own_.reset(new uint16_t[n]);
+      data_ = own_.get();
+      return;
+    }
+    if (kept_size < n) {
+      kept.reset(new uint16_t[kKeptRowElements]);
+      kept_size = kKeptRowElements;
+    }
+    data_ = kept.get();
   }
-  return buffer.get();
+  uint16_t* data() const { return data_; }
+
+ private:
+  std::unique_ptr<uint16_t[]> own_;
+  uint16_t* data_ = nullptr;
+};
+
+// Block row `row` of view tensor `tensor` is cached under kFp8SlotBase |
+// tensor << 32 | row: refuse a view whose numbers would not fit (2^31
+// tensors, or 2^32 block rows in one tensor with a tiny block), rather than
+// let two rows share a cache slot.
+Status CheckSlots(const Fp8View& view, uint64_t version) {
+  if (view.tensors().size() >= (uint64_t{1} << 31)) {
+    return InvalidArgument("FP8 view of " + VersionName(version) + ": " +
+                           std::to_string(view.tensors().size()) +
+                           " tensors, more than it can hold");
+  }
+  for (const Fp8Tensor& t : view.tensors()) {
+    if (t.layout.grid_rows() >= (uint64_t{1} << 32)) {
+      return InvalidArgument("FP8 view of " + VersionName(version) + ": " + t.name + " has " +
+                             std::to_string(t.layout.grid_rows()) +
+                             " block rows, more than it can hold (use a larger --fp8-block)");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -105,6 +143,7 @@ Result<std::shared_ptr<const Fp8Mounted>> Fp8Reader::Build(const std::shared_ptr
   ASSIGN_OR_RETURN(source.config, ReadRawFile(reader_, v, kConfigFile, chain));
   ASSIGN_OR_RETURN(source.index, ReadRawFile(reader_, v, kIndexFile, chain));
   ASSIGN_OR_RETURN(Fp8View view, Fp8View::Build(source, options_));
+  RETURN_IF_ERROR(CheckSlots(view, manifest.version));
   auto m = std::make_shared<Fp8Mounted>();
   m->version = v;
   m->view = std::move(view);
@@ -118,7 +157,8 @@ Result<BlockCache::Value> Fp8Reader::QuantizeRow(const Fp8Mounted& m, const Fp8T
                                                  uint64_t row, const VersionChain* chain) {
   const uint64_t rows = t.RowsOf(row);
   const uint64_t cols = t.layout.cols;
-  uint16_t* bf16 = RowBuffer(rows * cols);
+  const RowBuffer buffer(rows * cols);
+  uint16_t* bf16 = buffer.data();
   RETURN_IF_ERROR(reader_->Read(m.version, t.file,
                                 t.source_offset + row * t.layout.block_rows * cols * 2,
                                 rows * cols * 2, reinterpret_cast<uint8_t*>(bf16), chain));

@@ -69,7 +69,9 @@ struct TextOptions {
   std::string fp8_scale = "plain";
 };
 
-constexpr uint64_t kMaxFp8Block = 1 << 16;
+// The largest --fp8-block: a block row of a wide tensor is read whole (1024 rows
+// of 28672 BF16 columns are 56 MiB).
+constexpr uint64_t kMaxFp8Block = 1 << 10;
 
 // Splits -o lists at commas and takes out the dtefs options given there.
 bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptions* o,
