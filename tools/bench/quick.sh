@@ -19,7 +19,7 @@
 #           single-process publisher (CPU, bytes exchanged), 256 MiB model
 #   push    push_bench.py: the push of a step to 1 receiver vs sending every
 #           tensor whole (time, bytes), 256 MiB model
-#   fp8_read  fp8_read.py: cold read of v1 of a 256 MiB model in FP8
+#   fp8_read  fp8_read.py: cold read of v1 of a 512 MiB model in FP8
 #           (MOUNT/fp8/) vs in BF16 from fresh mounts (3 reps, 2 readers)
 #   fp8_live  fp8_live_bench.py --quick: dtectl apply of one step into FP8
 #           receivers (plain, pow2) vs a BF16 receiver (bytes into the quantized
@@ -73,7 +73,7 @@ run dist $PY $B/dist_publish_bench.py --build-dir "$BUILD" --worlds 2 --tensors 
   --json "$OUT/dist.json"
 run push $PY $B/push_bench.py --build-dir "$BUILD" --size 256MiB --receivers 1 --steps 4 \
   --json "$OUT/push.json"
-run fp8_read env DTE_BUILD_DIR="$BUILD" $PY $B/fp8_read.py --size 256MiB --steps 1 --reps 3 \
+run fp8_read env DTE_BUILD_DIR="$BUILD" $PY $B/fp8_read.py --size 512MiB --steps 1 --reps 3 \
   --quiet-timeout 3 --retries 0 --work "$WORK/fp8_read" --json "$OUT/fp8_read.json"
 run fp8_live $PY $B/fp8_live_bench.py --build-dir "$BUILD" --work "$WORK/fp8_live" --quick \
   --size 256MiB --reps 1 --json "$OUT/fp8_live.json"
