@@ -275,11 +275,11 @@ Result<std::vector<Live::Fp8Sets>> Live::Fp8ChangedSets(const LiveView& from, co
   std::vector<Fp8Sets> sets;
   {
     MutexLock lock(&receivers_mu_);
-    for (const auto& [owner, rc] : receivers_) {
-      if (!rc.fp8) continue;
-      if (std::none_of(sets.begin(), sets.end(),
-                       [&](const Fp8Sets& s) { return s.For(*rc.fp8); })) {
-        sets.push_back({rc.fp8, {}});
+    for (const auto& entry : receivers_) {
+      const auto& fp8 = entry.second.fp8;  // a lambda may not capture a structured binding
+      if (!fp8) continue;
+      if (std::none_of(sets.begin(), sets.end(), [&](const Fp8Sets& s) { return s.For(*fp8); })) {
+        sets.push_back({fp8, {}});
       }
     }
   }

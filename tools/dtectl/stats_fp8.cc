@@ -170,11 +170,12 @@ int RunStatsFp8(const Common& c, const StatsArgs& a, Store& store,
       continue;
     }
     const std::string kind = StoredAs((*v)->manifest);
+    const uint64_t version = num;  // a lambda may not capture a structured binding (C++20)
     Fp8TensorCounts sum;
     sum.name = "all";
     Status s = reader.CountVersion(*v, [&](const Fp8TensorCounts& t) {
       sum.Add(t);
-      if (a.by == "tensor") out.Row(num, kind, t);
+      if (a.by == "tensor") out.Row(version, kind, t);
       return Status::Ok();
     });
     if (!s.ok()) return out.Close(), Fail(s);
