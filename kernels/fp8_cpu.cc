@@ -39,7 +39,16 @@ std::string FirstRefusal(const Fp8Layout& l, std::string_view tensor,
 #else
 #define DTE_VECTORIZE_OPT
 #endif
-#if defined(__x86_64__) && defined(__linux__)
+// Not under the sanitizers: the clones' ifunc resolvers run before their
+// runtime is set up (a ThreadSanitizer build crashed at start).
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define DTE_NO_TARGET_CLONES 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define DTE_NO_TARGET_CLONES 1
+#endif
+#endif
+#if defined(__x86_64__) && defined(__linux__) && !defined(DTE_NO_TARGET_CLONES)
 #define DTE_VECTORIZE DTE_VECTORIZE_OPT __attribute__((target_clones("avx2", "default")))
 #else
 #define DTE_VECTORIZE DTE_VECTORIZE_OPT
