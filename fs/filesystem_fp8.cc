@@ -20,6 +20,7 @@ std::string Fp8Name(uint64_t version) { return "fp8/" + VersionName(version); }
 
 void Filesystem::EnableFp8(const Fp8ViewOptions& options) {
   fp8_ = std::make_unique<Fp8Reader>(&reader_, options);
+  live_.SetFp8Policy(options.policy);
 }
 
 bool Filesystem::IsFp8(uint64_t ino) {

@@ -175,6 +175,10 @@ class Live {
   // tensors, scale grid shapes). Returns the buffer id.
   Result<uint64_t> Register(uint64_t owner, uid_t uid, const dte_live_register& r)
       EXCLUDES(receivers_mu_, view_mu_);
+  // Which tensors FP8 receivers hold in FP8 (store/fp8_policy.h): the
+  // mount's FP8 view policy, so a receiver loaded from MOUNT/fp8 registers
+  // the tensors it has. Applies to registrations made after the call.
+  void SetFp8Policy(Fp8Policy policy) EXCLUDES(receivers_mu_);
   // Drops buffer `id` of owner (0: all of them).
   Status Unregister(uint64_t owner, uint64_t id) EXCLUDES(receivers_mu_);
   // Forgets every buffer of owner.
@@ -288,6 +292,7 @@ class Live {
   Mutex receivers_mu_;
   std::map<uint64_t, Receiver> receivers_ GUARDED_BY(receivers_mu_);  // by owner
   uint64_t next_buffer_id_ GUARDED_BY(receivers_mu_) = 1;
+  Fp8Policy fp8_policy_ GUARDED_BY(receivers_mu_);
   // Plans by (tp, fuse_qkv, fuse_gate_up). Every version an apply accepts
   // has the layout of the first live version, so they stay valid.
   std::map<std::tuple<int, bool, bool>, Plan> plans_ GUARDED_BY(receivers_mu_);

@@ -29,12 +29,14 @@ bool IsFp8Registration(const dte_live_register& r, const std::string& name, bool
 
 namespace {
 
-Result<Fp8ReceiverOptions> OptionsOf(const dte_live_register& r, const std::string& what) {
+Result<Fp8ReceiverOptions> OptionsOf(const dte_live_register& r, const Fp8Policy& policy,
+                                     const std::string& what) {
   if (r.fp8_scale_rule > DTE_LIVE_FP8_POW2) {
     return InvalidArgument(what + ": unknown FP8 scale rule " + std::to_string(r.fp8_scale_rule) +
                            " (0: plain, 1: power of two)");
   }
   Fp8ReceiverOptions o;
+  o.policy = policy;
   o.block_rows = o.block_cols = internal::Fp8BlockOf(r);
   o.rule = r.fp8_scale_rule == DTE_LIVE_FP8_POW2 ? kernels::Fp8ScaleRule::kPowerOfTwo
                                                  : kernels::Fp8ScaleRule::kPlain;
@@ -59,12 +61,17 @@ Status CheckFp8Shape(const dte_live_register& r, const char* dtype,
 
 }  // namespace
 
+void Live::SetFp8Policy(Fp8Policy policy) {
+  MutexLock lock(&receivers_mu_);
+  fp8_policy_ = std::move(policy);
+}
+
 Result<Live::BufferSpec> Live::Fp8Spec(const dte_live_register& r, const std::string& name,
                                        const Plan& plan,
                                        std::shared_ptr<const Fp8ReceiverPlan>* fp8,
                                        const std::string& what) {
   if (!*fp8) {
-    ASSIGN_OR_RETURN(const Fp8ReceiverOptions o, OptionsOf(r, what));
+    ASSIGN_OR_RETURN(const Fp8ReceiverOptions o, OptionsOf(r, fp8_policy_, what));
     auto made = MakeFp8ReceiverPlan(plan.plan, r.rank, o);
     if (!made.ok()) return made.status().WithContext(what);
     *fp8 = std::make_shared<const Fp8ReceiverPlan>(std::move(made).value());

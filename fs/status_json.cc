@@ -144,6 +144,7 @@ json Fp8Json(const Fp8Reader* fp8) {
   const Fp8ViewOptions& o = fp8->options();
   return {{"scale", o.rule == kernels::Fp8ScaleRule::kPowerOfTwo ? "pow2" : "plain"},
           {"block", {o.block_rows, o.block_cols}},
+          {"keep_modules", o.policy.skip_modules},
           {"views_built", s.views_built},
           {"view_failures", s.view_failures},
           {"rows_quantized", s.rows_quantized},

@@ -14,6 +14,7 @@ the index (the scales in weight_map, total_size).
 import json
 import os
 import struct
+import subprocess
 
 import ml_dtypes
 import numpy as np
@@ -46,11 +47,13 @@ def mount(tmp_path):
         yield start
 
 
-def quantized(name, dtype, shape):
-    """The default policy of store/fp8_policy.h for a dense Llama."""
+def quantized(name, dtype, shape, keep=()):
+    """The default policy of store/fp8_policy.h for a dense Llama, with the
+    modules of `keep` (dtefs --fp8-keep) also left in BF16."""
     module = name[: -len(".weight")]
     return (dtype == "BF16" and len(shape) == 2 and name.endswith(".weight")
-            and name != "lm_head.weight" and not any(s in module for s in SKIPPED))
+            and name != "lm_head.weight" and not any(s in module for s in SKIPPED)
+            and not set(module.split(".")) & set(keep))
 
 
 def header_order(path):
@@ -62,12 +65,12 @@ def header_order(path):
     return [k for _, k in sorted(entries)], header.get("__metadata__")
 
 
-def check_safetensors(src, got, block, rule):
+def check_safetensors(src, got, block, rule, keep):
     want = read_safetensors(src)
     have = read_safetensors(got)
     names = []
     for name, (dtype, shape, arr) in want.items():
-        if not quantized(name, dtype, shape):
+        if not quantized(name, dtype, shape, keep):
             assert have[name][:2] == (dtype, shape), name
             assert have[name][2].dtype == NUMPY_DTYPE[dtype], name
             assert have[name][2].tobytes() == arr.tobytes(), name
@@ -89,7 +92,7 @@ def check_safetensors(src, got, block, rule):
     return len(names) // 2
 
 
-def check_version(src, fp8_dir, block=128, rule="plain"):
+def check_version(src, fp8_dir, block=128, rule="plain", keep=()):
     assert sorted(os.listdir(fp8_dir)) == sorted(os.listdir(src))
     with open(os.path.join(src, "config.json")) as f:
         config = json.load(f)
@@ -98,19 +101,23 @@ def check_version(src, fp8_dir, block=128, rule="plain"):
     for name in sorted(os.listdir(src)):
         got = os.path.join(fp8_dir, name)
         if name.endswith(".safetensors"):
-            quantized_tensors += check_safetensors(os.path.join(src, name), got, block, rule)
+            quantized_tensors += check_safetensors(os.path.join(src, name), got, block, rule,
+                                                   keep)
             tensor_bytes += sum(a.nbytes for _, _, a in read_safetensors(got).values())
         elif name not in ("config.json", "model.safetensors.index.json"):
             with open(os.path.join(src, name), "rb") as a, open(got, "rb") as b:
                 assert a.read() == b.read(), name
-    assert quantized_tensors == 3 * 7  # q, k, v, o, gate, up, down per layer
+    assert quantized_tensors == 3 * (7 - len(keep))  # q, k, v, o, gate, up, down per layer
     with open(os.path.join(fp8_dir, "config.json")) as f:
         got_config = json.load(f)
     q = got_config.pop("quantization_config")
     assert got_config == config
     want_q = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
               "weight_block_size": [block, block],
-              "modules_to_not_convert": ["lm_head", "model.embed_tokens"]}
+              "modules_to_not_convert": sorted(
+                  ["lm_head", "model.embed_tokens"]
+                  + [n[: -len(".weight")] for n in config_names(src)
+                     if n.endswith(".weight") and set(n.split(".")) & set(keep)])}
     if rule == "pow2":
         want_q["scale_fmt"] = "ue8m0"
     assert q == want_q
@@ -120,10 +127,16 @@ def check_version(src, fp8_dir, block=128, rule="plain"):
         got_index = json.load(f)
     weight_map = dict(index["weight_map"])
     for name, shard in index["weight_map"].items():
-        if quantized(name, "BF16", [0, 0]) and "layers" in name:
+        if quantized(name, "BF16", [0, 0], keep) and "layers" in name:
             weight_map[name + "_scale_inv"] = shard
     assert got_index["weight_map"] == weight_map
     assert got_index["metadata"]["total_size"] == tensor_bytes
+
+
+def config_names(src):
+    """Every tensor name of the checkpoint at src (from its index)."""
+    with open(os.path.join(src, "model.safetensors.index.json")) as f:
+        return list(json.load(f)["weight_map"])
 
 
 def test_every_version_and_latest_read_as_fp8(llama, mount):
@@ -159,3 +172,24 @@ def test_no_fp8_hides_the_tree(llama, mount):
     assert "fp8" not in os.listdir(m.path)
     assert not os.path.exists(os.path.join(m.path, "fp8"))
     assert m.status()["fp8"] is None
+
+
+def test_kept_modules_stay_bf16_in_the_views(llama, mount):
+    """--fp8-keep o_proj and -o fp8_keep=down_proj: those weights stay BF16,
+    are listed in modules_to_not_convert, and have no scales."""
+    store, step_dir = llama
+    m = mount(store, "--fp8-keep", "o_proj", "-o", "fp8_keep=down_proj")
+    check_version(step_dir(2), os.path.join(m.path, "fp8", "v00000002"),
+                  keep=("o_proj", "down_proj"))
+    assert m.status()["fp8"]["keep_modules"][-2:] == ["o_proj", "down_proj"]
+
+
+@pytest.mark.parametrize("bad", ["self_attn.o_proj", ""])
+def test_a_kept_module_must_be_one_path_component(llama, tmp_path, bad):
+    store, _ = llama
+    (tmp_path / "mnt").mkdir()
+    r = subprocess.run([str(fs_util.binary()), str(store), str(tmp_path / "mnt"), "-f",
+                        "--cache-dir", str(tmp_path / "cache"), "--fp8-keep", bad],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert f'bad --fp8-keep (fp8_keep=) "{bad}"' in r.stderr

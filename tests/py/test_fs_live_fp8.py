@@ -203,3 +203,27 @@ def test_fp8_registrations_are_refused_naming_what_to_fix(mount):
     finally:
         w.close()
         w.unlink()
+
+
+def test_a_mounts_kept_modules_are_not_fp8_for_live_receivers(mount):
+    """dtefs --fp8-keep reaches live apply: on such a mount o_proj is held in
+    BF16 (as MOUNT/fp8 shows it), so an F8_E4M3 registration of it is
+    refused while one of q/k/v is taken."""
+    sys.path.insert(0, PY_PATH)
+    import dte
+    m = mount("--fp8-keep", "o_proj")
+    o = "model.layers.0.self_attn.o_proj.weight"
+    qkv = "model.layers.0.self_attn.qkv_proj.weight"
+    qkv_shape = [(HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN]
+    w = dte.SharedWeights(f"dte-test-fp8-keep-{os.getpid()}",
+                          {o: ("F8_E4M3", [HIDDEN, HEADS * HEAD_DIM]),
+                           qkv: ("F8_E4M3", qkv_shape)})
+    try:
+        with dte.LiveReceiver(m.path, tp=1, rank=0, fp8=dte.Fp8Options(block=BLOCK)) as r:
+            r.register(qkv, w.name, w.offset(qkv), "F8_E4M3", qkv_shape)
+            with pytest.raises(dte.InvalidArgument, match="o_proj.weight\" is not held in FP8 "
+                                                          "\\(skipped module\\)"):
+                r.register(o, w.name, w.offset(o), "F8_E4M3", [HIDDEN, HEADS * HEAD_DIM])
+    finally:
+        w.close()
+        w.unlink()

@@ -4,14 +4,16 @@
 //         [--snapshot-every N] [--snapshots N] [--readahead-kb N]
 //         [--endpoint URL] [--blob-cache-size N] [--blob-chunk-size N]
 //         [--prefetch latest] [--log-file PATH]
-//         [--fp8-scale plain|pow2] [--fp8-block N] [--no-fp8] [-o opts]
+//         [--fp8-scale plain|pow2] [--fp8-block N] [--fp8-keep MODULE]... [--no-fp8]
+//         [-o opts]
 //
 // Also the program the fuse3 mount helper runs for `mount -t fuse.dtefs` and
 // fstab lines: `dtefs STORE MOUNTPOINT -o rw,allow_other,...`; there the
 // dtefs options can be given as cache_dir=DIR, cache_size=N, poll_ms=N,
 // snapshot_every=N, snapshots=N, readahead_kb=N, endpoint=URL,
 // blob_cache_size=N, blob_chunk_size=N, prefetch=latest, log_file=PATH,
-// metrics=ADDR, fp8_scale=plain|pow2, fp8_block=N, no_fp8.
+// metrics=ADDR, fp8_scale=plain|pow2, fp8_block=N, fp8_keep=MODULE[:MODULE...],
+// no_fp8.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -67,6 +69,7 @@ struct TextOptions {
   std::string prefetch;
   std::string endpoint;
   std::string fp8_scale = "plain";
+  std::vector<std::string> fp8_keep;
 };
 
 // The largest --fp8-block: a block row of a wide tensor is read whole (1024 rows
@@ -115,6 +118,9 @@ bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptio
       } else if (auto v = value(opt, "fp8_block")) {
         if (!ParseCount(*v, 1, kMaxFp8Block, &o->fp8_view.block_rows)) return false;
         o->fp8_view.block_cols = o->fp8_view.block_rows;
+      } else if (auto v = value(opt, "fp8_keep")) {
+        std::stringstream modules(*v);
+        for (std::string m; std::getline(modules, m, ':');) text->fp8_keep.push_back(m);
       } else if (opt == "no_fp8") {
         o->fp8 = false;
       } else if (auto v = value(opt, "readahead_kb")) {
@@ -159,6 +165,15 @@ bool ParseTextOptions(const TextOptions& text, dte::fs::MountOptions* o) {
   }
   o->fp8_view.rule = text.fp8_scale == "pow2" ? dte::kernels::Fp8ScaleRule::kPowerOfTwo
                                               : dte::kernels::Fp8ScaleRule::kPlain;
+  for (const std::string& m : text.fp8_keep) {
+    // The policy matches whole components of a module path (store/fp8_policy.h).
+    if (m.empty() || m.find_first_of(". ,:/") != std::string::npos) {
+      std::cerr << "dtefs: bad --fp8-keep (fp8_keep=) \"" << m
+                << "\": one component of a module path, such as o_proj or mlp\n";
+      return false;
+    }
+    o->fp8_view.policy.skip_modules.push_back(m);
+  }
   return true;
 }
 
@@ -205,6 +220,11 @@ void AddOptions(CLI::App* app, dte::fs::MountOptions* o, TextOptions* text,
          "--fp8-block", [o](uint64_t n) { o->fp8_view.block_rows = o->fp8_view.block_cols = n; },
          "Block size N of the FP8 views: N x N elements per scale (default 128)")
       ->check(CLI::Range(uint64_t{1}, kMaxFp8Block));
+  app->add_option("--fp8-keep", text->fp8_keep,
+                  "Keep the weights of modules with this path component (e.g. o_proj) in "
+                  "BF16 in the FP8 views, besides lm_head, embeddings, norms and routers; "
+                  "repeatable")
+      ->allow_extra_args(false);
   app->add_flag_callback(
       "--no-fp8", [o] { o->fp8 = false; }, "Do not show fp8/");
   app->add_option("-o", *opts, "Mount options, comma-separated (allow_other, ro, ...)");
