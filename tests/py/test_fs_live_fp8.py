@@ -196,6 +196,8 @@ def test_fp8_registrations_are_refused_naming_what_to_fix(mount):
             with pytest.raises(dte.InvalidArgument, match="dtype F32 \\(4-byte elements\\) does "
                                                           "not match the tensor's 1-byte"):
                 r.register_cuda(qkv, Uint8Tensor(), dtype="F32")
+        with pytest.raises(dte.InvalidArgument, match="live apply takes square FP8 blocks"):
+            dte.LiveReceiver(m.path, fp8=dte.Fp8Options(block=(32, 64)))
         with pytest.raises(dte.InvalidArgument, match="scale rule 'e8m0' is not one of"):
             dte.Fp8Options(scale_rule="e8m0")  # type: ignore[arg-type]
         with pytest.raises(ValueError):

@@ -5,7 +5,7 @@ fp8=)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, Tuple, Union
 
 from dte._errors import InvalidArgument
 
@@ -15,21 +15,34 @@ _RULES = {"plain": 0, "pow2": 1}  # enum dte_live_fp8_scale_rule
 
 @dataclasses.dataclass(frozen=True)
 class Fp8Options:
-    """Block-scaled E4M3: one FP32 scale per block x block elements, from the
-    block's absolute maximum: amax / 448 ("plain", the public checkpoints'
-    `weight_scale_inv`) or that rounded up to a power of two ("pow2",
-    UE8M0-style). The receiver's tensor-parallel splits must fall on block
-    boundaries (the registration says which one does not)."""
-    block: int = 128
+    """Block-scaled E4M3: one FP32 scale per block of elements (block: N for
+    N x N, or (rows, cols)), from the block's absolute maximum: amax / 448
+    ("plain", the public checkpoints' `weight_scale_inv`) or that rounded up
+    to a power of two ("pow2", UE8M0-style). The receiver's tensor-parallel
+    splits must fall on block boundaries (the registration says which one
+    does not). Live apply takes square blocks only (its ABI has one block
+    side); the push takes any."""
+    block: Union[int, Tuple[int, int]] = 128
     scale_rule: ScaleRule = "plain"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.block, int) or not 1 <= self.block < 2**32:
-            raise InvalidArgument("FP8 block must be an integer in [1, 2^32), not %r"
-                                  % (self.block,))
+        sides = self.block if isinstance(self.block, tuple) else (self.block, self.block)
+        if len(sides) != 2 or not all(
+                isinstance(n, int) and not isinstance(n, bool) and 1 <= n < 2**32
+                for n in sides):
+            raise InvalidArgument("FP8 block must be an integer in [1, 2^32) or a pair of them "
+                                  "(rows, cols), not %r" % (self.block,))
         if self.scale_rule not in _RULES:
             raise InvalidArgument("FP8 scale rule %r is not one of %s"
                                   % (self.scale_rule, ", ".join(_RULES)))
+
+    @property
+    def block_rows(self) -> int:
+        return self.block[0] if isinstance(self.block, tuple) else self.block
+
+    @property
+    def block_cols(self) -> int:
+        return self.block[1] if isinstance(self.block, tuple) else self.block
 
     @property
     def rule_code(self) -> int:
@@ -45,4 +58,4 @@ class Fp8Options:
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, int]:
         """The scale grid of a rank-local rows x cols tensor."""
         rows, cols = shape
-        return (-(-rows // self.block), -(-cols // self.block))
+        return (-(-rows // self.block_rows), -(-cols // self.block_cols))

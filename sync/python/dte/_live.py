@@ -307,6 +307,9 @@ class LiveReceiver(_Handle):
         self.fuse_qkv, self.fuse_gate_up = bool(fuse_qkv), bool(fuse_gate_up)
         if fp8 is not None and not isinstance(fp8, Fp8Options):
             raise InvalidArgument("fp8 must be a dte.Fp8Options, not %r" % (fp8,))
+        if fp8 is not None and fp8.block_rows != fp8.block_cols:
+            raise InvalidArgument("live apply takes square FP8 blocks (one side in the live "
+                                  "ABI), not %r; the push takes any" % (fp8.block,))
         self.fp8 = fp8
         handle = ctypes.c_void_p()
         _check(lib.dte_live_open(os.fsencode(mount), ctypes.byref(handle)))
@@ -350,7 +353,7 @@ class LiveReceiver(_Handle):
             r.shape[i] = d
         r.version = _lib.LIVE_LATEST if version is None else int(version)
         fp8 = self.fp8 or Fp8Options()
-        r.fp8_block, r.fp8_scale_rule = fp8.block, fp8.rule_code
+        r.fp8_block, r.fp8_scale_rule = fp8.block_rows, fp8.rule_code
         return r
 
     def register_cuda(self, name: str, tensor: Any, version: Optional[int] = None,

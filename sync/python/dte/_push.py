@@ -96,9 +96,8 @@ def _fp8_of(d: Optional[Dict[str, Any]]) -> Optional[Fp8Options]:
     """A receiver's FP8 options as the server's status lists them."""
     if d is None:
         return None
-    rows, cols = d["block"]
-    # Fp8Options has square blocks; the C API's receivers declare them so.
-    return Fp8Options(block=int(rows), scale_rule=d["scale_rule"]) if rows == cols else None
+    rows, cols = (int(n) for n in d["block"])
+    return Fp8Options(block=rows if rows == cols else (rows, cols), scale_rule=d["scale_rule"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,8 +339,8 @@ class PushReceiver(_Handle):
         if fp8 is None:
             _check(lib.dte_push_receiver_open(*args, ctypes.byref(handle)))
         else:
-            _check(lib.dte_push_receiver_open_fp8(*args, fp8.block, fp8.block, fp8.rule_code,
-                                                  ctypes.byref(handle)))
+            _check(lib.dte_push_receiver_open_fp8(*args, fp8.block_rows, fp8.block_cols,
+                                                  fp8.rule_code, ctypes.byref(handle)))
         self._h = handle
         self.rank, self.layout, self.fp8 = int(rank), layout, fp8
 
