@@ -36,12 +36,17 @@ struct Version;
 // are known (old_values, same layout as values; known[k] != 0 for entry k,
 // or `known` empty: all of them), values - old_values is the change, which
 // a push sends as a difference; otherwise values is the whole value.
+// old_exact says more: the known old values are the parent's elements
+// themselves (a publisher that saw them), not only a base the difference
+// is taken over (VersionChangesReader's 0), so a push may use them in
+// place of reading the parent (docs/push.md "FP8 receivers").
 struct TensorChanges {
   std::string name;
   std::vector<uint64_t> indices;
   std::vector<uint8_t> values;
   std::vector<uint8_t> old_values;
   std::vector<uint8_t> known;
+  bool old_exact = false;
 };
 
 // One block's entries as its sparse record holds them (DecodeSparseEntries):

@@ -235,6 +235,7 @@ void OwnerEncoder::ApplyEntries(const TensorEntry& te, uint32_t b, size_t i, boo
 }
 
 void OwnerEncoder::KeepChanges(uint32_t count, TensorChanges* keep) {
+  keep->old_exact = true;  // read from the parent's blocks (ApplyEntries)
   for (size_t i = 0; i < count; ++i) {
     keep->indices.insert(keep->indices.end(), keep_idx_[i].begin(), keep_idx_[i].end());
     const auto* nb = reinterpret_cast<const uint8_t*>(keep_new_[i].data());

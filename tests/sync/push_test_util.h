@@ -71,6 +71,7 @@ inline std::vector<TensorChanges> Diff(const std::vector<PlanTensor>& specs,
     const transfer_test::Bytes &x = a.at(t.name), &y = b.at(t.name);
     TensorChanges c;
     c.name = t.name;
+    c.old_exact = with_old;
     for (size_t i = 0; i < x.size() / w; ++i) {
       if (std::memcmp(&x[i * w], &y[i * w], w) == 0) continue;
       c.indices.push_back(i);

@@ -65,8 +65,13 @@ class EngineEncoder {
   // Also append every stored entry of the following EncodeTensor calls to
   // `changes` (flat element index, new BF16 bits, and the old bits where
   // proven, in index order; not owned), as a push sends them
-  // (sync/push/push_server.h); null: stop.
-  void SetChanges(TensorChanges* changes) { changes_ = changes; }
+  // (sync/push/push_server.h); null: stop. The proven old bits are the
+  // parent's elements (old_exact): the version's sparse records and the
+  // push's differences are taken over them.
+  void SetChanges(TensorChanges* changes) {
+    changes_ = changes;
+    if (changes_) changes_->old_exact = true;
+  }
 
   // Encodes the BF16 tensor t from theta, m, v (t->elements() FP32 values
   // each): sets t->hash and t->changed, fills records[0, t->blocks) (t's
