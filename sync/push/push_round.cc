@@ -13,6 +13,7 @@
 #include "sync/push/internal/push_round.h"
 
 #include <deque>
+#include <utility>
 
 #include "kernels/parallel.h"
 #include "store/store.h"
@@ -255,6 +256,10 @@ Status PushServer::Impl::Round::EncodeAgain(PackedBatch& pb, std::map<RankKey, s
 Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<const Version>& v,
                                           ChangesSource& changes) {
   Round r(store, v, changes, options_);
+  {
+    std::lock_guard lock(mu_);
+    r.fp8_prev = std::exchange(fp8_summaries_, {});
+  }
   RETURN_IF_ERROR(SelectTargets(r));
   r.IndexOps();
   RETURN_IF_ERROR(r.CountChanges());
@@ -265,6 +270,10 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
   SendCounts(r);
   const Status streamed = SendData(r);
   EndData(r, streamed);
+  {
+    std::lock_guard lock(mu_);
+    fp8_summaries_ = r.Fp8SummariesAfter(streamed.ok());
+  }
   if (!streamed.ok()) return streamed;
   r.report.pack_seconds = r.pack;
   AwaitConfirmations(r);

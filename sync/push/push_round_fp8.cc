@@ -1,14 +1,22 @@
 // FP8 receivers' part of a push (sync/push/internal/push_round.h): the
-// receivers of one set of FP8 options form a variant; each changed
-// canonical tensor that some variant quantizes is read from the store in
-// its parent version, the version's BF16 elements made from it and the
-// changes, and its FP8 change set computed once per block shape and scale
-// rule (kernels::Fp8ChangesAt), then remapped into every FP8 op of every
-// variant's layouts and ranks (sync/transfer/fp8_plan.h) and encoded as
-// round 2 sends entries: the bytes that changed and, for a block whose
-// scale changed, its scale (and every byte of it that changed, which the
-// change set lists). Memory: one canonical tensor's parent and version in
-// BF16, and its change sets.
+// receivers of one set of FP8 options form a variant; for each changed
+// canonical tensor that some variant quantizes, its FP8 change set is
+// computed once per block shape and scale rule, then remapped into every
+// FP8 op of every variant's layouts and ranks (sync/transfer/fp8_plan.h)
+// and encoded as round 2 sends entries: the bytes that changed and, for a
+// block whose scale changed, its scale (and every byte of it that changed,
+// which the change set lists).
+//
+// A change set comes from the parent's block summaries kept from the last
+// push (push_fp8_summary.h) and the changes' old values, with only the
+// blocks the summaries do not decide read from the store; or, on a
+// server's first push, after a version it did not push, or for changes
+// without the parent's elements, from the tensor's parent read whole and
+// the version's elements made from it (kernels::Fp8ChangesAt). Either way
+// the version's summaries are staged, and kept once the push is complete.
+// Memory: one canonical tensor's parent and version in BF16, its change
+// sets, and every quantized tensor's summaries twice (parent and version).
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -65,12 +73,18 @@ std::vector<PushServer::Impl::Round::Fp8Use> PushServer::Impl::Round::Fp8UsesOf(
   return uses;
 }
 
+Status PushServer::Impl::Round::OpenParent() {
+  if (reader) return Status::Ok();
+  ASSIGN_OR_RETURN(parent_version, store.GetVersion(parent));
+  reader = std::make_unique<Materializer>(&store);
+  return Status::Ok();
+}
+
 // Tensor c's parent from the store and its version in BF16, into fp8_versions.
 Status PushServer::Impl::Round::ReadFp8Versions(size_t c, const TensorChanges& tc) {
-  if (!reader) {
-    ASSIGN_OR_RETURN(parent_version, store.GetVersion(parent));
-    reader = std::make_unique<Materializer>(&store);
-  }
+  RETURN_IF_ERROR(OpenParent());
+  report.fp8_parent_reads++;
+  report.fp8_parent_bytes += ShapeElements(canonical[c].shape) * 2;
   return push_internal::ReadFp8Versions(*reader, parent_version, canonical[c], tc,
                                         "FP8 push of " + vname + ": tensor " + canonical[c].name,
                                         &fp8_versions);
@@ -82,30 +96,123 @@ Status PushServer::Impl::Round::Fp8Jobs(size_t c, const TensorChanges& tc,
                                         const std::vector<Fp8Use>& uses,
                                         std::map<Fp8Shape, push_internal::Fp8Changes>* sets,
                                         std::vector<Fp8Job>* jobs) {
+  Fp8Layouts layouts;
   for (const Fp8Use& u : uses) {
     const kernels::Fp8Layout& l = u.plan->canonical_layout[c];
-    const Fp8Shape shape{l.block_rows, l.block_cols, l.rule};
-    auto it = sets->find(shape);
-    if (it == sets->end()) {
-      it = sets->emplace(shape, push_internal::Fp8Changes{}).first;
-      RETURN_IF_ERROR(
-          push_internal::ComputeFp8Changes(l, fp8_versions, tc, canonical[c].name, &it->second));
-    }
+    layouts.emplace(Fp8Shape{l.block_rows, l.block_cols, l.rule}, l);
+  }
+  RETURN_IF_ERROR(Fp8Sets(c, tc, layouts, sets));
+  for (const Fp8Use& u : uses) {
+    const kernels::Fp8Layout& l = u.plan->canonical_layout[c];
+    const push_internal::Fp8Changes* set = &sets->at({l.block_rows, l.block_cols, l.rule});
     for (uint32_t k : u.plan->ops_by_canonical[c]) {
-      jobs->push_back({u.variant, u.layout, &u.plan->ops[k], &it->second});
+      jobs->push_back({u.variant, u.layout, &u.plan->ops[k], set});
     }
   }
   return Status::Ok();
 }
 
+push_internal::Fp8SummaryKey PushServer::Impl::Round::SummaryKey(size_t c,
+                                                                 const Fp8Shape& shape) const {
+  const auto& [rows, cols, rule] = shape;
+  return {canonical[c].name, rows, cols, rule};
+}
+
+namespace {
+
+bool SameLayout(const kernels::Fp8Layout& a, const kernels::Fp8Layout& b) {
+  return a.rows == b.rows && a.cols == b.cols && a.block_rows == b.block_rows &&
+         a.block_cols == b.block_cols && a.rule == b.rule;
+}
+
+}  // namespace
+
+Status PushServer::Impl::Round::Fp8Sets(size_t c, const TensorChanges& tc,
+                                        const Fp8Layouts& layouts,
+                                        std::map<Fp8Shape, push_internal::Fp8Changes>* sets) {
+  const bool usable = tc.old_exact && fp8_prev.version == parent;
+  std::vector<const push_internal::Fp8Summary*> prev;
+  for (const auto& [shape, l] : layouts) {
+    auto it = fp8_prev.of.find(SummaryKey(c, shape));
+    if (!usable || it == fp8_prev.of.end() || !SameLayout(it->second.layout, l)) {
+      return Fp8SetsWhole(c, tc, layouts, sets);
+    }
+    prev.push_back(&it->second);
+  }
+  return Fp8SetsStepped(c, tc, layouts, prev, sets);
+}
+
+Status PushServer::Impl::Round::Fp8SetsWhole(size_t c, const TensorChanges& tc,
+                                             const Fp8Layouts& layouts,
+                                             std::map<Fp8Shape, push_internal::Fp8Changes>* sets) {
+  RETURN_IF_ERROR(ReadFp8Versions(c, tc));
+  for (const auto& [shape, l] : layouts) {
+    RETURN_IF_ERROR(
+        push_internal::ComputeFp8Changes(l, fp8_versions, tc, canonical[c].name, &(*sets)[shape]));
+    if (push_internal::Fp8Summarizable(l)) {
+      fp8_next[SummaryKey(c, shape)] = push_internal::SummarizeFp8(l, fp8_versions.child.data());
+    }
+  }
+  return Status::Ok();
+}
+
+Status PushServer::Impl::Round::Fp8SetsStepped(
+    size_t c, const TensorChanges& tc, const Fp8Layouts& layouts,
+    const std::vector<const push_internal::Fp8Summary*>& prev,
+    std::map<Fp8Shape, push_internal::Fp8Changes>* sets) {
+  const uint64_t rows = canonical[c].shape[0], cols = canonical[c].shape[1];
+  std::vector<push_internal::Fp8StepPlan> steps(prev.size());
+  fp8_rows.assign(rows, 0);
+  for (size_t j = 0; j < prev.size(); ++j) {
+    push_internal::PlanFp8Step(*prev[j], tc, &steps[j]);
+    push_internal::MarkFp8Rows(prev[j]->layout, steps[j], &fp8_rows);
+  }
+  fp8_versions.parent.resize(rows * cols);
+  fp8_versions.child.resize(rows * cols);
+  if (std::find(fp8_rows.begin(), fp8_rows.end(), 1) != fp8_rows.end()) {
+    RETURN_IF_ERROR(OpenParent());
+    ASSIGN_OR_RETURN(uint64_t bytes, push_internal::Fp8ReadRows(
+                                         *reader, parent_version, canonical[c].name, cols, fp8_rows,
+                                         "FP8 push of " + vname + ": tensor " + canonical[c].name,
+                                         &fp8_versions.parent));
+    report.fp8_parent_bytes += bytes;
+    push_internal::Fp8ChildRows(cols, fp8_rows, tc, &fp8_versions);
+  }
+  size_t j = 0;
+  for (const auto& [shape, l] : layouts) {
+    push_internal::Fp8Summary next;
+    RETURN_IF_ERROR(push_internal::FinishFp8Step(*prev[j], steps[j], fp8_versions, tc,
+                                                 canonical[c].name, &(*sets)[shape], &next));
+    fp8_next[SummaryKey(c, shape)] = std::move(next);
+    ++j;
+  }
+  return Status::Ok();
+}
+
+push_internal::Fp8Summaries PushServer::Impl::Round::Fp8SummariesAfter(bool complete) {
+  push_internal::Fp8Summaries out;
+  if (!complete || fp8.empty()) return out;
+  for (const Fp8Variant& f : fp8) {
+    if (!f.failed.empty()) return out;
+  }
+  out.version = v->manifest.version;
+  out.of = std::move(fp8_next);
+  if (fp8_prev.version != parent) return out;
+  // The tensors this version left as they were keep their summaries.
+  for (auto& [key, s] : fp8_prev.of) {
+    if (!fp8_changed.count(std::get<0>(key))) out.of.emplace(key, std::move(s));
+  }
+  return out;
+}
+
 Status PushServer::Impl::Round::PackFp8Tensor(size_t c, const TensorChanges& tc, bool check,
                                               std::map<Fp8Key, Fp8OpOut>* out) {
+  if (!tc.indices.empty()) fp8_changed.insert(canonical[c].name);
   const std::vector<Fp8Use> uses = Fp8UsesOf(c);
   if (uses.empty() || tc.indices.empty()) return Status::Ok();
   std::map<Fp8Shape, push_internal::Fp8Changes> sets;
   std::vector<Fp8Job> jobs;
-  Status made = ReadFp8Versions(c, tc);
-  if (made.ok()) made = Fp8Jobs(c, tc, uses, &sets, &jobs);
+  const Status made = Fp8Jobs(c, tc, uses, &sets, &jobs);
   if (!made.ok()) {
     // This version cannot be quantized (or read): those variants' receivers
     // are dropped; the push goes on for the others.

@@ -317,7 +317,9 @@ std::string PushReportJson(const PushReport& r) {
                {"bytes", r.bytes},
                {"seconds", r.seconds},
                {"pack_seconds", r.pack_seconds},
-               {"dropped", r.dropped}});
+               {"dropped", r.dropped},
+               {"fp8_parent_reads", r.fp8_parent_reads},
+               {"fp8_parent_bytes", r.fp8_parent_bytes}});
 }
 
 std::string PushServer::StatusJson(bool take_events) {

@@ -125,10 +125,15 @@ struct PushReport {
   double pack_seconds = 0;           // of which remapping and encoding every receiver's messages
   std::vector<std::string> dropped;  // one line per receiver dropped, with the reason
   uint64_t missing = 0;              // options' receivers that did not confirm this push
+  // FP8 receivers' change sets: parent tensors read from the store whole,
+  // and the bytes of parent tensors read in all (both passes; docs/push.md
+  // "FP8 receivers").
+  uint64_t fp8_parent_reads = 0;
+  uint64_t fp8_parent_bytes = 0;
 };
 
 // {"version", "pushed", "behind", "missing", "elements", "bytes", "seconds",
-// "pack_seconds", "dropped": [...]}
+// "pack_seconds", "dropped": [...], "fp8_parent_reads", "fp8_parent_bytes"}
 std::string PushReportJson(const PushReport& r);
 
 class PushServer {

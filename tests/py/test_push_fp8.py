@@ -146,10 +146,19 @@ def test_fp8_receivers_equal_the_reference_quantization_of_every_version(trainer
     scales_changed = fp8_quantized = bf16_quantized = 0
     written = [0] * len(specs)
     prev = v0
+    quantized_bytes = sum(2 * t.numel() for n, t in v0.items() if quantized(n))
     try:
         for step in range(1, 4):
             r = trainer.step(step)
             assert r.push.pushed == len(specs) and not r.push.dropped, r.push
+            # The first push reads the changed tensors' parents whole; the
+            # next ones step the block summaries the server kept, reading
+            # only the blocks whose scale changed (docs/push.md "Costs").
+            if step == 1:
+                assert r.push.fp8_parent_reads > 0, r.push
+            else:
+                assert r.push.fp8_parent_reads == 0, r.push
+                assert r.push.fp8_parent_bytes < quantized_bytes / 2, (r.push, quantized_bytes)
             now = trainer.version(r.version)
             for (tp, rank, fused, fp8), (rx, tensors) in zip(specs, rxs):
                 rx.wait_for(r.version, timeout=10)

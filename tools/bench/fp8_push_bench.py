@@ -25,6 +25,8 @@ Per kind and step it reports:
               FP8: E4M3 bytes plus 4 per scale)
   written_quantized  of which into the tensors FP8 receivers quantize (the
               rest, embeddings, lm_head and norms, every kind holds in BF16)
+  parent_reads, parent_bytes  for FP8: parent tensors the server read from
+              the store whole, and the parent's bytes it read in all
 and per kind the catch-up's seconds. Ratios FP8 / BF16 per step. The
 alternative to an FP8 push, re-quantizing the whole model from BF16 after
 each step, is timed with tools/bench/fp8_requant.cc (when built) on the
@@ -146,7 +148,9 @@ class Run:
                                     .sum()) for n, t in plain.items())
         return {"step": step, "changed": res.changed, "push_s": res.push.seconds,
                 "pack_s": res.push.pack_seconds, "apply_s": apply_s, "sent": res.push.bytes,
-                "written": written, "written_quantized": written - plain_written}
+                "written": written, "written_quantized": written - plain_written,
+                "parent_reads": res.push.fp8_parent_reads,
+                "parent_bytes": res.push.fp8_parent_bytes}
 
     def requantize(self, build_dir, rule):
         """fp8_requant over the BF16 weights now: {"read_s", "quantize_s", ...}."""

@@ -203,9 +203,15 @@ uint64_t BlockOf(const kernels::Fp8Layout& l, uint64_t i) {
 
 Status ComputeFp8Changes(const kernels::Fp8Layout& layout, const Fp8Versions& v,
                          const TensorChanges& changes, const std::string& tensor, Fp8Changes* out) {
+  return ComputeFp8ChangesAt(layout, v, changes.indices.data(), changes.indices.size(), tensor,
+                             out);
+}
+
+Status ComputeFp8ChangesAt(const kernels::Fp8Layout& layout, const Fp8Versions& v,
+                           const uint64_t* changed, size_t n, const std::string& tensor,
+                           Fp8Changes* out) {
   const std::string bad =
-      kernels::Fp8ChangesAt(layout, v.parent.data(), v.child.data(), changes.indices.data(),
-                            changes.indices.size(), tensor, &out->set);
+      kernels::Fp8ChangesAt(layout, v.parent.data(), v.child.data(), changed, n, tensor, &out->set);
   if (!bad.empty()) return InvalidArgument(bad);
   // The parent's scale of every block holding a changed byte or scale.
   std::vector<uint64_t> blocks;

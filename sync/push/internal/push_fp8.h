@@ -89,6 +89,11 @@ Status ReadFp8Versions(Materializer& reader, const std::shared_ptr<const Version
 // InvalidArgument naming the tensor when a touched block holds NaN or inf.
 Status ComputeFp8Changes(const kernels::Fp8Layout& layout, const Fp8Versions& v,
                          const TensorChanges& changes, const std::string& tensor, Fp8Changes* out);
+// The same over the changed elements changed[0 .. n) (ascending) alone:
+// v is read only in the blocks holding them.
+Status ComputeFp8ChangesAt(const kernels::Fp8Layout& layout, const Fp8Versions& v,
+                           const uint64_t* changed, size_t n, const std::string& tensor,
+                           Fp8Changes* out);
 
 // The entries of `changes` that one FP8 op writes, encoded as round 2
 // sends them (push_wire.h): the bytes' segments into *bytes_out and the

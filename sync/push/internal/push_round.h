@@ -16,6 +16,7 @@
 #include "store/materialize.h"
 #include "store/store.h"
 #include "sync/push/internal/push_fp8.h"
+#include "sync/push/internal/push_fp8_summary.h"
 #include "sync/push/internal/push_server_impl.h"
 
 namespace dte {
@@ -67,6 +68,7 @@ struct PushServer::Impl::Round {
     const push_internal::Fp8Changes* changes;
   };
   using Fp8Shape = std::tuple<uint64_t, uint64_t, kernels::Fp8ScaleRule>;
+  using Fp8Layouts = std::map<Fp8Shape, kernels::Fp8Layout>;
 
   Round(Store& store, const std::shared_ptr<const Version>& v, ChangesSource& changes,
         const PushServerOptions& options)
@@ -105,9 +107,27 @@ struct PushServer::Impl::Round {
   Status PackFp8Tensor(size_t c, const TensorChanges& changes, bool check,
                        std::map<Fp8Key, Fp8OpOut>* out);
   std::vector<Fp8Use> Fp8UsesOf(size_t c) const;
+  Status OpenParent();
   Status ReadFp8Versions(size_t c, const TensorChanges& changes);
   Status Fp8Jobs(size_t c, const TensorChanges& changes, const std::vector<Fp8Use>& uses,
                  std::map<Fp8Shape, push_internal::Fp8Changes>* sets, std::vector<Fp8Job>* jobs);
+  // The change set of every block shape and rule of `layouts` into *sets,
+  // and the version's summaries staged in fp8_next: stepped from the
+  // parent's summaries, reading only the blocks they do not decide, when
+  // the changes hold the parent's elements and every layout has a summary
+  // of the parent; else from the parent read whole.
+  Status Fp8Sets(size_t c, const TensorChanges& changes, const Fp8Layouts& layouts,
+                 std::map<Fp8Shape, push_internal::Fp8Changes>* sets);
+  Status Fp8SetsWhole(size_t c, const TensorChanges& changes, const Fp8Layouts& layouts,
+                      std::map<Fp8Shape, push_internal::Fp8Changes>* sets);
+  Status Fp8SetsStepped(size_t c, const TensorChanges& changes, const Fp8Layouts& layouts,
+                        const std::vector<const push_internal::Fp8Summary*>& prev,
+                        std::map<Fp8Shape, push_internal::Fp8Changes>* sets);
+  push_internal::Fp8SummaryKey SummaryKey(size_t c, const Fp8Shape& shape) const;
+  // The summaries of the version once the push packed every tensor
+  // (`complete`) for every FP8 variant; none otherwise (the next push
+  // reads its parents whole).
+  push_internal::Fp8Summaries Fp8SummariesAfter(bool complete);
   // Round 1's entries of an FP8 variant's layout and rank.
   void MakeFp8Counts(int v, const LayoutKey& layout, int rank, push_internal::CountsMsg* m,
                      uint64_t* elements) const;
@@ -139,6 +159,13 @@ struct PushServer::Impl::Round {
   std::shared_ptr<const Version> parent_version;         // read by PackFp8Tensor
   std::unique_ptr<Materializer> reader;
   push_internal::Fp8Versions fp8_versions;  // one tensor's, reused
+  // The summaries of the last version pushed (the parent's when their
+  // version is), those of this version staged tensor by tensor (committed
+  // by Fp8SummariesAfter), and the tensors this version changed.
+  push_internal::Fp8Summaries fp8_prev;
+  std::map<push_internal::Fp8SummaryKey, push_internal::Fp8Summary> fp8_next;
+  std::set<std::string> fp8_changed;
+  std::vector<uint8_t> fp8_rows;  // the parent's rows a tensor's stepped sets read
 
   std::map<RankKey, push_internal::CountsMsg> counts;
   std::map<RankKey, uint64_t> elements;

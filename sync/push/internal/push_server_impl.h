@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "store/base/posix_file.h"
+#include "sync/push/internal/push_fp8_summary.h"
 #include "sync/push/internal/push_wire.h"
 #include "sync/push/push_server.h"
 #include "sync/transfer/fp8_plan.h"
@@ -197,8 +198,11 @@ class PushServer::Impl {
   // Receivers dropped and closed while a push awaited them: id -> reason,
   // for that push's report (cleared by each push).
   std::map<uint64_t, std::string> gone_;
-  std::set<uint64_t> confirmed_;      // receivers that confirmed the current push
-  int part_ = 0, parts_ = 1;          // SetGroup
+  std::set<uint64_t> confirmed_;  // receivers that confirmed the current push
+  int part_ = 0, parts_ = 1;      // SetGroup
+  // FP8 receivers' block summaries of the last version pushed
+  // (push_fp8_summary.h): a push takes them and puts back its version's.
+  push_internal::Fp8Summaries fp8_summaries_;
   std::vector<std::string> senders_;  // every part's address, once known (SetSenders)
 };
 

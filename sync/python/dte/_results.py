@@ -24,6 +24,8 @@ class PushReport:
     seconds: float = 0.0
     pack_seconds: float = 0.0  # of which remapping and encoding the receivers' messages
     dropped: List[str] = dataclasses.field(default_factory=list)  # receivers dropped, and why
+    fp8_parent_reads: int = 0  # FP8 receivers' change sets: parent tensors read whole
+    fp8_parent_bytes: int = 0  # and bytes of parent tensors read in all
     error: str = ""
 
     @classmethod
