@@ -58,6 +58,19 @@ std::string Fp8LayoutError(const Fp8Layout& layout);
 std::string Fp8Quantize(const Fp8Layout& layout, const uint16_t* bf16, uint8_t* q_out,
                         float* scale_out, std::string_view tensor);
 
+// Fp8Quantize over a region of a tensor of `layout`, for a reader that holds
+// only some of its rows: bf16 holds rows [row0, row0 + rows) whole (rows x
+// cols elements, row-major); the region is their columns [col0, col1).
+// row0 and col0 lie on block boundaries; row0 + rows and col1 lie on one or
+// at the tensor's edge. Writes the region's E4M3 bytes to q_out (rows x
+// (col1 - col0), row-major) and its blocks' scales to scale_out (row-major
+// over the region's blocks): exactly what Fp8Quantize of the whole tensor
+// gives there. A refusal names the block and element as Fp8Quantize's does,
+// in the whole tensor's coordinates.
+std::string Fp8QuantizeRegion(const Fp8Layout& layout, const uint16_t* bf16, uint64_t row0,
+                              uint64_t rows, uint64_t col0, uint64_t col1, uint8_t* q_out,
+                              float* scale_out, std::string_view tensor);
+
 // out[i] = DequantizeE4m3(q[i], its block's scale): what a loader computes.
 void Fp8Dequantize(const Fp8Layout& layout, const uint8_t* q, const float* scale, float* out);
 

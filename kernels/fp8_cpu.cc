@@ -133,6 +133,27 @@ std::string Fp8LayoutError(const Fp8Layout& l) {
   return {};
 }
 
+namespace {
+
+// Quantizes block `rect` of x (a tensor of l) by `scale` into q, whose rows
+// hold q_cols bytes from column q_col0 of the tensor; `finite`: the block
+// holds no NaN or inf.
+void QuantizeBlock(const Fp8Layout& l, const uint16_t* x, const BlockRect& rect, float scale,
+                   bool finite, uint8_t* q, uint64_t q_cols, uint64_t q_col0) {
+  const uint64_t n = rect.c1 - rect.c0;
+  for (uint64_t r = rect.r0; r < rect.r1; ++r) {
+    const uint16_t* in = x + r * l.cols + rect.c0;
+    uint8_t* out = q + r * q_cols + (rect.c0 - q_col0);
+    if (finite) {
+      QuantizeRun(in, out, n, scale);
+      continue;
+    }
+    for (uint64_t i = 0; i < n; ++i) out[i] = QuantizeE4m3(Bf16BitsToFp32(in[i]), scale);
+  }
+}
+
+}  // namespace
+
 std::string Fp8Quantize(const Fp8Layout& l, const uint16_t* bf16, uint8_t* q_out, float* scale_out,
                         std::string_view tensor) {
   std::vector<uint64_t> bad(l.num_blocks(), kNoElement);
@@ -141,19 +162,35 @@ std::string Fp8Quantize(const Fp8Layout& l, const uint16_t* bf16, uint8_t* q_out
       const BlockRect rect = RectOf(l, b);
       const float scale = fp8_internal::FastBlockScale(l, bf16, rect, &bad[b]);
       scale_out[b] = scale;
-      for (uint64_t r = rect.r0; r < rect.r1; ++r) {
-        const uint64_t i0 = r * l.cols + rect.c0;
-        if (bad[b] == kNoElement) {
-          QuantizeRun(bf16 + i0, q_out + i0, rect.c1 - rect.c0, scale);
-          continue;
-        }
-        for (uint64_t i = i0; i < i0 + (rect.c1 - rect.c0); ++i) {
-          q_out[i] = QuantizeE4m3(Bf16BitsToFp32(bf16[i]), scale);
-        }
-      }
+      QuantizeBlock(l, bf16, rect, scale, bad[b] == kNoElement, q_out, l.cols, 0);
     }
   });
   return FirstRefusal(l, tensor, bad);
+}
+
+std::string Fp8QuantizeRegion(const Fp8Layout& l, const uint16_t* bf16, uint64_t row0,
+                              uint64_t rows, uint64_t col0, uint64_t col1, uint8_t* q_out,
+                              float* scale_out, std::string_view tensor) {
+  // The rows held, as a tensor of their own: row0 is on a block boundary,
+  // so its blocks are the whole tensor's, partial edge blocks included.
+  const Fp8Layout band{rows, l.cols, l.block_rows, l.block_cols, l.rule};
+  const uint64_t first_col = col0 / l.block_cols;
+  const uint64_t grid_cols = (col1 - col0 + l.block_cols - 1) / l.block_cols;
+  const uint64_t n = band.grid_rows() * grid_cols;
+  std::vector<uint64_t> bad(n, kNoElement);
+  ParallelFor(n, BlockGrain(band), [&](size_t begin, size_t end) {
+    for (size_t k = begin; k < end; ++k) {
+      const uint64_t b = (k / grid_cols) * band.grid_cols() + first_col + k % grid_cols;
+      const BlockRect rect = RectOf(band, b);
+      const float scale = fp8_internal::FastBlockScale(band, bf16, rect, &bad[k]);
+      scale_out[k] = scale;
+      QuantizeBlock(band, bf16, rect, scale, bad[k] == kNoElement, q_out, col1 - col0, col0);
+    }
+  });
+  for (uint64_t i : bad) {
+    if (i != kNoElement) return fp8_internal::Refusal(l, tensor, row0 * l.cols + i);
+  }
+  return {};
 }
 
 void Fp8Dequantize(const Fp8Layout& l, const uint8_t* q, const float* scale, float* out) {

@@ -161,6 +161,73 @@ TEST(Fp8Quantize, RefusesNanAndInfNamingTensorBlockAndElement) {
   }
 }
 
+// Rows [row0, row0 + rows) of x, columns [col0, col1) quantized as a region
+// (from those rows alone) equal the whole tensor's bytes and scales there.
+void ExpectRegionOfWhole(const Fp8Layout& l, const std::vector<uint16_t>& x, const Quantized& whole,
+                         uint64_t row0, uint64_t rows, uint64_t col0, uint64_t col1) {
+  SCOPED_TRACE("rows " + std::to_string(row0) + "+" + std::to_string(rows) + ", cols " +
+               std::to_string(col0) + ".." + std::to_string(col1));
+  const uint64_t cols = col1 - col0;
+  const uint64_t grid_rows = (rows + l.block_rows - 1) / l.block_rows;
+  const uint64_t grid_cols = (cols + l.block_cols - 1) / l.block_cols;
+  std::vector<uint8_t> q(rows * cols);
+  std::vector<float> scale(grid_rows * grid_cols);
+  const std::vector<uint16_t> band(x.begin() + row0 * l.cols, x.begin() + (row0 + rows) * l.cols);
+  ASSERT_EQ(Fp8QuantizeRegion(l, band.data(), row0, rows, col0, col1, q.data(), scale.data(), "t"),
+            "");
+  for (uint64_t r = 0; r < rows; ++r) {
+    for (uint64_t c = 0; c < cols; ++c) {
+      ASSERT_EQ(q[r * cols + c], whole.q[(row0 + r) * l.cols + col0 + c]) << r << ", " << c;
+    }
+  }
+  for (uint64_t br = 0; br < grid_rows; ++br) {
+    for (uint64_t bc = 0; bc < grid_cols; ++bc) {
+      const uint64_t b = (row0 / l.block_rows + br) * l.grid_cols() + col0 / l.block_cols + bc;
+      ASSERT_EQ(FloatBits(scale[br * grid_cols + bc]), FloatBits(whole.scale[b]))
+          << br << ", " << bc;
+    }
+  }
+}
+
+TEST(Fp8QuantizeRegion, BandsAndColumnRangesEqualTheWholeTensorWithPartialEdgeBlocks) {
+  for (Fp8ScaleRule rule : {Fp8ScaleRule::kPlain, Fp8ScaleRule::kPowerOfTwo}) {
+    const Fp8Layout l{.rows = 12, .cols = 20, .block_rows = 5, .block_cols = 7, .rule = rule};
+    const std::vector<uint16_t> x = Weights(l.num_elements(), 7, 1.0f);
+    const Quantized whole = Reference(l, x);
+    for (auto [row0, rows] :
+         {std::pair<uint64_t, uint64_t>{0, 12}, {0, 5}, {5, 5}, {10, 2}, {5, 7}, {0, 10}}) {
+      for (auto [col0, col1] :
+           {std::pair<uint64_t, uint64_t>{0, 20}, {0, 7}, {7, 14}, {14, 20}, {7, 20}}) {
+        ExpectRegionOfWhole(l, x, whole, row0, rows, col0, col1);
+      }
+    }
+  }
+  const Fp8Layout big{.rows = 300, .cols = 200};
+  const std::vector<uint16_t> x = Weights(big.num_elements(), 8);
+  const Quantized whole = Reference(big, x);
+  ExpectRegionOfWhole(big, x, whole, 128, 172, 128, 200);
+  ExpectRegionOfWhole(big, x, whole, 0, 256, 0, 128);
+}
+
+TEST(Fp8QuantizeRegion, RefusalNamesTheBlockAndElementOfTheWholeTensor) {
+  const Fp8Layout l{.rows = 300, .cols = 200};
+  std::vector<uint16_t> x = Weights(l.num_elements(), 9);
+  x[260 * 200 + 150] = 0x7FC0;
+  x[270 * 200 + 5] = 0x7F80;  // outside the columns below: not looked at
+  const uint64_t rows = 44, cols = 72;
+  std::vector<uint8_t> q(rows * cols);
+  std::vector<float> scale(1);
+  EXPECT_EQ(Fp8QuantizeRegion(l, x.data() + 256 * 200, 256, rows, 128, 200, q.data(), scale.data(),
+                              "layers.0.mlp.up_proj"),
+            "tensor 'layers.0.mlp.up_proj': FP8 block (2, 1) (rows 256..299, cols 128..199) holds "
+            "a NaN or infinite weight at element (260, 150); FP8 quantization refuses non-finite "
+            "weights");
+  x[260 * 200 + 150] = 0;
+  EXPECT_EQ(Fp8QuantizeRegion(l, x.data() + 256 * 200, 256, rows, 128, 200, q.data(), scale.data(),
+                              "layers.0.mlp.up_proj"),
+            "");
+}
+
 TEST(Fp8Quantize, LayoutErrors) {
   EXPECT_NE(Fp8LayoutError({.rows = 4, .cols = 4, .block_rows = 0}).find("at least 1"),
             std::string::npos);
