@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 
 #include "store/store.h"
+#include "sync/push/internal/push_catchup.h"
 #include "sync/push/internal/push_plan.h"
 #include "sync/push/internal/push_receiver_impl.h"
 #include "sync/transfer/plan_inputs.h"
@@ -180,14 +181,14 @@ Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version
 }
 
 // One receiver tensor at a time (a host copy of it when it lives on a
-// device), filled from the canonical tensors its ops read: memory is one
-// receiver tensor and one canonical tensor.
+// device), its ops' boxes read from the store a band of rows at a time:
+// memory is one receiver tensor and one band (push_catchup.h).
 Status PushReceiver::Impl::FillFromStore(Store& store, const std::shared_ptr<const Version>& v,
                                          const TransferPlan& plan, const std::vector<uint32_t>& own,
                                          const std::string& what) {
   Materializer reader(&store);
-  std::vector<uint8_t> buf, mirror;
-  std::optional<uint32_t> in_buf;
+  push_internal::BandCopier copier(reader, v, plan, options_.catch_up_band_bytes, what);
+  std::vector<uint8_t> mirror;
   for (uint32_t rt = 0; rt < plan.receiver_tensors[options_.rank].size(); ++rt) {
     const PushTensor& t = options_.tensors[own[rt]];
     const size_t bytes = numel_[own[rt]] * DTypeWidth(t.dtype);
@@ -200,12 +201,7 @@ Status PushReceiver::Impl::FillFromStore(Store& store, const std::shared_ptr<con
     }
     for (const TransferOp& op : plan.ops) {
       if (op.receiver != options_.rank || op.receiver_tensor != rt) continue;
-      if (in_buf != op.canonical) {
-        RETURN_IF_ERROR(push_internal::ReadTensorBytes(reader, v, plan.canonical[op.canonical].name,
-                                                       &buf, what));
-        in_buf = op.canonical;
-      }
-      push_internal::CopyOpBox(plan, op, buf.data(), dst);
+      RETURN_IF_ERROR(copier.CopyOp(op, dst));
     }
     if (t.device >= 0) {
       RETURN_IF_ERROR(FromCuda(kernels::CudaCopyToDevice(t.data, mirror.data(), bytes), what));

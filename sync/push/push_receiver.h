@@ -57,6 +57,10 @@ struct PushReceiverOptions {
   // the receiver, naming the tensor, the split and the block). nullopt:
   // every tensor as the version holds it.
   std::optional<Fp8ReceiverOptions> fp8;
+  // A catch-up reads each canonical tensor's rows that this rank holds a
+  // band of about this many bytes at a time (at least one row; for an FP8
+  // tensor whole block rows): its memory is one band, whatever the model.
+  uint64_t catch_up_band_bytes = uint64_t{16} << 20;
 };
 
 struct PushReceiverStatus {

@@ -6,6 +6,7 @@
 
 #include "kernels/fp8.h"
 #include "store/store.h"
+#include "sync/push/internal/push_catchup.h"
 #include "sync/push/internal/push_plan.h"
 #include "sync/push/internal/push_receiver_impl.h"
 
@@ -26,33 +27,6 @@ Status PushReceiver::Impl::CheckEntryKind(const push_internal::CountsMsg& c, siz
 }
 
 namespace {
-
-// A canonical tensor quantized whole.
-struct Quantized {
-  std::optional<uint32_t> canonical;
-  std::vector<uint8_t> q;
-  std::vector<float> scales;
-};
-
-// Reads canonical tensor c of v and quantizes it into *out (unless it
-// already holds it).
-Status Quantize(Materializer& reader, const std::shared_ptr<const Version>& v,
-                const TransferPlan& plan, const Fp8ReceiverPlan& fp8, uint32_t c,
-                const std::string& what, Quantized* out) {
-  if (out->canonical == c) return Status::Ok();
-  out->canonical.reset();
-  std::vector<uint8_t> bf16;
-  const std::string& name = plan.canonical[c].name;
-  RETURN_IF_ERROR(push_internal::ReadTensorBytes(reader, v, name, &bf16, what));
-  const kernels::Fp8Layout& l = fp8.canonical_layout[c];
-  out->q.resize(l.num_elements());
-  out->scales.resize(l.num_blocks());
-  const std::string bad = kernels::Fp8Quantize(l, reinterpret_cast<const uint16_t*>(bf16.data()),
-                                               out->q.data(), out->scales.data(), name);
-  if (!bad.empty()) return InvalidArgument(what + ": " + bad);
-  out->canonical = c;
-  return Status::Ok();
-}
 
 // A tensor's bytes on the host: its own memory, or a copy of its device
 // memory written back by Flush.
@@ -82,8 +56,9 @@ class HostView {
 
 }  // namespace
 
-// One receiver tensor (and its scale tensor) at a time: memory is one
-// canonical tensor in BF16 and quantized, and the receiver tensor where it
+// One receiver tensor (and its scale tensor) at a time, its ops' boxes read
+// from the store and quantized a band of rows at a time: memory is one band
+// in BF16 and quantized (push_catchup.h), and the receiver tensor where it
 // lives on a device.
 Status PushReceiver::Impl::FillFp8FromStore(Store& store, const std::shared_ptr<const Version>& v,
                                             const TransferPlan& plan, const Fp8ReceiverPlan& fp8,
@@ -92,9 +67,7 @@ Status PushReceiver::Impl::FillFp8FromStore(Store& store, const std::shared_ptr<
   std::map<uint32_t, const Fp8ReceiverOp*> fp8_op;
   for (const Fp8ReceiverOp& op : fp8.ops) fp8_op[op.op] = &op;
   Materializer reader(&store);
-  Quantized quantized;
-  std::vector<uint8_t> buf;
-  std::optional<uint32_t> in_buf;
+  push_internal::BandCopier copier(reader, v, plan, options_.catch_up_band_bytes, what);
   const uint32_t n = static_cast<uint32_t>(plan.receiver_tensors[options_.rank].size());
   for (uint32_t rt = 0; rt < n; ++rt) {
     const bool is_fp8 = fp8.tensors[rt].fp8;
@@ -112,19 +85,12 @@ Status PushReceiver::Impl::FillFp8FromStore(Store& store, const std::shared_ptr<
       const TransferOp& op = plan.ops[k];
       if (op.receiver != options_.rank || op.receiver_tensor != rt) continue;
       if (!is_fp8) {
-        if (in_buf != op.canonical) {
-          RETURN_IF_ERROR(push_internal::ReadTensorBytes(
-              reader, v, plan.canonical[op.canonical].name, &buf, what));
-          in_buf = op.canonical;
-        }
-        push_internal::CopyOpBox(plan, op, buf.data(), d);
+        RETURN_IF_ERROR(copier.CopyOp(op, d));
         continue;
       }
       auto it = fp8_op.find(static_cast<uint32_t>(k));
       if (it == fp8_op.end()) return Internal(what + ": FP8 tensor without its FP8 op");
-      RETURN_IF_ERROR(Quantize(reader, v, plan, fp8, op.canonical, what, &quantized));
-      push_internal::CopyRemapBox(it->second->bytes, quantized.q.data(), 1, d);
-      push_internal::CopyRemapBox(it->second->scales, quantized.scales.data(), 4, s);
+      RETURN_IF_ERROR(copier.CopyFp8Op(*it->second, fp8.canonical_layout[op.canonical], d, s));
     }
     RETURN_IF_ERROR(dst.Flush(what));
     if (scales) RETURN_IF_ERROR(scales->Flush(what));

@@ -189,6 +189,7 @@ class PushFp8Test : public ::testing::Test {
     }
     PushReceiverOptions o = push_test::ReceiverOptions(server, layout, rank, version, auto_apply);
     o.fp8 = fp8;
+    o.catch_up_band_bytes = band_bytes_;
     for (const PlanTensor& t : push_test::ReceiverTensors(config_, specs_, layout, rank)) {
       Bytes& b = r->buffers.at(t.name);
       const bool is_fp8 = b.size() == ShapeElements(t.shape);
@@ -227,6 +228,7 @@ class PushFp8Test : public ::testing::Test {
   test::ScopedTempDir tmp_;
   int dirs_ = 0;
   std::unique_ptr<Store> store_;
+  uint64_t band_bytes_ = PushReceiverOptions{}.catch_up_band_bytes;  // of receivers opened
 };
 
 }  // namespace dte::push_fp8_test

@@ -61,14 +61,6 @@ Result<std::vector<uint32_t>> MatchTensors(const std::vector<PlanTensor>& want,
   return out;
 }
 
-Status ReadTensorBytes(Materializer& reader, const std::shared_ptr<const Version>& v,
-                       const std::string& name, std::vector<uint8_t>* buf,
-                       const std::string& what) {
-  auto at = v->manifest.FindTensor(name);
-  buf->resize(at ? at->tensor->bytes() : 0);
-  return ReadTensorInto(reader, v, name, buf->data(), buf->size(), what);
-}
-
 Status ReadTensorInto(Materializer& reader, const std::shared_ptr<const Version>& v,
                       const std::string& name, void* dst, uint64_t size, const std::string& what) {
   auto at = v->manifest.FindTensor(name);

@@ -28,11 +28,8 @@ Result<std::vector<uint32_t>> MatchTensors(const std::vector<PlanTensor>& want,
                                            const std::vector<PlanTensor>& have,
                                            const std::string& what);
 
-// Tensor `name` of version v, whole, into *buf; `what` prefixes errors.
-Status ReadTensorBytes(Materializer& reader, const std::shared_ptr<const Version>& v,
-                       const std::string& name, std::vector<uint8_t>* buf, const std::string& what);
-// The same into dst, which has room for `size` bytes: the tensor's size
-// (Internal otherwise).
+// Tensor `name` of version v, whole, into dst, which has room for `size`
+// bytes: the tensor's size (Internal otherwise); `what` prefixes errors.
 Status ReadTensorInto(Materializer& reader, const std::shared_ptr<const Version>& v,
                       const std::string& name, void* dst, uint64_t size, const std::string& what);
 

@@ -93,8 +93,8 @@ class PushReceiver::Impl {
                        const std::string& what);
 
   // --- push_receiver_fp8.cc ---------------------------------------------------
-  // The catch-up of an FP8 receiver: each canonical tensor read and
-  // quantized once, its ops' boxes of bytes and scales copied into the
+  // The catch-up of an FP8 receiver: each op's box read and quantized a
+  // band of rows at a time, its bytes and scales copied into the
   // receiver's tensors, other tensors as FillFromStore does.
   Status FillFp8FromStore(Store& store, const std::shared_ptr<const Version>& v,
                           const TransferPlan& plan, const Fp8ReceiverPlan& fp8,
