@@ -28,6 +28,15 @@ bool BlockAligned(const kernels::RemapPlan& r, uint64_t block_rows, uint64_t blo
   return true;
 }
 
+// Gives *v n elements, freeing what it held before it grows rather than
+// copying it over (the caller overwrites them): memory stays one band.
+template <typename T>
+T* Room(std::vector<T>* v, uint64_t n) {
+  if (v->capacity() < n) std::vector<T>().swap(*v);
+  v->resize(n);
+  return v->data();
+}
+
 }  // namespace
 
 uint64_t BandRows(uint64_t band_bytes, uint64_t row_bytes, uint64_t align) {
@@ -92,11 +101,10 @@ Status BandCopier::ReadRows(const PlanTensor& t, uint64_t row0, uint64_t rows) {
                     std::to_string(size));
   }
   const uint64_t row_bytes = RowBytes(t);
-  band_.resize(rows * row_bytes);
   const FileEntry& file = *at->file;
   return reader_
       .ReadFile(v_, file, file.header_size + at->tensor->begin + row0 * row_bytes, rows * row_bytes,
-                band_.data())
+                Room(&band_, rows * row_bytes))
       .WithContext(what_);
 }
 
@@ -129,11 +137,9 @@ Status BandCopier::CopyFp8Op(const Fp8ReceiverOp& op, const kernels::Fp8Layout& 
     const uint64_t n = std::min(h, b.hi[0] - r);
     const uint64_t block_rows = (n + layout.block_rows - 1) / layout.block_rows;
     RETURN_IF_ERROR(ReadRows(t, r, n));
-    q_.resize(n * cols);
-    scales_.resize(block_rows * grid_cols);
-    const std::string bad =
-        kernels::Fp8QuantizeRegion(layout, reinterpret_cast<const uint16_t*>(band_.data()), r, n,
-                                   b.lo[1], b.hi[1], q_.data(), scales_.data(), t.name);
+    const std::string bad = kernels::Fp8QuantizeRegion(
+        layout, reinterpret_cast<const uint16_t*>(band_.data()), r, n, b.lo[1], b.hi[1],
+        Room(&q_, n * cols), Room(&scales_, block_rows * grid_cols), t.name);
     if (!bad.empty()) return InvalidArgument(what_ + ": " + bad);
     CopyRemapRows(b, q_.data(), r, n, 1, dst);
     CopyRemapRows(op.scales, scales_.data(), r / layout.block_rows, block_rows, 4, scales);
