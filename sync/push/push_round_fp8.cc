@@ -125,16 +125,28 @@ bool SameLayout(const kernels::Fp8Layout& a, const kernels::Fp8Layout& b) {
          a.block_cols == b.block_cols && a.rule == b.rule;
 }
 
+// Tensor `name`'s content hash at version v (zero when absent).
+Hash128 TensorHash(const Version& v, const std::string& name) {
+  auto at = v.manifest.FindTensor(name);
+  return at ? at->tensor->hash : Hash128{};
+}
+
 }  // namespace
 
+// A summary describes the parent when it was kept from the push of the
+// parent and its tensor's hash is the parent's (a part of a distributed
+// push keeps summaries only of the tensors it pushed).
 Status PushServer::Impl::Round::Fp8Sets(size_t c, const TensorChanges& tc,
                                         const Fp8Layouts& layouts,
                                         std::map<Fp8Shape, push_internal::Fp8Changes>* sets) {
+  RETURN_IF_ERROR(OpenParent());
   const bool usable = tc.old_exact && fp8_prev.version == parent;
+  const Hash128 hash = TensorHash(*parent_version, canonical[c].name);
   std::vector<const push_internal::Fp8Summary*> prev;
   for (const auto& [shape, l] : layouts) {
     auto it = fp8_prev.of.find(SummaryKey(c, shape));
-    if (!usable || it == fp8_prev.of.end() || !SameLayout(it->second.layout, l)) {
+    if (!usable || it == fp8_prev.of.end() || !SameLayout(it->second.layout, l) ||
+        it->second.hash != hash) {
       return Fp8SetsWhole(c, tc, layouts, sets);
     }
     prev.push_back(&it->second);
@@ -150,7 +162,9 @@ Status PushServer::Impl::Round::Fp8SetsWhole(size_t c, const TensorChanges& tc,
     RETURN_IF_ERROR(
         push_internal::ComputeFp8Changes(l, fp8_versions, tc, canonical[c].name, &(*sets)[shape]));
     if (push_internal::Fp8Summarizable(l)) {
-      fp8_next[SummaryKey(c, shape)] = push_internal::SummarizeFp8(l, fp8_versions.child.data());
+      push_internal::Fp8Summary& s = fp8_next[SummaryKey(c, shape)];
+      s = push_internal::SummarizeFp8(l, fp8_versions.child.data());
+      s.hash = TensorHash(*v, canonical[c].name);
     }
   }
   return Status::Ok();
@@ -183,6 +197,7 @@ Status PushServer::Impl::Round::Fp8SetsStepped(
     push_internal::Fp8Summary next;
     RETURN_IF_ERROR(push_internal::FinishFp8Step(*prev[j], steps[j], fp8_versions, tc,
                                                  canonical[c].name, &(*sets)[shape], &next));
+    next.hash = TensorHash(*v, canonical[c].name);
     fp8_next[SummaryKey(c, shape)] = std::move(next);
     ++j;
   }

@@ -227,7 +227,9 @@ TEST_F(PushFp8Test, ChangesReadBackFromTheStoreInTwoPassesPushTheQuantizedVersio
 // A push in parts from two senders (a distributed publisher's ranks, each
 // pushing the tensors it owns; each computes the FP8 change sets of its
 // own): the FP8 receivers join the parts into one version equal to the
-// quantized version.
+// quantized version. The senders swap their tensors at step 2 and back at
+// step 3: a sender's summaries of a tensor another sender pushed since no
+// longer describe it (its hash differs), and the tensor is read whole.
 TEST_F(PushFp8Test, PartsFromTwoSendersMakeOneQuantizedVersion) {
   std::vector<std::unique_ptr<PushServer>> servers;
   std::vector<std::string> senders;
@@ -246,7 +248,7 @@ TEST_F(PushFp8Test, PartsFromTwoSendersMakeOneQuantizedVersion) {
   for (auto& s : servers) AwaitReceivers(*s, rxs.size());
   std::mt19937_64 rng(14);
   State state = state_;
-  for (int step = 1; step <= 2; ++step) {
+  for (int step = 1; step <= 3; ++step) {
     State next = Step(state, 0.05, step == 2, rng);
     const uint64_t v = Commit(next);
     std::vector<std::vector<TensorChanges>> mine(2);
@@ -254,7 +256,7 @@ TEST_F(PushFp8Test, PartsFromTwoSendersMakeOneQuantizedVersion) {
       const size_t k = std::find_if(specs_.begin(), specs_.end(),
                                     [&](const PlanTensor& t) { return t.name == c.name; }) -
                        specs_.begin();
-      mine[k % 2].push_back(std::move(c));
+      mine[(k + (step == 2)) % 2].push_back(std::move(c));
     }
     std::vector<Result<PushReport>> reports(2, Internal("not run"));
     std::vector<std::thread> threads;

@@ -9,6 +9,8 @@
 
 namespace dte::push_internal {
 
+static_assert(sizeof(Fp8BlockTop) == 40, "docs/push.md gives 40 bytes per FP8 block");
+
 void Fp8BlockTop::Apply(uint32_t p, uint16_t m) {
   int j = 0;
   while (j < n && at[j] != p) ++j;
@@ -59,6 +61,24 @@ uint32_t PositionOf(const kernels::Fp8Layout& l, uint64_t b, uint64_t i) {
   return static_cast<uint32_t>((i / l.cols - r0) * l.block_cols + (i % l.cols - c0));
 }
 
+// The largest BF16 magnitude bits of n elements, in lanes the compiler
+// can keep in one vector register.
+uint16_t RowAmax(const uint16_t* x, uint64_t n) {
+  constexpr int kLanes = 16;
+  uint16_t lane[kLanes] = {};
+  uint64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const uint16_t a = x[i + k] & 0x7FFFu;
+      lane[k] = a > lane[k] ? a : lane[k];
+    }
+  }
+  uint16_t m = 0;
+  for (int k = 0; k < kLanes; ++k) m = std::max(m, lane[k]);
+  for (; i < n; ++i) m = std::max<uint16_t>(m, x[i] & 0x7FFFu);
+  return m;
+}
+
 Fp8BlockTop SummarizeBlock(const kernels::Fp8Layout& l, const uint16_t* x, uint64_t b) {
   Fp8BlockTop t;
   const uint64_t r0 = (b / l.grid_cols()) * l.block_rows;
@@ -67,6 +87,14 @@ Fp8BlockTop SummarizeBlock(const kernels::Fp8Layout& l, const uint16_t* x, uint6
   const uint64_t c1 = std::min(c0 + l.block_cols, l.cols);
   for (uint64_t r = r0; r < r1; ++r) {
     const uint16_t* row = x + r * l.cols;
+    // Once the list is full, most rows hold nothing above its smallest.
+    if (t.n == kFp8Top) {
+      const uint16_t m = RowAmax(row + c0, c1 - c0);
+      if (m <= t.mag[kFp8Top - 1]) {
+        t.bound = std::max(t.bound, m);
+        continue;
+      }
+    }
     for (uint64_t c = c0; c < c1; ++c) {
       const uint16_t m = kernels::Bf16AbsBits(row[c]);
       // Most elements are below the full list's smallest: one comparison.
@@ -147,7 +175,7 @@ bool StepBlock(const Fp8Summary& parent, const TensorChanges& c, bool exact,
 }  // namespace
 
 Fp8Summary SummarizeFp8(const kernels::Fp8Layout& l, const uint16_t* x) {
-  Fp8Summary s{l, std::vector<Fp8BlockTop>(l.num_blocks())};
+  Fp8Summary s{l, {}, std::vector<Fp8BlockTop>(l.num_blocks())};
   kernels::ParallelFor(s.blocks.size(), 16, [&](size_t lo, size_t hi) {
     for (size_t b = lo; b < hi; ++b) s.blocks[b] = SummarizeBlock(l, x, b);
   });

@@ -41,6 +41,7 @@
 #include "kernels/fp8.h"
 #include "store/base/status.h"
 #include "store/changes.h"
+#include "store/hash.h"
 #include "store/materialize.h"
 #include "sync/push/internal/push_fp8.h"
 
@@ -64,6 +65,7 @@ struct Fp8BlockTop {
 // The summary of one tensor under one layout.
 struct Fp8Summary {
   kernels::Fp8Layout layout;
+  Hash128 hash;                     // of the tensor it describes (TensorEntry::hash)
   std::vector<Fp8BlockTop> blocks;  // row-major over the block grid
 };
 
