@@ -260,18 +260,4 @@ void EncodeFp8Op(const Fp8ReceiverOp& op, const Fp8Changes& changes, uint64_t* n
   }
 }
 
-void CopyRemapBox(const kernels::RemapPlan& remap, const void* src, int width, void* dst) {
-  if (remap.ndim != 2 || remap.lo[0] >= remap.hi[0] || remap.lo[1] >= remap.hi[1]) return;
-  const uint64_t cols = remap.src_shape[1];
-  const size_t row = (remap.hi[1] - remap.lo[1]) * width;
-  const auto* s = static_cast<const uint8_t*>(src);
-  auto* d = static_cast<uint8_t*>(dst);
-  for (uint64_t r = remap.lo[0]; r < remap.hi[0]; ++r) {
-    const uint64_t from = r * cols + remap.lo[1];
-    uint64_t to = 0;
-    if (!kernels::RemapElement(remap, from, &to)) continue;
-    std::memcpy(d + to * width, s + from * width, row);
-  }
-}
-
 }  // namespace dte::push_internal

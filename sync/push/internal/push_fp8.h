@@ -101,9 +101,4 @@ Status ComputeFp8ChangesAt(const kernels::Fp8Layout& layout, const Fp8Versions& 
 void EncodeFp8Op(const Fp8ReceiverOp& op, const Fp8Changes& changes, uint64_t* n_bytes,
                  std::string* bytes_out, uint64_t* n_scales, std::string* scales_out);
 
-// Copies the source box of a 2-D `remap` (every element of it, `width`
-// bytes each, from src, row-major of remap.src_shape) to its destination
-// in dst.
-void CopyRemapBox(const kernels::RemapPlan& remap, const void* src, int width, void* dst);
-
 }  // namespace dte::push_internal
