@@ -6,12 +6,13 @@
 // Per block of a canonical tensor under one FP8 layout, a summary keeps a
 // short list of its largest magnitudes (up to kFp8Top elements, with their
 // positions and BF16 magnitude bits, largest first) and a bound that no
-// other element of the block exceeds. The block's amax is exact when the
-// list's largest reaches the bound (or the bound is 0: the list holds every
-// non-zero element). A step applied to a summary (Fp8BlockTop::Apply) keeps
-// it true without the block: a changed element leaves the list, and joins
-// it when its new magnitude exceeds the bound; a list over kFp8Top entries
-// drops its smallest and raises the bound to it.
+// other element of the block exceeds. A step applied to a summary
+// (Fp8BlockTop::Apply) keeps it true without the block: a changed element
+// leaves the list, and joins it when its new magnitude exceeds the bound; a
+// list over kFp8Top entries drops its smallest and raises the bound to it.
+// Listed magnitudes never fall below the bound, so the block's amax is the
+// list's largest while the list holds an element; once steps empty it only
+// the bound is known (unless it is 0), and the block is read again.
 //
 // A step's change set (kernels::Fp8ChangesAt's, bit for bit) is then made
 // in three phases:
