@@ -35,19 +35,19 @@ def expected(canonical, tp, rank, fused, fp8):
     each quantized canonical tensor through the reference, its bytes and
     its scales (spread over the elements of their blocks) split like the
     BF16 tensors, then one scale per block taken back."""
-    b = fp8.block
+    br, bc = fp8.block_rows, fp8.block_cols
     parts, scales = {}, {}
     for n, t in canonical.items():
         if not quantized(n):
             parts[n] = t
             continue
-        q, s = ref_quantize(t.view(torch.int16).numpy().view(np.uint16), b, b, fp8.scale_rule)
+        q, s = ref_quantize(t.view(torch.int16).numpy().view(np.uint16), br, bc, fp8.scale_rule)
         parts[n] = torch.from_numpy(q)
-        scales[n] = torch.from_numpy(np.ascontiguousarray(expand(s, b, b, t.shape)))
+        scales[n] = torch.from_numpy(np.ascontiguousarray(expand(s, br, bc, t.shape)))
     out = {n: (t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16
                else t.numpy()) for n, t in push_util.local_state(parts, tp, rank, fused).items()}
     for n, t in push_util.local_state(scales, tp, rank, fused).items():
-        out[fp8.scale_name(n)] = np.ascontiguousarray(t.numpy()[::b, ::b])
+        out[fp8.scale_name(n)] = np.ascontiguousarray(t.numpy()[::br, ::bc])
     return out
 
 
@@ -136,13 +136,17 @@ def check(rx, tensors, canonical, tp, rank, fused, fp8):
 def test_fp8_receivers_equal_the_reference_quantization_of_every_version(trainer):
     v0 = trainer.version(0)
     plain, pow2 = dte.Fp8Options(block=16), dte.Fp8Options(block=48, scale_rule="pow2")
-    specs = [(2, 0, True, None), (2, 0, True, plain), (2, 1, True, plain), (1, 0, False, pow2)]
+    wide = dte.Fp8Options(block=(8, 32))  # non-square blocks: rows x cols
+    specs = [(2, 0, True, None), (2, 0, True, plain), (2, 1, True, plain), (1, 0, False, pow2),
+             (1, 0, True, wide)]
     rxs = [open_receiver(trainer, v0, *spec, 0) for spec in specs]
     wait_for(lambda: len(trainer.group.status().receivers) == len(specs), 10,
              "the receivers to say hello")
     listed = trainer.group.status().receivers
     assert sorted(r.fp8.scale_rule if r.fp8 else "bf16" for r in listed) == [
-        "bf16", "plain", "plain", "pow2"]
+        "bf16", "plain", "plain", "plain", "pow2"]
+    assert sorted((r.fp8.block_rows, r.fp8.block_cols) for r in listed if r.fp8) == [
+        (8, 32), (16, 16), (16, 16), (48, 48)]
     scales_changed = fp8_quantized = bf16_quantized = 0
     written = [0] * len(specs)
     prev = v0
