@@ -24,8 +24,9 @@
 #   fp8_live  fp8_live_bench.py --quick: dtectl apply of one step into FP8
 #           receivers (plain, pow2) vs a BF16 receiver (bytes into the quantized
 #           tensors) and vs fp8_requant of the whole version, 256 MiB model
-#   fp8_push  fp8_push_bench.py: the push of one step into an FP8 receiver vs a
-#           BF16 receiver (bytes into the quantized tensors), 256 MiB model
+#   fp8_push  fp8_push_bench.py: the push of two steps into an FP8 receiver vs a
+#           BF16 receiver (bytes into the quantized tensors; the server's time
+#           at step 2, from its block summaries), 256 MiB model
 #
 # Not part of the test suite. Needs the tools, dtefs and libdte.so built:
 #   ninja -C build dtectl dtefs dte-gen dte_shared fp8_requant
@@ -77,7 +78,7 @@ run fp8_read env DTE_BUILD_DIR="$BUILD" $PY $B/fp8_read.py --size 512MiB --steps
   --quiet-timeout 3 --retries 0 --work "$WORK/fp8_read" --json "$OUT/fp8_read.json"
 run fp8_live $PY $B/fp8_live_bench.py --build-dir "$BUILD" --work "$WORK/fp8_live" --quick \
   --size 256MiB --reps 1 --json "$OUT/fp8_live.json"
-run fp8_push $PY $B/fp8_push_bench.py --build-dir "$BUILD" --size 256MiB --steps 1 \
+run fp8_push $PY $B/fp8_push_bench.py --build-dir "$BUILD" --size 256MiB --steps 2 \
   --kinds bf16,plain --work "$WORK" --json "$OUT/fp8_push.json"
 
 echo "== total $SECONDS s; ratios against tools/bench/quick_reference.json:"

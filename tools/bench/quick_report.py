@@ -139,6 +139,16 @@ def fp8_push_bytes_vs_bf16(results):
                     for r in k["rows"] if r["step"] == bf16["step"]])
 
 
+def fp8_push_time_vs_bf16(results):
+    """The server's push time of an FP8 receiver's step / a BF16 receiver's,
+    past step 1 (the first push reads the parents whole and builds the
+    block summaries; later ones step them)."""
+    res = load(results, "fp8_push")["results"]
+    bf16 = {r["step"]: r["push_s"] for r in res["bf16"]["rows"]}
+    return summary([r["push_s"] / bf16[r["step"]] for kind, k in res.items() if kind != "bf16"
+                    for r in k["rows"] if r["step"] > 1 and r["step"] in bf16])
+
+
 METRICS = {
     "commit_vs_zstd": commit_vs_zstd,
     "cold_read_vs_passthrough": cold_read_vs_passthrough,
@@ -154,6 +164,7 @@ METRICS = {
     "fp8_live_bytes_vs_bf16": fp8_live_bytes_vs_bf16,
     "fp8_live_vs_requant": fp8_live_vs_requant,
     "fp8_push_bytes_vs_bf16": fp8_push_bytes_vs_bf16,
+    "fp8_push_time_vs_bf16": fp8_push_time_vs_bf16,
 }
 
 
