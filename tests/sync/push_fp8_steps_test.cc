@@ -3,10 +3,14 @@
 // block summaries the server kept (sync/push/internal/push_fp8_summary.h)
 // and read no parent tensor whole, over real loopback TCP, while every FP8
 // receiver still equals the quantized version (tests/sync/push_fp8_fixture.h).
+// Summaries are kept only from a push that completed with no FP8 variant
+// dropped: after any other, the next push reads the parents whole again.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "sync/push/changes.h"
@@ -16,6 +20,43 @@ namespace dte::push_fp8_test {
 namespace {
 
 using kernels::Fp8ScaleRule;
+
+// Changes held in memory, read like the store's (twice when the push packs
+// twice), whose `fail_at`-th read of tensor `fail` fails: a push that stops
+// mid-way.
+class FailingChanges : public ChangesSource {
+ public:
+  FailingChanges(std::vector<TensorChanges> changes, std::string fail, int fail_at)
+      : fail_(std::move(fail)), fail_at_(fail_at) {
+    for (TensorChanges& c : changes) by_name_[c.name] = std::move(c);
+  }
+  bool MayChange(const std::string& name) const override { return by_name_.count(name) > 0; }
+  Result<const TensorChanges*> Read(const std::string& name) override {
+    if (name == fail_ && ++reads_ == fail_at_) return IOError("reading " + name + " failed");
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? &empty_ : &it->second;
+  }
+
+ private:
+  std::map<std::string, TensorChanges> by_name_;
+  std::string fail_;
+  int fail_at_, reads_ = 0;
+  TensorChanges empty_;
+};
+
+// The quantized tensors (default policy, or `skip` kept in BF16) that
+// differ between a and b.
+uint64_t ChangedQuantized(const std::vector<PlanTensor>& specs, const State& a, const State& b,
+                          const std::string& skip = "") {
+  Fp8Policy policy;
+  if (!skip.empty()) policy.skip_modules.push_back(skip);
+  uint64_t n = 0;
+  for (const PlanTensor& t : specs) {
+    std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
+    n += QuantizeAsFp8(policy, t.name, t.dtype, shape) && a.at(t.name) != b.at(t.name);
+  }
+  return n;
+}
 
 // Two passes (no cache, a tensor per batch), two block shapes and rules
 // over the same tensors: the first push reads the changed tensors' parents
@@ -67,6 +108,126 @@ TEST_F(PushFp8Test, PushesAfterTheFirstReadNoParentTensorWhole) {
       }
     }
     state = std::move(next);
+  }
+}
+
+// Summaries are kept only from a push that completed with no FP8 variant
+// dropped. Variant A quantizes every linear weight, variant K keeps
+// down_proj in BF16 (same blocks: they share change sets). v2 puts a NaN in
+// a block of layer 1's down_proj: A's receiver is dropped, K's and the
+// BF16 one take v2. v3 then reads every changed tensor K quantizes whole
+// (summaries of v2 kept for K's tensors would let it read none); A's
+// receiver catches up to v3 and takes v4, equal to the quantized version.
+TEST_F(PushFp8Test, AVersionThatDropsAnFp8VariantLeavesNoSummaries) {
+  auto server = StartServer();
+  ASSERT_TRUE(server);
+  Fp8ReceiverOptions keep = Fp8Options(5, 7, Fp8ScaleRule::kPlain);
+  keep.policy.skip_modules.push_back("down_proj");
+  std::vector<std::unique_ptr<Rx>> rxs;
+  rxs.push_back(
+      Receiver(*server, {1, false, false}, 0, Fp8Options(5, 7, Fp8ScaleRule::kPlain), state_, 0));
+  rxs.push_back(Receiver(*server, {1, false, false}, 0, keep, state_, 0));
+  rxs.push_back(Receiver(*server, FusedReceiverLayout(2), 0, std::nullopt, state_, 0));
+  AwaitReceivers(*server, rxs.size());
+  const std::string nan_tensor = "model.layers.1.mlp.down_proj.weight";
+  std::mt19937_64 rng(31);
+  std::vector<State> states = {state_};
+  for (uint64_t v = 1; v <= 4; ++v) {
+    State next = Step(states.back(), 0.05, false, rng);
+    const uint16_t nan = 0x7FC0;
+    if (v == 2) std::memcpy(next.at(nan_tensor).data() + 2 * 37, &nan, 2);
+    if (v == 3) {  // v2's NaN back to v1's value
+      std::memcpy(next.at(nan_tensor).data() + 2 * 37, states[1].at(nan_tensor).data() + 2 * 37, 2);
+    }
+    ASSERT_EQ(Commit(next), v);
+    auto report = server->Push(*store_, V(v), Diff(states.back(), next));
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    states.push_back(next);
+    if (v == 2) {
+      EXPECT_EQ(report->pushed, 2u);
+      ASSERT_EQ(report->dropped.size(), 1u);
+      EXPECT_NE(report->dropped[0].find(nan_tensor), std::string::npos) << report->dropped[0];
+      ExpectHolds(*rxs[0], states[1]);  // untouched: still v1
+      Status s = rxs[0]->rx->WaitFor(2, 10s);
+      EXPECT_EQ(s.code(), Code::kNotFound) << s.message();
+    } else {
+      EXPECT_EQ(report->pushed, v == 3 ? 2u : 3u);
+      EXPECT_TRUE(report->dropped.empty()) << report->dropped[0];
+    }
+    if (v == 3) {
+      EXPECT_GE(report->fp8_parent_reads, ChangedQuantized(specs_, states[2], next, "down_proj"));
+      ASSERT_TRUE(rxs[0]->rx->WaitFor(3, 10s).code() == Code::kNotFound);
+      ASSERT_TRUE(rxs[0]->rx->CatchUp(*store_, std::nullopt).ok());
+      ASSERT_TRUE(test::WaitFor([&] {
+        for (const PushReceiverInfo& i : server->Receivers()) {
+          if (i.version != 3u || i.behind) return false;
+        }
+        return server->Receivers().size() == rxs.size();
+      })) << server->StatusJson();
+    }
+    if (v == 4) {
+      EXPECT_GT(report->fp8_parent_reads, 0u) << "down_proj has no summary";
+    }
+    for (size_t k = 0; k < rxs.size(); ++k) {
+      if (v == 2 && k == 0) continue;
+      ASSERT_TRUE(rxs[k]->rx->WaitFor(v, 10s).ok()) << "receiver " << k << " v" << v;
+      ExpectHolds(*rxs[k], next);
+    }
+  }
+}
+
+// A push that fails mid-way (its changes' second read of a tensor fails,
+// with no cache) keeps no summaries: its receivers, dropped, catch up to
+// it, and the next push reads every changed quantized tensor whole
+// (summaries of the failed push, staged in its first pass, would let it
+// read none), its FP8 receivers equal to the quantized version.
+TEST_F(PushFp8Test, APushThatFailsMidWayLeavesNoSummaries) {
+  PushServerOptions two_passes;
+  two_passes.cache_bytes = 0;
+  two_passes.batch_entries = 1;
+  auto server = StartServer(two_passes);
+  ASSERT_TRUE(server);
+  std::vector<std::unique_ptr<Rx>> rxs;
+  rxs.push_back(
+      Receiver(*server, {1, false, false}, 0, Fp8Options(5, 7, Fp8ScaleRule::kPlain), state_, 0));
+  rxs.push_back(Receiver(*server, FusedReceiverLayout(2), 0, std::nullopt, state_, 0));
+  AwaitReceivers(*server, rxs.size());
+  std::mt19937_64 rng(32);
+  std::vector<State> states = {state_};
+  for (uint64_t v = 1; v <= 3; ++v) {
+    State next = Step(states.back(), 0.05, false, rng);
+    ASSERT_EQ(Commit(next), v);
+    const std::string last = specs_.back().name;
+    if (v == 2) {
+      FailingChanges failing(Diff(states.back(), next), last, 2);
+      auto report = server->Push(*store_, V(v), failing);
+      ASSERT_FALSE(report.ok());
+      EXPECT_NE(report.status().message().find(last), std::string::npos)
+          << report.status().message();
+      for (auto& r : rxs) {
+        ExpectHolds(*r, states.back());
+        ASSERT_TRUE(r->rx->WaitFor(2, 10s).code() == Code::kNotFound);
+        ASSERT_TRUE(r->rx->CatchUp(*store_, std::nullopt).ok());
+      }
+      ASSERT_TRUE(test::WaitFor([&] {
+        for (const PushReceiverInfo& i : server->Receivers()) {
+          if (i.version != 2u || i.behind) return false;
+        }
+        return server->Receivers().size() == rxs.size();
+      })) << server->StatusJson();
+    } else {
+      auto report = server->Push(*store_, V(v), Diff(states.back(), next));
+      ASSERT_TRUE(report.ok()) << report.status().message();
+      EXPECT_EQ(report->pushed, rxs.size());
+      if (v == 3) {
+        EXPECT_GE(report->fp8_parent_reads, ChangedQuantized(specs_, states.back(), next));
+      }
+    }
+    for (auto& r : rxs) {
+      ASSERT_TRUE(r->rx->WaitFor(v, 10s).ok()) << "v" << v;
+      ExpectHolds(*r, next);
+    }
+    states.push_back(std::move(next));
   }
 }
 
