@@ -151,24 +151,24 @@ Status ReadFp8Versions(Materializer& reader, const std::shared_ptr<const Version
   out->parent.resize(n_el);
   RETURN_IF_ERROR(ReadTensorInto(reader, parent, tensor.name, out->parent.data(), n_el * 2, what));
   out->child.assign(out->parent.begin(), out->parent.end());
-  const size_t n = changes.indices.size();
-  const auto* nv = reinterpret_cast<const uint8_t*>(changes.values.data());
-  for (size_t k = 0; k < n; ++k) {
-    uint16_t now, was = 0;
-    std::memcpy(&now, nv + 2 * k, 2);
-    const bool diff = !changes.old_values.empty() && (changes.known.empty() || changes.known[k]);
-    if (diff) std::memcpy(&was, changes.old_values.data() + 2 * k, 2);
+  for (size_t k = 0; k < changes.indices.size(); ++k) {
     uint16_t& x = out->child[changes.indices[k]];
-    x = diff ? static_cast<uint16_t>(x + (now - was)) : now;
+    x = ApplyFp8Change(changes, k, x);
   }
   return Status::Ok();
 }
 
-namespace {
+uint16_t ApplyFp8Change(const TensorChanges& changes, size_t k, uint16_t x) {
+  uint16_t now, was = 0;
+  std::memcpy(&now, changes.values.data() + 2 * k, 2);
+  const bool diff = !changes.old_values.empty() && (changes.known.empty() || changes.known[k]);
+  if (!diff) return now;
+  std::memcpy(&was, changes.old_values.data() + 2 * k, 2);
+  return static_cast<uint16_t>(x + (now - was));
+}
 
-// The largest BF16 magnitude bits of n elements, in lanes the compiler
-// can keep in one vector register.
-uint16_t AmaxBits(const uint16_t* x, uint64_t n) {
+// In lanes the compiler can keep in one vector register.
+uint16_t Bf16AmaxBits(const uint16_t* x, uint64_t n) {
   constexpr int kLanes = 16;
   uint16_t lane[kLanes] = {};
   uint64_t i = 0;
@@ -184,6 +184,12 @@ uint16_t AmaxBits(const uint16_t* x, uint64_t n) {
   return m;
 }
 
+uint64_t Fp8BlockOf(const kernels::Fp8Layout& l, uint64_t i) {
+  return (i / l.cols / l.block_rows) * l.grid_cols() + (i % l.cols) / l.block_cols;
+}
+
+namespace {
+
 // The parent's scale of block b (row-major over the grid).
 float ParentScale(const kernels::Fp8Layout& l, const uint16_t* x, uint64_t b) {
   const uint64_t r0 = (b / l.grid_cols()) * l.block_rows;
@@ -191,12 +197,10 @@ float ParentScale(const kernels::Fp8Layout& l, const uint16_t* x, uint64_t b) {
   const uint64_t r1 = std::min(r0 + l.block_rows, l.rows);
   const uint64_t c1 = std::min(c0 + l.block_cols, l.cols);
   uint16_t amax = 0;
-  for (uint64_t r = r0; r < r1; ++r) amax = std::max(amax, AmaxBits(x + r * l.cols + c0, c1 - c0));
+  for (uint64_t r = r0; r < r1; ++r) {
+    amax = std::max(amax, Bf16AmaxBits(x + r * l.cols + c0, c1 - c0));
+  }
   return kernels::Fp8BlockScale(kernels::Bf16BitsToFp32(amax), l.rule);
-}
-
-uint64_t BlockOf(const kernels::Fp8Layout& l, uint64_t i) {
-  return (i / l.cols / l.block_rows) * l.grid_cols() + (i % l.cols) / l.block_cols;
 }
 
 }  // namespace
@@ -216,7 +220,7 @@ Status ComputeFp8ChangesAt(const kernels::Fp8Layout& layout, const Fp8Versions& 
   // The parent's scale of every block holding a changed byte or scale.
   std::vector<uint64_t> blocks;
   for (uint64_t i : out->set.byte_index) {
-    const uint64_t b = BlockOf(layout, i);
+    const uint64_t b = Fp8BlockOf(layout, i);
     if (blocks.empty() || blocks.back() != b) blocks.push_back(b);
   }
   blocks.insert(blocks.end(), out->set.scale_index.begin(), out->set.scale_index.end());
@@ -232,8 +236,8 @@ Status ComputeFp8ChangesAt(const kernels::Fp8Layout& layout, const Fp8Versions& 
   out->old_bytes.resize(out->set.byte_index.size());
   for (size_t k = 0; k < out->set.byte_index.size(); ++k) {
     const uint64_t i = out->set.byte_index[k];
-    out->old_bytes[k] =
-        kernels::QuantizeE4m3(kernels::Bf16BitsToFp32(v.parent[i]), scale_of(BlockOf(layout, i)));
+    out->old_bytes[k] = kernels::QuantizeE4m3(kernels::Bf16BitsToFp32(v.parent[i]),
+                                              scale_of(Fp8BlockOf(layout, i)));
   }
   out->old_scales.resize(out->set.scale_index.size());
   for (size_t k = 0; k < out->set.scale_index.size(); ++k) {

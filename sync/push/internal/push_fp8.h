@@ -83,6 +83,14 @@ struct Fp8Versions {
 Status ReadFp8Versions(Materializer& reader, const std::shared_ptr<const Version>& parent,
                        const PlanTensor& tensor, const TensorChanges& changes,
                        const std::string& what, Fp8Versions* out);
+// Entry k of `changes` applied to x, its element in the parent (as
+// ReadFp8Versions applies it).
+uint16_t ApplyFp8Change(const TensorChanges& changes, size_t k, uint16_t x);
+
+// The largest BF16 magnitude bits of x[0 .. n).
+uint16_t Bf16AmaxBits(const uint16_t* x, uint64_t n);
+// The block of element i (row-major over layout's grid).
+uint64_t Fp8BlockOf(const kernels::Fp8Layout& layout, uint64_t i);
 
 // The change set under `layout` (kernels::Fp8ChangesAt over the changed
 // indices) and the parent's bytes and scales at its entries.

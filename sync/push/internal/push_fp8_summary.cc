@@ -50,33 +50,11 @@ bool Fp8Summarizable(const kernels::Fp8Layout& l) {
 
 namespace {
 
-uint64_t BlockOf(const kernels::Fp8Layout& l, uint64_t i) {
-  return (i / l.cols / l.block_rows) * l.grid_cols() + (i % l.cols) / l.block_cols;
-}
-
 // Element i's position within its block b.
 uint32_t PositionOf(const kernels::Fp8Layout& l, uint64_t b, uint64_t i) {
   const uint64_t r0 = (b / l.grid_cols()) * l.block_rows;
   const uint64_t c0 = (b % l.grid_cols()) * l.block_cols;
   return static_cast<uint32_t>((i / l.cols - r0) * l.block_cols + (i % l.cols - c0));
-}
-
-// The largest BF16 magnitude bits of n elements, in lanes the compiler
-// can keep in one vector register.
-uint16_t RowAmax(const uint16_t* x, uint64_t n) {
-  constexpr int kLanes = 16;
-  uint16_t lane[kLanes] = {};
-  uint64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int k = 0; k < kLanes; ++k) {
-      const uint16_t a = x[i + k] & 0x7FFFu;
-      lane[k] = a > lane[k] ? a : lane[k];
-    }
-  }
-  uint16_t m = 0;
-  for (int k = 0; k < kLanes; ++k) m = std::max(m, lane[k]);
-  for (; i < n; ++i) m = std::max<uint16_t>(m, x[i] & 0x7FFFu);
-  return m;
 }
 
 Fp8BlockTop SummarizeBlock(const kernels::Fp8Layout& l, const uint16_t* x, uint64_t b) {
@@ -89,7 +67,7 @@ Fp8BlockTop SummarizeBlock(const kernels::Fp8Layout& l, const uint16_t* x, uint6
     const uint16_t* row = x + r * l.cols;
     // Once the list is full, most rows hold nothing above its smallest.
     if (t.n == kFp8Top) {
-      const uint16_t m = RowAmax(row + c0, c1 - c0);
+      const uint16_t m = Bf16AmaxBits(row + c0, c1 - c0);
       if (m <= t.mag[kFp8Top - 1]) {
         t.bound = std::max(t.bound, m);
         continue;
@@ -130,7 +108,7 @@ void GroupByBlock(const kernels::Fp8Layout& l, const TensorChanges& c, Fp8StepPl
   std::vector<size_t> next(l.num_blocks() + 1, 0);
   std::vector<uint64_t> block(c.indices.size());
   for (size_t k = 0; k < c.indices.size(); ++k) {
-    block[k] = BlockOf(l, c.indices[k]);
+    block[k] = Fp8BlockOf(l, c.indices[k]);
     ++next[block[k] + 1];
   }
   out->blocks.clear();
@@ -263,15 +241,10 @@ void Fp8ChildRows(uint64_t cols, const std::vector<uint8_t>& rows, const TensorC
   for (const auto& [r0, r1] : RowRuns(rows)) {
     std::memcpy(v->child.data() + r0 * cols, v->parent.data() + r0 * cols, (r1 - r0) * cols * 2);
   }
-  const bool has_old = !changes.old_values.empty();
   for (size_t k = 0; k < changes.indices.size(); ++k) {
     const uint64_t i = changes.indices[k];
     if (!rows[i / cols]) continue;
-    const uint16_t now = NewBits(changes, k);
-    const bool diff = has_old && (changes.known.empty() || changes.known[k]);
-    const uint16_t was = diff ? OldBits(changes, k) : 0;
-    uint16_t& x = v->child[i];
-    x = diff ? static_cast<uint16_t>(x + (now - was)) : now;
+    v->child[i] = ApplyFp8Change(changes, k, v->child[i]);
   }
 }
 
