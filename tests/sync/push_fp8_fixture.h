@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -220,6 +221,16 @@ class PushFp8Test : public ::testing::Test {
   void AwaitReceivers(const PushServer& s, size_t n) {
     ASSERT_TRUE(test::WaitFor([&] { return s.Receivers().size() >= n; }))
         << s.Receivers().size() << " receivers listed, not " << n;
+  }
+
+  // Until the server lists n receivers, each at `version` and not behind.
+  void AwaitReceiversAt(PushServer& s, size_t n, uint64_t version) {
+    ASSERT_TRUE(test::WaitFor([&] {
+      const std::vector<PushReceiverInfo> infos = s.Receivers();
+      return infos.size() == n && std::all_of(infos.begin(), infos.end(), [&](const auto& i) {
+               return i.version == version && !i.behind;
+             });
+    })) << s.StatusJson();
   }
 
   ModelConfig config_;

@@ -158,12 +158,7 @@ TEST_F(PushFp8Test, AVersionThatDropsAnFp8VariantLeavesNoSummaries) {
       EXPECT_GE(report->fp8_parent_reads, ChangedQuantized(specs_, states[2], next, "down_proj"));
       ASSERT_TRUE(rxs[0]->rx->WaitFor(3, 10s).code() == Code::kNotFound);
       ASSERT_TRUE(rxs[0]->rx->CatchUp(*store_, std::nullopt).ok());
-      ASSERT_TRUE(test::WaitFor([&] {
-        for (const PushReceiverInfo& i : server->Receivers()) {
-          if (i.version != 3u || i.behind) return false;
-        }
-        return server->Receivers().size() == rxs.size();
-      })) << server->StatusJson();
+      AwaitReceiversAt(*server, rxs.size(), 3);
     }
     if (v == 4) {
       EXPECT_GT(report->fp8_parent_reads, 0u) << "down_proj has no summary";
@@ -209,12 +204,7 @@ TEST_F(PushFp8Test, APushThatFailsMidWayLeavesNoSummaries) {
         ASSERT_TRUE(r->rx->WaitFor(2, 10s).code() == Code::kNotFound);
         ASSERT_TRUE(r->rx->CatchUp(*store_, std::nullopt).ok());
       }
-      ASSERT_TRUE(test::WaitFor([&] {
-        for (const PushReceiverInfo& i : server->Receivers()) {
-          if (i.version != 2u || i.behind) return false;
-        }
-        return server->Receivers().size() == rxs.size();
-      })) << server->StatusJson();
+      AwaitReceiversAt(*server, rxs.size(), 2);
     } else {
       auto report = server->Push(*store_, V(v), Diff(states.back(), next));
       ASSERT_TRUE(report.ok()) << report.status().message();

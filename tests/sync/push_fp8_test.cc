@@ -171,12 +171,7 @@ TEST_F(PushFp8Test, ReceiversThatMissedPushesCatchUpToTheQuantizedVersion) {
     ExpectHolds(*r, v1);
     EXPECT_EQ(r->rx->GetStatus().version, 1u);
   }
-  ASSERT_TRUE(test::WaitFor([&] {
-    auto infos = server->Receivers();
-    return infos.size() == rxs.size() &&
-           std::all_of(infos.begin(), infos.end(),
-                       [](const PushReceiverInfo& i) { return i.version == 1u && !i.behind; });
-  })) << server->StatusJson();
+  AwaitReceiversAt(*server, rxs.size(), 1);
   State v2 = Step(v1, 0.05, false, rng);
   ASSERT_EQ(Commit(v2), 2u);
   auto report = server->Push(*store_, V(2), Diff(v1, v2));
