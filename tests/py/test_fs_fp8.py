@@ -184,12 +184,18 @@ def test_kept_modules_stay_bf16_in_the_views(llama, mount):
     assert m.status()["fp8"]["keep_modules"][-2:] == ["o_proj", "down_proj"]
 
 
-@pytest.mark.parametrize("bad", ["self_attn.o_proj", ""])
-def test_a_kept_module_must_be_one_path_component(llama, tmp_path, bad):
+@pytest.mark.parametrize("args,bad", [
+    (["--fp8-keep", "self_attn.o_proj"], "self_attn.o_proj"),
+    (["--fp8-keep", ""], ""),
+    (["-o", "fp8_keep="], ""),
+    (["-o", "fp8_keep=o_proj:"], ""),
+    (["-o", "fp8_keep=o_proj::down_proj"], ""),
+])
+def test_a_kept_module_must_be_one_path_component(llama, tmp_path, args, bad):
     store, _ = llama
     (tmp_path / "mnt").mkdir()
     r = subprocess.run([str(fs_util.binary()), str(store), str(tmp_path / "mnt"), "-f",
-                        "--cache-dir", str(tmp_path / "cache"), "--fp8-keep", bad],
+                        "--cache-dir", str(tmp_path / "cache")] + args,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2, r.stderr
     assert f'bad --fp8-keep (fp8_keep=) "{bad}"' in r.stderr

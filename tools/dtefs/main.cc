@@ -76,6 +76,16 @@ struct TextOptions {
 // of 28672 BF16 columns are 56 MiB).
 constexpr uint64_t kMaxFp8Block = 1 << 10;
 
+// fp8_keep=A:B into its modules, empty ones kept (ParseTextOptions refuses
+// them, as it does an empty --fp8-keep).
+void SplitModules(const std::string& list, std::vector<std::string>* out) {
+  size_t from = 0;
+  for (size_t colon; (colon = list.find(':', from)) != std::string::npos; from = colon + 1) {
+    out->push_back(list.substr(from, colon - from));
+  }
+  out->push_back(list.substr(from));
+}
+
 // Splits -o lists at commas and takes out the dtefs options given there.
 bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptions* o,
                       TextOptions* text) {
@@ -119,8 +129,7 @@ bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptio
         if (!ParseCount(*v, 1, kMaxFp8Block, &o->fp8_view.block_rows)) return false;
         o->fp8_view.block_cols = o->fp8_view.block_rows;
       } else if (auto v = value(opt, "fp8_keep")) {
-        std::stringstream modules(*v);
-        for (std::string m; std::getline(modules, m, ':');) text->fp8_keep.push_back(m);
+        SplitModules(*v, &text->fp8_keep);
       } else if (opt == "no_fp8") {
         o->fp8 = false;
       } else if (auto v = value(opt, "readahead_kb")) {
