@@ -142,6 +142,27 @@ bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptio
   return true;
 }
 
+// The FP8 views' options given as text (ParseTextOptions).
+bool ParseFp8TextOptions(const TextOptions& text, dte::fs::MountOptions* o) {
+  if (text.fp8_scale != "plain" && text.fp8_scale != "pow2") {
+    std::cerr << "dtefs: bad --fp8-scale (fp8_scale=) \"" << text.fp8_scale
+              << "\": plain or pow2\n";
+    return false;
+  }
+  o->fp8_view.rule = text.fp8_scale == "pow2" ? dte::kernels::Fp8ScaleRule::kPowerOfTwo
+                                              : dte::kernels::Fp8ScaleRule::kPlain;
+  for (const std::string& m : text.fp8_keep) {
+    // The policy matches whole components of a module path (store/fp8_policy.h).
+    if (m.empty() || m.find_first_of(". ,:/") != std::string::npos) {
+      std::cerr << "dtefs: bad --fp8-keep (fp8_keep=) \"" << m
+                << "\": one component of a module path, such as o_proj or mlp\n";
+      return false;
+    }
+    o->fp8_view.policy.skip_modules.push_back(m);
+  }
+  return true;
+}
+
 // Parses and checks the options given as text; false (after a message) if
 // one is bad.
 bool ParseTextOptions(const TextOptions& text, dte::fs::MountOptions* o) {
@@ -167,23 +188,7 @@ bool ParseTextOptions(const TextOptions& text, dte::fs::MountOptions* o) {
     return false;
   }
   o->prefetch_latest = text.prefetch == "latest";
-  if (text.fp8_scale != "plain" && text.fp8_scale != "pow2") {
-    std::cerr << "dtefs: bad --fp8-scale (fp8_scale=) \"" << text.fp8_scale
-              << "\": plain or pow2\n";
-    return false;
-  }
-  o->fp8_view.rule = text.fp8_scale == "pow2" ? dte::kernels::Fp8ScaleRule::kPowerOfTwo
-                                              : dte::kernels::Fp8ScaleRule::kPlain;
-  for (const std::string& m : text.fp8_keep) {
-    // The policy matches whole components of a module path (store/fp8_policy.h).
-    if (m.empty() || m.find_first_of(". ,:/") != std::string::npos) {
-      std::cerr << "dtefs: bad --fp8-keep (fp8_keep=) \"" << m
-                << "\": one component of a module path, such as o_proj or mlp\n";
-      return false;
-    }
-    o->fp8_view.policy.skip_modules.push_back(m);
-  }
-  return true;
+  return ParseFp8TextOptions(text, o);
 }
 
 // Every option of the command line, into o, text and opts (the -o lists).
