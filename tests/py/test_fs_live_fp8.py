@@ -207,6 +207,21 @@ def test_fp8_registrations_are_refused_naming_what_to_fix(mount):
         w.unlink()
 
 
+def test_fp8_options_of_one_block_shape_are_equal():
+    """block=(N, N) is block=N (the group status lists square blocks so);
+    (rows, cols) keeps both sides; a list, a bool or one side is refused."""
+    sys.path.insert(0, PY_PATH)
+    import dte
+    assert dte.Fp8Options(block=(16, 16)) == dte.Fp8Options(block=16)
+    assert dte.Fp8Options(block=(16, 16)).block == 16
+    wide = dte.Fp8Options(block=(8, 32))
+    assert (wide.block, wide.block_rows, wide.block_cols) == ((8, 32), 8, 32)
+    assert wide.scale_shape((17, 64)) == (3, 2)
+    for bad in ([8, 32], True, (8,), (8, 0), (8, 2**32)):
+        with pytest.raises(ValueError, match="FP8 block must be"):
+            dte.Fp8Options(block=bad)  # type: ignore[arg-type]
+
+
 def test_a_mounts_kept_modules_are_not_fp8_for_live_receivers(mount):
     """dtefs --fp8-keep reaches live apply: on such a mount o_proj is held in
     BF16 (as MOUNT/fp8 shows it), so an F8_E4M3 registration of it is

@@ -32,6 +32,9 @@ class Fp8Options:
                 for n in sides):
             raise InvalidArgument("FP8 block must be an integer in [1, 2^32) or a pair of them "
                                   "(rows, cols), not %r" % (self.block,))
+        if isinstance(self.block, tuple) and sides[0] == sides[1]:
+            # (N, N) is N x N: one value, so that equal options compare equal.
+            object.__setattr__(self, "block", sides[0])
         if self.scale_rule not in _RULES:
             raise InvalidArgument("FP8 scale rule %r is not one of %s"
                                   % (self.scale_rule, ", ".join(_RULES)))

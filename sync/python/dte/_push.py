@@ -97,7 +97,7 @@ def _fp8_of(d: Optional[Dict[str, Any]]) -> Optional[Fp8Options]:
     if d is None:
         return None
     rows, cols = (int(n) for n in d["block"])
-    return Fp8Options(block=rows if rows == cols else (rows, cols), scale_rule=d["scale_rule"])
+    return Fp8Options(block=(rows, cols), scale_rule=d["scale_rule"])
 
 
 @dataclasses.dataclass(frozen=True)
