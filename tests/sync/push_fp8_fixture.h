@@ -137,6 +137,15 @@ class PushFp8Test : public ::testing::Test {
     return push_test::StartServer(*store_, o);
   }
 
+  // A server with no cache and one tensor per batch: every tensor is read,
+  // its FP8 change sets computed and its data packed twice.
+  std::unique_ptr<PushServer> StartTwoPassServer() {
+    PushServerOptions o;
+    o.cache_bytes = 0;
+    o.batch_entries = 1;
+    return StartServer(o);
+  }
+
   // What a receiver of `layout`/`rank` with `fp8` options holds at `state`:
   // the BF16 shard, its FP8 tensors replaced by the shards of the quantized
   // canonical tensors and their block grids (split like the elements, in

@@ -65,10 +65,7 @@ uint64_t ChangedQuantized(const std::vector<PlanTensor>& specs, const State& a, 
 // (differences over unknown old values) read the parents whole again, and
 // the push after them steps again.
 TEST_F(PushFp8Test, PushesAfterTheFirstReadNoParentTensorWhole) {
-  PushServerOptions two_passes;
-  two_passes.cache_bytes = 0;
-  two_passes.batch_entries = 1;
-  auto server = StartServer(two_passes);
+  auto server = StartTwoPassServer();
   ASSERT_TRUE(server);
   std::vector<std::unique_ptr<Rx>> rxs;
   rxs.push_back(
@@ -177,10 +174,7 @@ TEST_F(PushFp8Test, AVersionThatDropsAnFp8VariantLeavesNoSummaries) {
 // (summaries of the failed push, staged in its first pass, would let it
 // read none), its FP8 receivers equal to the quantized version.
 TEST_F(PushFp8Test, APushThatFailsMidWayLeavesNoSummaries) {
-  PushServerOptions two_passes;
-  two_passes.cache_bytes = 0;
-  two_passes.batch_entries = 1;
-  auto server = StartServer(two_passes);
+  auto server = StartTwoPassServer();
   ASSERT_TRUE(server);
   std::vector<std::unique_ptr<Rx>> rxs;
   rxs.push_back(

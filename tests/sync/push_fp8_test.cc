@@ -189,10 +189,7 @@ TEST_F(PushFp8Test, ReceiversThatMissedPushesCatchUpToTheQuantizedVersion) {
 // read, its FP8 change set computed, and its data packed twice: the FP8
 // receivers still equal the version.
 TEST_F(PushFp8Test, ChangesReadBackFromTheStoreInTwoPassesPushTheQuantizedVersion) {
-  PushServerOptions no_cache;
-  no_cache.cache_bytes = 0;
-  no_cache.batch_entries = 1;
-  auto server = StartServer(no_cache);
+  auto server = StartTwoPassServer();
   ASSERT_TRUE(server);
   std::vector<std::unique_ptr<Rx>> rxs;
   for (int r = 0; r < 2; ++r) {
