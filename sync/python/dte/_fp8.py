@@ -16,12 +16,12 @@ _RULES = {"plain": 0, "pow2": 1}  # enum dte_live_fp8_scale_rule
 @dataclasses.dataclass(frozen=True)
 class Fp8Options:
     """Block-scaled E4M3: one FP32 scale per block of elements (block: N for
-    N x N, or (rows, cols); (N, N) is kept as N), from the block's absolute maximum: amax / 448
-    ("plain", the public checkpoints' `weight_scale_inv`) or that rounded up
-    to a power of two ("pow2", UE8M0-style). The receiver's tensor-parallel
-    splits must fall on block boundaries (the registration says which one
-    does not). Live apply takes square blocks only (its ABI has one block
-    side); the push takes any."""
+    N x N, or (rows, cols); (N, N) is kept as N), from the block's absolute
+    maximum: amax / 448 ("plain", the public checkpoints' `weight_scale_inv`)
+    or that rounded up to a power of two ("pow2", UE8M0-style). The
+    receiver's tensor-parallel splits must fall on block boundaries (the
+    registration says which one does not). Live apply takes square blocks
+    only (its ABI has one block side); the push takes any."""
     block: Union[int, Tuple[int, int]] = 128
     scale_rule: ScaleRule = "plain"
 
