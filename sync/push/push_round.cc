@@ -260,6 +260,7 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
     std::lock_guard lock(mu_);
     r.fp8_prev = std::exchange(fp8_summaries_, {});
   }
+  r.fp8_held = push_internal::Fp8SummaryBytes(r.fp8_prev);
   RETURN_IF_ERROR(SelectTargets(r));
   r.IndexOps();
   RETURN_IF_ERROR(r.CountChanges());

@@ -118,6 +118,17 @@ push_internal::Fp8SummaryKey PushServer::Impl::Round::SummaryKey(size_t c,
   return {canonical[c].name, rows, cols, rule};
 }
 
+bool PushServer::Impl::Round::HoldFp8Summary(const push_internal::Fp8SummaryKey& key,
+                                             const kernels::Fp8Layout& l) {
+  if (fp8_next.count(key)) return true;
+  const uint64_t bytes = push_internal::Fp8SummaryBytes(l);
+  if (fp8_held > options.fp8_summary_bytes || bytes > options.fp8_summary_bytes - fp8_held) {
+    return false;
+  }
+  fp8_held += bytes;
+  return true;
+}
+
 namespace {
 
 bool SameLayout(const kernels::Fp8Layout& a, const kernels::Fp8Layout& b) {
@@ -161,7 +172,7 @@ Status PushServer::Impl::Round::Fp8SetsWhole(size_t c, const TensorChanges& tc,
   for (const auto& [shape, l] : layouts) {
     RETURN_IF_ERROR(
         push_internal::ComputeFp8Changes(l, fp8_versions, tc, canonical[c].name, &(*sets)[shape]));
-    if (push_internal::Fp8Summarizable(l)) {
+    if (push_internal::Fp8Summarizable(l) && HoldFp8Summary(SummaryKey(c, shape), l)) {
       push_internal::Fp8Summary& s = fp8_next[SummaryKey(c, shape)];
       s = push_internal::SummarizeFp8(l, fp8_versions.child.data());
       s.hash = TensorHash(*v, canonical[c].name);
@@ -198,7 +209,7 @@ Status PushServer::Impl::Round::Fp8SetsStepped(
     RETURN_IF_ERROR(push_internal::FinishFp8Step(*prev[j], steps[j], fp8_versions, tc,
                                                  canonical[c].name, &(*sets)[shape], &next));
     next.hash = TensorHash(*v, canonical[c].name);
-    fp8_next[SummaryKey(c, shape)] = std::move(next);
+    if (HoldFp8Summary(SummaryKey(c, shape), l)) fp8_next[SummaryKey(c, shape)] = std::move(next);
     ++j;
   }
   return Status::Ok();

@@ -102,6 +102,12 @@ struct PushServerOptions {
   // owns also keeps up to this many bytes of the changes it encodes (12 per
   // element) for its push, and reads the rest back from the store.
   uint64_t cache_bytes = uint64_t{256} << 20;
+  // FP8 receivers: the most bytes of block summaries the server holds, the
+  // last pushed version's and a push's new ones together (40 per block of
+  // each quantized tensor and block shape and rule: about 1.6 GB for 671B
+  // parameters at 128 x 128, 40 per element at 1 x 1; docs/push.md "FP8
+  // receivers"). A tensor whose summary does not fit is read whole.
+  uint64_t fp8_summary_bytes = uint64_t{4} << 30;
 };
 
 // One receiver as the server sees it.

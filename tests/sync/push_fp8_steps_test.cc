@@ -108,6 +108,42 @@ TEST_F(PushFp8Test, PushesAfterTheFirstReadNoParentTensorWhole) {
   }
 }
 
+// The server holds at most PushServerOptions::fp8_summary_bytes of block
+// summaries (a receiver of tiny blocks must not make it hold many times the
+// model): with room for about half of them (7920 bytes: 99 blocks of 5 x 7
+// per layer), the first push keeps some, the second steps those and reads
+// the other changed tensors whole, and every receiver equals the version.
+TEST_F(PushFp8Test, SummariesBeyondTheirBudgetAreNotKept) {
+  PushServerOptions small;
+  small.fp8_summary_bytes = 4096;
+  auto server = StartServer(small);
+  ASSERT_TRUE(server);
+  std::vector<std::unique_ptr<Rx>> rxs;
+  rxs.push_back(
+      Receiver(*server, {1, false, false}, 0, Fp8Options(5, 7, Fp8ScaleRule::kPlain), state_, 0));
+  rxs.push_back(Receiver(*server, FusedReceiverLayout(2), 0, std::nullopt, state_, 0));
+  AwaitReceivers(*server, rxs.size());
+  std::mt19937_64 rng(33);
+  State state = state_;
+  for (uint64_t v = 1; v <= 3; ++v) {
+    State next = Step(state, 0.05, false, rng);
+    ASSERT_EQ(Commit(next), v);
+    auto report = server->Push(*store_, V(v), Diff(state, next));
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    EXPECT_EQ(report->pushed, rxs.size());
+    const uint64_t changed = ChangedQuantized(specs_, state, next);
+    if (v == 2) {
+      EXPECT_GT(report->fp8_parent_reads, 0u) << "summaries over the budget were kept";
+      EXPECT_LT(report->fp8_parent_reads, changed) << "no summary was kept";
+    }
+    for (auto& r : rxs) {
+      ASSERT_TRUE(r->rx->WaitFor(v, 10s).ok()) << "v" << v;
+      ExpectHolds(*r, next);
+    }
+    state = std::move(next);
+  }
+}
+
 // Summaries are kept only from a push that completed with no FP8 variant
 // dropped. Variant A quantizes every linear weight, variant K keeps
 // down_proj in BF16 (same blocks: they share change sets). v2 puts a NaN in

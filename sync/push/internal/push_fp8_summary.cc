@@ -48,6 +48,16 @@ bool Fp8Summarizable(const kernels::Fp8Layout& l) {
   return l.block_cols != 0 && l.block_rows <= (uint64_t{1} << 32) / l.block_cols;
 }
 
+uint64_t Fp8SummaryBytes(const kernels::Fp8Layout& l) {
+  return l.num_blocks() * sizeof(Fp8BlockTop);
+}
+
+uint64_t Fp8SummaryBytes(const Fp8Summaries& s) {
+  uint64_t bytes = 0;
+  for (const auto& [key, summary] : s.of) bytes += summary.blocks.size() * sizeof(Fp8BlockTop);
+  return bytes;
+}
+
 namespace {
 
 // Element i's position within its block b.

@@ -81,6 +81,9 @@ struct Fp8Summaries {
 // Whether summaries can describe tensors of layout l (a block's positions
 // fit 32 bits).
 bool Fp8Summarizable(const kernels::Fp8Layout& l);
+// The bytes of a summary of layout l, and of every summary of s.
+uint64_t Fp8SummaryBytes(const kernels::Fp8Layout& l);
+uint64_t Fp8SummaryBytes(const Fp8Summaries& s);
 
 // The summary of every block of x (l.num_elements() BF16 bit patterns).
 Fp8Summary SummarizeFp8(const kernels::Fp8Layout& l, const uint16_t* x);

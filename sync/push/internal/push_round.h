@@ -124,6 +124,10 @@ struct PushServer::Impl::Round {
                         const std::vector<const push_internal::Fp8Summary*>& prev,
                         std::map<Fp8Shape, push_internal::Fp8Changes>* sets);
   push_internal::Fp8SummaryKey SummaryKey(size_t c, const Fp8Shape& shape) const;
+  // Whether this push may stage a summary of layout l under `key`: one it
+  // staged already (its first pass), or one that fits options'
+  // fp8_summary_bytes beside those held (counted in fp8_held).
+  bool HoldFp8Summary(const push_internal::Fp8SummaryKey& key, const kernels::Fp8Layout& l);
   // The summaries of the version once the push packed every tensor
   // (`complete`) for every FP8 variant; none otherwise (the next push
   // reads its parents whole).
@@ -165,6 +169,7 @@ struct PushServer::Impl::Round {
   push_internal::Fp8Summaries fp8_prev;
   std::map<push_internal::Fp8SummaryKey, push_internal::Fp8Summary> fp8_next;
   std::set<std::string> fp8_changed;
+  uint64_t fp8_held = 0;          // bytes of fp8_prev and fp8_next
   std::vector<uint8_t> fp8_rows;  // the parent's rows a tensor's stepped sets read
 
   std::map<RankKey, push_internal::CountsMsg> counts;
