@@ -108,6 +108,44 @@ TEST_F(PushFp8Test, PushesAfterTheFirstReadNoParentTensorWhole) {
   }
 }
 
+// Summaries describe only the version the server pushed: after v2 is
+// published without a push (the server told of it, the receivers caught
+// up to it), v3 reads every changed quantized tensor's parent whole, even
+// those v2 left as v1 had them, and the receivers equal v3.
+TEST_F(PushFp8Test, AVersionPublishedWithoutAPushLeavesTheSummariesUnused) {
+  auto server = StartServer();
+  ASSERT_TRUE(server);
+  std::vector<std::unique_ptr<Rx>> rxs;
+  rxs.push_back(
+      Receiver(*server, {1, false, false}, 0, Fp8Options(5, 7, Fp8ScaleRule::kPlain), state_, 0));
+  rxs.push_back(Receiver(*server, FusedReceiverLayout(2), 0, std::nullopt, state_, 0));
+  AwaitReceivers(*server, rxs.size());
+  std::mt19937_64 rng(34);
+  const State v1 = Step(state_, 0.05, false, rng);
+  ASSERT_EQ(Commit(v1), 1u);
+  ASSERT_TRUE(server->Push(*store_, V(1), Diff(state_, v1)).ok());
+  State v2 = v1;  // one element of one quantized tensor changed
+  v2.at("model.layers.0.mlp.up_proj.weight")[0] ^= 1;
+  ASSERT_EQ(Commit(v2), 2u);
+  ASSERT_TRUE(server->SetLatest(*store_, V(2)).ok());
+  for (auto& r : rxs) {
+    ASSERT_TRUE(r->rx->WaitFor(1, 10s).ok());
+    ASSERT_TRUE(r->rx->WaitFor(2, 10s).code() == Code::kNotFound);
+    ASSERT_TRUE(r->rx->CatchUp(*store_, std::nullopt).ok());
+  }
+  AwaitReceiversAt(*server, rxs.size(), 2);
+  const State v3 = Step(v2, 0.05, false, rng);
+  ASSERT_EQ(Commit(v3), 3u);
+  auto report = server->Push(*store_, V(3), Diff(v2, v3));
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  EXPECT_EQ(report->pushed, rxs.size());
+  EXPECT_EQ(report->fp8_parent_reads, ChangedQuantized(specs_, v2, v3));
+  for (auto& r : rxs) {
+    ASSERT_TRUE(r->rx->WaitFor(3, 10s).ok());
+    ExpectHolds(*r, v3);
+  }
+}
+
 // The server holds at most PushServerOptions::fp8_summary_bytes of block
 // summaries (a receiver of tiny blocks must not make it hold many times the
 // model): with room for about half of them (7920 bytes: 99 blocks of 5 x 7
