@@ -52,13 +52,7 @@ void CopyOpBoxRows(const TransferPlan& plan, const TransferOp& op, const void* s
   if (lo >= hi) return;
   // The box cut to the rows, its start counted from row0 (the outermost
   // size enters no stride, so src is a tensor of `rows` rows to CopyOpBox).
-  TransferOp part;
-  part.canonical = op.canonical;
-  part.receiver = op.receiver;
-  part.receiver_tensor = op.receiver_tensor;
-  part.box_start = op.box_start;
-  part.extent = op.extent;
-  part.dst_start = op.dst_start;
+  TransferOp part = op;
   part.box_start[0] = lo - row0;
   part.extent[0] = hi - lo;
   part.dst_start[0] += lo - op.box_start[0];
@@ -89,21 +83,11 @@ BandCopier::BandCopier(Materializer& reader, std::shared_ptr<const Version> v,
       what_(std::move(what)) {}
 
 Status BandCopier::ReadRows(const PlanTensor& t, uint64_t row0, uint64_t rows) {
-  auto at = v_->manifest.FindTensor(t.name);
-  if (!at) {
-    return Internal(what_ + ": tensor " + t.name + " of the plan is not in " +
-                    VersionName(v_->manifest.version));
-  }
-  const uint64_t size = ShapeElements(t.shape) * DTypeWidth(t.dtype);
-  if (at->tensor->bytes() != size) {
-    return Internal(what_ + ": tensor " + t.name + " of " + VersionName(v_->manifest.version) +
-                    " holds " + std::to_string(at->tensor->bytes()) + " bytes, not " +
-                    std::to_string(size));
-  }
+  ASSIGN_OR_RETURN(const TensorBytes at,
+                   LocateTensor(*v_, t.name, ShapeElements(t.shape) * DTypeWidth(t.dtype), what_));
   const uint64_t row_bytes = RowBytes(t);
-  const FileEntry& file = *at->file;
   return reader_
-      .ReadFile(v_, file, file.header_size + at->tensor->begin + row0 * row_bytes, rows * row_bytes,
+      .ReadFile(v_, *at.file, at.offset + row0 * row_bytes, rows * row_bytes,
                 Room(&band_, rows * row_bytes))
       .WithContext(what_);
 }

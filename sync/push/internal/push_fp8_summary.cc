@@ -6,6 +6,7 @@
 
 #include "kernels/parallel.h"
 #include "store/store.h"
+#include "sync/push/internal/push_plan.h"
 
 namespace dte::push_internal {
 
@@ -214,10 +215,11 @@ Result<uint64_t> Fp8ReadRows(Materializer& reader, const std::shared_ptr<const V
                              const std::string& tensor, uint64_t cols,
                              const std::vector<uint8_t>& rows, const std::string& what,
                              std::vector<uint16_t>* parent) {
-  auto at = v->manifest.FindTensor(tensor);
-  if (!at || at->tensor->bytes() != parent->size() * 2 || rows.size() * cols != parent->size()) {
-    return Internal(what + ": tensor " + tensor + " of " + VersionName(v->manifest.version) +
-                    " is not the plan's");
+  ASSIGN_OR_RETURN(const TensorBytes at, LocateTensor(*v, tensor, parent->size() * 2, what));
+  if (rows.size() * cols != parent->size()) {
+    return Internal(what + ": " + std::to_string(rows.size()) + " rows of " + std::to_string(cols) +
+                    " columns for tensor " + tensor + " of " + std::to_string(parent->size()) +
+                    " elements");
   }
   const uint64_t bb = v->manifest.block_bytes, row = cols * 2;
   // Byte ranges of the tensor, cut at store blocks, read in parallel.
@@ -231,11 +233,10 @@ Result<uint64_t> Fp8ReadRows(Materializer& reader, const std::shared_ptr<const V
   }
   std::vector<Status> done(pieces.size());
   auto* dst = reinterpret_cast<uint8_t*>(parent->data());
-  const uint64_t base = at->file->header_size + at->tensor->begin;
   kernels::ParallelFor(pieces.size(), 1, [&](size_t lo, size_t hi) {
     for (size_t p = lo; p < hi; ++p) {
       const auto [from, to] = pieces[p];
-      done[p] = reader.ReadFile(v, *at->file, base + from, to - from, dst + from);
+      done[p] = reader.ReadFile(v, *at.file, at.offset + from, to - from, dst + from);
     }
   });
   uint64_t bytes = 0;

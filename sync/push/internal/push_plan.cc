@@ -61,21 +61,25 @@ Result<std::vector<uint32_t>> MatchTensors(const std::vector<PlanTensor>& want,
   return out;
 }
 
-Status ReadTensorInto(Materializer& reader, const std::shared_ptr<const Version>& v,
-                      const std::string& name, void* dst, uint64_t size, const std::string& what) {
-  auto at = v->manifest.FindTensor(name);
+Result<TensorBytes> LocateTensor(const Version& v, const std::string& name, uint64_t size,
+                                 const std::string& what) {
+  auto at = v.manifest.FindTensor(name);
   if (!at) {
     return Internal(what + ": tensor " + name + " of the plan is not in " +
-                    VersionName(v->manifest.version));
+                    VersionName(v.manifest.version));
   }
-  const FileEntry& file = *at->file;
-  const TensorEntry& tensor = *at->tensor;
-  if (tensor.bytes() != size) {
-    return Internal(what + ": tensor " + name + " of " + VersionName(v->manifest.version) +
-                    " holds " + std::to_string(tensor.bytes()) + " bytes, not " +
+  if (at->tensor->bytes() != size) {
+    return Internal(what + ": tensor " + name + " of " + VersionName(v.manifest.version) +
+                    " holds " + std::to_string(at->tensor->bytes()) + " bytes, not " +
                     std::to_string(size));
   }
-  return reader.ReadFile(v, file, file.header_size + tensor.begin, size, static_cast<uint8_t*>(dst))
+  return TensorBytes{at->file, at->file->header_size + at->tensor->begin};
+}
+
+Status ReadTensorInto(Materializer& reader, const std::shared_ptr<const Version>& v,
+                      const std::string& name, void* dst, uint64_t size, const std::string& what) {
+  ASSIGN_OR_RETURN(const TensorBytes at, LocateTensor(*v, name, size, what));
+  return reader.ReadFile(v, *at.file, at.offset, size, static_cast<uint8_t*>(dst))
       .WithContext(what);
 }
 

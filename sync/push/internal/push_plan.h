@@ -28,6 +28,16 @@ Result<std::vector<uint32_t>> MatchTensors(const std::vector<PlanTensor>& want,
                                            const std::vector<PlanTensor>& have,
                                            const std::string& what);
 
+// Where tensor `name` of version v lies: its file and the offset of its
+// first byte there, after checking it is in v and holds `size` bytes
+// (Internal naming it otherwise); `what` prefixes errors.
+struct TensorBytes {
+  const FileEntry* file = nullptr;
+  uint64_t offset = 0;
+};
+Result<TensorBytes> LocateTensor(const Version& v, const std::string& name, uint64_t size,
+                                 const std::string& what);
+
 // Tensor `name` of version v, whole, into dst, which has room for `size`
 // bytes: the tensor's size (Internal otherwise); `what` prefixes errors.
 Status ReadTensorInto(Materializer& reader, const std::shared_ptr<const Version>& v,
