@@ -227,6 +227,18 @@ class PushFp8Test : public ::testing::Test {
     }
   }
 
+  // The usual pair of receivers of state_ at v0, listed by the server: an
+  // FP8 one (TP 1 unfused, 5 x 7 plain blocks) and a BF16 one (TP 2 fused,
+  // rank 0).
+  std::vector<std::unique_ptr<Rx>> Fp8AndBf16Receivers(const PushServer& server) {
+    std::vector<std::unique_ptr<Rx>> rxs;
+    rxs.push_back(Receiver(server, {1, false, false}, 0,
+                           Fp8Options(5, 7, kernels::Fp8ScaleRule::kPlain), state_, 0));
+    rxs.push_back(Receiver(server, FusedReceiverLayout(2), 0, std::nullopt, state_, 0));
+    AwaitReceivers(server, rxs.size());
+    return rxs;
+  }
+
   void AwaitReceivers(const PushServer& s, size_t n) {
     ASSERT_TRUE(test::WaitFor([&] { return s.Receivers().size() >= n; }))
         << s.Receivers().size() << " receivers listed, not " << n;

@@ -115,11 +115,7 @@ TEST_F(PushFp8Test, PushesAfterTheFirstReadNoParentTensorWhole) {
 TEST_F(PushFp8Test, AVersionPublishedWithoutAPushLeavesTheSummariesUnused) {
   auto server = StartServer();
   ASSERT_TRUE(server);
-  std::vector<std::unique_ptr<Rx>> rxs;
-  rxs.push_back(
-      Receiver(*server, {1, false, false}, 0, Fp8Options(5, 7, Fp8ScaleRule::kPlain), state_, 0));
-  rxs.push_back(Receiver(*server, FusedReceiverLayout(2), 0, std::nullopt, state_, 0));
-  AwaitReceivers(*server, rxs.size());
+  std::vector<std::unique_ptr<Rx>> rxs = Fp8AndBf16Receivers(*server);
   std::mt19937_64 rng(34);
   const State v1 = Step(state_, 0.05, false, rng);
   ASSERT_EQ(Commit(v1), 1u);
@@ -156,11 +152,7 @@ TEST_F(PushFp8Test, SummariesBeyondTheirBudgetAreNotKept) {
   small.fp8_summary_bytes = 4096;
   auto server = StartServer(small);
   ASSERT_TRUE(server);
-  std::vector<std::unique_ptr<Rx>> rxs;
-  rxs.push_back(
-      Receiver(*server, {1, false, false}, 0, Fp8Options(5, 7, Fp8ScaleRule::kPlain), state_, 0));
-  rxs.push_back(Receiver(*server, FusedReceiverLayout(2), 0, std::nullopt, state_, 0));
-  AwaitReceivers(*server, rxs.size());
+  std::vector<std::unique_ptr<Rx>> rxs = Fp8AndBf16Receivers(*server);
   std::mt19937_64 rng(33);
   State state = state_;
   for (uint64_t v = 1; v <= 3; ++v) {
@@ -250,11 +242,7 @@ TEST_F(PushFp8Test, AVersionThatDropsAnFp8VariantLeavesNoSummaries) {
 TEST_F(PushFp8Test, APushThatFailsMidWayLeavesNoSummaries) {
   auto server = StartTwoPassServer();
   ASSERT_TRUE(server);
-  std::vector<std::unique_ptr<Rx>> rxs;
-  rxs.push_back(
-      Receiver(*server, {1, false, false}, 0, Fp8Options(5, 7, Fp8ScaleRule::kPlain), state_, 0));
-  rxs.push_back(Receiver(*server, FusedReceiverLayout(2), 0, std::nullopt, state_, 0));
-  AwaitReceivers(*server, rxs.size());
+  std::vector<std::unique_ptr<Rx>> rxs = Fp8AndBf16Receivers(*server);
   std::mt19937_64 rng(32);
   std::vector<State> states = {state_};
   for (uint64_t v = 1; v <= 3; ++v) {
