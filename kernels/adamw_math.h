@@ -65,27 +65,38 @@ struct AdamWScalars {
 
 namespace adamw_internal {
 
-// The FP32 neighbour of finite x towards +inf (up) or -inf (!up).
-DTE_HD float StepUlp(float x, bool up) {
+// The position of finite x in the order of FP32 values with -0 just below
+// +0 (keys -1 and 0). Every order's forward map is monotone non-decreasing
+// in this order, and BF16 rounding keeps -0 and +0 apart (0x8000, 0x0000),
+// so the walks below visit both zeros.
+DTE_HD int32_t OrderKey(float x) {
   const uint32_t u = FloatBits(x);
-  if ((u & 0x7FFFFFFFu) == 0) return BitsToFloat(up ? 0x00000001u : 0x80000001u);
-  const bool away_from_zero = up == ((u >> 31) == 0);
-  return BitsToFloat(away_from_zero ? u + 1 : u - 1);
+  return (u >> 31) != 0 ? -static_cast<int32_t>(u & 0x7FFFFFFFu) - 1 : static_cast<int32_t>(u);
 }
 
-// Moves x by ulps until forward(x) == target; forward must be monotone
-// non-decreasing. Returns x unchanged if that takes more than kMaxSteps.
+// The FP32 neighbour of finite x towards +inf (up) or -inf (!up) in that
+// order: the neighbour of +0 below is -0.
+DTE_HD float StepUlp(float x, bool up) {
+  const int32_t k = OrderKey(x) + (up ? 1 : -1);
+  return BitsToFloat(k >= 0 ? static_cast<uint32_t>(k)
+                            : 0x80000000u | static_cast<uint32_t>(-(k + 1)));
+}
+
+// Moves x by ulps until forward(x) has target's bits; forward must be
+// monotone non-decreasing. Returns x unchanged if that takes more than
+// kMaxSteps.
 template <typename Forward>
 DTE_HD float RefinePreimage(float x, float target, const Forward& forward) {
   constexpr int kMaxSteps = 4;
+  const uint32_t want = FloatBits(target);
   float y = x;
   for (int i = 0; i < kMaxSteps; ++i) {
     const float f = forward(y);
-    if (f == target) return y;
+    if (FloatBits(f) == want) return y;
     if (!IsFiniteBits(FloatBits(f)) || !IsFiniteBits(FloatBits(y))) break;
-    y = StepUlp(y, f < target);
+    y = StepUlp(y, OrderKey(f) < OrderKey(target));
   }
-  return forward(y) == target ? y : x;
+  return FloatBits(forward(y)) == want ? y : x;
 }
 
 // p -> theta, the second line of the update, for each order.
@@ -114,7 +125,9 @@ template <typename AddUpdate>
 DTE_HD float Invert(float theta, float p_round, float p_exact, float decay,
                     const AddUpdate& add_update) {
   float p = RefinePreimage(p_round, theta, add_update);
-  if (add_update(p) != theta) p = RefinePreimage(p_exact, theta, add_update);
+  if (FloatBits(add_update(p)) != FloatBits(theta)) {
+    p = RefinePreimage(p_exact, theta, add_update);
+  }
   // For RL-sized lr * wd the decay often rounds to exactly 1.0f.
   if (decay == 1.0f) return p;
   // Several p may satisfy the first step and not all are products x * decay
@@ -164,13 +177,15 @@ DTE_HD float AdamWInvertElement(float theta, float m, float v, const AdamWScalar
 }
 
 // True when x lies within margin_ulps FP32 ulps of a BF16 rounding boundary
-// (a value whose low 16 bits are 0x8000, halfway between two BF16 values), so
-// an error of that many ulps in x could change Fp32ToBf16Bits(x). In relative
-// terms margin_ulps ulps are between margin_ulps * 2^-24 and
-// margin_ulps * 2^-23 of |x|. NaN and +-inf count as near.
+// (a value whose low 16 bits are 0x8000, halfway between two BF16 values, or
+// the boundary between -0 and +0, whose BF16 bits differ), so an error of
+// that many ulps in x could change Fp32ToBf16Bits(x). In relative terms
+// margin_ulps ulps are between margin_ulps * 2^-24 and margin_ulps * 2^-23
+// of |x|. NaN and +-inf count as near.
 DTE_HD bool NearBf16Boundary(float x, uint32_t margin_ulps) {
   const uint32_t u = FloatBits(x);
   if (!IsFiniteBits(u)) return true;
+  if ((u & 0x7FFFFFFFu) <= margin_ulps) return true;
   const uint32_t low = u & 0xFFFFu;
   const uint32_t distance = low >= 0x8000u ? low - 0x8000u : 0x8000u - low;
   return distance <= margin_ulps;

@@ -154,6 +154,30 @@ TEST(AdamW, InversionIsAnExactPreimageAndNeverMisjudgesABf16Change) {
   }
 }
 
+// With lr = 0 (a warm-up's first step) a -0 weight whose moment is negative
+// becomes +0 in every order: -0 + (+0) is +0. Its BF16 bits change (0x8000
+// to 0x0000) although no value moved, and both zeros are preimages of +0,
+// so the publisher must keep it: the walks step from +0 to -0, and zero
+// counts as a BF16 boundary for the margin.
+TEST(AdamW, ZeroWhoseSignTheStepFlipsIsKept) {
+  for (AdamWOrder order :
+       {AdamWOrder::kTorchCpu, AdamWOrder::kTorchCudaForeach, AdamWOrder::kTorchCudaSingleTensor}) {
+    SCOPED_TRACE(OrderName(order));
+    AdamWParams p;
+    p.lr = 0;
+    p.order = order;
+    const AdamWScalars s = MakeAdamWScalars(p);
+    const float m = -1e-3f, v = 1e-6f;
+    const float theta = AdamWForwardElement(-0.0f, m, v, s);
+    ASSERT_EQ(FloatBits(theta), 0u);
+    EXPECT_EQ(ResolveOldBf16(theta, m, v, s).state, OldBits::kUnknown);
+    EXPECT_TRUE(AdamWElementKept(theta, m, v, s, 16));
+    uint64_t idx = 0;
+    uint16_t bits = 0;
+    EXPECT_EQ(AdamWFindChanges(&theta, &m, &v, 1, p, 16, &idx, &bits), 1u);
+  }
+}
+
 TEST(AdamW, NonFiniteInputsPropagate) {
   const AdamWScalars s = MakeAdamWScalars(AdamWParams{});
   EXPECT_TRUE(std::isnan(AdamWInvertElement(NAN, 0.1f, 0.01f, s)));
@@ -169,6 +193,11 @@ TEST(AdamW, NearBoundaryCountsUlpsFromTheBf16Midpoint) {
   EXPECT_TRUE(NearBf16Boundary(BitsToFloat(0xBF807FFDu), 3));
   EXPECT_FALSE(NearBf16Boundary(BitsToFloat(0xBF807FFDu), 2));
   EXPECT_FALSE(NearBf16Boundary(1.0f, 1000));
+  // -0 and +0 round to different BF16 bits: zero is a boundary too.
+  EXPECT_TRUE(NearBf16Boundary(0.0f, 0));
+  EXPECT_TRUE(NearBf16Boundary(-0.0f, 0));
+  EXPECT_TRUE(NearBf16Boundary(BitsToFloat(0x00000003u), 3));
+  EXPECT_FALSE(NearBf16Boundary(BitsToFloat(0x80000004u), 3));
   EXPECT_TRUE(NearBf16Boundary(INFINITY, 0));
   EXPECT_TRUE(NearBf16Boundary(NAN, 0));
 }
