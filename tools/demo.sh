@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh build dtectl dtefs dte-gen  # the three tools below, not the tests
 ROOT=$PWD
+. tools/python_env.sh
 DEMO=${DEMO_DIR:-$ROOT/demo}
 SIZE=${DEMO_SIZE:-256MiB}
 STEPS=6
@@ -57,7 +58,7 @@ echo "\$ ls -l $MNT/latest/"
 ls -l "$MNT/latest/"
 
 echo "== load a tensor from $MNT/latest with safetensors (torch) and compare it with the export"
-/usr/bin/python3 - "$MNT/latest" "$DEMO/export" <<'PY'
+"$DTE_PYTHON" - "$MNT/latest" "$DEMO/export" <<'PY'
 import json, os, sys
 import torch
 from safetensors import safe_open
@@ -84,7 +85,7 @@ print("equal to the same tensor in the exported directory")
 PY
 
 echo "== $MNT/.dte/status"
-/usr/bin/python3 - "$MNT/.dte/status" <<'PY'
+"$DTE_PYTHON" - "$MNT/.dte/status" <<'PY'
 import json, sys
 with open(sys.argv[1]) as f:
     s = json.load(f)
@@ -98,7 +99,7 @@ echo "== live apply: a process maps $MNT/live/ and sees v1 become the latest in 
 # Remount with live/ at v1, as a server would have loaded an older policy.
 fusermount3 -u "$MNT"
 "$ROOT/build/tools/dtefs" "$DTE_STORE" "$MNT" --live-version 1
-/usr/bin/python3 - "$MNT" "$DEMO/ckpt" "$ROOT/build/tools/dtectl" <<'PY'
+"$DTE_PYTHON" - "$MNT" "$DEMO/ckpt" "$ROOT/build/tools/dtectl" <<'PY'
 import hashlib, json, mmap, os, subprocess, sys
 mnt, ckpt, dtectl = sys.argv[1:]
 shards = sorted(n for n in os.listdir(os.path.join(mnt, "live")) if n.endswith(".safetensors"))

@@ -20,6 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${1:-1}
 export DTE_SOURCE_DIR=$PWD
+. tools/python_env.sh
 export DTE_BUILD_DIR=${DTE_BUILD_DIR:-$PWD/build}
 export DTE_FAULT_CAMPAIGN=${DTE_FAULT_CAMPAIGN:-all}
 out=${OUT:-$DTE_BUILD_DIR/fault_campaign}
@@ -28,7 +29,7 @@ scenarios=${DTE_FAULT_CAMPAIGN_SCENARIOS:-commit,gc,mount,publish,catchup}
 
 run_one() {  # SCENARIO: one pytest run, its output in OUT/SCENARIO.log
   DTE_FAULT_CAMPAIGN_SCENARIOS=$1 DTE_FAULT_CAMPAIGN_REPORT=$out/$1.json \
-    /usr/bin/python3 -m pytest -q -p no:cacheprovider -s \
+    "$DTE_PYTHON" -m pytest -q -p no:cacheprovider -s \
     tests/py/test_fault_campaign.py::test_fault_campaign >"$out/$1.log" 2>&1
 }
 export -f run_one

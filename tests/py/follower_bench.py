@@ -78,9 +78,9 @@ def main():
         v1 = os.path.join(m.path, "v00000001")
         drop_page_cache(v1)
         timed("from_pretrained(MOUNT/v1), page cache dropped", lambda: transformers.LlamaForCausalLM
-              .from_pretrained(v1, torch_dtype=torch.bfloat16))
+              .from_pretrained(v1, dtype=torch.bfloat16))
         timed("from_pretrained(MOUNT/v1), page cache warm", lambda: transformers.LlamaForCausalLM
-              .from_pretrained(v1, torch_dtype=torch.bfloat16))
+              .from_pretrained(v1, dtype=torch.bfloat16))
         model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
         with dte.Follower(m.path, live=False, verify=False) as f:
             f.load_into(model, 0)

@@ -57,7 +57,7 @@ stop() closes everything, so no thread waits forever.
 
 Thread-safety: every public method may be called from any thread.
 
-Standalone: /usr/bin/python3 s3_proxy.py --upstream http://127.0.0.1:9000
+Standalone: /opt/dte/venv/bin/python s3_proxy.py --upstream http://127.0.0.1:9000
 [--port P] [--up-rate BYTES/S] [--down-rate BYTES/S] (Ctrl-C prints counters).
 """
 

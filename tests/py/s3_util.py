@@ -3,7 +3,7 @@ and the AWS CLI pointed at it.
 
 MotoServer runs tests/testutil/moto_server.py (moto's server with
 conditional writes serialized and every SigV4 signature checked, see there)
-with /usr/bin/python3 on a free 127.0.0.1 port, waits until it is ready, and
+with /opt/dte/venv/bin/python on a free 127.0.0.1 port, waits until it is ready, and
 kills it on stop(). A server that cannot start fails the test
 (tools/setup.sh installs moto); S3 tests never skip.
 
@@ -17,6 +17,7 @@ restored: an outage as the client sees it (connections refused), while the
 server keeps its objects (moto holds them in memory only).
 """
 
+import sys
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ import pytest
 
 from wait_util import wait_for
 
-PYTHON = "/usr/bin/python3"
+PYTHON = sys.executable
 SCRIPT = Path(__file__).resolve().parent.parent / "testutil" / "moto_server.py"
 
 

@@ -2,7 +2,7 @@
 
 Every checkpoint is read with the real `safetensors` package, as inference
 loaders read it. Run by CTest with DTE_BUILD_DIR set (for dte-gen) under
-/usr/bin/python3 (which has torch).
+/opt/dte/venv/bin/python (which has torch).
 """
 
 import filecmp
@@ -48,7 +48,7 @@ def run_dte_gen(out, *flags):
 
 
 def run_torch_gen(out, *flags):
-    return run(["/usr/bin/python3", TORCH_GEN, "--out", str(out), *flags])
+    return run([sys.executable, TORCH_GEN, "--out", str(out), *flags])
 
 
 def step_dirs(out):

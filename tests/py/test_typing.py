@@ -3,7 +3,7 @@ pyproject.toml's [tool.mypy] (every function annotated), finds no error in
 sync/python/dte, and the package ships py.typed so that a user's mypy reads
 them.
 
-Needs mypy (Debian's `mypy` package; tools/setup.sh installs it).
+Needs mypy (pinned in tools/python.lock; tools/setup.sh installs it).
 """
 
 import os
@@ -26,7 +26,7 @@ def mypy_command():
         pass
     if shutil.which("mypy"):
         return ["mypy"]
-    pytest.fail("mypy is not installed (apt-get install mypy; tools/setup.sh does)")
+    pytest.fail("mypy is not installed (tools/setup.sh installs it from tools/python.lock)")
 
 
 def test_mypy_finds_no_error_in_the_package(tmp_path):

@@ -11,6 +11,8 @@
 #include <initializer_list>
 #include <sstream>
 
+#include "tests/testutil/python.h"
+
 namespace dte {
 namespace {
 
@@ -447,7 +449,7 @@ TEST(Safetensors, IndexRejectsShardNamesThatAreNotPlainFileNames) {
 
 // --- Interoperability with the Python safetensors package (the reference). ---
 
-constexpr char kPython[] = "/usr/bin/python3";
+const char* const kPython = test::ProjectPython();
 
 // Writes each file described by the spec file argv[1], one line per item:
 // "file PATH", "meta KEY VALUE", "tensor NAME DTYPE NBYTES DIM...", with
@@ -491,7 +493,7 @@ std::string Hex(std::string_view s) {
   return out;
 }
 
-// Runs `script` with /usr/bin/python3 and returns its output; a missing
+// Runs `script` with the project's Python and returns its output; a missing
 // interpreter or package, or a non-zero exit, fails the test.
 std::string RunPython(const TempDir& dir, const std::string& script, const std::string& arg) {
   EXPECT_EQ(access(kPython, X_OK), 0) << kPython << " is required for interop tests";

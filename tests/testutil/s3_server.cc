@@ -17,12 +17,12 @@
 #include <mutex>
 #include <sstream>
 
+#include "tests/testutil/python.h"
 #include "tests/testutil/wait.h"
 
 namespace dte::test {
 namespace {
 
-constexpr const char* kPython = "/usr/bin/python3";
 constexpr auto kStartTimeout = std::chrono::seconds(60);
 
 std::string ScriptPath() {
@@ -137,11 +137,11 @@ Status S3TestServer::Start(bool check_signatures) {
       ::dup2(log, 2);
     }
     if (check_signatures) {
-      ::execl(kPython, kPython, script.c_str(), "-H", "127.0.0.1", "-p", port.c_str(),
+      ::execl(test::ProjectPython(), test::ProjectPython(), script.c_str(), "-H", "127.0.0.1", "-p", port.c_str(),
               "--check-signatures", creds_path.c_str(), "--bucket", kSignedBucket,
               static_cast<char*>(nullptr));
     } else {
-      ::execl(kPython, kPython, script.c_str(), "-H", "127.0.0.1", "-p", port.c_str(),
+      ::execl(test::ProjectPython(), test::ProjectPython(), script.c_str(), "-H", "127.0.0.1", "-p", port.c_str(),
               static_cast<char*>(nullptr));
     }
     ::_exit(127);

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """Memory and time of a push receiver's catch-up from the store
 (docs/push.md "Catch-up", figures in docs/benchmarks.md "Catch-up").
 
@@ -16,7 +16,7 @@ store) and reports:
   catch_up_s   seconds of the catch-up
 DTE_LIBRARY picks the library (default: BUILD/sync/libdte.so).
 
-Usage: /usr/bin/python3 tools/bench/catch_up_bench.py --work DIR
+Usage: /opt/dte/venv/bin/python tools/bench/catch_up_bench.py --work DIR
        [--tp 2] [--ranks 0,1] [--kinds bf16,plain] [--json out]
 """
 

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """Cold sequential read time of versions far from their anchor through dtefs.
 
 Generates a dte-gen sequence (an anchor and STEPS sparse deltas of about 1.5%
@@ -13,7 +13,7 @@ empty FUSE page cache and block cache), and every blob of the store and
 every snapshot file is written back and dropped from the page cache with
 posix_fadvise(DONTNEED). Each figure is the median of --reps reads.
 
-Usage: /usr/bin/python3 tools/bench/chain_bench.py [--size 256MiB] [--steps 64]
+Usage: /opt/dte/venv/bin/python tools/bench/chain_bench.py [--size 256MiB] [--steps 64]
        [--reps 3] [--every 8] [--work DIR] [--keep] [--json OUT]
 Needs a build (DTE_BUILD_DIR, default build/) with dtefs, dtectl and dte-gen,
 and /dev/fuse.

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """Distributed publishing: per-rank cost at world sizes 1, 2, 4, 8 on the same
 total optimizer state, against the single-process publisher in the same run.
 
@@ -37,10 +37,10 @@ step, as in RL fine-tuning; 1e-4 changes ~70%).
 With --s3 it counts object store requests per version instead, against a
 moto S3 server (the model given by --tensors/--rows/--cols):
 
-  /usr/bin/python3 tools/bench/dist_publish_bench.py --s3 --worlds 1,2,4 \
+  /opt/dte/venv/bin/python tools/bench/dist_publish_bench.py --s3 --worlds 1,2,4 \
       --tensors 8 --rows 2048 --cols 2048
 
-Usage: /usr/bin/python3 tools/bench/dist_publish_bench.py [--build-dir build]
+Usage: /opt/dte/venv/bin/python tools/bench/dist_publish_bench.py [--build-dir build]
        [--worlds 1,2,4,8] [--tensors 32 --rows 4096 --cols 4096] [--lr 2e-6]
        [--json out]
 """
@@ -321,7 +321,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--job")
     ap.add_argument("--cache-root")
-    ap.add_argument("--python", help="interpreter of the ranks (default /usr/bin/python3)")
+    ap.add_argument("--python", help="interpreter of the ranks (default: this one)")
     ap.add_argument("--cuda", action="store_true",
                     help="ranks hand their state over in GPU memory (the baseline stays on the "
                          "host)")
@@ -336,7 +336,7 @@ def main():
     a = ap.parse_args()
     if a.worker:
         return worker(a)
-    a.python = a.python or "/usr/bin/python3"
+    a.python = a.python or sys.executable
     a.lib = os.path.join(os.path.abspath(a.build_dir), "sync", "libdte.so")
     root = a.work or tempfile.mkdtemp(prefix="dist-bench-")
     if a.s3:

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """dtefs memory over a store's versions: mounts each STORE with an empty
 cache directory, lists the mount, reads the first safetensors file of 100
 versions spread over the store, and prints the daemon's VmHWM. The same
@@ -6,7 +6,7 @@ procedure as longrun_bench.py's memory figure, for stores made elsewhere
 (for example copies of one run's store taken at 100, 1,000 and 10,000
 versions).
 
-Usage: /usr/bin/python3 tools/bench/dtefs_memory.py [--dtefs build/tools/dtefs] STORE...
+Usage: /opt/dte/venv/bin/python tools/bench/dtefs_memory.py [--dtefs build/tools/dtefs] STORE...
 """
 
 import argparse

@@ -7,7 +7,7 @@ of both, bit compare, nonzero, gather of the new values -- on the very same
 arrays, with as many threads. All throughputs are bytes of optimizer state
 (theta, m, v: 12 B per element) per second of wall time.
 
-Usage: /usr/bin/python3 tools/bench/engine_bench.py [ELEMENTS] [BUILD_DIR]
+Usage: /opt/dte/venv/bin/python tools/bench/engine_bench.py [ELEMENTS] [BUILD_DIR]
 (default 67108864 elements = 768 MiB of state; BUILD_DIR default
 $DTE_BUILD_DIR or build).
 """

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """FP8 change sets on real AdamW steps: how many FP8 bytes and scales change
 per step of an RL run, against the BF16 elements that change.
 
@@ -20,7 +20,7 @@ Reported per learning rate, over the steps (median, p10, p90):
 and the time of the steps, the commits and `dtectl stats --fp8`, and its
 peak RSS (/usr/bin/time -v).
 
-Usage: /usr/bin/python3 tools/bench/fp8_changes_bench.py [--build-dir build]
+Usage: /opt/dte/venv/bin/python tools/bench/fp8_changes_bench.py [--build-dir build]
        [--lrs 1e-6,1e-5] [--steps 150] [--threads 2] [--prompts 4 --group 4]
        [--json out.json]
 """

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """Live apply into an FP8 receiver against a BF16 receiver and against
 re-quantizing the whole model from BF16 after every step.
 
@@ -29,7 +29,7 @@ receivers' buffers are checked after the first forward apply against the
 numpy + ml_dtypes reference (tests/py/fp8_ref.py) of v2 on a sample of
 tensors (layer 0 and lm_head), the BF16 receiver's against v2 itself.
 
-Usage: /usr/bin/python3 tools/bench/fp8_live_bench.py [--build-dir build]
+Usage: /opt/dte/venv/bin/python tools/bench/fp8_live_bench.py [--build-dir build]
        [--size 1536MiB] [--reps 3] [--quick] [--work DIR] [--keep] [--json OUT]
 """
 import argparse

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """A push step into an FP8 receiver against one into a BF16 receiver
 (docs/push.md "FP8 receivers", figures in docs/benchmarks.md "FP8
 receivers").
@@ -32,7 +32,7 @@ alternative to an FP8 push, re-quantizing the whole model from BF16 after
 each step, is timed with tools/bench/fp8_requant.cc (when built) on the
 last version's BF16 weights saved to a directory.
 
-Usage: /usr/bin/python3 tools/bench/fp8_push_bench.py [--size 1GiB] [--steps 3]
+Usage: /opt/dte/venv/bin/python tools/bench/fp8_push_bench.py [--size 1GiB] [--steps 3]
        [--lr 7e-7] [--tp 1] [--kinds bf16,plain,pow2] [--json out]
 """
 

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """Cold read of a version in FP8 (MOUNT/fp8/vN) against the same version in
 BF16 (MOUNT/vN), through dtefs, in the same run.
 
@@ -18,7 +18,7 @@ order in 1 MiB read(2) calls ("sequential"), and one thread per file
 (seconds, GB/s of bytes served and of BF16 bytes read), the ratio FP8 time /
 BF16 time, the daemon's CPU seconds and its peak RSS (VmHWM).
 
-Usage: /usr/bin/python3 tools/bench/fp8_read.py [--size 1GiB] [--steps 3] [--max-busy 0.15]
+Usage: /opt/dte/venv/bin/python tools/bench/fp8_read.py [--size 1GiB] [--steps 3] [--max-busy 0.15]
        [--reps 3] [--scale plain|pow2] [--work DIR] [--keep] [--json OUT]
 Needs a build (DTE_BUILD_DIR, default build/) with dtefs, dtectl and dte-gen,
 and /dev/fuse.

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """dtefs read benchmarks, each against a baseline measured in the same run.
 
   cold     one reader, every file of a version in 1 MiB reads, nothing cached
@@ -27,7 +27,7 @@ The machine is shared: before each timed run the script waits (a while) for
 it to be quiet, and repeats a run during which other processes used more than
 --max-other cores.
 
-Usage: /usr/bin/python3 tools/bench/fs_bench.py [--build-dir DIR] [--work DIR]
+Usage: /opt/dte/venv/bin/python tools/bench/fs_bench.py [--build-dir DIR] [--work DIR]
        [--size 512MiB] [--steps 33] [--shard-size 64MiB] [--depths 1,32]
        [--repeat 5] [--readahead-kb 4096] [--keep] [--cold-only] [--json OUT]
 """

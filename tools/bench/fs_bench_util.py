@@ -316,5 +316,5 @@ def add_quiet_args(ap, *, max_busy, quiet_timeout, max_other, retries):
 
 def command_line(script):
     """How this run of `script` (a path) was started, to print beside its results."""
-    return shlex.join(["/usr/bin/python3", os.path.relpath(os.path.abspath(script), REPO_ROOT)]
+    return shlex.join([sys.executable, os.path.relpath(os.path.abspath(script), REPO_ROOT)]
                       + sys.argv[1:])

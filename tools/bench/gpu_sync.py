@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """One RL step of a Qwen3-8B-shaped model, from trainer state on a device to
 an inference receiver's weights in another process on the same device,
 against sending everything (docs/benchmarks.md, "From trainer state to
@@ -35,7 +35,7 @@ BF16 weights on the device (torch.equal): the run fails on any difference.
 The cross-node case is extrapolated from the measured bytes at --link-gbps
 (400 Gb/s): arithmetic, not a measurement.
 
-Usage: /usr/bin/python3 tools/bench/gpu_sync.py [--device cuda|cpu]
+Usage: /opt/dte/venv/bin/python tools/bench/gpu_sync.py [--device cuda|cpu]
        [--model qwen3-8b|tiny] [--layers N|auto] [--steps 3] [--warmup 1]
        [--lr 5e-7] [--live] [--work DIR] [--json OUT]
 """

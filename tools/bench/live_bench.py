@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """Live apply on a dtefs mount (`dtectl apply`) against reloading the model.
 
 Generates a dte-gen Llama (32 heads, 8 KV heads, so tp 1, 2 and 8 divide it)
@@ -37,7 +37,7 @@ Caches are dropped before every timed apply. Every first-repetition apply is
 checked: live/ (or the reader's mapping) against MNT/vT, each receiver's
 buffers against the target sharded in Python.
 
-Usage: /usr/bin/python3 tools/bench/live_bench.py [--build-dir build] [--size 2GiB]
+Usage: /opt/dte/venv/bin/python tools/bench/live_bench.py [--build-dir build] [--size 2GiB]
        [--quick] [--reps 3] [--big-cache 3GiB] [--distances 1,2,4,8]
        [--receivers 0,1,2,8] [--mapped-distances 1,2,8] [--sections one,recv,mapped]
        [--work DIR] [--keep] [--json OUT]

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """Long RL runs: do commit, read, join and memory costs stay flat over thousands
 of versions? Each run commits one dte-gen step per version, as a trainer that
 publishes every step would, and reports against baselines measured in the
@@ -38,7 +38,7 @@ Checkpoints are generated in batches of --batch steps (dte-gen replays the
 earlier steps without writing them) and removed once committed, so disk use
 stays near one batch.
 
-Usage: /usr/bin/python3 tools/bench/longrun_bench.py [--build-dir build]
+Usage: /opt/dte/venv/bin/python tools/bench/longrun_bench.py [--build-dir build]
        [--runs small,tiny,big,s3] [--json out.json]
 """
 

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """How a file's cached pages are grouped into folios in the kernel's page cache.
 
 Maps the first --mib MiB of each file, touches every page (so all of it is in
@@ -11,7 +11,7 @@ cached in large folios (ext4 on recent kernels) reads several times faster
 than one cached in 4 KiB pages (FUSE on this machine's kernel). See
 docs/benchmarks.md, "dtefs: reads vs passthrough_ll and plain files".
 
-Usage: /usr/bin/python3 tools/bench/page_cache_folios.py [--mib 64] FILE...
+Usage: /opt/dte/venv/bin/python tools/bench/page_cache_folios.py [--mib 64] FILE...
 """
 import argparse
 import collections

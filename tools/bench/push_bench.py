@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """Same-cluster push against full-weight sync, on the same model, transport
 and receivers (docs/push.md, figures in docs/benchmarks.md).
 
@@ -33,7 +33,7 @@ the rows add each rank's push time ("rank_push_s") and bytes.
 With --cuda the receivers hold their tensors in GPU memory (pushes are
 written by the CUDA kernel; the baseline copies each shard host to device).
 
-Usage: /usr/bin/python3 tools/bench/push_bench.py [--size 1GiB] [--receivers 1,2,4]
+Usage: /opt/dte/venv/bin/python tools/bench/push_bench.py [--size 1GiB] [--receivers 1,2,4]
        [--steps 4] [--lr 7e-7] [--dist [--world N] [--owners]] [--cuda] [--json out]
 """
 

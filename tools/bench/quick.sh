@@ -40,7 +40,8 @@ cd "$(dirname "$0")/../.."
 BUILD=$(realpath "${1:-build}")
 WORK=${QUICK_WORK:-/var/tmp/dte-quick}
 ONLY=${QUICK_ONLY:-commit fs chain live dist push fp8_read fp8_live fp8_push}
-PY=/usr/bin/python3
+. tools/python_env.sh
+PY=$DTE_PYTHON
 B=tools/bench
 OUT=$WORK/results
 rm -rf "$OUT"

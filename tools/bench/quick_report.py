@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """Compares the ratios of one tools/bench/quick.sh run with their reference figures.
 
 Reads the JSON each benchmark of the quick set wrote into --results, takes
@@ -9,7 +9,7 @@ A ratio more than --tolerance worse than its reference is flagged, and so
 is one that could not be computed (its benchmark failed); the exit status
 is 1 if anything was flagged.
 
-Usage: /usr/bin/python3 tools/bench/quick_report.py --results DIR
+Usage: /opt/dte/venv/bin/python tools/bench/quick_report.py --results DIR
        [--reference tools/bench/quick_reference.json] [--tolerance 0.2]
        [--benches "commit fs chain live dist push fp8_read fp8_live fp8_push"]
 """

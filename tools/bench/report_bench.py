@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """dtectl stats and dtectl report on a long run: time and peak memory against
 the number of versions, the report against the two stats runs it reads, in
 the same run.
@@ -11,7 +11,7 @@ then measures with /usr/bin/time -v:
   report -o run.html
 at the sizes given by --at (prefixes of the same store, via --versions).
 
-Usage: /usr/bin/python3 tools/bench/report_bench.py [--versions 10001] [--at 100,1000,10000]
+Usage: /opt/dte/venv/bin/python tools/bench/report_bench.py [--versions 10001] [--at 100,1000,10000]
        [--build-dir build] [--work DIR]
 """
 

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """Cross-cluster publish -> follow through an object store over a limited link:
 dte deltas vs dense zstd checkpoints (the ByteCheckpoint-style baseline),
 measured in the same run on the same model sequence.
@@ -41,7 +41,7 @@ store-bound, and the achieved rate is printed.
 Version 0 (an anchor) is published and followed once before the rows,
 without a rate limit and not counted, on every dte side.
 
-Usage: /usr/bin/python3 tools/bench/s3_bench.py [--build-dir DIR] [--work DIR]
+Usage: /opt/dte/venv/bin/python tools/bench/s3_bench.py [--build-dir DIR] [--work DIR]
        [--size 256MiB] [--scale 8] [--rates-gbps 0.1,1,10] [--json OUT]
 """
 import argparse
@@ -286,7 +286,7 @@ def dense_over(r, method):
 
 
 def report(a, results, commits):
-    cmd = "/usr/bin/python3 tools/bench/s3_bench.py " + " ".join(
+    cmd = sys.executable + " tools/bench/s3_bench.py " + " ".join(
         shlex.quote(x) for x in sys.argv[1:])
     print(f"```\n{cmd}\n```\n")
     ch = results["changed"]

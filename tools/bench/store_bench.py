@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """End-to-end store benchmarks for dtectl, each against a baseline in the same run.
 
   commit    dtectl commit of step 1 (a ~1.5% sparse update) vs `zstd -1 -T0` of the
@@ -8,7 +8,7 @@
   delta     stored bytes per changed BF16 element over a sequence vs the AReaL-DTE
             wire format (int32 index + BF16 value, zstd) computed on the same data.
 
-Usage: /usr/bin/python3 tools/bench/store_bench.py [--sizes 512MiB,2GiB] [--work DIR]
+Usage: /opt/dte/venv/bin/python tools/bench/store_bench.py [--sizes 512MiB,2GiB] [--work DIR]
        [--steps N] [--torch-steps N] [--reps R] [--commit-only] [--json OUT]
 """
 import argparse
@@ -244,7 +244,7 @@ def main():
     torch_dir = os.path.join(a.work, "seq-torch")
     if a.torch_steps > 0 and not a.commit_only:
         if not os.path.isdir(os.path.join(torch_dir, f"step-{a.torch_steps:06d}")):
-            run(["/usr/bin/python3", os.path.join(ROOT, "tools", "gen", "torch_gen.py"),
+            run([sys.executable, os.path.join(ROOT, "tools", "gen", "torch_gen.py"),
                  "--out", torch_dir, "--steps", str(a.torch_steps)])
         seqs.append(("torch_gen", [os.path.join(torch_dir, f"step-{s:06d}")
                                    for s in range(a.torch_steps + 1)]))

@@ -389,12 +389,13 @@ int RunReport(const Common& c, const std::string& versions, const std::string& o
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return Fail("report", ErrnoStatus("reading /proc/self/exe", errno));
   self[n] = '\0';
-  // The project's interpreter: Debian's, where its packages (matplotlib)
-  // are installed, unless told otherwise.
+  // The project's interpreter: its environment's (tools/setup.sh), where
+  // matplotlib is installed, unless told otherwise.
   const char* py = std::getenv("DTE_PYTHON");
-  const std::string python = py && *py                                 ? py
-                             : ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3"
-                                                                       : "python3";
+  const char* kVenv = "/opt/dte/venv/bin/python";
+  const std::string python = py && *py                   ? py
+                             : ::access(kVenv, X_OK) == 0 ? kVenv
+                                                          : "python3";
   std::vector<std::string> args = {python,  script,  "--dtectl", self,          "--store",
                                    c.store, "--out", out,        "--cache-dir", c.cache_dir};
   if (!versions.empty()) args.insert(args.end(), {"--versions", versions});

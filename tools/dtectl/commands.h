@@ -66,7 +66,7 @@ int RunGc(const Common& c, const GcArgs& a);
 int RunReindex(const Common& c);
 int RunStats(const Common& c, const StatsArgs& a);
 // report: runs the report script (sync/python/dte/report.py, $DTE_REPORT_SCRIPT)
-// with $DTE_PYTHON (default /usr/bin/python3, else python3), which reads
+// with $DTE_PYTHON (default /opt/dte/venv/bin/python, else python3), which reads
 // `dtectl stats` and writes
 // one self-contained HTML page to `out`; with fp8_block (not 0), also the
 // FP8 change set per version in fp8_block x fp8_block blocks (stats --fp8).

@@ -1,10 +1,11 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """Starts N local processes of a torch.distributed script, as torchrun does
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT in the
-environment), for machines whose torchrun does not start (Debian 12's
-python3-torch 1.13 under Python 3.11). Exits with the first non-zero status.
+environment), without torchrun's elastic agent: the tests run the examples
+as plain processes and read each rank's exit status. Exits with the first
+non-zero status.
 
-    python3 tools/examples/launch.py --nproc 4 tools/examples/fsdp2_publish.py --store /tmp/p
+    /opt/dte/venv/bin/python tools/examples/launch.py --nproc 4 tools/examples/fsdp2_publish.py --store /tmp/p
 """
 
 import argparse

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """Megatron-style training (tensor parallel x pipeline parallel x data
 parallel with the distributed optimizer) that publishes every step from
 every rank.

@@ -66,7 +66,7 @@ def digest(model):
 def serve(a):
     """The inference server: one JSON request per line on stdin."""
     from transformers import LlamaForCausalLM
-    model = LlamaForCausalLM.from_pretrained(a.model, torch_dtype=torch.bfloat16).eval()
+    model = LlamaForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16).eval()
     rx = dte.PushReceiver(a.address, dict(model.named_parameters()), version=0)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -103,7 +103,7 @@ def train(a):
     model.to(torch.bfloat16).save_pretrained(v0, safe_serialization=True)
     model.to(torch.float32)
     # The same BF16 weights the server loads: FP32 masters are exact BF16 values.
-    model = LlamaForCausalLM.from_pretrained(v0, torch_dtype=torch.bfloat16).to(torch.float32)
+    model = LlamaForCausalLM.from_pretrained(v0, dtype=torch.bfloat16).to(torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
     store = os.path.join(a.work, "store")
     group = dte.PushGroup("127.0.0.1:0", timeout=30.0)
@@ -136,7 +136,7 @@ def train(a):
             end = time.monotonic() + 30
             while not os.path.isdir(vdir) and time.monotonic() < end:
                 time.sleep(0.05)
-            loaded = LlamaForCausalLM.from_pretrained(vdir, torch_dtype=torch.bfloat16).eval()
+            loaded = LlamaForCausalLM.from_pretrained(vdir, dtype=torch.bfloat16).eval()
             want = generate(loaded)
             same = (answer["version"] == r.version and answer["tokens"] == want and
                     answer["digest"] == digest(loaded))

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/dte/venv/bin/python
 """Writes BF16 checkpoints of a real RL fine-tuning run of a small Llama LM.
 
 Pretrains a Llama-style byte-level LM on text found on this machine (license
@@ -9,7 +9,7 @@ Saves OUT/step-000000 (the policy after --warm-steps RL steps) and
 OUT/step-K after each of the next --steps RL optimizer steps, each a complete Hugging Face model directory
 in BF16, and prints the fraction of BF16 elements that changed per step.
 
-Run with Debian's interpreter (it has torch): /usr/bin/python3 torch_gen.py.
+Run in the project's environment (it has torch): /opt/dte/venv/bin/python torch_gen.py.
 The output is a function of the arguments, the corpus and --threads (torch's
 CPU kernels are deterministic for a fixed thread count on one machine).
 See docs/generators.md.
