@@ -6,9 +6,14 @@
 // math and its exactness guarantee are in kernels/adamw_math.h.
 //
 // Supported optimizer: torch.optim.AdamW with amsgrad=False, maximize=False,
-// capturable=False, fused=False/None, a constant float lr for the step, and
-// real FP32 parameters. Moments must be those stored in the optimizer state
-// after the step (state["exp_avg"], state["exp_avg_sq"]).
+// real FP32 parameters and a constant lr for the step, either
+//  - fused=False/None, capturable=False, lr a float: kTorchCpu on CPU
+//    tensors, kTorchCudaForeach / kTorchCudaSingleTensor on CUDA tensors; or
+//  - fused=True: kTorchCpu on CPU tensors (the fused CPU kernel performs the
+//    same FP32 operations), kTorchCudaFused on CUDA tensors, capturable or
+//    not; lr a float, or a tensor whose value (lr.item()) is given as lr.
+// Moments must be those stored in the optimizer state after the step
+// (state["exp_avg"], state["exp_avg_sq"]).
 //
 // Thread-safety: pure functions over caller-owned buffers; concurrent calls on
 // disjoint outputs are safe. Outputs must not overlap inputs.
@@ -38,9 +43,10 @@ struct AdamWParams {
 // lr, eps >= 0; 0 <= beta1, beta2 < 1; step >= 1; 0 < 1 - lr*wd (in FP32).
 std::string AdamWParamsError(const AdamWParams& p);
 
-// The per-step FP32 scalars, computed as Python computes them (double
+// The per-step scalars, computed as Python computes them (double
 // arithmetic, libm pow) and rounded as PyTorch rounds a Python float applied
-// to an FP32 tensor. p must be valid (AdamWParamsError(p) empty).
+// to an FP32 tensor; for kTorchCudaFused as the fused CUDA kernel computes
+// them (kernels/adamw_math.h). p must be valid (AdamWParamsError(p) empty).
 AdamWScalars MakeAdamWScalars(const AdamWParams& p);
 
 // theta_out[i] = AdamWForwardElement(theta_prev[i], m[i], v[i]): the

@@ -21,6 +21,48 @@ std::string Describe(const char* field, double value, const char* rule) {
   return std::string("AdamW ") + field + " = " + std::to_string(value) + ": " + rule;
 }
 
+// kTorchCudaFused (torch 2.4 to 2.10): the kernel computes 1 - beta1^step
+// and sqrt(1 - beta2^step) once per tensor in FP64 from the FP32 step count
+// (the device's pow and sqrt; libm's here, docs/engine.md "Fused AdamW")
+// and hands both to the element math as FP32 values; step_size = lr / bc1
+// is an FP64 division rounded to FP32; lr, weight_decay and eps stay FP64.
+void SetFusedF64Scalars(const AdamWParams& p, AdamWScalars* s) {
+  const double step = static_cast<float>(p.step);
+  const auto bc1 = static_cast<float>(1.0 - std::pow(p.beta1, step));
+  s->bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(p.beta2, step)));
+  s->neg_step_size = -static_cast<float>(p.lr / static_cast<double>(bc1));
+  s->fused_decay = p.weight_decay != 0;
+  s->lr_wd = p.lr * p.weight_decay;
+  s->decay = static_cast<float>(1.0 - s->lr_wd);
+  s->eps_f64 = p.eps;
+}
+
+// powf(base, e) correctly rounded: the FP64 power is within 2^-52 of the
+// exact one, so rounding it to FP32 gives the correctly rounded result
+// except within 2^-28 ulp of a tie.
+float PowF32(float base, float e) {
+  return static_cast<float>(std::pow(static_cast<double>(base), static_cast<double>(e)));
+}
+
+// lr32 * wd32, rounded to FP32 as kTorchCudaFusedFp32's kernel takes it.
+float FusedF32Product(const AdamWParams& p) {
+  return static_cast<float>(p.lr) * static_cast<float>(p.weight_decay);
+}
+
+// kTorchCudaFusedFp32 (torch 2.11 on): every argument rounded to FP32 and
+// the bias corrections in FP32 from the device's powf, taken here to be
+// correctly rounded (tools/gpu_check.sh compares torch's on the GPU).
+void SetFusedF32Scalars(const AdamWParams& p, AdamWScalars* s) {
+  const auto step = static_cast<float>(p.step);
+  const float bc1 = 1.0f - PowF32(static_cast<float>(p.beta1), step);
+  s->bc2_sqrt = std::sqrt(1.0f - PowF32(static_cast<float>(p.beta2), step));
+  s->neg_step_size = -(static_cast<float>(p.lr) / bc1);
+  s->eps = static_cast<float>(p.eps);
+  s->fused_decay = static_cast<float>(p.weight_decay) != 0.0f;
+  s->lr_wd = FusedF32Product(p);
+  s->decay = static_cast<float>(1.0 - s->lr_wd);
+}
+
 }  // namespace
 
 std::string AdamWParamsError(const AdamWParams& p) {
@@ -37,6 +79,10 @@ std::string AdamWParamsError(const AdamWParams& p) {
   if (!(static_cast<float>(1.0 - p.lr * p.weight_decay) > 0.0f)) {
     return Describe("lr * weight_decay", p.lr * p.weight_decay,
                     "must leave a positive decay factor 1 - lr * weight_decay");
+  }
+  if (p.order == AdamWOrder::kTorchCudaFusedFp32 && !(FusedF32Product(p) < 1.0f)) {
+    return Describe("lr * weight_decay", p.lr * p.weight_decay,
+                    "must stay below 1 when rounded to FP32 (the FP32 fused kernel's decay)");
   }
   return {};
 }
@@ -60,6 +106,11 @@ AdamWScalars MakeAdamWScalars(const AdamWParams& p) {
   s.inv_bc2_sqrt = static_cast<float>(1.0 / bc2_sqrt);
   s.eps = static_cast<float>(p.eps);
   s.order = p.order;
+  s.fused_decay = false;
+  s.lr_wd = 0;
+  s.eps_f64 = 0;
+  if (p.order == AdamWOrder::kTorchCudaFused) SetFusedF64Scalars(p, &s);
+  if (p.order == AdamWOrder::kTorchCudaFusedFp32) SetFusedF32Scalars(p, &s);
   return s;
 }
 

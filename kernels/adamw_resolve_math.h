@@ -5,8 +5,9 @@
 // by the CPU backend and the CUDA one (CudaAdamWFindChanges, kernels/cuda.h).
 //
 // The forward update x -> AdamWForwardElement(x, m, v) is monotone
-// non-decreasing in x (a product with a positive decay, then a rounded sum or
-// fused multiply-add; rounding is monotone). So the FP32 values mapping to
+// non-decreasing in x (a product with a positive decay, or the fused CUDA
+// orders' x - lr*wd*x with lr*wd < 1 in one fused multiply-add, then a
+// rounded sum or fused multiply-add; rounding is monotone). So the FP32 values mapping to
 // theta form one interval [lo, hi], and the true previous weight lies in it
 // whenever theta came from that update. Walking out from the reconstruction
 // q one ulp at a time finds lo and hi (a handful of ulps wide in practice;
@@ -77,18 +78,31 @@ DTE_HD ResolvedOld ResolveWith(float theta, float q, const Forward& forward) {
   return {OldBits::kKnown, a};
 }
 
+namespace adamw_internal {
+
+// WithDecay's callable for ResolveOldBf16: the rounded-update orders'
+// forward map with this element's update.
+struct ResolveRoundedUpdate {
+  float theta, q;
+  AddRoundedUpdate add;
+  template <typename Decay>
+  DTE_HD ResolvedOld operator()(const Decay& decay) const {
+    return ResolveWith(theta, q, DecayThenUpdate<Decay, AddRoundedUpdate>{decay, add});
+  }
+};
+
+}  // namespace adamw_internal
+
 // The old BF16 bits of one element. The forward map is
 // AdamWForwardElement with the update computed once.
 DTE_HD ResolvedOld ResolveOldBf16(float theta, float m, float v, const AdamWScalars& s) {
   namespace ai = adamw_internal;
   const float q = AdamWInvertElement(theta, m, v, s);
-  const float denom = AdamWDenom(v, s);
-  if (s.order == AdamWOrder::kTorchCpu) {
-    const float u = rn::Div(rn::Mul(s.neg_step_size, m), denom);
-    return ResolveWith(theta, q, ai::DecayThenUpdate<ai::AddUpdateCpu>{s.decay, {u}});
+  if (AdamWAddsRoundedUpdate(s.order)) {
+    return ai::WithDecay(s, ai::ResolveRoundedUpdate{theta, q, {AdamWRoundedUpdate(m, v, s)}});
   }
-  const ai::AddUpdateFma add{s.neg_step_size, rn::Div(m, denom)};
-  return ResolveWith(theta, q, ai::DecayThenUpdate<ai::AddUpdateFma>{s.decay, add});
+  const ai::AddUpdateFma add{s.neg_step_size, rn::Div(m, AdamWDenom(v, s))};
+  return ResolveWith(theta, q, ai::DecayThenUpdate<ai::DecayMul, ai::AddUpdateFma>{{s.decay}, add});
 }
 
 // True when a publisher must store the element: the fused detector reports it

@@ -54,6 +54,10 @@ const char* OrderName(AdamWOrder o) {
       return "cuda-foreach";
     case AdamWOrder::kTorchCudaSingleTensor:
       return "cuda-single";
+    case AdamWOrder::kTorchCudaFused:
+      return "cuda-fused";
+    case AdamWOrder::kTorchCudaFusedFp32:
+      return "cuda-fused-fp32";
   }
   return "?";
 }
@@ -61,7 +65,8 @@ const char* OrderName(AdamWOrder o) {
 std::vector<AdamWParams> Configs() {
   std::vector<AdamWParams> out;
   for (AdamWOrder order :
-       {AdamWOrder::kTorchCpu, AdamWOrder::kTorchCudaForeach, AdamWOrder::kTorchCudaSingleTensor}) {
+       {AdamWOrder::kTorchCpu, AdamWOrder::kTorchCudaForeach, AdamWOrder::kTorchCudaSingleTensor,
+        AdamWOrder::kTorchCudaFused, AdamWOrder::kTorchCudaFusedFp32}) {
     // RL-sized lr (decay rounds to 1.0f), a large lr with strong decay, late steps.
     using Case = std::tuple<double, double, int64_t>;  // lr, weight decay, step
     for (auto [lr, wd, step] :
@@ -160,8 +165,9 @@ TEST(AdamW, InversionIsAnExactPreimageAndNeverMisjudgesABf16Change) {
 // so the publisher must keep it: the walks step from +0 to -0, and zero
 // counts as a BF16 boundary for the margin.
 TEST(AdamW, ZeroWhoseSignTheStepFlipsIsKept) {
-  for (AdamWOrder order :
-       {AdamWOrder::kTorchCpu, AdamWOrder::kTorchCudaForeach, AdamWOrder::kTorchCudaSingleTensor}) {
+  for (AdamWOrder order : {AdamWOrder::kTorchCpu, AdamWOrder::kTorchCudaForeach,
+                           AdamWOrder::kTorchCudaSingleTensor, AdamWOrder::kTorchCudaFused,
+                           AdamWOrder::kTorchCudaFusedFp32}) {
     SCOPED_TRACE(OrderName(order));
     AdamWParams p;
     p.lr = 0;

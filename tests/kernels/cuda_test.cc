@@ -198,7 +198,8 @@ TEST(Cuda, AdamWInvertDetectAndFindChangesMatchCpuForEveryOrder) {
     v[i] = 0.001f * gi * gi;
   }
   for (AdamWOrder order :
-       {AdamWOrder::kTorchCpu, AdamWOrder::kTorchCudaForeach, AdamWOrder::kTorchCudaSingleTensor}) {
+       {AdamWOrder::kTorchCpu, AdamWOrder::kTorchCudaForeach, AdamWOrder::kTorchCudaSingleTensor,
+        AdamWOrder::kTorchCudaFused, AdamWOrder::kTorchCudaFusedFp32}) {
     SCOPED_TRACE(static_cast<int>(order));
     for (double lr : {1e-3, 1e-6}) {  // a large step (nearly every element changes), RL's
       SCOPED_TRACE(lr);
