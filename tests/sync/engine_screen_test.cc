@@ -38,11 +38,13 @@ TEST(EngineScreen, EveryWidthMatchesTheScalarForm) {
     v[i] = m[i] * m[i] * (0.1f + std::abs(g(rng))) + (i % 1013 == 0 ? 0.0f : 1e-12f);
   }
   const auto best = static_cast<int>(internal::BestScreenIsa());
-  for (int order = 0; order < 9; ++order) {
+  constexpr int kOrders = 5;  // every kernels::AdamWOrder
+  for (int config = 0; config < 3 * kOrders; ++config) {
+    const int order = config % kOrders, band = config / kOrders;
     kernels::AdamWParams p;
-    p.lr = order < 3 ? 1e-5 : order < 6 ? 1e-3 : 3e-6;
-    p.weight_decay = order == 1 ? 0.0 : order >= 6 ? 0.01 : 0.1;
-    p.order = static_cast<kernels::AdamWOrder>(order % 3);
+    p.lr = band == 0 ? 1e-5 : band == 1 ? 1e-3 : 3e-6;
+    p.weight_decay = config == 1 ? 0.0 : band == 2 ? 0.01 : 0.1;
+    p.order = static_cast<kernels::AdamWOrder>(order);
     p.step = 7;
     const auto sc = internal::MakeScreenScalars(kernels::MakeAdamWScalars(p));
     std::vector<uint32_t> want_idx, want_old;
@@ -70,8 +72,8 @@ TEST(EngineScreen, EveryWidthMatchesTheScalarForm) {
         const internal::ScreenCounts count = internal::ScreenAndCastWith(
             static_cast<internal::ScreenIsa>(isa), theta.data(), m.data(), v.data(), n, sc,
             idx.data(), old.data(), cast.data());
-        const std::string where = "isa " + std::to_string(isa) + " order " + std::to_string(order) +
-                                  " n " + std::to_string(n);
+        const std::string where = "isa " + std::to_string(isa) + " config " +
+                                  std::to_string(config) + " n " + std::to_string(n);
         ASSERT_EQ(count.flagged, flagged_before[n]) << where;
         idx.resize(count.kept);
         old.resize(count.kept);
@@ -84,6 +86,53 @@ TEST(EngineScreen, EveryWidthMatchesTheScalarForm) {
         }
         if (n < kN) {
           ASSERT_EQ(cast[n], 0x1234) << where << ": wrote past n";
+        }
+      }
+    }
+  }
+}
+
+// Every width computes each element's update bit for bit as ScreenUpdate
+// (the step's own rounding), for every order, including kTorchCudaFused's
+// FP64 eps addition: with eps = 1e-3 it gives other bits than an FP32
+// addition on many elements, so a width that added in FP32 would fail.
+TEST(EngineScreen, EveryWidthComputesTheStepsUpdate) {
+  std::mt19937_64 rng(17);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::uniform_real_distribution<float> decade(-12.0f, 0.0f);
+  constexpr size_t kN = (1 << 15) + 13;
+  std::vector<float> m(kN), v(kN), u(kN);
+  for (size_t i = 0; i < kN; ++i) {
+    m[i] = std::pow(10.0f, decade(rng)) * g(rng);
+    v[i] = i % 101 == 0 ? 0.0f : std::pow(10.0f, 2 * decade(rng)) * (0.5f + std::abs(g(rng)));
+  }
+  const auto best = static_cast<int>(internal::BestScreenIsa());
+  for (int order = 0; order < 5; ++order) {
+    for (double eps : {1e-8, 1e-3}) {
+      kernels::AdamWParams p;
+      p.lr = 1e-3;
+      p.eps = eps;
+      p.step = 7;
+      p.order = static_cast<kernels::AdamWOrder>(order);
+      const auto sc = internal::MakeScreenScalars(kernels::MakeAdamWScalars(p));
+      size_t eps_f64_matters = 0;
+      for (size_t i = 0; i < kN; ++i) {
+        namespace rn = kernels::rn;
+        const float f32_denom = rn::Add(rn::Div(rn::Sqrt(v[i]), sc.s.bc2_sqrt), sc.s.eps);
+        const float f32_sum = rn::Div(rn::Mul(sc.s.neg_step_size, m[i]), f32_denom);
+        eps_f64_matters += kernels::FloatBits(f32_sum) !=
+                           kernels::FloatBits(internal::ScreenUpdate(m[i], v[i], sc.s));
+      }
+      if (p.order == kernels::AdamWOrder::kTorchCudaFused && eps == 1e-3) {
+        EXPECT_GT(eps_f64_matters, kN / 100);
+      }
+      for (int isa = 0; isa <= best; ++isa) {
+        internal::ScreenUpdatesWith(static_cast<internal::ScreenIsa>(isa), m.data(), v.data(), kN,
+                                    sc, u.data());
+        for (size_t i = 0; i < kN; ++i) {
+          ASSERT_EQ(kernels::FloatBits(u[i]),
+                    kernels::FloatBits(internal::ScreenUpdate(m[i], v[i], sc.s)))
+              << "isa " << isa << " order " << order << " eps " << eps << " element " << i;
         }
       }
     }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/parallel.h"
+#include "sync/publish/internal/engine_screen_update_x86.h"
 #include "sync/publish/internal/engine_screen_x86.h"
 
 #if defined(DTE_SCREEN_X86)
@@ -65,8 +66,6 @@ ScreenCounts ScreenSse2(const float* theta, const float* m, const float* v, size
                         const ScreenScalars& c, uint32_t* idx_out, uint32_t* old_out,
                         uint16_t* bf16_out) {
   const __m128i abs_mask = _mm_set1_epi32(0x7FFFFFFF), one = _mm_set1_epi32(1);
-  const bool cpu = c.s.order == kernels::AdamWOrder::kTorchCpu;
-  const bool mul_bc2 = c.s.order == kernels::AdamWOrder::kTorchCudaSingleTensor;
   size_t i = 0, k = 0;
   for (; i + 4 <= n; i += 4) {
     const __m128 t = _mm_loadu_ps(theta + i), mm = _mm_loadu_ps(m + i), vv = _mm_loadu_ps(v + i);
@@ -82,13 +81,7 @@ ScreenCounts ScreenSse2(const float* theta, const float* m, const float* v, size
       _mm_storel_epi64(reinterpret_cast<__m128i*>(bf16_out + i), _mm_packs_epi32(r, r));
     }
     const __m128 a = _mm_castsi128_ps(a_bits);
-    const __m128 root = _mm_sqrt_ps(vv);
-    const __m128 scaled = mul_bc2 ? _mm_mul_ps(root, _mm_set1_ps(c.s.inv_bc2_sqrt))
-                                  : _mm_div_ps(root, _mm_set1_ps(c.s.bc2_sqrt));
-    const __m128 denom = _mm_add_ps(scaled, _mm_set1_ps(c.s.eps));
-    const __m128 nss = _mm_set1_ps(c.s.neg_step_size);
-    const __m128 u =
-        cpu ? _mm_div_ps(_mm_mul_ps(nss, mm), denom) : _mm_mul_ps(nss, _mm_div_ps(mm, denom));
+    const __m128 u = Update4(mm, vv, c);
     const __m128 au = _mm_and_ps(u, _mm_castsi128_ps(abs_mask));
     const __m128 bound =
         _mm_add_ps(_mm_mul_ps(_mm_add_ps(au, _mm_mul_ps(a, _mm_set1_ps(c.k1))), _mm_set1_ps(c.inv)),
@@ -188,6 +181,62 @@ ScreenCounts ScreenAndCastWith(ScreenIsa isa, const float* theta, const float* m
     default:
       return sd::ScreenScalarRange(theta, m, v, 0, n, c, idx_out, old_out, bf16_out, {});
   }
+}
+
+namespace {
+
+#if defined(DTE_SCREEN_X86)
+// ScreenUpdatesWith's whole vectors; each returns where the scalar tail starts.
+size_t UpdatesSse2(const float* m, const float* v, size_t n, const ScreenScalars& c, float* u) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    _mm_storeu_ps(u + i, screen_detail::Update4(_mm_loadu_ps(m + i), _mm_loadu_ps(v + i), c));
+  }
+  return i;
+}
+
+DTE_AVX2 size_t UpdatesAvx2(const float* m, const float* v, size_t n, const ScreenScalars& c,
+                            float* u) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(u + i,
+                     screen_detail::Update8(_mm256_loadu_ps(m + i), _mm256_loadu_ps(v + i), c));
+  }
+  return i;
+}
+
+DTE_AVX512 size_t UpdatesAvx512(const float* m, const float* v, size_t n, const ScreenScalars& c,
+                                float* u) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(u + i,
+                     screen_detail::Update16(_mm512_loadu_ps(m + i), _mm512_loadu_ps(v + i), c));
+  }
+  return i;
+}
+#endif  // DTE_SCREEN_X86
+
+}  // namespace
+
+void ScreenUpdatesWith(ScreenIsa isa, const float* m, const float* v, size_t n,
+                       const ScreenScalars& c, float* u_out) {
+  size_t i = 0;
+  switch (isa) {
+#if defined(DTE_SCREEN_X86)
+    case ScreenIsa::kAvx512:
+      i = UpdatesAvx512(m, v, n, c, u_out);
+      break;
+    case ScreenIsa::kAvx2:
+      i = UpdatesAvx2(m, v, n, c, u_out);
+      break;
+    case ScreenIsa::kSse2:
+      i = UpdatesSse2(m, v, n, c, u_out);
+      break;
+#endif
+    default:
+      break;
+  }
+  for (; i < n; ++i) u_out[i] = ScreenUpdate(m[i], v[i], c.s);
 }
 
 ScreenCounts ScreenAndCast(const float* theta, const float* m, const float* v, size_t n,

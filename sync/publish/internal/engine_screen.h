@@ -7,9 +7,12 @@
 // previous weight x satisfies |x - theta| <= B with
 //   B = (|u| + |theta| * (|1 - decay| + 2^-22 max(decay, 1))) / (decay (1 - 2^-24))
 // (one rounding of the sum, relative error <= 2^-24 |theta|; one of the
-// product, <= 2^-24 relative; docs/engine.md). If theta's distance to both
-// BF16 rounding ties of its BF16 value exceeds B, every such x rounds to the
-// same BF16 bits: the element did not change (CertainlyUnchanged). The bound
+// product, <= 2^-24 relative; docs/engine.md). The fused CUDA orders' decay
+// fma(-lr_wd, x, x) is within 2^-23 + 2^-50 of x * decay (decay =
+// fp32(1 - lr_wd)), which the 2^-22 term and the allowance below cover.
+// If theta's distance to both BF16 rounding ties of its BF16 value exceeds
+// B, every such x rounds to the same BF16 bits: the element did not change
+// (CertainlyUnchanged). The bound
 // is evaluated in FP32 with a 2^-19 relative and 2^-140 absolute allowance
 // for its own rounding. The elements it does not rule out are the
 // candidates ("flagged").
@@ -70,13 +73,11 @@ struct ScreenScalars {
 
 ScreenScalars MakeScreenScalars(const kernels::AdamWScalars& s);
 
-// |update| of the step for (m, v), as the step computed it.
+// The update of the step for (m, v), as the step computed it (for the
+// fused multiply-add orders, the rounded product).
 DTE_HD float ScreenUpdate(float m, float v, const kernels::AdamWScalars& s) {
-  const float denom = kernels::AdamWDenom(v, s);
-  if (s.order == kernels::AdamWOrder::kTorchCpu) {
-    return kernels::rn::Div(kernels::rn::Mul(s.neg_step_size, m), denom);
-  }
-  return kernels::rn::Mul(s.neg_step_size, kernels::rn::Div(m, denom));
+  if (kernels::AdamWAddsRoundedUpdate(s.order)) return kernels::AdamWRoundedUpdate(m, v, s);
+  return kernels::rn::Mul(s.neg_step_size, kernels::rn::Div(m, kernels::AdamWDenom(v, s)));
 }
 
 // True when the element certainly kept its BF16 bits (see above). NaN and
@@ -175,5 +176,11 @@ ScreenIsa BestScreenIsa();
 ScreenCounts ScreenAndCastWith(ScreenIsa isa, const float* theta, const float* m, const float* v,
                                size_t n, const ScreenScalars& c, uint32_t* idx_out,
                                uint32_t* old_out, uint16_t* bf16_out);
+
+// u_out[i] = ScreenUpdate(m[i], v[i], c.s) for i in [0, n), computed by the
+// given width's vector form (the one its bound and signed estimate use),
+// for tests; isa must not exceed BestScreenIsa().
+void ScreenUpdatesWith(ScreenIsa isa, const float* m, const float* v, size_t n,
+                       const ScreenScalars& c, float* u_out);
 
 }  // namespace dte::internal

@@ -3,6 +3,7 @@
 // build stays baseline x86-64.
 #include <algorithm>
 
+#include "sync/publish/internal/engine_screen_update_x86.h"
 #include "sync/publish/internal/engine_screen_x86.h"
 
 #if defined(DTE_SCREEN_X86)
@@ -10,8 +11,6 @@
 
 namespace dte::internal::screen_detail {
 namespace {
-
-#define DTE_AVX2 __attribute__((target("avx2,popcnt")))
 
 // Elements pass 1 prefetches ahead of the ones it reads.
 constexpr size_t kPrefetchAhead = 512;
@@ -71,18 +70,6 @@ DTE_AVX2 inline __m256i Inside(const Cell8& e, __m256 bound) {
   const __m256 in = _mm256_and_ps(_mm256_cmp_ps(e.below, bound, _CMP_GT_OQ),
                                   _mm256_cmp_ps(e.above, bound, _CMP_GT_OQ));
   return _mm256_and_si256(_mm256_castps_si256(in), e.ok);
-}
-
-// ScreenUpdate of 8 lanes.
-DTE_AVX2 inline __m256 Update8(__m256 mm, __m256 vv, const ScreenScalars& c) {
-  const __m256 root = _mm256_sqrt_ps(vv);
-  const __m256 scaled = c.s.order == kernels::AdamWOrder::kTorchCudaSingleTensor
-                            ? _mm256_mul_ps(root, _mm256_set1_ps(c.s.inv_bc2_sqrt))
-                            : _mm256_div_ps(root, _mm256_set1_ps(c.s.bc2_sqrt));
-  const __m256 denom = _mm256_add_ps(scaled, _mm256_set1_ps(c.s.eps));
-  const __m256 nss = _mm256_set1_ps(c.s.neg_step_size);
-  return c.s.order == kernels::AdamWOrder::kTorchCpu ? _mm256_div_ps(_mm256_mul_ps(nss, mm), denom)
-                                                     : _mm256_mul_ps(nss, _mm256_div_ps(mm, denom));
 }
 
 // CertainlyUnchanged and ScreenOldBits of 8 lanes, the same operations in
@@ -336,7 +323,6 @@ DTE_AVX2 ScreenCounts ScreenAvx2(const float* theta, const float* m, const float
 
 namespace {
 
-#define DTE_AVX512 __attribute__((target("avx512f,popcnt")))
 // The maskz forms below: GCC 12's unmasked ones trip -Wmaybe-uninitialized.
 constexpr __mmask16 kAll16 = 0xFFFF;
 
@@ -372,15 +358,7 @@ DTE_AVX512 inline Ties16 TiesOf(__m512 t) {
 DTE_AVX512 inline __mmask16 ExactUnchanged16(__m512 t, __m512 mm, __m512 vv,
                                              const ScreenScalars& c) {
   const Ties16 e = TiesOf(t);
-  const __m512 root = _mm512_maskz_sqrt_ps(kAll16, vv);
-  const __m512 scaled = c.s.order == kernels::AdamWOrder::kTorchCudaSingleTensor
-                            ? _mm512_mul_ps(root, _mm512_set1_ps(c.s.inv_bc2_sqrt))
-                            : _mm512_div_ps(root, _mm512_set1_ps(c.s.bc2_sqrt));
-  const __m512 denom = _mm512_add_ps(scaled, _mm512_set1_ps(c.s.eps));
-  const __m512 nss = _mm512_set1_ps(c.s.neg_step_size);
-  const __m512 u = c.s.order == kernels::AdamWOrder::kTorchCpu
-                       ? _mm512_div_ps(_mm512_mul_ps(nss, mm), denom)
-                       : _mm512_mul_ps(nss, _mm512_div_ps(mm, denom));
+  const __m512 u = Update16(mm, vv, c);
   const __m512 au =
       _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(u), _mm512_set1_epi32(0x7FFFFFFF)));
   const __m512 bound =
