@@ -71,11 +71,24 @@ enum dte_dtype {
   DTE_DTYPE_OTHER = 255,
 };
 
-/* Which PyTorch kernel produced the update (kernels/adamw_math.h). */
+/* Which PyTorch kernel produced the update (kernels/adamw_math.h AdamWOrder;
+ * docs/engine.md "Fused AdamW"). torch.optim.AdamW with amsgrad=False,
+ * maximize=False on FP32 parameters:
+ *   0 DTE_ORDER_TORCH_CPU                CPU tensors: foreach False or True, and
+ *                                        fused=True (the same FP32 operations)
+ *   1 DTE_ORDER_TORCH_CUDA_FOREACH       CUDA tensors, foreach=True (the default)
+ *   2 DTE_ORDER_TORCH_CUDA_SINGLE_TENSOR CUDA tensors, foreach=False
+ *   3 DTE_ORDER_TORCH_CUDA_FUSED         CUDA tensors, fused=True, torch 2.4 to 2.10
+ *                                        (capturable or not; lr a float or a tensor,
+ *                                        whose value is then given as lr)
+ *   4 DTE_ORDER_TORCH_CUDA_FUSED_FP32    CUDA tensors, fused=True, torch 2.11 and later
+ * Other values are refused with DTE_INVALID_ARGUMENT. */
 enum dte_adamw_order {
   DTE_ORDER_TORCH_CPU = 0,
   DTE_ORDER_TORCH_CUDA_FOREACH = 1,
   DTE_ORDER_TORCH_CUDA_SINGLE_TENSOR = 2,
+  DTE_ORDER_TORCH_CUDA_FUSED = 3,
+  DTE_ORDER_TORCH_CUDA_FUSED_FP32 = 4,
 };
 
 typedef struct dte_publisher dte_publisher;

@@ -125,6 +125,9 @@ TEST_F(CApiTest, ErrorsCarryCodesAndMessages) {
   dte_adamw_step bad = Step();
   bad.order = 17;
   EXPECT_EQ(dte_publisher_publish_adamw(pub, &bad, &param, 1, &r), DTE_INVALID_ARGUMENT);
+  bad.order = DTE_ORDER_TORCH_CUDA_FUSED_FP32 + 1;  // one past the last order
+  EXPECT_EQ(dte_publisher_publish_adamw(pub, &bad, &param, 1, &r), DTE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dte_last_error()).find("unknown AdamW order 5"), std::string::npos);
   EXPECT_EQ(dte_publisher_import(pub, (tmp_.path() + "/missing").c_str(), nullptr), DTE_NOT_FOUND);
   dte_publisher_close(pub);
 }

@@ -42,7 +42,7 @@ int ToStep(const dte_adamw_step& in, dte::AdamWStep* h) {
   h->step = in.step;
   h->amsgrad = in.amsgrad != 0;
   h->maximize = in.maximize != 0;
-  if (in.order < 0 || in.order > DTE_ORDER_TORCH_CUDA_SINGLE_TENSOR) {
+  if (in.order < 0 || in.order > DTE_ORDER_TORCH_CUDA_FUSED_FP32) {
     return FailWith(DTE_INVALID_ARGUMENT, "unknown AdamW order " + std::to_string(in.order));
   }
   h->order = static_cast<dte::kernels::AdamWOrder>(in.order);
