@@ -145,6 +145,7 @@ json Fp8Json(const Fp8Reader* fp8) {
   return {{"scale", o.rule == kernels::Fp8ScaleRule::kPowerOfTwo ? "pow2" : "plain"},
           {"block", {o.block_rows, o.block_cols}},
           {"keep_modules", o.policy.skip_modules},
+          {"partial_blocks", o.policy.quantize_partial_blocks},
           {"views_built", s.views_built},
           {"view_failures", s.view_failures},
           {"rows_quantized", s.rows_quantized},

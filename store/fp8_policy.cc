@@ -16,9 +16,15 @@ bool SkippedComponent(const Fp8Policy& p, std::string_view c) {
                      [&](const std::string& s) { return c.find(s) != std::string_view::npos; });
 }
 
+// Whether n elements are a whole number of blocks of side b (b >= 1; a
+// side of 0 is no block, and nothing is a multiple of it).
+bool WholeBlocks(int64_t n, uint64_t b) {
+  return b != 0 && n >= 0 && static_cast<uint64_t>(n) % b == 0;
+}
+
 }  // namespace
 
-Fp8Decision DecideFp8(const Fp8Policy& policy, std::string_view name, DType dtype,
+Fp8Decision DecideFp8(const Fp8Policy& policy, Fp8Block block, std::string_view name, DType dtype,
                       std::span<const int64_t> shape) {
   if (dtype != DType::kBF16) return Fp8Decision::kNotBf16;
   if (shape.size() != 2) return Fp8Decision::kNot2d;
@@ -28,6 +34,10 @@ Fp8Decision DecideFp8(const Fp8Policy& policy, std::string_view name, DType dtyp
     const size_t dot = module.find('.');
     if (SkippedComponent(policy, module.substr(0, dot))) return Fp8Decision::kSkippedModule;
     module = dot == std::string_view::npos ? std::string_view{} : module.substr(dot + 1);
+  }
+  if (!policy.quantize_partial_blocks &&
+      !(WholeBlocks(shape[0], block.rows) && WholeBlocks(shape[1], block.cols))) {
+    return Fp8Decision::kNotBlockMultiple;
   }
   return Fp8Decision::kQuantize;
 }
@@ -44,6 +54,8 @@ std::string_view Fp8DecisionName(Fp8Decision d) {
       return "not a weight";
     case Fp8Decision::kSkippedModule:
       return "skipped module";
+    case Fp8Decision::kNotBlockMultiple:
+      return "shape not a multiple of the block";
   }
   return "unknown";
 }

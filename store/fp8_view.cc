@@ -18,10 +18,14 @@ std::string ModuleOf(std::string_view weight_name) {
 }
 
 // Why a tensor stays as stored, for Find's message.
-std::string KeptReason(Fp8Decision d, const TensorEntry& t) {
+std::string KeptReason(Fp8Decision d, const TensorEntry& t, Fp8Block block) {
   std::string why(Fp8DecisionName(d));
   if (d == Fp8Decision::kNot2d) why += " (shape " + ShapeString(t.shape) + ")";
   if (d == Fp8Decision::kNotBf16) why += std::string(" (") + DTypeName(t.dtype) + ")";
+  if (d == Fp8Decision::kNotBlockMultiple) {
+    why += " (shape " + ShapeString(t.shape) + ", block " + std::to_string(block.rows) + " x " +
+           std::to_string(block.cols) + ")";
+  }
   return why;
 }
 
@@ -156,16 +160,21 @@ Status Fp8View::BuildSafetensors(const Fp8ViewSource& source, uint32_t file) {
   return Status::Ok();
 }
 
+void Fp8View::Keep(const FileEntry& f, const TensorEntry& t, Fp8Decision d, FileLayout* l) {
+  if (ListedAsNotConverted(d)) not_converted_.push_back(ModuleOf(t.name));
+  kept_[t.name] = KeptReason(d, t, {options_.block_rows, options_.block_cols});
+  l->infos.push_back({t.name, t.dtype, t.shape, l->at, l->at + t.bytes()});
+  AddPart({l->at, t.bytes(), Fp8PartKind::kCopy, f.header_size + t.begin, 0}, &l->parts);
+  l->at += t.bytes();
+}
+
 Status Fp8View::LayOut(uint32_t file, uint32_t k, FileLayout* l) {
   const FileEntry& f = manifest_->files[file];
   const TensorEntry& t = f.tensors[k];
-  const Fp8Decision d = DecideFp8(options_.policy, t.name, t.dtype, t.shape);
+  const Fp8Decision d = DecideFp8(options_.policy, {options_.block_rows, options_.block_cols},
+                                  t.name, t.dtype, t.shape);
   if (d != Fp8Decision::kQuantize) {
-    if (d == Fp8Decision::kSkippedModule) not_converted_.push_back(ModuleOf(t.name));
-    kept_[t.name] = KeptReason(d, t);
-    l->infos.push_back({t.name, t.dtype, t.shape, l->at, l->at + t.bytes()});
-    AddPart({l->at, t.bytes(), Fp8PartKind::kCopy, f.header_size + t.begin, 0}, &l->parts);
-    l->at += t.bytes();
+    Keep(f, t, d, l);
     return Status::Ok();
   }
   Fp8Tensor q;

@@ -3,17 +3,18 @@
 //
 // Every file of the version has a counterpart of the same name:
 //   - a safetensors file keeps its tensors in order, except that each tensor
-//     the policy quantizes (DecideFp8) becomes F8_E4M3 of the same shape and
-//     is followed at once by "<module>.weight_scale_inv" (F32, shape
-//     [ceil(rows / block_rows), ceil(cols / block_cols)]); offsets are laid
-//     out again and the header is written as safetensors writes it (the
-//     original "__metadata__" kept, padded with spaces to 8 bytes);
+//     the policy quantizes (DecideFp8 with the view's block) becomes F8_E4M3
+//     of the same shape and is followed at once by
+//     "<module>.weight_scale_inv" (F32, shape [ceil(rows / block_rows),
+//     ceil(cols / block_cols)]); offsets are laid out again and the header
+//     is written as safetensors writes it (the original "__metadata__"
+//     kept, padded with spaces to 8 bytes);
 //   - model.safetensors.index.json gains the scale tensors in their files'
 //     weight_map entries, and metadata.total_size the view's tensor bytes;
 //   - config.json gains a quantization_config: quant_method "fp8", fmt
 //     "e4m3", activation_scheme "dynamic", weight_block_size, and
 //     modules_to_not_convert (the module paths of the BF16 2-D weights the
-//     policy skipped); the power-of-two rule adds scale_fmt "ue8m0". A
+//     policy skipped, ListedAsNotConverted); the power-of-two rule adds scale_fmt "ue8m0". A
 //     config.json that already has a quantization_config is refused;
 //   - every other file is unchanged.
 // Each view file is a list of parts that cover it in order; a part says
@@ -118,7 +119,8 @@ class Fp8View {
   const Fp8ViewOptions& options() const { return options_; }
   const std::vector<Fp8ViewFile>& files() const { return files_; }
   const std::vector<Fp8Tensor>& tensors() const { return tensors_; }
-  // Module paths of the BF16 2-D weights left unquantized (sorted).
+  // Module paths of the BF16 2-D weights left unquantized: skipped modules
+  // and shapes off the block (sorted).
   const std::vector<std::string>& not_converted() const { return not_converted_; }
 
   // The parts of file `file` that overlap [offset, offset + len).
@@ -134,6 +136,8 @@ class Fp8View {
   Status BuildSafetensors(const Fp8ViewSource& source, uint32_t file);
   // Tensor k of safetensors file `file`: kept, or its E4M3 form and scales.
   Status LayOut(uint32_t file, uint32_t k, FileLayout* layout);
+  // Tensor t of file f as stored, for decision d (listed, and why, if kept).
+  void Keep(const FileEntry& f, const TensorEntry& t, Fp8Decision d, FileLayout* layout);
   Status BuildIndex(const std::string& bytes, Fp8ViewFile* out) const;
   Status BuildConfig(const std::string& bytes, Fp8ViewFile* out) const;
   std::string What(std::string_view file) const;

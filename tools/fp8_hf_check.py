@@ -11,9 +11,10 @@ makes of it.
    the BF16 tensor, bytes and `weight_scale_inv` scales bit for bit; every
    other tensor is the BF16 tensor unchanged; the quantized set is what the
    public FP8 checkpoints quantize (the linear projections of attention and
-   MLP); config.json's quantization_config names the block size and the
-   modules left in BF16. Files are read with the real `safetensors`
-   package.
+   MLP) whose rows and columns are whole blocks (transformers' fine-grained
+   FP8 refuses other shapes); config.json's quantization_config names the
+   block size and the modules left in BF16. Files are read with the real
+   `safetensors` package.
 2. With --gpu (a CUDA device, torch >= 2.1 and a transformers with
    fine-grained FP8, 4.49 or newer): writes a directory quantized by the
    reference from the BF16 directory (its own config.json), loads it and the
@@ -66,10 +67,29 @@ def quantization_config(directory: Path) -> dict:
     return q
 
 
-def expected_fp8(name: str, dtype: str, shape) -> bool:
+def projection(name: str, dtype: str, shape) -> bool:
     module = name[: -len(".weight")] if name.endswith(".weight") else None
     return (dtype == "BF16" and len(shape) == 2 and module is not None
             and module.split(".")[-1] in PROJECTIONS)
+
+
+def whole_blocks(shape, br: int, bc: int) -> bool:
+    return shape[0] % br == 0 and shape[1] % bc == 0
+
+
+def expected_fp8(name: str, dtype: str, shape, br: int, bc: int) -> bool:
+    return projection(name, dtype, shape) and whole_blocks(shape, br, bc)
+
+
+def check_kept(where: str, name: str, bf16, got, block) -> None:
+    """A tensor the view must keep as stored: unchanged, and a projection
+    that is not whole blocks not quantized anyway."""
+    (dtype, shape, array), (got_dtype, _, got_array, _) = bf16, got
+    if got_dtype == "F8_E4M3" and projection(name, dtype, shape):
+        raise CheckFailed(f"{where}: {name} {shape} is F8_E4M3 but not whole {block[0]}x"
+                          f"{block[1]} blocks: transformers' fine-grained FP8 refuses it")
+    if got_dtype != dtype or got_array.tobytes() != array.tobytes():
+        raise CheckFailed(f"{where}: {name} should be the {dtype} tensor unchanged")
 
 
 def check_tensors(bf16_dir: Path, fp8_dir: Path) -> dict:
@@ -85,9 +105,8 @@ def check_tensors(bf16_dir: Path, fp8_dir: Path) -> dict:
         got_dtype, got_shape, got, file = fp8[name]
         if got_shape != shape:
             raise CheckFailed(f"{fp8_dir}/{file}: {name} has shape {got_shape}, not {shape}")
-        if not expected_fp8(name, dtype, shape):
-            if got_dtype != dtype or got.tobytes() != array.tobytes():
-                raise CheckFailed(f"{fp8_dir}/{file}: {name} should be the {dtype} tensor unchanged")
+        if not expected_fp8(name, dtype, shape, br, bc):
+            check_kept(f"{fp8_dir}/{file}", name, (dtype, shape, array), fp8[name], (br, bc))
             continue
         if got_dtype != "F8_E4M3":
             raise CheckFailed(f"{fp8_dir}/{file}: {name} is {got_dtype}, expected F8_E4M3")

@@ -120,7 +120,10 @@ Status Fp8StatsReader::CountVersion(const std::shared_ptr<const Version>& v,
   const std::string vname = VersionName(v->manifest.version);
   for (const FileEntry& f : v->manifest.files) {
     for (const TensorEntry& t : f.tensors) {
-      if (!QuantizeAsFp8(options_.policy, t.name, t.dtype, t.shape)) continue;
+      if (!QuantizeAsFp8(options_.policy, {options_.block_rows, options_.block_cols}, t.name,
+                         t.dtype, t.shape)) {
+        continue;
+      }
       const auto rows = static_cast<uint64_t>(t.shape[0]), cols = static_cast<uint64_t>(t.shape[1]);
       auto at = parent->manifest.FindTensor(t.name);
       if (!at || !SameLayout(*at->tensor, t)) {

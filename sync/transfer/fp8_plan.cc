@@ -7,9 +7,12 @@
 namespace dte {
 namespace {
 
-Fp8Decision Decide(const Fp8Policy& policy, const PlanTensor& t) {
+// The policy with the receiver's own block, on the canonical tensor: what
+// a view of that block shows (so a receiver of another block than the
+// mount's decides for its block).
+Fp8Decision Decide(const Fp8ReceiverOptions& o, const PlanTensor& t) {
   std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
-  return DecideFp8(policy, t.name, t.dtype, shape);
+  return DecideFp8(o.policy, {o.block_rows, o.block_cols}, t.name, t.dtype, shape);
 }
 
 uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -89,7 +92,7 @@ void DecideTensors(const TransferPlan& plan, int rank, Fp8ReceiverPlan* out) {
     Fp8ReceiverTensor& t = out->tensors[op.receiver_tensor];
     seen[op.receiver_tensor] = 1;
     if (t.decision == Fp8Decision::kQuantize && !out->canonical_fp8[op.canonical]) {
-      t.decision = Decide(out->options.policy, plan.canonical[op.canonical]);
+      t.decision = Decide(out->options, plan.canonical[op.canonical]);
     }
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -141,7 +144,7 @@ Result<Fp8ReceiverPlan> MakeFp8ReceiverPlan(const TransferPlan& plan, int receiv
   out.ops_by_canonical.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const PlanTensor& t = plan.canonical[i];
-    if (Decide(options.policy, t) != Fp8Decision::kQuantize) continue;
+    if (Decide(options, t) != Fp8Decision::kQuantize) continue;
     out.canonical_fp8[i] = 1;
     out.canonical_layout[i] = {t.shape[0], t.shape[1], options.block_rows, options.block_cols,
                                options.rule};

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -59,11 +60,16 @@ TestCheckpoint Model(uint64_t step) {
   return c;
 }
 
-// The FP8 form of a safetensors file, quantized whole, tensor by tensor.
-std::string QuantizedFile(const TestSafetensors& in, uint64_t block) {
+// The FP8 form of a safetensors file, quantized whole, tensor by tensor:
+// the projections, with partial blocks, or (!partial) those that are whole
+// blocks.
+std::string QuantizedFile(const TestSafetensors& in, uint64_t block, bool partial = true) {
   TestSafetensors out{in.name, {}, in.metadata};
   for (const TestTensor& t : in.tensors) {
-    const bool quantize = t.shape.size() == 2 && t.name.find("_proj.weight") != std::string::npos;
+    const bool whole = t.shape.size() == 2 && t.shape[0] % static_cast<int64_t>(block) == 0 &&
+                       t.shape[1] % static_cast<int64_t>(block) == 0;
+    const bool quantize = t.shape.size() == 2 && t.name.find("_proj.weight") != std::string::npos &&
+                          (partial || whole);
     if (!quantize) {
       out.tensors.push_back(t);
       continue;
@@ -102,10 +108,14 @@ class Fp8FsTest : public ::testing::Test {
     auto r = CommitDirectory(*store_, in, o);
     ASSERT_TRUE(r.ok()) << r.status().message();
   }
-  void Mount(uint64_t cache_bytes = uint64_t{64} << 20, uint64_t block = 128) {
+  // Neither projection of the model is whole blocks of 128 (700 x 300, 64 x
+  // 64): by default the mount quantizes partial blocks (the opt-in) so that
+  // the reads of partial block rows and columns are tested.
+  void Mount(uint64_t cache_bytes = uint64_t{64} << 20, uint64_t block = 128, bool partial = true) {
     fs_ = std::make_unique<Filesystem>(store_.get(), cache_bytes);
     Fp8ViewOptions o;
     o.block_rows = o.block_cols = block;
+    o.policy.quantize_partial_blocks = partial;
     fs_->EnableFp8(o);
     ASSERT_TRUE(fs_->Refresh().ok());
   }
@@ -238,6 +248,39 @@ TEST_F(Fp8FsTest, ConfigAndIndexAreRewritten) {
   const uint64_t total = QuantizedFile(Model(0).safetensors[0], 128).size() +
                          QuantizedFile(Model(0).safetensors[1], 128).size();
   EXPECT_LT(i["metadata"]["total_size"].get<uint64_t>(), total);  // headers not counted
+}
+
+// Without the opt-in a weight that is not whole blocks is served as its
+// BF16 bytes and listed in modules_to_not_convert: under 128 x 128 blocks
+// neither projection is quantized and the shard is the BF16 file byte for
+// byte; under 64 x 64 blocks o_proj is quantized and up_proj is not.
+TEST_F(Fp8FsTest, WeightsOffTheBlockAreServedAsTheirBf16Bytes) {
+  for (uint64_t block : {uint64_t{128}, uint64_t{64}}) {
+    SCOPED_TRACE("block " + std::to_string(block));
+    Mount(uint64_t{64} << 20, block, /*partial=*/false);
+    const TestSafetensors shard = Model(1).safetensors[0];
+    const std::string want = QuantizedFile(shard, block, /*partial=*/false);
+    auto got = ReadFile(Fp8FileIno(1, kShard1), 0, want.size() + 10);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_TRUE(*got == want);
+    auto bf16 = ReadFile(test::FileIno(*fs_, 1, kShard1), 0, want.size() + 10);
+    ASSERT_TRUE(bf16.ok()) << bf16.status().message();
+    EXPECT_EQ(*got == *bf16, block == 128);
+    auto h = ParseSafetensorsFile(*got, kShard1);
+    ASSERT_TRUE(h.ok()) << h.status().message();
+    const auto up = std::find_if(h->tensors.begin(), h->tensors.end(), [](const TensorInfo& t) {
+      return t.name == "model.layers.0.mlp.up_proj.weight";
+    });
+    ASSERT_NE(up, h->tensors.end());
+    EXPECT_EQ(up->dtype, DType::kBF16);
+    EXPECT_TRUE(got->substr(h->data_offset + up->begin, up->bytes()) == shard.tensors[1].data);
+    auto config = ReadFile(Fp8FileIno(1, "config.json"), 0, 1 << 20);
+    ASSERT_TRUE(config.ok());
+    std::vector<std::string> kept = {"lm_head", "model.embed_tokens", "model.layers.0.mlp.up_proj"};
+    if (block == 128) kept.push_back("model.layers.0.self_attn.o_proj");
+    EXPECT_EQ(json::parse(*config)["quantization_config"]["modules_to_not_convert"], json(kept));
+    EXPECT_EQ(json::parse(fs_->StatusJson())["fp8"]["partial_blocks"], false);
+  }
 }
 
 TEST_F(Fp8FsTest, QuantizedConfigIsRefusedNamingTheVersion) {

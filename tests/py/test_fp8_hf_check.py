@@ -3,7 +3,9 @@ transformers on a GPU, run here without --gpu so it cannot rot: on a real
 mount it finds MOUNT/fp8/vN equal to the reference quantization of MOUNT/vN
 (both scale rules), and it fails, naming the tensor, on a copy of the FP8
 directory with one weight byte changed, one scale changed, or a
-config.json that does not list the modules left in BF16."""
+config.json that does not list the modules left in BF16, and on a mount
+that quantizes partial blocks (dtefs --fp8-partial-blocks), which
+transformers cannot load."""
 
 import json
 import os
@@ -43,6 +45,21 @@ def test_mount_equals_the_reference(tmp_path, store, rule):
         r = check(Path(m.path) / "v00000001", Path(m.path) / "fp8" / "v00000001")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "equal the reference quantization" in r.stdout and f"({rule} scales" in r.stdout
+
+
+def test_partial_blocks_fail_naming_the_tensor(tmp_path, store):
+    """k_proj and v_proj (64 x 256) are not whole 128 x 128 blocks: the
+    default view keeps them BF16 (and lists them); a partial-blocks mount
+    quantizes them, which the check refuses."""
+    with fs_util.mounts(tmp_path) as start:
+        m = start(store)
+        config = json.loads((Path(m.path) / "fp8" / "v00000001" / "config.json").read_text())
+        assert "model.layers.0.self_attn.k_proj" in (
+            config["quantization_config"]["modules_to_not_convert"])
+        m = start(store, "--fp8-partial-blocks")
+        r = check(Path(m.path) / "v00000001", Path(m.path) / "fp8" / "v00000001")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "k_proj.weight [64, 256] is F8_E4M3 but not whole 128x128 blocks" in r.stdout, r.stdout
 
 
 def copy_fp8(tmp_path, store):

@@ -47,13 +47,16 @@ def mount(tmp_path):
         yield start
 
 
-def quantized(name, dtype, shape, keep=()):
+def quantized(name, dtype, shape, block, keep=(), partial=False):
     """The default policy of store/fp8_policy.h for a dense Llama, with the
-    modules of `keep` (dtefs --fp8-keep) also left in BF16."""
+    modules of `keep` (dtefs --fp8-keep) also left in BF16, and a weight
+    whose rows or columns are not a multiple of `block` too (unless
+    partial: dtefs --fp8-partial-blocks)."""
     module = name[: -len(".weight")]
     return (dtype == "BF16" and len(shape) == 2 and name.endswith(".weight")
             and name != "lm_head.weight" and not any(s in module for s in SKIPPED)
-            and not set(module.split(".")) & set(keep))
+            and not set(module.split(".")) & set(keep)
+            and (partial or (shape[0] % block == 0 and shape[1] % block == 0)))
 
 
 def header_order(path):
@@ -65,12 +68,12 @@ def header_order(path):
     return [k for _, k in sorted(entries)], header.get("__metadata__")
 
 
-def check_safetensors(src, got, block, rule, keep):
+def check_safetensors(src, got, block, rule, keep, partial):
     want = read_safetensors(src)
     have = read_safetensors(got)
     names = []
     for name, (dtype, shape, arr) in want.items():
-        if not quantized(name, dtype, shape, keep):
+        if not quantized(name, dtype, shape, block, keep, partial):
             assert have[name][:2] == (dtype, shape), name
             assert have[name][2].dtype == NUMPY_DTYPE[dtype], name
             assert have[name][2].tobytes() == arr.tobytes(), name
@@ -92,7 +95,9 @@ def check_safetensors(src, got, block, rule, keep):
     return len(names) // 2
 
 
-def check_version(src, fp8_dir, block=128, rule="plain", keep=()):
+def check_version(src, fp8_dir, per_layer, block=128, rule="plain", keep=(), partial=False):
+    """MOUNT/fp8/vN against the reference; per_layer: how many of each
+    layer's 7 projections are quantized."""
     assert sorted(os.listdir(fp8_dir)) == sorted(os.listdir(src))
     with open(os.path.join(src, "config.json")) as f:
         config = json.load(f)
@@ -102,22 +107,24 @@ def check_version(src, fp8_dir, block=128, rule="plain", keep=()):
         got = os.path.join(fp8_dir, name)
         if name.endswith(".safetensors"):
             quantized_tensors += check_safetensors(os.path.join(src, name), got, block, rule,
-                                                   keep)
+                                                   keep, partial)
             tensor_bytes += sum(a.nbytes for _, _, a in read_safetensors(got).values())
         elif name not in ("config.json", "model.safetensors.index.json"):
             with open(os.path.join(src, name), "rb") as a, open(got, "rb") as b:
                 assert a.read() == b.read(), name
-    assert quantized_tensors == 3 * (7 - len(keep))  # q, k, v, o, gate, up, down per layer
+    assert quantized_tensors == 3 * per_layer  # of q, k, v, o, gate, up, down
+    shapes = {n: (d, s) for f in os.listdir(src) if f.endswith(".safetensors")
+              for n, (d, s, _) in read_safetensors(os.path.join(src, f)).items()}
+    kept = [n[: -len(".weight")] for n, (d, s) in shapes.items()
+            if d == "BF16" and len(s) == 2 and "layers" in n
+            and not quantized(n, d, s, block, keep, partial)]
     with open(os.path.join(fp8_dir, "config.json")) as f:
         got_config = json.load(f)
     q = got_config.pop("quantization_config")
     assert got_config == config
     want_q = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
               "weight_block_size": [block, block],
-              "modules_to_not_convert": sorted(
-                  ["lm_head", "model.embed_tokens"]
-                  + [n[: -len(".weight")] for n in config_names(src)
-                     if n.endswith(".weight") and set(n.split(".")) & set(keep)])}
+              "modules_to_not_convert": sorted(["lm_head", "model.embed_tokens"] + kept)}
     if rule == "pow2":
         want_q["scale_fmt"] = "ue8m0"
     assert q == want_q
@@ -127,16 +134,10 @@ def check_version(src, fp8_dir, block=128, rule="plain", keep=()):
         got_index = json.load(f)
     weight_map = dict(index["weight_map"])
     for name, shard in index["weight_map"].items():
-        if quantized(name, "BF16", [0, 0], keep) and "layers" in name:
+        if quantized(name, *shapes[name], block, keep, partial):
             weight_map[name + "_scale_inv"] = shard
     assert got_index["weight_map"] == weight_map
     assert got_index["metadata"]["total_size"] == tensor_bytes
-
-
-def config_names(src):
-    """Every tensor name of the checkpoint at src (from its index)."""
-    with open(os.path.join(src, "model.safetensors.index.json")) as f:
-        return list(json.load(f)["weight_map"])
 
 
 def test_every_version_and_latest_read_as_fp8(llama, mount):
@@ -146,9 +147,11 @@ def test_every_version_and_latest_read_as_fp8(llama, mount):
     assert "fp8" in os.listdir(m.path)
     assert sorted(os.listdir(fp8)) == ["latest"] + [f"v{v:08d}" for v in range(STEPS + 1)]
     assert os.readlink(os.path.join(fp8, "latest")) == f"v{STEPS:08d}"
+    # 128 x 128 blocks divide q_proj and o_proj (256 x 256) only: k_proj
+    # and v_proj (64 rows) and the MLP (576 wide) stay BF16.
     for v in range(STEPS + 1):
-        check_version(step_dir(v), os.path.join(fp8, f"v{v:08d}"))
-    check_version(step_dir(STEPS), os.path.join(fp8, "latest"))
+        check_version(step_dir(v), os.path.join(fp8, f"v{v:08d}"), 2)
+    check_version(step_dir(STEPS), os.path.join(fp8, "latest"), 2)
     bf16 = os.stat(os.path.join(m.path, "v00000001", "model-00001-of-00003.safetensors"))
     st = os.stat(os.path.join(fp8, "v00000001", "model-00001-of-00003.safetensors"))
     assert st.st_ino != bf16.st_ino and st.st_size < bf16.st_size
@@ -162,8 +165,23 @@ def test_every_version_and_latest_read_as_fp8(llama, mount):
 def test_power_of_two_scales_and_other_blocks(llama, mount):
     store, step_dir = llama
     m = mount(store, "--fp8-scale", "pow2", "--fp8-block", "64")
-    check_version(step_dir(1), os.path.join(m.path, "fp8", "v00000001"), 64, "pow2")
+    # 64 x 64 blocks divide every projection (64, 256 and 576 = 9 x 64).
+    check_version(step_dir(1), os.path.join(m.path, "fp8", "v00000001"), 7, 64, "pow2")
     assert m.status()["fp8"]["block"] == [64, 64]
+    assert m.status()["fp8"]["partial_blocks"] is False
+
+
+def test_partial_blocks_are_quantized_when_asked_for(llama, mount):
+    """dtefs --fp8-partial-blocks (-o fp8_partial_blocks): every projection
+    is quantized under 128 x 128 blocks, k_proj, v_proj and the MLP with
+    partial last block rows or columns, scales of ceil(rows / 128) x
+    ceil(cols / 128)."""
+    store, step_dir = llama
+    for args in (["--fp8-partial-blocks"], ["-o", "fp8_partial_blocks"]):
+        m = mount(store, *args)
+        check_version(step_dir(2), os.path.join(m.path, "fp8", "v00000002"), 7, partial=True)
+        assert m.status()["fp8"]["partial_blocks"] is True
+        m.unmount()
 
 
 def test_no_fp8_hides_the_tree(llama, mount):
@@ -178,8 +196,8 @@ def test_kept_modules_stay_bf16_in_the_views(llama, mount):
     """--fp8-keep o_proj and -o fp8_keep=down_proj: those weights stay BF16,
     are listed in modules_to_not_convert, and have no scales."""
     store, step_dir = llama
-    m = mount(store, "--fp8-keep", "o_proj", "-o", "fp8_keep=down_proj")
-    check_version(step_dir(2), os.path.join(m.path, "fp8", "v00000002"),
+    m = mount(store, "--fp8-keep", "o_proj", "-o", "fp8_keep=down_proj", "--fp8-block", "64")
+    check_version(step_dir(2), os.path.join(m.path, "fp8", "v00000002"), 5, 64,
                   keep=("o_proj", "down_proj"))
     assert m.status()["fp8"]["keep_modules"][-2:] == ["o_proj", "down_proj"]
 

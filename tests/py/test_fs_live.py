@@ -123,7 +123,7 @@ def shard(state, tp, rank):
                 [a[rank * q_rows:(rank + 1) * q_rows], ks, vs])
         elif ".mlp.gate_proj." in name:
             prefix = name.split("gate_proj")[0]
-            rows = INTER // tp
+            rows = a.shape[0] // tp
             up = state[prefix + "up_proj.weight"]
             out[prefix + "gate_up_proj.weight"] = np.concatenate(
                 [a[rank * rows:(rank + 1) * rows], up[rank * rows:(rank + 1) * rows]])

@@ -13,6 +13,7 @@ The model is test_fs_live's dte-gen Llama, with AdamW steps large enough
 K/V heads (32 rows) are the receivers' split.
 """
 
+import json
 import os
 import sys
 
@@ -47,20 +48,30 @@ def mount(tmp_path, store):
         yield lambda *args, **kw: start(store, *args, **kw)
 
 
-def quantized(name):
-    """The policy's rule for this model: the projections' weights."""
-    return name.endswith("_proj.weight")
+# A fused receiver tensor and the canonical tensors it holds.
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
-def expected(state, tp, rank, rule):
+def quantized(state, name, block):
+    """The policy's rule for these models under N x N blocks: a projection's
+    weight whose canonical tensors (all parts of a fused one) are whole
+    blocks."""
+    if not name.endswith("_proj.weight"):
+        return False
+    module = name.split(".")[-2]
+    parts = [name.replace(module, p) for p in FUSED.get(module, (module,))]
+    return all(state[p].shape[0] % block == 0 and state[p].shape[1] % block == 0 for p in parts)
+
+
+def expected(state, tp, rank, rule, block=BLOCK):
     """{buffer name: (dtype, array)} of one rank: BF16 slices, and E4M3 bytes
     and F32 scales of the quantized slices."""
     out = {}
     for name, a in shard(state, tp, rank).items():
-        if not quantized(name):
+        if not quantized(state, name, block):
             out[name] = ("BF16", a)
             continue
-        q, s = ref_quantize(a, BLOCK, BLOCK, rule)
+        q, s = ref_quantize(a, block, block, rule)
         out[name] = ("F8_E4M3", q)
         out[name[:-len(".weight")] + ".weight_scale_inv"] = ("F32", s)
     return out
@@ -69,20 +80,20 @@ def expected(state, tp, rank, rule):
 class Fp8Receiver:
     """One rank's receiver: its buffers in /dev/shm, registered."""
 
-    def __init__(self, dte, mount_path, state, version, tp, rank, rule):
-        self.tp, self.rank, self.rule = tp, rank, rule
-        want = expected(state, tp, rank, rule)
-        self.w = dte.SharedWeights(f"dte-test-fp8-{os.getpid()}-{tp}-{rank}-{rule}",
+    def __init__(self, dte, mount_path, state, version, tp, rank, rule, block=BLOCK):
+        self.tp, self.rank, self.rule, self.block = tp, rank, rule, block
+        want = expected(state, tp, rank, rule, block)
+        self.w = dte.SharedWeights(f"dte-test-fp8-{os.getpid()}-{tp}-{rank}-{rule}-{block}",
                                    {k: (dt, a.shape) for k, (dt, a) in want.items()})
         for k, (_, a) in want.items():
             self.w.array(k)[...] = a.view(self.w.array(k).dtype)
         self.rx = dte.LiveReceiver(mount_path, tp=tp, rank=rank,
-                                   fp8=dte.Fp8Options(block=BLOCK, scale_rule=rule))
+                                   fp8=dte.Fp8Options(block=block, scale_rule=rule))
         self.rx.register_shared(self.w, version)
 
     def check(self, state, what):
         """Every buffer equals the reference of `state`, bit for bit."""
-        for k, (_, a) in expected(state, self.tp, self.rank, self.rule).items():
+        for k, (_, a) in expected(state, self.tp, self.rank, self.rule, self.block).items():
             got = self.w.array(k)
             assert np.array_equal(got.view(np.uint8), a.view(np.uint8)), (what, self.rank, k)
 
@@ -162,6 +173,79 @@ def test_fp8_receivers_equal_the_reference_after_every_apply(mount, gen):
             x.close()
 
 
+OFF_INTER = 344  # 43 x 8: the MLP is not whole 32 x 32 blocks
+
+
+@pytest.fixture(scope="module")
+def off_block(tmp_path_factory):
+    """(step -> checkpoint dir, store) of the same Llama with an MLP 344
+    wide, one layer, versions 0..2."""
+    root = tmp_path_factory.mktemp("fp8off")
+    args = list(MODEL_ARGS)
+    args[args.index("--intermediate") + 1] = OFF_INTER
+    args[args.index("--layers") + 1] = 1
+    gen = fs_util.generate(root / "gen", None, 2, *args, "--lr", "2e-5")
+    return gen, Dtectl(root / "store", root / "cache").import_steps(gen, 2).store
+
+
+def test_weights_off_a_receivers_block_are_written_as_bf16(tmp_path, off_block):
+    """gate_proj and up_proj (344 x 256) and down_proj (256 x 344) are not
+    whole 32 x 32 blocks: MOUNT/fp8 (--fp8-block 32) keeps them BF16 and
+    lists them in modules_to_not_convert; receivers of 32 x 32 blocks (TP 1,
+    and TP 2, whose 172-wide halves are then no FP8 split to refuse) hold
+    gate_up_proj and down_proj in BF16, refuse them as F8_E4M3, and every
+    apply writes them the target's BF16 slices, while attention stays FP8;
+    a receiver of 8 x 8 blocks (344 = 43 x 8) decides with its own block and
+    holds the MLP in FP8."""
+    sys.path.insert(0, PY_PATH)
+    import dte
+    gen, store = off_block
+    gate_up = "model.layers.0.mlp.gate_up_proj.weight"
+    mlp = (gate_up, "model.layers.0.mlp.down_proj.weight")
+    states = {v: load_raw(gen(v) / "model.safetensors") for v in range(3)}
+    with fs_util.mounts(tmp_path) as start:
+        m = start(store, "--live-version", 0, "--fp8-block", BLOCK)
+        fp8_dir = os.path.join(m.path, "fp8", "v00000000")
+        with open(os.path.join(fp8_dir, "config.json")) as f:
+            listed = json.load(f)["quantization_config"]["modules_to_not_convert"]
+        assert listed == ["lm_head", "model.embed_tokens"] + [
+            f"model.layers.0.mlp.{p}" for p in ("down_proj", "gate_proj", "up_proj")]
+        view = read_safetensors(os.path.join(fp8_dir, "model.safetensors"))
+        assert view["model.layers.0.mlp.up_proj.weight"][0] == "BF16"
+        assert view["model.layers.0.self_attn.k_proj.weight"][0] == "F8_E4M3"
+        rxs = [Fp8Receiver(dte, m.path, states[0], 0, tp, rank, "plain", block)
+               for tp, rank, block in ((1, 0, BLOCK), (2, 0, BLOCK), (2, 1, BLOCK), (1, 0, 8))]
+        try:
+            for x in rxs:
+                fp8 = x.block == 8  # the MLP's buffers: 1-byte E4M3 or 2-byte BF16
+                assert [x.w.array(k).dtype.itemsize for k in mlp] == [1 if fp8 else 2] * 2
+                assert (dte.Fp8Options.scale_name(gate_up) in x.w.tensors) == fp8
+            for target in (2, 1, 0):
+                r = apply(m.path, target)
+                assert r["to_version"] == target and r["receivers"] == len(rxs), r
+                for x in rxs:
+                    x.check(states[target], f"-> {target}")
+                for x in rxs[:3]:  # the BF16 slices, computed directly
+                    want = shard(states[target], x.tp, x.rank)
+                    for k in mlp:
+                        assert np.array_equal(x.w.array(k).view(np.uint16), want[k]), (target, k)
+            w = dte.SharedWeights(f"dte-test-fp8-off-{os.getpid()}",
+                                  {gate_up: ("F8_E4M3", [2 * OFF_INTER, HIDDEN])})
+            try:
+                with dte.LiveReceiver(m.path, fp8=dte.Fp8Options(block=BLOCK)) as r:
+                    with pytest.raises(dte.InvalidArgument,
+                                       match="gate_up_proj.weight\" is not held in FP8 "
+                                             "\\(shape not a multiple of the block\\)"):
+                        r.register(gate_up, w.name, w.offset(gate_up), "F8_E4M3",
+                                   [2 * OFF_INTER, HIDDEN])
+            finally:
+                w.close()
+                w.unlink()
+        finally:
+            for x in rxs:
+                x.close()
+
+
 def test_fp8_registrations_are_refused_naming_what_to_fix(mount):
     sys.path.insert(0, PY_PATH)
     import dte
@@ -172,12 +256,19 @@ def test_fp8_registrations_are_refused_naming_what_to_fix(mount):
                           {qkv: ("F8_E4M3", [rows, HIDDEN]),
                            "lm_head.weight": ("F8_E4M3", [VOCAB, HIDDEN])})
     try:
-        # 128-row blocks would mix K heads of both ranks: refused, naming the
+        # 64-row blocks would mix K heads of both ranks: refused, naming the
         # tensor, the split and the block.
-        with dte.LiveReceiver(m.path, tp=2, rank=0, fp8=dte.Fp8Options()) as r:
+        with dte.LiveReceiver(m.path, tp=2, rank=0, fp8=dte.Fp8Options(block=64)) as r:
             with pytest.raises(dte.InvalidArgument,
                                match=r"k_proj.weight': receiver rank 0 \(tp=2\) takes its rows "
-                                     r"\[0, 32\) of 64 .*FP8 block 128"):
+                                     r"\[0, 32\) of 64 .*FP8 block 64"):
+                r.register(qkv, w.name, w.offset(qkv), "F8_E4M3", [rows, HIDDEN])
+        # Under 128-row blocks k_proj and v_proj (64 rows) are not whole
+        # blocks: the fused qkv_proj is held in BF16, as MOUNT/fp8 keeps them.
+        with dte.LiveReceiver(m.path, tp=2, rank=0, fp8=dte.Fp8Options()) as r:
+            with pytest.raises(dte.InvalidArgument,
+                               match="qkv_proj.weight\" is not held in FP8 "
+                                     "\\(shape not a multiple of the block\\)"):
                 r.register(qkv, w.name, w.offset(qkv), "F8_E4M3", [rows, HIDDEN])
         with dte.LiveReceiver(m.path, tp=1, rank=0, fp8=dte.Fp8Options(block=BLOCK)) as r:
             with pytest.raises(dte.InvalidArgument, match="not held in FP8 \\(skipped module\\)"):

@@ -2,13 +2,16 @@
 receivers"): a trainer trains a small GQA Llama-shaped model with
 torch.optim.AdamW and publishes every step with a dte.PushGroup; a BF16
 receiver and FP8 receivers (dte.PushReceiver(fp8=dte.Fp8Options(...)),
-TP 2 fused with the plain rule, TP 1 unfused with power-of-two scales and
-partial blocks) hold every version. Each FP8 receiver must equal the
-version read back from the store, quantized per canonical tensor by the
-independent numpy + ml_dtypes reference (tests/py/fp8_ref.py) and split by
-plain slicing (tests/py/push_util.py), bit for bit. A receiver that joins
-late catches up from the store; one whose split does not fall on block
-boundaries is refused naming the tensor and the block.
+TP 2 fused with the plain rule, TP 1 unfused with power-of-two scales, TP 1
+of 64 x 64 blocks that k_proj and v_proj (32 rows) are not whole blocks
+of) hold every version. Each FP8 receiver must equal the version read back
+from the store, quantized per canonical tensor by the independent numpy +
+ml_dtypes reference (tests/py/fp8_ref.py) and split by plain slicing
+(tests/py/push_util.py), bit for bit; a weight that is not whole blocks of
+the receiver's block is held and pushed in BF16, as MOUNT/fp8 of that block
+keeps it. A receiver that joins late catches up from the store; one whose
+split does not fall on block boundaries is refused naming the tensor and
+the block.
 """
 
 import os
@@ -27,7 +30,27 @@ import dte  # noqa: E402
 
 
 def quantized(name):
+    """A projection's weight: what the policy quantizes at some block."""
     return name.endswith("proj.weight")
+
+
+# The canonical tensors of a fused receiver tensor.
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def fp8_tensors(canonical, fused, fp8):
+    """The canonical tensors an FP8 receiver holds in FP8: projections whose
+    rows and columns are whole blocks, and in a fused layout only when
+    every part of the fused tensor is."""
+    out = {n for n, t in canonical.items() if quantized(n)
+           and t.shape[0] % fp8.block_rows == 0 and t.shape[1] % fp8.block_cols == 0}
+    if fused:
+        for group in FUSED:
+            for n in [n for n in canonical if "." + group[0] + "." in n]:
+                names = [n.replace(group[0], p) for p in group]
+                if not all(x in out for x in names):
+                    out -= set(names)
+    return out
 
 
 def expected(canonical, tp, rank, fused, fp8):
@@ -37,8 +60,9 @@ def expected(canonical, tp, rank, fused, fp8):
     BF16 tensors, then one scale per block taken back."""
     br, bc = fp8.block_rows, fp8.block_cols
     parts, scales = {}, {}
+    held = fp8_tensors(canonical, fused, fp8)
     for n, t in canonical.items():
-        if not quantized(n):
+        if n not in held:
             parts[n] = t
             continue
         q, s = ref_quantize(t.view(torch.int16).numpy().view(np.uint16), br, bc, fp8.scale_rule)
@@ -135,18 +159,25 @@ def check(rx, tensors, canonical, tp, rank, fused, fp8):
 
 def test_fp8_receivers_equal_the_reference_quantization_of_every_version(trainer):
     v0 = trainer.version(0)
-    plain, pow2 = dte.Fp8Options(block=16), dte.Fp8Options(block=48, scale_rule="pow2")
+    plain, pow2 = dte.Fp8Options(block=16), dte.Fp8Options(block=32, scale_rule="pow2")
     wide = dte.Fp8Options(block=(8, 32))  # non-square blocks: rows x cols
+    big = dte.Fp8Options(block=64)  # not whole blocks of k_proj and v_proj (32 x 64)
     specs = [(2, 0, True, None), (2, 0, True, plain), (2, 1, True, plain), (1, 0, False, pow2),
-             (1, 0, True, wide)]
+             (1, 0, True, wide), (1, 0, False, big)]
     rxs = [open_receiver(trainer, v0, *spec, 0) for spec in specs]
     wait_for(lambda: len(trainer.group.status().receivers) == len(specs), 10,
              "the receivers to say hello")
     listed = trainer.group.status().receivers
     assert sorted(r.fp8.scale_rule if r.fp8 else "bf16" for r in listed) == [
-        "bf16", "plain", "plain", "plain", "pow2"]
+        "bf16", "plain", "plain", "plain", "plain", "pow2"]
     assert sorted((r.fp8.block_rows, r.fp8.block_cols) for r in listed if r.fp8) == [
-        (8, 32), (16, 16), (16, 16), (48, 48)]
+        (8, 32), (16, 16), (16, 16), (32, 32), (64, 64)]
+    # The 64 x 64 receiver holds k_proj and v_proj in BF16 (no scales), the
+    # other projections in FP8.
+    k_proj = "model.layers.0.self_attn.k_proj.weight"
+    big_tensors = rxs[-1][1]
+    assert big_tensors[k_proj][0] == "BF16" and big.scale_name(k_proj) not in big_tensors
+    assert big_tensors["model.layers.0.self_attn.q_proj.weight"][0] == "F8_E4M3"
     scales_changed = fp8_quantized = bf16_quantized = 0
     written = [0] * len(specs)
     prev = v0
@@ -167,6 +198,9 @@ def test_fp8_receivers_equal_the_reference_quantization_of_every_version(trainer
             for (tp, rank, fused, fp8), (rx, tensors) in zip(specs, rxs):
                 rx.wait_for(r.version, timeout=10)
                 check(rx, tensors, now, tp, rank, fused, fp8)
+            # k_proj of the 64 x 64 receiver: the version's BF16 bits.
+            assert np.array_equal(big_tensors[k_proj][1], now[k_proj].view(torch.int16).numpy()
+                                  .view(np.uint16)), step
             for k, (tp, rank, fused, fp8) in enumerate(specs):
                 step_bytes = changed_bytes(*(holds(x, tp, rank, fused, fp8)
                                              for x in (prev, now)))

@@ -14,7 +14,12 @@ const std::vector<int64_t> kVector = {256};
 
 Fp8Decision Decide(std::string_view name, DType dtype = DType::kBF16,
                    const std::vector<int64_t>& shape = kMatrix, const Fp8Policy& p = {}) {
-  return DecideFp8(p, name, dtype, shape);
+  return DecideFp8(p, Fp8Block{}, name, dtype, shape);
+}
+
+Fp8Decision DecideShape(const std::vector<int64_t>& shape, Fp8Block block,
+                        const Fp8Policy& p = {}) {
+  return DecideFp8(p, block, "model.layers.0.mlp.down_proj.weight", DType::kBF16, shape);
 }
 
 TEST(Fp8Policy, LinearWeightsOfAttentionMlpAndExpertsAreQuantized) {
@@ -59,6 +64,58 @@ TEST(Fp8Policy, IsConfigurable) {
   EXPECT_EQ(Decide("model.layers.5.mlp.gate.weight", DType::kBF16, kMatrix, p),
             Fp8Decision::kQuantize);
   EXPECT_EQ(Decide("model.embed_tokens.weight", DType::kBF16, kMatrix, p),
+            Fp8Decision::kSkippedModule);
+}
+
+// transformers' fine-grained FP8 refuses a weight that is not a whole
+// number of blocks, so such weights stay BF16 by default, for each block.
+TEST(Fp8Policy, ShapesThatAreNotAMultipleOfTheBlockAreNot) {
+  const Fp8Block b128{128, 128}, b8x32{8, 32};
+  EXPECT_EQ(DecideShape({344, 128}, b128), Fp8Decision::kNotBlockMultiple);
+  EXPECT_EQ(DecideShape({128, 344}, b128), Fp8Decision::kNotBlockMultiple);
+  EXPECT_EQ(DecideShape({256, 256}, b128), Fp8Decision::kQuantize);
+  EXPECT_EQ(DecideShape({1, 128}, b128), Fp8Decision::kNotBlockMultiple);
+  // The same shapes under 8 x 32 blocks: 344 rows are 43 blocks of 8, 344
+  // columns are not a multiple of 32, 1 row is not a multiple of 8.
+  EXPECT_EQ(DecideShape({344, 128}, b8x32), Fp8Decision::kQuantize);
+  EXPECT_EQ(DecideShape({128, 344}, b8x32), Fp8Decision::kNotBlockMultiple);
+  EXPECT_EQ(DecideShape({256, 256}, b8x32), Fp8Decision::kQuantize);
+  EXPECT_EQ(DecideShape({1, 128}, b8x32), Fp8Decision::kNotBlockMultiple);
+  // Rows and columns are each checked against their own side.
+  EXPECT_EQ(DecideShape({8, 32}, {32, 8}), Fp8Decision::kNotBlockMultiple);
+  EXPECT_EQ(DecideShape({32, 8}, {32, 8}), Fp8Decision::kQuantize);
+  EXPECT_EQ(DecideShape({0, 128}, b128), Fp8Decision::kQuantize);  // no blocks at all
+  EXPECT_EQ(DecideShape({128, 128}, {0, 128}), Fp8Decision::kNotBlockMultiple);
+  EXPECT_FALSE(QuantizeAsFp8({}, b128, "model.layers.0.mlp.up_proj.weight", DType::kBF16,
+                             std::vector<int64_t>{344, 128}));
+  EXPECT_EQ(Fp8DecisionName(Fp8Decision::kNotBlockMultiple), "shape not a multiple of the block");
+}
+
+// The other reasons come first: a head, a norm or a bias off the block
+// says what it is.
+TEST(Fp8Policy, OtherReasonsComeBeforeTheBlock) {
+  const std::vector<int64_t> odd = {300, 64};
+  EXPECT_EQ(Decide("lm_head.weight", DType::kBF16, odd), Fp8Decision::kSkippedModule);
+  EXPECT_EQ(Decide("model.embed_tokens.weight", DType::kBF16, odd), Fp8Decision::kSkippedModule);
+  EXPECT_EQ(Decide("model.layers.0.mlp.up_proj.weight", DType::kF32, odd), Fp8Decision::kNotBf16);
+  EXPECT_EQ(Decide("model.layers.0.mlp.up_proj.bias", DType::kBF16, odd), Fp8Decision::kNotWeight);
+  EXPECT_EQ(Decide("model.layers.0.mlp.up_proj.weight", DType::kBF16, odd),
+            Fp8Decision::kNotBlockMultiple);
+  EXPECT_TRUE(ListedAsNotConverted(Fp8Decision::kSkippedModule));
+  EXPECT_TRUE(ListedAsNotConverted(Fp8Decision::kNotBlockMultiple));
+  EXPECT_FALSE(ListedAsNotConverted(Fp8Decision::kNot2d));
+  EXPECT_FALSE(ListedAsNotConverted(Fp8Decision::kNotBf16));
+  EXPECT_FALSE(ListedAsNotConverted(Fp8Decision::kQuantize));
+}
+
+// The opt-in quantizes partial edge blocks (the quantizer supports them),
+// for consumers that load them; the other rules still hold.
+TEST(Fp8Policy, PartialBlocksAreQuantizedWhenAskedFor) {
+  Fp8Policy p;
+  p.quantize_partial_blocks = true;
+  EXPECT_EQ(DecideShape({344, 128}, {128, 128}, p), Fp8Decision::kQuantize);
+  EXPECT_EQ(DecideShape({1, 128}, {8, 32}, p), Fp8Decision::kQuantize);
+  EXPECT_EQ(DecideFp8(p, {128, 128}, "lm_head.weight", DType::kBF16, std::vector<int64_t>{300, 64}),
             Fp8Decision::kSkippedModule);
 }
 

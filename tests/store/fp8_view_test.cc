@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -89,6 +90,16 @@ const std::vector<Spec> kShard2 = {
     {"model.norm.weight", DType::kF32, {64}},
 };
 
+// Options that also quantize partial blocks (Fp8Policy::quantize_partial_blocks):
+// the fixture's q_proj (256 x 192) and down_proj (64 x 130) are not whole
+// 128 x 128 blocks, and the tests of layout, parts and index use them to
+// cover partial edge blocks, which the opt-in keeps available.
+Fp8ViewOptions Partial() {
+  Fp8ViewOptions o;
+  o.policy.quantize_partial_blocks = true;
+  return o;
+}
+
 ViewFixture Llama() {
   ViewFixture fx;
   fx.AddRaw(kConfigFile, R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
@@ -105,7 +116,7 @@ ViewFixture Llama() {
 
 TEST(Fp8View, QuantizedTensorsBecomeE4m3FollowedByTheirScales) {
   ViewFixture fx = Llama();
-  Result<Fp8View> view = fx.Build();
+  Result<Fp8View> view = fx.Build(Partial());
   ASSERT_TRUE(view.ok()) << view.status().message();
   const Fp8ViewFile& f = view->files()[1];
   ASSERT_TRUE(f.changed);
@@ -142,7 +153,7 @@ TEST(Fp8View, QuantizedTensorsBecomeE4m3FollowedByTheirScales) {
 
 TEST(Fp8View, PartsCoverEachFileAndNameTheirSource) {
   ViewFixture fx = Llama();
-  Result<Fp8View> view = fx.Build();
+  Result<Fp8View> view = fx.Build(Partial());
   ASSERT_TRUE(view.ok()) << view.status().message();
   const Fp8ViewFile& f = view->files()[1];
   const FileEntry& src = fx.manifest.files[1];
@@ -180,7 +191,7 @@ TEST(Fp8View, PartsCoverEachFileAndNameTheirSource) {
 
 TEST(Fp8View, IndexGainsTheScalesAndTheNewTotalSize) {
   ViewFixture fx = Llama();
-  Result<Fp8View> view = fx.Build();
+  Result<Fp8View> view = fx.Build(Partial());
   ASSERT_TRUE(view.ok()) << view.status().message();
   const Fp8ViewFile& f = view->files()[3];
   ASSERT_EQ(f.name, kIndexFile);
@@ -206,13 +217,23 @@ TEST(Fp8View, ConfigGainsTheQuantizationConfig) {
   json j = json::parse(view->files()[0].text);
   EXPECT_EQ(j["hidden_size"], 64);
   EXPECT_EQ(j["rms_norm_eps"], 1e-06);
+  // q_proj (256 x 192) and down_proj (64 x 130) are not whole 128 x 128
+  // blocks: kept in BF16 and listed with the skipped modules.
+  const std::vector<std::string> kept = {"lm_head", "model.embed_tokens",
+                                         "model.layers.0.mlp.down_proj",
+                                         "model.layers.0.self_attn.q_proj"};
   const json want = {{"quant_method", "fp8"},
                      {"fmt", "e4m3"},
                      {"activation_scheme", "dynamic"},
                      {"weight_block_size", {128, 128}},
-                     {"modules_to_not_convert", {"lm_head", "model.embed_tokens"}}};
+                     {"modules_to_not_convert", kept}};
   EXPECT_EQ(j["quantization_config"], want);
-  EXPECT_EQ(view->not_converted(), (std::vector<std::string>{"lm_head", "model.embed_tokens"}));
+  EXPECT_EQ(view->not_converted(), kept);
+  EXPECT_TRUE(view->tensors().empty());
+  EXPECT_EQ(
+      json::parse(
+          fx.Build(Partial())->files()[0].text)["quantization_config"]["modules_to_not_convert"],
+      json({"lm_head", "model.embed_tokens"}));
 
   Fp8ViewOptions pow2;
   pow2.rule = kernels::Fp8ScaleRule::kPowerOfTwo;
@@ -223,8 +244,13 @@ TEST(Fp8View, ConfigGainsTheQuantizationConfig) {
   json q = json::parse(v2->files()[0].text)["quantization_config"];
   EXPECT_EQ(q["scale_fmt"], "ue8m0");
   EXPECT_EQ(q["weight_block_size"], json({64, 32}));
+  // 64 x 32 blocks divide q_proj, not down_proj's 130 columns.
+  ASSERT_EQ(v2->tensors().size(), 1u);
+  EXPECT_EQ(v2->tensors()[0].name, "model.layers.0.self_attn.q_proj.weight");
   EXPECT_EQ(v2->tensors()[0].layout.grid_rows(), 4u);
   EXPECT_EQ(v2->tensors()[0].layout.grid_cols(), 6u);
+  EXPECT_EQ(q["modules_to_not_convert"],
+            json({"lm_head", "model.embed_tokens", "model.layers.0.mlp.down_proj"}));
 }
 
 // Without a config.json the view has none either (it cannot make up a
@@ -234,7 +260,7 @@ TEST(Fp8View, VersionWithoutConfigJsonIsViewedWithoutOne) {
   ViewFixture fx;
   fx.AddShard("model.safetensors", kShard1);
   fx.AddRaw("tokenizer.json", "{}");
-  Result<Fp8View> view = fx.Build();
+  Result<Fp8View> view = fx.Build(Partial());
   ASSERT_TRUE(view.ok()) << view.status().message();
   ASSERT_EQ(view->files().size(), 2u);
   EXPECT_EQ(view->files()[0].name, "model.safetensors");
@@ -260,7 +286,7 @@ TEST(Fp8View, BadInputsAreRefusedNamingTheFile) {
     std::vector<Spec> specs = kShard1;
     specs.push_back({"model.layers.0.mlp.down_proj.weight_scale_inv", DType::kF32, {1, 2}});
     fx.AddShard("model.safetensors", specs);
-    Result<Fp8View> view = fx.Build();
+    Result<Fp8View> view = fx.Build(Partial());
     ASSERT_FALSE(view.ok());
     EXPECT_NE(view.status().message().find("'model.layers.0.mlp.down_proj.weight_scale_inv' "
                                            "already exists"),
@@ -296,7 +322,8 @@ TEST(Fp8View, FindRefusesTensorsThatAreNotQuantized) {
   ViewFixture fx;
   fx.AddShard("model.safetensors",
               {{"model.layers.0.mlp.experts.weight", DType::kBF16, {4, 64, 64}},
-               {"model.layers.0.self_attn.o_proj.weight", DType::kBF16, {64, 64}}});
+               {"model.layers.0.self_attn.o_proj.weight", DType::kBF16, {128, 128}},
+               {"model.layers.0.mlp.up_proj.weight", DType::kBF16, {344, 128}}});
   Result<Fp8View> view = fx.Build();
   ASSERT_TRUE(view.ok()) << view.status().message();
   Result<const Fp8Tensor*> o = view->Find("model.layers.0.self_attn.o_proj.weight");
@@ -307,9 +334,92 @@ TEST(Fp8View, FindRefusesTensorsThatAreNotQuantized) {
   EXPECT_EQ(e.status().code(), Code::kInvalidArgument);
   EXPECT_NE(e.status().message().find("not 2-D (shape [4, 64, 64])"), std::string::npos)
       << e.status().message();
+  Result<const Fp8Tensor*> up = view->Find("model.layers.0.mlp.up_proj.weight");
+  ASSERT_FALSE(up.ok());
+  EXPECT_NE(up.status().message().find(
+                "shape not a multiple of the block (shape [344, 128], block 128 x 128)"),
+            std::string::npos)
+      << up.status().message();
   EXPECT_EQ(view->Find("nope.weight").status().code(), Code::kNotFound);
-  EXPECT_TRUE(view->not_converted().empty());  // a 3-D tensor is no module to list
+  // A 3-D tensor is no module to list; a 2-D weight off the block is.
+  EXPECT_EQ(view->not_converted(), std::vector<std::string>{"model.layers.0.mlp.up_proj"});
 }
+
+// The shapes of a model whose MLP width (344) is not a multiple of the
+// block, and a one-row weight, under 128 x 128 and 8 x 32 blocks: a weight
+// that is not whole blocks stays BF16 (its bytes the source's, unchanged),
+// its module is listed in modules_to_not_convert, and it has no scales.
+const std::vector<Spec> kOffBlock = {
+    {"model.layers.0.mlp.up_proj.weight", DType::kBF16, {344, 128}},
+    {"model.layers.0.mlp.down_proj.weight", DType::kBF16, {128, 344}},
+    {"model.layers.0.self_attn.o_proj.weight", DType::kBF16, {256, 256}},
+    {"model.layers.0.self_attn.k_proj.weight", DType::kBF16, {1, 128}},
+};
+
+class Fp8ViewBlocks : public ::testing::TestWithParam<std::pair<uint64_t, uint64_t>> {};
+
+TEST_P(Fp8ViewBlocks, WeightsOffTheBlockStayBf16AndAreListed) {
+  const auto [rows, cols] = GetParam();
+  ViewFixture fx;
+  fx.AddRaw(kConfigFile, R"({"architectures": ["LlamaForCausalLM"]})");
+  fx.AddShard("model.safetensors", kOffBlock);
+  Fp8ViewOptions o;
+  o.block_rows = rows;
+  o.block_cols = cols;
+  Result<Fp8View> view = fx.Build(o);
+  ASSERT_TRUE(view.ok()) << view.status().message();
+  // 8 x 32 blocks divide 344 rows (43 blocks) but not 344 columns.
+  const bool up = rows == 8;
+  std::vector<std::string> quantized = {"model.layers.0.self_attn.o_proj.weight"};
+  std::vector<std::string> listed = {"model.layers.0.mlp.down_proj",
+                                     "model.layers.0.self_attn.k_proj"};
+  if (up) {
+    quantized.insert(quantized.begin(), "model.layers.0.mlp.up_proj.weight");
+  } else {
+    listed.insert(listed.begin() + 1, "model.layers.0.mlp.up_proj");  // sorted
+  }
+  std::vector<std::string> got;
+  for (const Fp8Tensor& t : view->tensors()) got.push_back(t.name);
+  EXPECT_EQ(got, quantized);
+  EXPECT_EQ(view->not_converted(), listed);
+  const json q = json::parse(view->files()[0].text)["quantization_config"];
+  EXPECT_EQ(q["modules_to_not_convert"], json(listed));
+  EXPECT_EQ(q["weight_block_size"], json({rows, cols}));
+
+  const Fp8ViewFile& f = view->files()[1];
+  Result<SafetensorsHeader> h = ParseSafetensorsHeader(f.text.substr(8), f.size, f.name);
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  const FileEntry& src = fx.manifest.files[1];
+  for (size_t k = 0; k < src.tensors.size(); ++k) {
+    const TensorEntry& t = src.tensors[k];
+    auto info = std::find_if(h->tensors.begin(), h->tensors.end(),
+                             [&](const TensorInfo& i) { return i.name == t.name; });
+    ASSERT_NE(info, h->tensors.end()) << t.name;
+    EXPECT_EQ(info->shape, t.shape) << t.name;
+    const bool fp8 = std::find(got.begin(), got.end(), t.name) != got.end();
+    const bool has_scales =
+        std::any_of(h->tensors.begin(), h->tensors.end(),
+                    [&](const TensorInfo& i) { return i.name == t.name + kScaleSuffix; });
+    EXPECT_EQ(has_scales, fp8) << t.name;
+    EXPECT_EQ(info->dtype, fp8 ? DType::kF8E4M3 : DType::kBF16) << t.name;
+    if (fp8) continue;
+    // A kept tensor's bytes are the source file's, copied unchanged.
+    auto parts = view->PartsAt(1, h->data_offset + info->begin, info->bytes());
+    ASSERT_EQ(parts.size(), 1u) << t.name;
+    EXPECT_EQ(parts[0].kind, Fp8PartKind::kCopy) << t.name;
+    const uint64_t skip = h->data_offset + info->begin - parts[0].begin;
+    EXPECT_EQ(parts[0].source_offset + skip, src.header_size + t.begin) << t.name;
+    EXPECT_GE(parts[0].end(), h->data_offset + info->end) << t.name;
+    auto why = view->Find(t.name);
+    ASSERT_FALSE(why.ok());
+    EXPECT_NE(why.status().message().find("shape not a multiple of the block"), std::string::npos)
+        << why.status().message();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Blocks, Fp8ViewBlocks,
+                         ::testing::Values(std::pair<uint64_t, uint64_t>{128, 128},
+                                           std::pair<uint64_t, uint64_t>{8, 32}));
 
 }  // namespace
 }  // namespace dte

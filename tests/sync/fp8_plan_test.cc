@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -266,12 +267,14 @@ TEST(Fp8Plan, RefusesASplitOffBlockBoundariesNamingTensorSplitAndBlock) {
   EXPECT_NE(m.find("tp=2"), std::string::npos) << m;
   EXPECT_NE(m.find("columns [12, 24) of 24"), std::string::npos) << m;
   EXPECT_NE(m.find("FP8 block 8"), std::string::npos) << m;
-  // Unsplit, the same blocks are fine: partial edge blocks are allowed.
+  // Unsplit, the same blocks are fine.
   auto whole = Plan(ShardLayout{1, false, false});
   ASSERT_TRUE(whole.ok());
   EXPECT_TRUE(MakeFp8ReceiverPlan(*whole, 0, o).ok());
 }
 
+// Only with partial blocks can a fused part be quantized and yet land off
+// the blocks: every part is then whole blocks, and so is every offset.
 TEST(Fp8Plan, RefusesAFusedPartOffBlockBoundariesInTheReceiverTensor) {
   // Fused on one rank: q (32 rows) then k at rows [32, 40): a block of 16
   // rows would mix k and v.
@@ -280,6 +283,7 @@ TEST(Fp8Plan, RefusesAFusedPartOffBlockBoundariesInTheReceiverTensor) {
   Fp8ReceiverOptions o;
   o.block_rows = 16;
   o.block_cols = 4;
+  o.policy.quantize_partial_blocks = true;
   auto fp = MakeFp8ReceiverPlan(*plan, 0, o);
   ASSERT_FALSE(fp.ok());
   const std::string m = fp.status().message();
@@ -288,6 +292,63 @@ TEST(Fp8Plan, RefusesAFusedPartOffBlockBoundariesInTheReceiverTensor) {
             std::string::npos)
       << m;
   EXPECT_NE(m.find("FP8 block 16"), std::string::npos) << m;
+}
+
+// A receiver decides with its own block, on the canonical tensors: under
+// 16 x 16 blocks k_proj and v_proj (8 rows), gate_proj and up_proj (24
+// rows) and down_proj (24 columns) are not whole blocks, so they and the
+// fused tensors holding them stay BF16, while q_proj (32 x 16) and o_proj
+// (16 x 32) are FP8; under 8 x 8 blocks every projection is FP8.
+TEST(Fp8Plan, TensorsOffTheReceiversBlockStayBf16) {
+  struct Case {
+    ShardLayout layout;
+    uint64_t block;
+    std::map<std::string, bool> fp8;
+  };
+  const std::string p = "model.layers.0.";
+  const std::vector<Case> cases = {
+      {ShardLayout{1, false, false},
+       16,
+       {{p + "self_attn.q_proj.weight", true},
+        {p + "self_attn.k_proj.weight", false},
+        {p + "self_attn.v_proj.weight", false},
+        {p + "self_attn.o_proj.weight", true},
+        {p + "mlp.gate_proj.weight", false},
+        {p + "mlp.up_proj.weight", false},
+        {p + "mlp.down_proj.weight", false}}},
+      {FusedReceiverLayout(1),
+       16,
+       {{p + "self_attn.qkv_proj.weight", false},
+        {p + "self_attn.o_proj.weight", true},
+        {p + "mlp.gate_up_proj.weight", false},
+        {p + "mlp.down_proj.weight", false}}},
+      {FusedReceiverLayout(1),
+       8,
+       {{p + "self_attn.qkv_proj.weight", true},
+        {p + "self_attn.o_proj.weight", true},
+        {p + "mlp.gate_up_proj.weight", true},
+        {p + "mlp.down_proj.weight", true}}},
+  };
+  for (const Case& c : cases) {
+    auto plan = Plan(c.layout);
+    ASSERT_TRUE(plan.ok());
+    Fp8ReceiverOptions o;
+    o.block_rows = o.block_cols = c.block;
+    auto fp = MakeFp8ReceiverPlan(*plan, 0, o);
+    ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+    const std::string what = LayoutText(c.layout, 0) + " block " + std::to_string(c.block);
+    for (const auto& [name, want] : c.fp8) {
+      const auto& tensors = plan->receiver_tensors[0];
+      auto it = std::find_if(tensors.begin(), tensors.end(),
+                             [&](const PlanTensor& t) { return t.name == name; });
+      ASSERT_NE(it, tensors.end()) << what << " " << name;
+      const Fp8ReceiverTensor& t = fp->tensors[it - tensors.begin()];
+      EXPECT_EQ(t.fp8, want) << what << " " << name;
+      EXPECT_EQ(t.decision, want ? Fp8Decision::kQuantize : Fp8Decision::kNotBlockMultiple)
+          << what << " " << name;
+    }
+    for (const Fp8ReceiverOp& op : fp->ops) EXPECT_TRUE(fp->tensors[op.receiver_tensor].fp8);
+  }
 }
 
 TEST(Fp8Plan, RefusesZeroBlocksAndRanksOutOfRange) {

@@ -32,7 +32,8 @@ class PushCatchUpBands : public PushFp8Test, public ::testing::WithParamInterfac
 
 // Receivers that hold nothing catch up to v1 with bands of 1 byte (one row,
 // one FP8 block row), 200 and 700 bytes (several rows and block rows,
-// cutting tensors part way, partial edge blocks of 5 x 7 in the last band):
+// cutting tensors part way, partial edge blocks of 5 x 7, quantized by the
+// opt-in, in the last band):
 // TP 1 unfused and fused, TP 2 unfused (column splits of o_proj and
 // down_proj) and fused (qkv_proj, gate_up_proj), BF16 and FP8.
 TEST_P(PushCatchUpBands, ReceiversOfEveryLayoutEqualTheWholeTensorResult) {
@@ -46,8 +47,8 @@ TEST_P(PushCatchUpBands, ReceiversOfEveryLayoutEqualTheWholeTensorResult) {
     band_bytes_ = band;
     std::vector<std::unique_ptr<Rx>> rxs;
     const State& none = state_;
-    rxs.push_back(
-        Receiver(*server, {1, false, false}, 0, Fp8Options(5, 7, rule), none, std::nullopt, false));
+    rxs.push_back(Receiver(*server, {1, false, false}, 0, PartialFp8Options(5, 7, rule), none,
+                           std::nullopt, false));
     rxs.push_back(
         Receiver(*server, FusedReceiverLayout(1), 0, Fp8Options(4, 4, rule), none, std::nullopt));
     for (int r = 0; r < 2; ++r) {

@@ -44,17 +44,16 @@ class FailingChanges : public ChangesSource {
   TensorChanges empty_;
 };
 
-// The quantized tensors (default policy, or `skip` kept in BF16) that
-// differ between a and b.
+// The tensors some receiver of these tests quantizes (the default policy,
+// or `skip` kept in BF16, at any block: the 5 x 7 receivers quantize
+// partial blocks, the 4 x 4 ones divide every dimension) that differ
+// between a and b.
 uint64_t ChangedQuantized(const std::vector<PlanTensor>& specs, const State& a, const State& b,
                           const std::string& skip = "") {
-  Fp8Policy policy;
-  if (!skip.empty()) policy.skip_modules.push_back(skip);
+  Fp8ReceiverOptions o = PartialFp8Options(1, 1, Fp8ScaleRule::kPlain);
+  if (!skip.empty()) o.policy.skip_modules.push_back(skip);
   uint64_t n = 0;
-  for (const PlanTensor& t : specs) {
-    std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
-    n += QuantizeAsFp8(policy, t.name, t.dtype, shape) && a.at(t.name) != b.at(t.name);
-  }
+  for (const PlanTensor& t : specs) n += Quantized(t, o) && a.at(t.name) != b.at(t.name);
   return n;
 }
 
@@ -68,8 +67,8 @@ TEST_F(PushFp8Test, PushesAfterTheFirstReadNoParentTensorWhole) {
   auto server = StartTwoPassServer();
   ASSERT_TRUE(server);
   std::vector<std::unique_ptr<Rx>> rxs;
-  rxs.push_back(
-      Receiver(*server, {1, false, false}, 0, Fp8Options(5, 7, Fp8ScaleRule::kPlain), state_, 0));
+  rxs.push_back(Receiver(*server, {1, false, false}, 0,
+                         PartialFp8Options(5, 7, Fp8ScaleRule::kPlain), state_, 0));
   for (int r = 0; r < 2; ++r) {
     rxs.push_back(Receiver(*server, FusedReceiverLayout(2), r,
                            Fp8Options(4, 4, Fp8ScaleRule::kPowerOfTwo), state_, 0));
@@ -184,11 +183,11 @@ TEST_F(PushFp8Test, SummariesBeyondTheirBudgetAreNotKept) {
 TEST_F(PushFp8Test, AVersionThatDropsAnFp8VariantLeavesNoSummaries) {
   auto server = StartServer();
   ASSERT_TRUE(server);
-  Fp8ReceiverOptions keep = Fp8Options(5, 7, Fp8ScaleRule::kPlain);
+  Fp8ReceiverOptions keep = PartialFp8Options(5, 7, Fp8ScaleRule::kPlain);
   keep.policy.skip_modules.push_back("down_proj");
   std::vector<std::unique_ptr<Rx>> rxs;
-  rxs.push_back(
-      Receiver(*server, {1, false, false}, 0, Fp8Options(5, 7, Fp8ScaleRule::kPlain), state_, 0));
+  rxs.push_back(Receiver(*server, {1, false, false}, 0,
+                         PartialFp8Options(5, 7, Fp8ScaleRule::kPlain), state_, 0));
   rxs.push_back(Receiver(*server, {1, false, false}, 0, keep, state_, 0));
   rxs.push_back(Receiver(*server, FusedReceiverLayout(2), 0, std::nullopt, state_, 0));
   AwaitReceivers(*server, rxs.size());

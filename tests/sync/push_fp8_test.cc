@@ -92,17 +92,17 @@ TEST_F(PushFp8Test, HelloWithMissingKeysIsRefusedInTheWelcome) {
 }
 
 // A BF16 receiver and FP8 receivers of three layouts on one server: TP 1
-// unfused with blocks of 5 x 7 (partial blocks at every edge), TP 1 and TP
-// 2 fused (vLLM's qkv_proj and gate_up_proj) with blocks of 4 x 4. Step 3
-// makes one block of every quantized tensor 4x larger: its scale changes
-// and every byte of it that changes is pushed.
+// unfused with blocks of 5 x 7 (partial blocks at every edge, quantized by
+// the opt-in), TP 1 and TP 2 fused (vLLM's qkv_proj and gate_up_proj) with
+// blocks of 4 x 4. Step 3 makes one block of every quantized tensor 4x
+// larger: its scale changes and every byte of it that changes is pushed.
 TEST_P(PushFp8Rules, ReceiversEqualTheQuantizedVersionAfterEveryPush) {
   const Fp8ScaleRule rule = GetParam();
   auto server = StartServer();
   ASSERT_TRUE(server);
   std::vector<std::unique_ptr<Rx>> rxs;
   rxs.push_back(Receiver(*server, FusedReceiverLayout(2), 0, std::nullopt, state_, 0));
-  rxs.push_back(Receiver(*server, {1, false, false}, 0, Fp8Options(5, 7, rule), state_, 0));
+  rxs.push_back(Receiver(*server, {1, false, false}, 0, PartialFp8Options(5, 7, rule), state_, 0));
   rxs.push_back(Receiver(*server, FusedReceiverLayout(1), 0, Fp8Options(4, 4, rule), state_, 0));
   for (int r = 0; r < 2; ++r) {
     rxs.push_back(
@@ -162,8 +162,9 @@ TEST_F(PushFp8Test, ReceiversThatMissedPushesCatchUpToTheQuantizedVersion) {
                          state_, 0, false));
   rxs.push_back(Receiver(*server, FusedReceiverLayout(2), 0,
                          Fp8Options(4, 4, Fp8ScaleRule::kPowerOfTwo), state_, std::nullopt, false));
-  rxs.push_back(Receiver(*server, {1, false, false}, 0, Fp8Options(5, 7, Fp8ScaleRule::kPlain),
-                         state_, std::nullopt, false));
+  rxs.push_back(Receiver(*server, {1, false, false}, 0,
+                         PartialFp8Options(5, 7, Fp8ScaleRule::kPlain), state_, std::nullopt,
+                         false));
   for (auto& r : rxs) {
     Status s = r->rx->WaitFor(1, 10s);
     EXPECT_EQ(s.code(), Code::kNotFound) << s.message();

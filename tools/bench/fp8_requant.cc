@@ -68,10 +68,16 @@ struct Output {
   size_t used = 0;
 };
 
+// The default policy with the benchmark's block, as a receiver decides.
+bool Quantized(const dte::TensorInfo& t, const dte::kernels::Fp8Layout& block) {
+  return dte::QuantizeAsFp8(dte::Fp8Policy{}, {block.block_rows, block.block_cols}, t.name, t.dtype,
+                            t.shape);
+}
+
 uint64_t OutputBytes(const dte::SafetensorsHeader& h, const dte::kernels::Fp8Layout& block) {
   uint64_t n = 0;
   for (const dte::TensorInfo& t : h.tensors) {
-    if (!dte::QuantizeAsFp8(dte::Fp8Policy{}, t.name, t.dtype, t.shape)) {
+    if (!Quantized(t, block)) {
       n += t.bytes();
       continue;
     }
@@ -89,7 +95,7 @@ bool Convert(const dte::SafetensorsHeader& h, const std::vector<char>& bytes,
   for (const dte::TensorInfo& t : h.tensors) {
     const char* src = bytes.data() + h.data_offset + t.begin;
     uint8_t* dst = out->data + out->used;
-    if (!dte::QuantizeAsFp8(dte::Fp8Policy{}, t.name, t.dtype, t.shape)) {
+    if (!Quantized(t, block)) {
       std::memcpy(dst, src, t.bytes());
       out->used += t.bytes();
       continue;

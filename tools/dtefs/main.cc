@@ -4,8 +4,8 @@
 //         [--snapshot-every N] [--snapshots N] [--readahead-kb N]
 //         [--endpoint URL] [--blob-cache-size N] [--blob-chunk-size N]
 //         [--prefetch latest] [--log-file PATH]
-//         [--fp8-scale plain|pow2] [--fp8-block N] [--fp8-keep MODULE]... [--no-fp8]
-//         [-o opts]
+//         [--fp8-scale plain|pow2] [--fp8-block N] [--fp8-keep MODULE]...
+//         [--fp8-partial-blocks] [--no-fp8] [-o opts]
 //
 // Also the program the fuse3 mount helper runs for `mount -t fuse.dtefs` and
 // fstab lines: `dtefs STORE MOUNTPOINT -o rw,allow_other,...`; there the
@@ -13,7 +13,7 @@
 // snapshot_every=N, snapshots=N, readahead_kb=N, endpoint=URL,
 // blob_cache_size=N, blob_chunk_size=N, prefetch=latest, log_file=PATH,
 // metrics=ADDR, fp8_scale=plain|pow2, fp8_block=N, fp8_keep=MODULE[:MODULE...],
-// no_fp8.
+// fp8_partial_blocks, no_fp8.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -130,6 +130,8 @@ bool TakeMountOptions(const std::vector<std::string>& lists, dte::fs::MountOptio
         o->fp8_view.block_cols = o->fp8_view.block_rows;
       } else if (auto v = value(opt, "fp8_keep")) {
         SplitModules(*v, &text->fp8_keep);
+      } else if (opt == "fp8_partial_blocks") {
+        o->fp8_view.policy.quantize_partial_blocks = true;
       } else if (opt == "no_fp8") {
         o->fp8 = false;
       } else if (auto v = value(opt, "readahead_kb")) {
@@ -239,6 +241,9 @@ void AddOptions(CLI::App* app, dte::fs::MountOptions* o, TextOptions* text,
                   "BF16 in the FP8 views, besides lm_head, embeddings, norms and routers; "
                   "repeatable")
       ->allow_extra_args(false);
+  app->add_flag("--fp8-partial-blocks", o->fp8_view.policy.quantize_partial_blocks,
+                "Also quantize weights whose rows or columns are not a multiple of the block "
+                "(partial edge blocks; transformers cannot load them; default: kept in BF16)");
   app->add_flag_callback(
       "--no-fp8", [o] { o->fp8 = false; }, "Do not show fp8/");
   app->add_option("-o", *opts, "Mount options, comma-separated (allow_other, ro, ...)");

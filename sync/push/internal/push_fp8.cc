@@ -19,7 +19,8 @@ nlohmann::json Fp8OptionsJson(const Fp8ReceiverOptions& o) {
   return {{"block", {o.block_rows, o.block_cols}},
           {"scale_rule", Fp8RuleName(o.rule)},
           {"skip_modules", o.policy.skip_modules},
-          {"skip_substrings", o.policy.skip_substrings}};
+          {"skip_substrings", o.policy.skip_substrings},
+          {"partial_blocks", o.policy.quantize_partial_blocks}};
 }
 
 namespace {
@@ -56,6 +57,12 @@ Result<Fp8ReceiverOptions> ParseFp8Options(const nlohmann::json& j) {
   o.rule = rule == "pow2" ? kernels::Fp8ScaleRule::kPowerOfTwo : kernels::Fp8ScaleRule::kPlain;
   RETURN_IF_ERROR(StringList(j, "skip_modules", &o.policy.skip_modules));
   RETURN_IF_ERROR(StringList(j, "skip_substrings", &o.policy.skip_substrings));
+  if (j.contains("partial_blocks")) {
+    if (!j.at("partial_blocks").is_boolean()) {
+      return InvalidArgument("fp8.partial_blocks is not true or false");
+    }
+    o.policy.quantize_partial_blocks = j.at("partial_blocks").get<bool>();
+  }
   return o;
 }
 

@@ -32,7 +32,9 @@ inline constexpr uint32_t kNoTensor = UINT32_MAX;
 const char* Fp8RuleName(kernels::Fp8ScaleRule rule);
 
 // The hello's "fp8" object: {"block": [rows, cols], "scale_rule":
-// "plain"|"pow2", "skip_modules": [...], "skip_substrings": [...]}.
+// "plain"|"pow2", "skip_modules": [...], "skip_substrings": [...],
+// "partial_blocks": false} (the policy's lists and quantize_partial_blocks;
+// each absent key is the default policy's).
 nlohmann::json Fp8OptionsJson(const Fp8ReceiverOptions& o);
 // Its inverse; InvalidArgument naming what is wrong.
 Result<Fp8ReceiverOptions> ParseFp8Options(const nlohmann::json& j);
