@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one go: the CUDA backend's tests (which skip
 # on machines without a device) must all run and pass here; the PyTorch
-# interop tests run with torch on the GPU (the CUDA AdamW orders and BF16
-# conversion against torch.optim.AdamW there, bit for bit; needs a python3
-# with torch built for CUDA, or DTE_PYTHON naming one); then the CUDA
+# interop tests run with torch on the GPU (the CUDA AdamW orders, fused=True
+# included, and BF16 conversion against torch.optim.AdamW there, bit for
+# bit; needs a python3 with torch built for CUDA, or DTE_PYTHON naming one:
+# without it they are skipped with a message and the check fails at the
+# end); then the CUDA
 # benchmark prints its figures; with a full build in BUILD_DIR the
 # distributed publisher's detection on GPU-resident state and the pushes into
 # GPU memory are tested (C++ and Python) and tools/bench/gpu_sync.py measures
@@ -50,11 +52,29 @@ if [[ $ran -lt 6 ]]; then
   exit 1
 fi
 
-echo "== AdamW orders and BF16 conversion against PyTorch on the GPU (TorchInterop.*)"
 # The script runs the optimizer steps with torch on the device; the test
-# checks that the CUDA orders reproduce them bit for bit.
-DTE_TORCH_DEVICE=cuda DTE_PYTHON=${DTE_PYTHON:-$(command -v python3)} DTE_SOURCE_DIR=$PWD \
-  "$build/tests/kernels_test" --gtest_filter='TorchInterop.*' --gtest_color=no
+# checks that the CUDA orders reproduce them bit for bit: foreach, single
+# tensor and fused=True (a few steps, a tensor lr with capturable=True, and
+# decay probes where an FP64 fused multiply-add and two roundings differ),
+# plus the fused kernels' bias corrections from the device's pow.
+python=${DTE_PYTHON:-$(command -v python3)}
+torch_gpu=0
+if fused_order=$("$python" -c '
+import sys, torch
+if not torch.cuda.is_available():
+    sys.exit(1)
+v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+print(torch.__version__, "torch_cuda_fused" if v < (2, 11) else "torch_cuda_fused_fp32")
+' 2>/dev/null); then
+  torch_gpu=1
+  echo "== AdamW orders (fused=True included) and BF16 conversion against PyTorch on the GPU" \
+    "(TorchInterop.*; torch ${fused_order% *}: fused=True is ${fused_order#* })"
+  DTE_TORCH_DEVICE=cuda DTE_PYTHON=$python DTE_SOURCE_DIR=$PWD \
+    "$build/tests/kernels_test" --gtest_filter='TorchInterop.*' --gtest_color=no
+else
+  echo "== AdamW and BF16 against PyTorch on the GPU: SKIPPED: $python has no torch with CUDA" \
+    "(torch.cuda.is_available() is false or torch is missing); set DTE_PYTHON" >&2
+fi
 
 echo "== CUDA benchmark (tools/bench/cuda_bench)"
 "$build/tools/bench/cuda_bench" "${DTE_GPU_BENCH_ELEMENTS:-268435456}"
@@ -128,6 +148,11 @@ else
 fi
 if [[ $fp8_hf -ne 0 ]]; then
   echo "gpu_check: the FP8 transformers check failed or could not run (status $fp8_hf)" >&2
+  exit 1
+fi
+if [[ $torch_gpu -eq 0 ]]; then
+  echo "gpu_check: the PyTorch-on-GPU checks (TorchInterop.*, fused AdamW included) did not run:" \
+    "$python has no torch with CUDA" >&2
   exit 1
 fi
 echo "gpu_check: all GPU checks passed"

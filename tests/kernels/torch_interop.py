@@ -12,11 +12,20 @@ Files written to OUT_DIR (all little-endian, no headers):
   bf16_strided.u16     the same conversion on a non-contiguous view, which
                        PyTorch runs through its scalar c10::BFloat16 path.
   adamw.txt            one line per (case, step):
-                         name device foreach lr weight_decay beta1 beta2 eps step n file
+                         name device order lr weight_decay beta1 beta2 eps step n file
+                       order: the dte order name of the kernel that ran the
+                       step (sync/python/dte/_lib.py ORDERS, see adamw_order());
                        floats in repr() form so C++ strtod reads the exact
                        doubles Python used.
   adamw_*.f32          per line: prev, exp_avg, exp_avg_sq, param as four
                        consecutive float32 arrays of n elements.
+  bias.txt             (DEVICE cuda only) one line per (order, beta1, beta2):
+                         order beta1 beta2 steps file
+                       for the two fused CUDA orders.
+  bias_*.u32           per line: for steps 1..steps, the FP32 bits of
+                       1 - beta1^step and of sqrt(1 - beta2^step) as that
+                       fused kernel computes them (torch.pow on DEVICE, in
+                       FP64 or FP32), two uint32 arrays.
 
 Exits non-zero with a message on stderr when torch or numpy is missing.
 """
@@ -24,6 +33,7 @@ Exits non-zero with a message on stderr when torch or numpy is missing.
 import os
 import sys
 import zlib
+from fractions import Fraction
 
 try:
     import numpy as np
@@ -35,6 +45,7 @@ except ImportError as e:  # The caller turns this into a test failure.
 RANDOM_PATTERNS = 10_000_000
 DEVICE = os.environ.get("DTE_TORCH_DEVICE", "cpu")
 ADAMW_STEPS = 5
+BIAS_STEPS = 100_000
 
 
 def special_patterns():
@@ -88,28 +99,131 @@ def flat(tensors):
     return torch.cat([t.detach().reshape(-1) for t in tensors]).cpu().numpy().astype(np.float32)
 
 
-def run_adamw(out, lines, name, foreach, lr, wd):
+def torch_version():
+    return tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def adamw_order(impl):
+    """The dte order that models the kernel torch runs for impl on DEVICE.
+
+    CPU tensors run the same FP32 operations for every impl (the fused CPU
+    kernel too). On CUDA the fused kernel computed with FP64 scalars up to
+    torch 2.10 and in FP32 from 2.11 (fused_adam_utils.cuh)."""
+    if DEVICE == "cpu":
+        return "torch_cpu"
+    if impl == "foreach":
+        return "torch_cuda_foreach"
+    if impl == "single":
+        return "torch_cuda_single_tensor"
+    return "torch_cuda_fused" if torch_version() < (2, 11) else "torch_cuda_fused_fp32"
+
+
+def optimizer(params, impl, lr, wd, betas, eps):
+    if impl == "fused-tensor-lr":
+        # A tensor lr; on CUDA also capturable (the state step on the device).
+        lr_t = torch.tensor(lr, dtype=torch.float32, device=DEVICE)
+        return torch.optim.AdamW(params, lr=lr_t, betas=betas, eps=eps, weight_decay=wd,
+                                 fused=True, capturable=DEVICE != "cpu"), float(lr_t.item())
+    kw = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
+    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=wd, **kw), lr
+
+
+def write_step(out, lines, name, impl, lr, wd, betas, eps, opt, params, prev):
+    state = [opt.state[p] for p in params]
+    steps = {int(s["step"]) for s in state}
+    assert len(steps) == 1, steps
+    step = steps.pop()
+    arrays = [prev, flat(s["exp_avg"] for s in state), flat(s["exp_avg_sq"] for s in state),
+              flat(params)]
+    fname = f"adamw_{name}_{step}.f32"
+    np.concatenate(arrays).tofile(os.path.join(out, fname))
+    lines.append(f"{name} {DEVICE} {adamw_order(impl)} {lr!r} {wd!r} {betas[0]!r} {betas[1]!r} "
+                 f"{eps!r} {step} {len(prev)} {fname}")
+
+
+def run_adamw(out, lines, name, impl, lr, wd):
     gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     params = make_params(gen)
     betas, eps = (0.9, 0.999), 1e-8
-    opt = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=wd,
-                            foreach=foreach)
+    opt, lr = optimizer(params, impl, lr, wd, betas, eps)
     for _ in range(ADAMW_STEPS):
         for p in params:
             scale = torch.pow(10.0, torch.empty(p.shape).uniform_(-6, 0, generator=gen))
             p.grad = (torch.randn(p.shape, generator=gen) * scale).to(DEVICE)
         prev = flat(params)
         opt.step()
-        state = [opt.state[p] for p in params]
-        steps = {int(s["step"]) for s in state}
-        assert len(steps) == 1, steps
-        step = steps.pop()
-        arrays = [prev, flat(s["exp_avg"] for s in state), flat(s["exp_avg_sq"] for s in state),
-                  flat(params)]
-        fname = f"adamw_{name}_{step}.f32"
-        np.concatenate(arrays).tofile(os.path.join(out, fname))
-        lines.append(f"{name} {DEVICE} {int(foreach)} {lr!r} {wd!r} {betas[0]!r} {betas[1]!r} {eps!r} "
-                     f"{step} {len(prev)} {fname}")
+        write_step(out, lines, name, impl, lr, wd, betas, eps, opt, params, prev)
+
+
+def f32(x):
+    return float(np.float32(x))
+
+
+def hard_decays(count):
+    """(x, d) pairs, x FP32, where x - d*x rounded once in FP64 (one fused
+    multiply-add) and x - RN(d*x) round to different FP32 values: x (1 - d)
+    lies near an FP32 tie plus half an FP64 ulp (exact arithmetic here)."""
+    def nudge(d, k):  # k FP64 ulps up (k > 0) or down
+        for _ in range(abs(k)):
+            d = float(np.nextafter(d, 1.0 if k > 0 else 0.0))
+        return d
+
+    found = []
+    for j in range(4096):
+        x = f32(1.25 + j * 2.0**-12)
+        tie = 1.0 + (2 * j + 1) * 2.0**-24
+        d0 = 1.0 - (tie + 2.0**-53) / x
+        for k in range(-8, 8):
+            d = nudge(d0, k)
+            fused = f32(float(Fraction(x) * (1 - Fraction(d))))
+            two = f32(x - float(Fraction(x) * Fraction(d)))
+            if fused != two:
+                found.append((x, d))
+                break
+        if len(found) == count:
+            return found
+    raise RuntimeError("hard_decays: too few pairs found")
+
+
+def run_decay_probes(out, lines, impl):
+    """One fused step per hard (x, d) pair, lr = d and weight decay 1, on a
+    tensor of x * 2^k, its negation and signed zeros, with zero gradients:
+    theta is the decay line alone, and the two FP64 roundings of the decay
+    line give other bits than the one fused multiply-add on every element."""
+    for i, (x, d) in enumerate(hard_decays(16)):
+        name = f"decay-probe-{impl}-{i}"
+        values = [x * 2.0**k for k in range(-8, 9)]
+        t = torch.tensor(values + [-v for v in values] + [0.0, -0.0], dtype=torch.float32)
+        params = [torch.nn.Parameter(t.to(DEVICE))]
+        betas, eps = (0.9, 0.999), 1e-8
+        opt, lr = optimizer(params, impl, d, 1.0, betas, eps)
+        params[0].grad = torch.zeros_like(params[0])
+        prev = flat(params)
+        opt.step()
+        write_step(out, lines, name, impl, lr, 1.0, betas, eps, opt, params, prev)
+
+
+def write_bias_corrections(out):
+    """The fused CUDA kernels' bias corrections, by torch.pow on the GPU (the
+    same device pow the kernels call): FP64 pow from the FP32 step count
+    (torch_cuda_fused) and FP32 powf (torch_cuda_fused_fp32), rounded to FP32
+    as the kernels round them."""
+    lines = []
+    steps32 = torch.arange(1, BIAS_STEPS + 1, dtype=torch.float32, device=DEVICE)
+    for beta1, beta2 in ((0.9, 0.999), (0.9, 0.95)):
+        for order in ("torch_cuda_fused", "torch_cuda_fused_fp32"):
+            dt = torch.float64 if order == "torch_cuda_fused" else torch.float32
+            steps = steps32.to(dt)
+            b1 = torch.full_like(steps, beta1)
+            b2 = torch.full_like(steps, beta2)
+            bc1 = (1 - torch.pow(b1, steps)).to(torch.float32)
+            bc2_sqrt = torch.sqrt(1 - torch.pow(b2, steps)).to(torch.float32)
+            fname = f"bias_{order}_{beta1}_{beta2}.u32"
+            arrays = [t.cpu().numpy().view(np.uint32) for t in (bc1, bc2_sqrt)]
+            np.concatenate(arrays).tofile(os.path.join(out, fname))
+            lines.append(f"{order} {beta1!r} {beta2!r} {BIAS_STEPS} {fname}")
+    with open(os.path.join(out, "bias.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def main():
@@ -119,12 +233,15 @@ def main():
     out = sys.argv[1]
     write_bf16(out)
     lines = []
-    for foreach in (False, True):
+    for impl in ("single", "foreach", "fused"):
         for lr, wd in ((1e-6, 0.01), (1e-3, 0.1), (3e-4, 0.0)):
-            name = f"{'foreach' if foreach else 'single'}-lr{lr:g}-wd{wd:g}"
-            run_adamw(out, lines, name, foreach, lr, wd)
+            run_adamw(out, lines, f"{impl}-lr{lr:g}-wd{wd:g}", impl, lr, wd)
+    run_adamw(out, lines, "fused-tensor-lr-lr1e-3-wd0.1", "fused-tensor-lr", 1e-3, 0.1)
+    run_decay_probes(out, lines, "fused")
     with open(os.path.join(out, "adamw.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    if DEVICE != "cpu":
+        write_bias_corrections(out)
     return 0
 
 
