@@ -169,6 +169,22 @@ std::unique_ptr<SnapshotSet> OpenStoreSnapshots(const Store& store) {
   return set.ok() ? std::move(set).value() : nullptr;
 }
 
+std::string SnapshotNotDue(Store& store, SnapshotSet& set, std::shared_ptr<const Version> parent,
+                           uint32_t every) {
+  std::shared_ptr<const Version> v = std::move(parent);
+  for (uint32_t d = 1; d < every; ++d) {
+    if (set.Has(*v)) {
+      return "the snapshot of " + VersionName(v->manifest.version) + " is " + std::to_string(d) +
+             " version(s) back (--snapshot-every " + std::to_string(every) + ")";
+    }
+    if (v->manifest.self_contained() || !v->manifest.parent) return "";
+    auto up = store.GetVersion(*v->manifest.parent);
+    if (!up.ok()) return "";
+    v = *std::move(up);
+  }
+  return "";
+}
+
 uint64_t SnapshotSet::SnapshotSize(const Manifest& m) {
   uint64_t size = 0;
   for (const FileEntry& f : m.files) {

@@ -195,4 +195,11 @@ std::string SnapshotDir(const Store& store);
 // required).
 std::unique_ptr<SnapshotSet> OpenStoreSnapshots(const Store& store);
 
+// Why a new version whose parent is `parent` gets no snapshot in `set`
+// under CommitOptions::snapshot_every `every` (store/ops/commit.h): the
+// snapshot of a version at most every - 1 versions back; "" when one is
+// due (none that close, or every <= 1).
+std::string SnapshotNotDue(Store& store, SnapshotSet& set, std::shared_ptr<const Version> parent,
+                           uint32_t every);
+
 }  // namespace dte

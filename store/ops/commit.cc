@@ -190,18 +190,7 @@ void Committer::StartSnapshot() {
 
 std::string Committer::SnapshotNotDue() {
   if (!parent_ || full_ || options_.snapshot_every <= 1) return "";
-  std::shared_ptr<const Version> v = parent_;
-  for (uint32_t d = 1; d < options_.snapshot_every; ++d) {
-    if (snapshots_->Has(*v)) {
-      return "the snapshot of " + VersionName(v->manifest.version) + " is " + std::to_string(d) +
-             " version(s) back (--snapshot-every " + std::to_string(options_.snapshot_every) + ")";
-    }
-    if (v->manifest.self_contained() || !v->manifest.parent) return "";
-    auto up = store_->GetVersion(*v->manifest.parent);
-    if (!up.ok()) return "";
-    v = *std::move(up);
-  }
-  return "";
+  return dte::SnapshotNotDue(*store_, *snapshots_, parent_, options_.snapshot_every);
 }
 
 void Committer::DropSnapshotOnError(const std::vector<Status>& writes) {

@@ -45,8 +45,11 @@ extern "C" {
  * returns DTE_ALREADY_EXISTS (was DTE_INVALID_ARGUMENT); a push or live
  * apply reads only the attention geometry of config.json.
  * 7: FP8 receivers: dte_push_receiver_open_fp8; dte_push_receiver_status
- * gains bytes (the bytes pushes wrote). */
-#define DTE_C_API_VERSION 7
+ * gains bytes (the bytes pushes wrote).
+ * 8: dte_publisher_publish_weights and dte_publisher_weights_begin, _add and
+ * _commit; dte_publish_result gains parent_bytes
+ * and path. */
+#define DTE_C_API_VERSION 8
 
 /* Result codes (the store's error classes). */
 enum dte_code {
@@ -147,7 +150,21 @@ typedef struct dte_publish_result {
   uint64_t version, parent, tensors, elements;
   uint64_t changed, flagged, false_positives, uncertain;
   uint64_t stored_bytes, state_bytes;
+  uint64_t parent_bytes; /* parent version bytes read (dte_publisher_publish_weights) */
+  int32_t path;          /* enum dte_publish_path */
 } dte_publish_result;
+
+/* How a publish found its changes. */
+enum dte_publish_path {
+  DTE_PATH_ADAMW = 0,   /* the AdamW step inverted from the optimizer state */
+  DTE_PATH_WEIGHTS = 1, /* the new weights compared with the parent version */
+};
+
+/* One tensor's new weights for dte_publisher_publish_weights. */
+typedef struct dte_weights_tensor {
+  const char* name;
+  dte_array weights; /* BF16 or F32 (cast to BF16, round to nearest even) */
+} dte_weights_tensor;
 
 const char* dte_last_error(void);
 int dte_c_api_version(void);
@@ -170,6 +187,20 @@ int dte_publisher_set_join_budget(dte_publisher* p, double join_budget);
 int dte_publisher_publish_adamw(dte_publisher* p, const dte_adamw_step* step,
                                 const dte_adamw_param* params, size_t count,
                                 dte_publish_result* out);
+/* Publishes new BF16 weights from any optimizer (or none): each tensor
+ * given is compared with the latest version's, read from this host's
+ * snapshots or the store, and only its changed elements are stored; tensors
+ * not given are unchanged. step: the trainer's step, checked to follow the
+ * last one this publisher published (-1: not checked). */
+int dte_publisher_publish_weights(dte_publisher* p, int64_t step, const dte_weights_tensor* tensors,
+                                  size_t count, dte_publish_result* out);
+/* The same one tensor at a time: begin, add each tensor (its array may be
+ * freed once add returns), commit. A failed add, or a begin before the
+ * commit, drops the version being built; nothing reaches the store before
+ * the commit. */
+int dte_publisher_weights_begin(dte_publisher* p, int64_t step);
+int dte_publisher_weights_add(dte_publisher* p, const dte_weights_tensor* tensor);
+int dte_publisher_weights_commit(dte_publisher* p, dte_publish_result* out);
 
 /* A publisher with the Megatron-Core converter: config_json is the text of
  * the model's Hugging Face config.json (llama, qwen3, qwen3_moe),

@@ -1,5 +1,6 @@
 // The C ABI of dte_publisher: one process publishes a model's state.
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -120,6 +121,59 @@ int dte_publisher_publish_adamw(dte_publisher* h, const dte_adamw_step* step,
       FillOptimizerState(in, &states[i]);
     }
     auto r = p.impl->PublishAdamW(adamw, states);
+    if (!r.ok()) return Fail(r.status());
+    FillResult(*r, out);
+    RememberPush(&p, *r);
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_publisher_publish_weights(dte_publisher* h, int64_t step, const dte_weights_tensor* tensors,
+                                  size_t count, dte_publish_result* out) {
+  return WithHandle(h, __func__, [&](dte_publisher& p) {
+    if (tensors == nullptr && count > 0) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_publish_weights: tensors must be set");
+    }
+    std::vector<dte::WeightsTensor> weights(count);
+    for (size_t i = 0; i < count; ++i) {
+      if (tensors[i].name == nullptr) {
+        return FailWith(DTE_INVALID_ARGUMENT, "tensor " + std::to_string(i) + " has no name");
+      }
+      weights[i].name = tensors[i].name;
+      weights[i].weights = dte::capi::ToRef(tensors[i].weights);
+    }
+    std::optional<int64_t> at;
+    if (step >= 0) at = step;
+    auto r = p.impl->PublishWeights(at, weights);
+    if (!r.ok()) return Fail(r.status());
+    FillResult(*r, out);
+    RememberPush(&p, *r);
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_publisher_weights_begin(dte_publisher* h, int64_t step) {
+  return WithHandle(h, __func__, [&](dte_publisher& p) {
+    std::optional<int64_t> at;
+    if (step >= 0) at = step;
+    dte::Status s = p.impl->BeginWeights(at);
+    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
+  });
+}
+
+int dte_publisher_weights_add(dte_publisher* h, const dte_weights_tensor* tensor) {
+  return WithHandle(h, __func__, [&](dte_publisher& p) {
+    if (tensor == nullptr || tensor->name == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_publisher_weights_add: the tensor has no name");
+    }
+    dte::Status s = p.impl->AddWeights({tensor->name, dte::capi::ToRef(tensor->weights)});
+    return s.ok() ? static_cast<int>(DTE_OK) : Fail(s);
+  });
+}
+
+int dte_publisher_weights_commit(dte_publisher* h, dte_publish_result* out) {
+  return WithHandle(h, __func__, [&](dte_publisher& p) {
+    auto r = p.impl->CommitWeights();
     if (!r.ok()) return Fail(r.status());
     FillResult(*r, out);
     RememberPush(&p, *r);

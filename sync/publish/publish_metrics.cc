@@ -51,6 +51,12 @@ struct PublishMetrics::Impl {
                                               "Bytes of optimizer state read (theta, m, v)");
   metrics::Counter stored_bytes =
       r.AddCounter("dte_publish_stored_bytes_total", "Bytes of blobs the versions added");
+  metrics::Counter weights_versions =
+      r.AddCounter("dte_publish_weights_versions_total",
+                   "Versions whose changes were found by comparing the new weights with the "
+                   "parent version (publish_weights) rather than by inverting AdamW");
+  metrics::Counter parent_bytes = r.AddCounter("dte_publish_parent_read_bytes_total",
+                                               "Bytes of parent versions read (publish_weights)");
   metrics::Counter anchors =
       r.AddCounter("dte_publish_anchors_total", "Versions that also carry a full table");
   metrics::Counter full_bytes = r.AddCounter("dte_publish_full_table_bytes_total",
@@ -112,6 +118,10 @@ void PublishMetrics::Committed(const PublishResult& r, int64_t step, double seco
   m.uncertain.Increment(static_cast<double>(r.uncertain));
   m.state_bytes.Increment(static_cast<double>(r.state_bytes));
   m.stored_bytes.Increment(static_cast<double>(r.stored_bytes));
+  if (r.from_weights) {
+    m.weights_versions.Increment();
+    m.parent_bytes.Increment(static_cast<double>(r.parent_bytes));
+  }
   if (r.full_table) {
     m.anchors.Increment();
     m.full_bytes.Increment(static_cast<double>(r.full_bytes));

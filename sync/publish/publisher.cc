@@ -12,14 +12,11 @@
 #include "store/write/blob_sink.h"
 #include "store/write/version_writer.h"
 #include "sync/publish/internal/engine_encoder.h"
+#include "sync/publish/internal/publisher_draft.h"
 #include "sync/publish/publish_metrics.h"
 
 namespace dte {
 namespace {
-
-struct TensorAt {
-  size_t file = 0, tensor = 0;
-};
 
 // The kernel parameters of one tensor: the step's, with its group's lr and
 // weight decay.
@@ -228,87 +225,29 @@ Result<CommitResult> Publisher::ImportCheckpoint(const std::string& dir) {
   return r;
 }
 
-// A version being built: the parent's layout and block table, with the
-// records of every tensor encoded so far replaced, and the delta spool.
-class Publisher::Draft {
- public:
-  Draft(const PublisherOptions& o, Store* store, uint64_t latest,
-        std::shared_ptr<const Version> parent)
-      : store_uri_(store->uri()),
-        latest_(latest),
-        parent_(std::move(parent)),
-        sink_(&store->objects()),
-        encoder_(parent_->manifest.block_bytes, o.margin_ulps, o.screen) {
-    const Manifest& pm = parent_->manifest;
-    // The new version: the parent's files and blocks, every block unchanged
-    // until a published tensor overwrites its records.
-    m_.version = latest + 1;
-    m_.parent = latest;
-    m_.created = NowRfc3339();
-    m_.block_bytes = pm.block_bytes;
-    m_.files = pm.files;
-    records_ = parent_->records;
-    for (auto& rec : records_) rec = BlockRecord{BlockKind::kSame, 0, 0, 0, 0, rec.hash};
-    for (auto& f : m_.files) {
-      for (auto& t : f.tensors) t.changed = 0;
-    }
+Status Publisher::Draft::Encode(TensorAt at, const AdamWStep& h, const AdamWParamState& s) {
+  TensorEntry& t = m_.files[at.file].tensors[at.tensor];
+  encoder_.SetParams(ParamsFor(h, &s));
+  if (collect_changes_) {
+    changes_.emplace_back();
+    changes_.back().name = s.name;
+    encoder_.SetChanges(&changes_.back());
   }
+  RETURN_IF_ERROR(encoder_
+                      .EncodeTensor(static_cast<const float*>(s.param.data),
+                                    static_cast<const float*>(s.exp_avg.data),
+                                    static_cast<const float*>(s.exp_avg_sq.data), &t,
+                                    records_.data() + t.first_block, spool_.get(), 0, &counts_)
+                      .WithContext("tensor " + s.name));
+  encoder_.SetChanges(nullptr);
+  r_.tensors++;
+  r_.elements += t.elements();
+  return Status::Ok();
+}
 
-  // The parent's tensor `name`, once per publish.
-  Result<TensorAt> Claim(const std::string& name) {
-    auto at = parent_->manifest.FindTensor(name);
-    if (!at) {
-      return InvalidArgument("tensor " + name + " is not in " + VersionName(latest_) +
-                             " of store " + store_uri_);
-    }
-    if (!claimed_.insert(name).second) return InvalidArgument("tensor " + name + " is given twice");
-    return TensorAt{at->file_index, at->tensor_index};
-  }
-  const TensorEntry& Entry(TensorAt at) const {
-    return parent_->manifest.files[at.file].tensors[at.tensor];
-  }
-
-  Status Encode(TensorAt at, const AdamWStep& h, const AdamWParamState& s) {
-    TensorEntry& t = m_.files[at.file].tensors[at.tensor];
-    encoder_.SetParams(ParamsFor(h, &s));
-    if (collect_changes_) {
-      changes_.emplace_back();
-      changes_.back().name = s.name;
-      encoder_.SetChanges(&changes_.back());
-    }
-    RETURN_IF_ERROR(encoder_
-                        .EncodeTensor(static_cast<const float*>(s.param.data),
-                                      static_cast<const float*>(s.exp_avg.data),
-                                      static_cast<const float*>(s.exp_avg_sq.data), &t,
-                                      records_.data() + t.first_block, spool_.get(), 0, &counts_)
-                        .WithContext("tensor " + s.name));
-    encoder_.SetChanges(nullptr);
-    r_.tensors++;
-    r_.elements += t.elements();
-    return Status::Ok();
-  }
-
-  std::string store_uri_;
-  uint64_t latest_;
-  std::shared_ptr<const Version> parent_;
-  std::set<std::string> claimed_;
-  Manifest m_;
-  std::vector<BlockRecord> records_;
-  internal::BlobSink sink_;
-  std::unique_ptr<internal::Spool> spool_;
-  internal::EngineEncoder encoder_;
-  TableDecision tables_;  // a policy anchor, a join table, or neither
-  std::unique_ptr<internal::FullTableBuilder> full_;
-  internal::EngineCounts counts_;
-  PublishResult r_;
-  bool collect_changes_ = false;        // for a push
-  std::vector<TensorChanges> changes_;  // per published tensor
-};
-
-Result<std::unique_ptr<Publisher::Draft>> Publisher::Begin(const AdamWStep& h) {
-  RETURN_IF_ERROR(CheckHyper(h, nullptr));
-  if (last_step_ && h.step != *last_step_ + 1) {
-    return InvalidArgument("step " + std::to_string(h.step) + " does not follow step " +
+Result<std::unique_ptr<Publisher::Draft>> Publisher::Begin(std::optional<int64_t> step) {
+  if (step && last_step_ && *step != *last_step_ + 1) {
+    return InvalidArgument("step " + std::to_string(*step) + " does not follow step " +
                            std::to_string(*last_step_) +
                            ", the last one published: the store's latest version must hold the "
                            "weights from right before this step");
@@ -368,7 +307,7 @@ Status Publisher::FillUnclaimedFull(Draft& d) {
   return d.full_->Finish(&d.sink_, d.records_, &d.m_);
 }
 
-Result<PublishResult> Publisher::Finish(const AdamWStep& h, Draft& d) {
+Result<PublishResult> Publisher::Finish(std::optional<int64_t> step, Draft& d) {
   if (d.spool_->size() > 0) {
     ASSIGN_OR_RETURN(BlobRef delta, d.sink_.Finish(std::move(d.spool_)));
     d.m_.blobs.push_back(delta);
@@ -380,7 +319,7 @@ Result<PublishResult> Publisher::Finish(const AdamWStep& h, Draft& d) {
       store_.get(), &d.sink_, &d.m_, d.records_, d.full_ ? d.full_->records() : kNone,
       d.tables_.parent_distance, d.latest_, d.full_ && d.full_->join(), &join));
   last_version_ = d.m_.version;
-  last_step_ = h.step;
+  last_step_ = step;
   PublishResult r = d.r_;
   r.version = d.m_.version;
   r.parent = d.latest_;
@@ -389,7 +328,12 @@ Result<PublishResult> Publisher::Finish(const AdamWStep& h, Draft& d) {
   r.false_positives = d.counts_.false_positives;
   r.uncertain = d.counts_.uncertain;
   r.stored_bytes = d.m_.stats.stored_bytes;
-  r.state_bytes = r.elements * 3 * sizeof(float);
+  if (d.weights_) {
+    r.from_weights = true;
+    r.parent_bytes = d.weights_->parent_bytes();
+  } else {
+    r.state_bytes = r.elements * 3 * sizeof(float);
+  }
   r.full_table = d.full_ && !d.full_->join();
   r.full_bytes = r.full_table ? d.full_->payload_bytes() : 0;
   r.anchor_reason = d.tables_.anchor_reason;
@@ -446,7 +390,8 @@ Result<PublishResult> Publisher::PublishAdamWMcore(const AdamWStep& h,
 
 Result<PublishResult> Publisher::PublishHf(const AdamWStep& h,
                                            const std::vector<AdamWParamState>& params) {
-  ASSIGN_OR_RETURN(auto d, Begin(h));
+  RETURN_IF_ERROR(CheckHyper(h, nullptr));
+  ASSIGN_OR_RETURN(auto d, Begin(h.step));
   std::vector<std::pair<TensorAt, const AdamWParamState*>> work;
   for (const auto& s : params) {
     ASSIGN_OR_RETURN(TensorAt at, d->Claim(s.name));
@@ -454,7 +399,7 @@ Result<PublishResult> Publisher::PublishHf(const AdamWStep& h,
     work.push_back({at, &s});
   }
   for (const auto& [at, s] : work) RETURN_IF_ERROR(d->Encode(at, h, *s));
-  return Finish(h, *d);
+  return Finish(h.step, *d);
 }
 
 // One unit to publish: the store tensors its HF tensors land in, and their
@@ -473,7 +418,8 @@ Result<PublishResult> Publisher::PublishMcore(const AdamWStep& h,
         "not \"" +
         options_.converter + "\"");
   }
-  ASSIGN_OR_RETURN(auto d, Begin(h));
+  RETURN_IF_ERROR(CheckHyper(h, nullptr));
+  ASSIGN_OR_RETURN(auto d, Begin(h.step));
   ShardStateSource::Shards given;
   for (const auto& s : shards) {
     if (!given.emplace(s.key, &s).second) {
@@ -499,7 +445,7 @@ Result<PublishResult> Publisher::PublishMcore(const AdamWStep& h,
       RETURN_IF_ERROR(d->Encode(w.at[t], h, s));
     }
   }
-  return Finish(h, *d);
+  return Finish(h.step, *d);
 }
 
 // Validates the shards against the plan and the store (everything a publish

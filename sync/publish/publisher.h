@@ -76,6 +76,11 @@ struct PublisherOptions {
   // Which versions also carry a full table (store/write/anchor_policy.h), as for
   // dtectl commit.
   AnchorPolicy anchor_policy;
+  // PublishWeights with a cache directory: leave a snapshot of the new
+  // version when none of the last snapshot_every - 1 versions has one, as
+  // CommitOptions::snapshot_every; keep the newest keep_snapshots.
+  uint32_t snapshot_every = 8;
+  uint32_t keep_snapshots = 3;
 };
 
 // A caller-owned, C-contiguous array.
@@ -119,6 +124,12 @@ struct AdamWStep {
   kernels::AdamWOrder order = kernels::AdamWOrder::kTorchCpu;
 };
 
+// One tensor's new weights, for PublishWeights.
+struct WeightsTensor {
+  std::string name;   // the tensor's name in the store (Hugging Face name)
+  TensorRef weights;  // BF16, or F32 cast to BF16 (round to nearest even)
+};
+
 struct PublishResult {
   uint64_t version = 0;
   uint64_t parent = 0;
@@ -130,7 +141,9 @@ struct PublishResult {
   uint64_t uncertain = 0;        // stored whole: old bits not provable; at most
                                  // this many stored elements may be unchanged
   uint64_t stored_bytes = 0;     // bytes of blobs the version added
-  uint64_t state_bytes = 0;      // bytes of optimizer state read (theta, m, v)
+  uint64_t state_bytes = 0;      // bytes of optimizer state (theta, m, v) or weights read
+  uint64_t parent_bytes = 0;     // bytes of the parent version read (PublishWeights)
+  bool from_weights = false;     // PublishWeights: the weights compared with the parent
   bool full_table = false;       // a policy anchor: the version also carries a full table
   uint64_t full_bytes = 0;       // its payload bytes (compressed)
   std::string anchor_reason;     // why it is a policy anchor ("" if it is not)
@@ -211,6 +224,33 @@ class Publisher {
   Result<PublishResult> PublishAdamWMcore(const AdamWStep& h,
                                           const std::vector<McoreAdamWShard>& shards);
 
+  // Publishes new BF16 weights from any optimizer (or none): each tensor
+  // given is compared, block by block, with the latest version's, read
+  // from this host's snapshots (PublisherOptions::cache_dir) plus the
+  // deltas since, else from the store, and only its changed elements are
+  // stored, their old values exact (sync/publish/internal/weights_encoder.h).
+  // Tensors not given are unchanged. The version is byte-for-byte the one
+  // `dtectl commit` of the same weights saved as safetensors makes. With a
+  // cache directory it also leaves a snapshot of the new version every
+  // PublisherOptions::snapshot_every versions, so the next publish reads
+  // its parent from a snapshot plus a bounded number of deltas. Memory: two
+  // chunks of 16 blocks, whatever the model size. `step`, when given, must
+  // follow the last step this publisher published. Rejected, naming the
+  // tensor, before anything is written: unknown or repeated names, a store
+  // tensor that is not BF16, a shape mismatch, weights that are not BF16 or
+  // F32, and the store checks of PublishAdamW.
+  Result<PublishResult> PublishWeights(std::optional<int64_t> step,
+                                       const std::vector<WeightsTensor>& tensors);
+  // PublishWeights one tensor at a time, for callers that hold one tensor
+  // at a time (weights copied from a GPU, gathered shards): BeginWeights,
+  // then AddWeights per tensor (each checked, then encoded; its array may
+  // be freed on return), then CommitWeights. A failed AddWeights, or a
+  // BeginWeights before CommitWeights, drops the version being built:
+  // nothing is written to the store until CommitWeights.
+  Status BeginWeights(std::optional<int64_t> step);
+  Status AddWeights(const WeightsTensor& tensor);
+  Result<PublishResult> CommitWeights();
+
   // After each successful publish, push its changed elements to the
   // server's receivers (sync/push/push_server.h); null: stop. Not owned; tells the
   // server the store's latest version.
@@ -231,11 +271,12 @@ class Publisher {
   Result<PublishResult> PublishHf(const AdamWStep& h, const std::vector<AdamWParamState>& params);
   Result<PublishResult> PublishMcore(const AdamWStep& h,
                                      const std::vector<McoreAdamWShard>& shards);
-  Result<std::unique_ptr<Draft>> Begin(const AdamWStep& h);
+  Result<std::unique_ptr<Draft>> Begin(std::optional<int64_t> step);
+
   Result<std::vector<McoreWork>> PlanMcore(const AdamWStep& h,
                                            const std::map<ShardKey, const McoreAdamWShard*>& given,
                                            Draft& draft);
-  Result<PublishResult> Finish(const AdamWStep& h, Draft& draft);
+  Result<PublishResult> Finish(std::optional<int64_t> step, Draft& draft);
   Status FillUnclaimedFull(Draft& draft);
 
   PublisherOptions options_;
@@ -245,6 +286,9 @@ class Publisher {
   std::optional<uint64_t> last_version_;  // committed by this publisher
   PushServer* push_ = nullptr;
   std::unique_ptr<PublishMetrics> metrics_;
+  // A version being built by BeginWeights / AddWeights, and its step.
+  std::unique_ptr<Draft> weights_draft_;
+  std::optional<int64_t> weights_step_;
 };
 
 }  // namespace dte

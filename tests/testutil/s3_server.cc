@@ -137,12 +137,12 @@ Status S3TestServer::Start(bool check_signatures) {
       ::dup2(log, 2);
     }
     if (check_signatures) {
-      ::execl(test::ProjectPython(), test::ProjectPython(), script.c_str(), "-H", "127.0.0.1", "-p", port.c_str(),
-              "--check-signatures", creds_path.c_str(), "--bucket", kSignedBucket,
+      ::execl(test::ProjectPython(), test::ProjectPython(), script.c_str(), "-H", "127.0.0.1", "-p",
+              port.c_str(), "--check-signatures", creds_path.c_str(), "--bucket", kSignedBucket,
               static_cast<char*>(nullptr));
     } else {
-      ::execl(test::ProjectPython(), test::ProjectPython(), script.c_str(), "-H", "127.0.0.1", "-p", port.c_str(),
-              static_cast<char*>(nullptr));
+      ::execl(test::ProjectPython(), test::ProjectPython(), script.c_str(), "-H", "127.0.0.1", "-p",
+              port.c_str(), static_cast<char*>(nullptr));
     }
     ::_exit(127);
   }

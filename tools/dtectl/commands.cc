@@ -393,9 +393,7 @@ int RunReport(const Common& c, const std::string& versions, const std::string& o
   // matplotlib is installed, unless told otherwise.
   const char* py = std::getenv("DTE_PYTHON");
   const char* kVenv = "/opt/dte/venv/bin/python";
-  const std::string python = py && *py                   ? py
-                             : ::access(kVenv, X_OK) == 0 ? kVenv
-                                                          : "python3";
+  const std::string python = py && *py ? py : ::access(kVenv, X_OK) == 0 ? kVenv : "python3";
   std::vector<std::string> args = {python,  script,  "--dtectl", self,          "--store",
                                    c.store, "--out", out,        "--cache-dir", c.cache_dir};
   if (!versions.empty()) args.insert(args.end(), {"--versions", versions});

@@ -69,9 +69,11 @@ int ToLayout(const dte_mcore_layout& in, dte::ParallelLayout* out) {
 
 void FillResult(const dte::PublishResult& r, dte_publish_result* out) {
   if (out == nullptr) return;
-  *out =
-      dte_publish_result{r.version, r.parent,          r.tensors,   r.elements,     r.changed,
-                         r.flagged, r.false_positives, r.uncertain, r.stored_bytes, r.state_bytes};
+  *out = dte_publish_result{
+      r.version,         r.parent,       r.tensors,
+      r.elements,        r.changed,      r.flagged,
+      r.false_positives, r.uncertain,    r.stored_bytes,
+      r.state_bytes,     r.parent_bytes, r.from_weights ? DTE_PATH_WEIGHTS : DTE_PATH_ADAMW};
 }
 
 std::string PushJson(const dte::PublishResult& r) {

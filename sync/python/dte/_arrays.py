@@ -45,6 +45,8 @@ def _as_array(x: Array, what: str, name: str, keep: _Keep) -> _lib.Array:
         x = np.ascontiguousarray(x)
         dtype = {np.dtype(np.float32): _lib.DTYPE_F32, np.dtype(np.float16): _lib.DTYPE_F16,
                  np.dtype(np.float64): _lib.DTYPE_F64}.get(x.dtype, _lib.DTYPE_OTHER)
+        if x.dtype.name == "bfloat16":  # ml_dtypes.bfloat16
+            dtype = _lib.DTYPE_BF16
         ptr, shape = x.ctypes.data, x.shape
     dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
     keep.extend((x, dims))
@@ -176,7 +178,8 @@ def _dtensor_rows(x: Any, what: str, label: str) -> Tuple[int, int]:
             b, e = chunk_rows(end - begin, int(coord[dim]), int(mesh.size(dim)))
             begin, end = begin + b, begin + e
             continue
-        raise InvalidArgument("tensor %s: %s is a DTensor placed %s on mesh dimension %d; the "
+        # repr: torch prints Shard(1) as "S(1)" and _StridedShard as "_S(0, 2)".
+        raise InvalidArgument("tensor %s: %s is a DTensor placed %r on mesh dimension %d; the "
                               "publisher takes Shard(0) and Replicate placements (for other splits "
                               "pass the local tensor with flat=(begin, end) pieces)"
                               % (label, what, pl, dim))

@@ -4,9 +4,10 @@ import ctypes
 import os
 from typing import Iterator, List
 
-C_API_VERSION = 7  # DTE_C_API_VERSION of sync/capi/c_api.h
+C_API_VERSION = 8  # DTE_C_API_VERSION of sync/capi/c_api.h
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F64, DTYPE_OTHER = 0, 1, 2, 3, 255
 MEMORY_HOST, MEMORY_CUDA = 0, 1
+PATH_ADAMW, PATH_WEIGHTS = 0, 1  # dte_publish_result.path
 # sync/capi/c_api.h enum dte_adamw_order
 ORDERS = {"torch_cpu": 0, "torch_cuda_foreach": 1, "torch_cuda_single_tensor": 2,
           "torch_cuda_fused": 3, "torch_cuda_fused_fp32": 4}
@@ -76,7 +77,11 @@ EXCHANGE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Mes
 class PublishResult(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "version", "parent", "tensors", "elements", "changed", "flagged", "false_positives",
-        "uncertain", "stored_bytes", "state_bytes")]
+        "uncertain", "stored_bytes", "state_bytes", "parent_bytes")] + [("path", ctypes.c_int32)]
+
+
+class WeightsTensor(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("weights", Array)]
 
 
 class PushTensor(ctypes.Structure):
@@ -172,6 +177,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "dte_publisher_publish_adamw": (ctypes.c_int, [P, ctypes.POINTER(AdamWStep),
                                                        ctypes.POINTER(AdamWParam), ctypes.c_size_t,
                                                        ctypes.POINTER(PublishResult)]),
+        "dte_publisher_publish_weights": (ctypes.c_int, [P, ctypes.c_int64,
+                                                         ctypes.POINTER(WeightsTensor),
+                                                         ctypes.c_size_t,
+                                                         ctypes.POINTER(PublishResult)]),
+        "dte_publisher_weights_begin": (ctypes.c_int, [P, ctypes.c_int64]),
+        "dte_publisher_weights_add": (ctypes.c_int, [P, ctypes.POINTER(WeightsTensor)]),
+        "dte_publisher_weights_commit": (ctypes.c_int, [P, ctypes.POINTER(PublishResult)]),
         "dte_publisher_open_mcore": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
                                                     ctypes.c_char_p, ctypes.c_char_p,
                                                     ctypes.POINTER(McoreLayout),

@@ -50,7 +50,12 @@ class PublishResult:
     false_positives: int  # reported, then proven unchanged (not stored)
     uncertain: int        # stored whole; at most this many stored elements are unchanged
     stored_bytes: int
-    state_bytes: int      # optimizer state read: 12 bytes per element
+    state_bytes: int      # optimizer state read (12 bytes per element), or weights read
+    parent_bytes: int = 0  # parent version bytes read (publish_weights; 0 for the AdamW path)
+    # Which path found the changes: "adamw" (the optimizer step inverted,
+    # docs/engine.md) or "weights" (the new weights compared with the parent
+    # version, Publisher.publish_weights).
+    path: str = "adamw"
     push: Optional[PushReport] = None  # with push=: what the push did
 
     def __int__(self) -> int:
@@ -60,7 +65,9 @@ class PublishResult:
 
     @classmethod
     def from_c(cls, out: _lib.PublishResult) -> PublishResult:
-        return cls(*(getattr(out, f) for f, _ in _lib.PublishResult._fields_))
+        values = {f[0]: getattr(out, f[0]) for f in _lib.PublishResult._fields_}
+        path = "weights" if values.pop("path") == _lib.PATH_WEIGHTS else "adamw"
+        return cls(**values, path=path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,4 +88,4 @@ class DistStats:
 
     @classmethod
     def from_c(cls, out: _lib.DistStats) -> DistStats:
-        return cls(*(getattr(out, f) for f, _ in _lib.DistStats._fields_))
+        return cls(*(getattr(out, f[0]) for f in _lib.DistStats._fields_))
