@@ -92,6 +92,32 @@ TEST_F(PushFp8Test, WeightsOffAReceiversBlockArriveAsBf16) {
   }
 }
 
+// A receiver that gives a weight as F8_E4M3 where its block keeps it BF16
+// is told why, and what to give instead.
+TEST(PushFp8Match, AWeightGivenAsFp8ThatThePlanHoldsInBf16IsRefusedSayingWhy) {
+  const ModelConfig c;
+  auto plan = MakeTransferPlan(transfer_test::ModelSpecs(c), c.Geometry(), {1, false, false},
+                               {1, false, false});
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  auto fp8 = MakeFp8ReceiverPlan(*plan, 0, Fp8Options(16, 16, Fp8ScaleRule::kPlain));
+  ASSERT_TRUE(fp8.ok()) << fp8.status().message();
+  std::vector<PlanTensor> have;
+  for (const PlanTensor& t : push_internal::Fp8ReceiverTensors(*plan, *fp8)) {
+    if (!t.name.empty()) have.push_back(t);
+  }
+  ASSERT_TRUE(push_internal::MatchFp8ReceiverTensors(*plan, *fp8, have, "rx").ok());
+  const std::string k = kLayer + "self_attn.k_proj.weight";
+  for (PlanTensor& t : have) {
+    if (t.name == k) t.dtype = DType::kF8E4M3;
+  }
+  auto m = push_internal::MatchFp8ReceiverTensors(*plan, *fp8, have, "rx");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().message(),
+            "rx: tensor " + k +
+                " is given as F8_E4M3 but is not held in FP8 (shape not a multiple of the block, "
+                "FP8 block 16 x 16); give it as BF16");
+}
+
 // The hello carries the policy's partial-blocks opt-in; anything but a
 // boolean is refused, and an absent key is the default (off).
 TEST(PushFp8Hello, PartialBlocksTravelInTheHello) {

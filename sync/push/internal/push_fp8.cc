@@ -78,10 +78,34 @@ std::vector<PlanTensor> Fp8ReceiverTensors(const TransferPlan& plan, const Fp8Re
   return out;
 }
 
+namespace {
+
+// A tensor given as F8_E4M3 that the plan holds in BF16: refused saying why
+// (the decision of its first canonical tensor the policy keeps).
+Status CheckNotFp8(const TransferPlan& plan, const Fp8ReceiverPlan& fp8,
+                   const std::vector<PlanTensor>& have, const std::string& what) {
+  const auto& own = plan.receiver_tensors[fp8.rank];
+  for (const PlanTensor& h : have) {
+    if (h.dtype != DType::kF8E4M3) continue;
+    for (size_t rt = 0; rt < own.size(); ++rt) {
+      if (own[rt].name != h.name || fp8.tensors[rt].fp8) continue;
+      return InvalidArgument(what + ": tensor " + h.name + " is given as F8_E4M3 but is not held " +
+                             "in FP8 (" + std::string(Fp8DecisionName(fp8.tensors[rt].decision)) +
+                             ", FP8 block " + std::to_string(fp8.options.block_rows) + " x " +
+                             std::to_string(fp8.options.block_cols) + "); give it as " +
+                             DTypeName(own[rt].dtype));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::vector<uint32_t>> MatchFp8ReceiverTensors(const TransferPlan& plan,
                                                       const Fp8ReceiverPlan& fp8,
                                                       const std::vector<PlanTensor>& have,
                                                       const std::string& what) {
+  RETURN_IF_ERROR(CheckNotFp8(plan, fp8, have, what));
   const std::vector<PlanTensor> slots = Fp8ReceiverTensors(plan, fp8);
   std::vector<PlanTensor> want;
   std::vector<size_t> slot_of;

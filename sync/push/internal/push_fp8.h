@@ -46,7 +46,9 @@ std::vector<PlanTensor> Fp8ReceiverTensors(const TransferPlan& plan, const Fp8Re
 // For each of those 2N slots, the index of the tensor of the same name in
 // `have` (kNoTensor for an empty slot); `have` must hold exactly those
 // tensors with the same dtypes and shapes. InvalidArgument naming the
-// first tensor that is missing, extra or different.
+// first tensor that is missing, extra or different; one given as F8_E4M3
+// that the plan holds in BF16 is refused with the policy's reason ("not
+// held in FP8 (shape not a multiple of the block, FP8 block 16 x 16)").
 Result<std::vector<uint32_t>> MatchFp8ReceiverTensors(const TransferPlan& plan,
                                                       const Fp8ReceiverPlan& fp8,
                                                       const std::vector<PlanTensor>& have,
