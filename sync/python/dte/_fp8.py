@@ -18,7 +18,10 @@ class Fp8Options:
     """Block-scaled E4M3: one FP32 scale per block of elements (block: N for
     N x N, or (rows, cols); (N, N) is kept as N), from the block's absolute
     maximum: amax / 448 ("plain", the public checkpoints' `weight_scale_inv`)
-    or that rounded up to a power of two ("pow2", UE8M0-style). The
+    or that rounded up to a power of two ("pow2", UE8M0-style). A weight
+    is held in FP8 only when its canonical rows and columns are multiples
+    of the block (of a fused tensor, every part's); any other is held in
+    BF16, as MOUNT/fp8 of that block keeps it (docs/fp8.md). The
     receiver's tensor-parallel splits must fall on block boundaries (the
     registration says which one does not). Live apply takes square blocks
     only (its ABI has one block side); the push takes any."""
