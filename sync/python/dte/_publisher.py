@@ -8,7 +8,7 @@ import os
 from typing import (TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union,
                     cast)
 
-from dte import _lib
+from dte import _lib, _torch_adamw
 from dte._arrays import (ConverterSpec, ParamState, _fill, _mcore_key, _mcore_spec, _range_of,
                          _step_value)
 from dte._errors import IOFailure, InvalidArgument
@@ -411,41 +411,53 @@ class Publisher(_Handle):
 
         named_params maps store tensor names to the optimizer's parameters
         (e.g. dict(model.named_parameters())). Every param group's lr and
-        weight decay are passed per tensor; unsupported settings (amsgrad,
-        maximize, fused, capturable) are rejected. step: the step to publish
-        (None: the optimizer state's, which every tensor must share)."""
+        weight decay are passed per tensor; the engine order follows the
+        optimizer's kernel and the parameters' device (_torch_adamw.order:
+        fused on the CPU; fused, foreach or single-tensor on CUDA). A step
+        the engine has no model of (torch 2's non-fused CPU kernels,
+        amsgrad, maximize, capturable without fused on CUDA,
+        differentiable, a tensor lr or betas, param groups whose betas, eps
+        or kernel differ, parameters that are not FP32) is published by
+        publish_weights instead, comparing the weights with the parent
+        version: the result's path is "weights", and logger "dte" says why
+        (once per reason and publisher). step: the step to publish (None:
+        the optimizer state's, which every tensor must share)."""
         torch = _torch()
         if torch is None or not isinstance(optimizer, torch.optim.AdamW):
             raise InvalidArgument("publish_torch_adamw needs a torch.optim.AdamW, not %s"
                                   % type(optimizer).__name__)
-        group_of: Dict[int, Mapping[str, Any]] = {}
-        for g in optimizer.param_groups:
-            for flag in ("amsgrad", "maximize", "fused", "capturable"):
-                if g.get(flag):
-                    raise InvalidArgument("AdamW %s=True is not supported by the publisher" % flag)
-            for p in g["params"]:
-                group_of[id(p)] = g
-        params: Dict[str, ParamState] = {}
-        steps, first = set(), None
-        for name, p in named_params.items():
-            g = group_of.get(id(p))
-            if g is None:
-                raise InvalidArgument("tensor %s is not a parameter of the optimizer" % name)
-            st = optimizer.state[p]
-            s = _step_value(st["step"])
-            steps.add(s)
-            first = first or g
-            params[name] = {"param": p, "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"],
-                            "step": s, "lr": g["lr"], "weight_decay": g["weight_decay"]}
+        params, first, steps = _torch_adamw.state(optimizer, named_params)
         if step is None:
             if len(steps) != 1:
                 raise InvalidArgument("parameters are at different optimizer steps %s"
                                       % sorted(steps))
             step = steps.pop()
-        assert first is not None
+        order, how = _torch_adamw.order(optimizer, named_params)
+        if order is None:
+            return self._publish_adamw_weights(named_params, step, how)
+        _torch_adamw.require_order(order, how)
         return self.publish_adamw(step=step, params=params, lr=first["lr"],
                                   betas=first["betas"], eps=first["eps"],
-                                  weight_decay=first["weight_decay"])
+                                  weight_decay=first["weight_decay"], order=order)
+
+    def _publish_adamw_weights(self, named_params: Mapping[str, Any], step: int,
+                               why: str) -> PublishResult:
+        """publish_torch_adamw of a step the engine has no model of: the
+        weights compared with the parent version."""
+        if self._dist:
+            raise InvalidArgument("publish_torch_adamw: AdamW with %s has no engine model, so its "
+                                  "versions are found by comparing weights, which rank %d of a "
+                                  "distributed Publisher does not do: gather the weights and call "
+                                  "publish_weights from one rank" % (why, self.rank))
+        logged = self.__dict__.setdefault("_weights_reasons", set())
+        if why not in logged:
+            logged.add(why)
+            import logging
+            logging.getLogger("dte").warning(
+                "publish_torch_adamw: AdamW with %s: the engine cannot invert this step; "
+                "publishing by comparing the weights with the parent version (path \"weights\")",
+                why)
+        return self.publish_weights(named_params, step=step)
 
 
 def _dist_initialized() -> bool:
