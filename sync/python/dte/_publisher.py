@@ -9,8 +9,8 @@ from typing import (TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence,
                     cast)
 
 from dte import _lib, _torch_adamw
-from dte._arrays import (ConverterSpec, ParamState, _fill, _mcore_key, _mcore_spec, _range_of,
-                         _step_value)
+from dte._arrays import (ConverterSpec, ParamState, _as_array, _fill, _is_dtensor, _mcore_key,
+                         _mcore_spec, _range_of, _step_value)
 from dte._errors import IOFailure, InvalidArgument
 from dte._exchange import _Exchange, _SoloExchange, _TorchExchange
 from dte._handle import _check, _Handle, _secret_arg, _text, _torch
@@ -255,6 +255,48 @@ class Publisher(_Handle):
             return self._publish_ranges(h, params)
         return self._publish_whole(h, params)
 
+    def publish_weights(self, weights: Mapping[str, Any], *,
+                        step: Optional[int] = None) -> PublishResult:
+        """Publishes new BF16 weights from any optimizer (SGD, Adafactor,
+        Lion, Muon, 8-bit AdamW, ...) or none, and from BF16-only models.
+
+        weights maps store tensor names to torch tensors or numpy arrays of
+        float32, float16, float64 or bfloat16 (cast to BF16 as torch's
+        .to(torch.bfloat16) casts), e.g. dict(model.named_parameters()).
+        Each tensor is compared, block by block, with the latest version's,
+        read from this host's snapshots (cache_dir=) plus the deltas since,
+        else from the store; only changed elements are stored, so the
+        version is the one `dtectl commit` of the same weights would make.
+        Tensors not named are unchanged. step: the trainer's step, checked
+        to follow the last one published (None: not checked). CUDA tensors
+        are copied to host memory one tensor at a time; the publish adds
+        about two chunks of 16 blocks to that. The result's path is
+        "weights"; parent_bytes says how much of the parent was read
+        (docs/engine.md, "Any optimizer: the weights path")."""
+        if self._dist:
+            raise InvalidArgument("publish_weights is for a single-process Publisher (rank %d of "
+                                  "%d is distributed): publish from one rank, which holds or "
+                                  "gathers the full weights one tensor at a time"
+                                  % (self.rank, self.world_size))
+        if self._mcore:
+            raise InvalidArgument("publish_weights takes Hugging Face tensors; this Publisher "
+                                  "has a Megatron-Core converter")
+        _check(lib.dte_publisher_weights_begin(self._h, -1 if step is None else int(step)))
+        for name, value in weights.items():
+            if not isinstance(name, str):
+                raise InvalidArgument("weights are keyed by Hugging Face tensor names, not %r"
+                                      % (name,))
+            keep: List[Any] = []  # this tensor's host copy, freed after the call
+            entry = _lib.WeightsTensor(name.encode(), _as_array(_host_weights(value, name),
+                                                                "weights", name, keep))
+            _check(lib.dte_publisher_weights_add(self._h, ctypes.byref(entry)))
+        out = _lib.PublishResult()
+        _check(lib.dte_publisher_weights_commit(self._h, ctypes.byref(out)))
+        result = PublishResult.from_c(out)
+        if self._push is not None:
+            result.push = self._last_push()
+        return result
+
     def _publish_whole(self, h: _lib.AdamWStep, params: Params) -> PublishResult:
         """A single-process publish: every tensor whole, in host memory."""
         keep: List[Any] = []
@@ -356,7 +398,8 @@ class Publisher(_Handle):
                 name, tp_rank, ep_rank, label = key, 0, 0, key
             encoded = name.encode()
             keep.append(encoded)
-            for piece in (value if isinstance(value, list) else [value]):
+            pieces = value if isinstance(value, list) else [value]
+            for piece in cast(List[ParamState], pieces):
                 ranges.append(_range_of(encoded, tp_rank, ep_rank, label, piece, keep))
         entries = (_lib.AdamWRange * max(len(ranges), 1))(*ranges)
         # The C side reads device memory on the legacy default stream: wait
@@ -460,6 +503,33 @@ class Publisher(_Handle):
         return self.publish_weights(named_params, step=step)
 
 
+def _host_weights(x: Any, name: str) -> Any:
+    """Weights as a host array the C ABI takes: BF16 or FP32 (other float
+    dtypes cast to FP32 exactly, as torch casts them on the way to BF16);
+    a DTensor is refused (gather it first: full_tensor())."""
+    torch = _torch()
+    if torch is None or not isinstance(x, torch.Tensor):
+        import numpy as np
+        a = np.asarray(x)
+        if a.dtype.name == "bfloat16" or a.dtype == np.float32:
+            return a
+        if a.dtype.kind == "f":
+            return a.astype(np.float32)
+        raise InvalidArgument("tensor %s: weights are %s; publish_weights takes floating-point "
+                              "arrays" % (name, a.dtype))
+    if _is_dtensor(x):
+        raise InvalidArgument("tensor %s is a DTensor; publish_weights takes full tensors (call "
+                              ".full_tensor() on every rank, one tensor at a time, and publish "
+                              "from one)" % name)
+    x = x.detach()
+    if not x.is_floating_point():
+        raise InvalidArgument("tensor %s: weights are %s; publish_weights takes floating-point "
+                              "tensors" % (name, x.dtype))
+    if x.dtype not in (torch.bfloat16, torch.float32):
+        x = x.to(torch.float32)
+    return x.cpu()
+
+
 def _dist_initialized() -> bool:
     """Whether torch.distributed has a default process group (False without torch)."""
     try:
@@ -472,7 +542,7 @@ def _dist_initialized() -> bool:
 class MetricsCollector:
     """A prometheus_client collector of a dte.Publisher's metrics: each
     collection reads the publisher's values of the moment. Needs the
-    prometheus_client package (Debian's python3-prometheus-client)."""
+    prometheus_client package (pinned in tools/python.lock)."""
 
     def __init__(self, publisher: Publisher) -> None:
         from prometheus_client.parser import text_string_to_metric_families
