@@ -2,7 +2,7 @@
 
 import ctypes
 import os
-from typing import Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 C_API_VERSION = 8  # DTE_C_API_VERSION of sync/capi/c_api.h
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F64, DTYPE_OTHER = 0, 1, 2, 3, 255
@@ -162,9 +162,11 @@ def _load() -> ctypes.CDLL:
                       "library or install the package with pip" % ", ".join(tried))
 
 
-def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+def _publish_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
+    """(result type, argument types) of the publishers', transports' and
+    store reader's functions."""
     P = ctypes.c_void_p
-    sigs = {
+    return {
         "dte_last_error": (ctypes.c_char_p, []),
         "dte_c_api_version": (ctypes.c_int, []),
         "dte_publisher_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
@@ -219,6 +221,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                             ctypes.POINTER(ctypes.c_uint64)]),
         "dte_store_read_tensor": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.c_char_p,
                                                  ctypes.c_void_p, ctypes.c_uint64]),
+    }
+
+
+def _push_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
+    """The push's, metrics' and live apply's functions."""
+    P = ctypes.c_void_p
+    return {
         "dte_push_server_start": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
                                                  ctypes.c_int64, ctypes.c_int64,
                                                  ctypes.c_int64, ctypes.c_char_p,
@@ -276,6 +285,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "dte_live_unregister": (ctypes.c_int, [P, ctypes.c_uint64]),
         "dte_live_close": (ctypes.c_int, [P]),
     }
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    sigs = {**_publish_signatures(), **_push_signatures()}
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
         fn.restype = res
