@@ -1,28 +1,29 @@
 """Distributed publishing from several trainer processes on one machine.
 
-Each test launches `world` processes of tests/py/dist_worker.py, joined in a
-torch.distributed gloo group (or dte's TCP transport), that train the same
-model with real torch.optim.AdamW steps and each publish only the state they
-hold: FSDP2 row shards (uneven, with empty ones), a flat buffer cut across
+Each test runs tests/py/dist_worker.py, which forks `world` rank processes,
+joined in a torch.distributed gloo group (or dte's TCP transport, or the
+store), that train with real torch.optim.AdamW steps and each publish only the state
+they hold: a real FSDP2 trainer (torch.distributed.fsdp.fully_shard) of a
+small transformers Llama on 2 and 3 ranks (Shard(0), uneven and empty
+shards) and HSDP on a 2 x 2 mesh, handing its DTensors over as they are;
+and a dict of parameters cut as FSDP2 row shards, a flat buffer cut across
 tensor boundaries (ZeRO, Megatron's distributed optimizer), replicas, and
-hybrid row shards with replicas, and DTensors (Shard(0) and Replicate
-placements on 1- and 2-dimensional meshes, through DTensor's interface
-since Debian's torch has none). Rank 0 also publishes every step with the
-single-process publisher into a reference store and reads every version back
-against param.to(torch.bfloat16); the test compares the two stores' exports
-byte for byte and runs `dtectl verify`. Faults: kill -9 of one rank at random
-points inside and between publishes, a stalled rank, and ranks that
-disagree; then the job restarts and resumes where the store is. The
-examples (FSDP2-style; Megatron-style TP x DP with the distributed optimizer,
-TP x PP, and EP for a Qwen3-MoE model) run as processes too and check
-themselves.
+hybrid row shards with replicas. Rank 0 also publishes every step with the
+single-process publisher into a reference store, from the state gathered
+whole, and reads every version back against the full parameters' BF16; the
+test compares the two stores' exports byte for byte and runs `dtectl
+verify`. Faults: kill -9 of one FSDP2 rank inside and between publishes,
+then the job restarts from its newest torch.distributed.checkpoint (DCP)
+save and goes on from the store's latest version; a DCP resume behind the
+store; a stalled rank; ranks that disagree. The examples (FSDP2 and HSDP;
+Megatron-style TP x DP with the distributed optimizer, TP x PP, and EP for
+a Qwen3-MoE model) run as processes too and check themselves.
 """
 
 import json
 import os
-import random
-import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -30,10 +31,17 @@ import pytest
 SOURCE = os.environ.get("DTE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.environ.get("DTE_BUILD_DIR", os.path.join(SOURCE, "build"))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.py")
-PYTHON = os.environ.get("DTE_PYTHON", "/usr/bin/python3")  # Debian's python3-torch by default
+PYTHON = sys.executable  # the interpreter running the tests, with its torch
 DTECTL = os.path.join(BUILD, "tools", "dtectl")
 
 pytest.importorskip("torch")  # not reached with the project's setup, which installs it
+
+# The FSDP2 trainers' Llama: k_proj and v_proj are (2, 64) with 2-element
+# biases, so on 3 ranks the last shard of each is empty; the 257-row
+# embedding and lm_head split 129 / 128 on 2 ranks.
+MODEL = {"vocab_size": 257, "hidden_size": 64, "intermediate_size": 170, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 2,
+         "attention_bias": True, "tie_word_embeddings": False, "max_position_embeddings": 64}
 
 
 class Job:
@@ -41,17 +49,18 @@ class Job:
         self.root, self.name, self.world = root, name, world
         self.store = os.path.join(root, "store")
         self.cfg = {"world": world, "layout": layout, "steps": steps, "store": self.store,
-                    "work": root, "timeout": 20}
+                    "work": root, "timeout": 20, "model": MODEL,
+                    "checkpoints": os.path.join(root, "checkpoints")}
         if ref:
             self.cfg["ref"] = os.path.join(root, "ref")
         self.cfg.update(extra)
 
-    def run(self, kill_rank=None, stalled=False, deadline=120, env=None):
-        """Runs every rank to its end; returns each rank's result (None for
-        rank `kill_rank` if it was killed before writing one). With
-        `stalled`, rank `kill_rank` hangs (config "stall") and is killed once
-        every other rank has exited: they must fail on their own timeout, and
-        no fixed delay guesses how long that takes."""
+    def run(self, kill_rank=None, stalled=False, deadline=300, env=None):
+        """Runs every rank to its end (the worker forks them); returns each
+        rank's result (None for rank `kill_rank` if it was killed before
+        writing one). With `stalled`, rank `kill_rank` hangs (config
+        "stall") and the worker kills it once every other rank has exited."""
+        assert not stalled or self.cfg.get("stall", [None])[0] == kill_rank
         attempt = os.path.join(self.root, "%s-%d" % (self.name, time.monotonic_ns()))
         os.makedirs(attempt)
         cfg = dict(self.cfg, init=os.path.join(attempt, "init"), out=os.path.join(attempt, "out"),
@@ -61,23 +70,17 @@ class Job:
         with open(path, "w") as f:
             json.dump(cfg, f)
         env = dict(os.environ, DTE_BUILD_DIR=BUILD, DTE_SOURCE_DIR=SOURCE, **(env or {}))
-        procs = [subprocess.Popen([PYTHON, WORKER, path, str(r)], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                 for r in range(self.world)]
-        logs = [None] * self.world
-        last = [kill_rank] if stalled else []
-        for r in [r for r in range(self.world) if r not in last] + last:
-            if r in last:
-                procs[r].send_signal(signal.SIGKILL)
-            out, _ = procs[r].communicate(timeout=deadline)
-            logs[r] = out.decode("utf-8", "replace")
+        r = subprocess.run([PYTHON, WORKER, path], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=deadline)
+        log = r.stdout.decode("utf-8", "replace")
+        assert r.returncode == 0, log
         results = []
-        for r in range(self.world):
+        for rank in range(self.world):
             try:
-                with open("%s-%d.json" % (cfg["out"], r)) as f:
+                with open("%s-%d.json" % (cfg["out"], rank)) as f:
                     results.append(json.load(f))
             except FileNotFoundError:
-                assert r == kill_rank, "rank %d wrote no result:\n%s" % (r, logs[r])
+                assert rank == kill_rank, "rank %d wrote no result:\n%s" % (rank, log)
                 results.append(None)
         return results
 
@@ -161,44 +164,98 @@ def test_state_on_the_gpu_publishes_the_single_process_versions(tmp_path, world,
     (4, "hybrid", "gloo"),
     (3, "flat", "tcp"),
     (3, "flat", "staged"),
-    (3, "dtensor", "gloo"),
-    (4, "dtensor", "gloo"),
+    (2, "fsdp2", "gloo"),
+    (4, "hsdp", "gloo"),
 ])
 def test_every_layout_publishes_the_single_process_versions(tmp_path, world, layout, transport):
     steps = 3
     job = Job(str(tmp_path), "job", world, layout, steps, transport=transport)
-    check_clean(job.run(), steps)
+    results = job.run()
+    check_published(job, results, steps)
+    if layout in ("fsdp2", "hsdp"):
+        check_fsdp2_shards(results, world, layout)
+
+
+def check_published(job, results, steps):
+    """A clean run: every rank's steps, rank 0's read-back, the reference's
+    exports, dtectl verify."""
+    check_clean(results, steps)
     assert versions(job.store) == list(range(steps + 1))
     for v in range(1, steps + 1):
-        assert same_exports(str(tmp_path), job.store, job.cfg["ref"], v), "version %d" % v
+        assert same_exports(job.root, job.store, job.cfg["ref"], v), "version %d" % v
     r = dtectl("verify", "--store", job.store)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_kill_9_of_a_rank_at_random_points_then_the_job_resumes(tmp_path):
-    steps, world = 4, 3
-    root = str(tmp_path)
-    # The reference: the same training, published by one process.
-    ref = Job(os.path.join(root, "ref-job"), "ref", 1, "replicated", steps, ref=False)
-    os.makedirs(ref.root)
-    assert ref.run()[0]["error"] is None
-    # Twelve points where rank 1 is killed: (step, exchange, before or after
-    # it); exchange -1 is right before the publish. A publish makes ten
-    # exchanges: agreement, parent, routing, parts and outcome, each sizes
-    # then payloads.
-    rng = random.Random(20261125)
-    points = [(rng.randint(1, steps), rng.randint(-1, 9), rng.randint(0, 1)) for _ in range(12)]
-    for trial, (step, call, after) in enumerate(points):
+def check_fsdp2_shards(results, world, layout):
+    """FSDP2 cut the shapes MODEL was chosen for: torch.chunk's rows per
+    shard, uneven on 2 ranks, empty on the last of 3; HSDP's replicas hold
+    the same rows."""
+    shards = 2 if layout == "hsdp" else world
+    for name, rows in (("model.embed_tokens.weight", 257),
+                       ("model.layers.0.self_attn.k_proj.weight", 2),
+                       ("model.layers.1.self_attn.v_proj.bias", 2)):
+        chunk = -(-rows // shards)
+        want = [max(0, min(chunk, rows - chunk * (r % shards))) for r in range(world)]
+        assert [res["local_shapes"][name][0] for res in results] == want, name
+    if layout == "fsdp2" and world == 3:
+        assert results[2]["local_shapes"]["model.layers.0.self_attn.k_proj.bias"] == [0]
+    if layout == "fsdp2" and world == 2:
+        assert [res["local_shapes"]["lm_head.weight"] for res in results] == [[129, 64],
+                                                                              [128, 64]]
+
+
+KILL_STEPS, KILL_SAVE = 4, 2  # the kill test's FSDP2 job: 4 steps, a DCP save after step 2
+
+
+@pytest.fixture(scope="module")
+def fsdp2_on_3_ranks(tmp_path_factory):
+    """An FSDP2 job on 3 ranks that nothing interrupts: the kill test's
+    reference."""
+    job = Job(str(tmp_path_factory.mktemp("fsdp2-3")), "job", 3, "fsdp2", KILL_STEPS,
+              save_at=[KILL_SAVE])
+    return job, job.run()
+
+
+def test_fsdp2_on_3_ranks_with_empty_shards_publishes_the_single_process_versions(
+        fsdp2_on_3_ranks):
+    job, results = fsdp2_on_3_ranks
+    check_published(job, results, KILL_STEPS)
+    check_fsdp2_shards(results, 3, "fsdp2")
+
+
+# (step, exchange, before (0) or after (1) it) where rank 1 of the FSDP2
+# job kills itself; exchange -1 is right before the publish. A publish
+# makes ten exchanges: agreement, parent, routing, parts and outcome, each
+# sizes then payloads.
+KILL_POINTS = [
+    (3, -1, 0),  # the step after the checkpoint, before it is published
+    (2, 9, 1),   # step 2 committed, the checkpoint after it never made
+    (4, 3, 1),   # the parent exchanged, a step past the checkpoint
+    (4, 8, 0),   # the outcome of a step past the checkpoint: committed or not
+]
+
+
+def test_kill_9_of_an_fsdp2_rank_then_the_job_resumes_from_its_checkpoint(tmp_path,
+                                                                          fsdp2_on_3_ranks):
+    """Rank 1 of the FSDP2 job is killed inside or between publishes: the
+    other ranks fail naming it, and the store holds every step before the
+    kill and the killed one only if rank 0 committed it. Restarted, the job
+    loads its newest DCP checkpoint (none when the kill came before the
+    save), replays the steps the store holds past it, checks the latest
+    version against its weights, and publishes the rest: every version
+    equals the uninterrupted job's."""
+    steps, world, root = KILL_STEPS, 3, str(tmp_path)
+    ref = fsdp2_on_3_ranks[0].store
+    for trial, (step, call, after) in enumerate(KILL_POINTS):
         where = "trial %d: rank 1 killed at step %d, exchange %d (%s)" % (
             trial, step, call, "after" if after else "before")
-        job = Job(os.path.join(root, "trial%d" % trial), "job", world, "rows", steps, ref=False,
-                  timeout=10, kill=[1, step, call, after])
+        job = Job(os.path.join(root, "trial%d" % trial), "job", world, "fsdp2", steps, ref=False,
+                  timeout=10, kill=[1, step, call, after], save_at=[KILL_SAVE])
         os.makedirs(job.root)
         results = job.run(kill_rank=1)
         assert results[1] is None, where  # it died
         have = versions(job.store)
-        # Steps before the kill are in; the killed step is in only if rank 0
-        # committed it before the kill (while the outcome was sent).
         assert have[:step] == list(range(step)), (where, have)
         assert len(have) in (step, step + 1), (where, have)
         if len(have) == step + 1:
@@ -212,13 +269,44 @@ def test_kill_9_of_a_rank_at_random_points_then_the_job_resumes(tmp_path):
                 assert res["error"] is not None, where
                 assert ("step %d" % step) in res["error"] and "rank 1" in res["error"], \
                     (where, res["error"])
-        # Restarted, the job replays what the store has and publishes the rest.
         del job.cfg["kill"]
+        checkpoint = KILL_SAVE if step > KILL_SAVE else 0
         for res in job.run():
             assert res["error"] is None, (where, res["error"])
+            assert res["resumed"] == [checkpoint, len(have) - 1], (where, res["resumed"])
+            assert [s["version"] for s in res["steps"]] == list(range(len(have), steps + 1))
         assert versions(job.store) == list(range(steps + 1)), where
         for v in range(1, steps + 1):
-            assert same_exports(job.root, job.store, ref.store, v), (where, v)
+            assert same_exports(job.root, job.store, ref, v), (where, v)
+
+
+def test_a_dcp_resume_behind_the_store_replays_up_to_its_latest_version(tmp_path):
+    """The job saves a DCP checkpoint at step 2 and publishes step 3 before
+    it stops. Restarted, it may not publish step 3 again on top of version
+    3: when it may not replay it refuses, naming both numbers, before
+    anything is written; when it may, it replays step 3, checks version 3
+    bit for bit, and publishes steps 4 and 5."""
+    job = Job(str(tmp_path), "job", 2, "fsdp2", 3, save_at=[2])
+    check_clean(job.run(), 3)
+    job.cfg.update(steps=5, replay=False)
+    for res in job.run():
+        assert res["error"] is not None
+        assert "is at version 3, ahead of the checkpoint of step 2" in res["error"], res["error"]
+        assert res["steps"] == []
+    assert versions(job.store) == [0, 1, 2, 3]
+    job.cfg.update(replay=True)
+    results = job.run()
+    for res in results:
+        assert res["error"] is None, res["error"]
+        assert res["resumed"] == [2, 3]
+        assert [s["version"] for s in res["steps"]] == [4, 5]
+    assert all(s["mismatches"] == 0 and s["version"] == s["ref_version"]
+               for s in results[0]["steps"])
+    assert versions(job.store) == list(range(6))
+    for v in range(1, 6):
+        assert same_exports(str(tmp_path), job.store, job.cfg["ref"], v), "version %d" % v
+    r = dtectl("verify", "--store", job.store)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_a_stalled_rank_fails_the_others_within_the_timeout(tmp_path):
@@ -263,8 +351,8 @@ def test_ranks_that_share_only_an_s3_store_publish_through_it(tmp_path, moto):
 
 
 @pytest.mark.parametrize("script,nproc,args", [
-    ("fsdp2_publish.py", 3, ["--steps", "3"]),
-    ("fsdp2_publish.py", 2, ["--steps", "2", "--job", "example"]),
+    ("fsdp2_publish.py", 3, ["--steps", "2"]),
+    ("fsdp2_publish.py", 4, ["--steps", "2", "--mesh", "2x2", "--job", "example"]),
     ("megatron_publish.py", 4, ["--tp", "2", "--steps", "2"]),
     ("megatron_publish.py", 4, ["--tp", "2", "--pp", "2", "--steps", "2"]),
     ("megatron_publish.py", 2, ["--tp", "1", "--moe", "--ep", "2", "--steps", "2"]),
@@ -283,32 +371,35 @@ def test_the_examples_run_and_check_themselves(tmp_path, script, nproc, args):
 
 
 def test_dtensor_placements_a_rank_cannot_publish_are_refused(tmp_path):
-    """Shard(1), Partial, rows= beside a DTensor, and moments placed unlike
-    their param: each fails naming the tensor, before any exchange."""
+    """Shard(1), Partial, _StridedShard (FSDP2 over TP), rows= beside a
+    DTensor, and moments placed unlike their param: each fails naming the
+    tensor, before any exchange. Real DTensors on a mesh of one rank."""
     script = r'''
 import os, sys
-sys.path.insert(0, os.path.dirname(sys.argv[1]))
-import dist_worker as w
-import dte, torch
+sys.path.insert(0, os.path.join(os.environ["DTE_SOURCE_DIR"], "sync", "python"))
+os.environ.setdefault("DTE_LIBRARY", os.path.join(os.environ["DTE_BUILD_DIR"], "sync",
+                                                  "libdte.so"))
+import dte, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
-class Partial:
-    def is_shard(self, dim=None): return False
-    def is_replicate(self): return False
-    def __repr__(self): return "Partial(sum)"
-
-mesh = w.Mesh((0,), (1,))
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2] + ".init", rank=0,
+                        world_size=1)
+mesh = init_device_mesh("cpu", (1,))
 t = torch.zeros(4, 6)
-def dt(pl, local=t, shape=(4, 6), m=mesh):
-    return w.DTensor(local, shape, m, [pl])
-pub = dte.Publisher(sys.argv[2], rank=0, world_size=1, job="refusals")
+def dt(pl, local=t):
+    return DTensor.from_local(local, mesh, [pl], run_check=False)
+pub = dte.Publisher(sys.argv[1], rank=0, world_size=1, job="refusals")
+three = lambda pl: {"param": dt(pl), "exp_avg": dt(pl), "exp_avg_sq": dt(pl)}
 cases = {
-    "shard1": {"param": dt(w.Shard(1)), "exp_avg": dt(w.Shard(1)), "exp_avg_sq": dt(w.Shard(1))},
-    "partial": {"param": dt(Partial()), "exp_avg": dt(Partial()), "exp_avg_sq": dt(Partial())},
-    "rows": {"param": dt(w.Shard(0)), "exp_avg": dt(w.Shard(0)), "exp_avg_sq": dt(w.Shard(0)),
-             "rows": (0, 4)},
-    "mixed": {"param": dt(w.Shard(0)), "exp_avg": t, "exp_avg_sq": dt(w.Shard(0))},
-    "placed": {"param": dt(w.Shard(0)), "exp_avg": dt(w.Shard(0), t[:2], m=w.Mesh((1,), (2,))),
-               "exp_avg_sq": dt(w.Shard(0))},
+    "shard1": three(Shard(1)),
+    "partial": three(Partial()),
+    "strided": three(_StridedShard(0, split_factor=2)),
+    "rows": dict(three(Shard(0)), rows=(0, 4)),
+    "mixed": {"param": dt(Shard(0)), "exp_avg": t, "exp_avg_sq": dt(Shard(0))},
+    "placed": {"param": dt(Shard(0)), "exp_avg": dt(Shard(0), t[:2]),
+               "exp_avg_sq": dt(Shard(0))},
 }
 for name, d in cases.items():
     try:
@@ -316,15 +407,17 @@ for name, d in cases.items():
         print(name, "accepted")
     except dte.DteError as e:
         print(name, "refused:", e)
+dist.destroy_process_group()
 '''
     store = str(tmp_path / "store")
-    r = subprocess.run([PYTHON, "-c", script, WORKER, store], capture_output=True, text=True,
-                       timeout=60, env=dict(os.environ, DTE_BUILD_DIR=BUILD,
-                                            DTE_SOURCE_DIR=SOURCE))
+    r = subprocess.run([PYTHON, "-c", script, store, str(tmp_path / "pg")], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, DTE_BUILD_DIR=BUILD,
+                                                        DTE_SOURCE_DIR=SOURCE))
     assert r.returncode == 0, r.stdout + r.stderr
     got = dict(line.split(" ", 1) for line in r.stdout.splitlines())
     assert "model.w.shard1" in got["shard1"] and "Shard(dim=1)" in got["shard1"], got
     assert "model.w.partial" in got["partial"] and "Partial(sum)" in got["partial"], got
+    assert "model.w.strided" in got["strided"] and "_StridedShard" in got["strided"], got
     assert "do not also pass rows" in got["rows"], got
     assert "exp_avg is not a DTensor" in got["mixed"], got
     assert "placed differently from param" in got["placed"], got
