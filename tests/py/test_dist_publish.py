@@ -2,13 +2,13 @@
 
 Each test runs tests/py/dist_worker.py, which forks `world` rank processes,
 joined in a torch.distributed gloo group (or dte's TCP transport, or the
-store), that train with real torch.optim.AdamW steps and each publish only the state
-they hold: a real FSDP2 trainer (torch.distributed.fsdp.fully_shard) of a
-small transformers Llama on 2 and 3 ranks (Shard(0), uneven and empty
-shards) and HSDP on a 2 x 2 mesh, handing its DTensors over as they are;
-and a dict of parameters cut as FSDP2 row shards, a flat buffer cut across
-tensor boundaries (ZeRO, Megatron's distributed optimizer), replicas, and
-hybrid row shards with replicas. Rank 0 also publishes every step with the
+store), that train with real torch.optim.AdamW steps and each publish only
+the state they hold: a real FSDP2 trainer (torch.distributed.fsdp's
+fully_shard) of a small transformers Llama on 2 and 3 ranks (Shard(0),
+uneven and empty shards) and HSDP on a 2 x 2 mesh, handing its DTensors
+over as they are; and a dict of parameters cut as FSDP2 row shards, a flat
+buffer cut across tensor boundaries (ZeRO, Megatron's distributed
+optimizer), replicas, and hybrid row shards with replicas. Rank 0 also publishes every step with the
 single-process publisher into a reference store, from the state gathered
 whole, and reads every version back against the full parameters' BF16; the
 test compares the two stores' exports byte for byte and runs `dtectl
@@ -236,6 +236,29 @@ KILL_POINTS = [
 ]
 
 
+def check_killed(job, results, step, call, after, where):
+    """What a kill of rank 1 at (step, call, after) left; returns the
+    store's versions. Steps before the kill are in; the killed step only if
+    rank 0 committed it (while the outcome was sent). A survivor that did
+    not publish it names the step and rank 1."""
+    assert results[1] is None, where  # it died
+    have = versions(job.store)
+    assert have[:step] == list(range(step)), (where, have)
+    assert len(have) in (step, step + 1), (where, have)
+    if len(have) == step + 1:
+        assert call in (8, 9) or (call == 7 and after), (where, have)
+    r = dtectl("verify", "--store", job.store)
+    assert r.returncode == 0, (where, r.stdout + r.stderr)
+    for res in (results[0], results[2]):
+        done = [s["version"] for s in res["steps"]]
+        assert done in (list(range(1, step)), list(range(1, step + 1))), (where, done)
+        if done == list(range(1, step)):
+            assert res["error"] is not None, where
+            assert ("step %d" % step) in res["error"] and "rank 1" in res["error"], \
+                (where, res["error"])
+    return have
+
+
 def test_kill_9_of_an_fsdp2_rank_then_the_job_resumes_from_its_checkpoint(tmp_path,
                                                                           fsdp2_on_3_ranks):
     """Rank 1 of the FSDP2 job is killed inside or between publishes: the
@@ -253,22 +276,7 @@ def test_kill_9_of_an_fsdp2_rank_then_the_job_resumes_from_its_checkpoint(tmp_pa
         job = Job(os.path.join(root, "trial%d" % trial), "job", world, "fsdp2", steps, ref=False,
                   timeout=10, kill=[1, step, call, after], save_at=[KILL_SAVE])
         os.makedirs(job.root)
-        results = job.run(kill_rank=1)
-        assert results[1] is None, where  # it died
-        have = versions(job.store)
-        assert have[:step] == list(range(step)), (where, have)
-        assert len(have) in (step, step + 1), (where, have)
-        if len(have) == step + 1:
-            assert call in (8, 9) or (call == 7 and after), (where, have)
-        r = dtectl("verify", "--store", job.store)
-        assert r.returncode == 0, (where, r.stdout + r.stderr)
-        for res in (results[0], results[2]):
-            done = [s["version"] for s in res["steps"]]
-            assert done in (list(range(1, step)), list(range(1, step + 1))), (where, done)
-            if done == list(range(1, step)):
-                assert res["error"] is not None, where
-                assert ("step %d" % step) in res["error"] and "rank 1" in res["error"], \
-                    (where, res["error"])
+        have = check_killed(job, job.run(kill_rank=1), step, call, after, where)
         del job.cfg["kill"]
         checkpoint = KILL_SAVE if step > KILL_SAVE else 0
         for res in job.run():
@@ -370,18 +378,16 @@ def test_the_examples_run_and_check_themselves(tmp_path, script, nproc, args):
     assert versions(store) == list(range(steps + 1))
 
 
-def test_dtensor_placements_a_rank_cannot_publish_are_refused(tmp_path):
-    """Shard(1), Partial, _StridedShard (FSDP2 over TP), rows= beside a
-    DTensor, and moments placed unlike their param: each fails naming the
-    tensor, before any exchange. Real DTensors on a mesh of one rank."""
-    script = r'''
+# Publishes one tensor per case into an empty store from a world of one
+# rank (a gloo group, so the DTensors have a mesh) and prints the outcome.
+REFUSALS = r'''
 import os, sys
 sys.path.insert(0, os.path.join(os.environ["DTE_SOURCE_DIR"], "sync", "python"))
 os.environ.setdefault("DTE_LIBRARY", os.path.join(os.environ["DTE_BUILD_DIR"], "sync",
                                                   "libdte.so"))
 import dte, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2] + ".init", rank=0,
@@ -409,8 +415,14 @@ for name, d in cases.items():
         print(name, "refused:", e)
 dist.destroy_process_group()
 '''
+
+
+def test_dtensor_placements_a_rank_cannot_publish_are_refused(tmp_path):
+    """Shard(1), Partial, _StridedShard (FSDP2 over TP), rows= beside a
+    DTensor, and moments placed unlike their param: each fails naming the
+    tensor, before any exchange. Real DTensors on a mesh of one rank."""
     store = str(tmp_path / "store")
-    r = subprocess.run([PYTHON, "-c", script, store, str(tmp_path / "pg")], capture_output=True,
+    r = subprocess.run([PYTHON, "-c", REFUSALS, store, str(tmp_path / "pg")], capture_output=True,
                        text=True, timeout=120, env=dict(os.environ, DTE_BUILD_DIR=BUILD,
                                                         DTE_SOURCE_DIR=SOURCE))
     assert r.returncode == 0, r.stdout + r.stderr

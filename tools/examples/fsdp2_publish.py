@@ -87,21 +87,13 @@ def equals_full_bf16(reader, version, params):
     return same
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--store", required=True)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--mesh", default="", help="N (FSDP2) or RxS (HSDP); default: world size")
-    ap.add_argument("--job", help="exchange through the store under this job name")
-    a = ap.parse_args()
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = make_mesh(a.mesh, world)
-
+def sharded_model(mesh, rank, store):
+    """The Llama, sharded over mesh, and its optimizer; rank 0 imports its
+    initial weights as version 0 first."""
     torch.manual_seed(0)  # the same initial weights on every rank
     model = LlamaForCausalLM(CONFIG)
     if rank == 0:
-        import_initial(model, a.store)
+        import_initial(model, store)
     dist.barrier()
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
@@ -112,17 +104,34 @@ def main():
          "weight_decay": WD},
         {"params": [p for n, p in params.items() if n.endswith("norm.weight")],
          "weight_decay": 0.0}], lr=LR, fused=True)
+    return model, opt
 
+
+def train_step(model, opt, step, rank):
+    # A stand-in for the data loader: this rank's batch of the step.
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    ids = torch.randint(0, CONFIG.vocab_size, (4, 32), generator=g)
+    opt.zero_grad(set_to_none=True)
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--mesh", default="", help="N (FSDP2) or RxS (HSDP); default: world size")
+    ap.add_argument("--job", help="exchange through the store under this job name")
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, opt = sharded_model(make_mesh(a.mesh, world), rank, a.store)
+    params = dict(model.named_parameters())
     pub = dte.Publisher(a.store, rank=rank, world_size=world, job=a.job)
     reader = dte.StoreReader(a.store) if rank == 0 else None
     ok = True
     for step in range(1, a.steps + 1):
-        # A stand-in for the data loader: this rank's batch of the step.
-        g = torch.Generator().manual_seed(1000 * step + rank)
-        ids = torch.randint(0, CONFIG.vocab_size, (4, 32), generator=g)
-        opt.zero_grad(set_to_none=True)
-        model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
+        train_step(model, opt, step, rank)
         r = pub.publish_torch_adamw(opt, params)
         same = equals_full_bf16(reader, r.version, params)
         ok &= same
