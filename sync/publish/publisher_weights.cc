@@ -94,7 +94,12 @@ void Publisher::Draft::FinishWeightsSnapshot(uint32_t keep) {
 
 Status Publisher::BeginWeights(std::optional<int64_t> step) {
   weights_draft_.reset();
-  ASSIGN_OR_RETURN(weights_draft_, Begin(step));
+  auto d = Begin(step);
+  if (!d.ok()) {
+    metrics_->Failed(0);  // a publish that was refused: nothing committed
+    return d.status();
+  }
+  weights_draft_ = std::move(d).value();
   weights_draft_->StartWeights(store_.get(), options_.snapshot_every);
   weights_step_ = step;
   return Status::Ok();
@@ -108,7 +113,10 @@ Status Publisher::AddWeights(const WeightsTensor& w) {
     RETURN_IF_ERROR(CheckWeights(w, d.Entry(at)));
     return d.EncodeWeights(at, w);
   }();
-  if (!s.ok()) weights_draft_.reset();
+  if (!s.ok()) {
+    weights_draft_.reset();
+    metrics_->Failed(0);
+  }
   return s;
 }
 

@@ -249,6 +249,23 @@ auto CApiHandlesTest::Cases() -> std::map<std::string, std::vector<Slot>> {
          [=, this](void* h) {
            return dte_publisher_publish_adamw((P*)h, &step_, nullptr, 0, &result_);
          }}}},
+      {"dte_publisher_publish_weights",
+       {{pub,
+         [=, this](void* h) {
+           return dte_publisher_publish_weights((P*)h, -1, nullptr, 0, &result_);
+         }}}},
+      {"dte_publisher_weights_begin",
+       {{pub, [](void* h) { return dte_publisher_weights_begin((P*)h, -1); }}}},
+      {"dte_publisher_weights_add",
+       {{pub,
+         [](void* h) {
+           static const int64_t shape[] = {1};
+           static const uint16_t one = 0x3F80;
+           const dte_weights_tensor w{"w", {&one, DTE_DTYPE_BF16, 1, shape}};
+           return dte_publisher_weights_add((P*)h, &w);
+         }}}},
+      {"dte_publisher_weights_commit",
+       {{pub, [=, this](void* h) { return dte_publisher_weights_commit((P*)h, &result_); }}}},
       {"dte_publisher_publish_adamw_mcore",
        {{pub,
          [=, this](void* h) {

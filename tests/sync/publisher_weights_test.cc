@@ -265,6 +265,10 @@ TEST_F(PublisherWeightsTest, RejectionsNameTheTensorAndWriteNothing) {
   auto late = pub->PublishWeights(3, Weights(false));
   ASSERT_FALSE(late.ok());
   EXPECT_NE(late.status().message().find("step 3 does not follow step 1"), std::string::npos);
+  // Every rejection counts as a failed publish, the commit alone as a version.
+  const std::string text = pub->metrics().Text();
+  EXPECT_EQ(test::MetricValue(text, "dte_publish_failures_total"), 7);
+  EXPECT_EQ(test::MetricValue(text, "dte_publish_versions_total"), 1);
 }
 
 }  // namespace
