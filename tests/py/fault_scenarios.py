@@ -312,7 +312,7 @@ class Trained:
         self.shapes = {n: tuple(p.shape) for n, p in self.model.named().items()}
         push_util.save_checkpoint(initial_dir, self.model)
         opt = torch.optim.AdamW(self.model.parameters(), lr=self.LR, betas=self.BETAS,
-                                eps=1e-8, weight_decay=0.0)
+                                eps=1e-8, weight_decay=0.0, fused=True)
         self.state, self.bf16 = {}, {}
         for step in range(1, steps + 1):
             g = torch.Generator().manual_seed(2000 + step)

@@ -80,7 +80,7 @@ def push_json(r):
 def trainer(a):
     model = push_util.TinyGqaLM(seed=3)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-6, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=0.0)
+                            weight_decay=0.0, fused=True)
     group = dte.PushGroup(a.address, timeout=5.0)
     pub = dte.Publisher(store=a.store, push=group)
     push_util.save_checkpoint(a.ckpt, model)
@@ -98,7 +98,7 @@ def trainer(a):
 def rank(a):
     model = push_util.TinyGqaLM(seed=3)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-6, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=0.0)
+                            weight_decay=0.0, fused=True)
     group = dte.PushGroup(a.address, timeout=a.push_timeout, receivers=a.receivers)
     pub, trained = None, 0
     for line in sys.stdin:

@@ -38,7 +38,7 @@ PRELUDE = textwrap.dedent("""
                                 metadata={"format": "pt"})
     with open(os.path.join(init, "config.json"), "w") as f:
         f.write('{"model_type": "llama"}')
-    opt = torch.optim.AdamW([w], lr=1e-3, weight_decay=0.01)
+    opt = torch.optim.AdamW([w], lr=1e-3, weight_decay=0.01, fused=True)
 
     def step(pub, n):
         w.grad = torch.randn_like(w)

@@ -359,7 +359,7 @@ def test_receivers_follow_versions_published_from_adamw(tmp_path, gen):
     pub.import_checkpoint(str(gen(0)))
     params = {n: torch.nn.Parameter(t.float()) for n, t in
               safetensors.torch.load_file(str(gen(0) / "model.safetensors")).items()}
-    opt = torch.optim.AdamW(list(params.values()), lr=1e-3, weight_decay=0.01, foreach=False)
+    opt = torch.optim.AdamW(list(params.values()), lr=1e-3, weight_decay=0.01, fused=True)
     g = torch.Generator().manual_seed(11)
     for step in (1, 2, 3):
         for p in params.values():

@@ -48,7 +48,7 @@ def published(tmp_path_factory):
     model = push_util.TinyGqaLM(seed=3)
     push_util.save_checkpoint(root / "init", model)
     named = model.named()
-    opt = torch.optim.AdamW(named.values(), lr=3e-3, weight_decay=0.01, foreach=False)
+    opt = torch.optim.AdamW(named.values(), lr=3e-3, weight_decay=0.01, fused=True)
     pub = dte.Publisher(store=str(root / "store"))
     pub.import_checkpoint(str(root / "init"))
     g = torch.Generator().manual_seed(7)

@@ -41,7 +41,7 @@ class Run(push_util.ReceiverProcs):
         self.marks.mkdir()
         self.model = push_util.TinyGqaLM(seed=3)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=5e-6, betas=(0.9, 0.95),
-                                     eps=1e-8, weight_decay=0.0)
+                                     eps=1e-8, weight_decay=0.0, fused=True)
         self.group = dte.PushGroup("127.0.0.1:0", timeout=timeout)
         self.pub = dte.Publisher(store=self.store, push=self.group)
         push_util.save_checkpoint(tmp / "v0", self.model)
@@ -265,7 +265,7 @@ def test_distributed_publisher_pushes_each_version(tmp_path, mode):
     with dte.Publisher(store=store) as first:
         first.import_checkpoint(str(tmp_path / "v0"))
     opt = torch.optim.AdamW(model.parameters(), lr=5e-6, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=0.0)
+                            weight_decay=0.0, fused=True)
     cache = 0 if mode == "owners-read-back" else None
     group = dte.PushGroup("127.0.0.1:0", timeout=10.0, cache_mib=cache)
     groups = [group, None if mode == "rank0" else dte.PushGroup(group.address, timeout=10.0,
@@ -354,7 +354,7 @@ def test_push_that_cannot_run_is_reported_and_the_version_still_committed(tmp_pa
     store = str(tmp_path / "store")
     with dte.PushGroup() as group, dte.Publisher(store=store, push=group) as pub:
         assert pub.import_checkpoint(str(tmp_path / "v0")) == 0
-        opt = torch.optim.AdamW(model.parameters(), lr=5e-6)
+        opt = torch.optim.AdamW(model.parameters(), lr=5e-6, fused=True)
         for p in model.parameters():
             p.grad = torch.ones(p.shape)
         opt.step()
@@ -395,7 +395,7 @@ def test_push_group_waits_for_the_receivers_it_expects_and_reports_those_missing
             events = group.status().events
             assert any("closed the connection" in x for x in events), events
             assert group.status().events == []
-            opt = torch.optim.AdamW(model.parameters(), lr=5e-6)
+            opt = torch.optim.AdamW(model.parameters(), lr=5e-6, fused=True)
             for p in model.parameters():
                 p.grad = torch.ones(p.shape)
             opt.step()
@@ -410,7 +410,7 @@ def test_push_group_waits_for_the_receivers_it_expects_and_reports_those_missing
 
 
 def _publish_one_step(pub, model):
-    opt = torch.optim.AdamW(model.parameters(), lr=5e-6)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-6, fused=True)
     for p in model.parameters():
         p.grad = torch.ones(p.shape)
     opt.step()

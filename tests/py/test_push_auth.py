@@ -31,7 +31,7 @@ def no_secret_in_environment(monkeypatch):
 
 
 def adamw_step(model, step):
-    opt = torch.optim.AdamW(model.parameters(), lr=5e-6)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-6, fused=True)
     g = torch.Generator().manual_seed(step)
     for p in model.parameters():
         p.grad = torch.randn(p.shape, generator=g)

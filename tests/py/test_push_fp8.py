@@ -106,7 +106,7 @@ class Trainer:
         self.store = str(tmp / "store")
         self.model = push_util.TinyGqaLM(seed=5)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=2e-5, betas=(0.9, 0.95),
-                                     eps=1e-8, weight_decay=0.0)
+                                     eps=1e-8, weight_decay=0.0, fused=True)
         self.group = dte.PushGroup("127.0.0.1:0", timeout=10.0)
         self.pub = dte.Publisher(store=self.store, push=self.group)
         push_util.save_checkpoint(tmp / "v0", self.model)

@@ -108,7 +108,7 @@ def _checkpoint(tmp_path):
     store = str(tmp_path / "store")
     with dte.Publisher(store) as pub:
         assert pub.import_checkpoint(str(init)) == 0
-    return store, w, torch.optim.AdamW([w], lr=1e-3, weight_decay=0.01)
+    return store, w, torch.optim.AdamW([w], lr=1e-3, weight_decay=0.01, fused=True)
 
 
 def _stored(store, version):

@@ -140,7 +140,7 @@ def worker(a):
         p = torch.nn.Parameter(initial(a, i)[r0:r1].clone())
         shards[n] = (p, r0, r1)
         opts.append(p)
-    opt = torch.optim.AdamW(opts, lr=a.lr, weight_decay=WD, foreach=False)
+    opt = torch.optim.AdamW(opts, lr=a.lr, weight_decay=WD, fused=True)
     kwargs = {} if single else {"rank": rank, "world_size": world}
     if a.job and not single:
         kwargs["job"] = a.job

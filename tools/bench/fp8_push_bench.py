@@ -90,7 +90,7 @@ class Run:
         self.params = {n: torch.nn.Parameter(torch.randn(s, generator=g) * 0.02 if len(s) > 1
                                              else torch.ones(s)) for n, s in names.items()}
         self.opt = torch.optim.AdamW(self.params.values(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
-                                     weight_decay=0.0, foreach=False)
+                                     weight_decay=0.0, fused=True)
         ckpt = os.path.join(root, "v0")
         os.makedirs(ckpt)
         safetensors.torch.save_file(

@@ -250,7 +250,7 @@ def train_and_publish(a, cfg, topo, shapes):
                          groups[("edp", tp_rank, pp_rank, ep_rank)], topo.edp_rank,
                          topo.dp // topo.ep)
     opt = torch.optim.AdamW([dense.master, experts.master], lr=LR, weight_decay=WD,
-                            foreach=False)
+                            fused=True)
     pub = dte.Publisher(a.store, converter={"config": cfg, "tp": topo.tp, "ep": topo.ep},
                         rank=topo.rank, world_size=topo.world)
     for step in range(1, a.steps + 1):

@@ -19,6 +19,7 @@ Needs transformers, the built libdte.so (DTE_LIBRARY or build/) and dtefs
 """
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -104,7 +105,8 @@ def train(a):
     model.to(torch.float32)
     # The same BF16 weights the server loads: FP32 masters are exact BF16 values.
     model = LlamaForCausalLM.from_pretrained(v0, dtype=torch.bfloat16).to(torch.float32)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0,
+                            fused=True)  # the CPU kernel the engine models exactly
     store = os.path.join(a.work, "store")
     group = dte.PushGroup("127.0.0.1:0", timeout=30.0)
     pub = dte.Publisher(store=store, push=group)
@@ -144,9 +146,13 @@ def train(a):
                   "%.3f s; the served weights and greedy tokens %s the dtefs version's" % (
                       step, loss.item(), 100 * r.changed / r.elements, r.push.bytes,
                       r.push.seconds, "equal" if same else "DIFFER FROM"), flush=True)
+            # transformers 5 maps the safetensors files it loaded for as long
+            # as the model lives: drop it, or the mount stays busy.
+            del loaded
             if not same:
                 raise SystemExit("served %s, dtefs version %s" % (answer, want))
     finally:
+        gc.collect()
         server.stdin.close()
         server.wait(60)
         subprocess.run(["fusermount3", "-u", mnt], check=False)
