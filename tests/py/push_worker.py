@@ -101,6 +101,7 @@ def rank(a):
                             weight_decay=0.0, fused=True)
     group = dte.PushGroup(a.address, timeout=a.push_timeout, receivers=a.receivers)
     pub, trained = None, 0
+    print("ready", flush=True)
     for line in sys.stdin:
         cmd, arg = line.split()
         if cmd == "open":

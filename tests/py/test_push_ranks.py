@@ -55,13 +55,23 @@ class Job(push_util.ReceiverProcs):
         self.procs = {}  # receivers
 
     def spawn(self, r):
+        """Rank r's process, once it has imported torch and dte (it says
+        "ready"): the ranks' TCP rendezvous then waits for peers, not for
+        their imports (seconds with torch 2.15 on a loaded machine, past
+        this job's 3 s transport timeout)."""
         err = open(self.tmp / ("rank%d.err" % r), "a")
-        return subprocess.Popen(
+        p = subprocess.Popen(
             [sys.executable, WORKER, "rank", "--rank", str(r), "--world", str(self.world),
              "--address", self.address, "--store", self.store, "--steps", "0",
              "--timeout", str(self.timeout), "--push-timeout", str(self.push_timeout),
              "--receivers", str(self.receivers)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+        ready, _, _ = select.select([p.stdout], [], [], 120)
+        line = p.stdout.readline() if ready else ""
+        if line.strip() != "ready":
+            raise AssertionError("trainer rank %d did not start: %r %s"
+                                 % (r, line, (self.tmp / ("rank%d.err" % r)).read_text()[-3000:]))
+        return p
 
     def send(self, r, line):
         self.ranks[r].stdin.write(line + "\n")

@@ -123,15 +123,7 @@ class DistPublisherTest : public ::testing::Test {
     frozen_ = test::Bf16Tensor("model.frozen.weight", {70, 50}, 4);
   }
 
-  test::TestCheckpoint Checkpoint() const {
-    test::TestCheckpoint c;
-    c.raw_files["config.json"] = "{\"model_type\": \"llama\"}\n";
-    test::TestSafetensors f{"model.safetensors", {}, {{"format", "pt"}}};
-    for (const auto& s : states_) f.tensors.push_back(test::Bf16TensorOf(s.name, s.shape, s.theta));
-    f.tensors.push_back(frozen_);
-    c.safetensors.push_back(f);
-    return c;
-  }
+  test::TestCheckpoint Checkpoint() const { return test::AdamWCheckpoint(states_, {frozen_}); }
 
   std::string WriteCheckpoint() {
     std::string dir = tmp_.path() + "/ckpt" + std::to_string(dirs_++);

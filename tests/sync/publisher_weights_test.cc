@@ -50,16 +50,7 @@ class PublisherWeightsTest : public ::testing::Test {
     inv_freq_ = TestTensor{"model.rotary.inv_freq", DType::kF32, {16}, test::RandomBytes(64, 4)};
   }
 
-  TestCheckpoint Checkpoint() const {
-    TestCheckpoint c;
-    c.raw_files["config.json"] = "{\"model_type\": \"llama\"}\n";
-    test::TestSafetensors f{"model.safetensors", {}, {{"format", "pt"}}};
-    for (const auto& s : states_) f.tensors.push_back(test::Bf16TensorOf(s.name, s.shape, s.theta));
-    f.tensors.push_back(frozen_);
-    f.tensors.push_back(inv_freq_);
-    c.safetensors.push_back(f);
-    return c;
-  }
+  TestCheckpoint Checkpoint() const { return test::AdamWCheckpoint(states_, {frozen_, inv_freq_}); }
 
   std::string WriteCheckpoint() {
     std::string dir = tmp_.path() + "/ckpt" + std::to_string(dirs_++);

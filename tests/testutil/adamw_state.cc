@@ -57,4 +57,15 @@ TestTensor Bf16TensorOf(const std::string& name, const std::vector<int64_t>& sha
   return t;
 }
 
+TestCheckpoint AdamWCheckpoint(const std::vector<AdamWTensorState>& states,
+                               const std::vector<TestTensor>& others) {
+  TestCheckpoint c;
+  c.raw_files["config.json"] = "{\"model_type\": \"llama\"}\n";
+  TestSafetensors f{"model.safetensors", {}, {{"format", "pt"}}};
+  for (const auto& s : states) f.tensors.push_back(Bf16TensorOf(s.name, s.shape, s.theta));
+  for (const auto& t : others) f.tensors.push_back(t);
+  c.safetensors.push_back(f);
+  return c;
+}
+
 }  // namespace dte::test

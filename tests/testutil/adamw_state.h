@@ -37,4 +37,10 @@ AdamWStep AdamWStepOf(const kernels::AdamWParams& p);
 TestTensor Bf16TensorOf(const std::string& name, const std::vector<int64_t>& shape,
                         const std::vector<float>& x);
 
+// A llama checkpoint of one model.safetensors: the BF16 casts of each
+// state's theta, then `others` (tensors no optimizer owns), as the
+// publisher tests commit them to compare with a publish.
+TestCheckpoint AdamWCheckpoint(const std::vector<AdamWTensorState>& states,
+                               const std::vector<TestTensor>& others);
+
 }  // namespace dte::test
