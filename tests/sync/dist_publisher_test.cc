@@ -27,11 +27,20 @@
 #include "tests/testutil/memory_store.h"
 #include "tests/testutil/metrics_text.h"
 #include "tests/testutil/ranks.h"
+#include "tests/testutil/same_version.h"
 
 namespace dte {
 namespace {
 
 using State = test::AdamWTensorState;
+
+// Both stores keep a full table of version v, or neither does.
+void ExpectSameAnchor(Store& a, Store& b, uint64_t v) {
+  auto va = a.GetVersion(v);
+  auto vb = b.GetVersion(v);
+  ASSERT_TRUE(va.ok() && vb.ok());
+  EXPECT_EQ((*va)->manifest.full.has_value(), (*vb)->manifest.full.has_value()) << "v" << v;
+}
 
 kernels::AdamWParams Params(int64_t step) {
   kernels::AdamWParams p;
@@ -187,28 +196,6 @@ class DistPublisherTest : public ::testing::Test {
     return out;
   }
 
-  // Version v of the two stores: the same blocks, tensors and files.
-  void ExpectSameVersion(Store& a, Store& b, uint64_t v) {
-    auto va = a.GetVersion(v);
-    auto vb = b.GetVersion(v);
-    ASSERT_TRUE(va.ok() && vb.ok());
-    ASSERT_EQ((*va)->records.size(), (*vb)->records.size());
-    for (size_t k = 0; k < (*va)->records.size(); ++k) {
-      EXPECT_EQ((*va)->records[k].hash, (*vb)->records[k].hash) << "v" << v << " block " << k;
-      EXPECT_EQ((*va)->records[k].changed, (*vb)->records[k].changed) << "v" << v << " block " << k;
-    }
-    const auto& fa = (*va)->manifest.files;
-    const auto& fb = (*vb)->manifest.files;
-    ASSERT_EQ(fa.size(), fb.size());
-    for (size_t f = 0; f < fa.size(); ++f) {
-      for (size_t t = 0; t < fa[f].tensors.size(); ++t) {
-        EXPECT_EQ(fa[f].tensors[t].hash, fb[f].tensors[t].hash) << fa[f].tensors[t].name;
-        EXPECT_EQ(fa[f].tensors[t].changed, fb[f].tensors[t].changed) << fa[f].tensors[t].name;
-      }
-    }
-    EXPECT_EQ((*va)->manifest.full.has_value(), (*vb)->manifest.full.has_value()) << "v" << v;
-  }
-
   // Steps the state, publishes it with the single-process publisher into
   // `ref` and with `world` ranks laid out by `layout` into "dist", and
   // compares; then exports the last version and checks it is the BF16 cast.
@@ -253,7 +240,8 @@ class DistPublisherTest : public ::testing::Test {
       }
       changed += r->changed;
       EXPECT_GT(r->changed, 0u);
-      ExpectSameVersion(ref->store(), pubs_[0]->store(), r->version);
+      test::ExpectSameVersion(ref->store(), pubs_[0]->store(), r->version);
+      ExpectSameAnchor(ref->store(), pubs_[0]->store(), r->version);
     }
     // Every rank's metrics: the versions' figures, and its own routing.
     for (int rank = 0; rank < world; ++rank) {
@@ -646,7 +634,8 @@ TEST_F(DistPublisherTest, RanksThatShareOnlyTheStorePublishThroughIt) {
       ASSERT_TRUE(out[rank].ok()) << "rank " << rank << ": " << out[rank].status().message();
       EXPECT_EQ(out[rank]->version, r->version);
     }
-    ExpectSameVersion(ref->store(), pubs_[0]->store(), r->version);
+    test::ExpectSameVersion(ref->store(), pubs_[0]->store(), r->version);
+    ExpectSameAnchor(ref->store(), pubs_[0]->store(), r->version);
   }
   // Every message was read and deleted.
   auto left = pubs_[0]->store().objects().List("exchange/");

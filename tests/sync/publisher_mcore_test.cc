@@ -24,6 +24,7 @@
 #include "tests/testutil/convert_fixtures.h"
 #include "tests/testutil/memory_store.h"
 #include "tests/testutil/ranks.h"
+#include "tests/testutil/same_version.h"
 
 namespace dte {
 namespace {
@@ -247,15 +248,11 @@ TEST_P(PublisherMcore, VersionsEqualPublishingTheHfState) {
     EXPECT_EQ(b->stored_bytes, a->stored_bytes);
     EXPECT_GT(a->changed, a->elements / 100);
 
+    test::ExpectSameVersion(hf->store(), a->version, mc->store(), b->version);
+    // The same delta bytes.
     auto va = hf->store().GetVersion(a->version);
     auto vb = mc->store().GetVersion(b->version);
     ASSERT_TRUE(va.ok() && vb.ok());
-    ASSERT_EQ((*va)->records.size(), (*vb)->records.size());
-    for (size_t k = 0; k < (*va)->records.size(); ++k) {
-      EXPECT_EQ((*va)->records[k].hash, (*vb)->records[k].hash) << "block " << k;
-      EXPECT_EQ((*va)->records[k].changed, (*vb)->records[k].changed) << "block " << k;
-    }
-    // The same delta bytes.
     ASSERT_EQ((*va)->manifest.blobs.size(), (*vb)->manifest.blobs.size());
     for (size_t k = 0; k < (*va)->manifest.blobs.size(); ++k) {
       EXPECT_EQ((*va)->manifest.blobs[k].hash, (*vb)->manifest.blobs[k].hash);
@@ -400,14 +397,7 @@ void ExpectDistributedEqualsHf(const ModelSpec& spec, const ParallelLayout& layo
       EXPECT_EQ(results[rank]->changed, a->changed);
       EXPECT_EQ(results[rank]->tensors, a->tensors);
     }
-    auto va = hf->store().GetVersion(a->version);
-    auto vb = pubs[0]->store().GetVersion(a->version);
-    ASSERT_TRUE(va.ok() && vb.ok());
-    ASSERT_EQ((*va)->records.size(), (*vb)->records.size());
-    for (size_t k = 0; k < (*va)->records.size(); ++k) {
-      EXPECT_EQ((*va)->records[k].hash, (*vb)->records[k].hash) << "block " << k;
-      EXPECT_EQ((*va)->records[k].changed, (*vb)->records[k].changed) << "block " << k;
-    }
+    test::ExpectSameVersion(hf->store(), pubs[0]->store(), a->version);
     const std::string out = root + "/export_dist" + std::to_string(step);
     ASSERT_TRUE(ExportVersion(pubs[0]->store(), a->version, out, nullptr).ok());
     EXPECT_EQ(ReadAll(out + "/model.safetensors"),

@@ -17,10 +17,12 @@
 #include "store/store.h"
 #include "sync/publish/publish_metrics.h"
 #include "sync/publish/publisher.h"
+#include "tests/sync/publisher_fixture.h"
 #include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
 #include "tests/testutil/metrics_text.h"
+#include "tests/testutil/same_version.h"
 
 namespace dte {
 namespace {
@@ -38,27 +40,10 @@ kernels::AdamWParams Params(int64_t step) {
   return p;
 }
 
-// A 17-block tensor (past one 16-block chunk), a small one, and a frozen
-// BF16 tensor and an F32 buffer no publish names.
-class PublisherWeightsTest : public ::testing::Test {
+// The publisher model (tests/sync/publisher_fixture.h), published from its
+// FP32 masters or their BF16 casts.
+class PublisherWeightsTest : public test::PublisherModelTest {
  protected:
-  void SetUp() override {
-    states_.push_back(test::RandomAdamWState("model.embed_tokens.weight", {2200, 1000}, 1));
-    states_.push_back(test::RandomAdamWState("model.norm.weight", {300}, 2));
-    for (auto& s : states_) s.theta = s.prev;
-    frozen_ = test::Bf16Tensor("model.frozen.weight", {70, 50}, 3);
-    inv_freq_ = TestTensor{"model.rotary.inv_freq", DType::kF32, {16}, test::RandomBytes(64, 4)};
-  }
-
-  TestCheckpoint Checkpoint() const { return test::AdamWCheckpoint(states_, {frozen_, inv_freq_}); }
-
-  std::string WriteCheckpoint() {
-    std::string dir = tmp_.path() + "/ckpt" + std::to_string(dirs_++);
-    Status s = test::WriteCheckpoint(Checkpoint(), dir);
-    EXPECT_TRUE(s.ok()) << s.message();
-    return dir;
-  }
-
   std::unique_ptr<Publisher> Open(const std::string& name, bool cache) {
     PublisherOptions o;
     o.store = tmp_.path() + "/" + name;
@@ -95,40 +80,8 @@ class PublisherWeightsTest : public ::testing::Test {
     }
   }
 
-  size_t StoreFiles(const std::string& name) const {
-    size_t n = 0;
-    for (const auto& e : fs::recursive_directory_iterator(tmp_.path() + "/" + name)) {
-      n += e.is_regular_file() && e.path().string().find("/tmp") == std::string::npos;
-    }
-    return n;
-  }
-
-  test::ScopedTempDir tmp_;
-  int dirs_ = 0;
-  std::vector<test::AdamWTensorState> states_;
   std::vector<std::vector<uint16_t>> bf16_;
-  TestTensor frozen_, inv_freq_;
 };
-
-void ExpectSameVersion(Store& a, Store& b, uint64_t version) {
-  auto va = a.GetVersion(version);
-  auto vb = b.GetVersion(version);
-  ASSERT_TRUE(va.ok() && vb.ok());
-  ASSERT_EQ((*va)->records.size(), (*vb)->records.size());
-  for (size_t k = 0; k < (*va)->records.size(); ++k) {
-    EXPECT_EQ((*va)->records[k].hash, (*vb)->records[k].hash) << "block " << k;
-    EXPECT_EQ((*va)->records[k].changed, (*vb)->records[k].changed) << "block " << k;
-  }
-  const auto& fa = (*va)->manifest.files;
-  const auto& fb = (*vb)->manifest.files;
-  ASSERT_EQ(fa.size(), fb.size());
-  for (size_t f = 0; f < fa.size(); ++f) {
-    for (size_t t = 0; t < fa[f].tensors.size(); ++t) {
-      EXPECT_EQ(fa[f].tensors[t].hash, fb[f].tensors[t].hash) << fa[f].tensors[t].name;
-      EXPECT_EQ(fa[f].tensors[t].changed, fb[f].tensors[t].changed) << fa[f].tensors[t].name;
-    }
-  }
-}
 
 // (snapshots on this host, BF16 weights given)
 class PublisherWeightsModeTest : public PublisherWeightsTest,
@@ -158,7 +111,7 @@ TEST_P(PublisherWeightsModeTest, PublishEqualsCommitOfTheSameWeights) {
     EXPECT_EQ(r->state_bytes, r->elements * (bf16 ? 2 : 4));
     EXPECT_EQ(r->flagged, 0u);
     EXPECT_EQ(r->uncertain, 0u);
-    ExpectSameVersion(pub->store(), committed->store(), r->version);
+    test::ExpectSameVersion(pub->store(), committed->store(), r->version);
     total_changed += r->changed;
   }
   auto report = VerifyStore(pub->store(), std::nullopt, nullptr);
@@ -202,7 +155,7 @@ TEST_F(PublisherWeightsTest, OneTensorAtATimeEqualsAllAtOnce) {
     auto one = b->CommitWeights();
     ASSERT_TRUE(one.ok()) << one.status().message();
     EXPECT_EQ(one->changed, all->changed);
-    ExpectSameVersion(a->store(), b->store(), all->version);
+    test::ExpectSameVersion(a->store(), b->store(), all->version);
   }
   // A tensor that fails drops the version being built: the commit after it
   // has nothing to commit, and the store keeps its latest version.
