@@ -1,9 +1,12 @@
 """Times a transformers.Trainer step of the two-layer Llama of the tests
 (tests/py/follower_util.py) on the CPU without and with
 dte.hf.PublishCallback, and the publish inside the step. Prints, per run,
-the median of steps --skip+1..--steps of each.
+the median of steps --skip+1..--steps of each. --optim picks the Trainer's
+optimizer (default: the Trainer's own default, fused AdamW on transformers
+5, which the callback publishes by inverting the AdamW step; "adamw_torch"
+or "sgd" take the weights path on torch 2.15).
 
-    python3 tests/py/hf_callback_bench.py --work /tmp/hfbench --runs 3
+    /opt/dte/venv/bin/python tests/py/hf_callback_bench.py --work /tmp/hfbench --runs 3
 """
 
 import argparse
@@ -53,7 +56,7 @@ class TimedPublish(dte.hf.PublishCallback):
         self.seconds.append(time.perf_counter() - t0)
 
 
-def train(work, steps, publish):
+def train(work, steps, publish, optim):
     timer = StepTimer()
     callbacks = [timer]
     pub = None
@@ -63,13 +66,15 @@ def train(work, steps, publish):
         callbacks.append(pub)
     args = transformers.TrainingArguments(
         output_dir=os.path.join(work, "out"), max_steps=steps, per_device_train_batch_size=2,
-        learning_rate=3e-3, weight_decay=0.01, warmup_steps=1, optim="adamw_torch",
+        learning_rate=3e-3, weight_decay=0.01, warmup_steps=1, **optim,
         report_to=[], save_strategy="no", logging_steps=1000, use_cpu=True,
         dataloader_num_workers=0, seed=3, disable_tqdm=True)
     model = follower_util.model(torch.float32).train()
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(n=2 * steps),
                                    callbacks=callbacks)
     trainer.train()
+    if pub:
+        print("the callback's path: %s" % pub.path, flush=True)
     return timer.seconds, timer.before, pub.seconds if pub else []
 
 
@@ -79,12 +84,17 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--skip", type=int, default=5, help="warm-up steps left out")
+    ap.add_argument("--optim", default=None,
+                    help="TrainingArguments.optim (default: the Trainer's default)")
     a = ap.parse_args()
+    optim = {"optim": a.optim} if a.optim else {}
+    print("optimizer: %s" % transformers.TrainingArguments(output_dir=a.work, **optim).optim,
+          flush=True)
     os.makedirs(a.work, exist_ok=True)
     os.environ.setdefault("DTE_CACHE_DIR", os.path.join(a.work, "cache"))
     for run in range(a.runs):
-        without, before0, _ = train(a.work, a.steps, publish=False)
-        with_cb, before1, publish = train(a.work, a.steps, publish=True)
+        without, before0, _ = train(a.work, a.steps, publish=False, optim=optim)
+        with_cb, before1, publish = train(a.work, a.steps, publish=True, optim=optim)
         rest = [s - p for s, p in zip(with_cb, publish)]  # the step less its publish
         ms = [1000 * statistics.median(x[a.skip:])
               for x in (without, with_cb, publish, rest, before0, before1)]
