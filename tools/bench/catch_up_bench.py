@@ -24,14 +24,13 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, HERE)
-import push_bench  # noqa: E402  the model's shapes and vLLM's sharding
+import harness as h
+import push_bench  # the model's shapes and vLLM's sharding
+
+SOURCE = h.ROOT
 
 BLOCK = 128
 
@@ -41,9 +40,8 @@ def log(msg):
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = h.parser(__doc__)
     p.add_argument("--work", required=True, help="model and store directory (kept)")
-    p.add_argument("--build-dir", default=os.path.join(SOURCE, "build"))
     p.add_argument("--size", default="1GiB")
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--hidden", type=int, default=1024)
@@ -51,7 +49,6 @@ def parse_args():
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--ranks", default="0")
     p.add_argument("--kinds", default="bf16,plain")
-    p.add_argument("--json")
     p.add_argument("--child", help=argparse.SUPPRESS)  # "kind,rank": one receiver
     return p.parse_args()
 
@@ -61,16 +58,13 @@ def prepare(a):
     model, store = os.path.join(a.work, "model"), os.path.join(a.work, "store")
     if os.path.isdir(store):
         return store
-    bin_dir = os.path.join(a.build_dir, "tools")
-    subprocess.run([os.path.join(bin_dir, "dte-gen"), "--out", model, "--size", a.size,
-                    "--vocab", str(a.vocab), "--hidden", str(a.hidden), "--heads", "8",
-                    "--kv-heads", "2", "--head-dim", "128", "--steps", "0",
-                    "--shard-size", "64GiB"] +
-                   (["--intermediate", str(a.intermediate)] if a.intermediate else []), check=True)
-    step = os.path.join(model, sorted(os.listdir(model))[0])
-    subprocess.run([os.path.join(bin_dir, "dtectl"), "import", "-q", "--store", store,
-                    "--cache-dir", os.path.join(a.work, "cache"), "--keep-snapshots", "0",
-                    step], check=True)
+    tools = h.Tools(a.build_dir, names=("dtectl", "dtegen"))
+    h.generate(tools, model, ["--size", a.size, "--vocab", a.vocab, "--hidden", a.hidden,
+                              "--heads", 8, "--kv-heads", 2, "--head-dim", 128,
+                              "--shard-size", "64GiB"] +
+               (["--intermediate", a.intermediate] if a.intermediate else []), 0)
+    h.run(tools.dtectl_cmd("import", store, os.path.join(a.work, "cache"), "--keep-snapshots", 0,
+                           h.step_dir(model, 0)))
     return store
 
 
@@ -125,10 +119,9 @@ def main():
     rows = []
     for kind in a.kinds.split(","):
         for rank in a.ranks.split(","):
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--work", a.work,
-                                  "--build-dir", a.build_dir, "--tp", str(a.tp),
-                                  "--child", "%s,%s" % (kind, rank)],
-                                 check=True, stdout=subprocess.PIPE, text=True).stdout
+            out = h.run([sys.executable, os.path.abspath(__file__), "--work", a.work,
+                         "--build-dir", a.build_dir, "--tp", a.tp,
+                         "--child", "%s,%s" % (kind, rank)]).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
             log(json.dumps(rows[-1]))
     print("kind   tp rank  tensors MiB  peak MiB  extra MiB  catch-up s")
@@ -136,8 +129,7 @@ def main():
         print("%-6s %2d %4d %12d %9d %10d %11.2f" % (r["kind"], r["tp"], r["rank"],
                                                    r["tensors_mib"], r["peak_mib"],
                                                    r["extra_mib"], r["catch_up_s"]))
-    if a.json:
-        json.dump(rows, open(a.json, "w"), indent=1)
+    h.write_json(a.json, rows)
 
 
 if __name__ == "__main__":

@@ -45,59 +45,22 @@ Usage: /opt/dte/venv/bin/python tools/bench/dist_publish_bench.py [--build-dir b
        [--json out]
 """
 
-import argparse
 import dataclasses
 import hashlib
 import json
 import os
-import resource
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.normpath(os.path.join(HERE, "..", ".."))
+import harness as h
+
+SOURCE = h.ROOT
 WD = 0.1
 
 
 def log(msg):
-    print("[dist-bench] %s" % msg, file=sys.stderr, flush=True)
-
-
-def rss_kib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
-def hwm_kib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
-
-
-def trim_heap():
-    """Returns the heap's free memory to the system, so that what the publish
-    allocates shows up in the resident set instead of reusing pages the
-    optimizer step freed."""
-    import ctypes
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def reset_hwm():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def cpu_seconds():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    h.log("[dist-bench] %s" % msg)
 
 
 def names(a):
@@ -169,15 +132,15 @@ def worker(a):
             torch.cuda.synchronize()
         if not single:
             dist.barrier()
-        trim_heap()
-        before_rss = rss_kib()
-        reset_hwm()
-        c0, t0 = cpu_seconds(), time.monotonic()
+        h.trim_heap()
+        before_rss = h.proc_status("self", "VmRSS")
+        h.reset_peak()
+        c0, t0 = h.self_cpu_seconds(), time.monotonic()
         r = pub.publish_adamw(step=step, params=params, lr=a.lr, weight_decay=WD)
-        wall, cpu = time.monotonic() - t0, cpu_seconds() - c0
+        wall, cpu = time.monotonic() - t0, h.self_cpu_seconds() - c0
         stats = {} if single else dataclasses.asdict(pub.last_stats())
         rows.append({"step": step, "version": r.version, "wall": wall, "cpu": cpu,
-                     "extra_mib": (hwm_kib() - before_rss) / 1024,
+                     "extra_mib": (h.proc_status("self", "VmHWM") - before_rss) / h.MIB,
                      "state_mib": sum(3 * p.numel() * 4 for p, _, _ in shards.values()) / 2**20,
                      "changed": r.changed, "stored_bytes": r.stored_bytes, **stats})
     with open(a.out, "w") as f:
@@ -223,7 +186,7 @@ def run_world(a, world, root, store=None, env=None, steps=2, job=None, cache_roo
     if s3:
         return ranks
     ranks[0]["digest"] = export_digest(a, store, ranks[0]["version"], root)
-    shutil.rmtree(store)
+    h.remove(store)
     return ranks
 
 
@@ -233,15 +196,14 @@ def export_digest(a, store, version, root):
     subprocess.run([os.path.join(a.build_dir, "tools", "dtectl"), "export", "-q", "--store",
                     store, "--cache-dir", os.path.join(root, "cache"), "--version",
                     str(version), out], check=True)
-    h = hashlib.sha256()
+    digest = hashlib.sha256()
     for name in sorted(os.listdir(out)):
-        h.update(name.encode() + b"\0")
+        digest.update(name.encode() + b"\0")
         with open(os.path.join(out, name), "rb") as f:
             for block in iter(lambda: f.read(1 << 24), b""):
-                h.update(block)
-    shutil.rmtree(out)
-    shutil.rmtree(os.path.join(root, "cache"), ignore_errors=True)
-    return h.hexdigest()
+                digest.update(block)
+    h.remove(out, os.path.join(root, "cache"))
+    return digest.hexdigest()
 
 
 def write_initial(a, root):
@@ -264,8 +226,7 @@ def s3_requests(a, root):
     (job=), whose messages are objects too; without and with a cache_dir per
     rank (its blob cache: parent blocks read in 4 MiB chunks, and those the
     rank published the step before read from disk)."""
-    sys.path.insert(0, os.path.join(SOURCE, "tests", "py"))
-    import s3_proxy
+    import s3_proxy  # tests/py, on the path through harness
     import s3_util
     moto = s3_util.MotoServer()
     proxy = s3_proxy.FaultProxy(moto.endpoint, io_timeout=600)
@@ -296,21 +257,16 @@ def s3_requests(a, root):
     finally:
         proxy.stop()
         moto.stop()
-    print("| ranks | exchange | blob cache | requests per version | by kind |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        per = r["per_version"]
-        print("| %d | %s | %s | %d | %s |" % (r["world"], r["transport"],
-                                               "yes" if r["blob_cache"] else "no",
-                                               sum(per.values()),
-                                          ", ".join("%s %d" % (k, v) for k, v in sorted(per.items())
-                                                    if v)))
+    print(h.md_table(["ranks", "exchange", "blob cache", "requests per version", "by kind"], [
+        [r["world"], r["transport"], "yes" if r["blob_cache"] else "no",
+         sum(r["per_version"].values()),
+         ", ".join("%s %d" % (k, v) for k, v in sorted(r["per_version"].items()) if v)]
+        for r in rows]))
     return rows
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build-dir", default=os.path.join(SOURCE, "build"))
+    ap = h.parser(__doc__, work=None)
     ap.add_argument("--worlds", default="1,2,4,8")
     ap.add_argument("--tensors", type=int, default=32)
     ap.add_argument("--rows", type=int, default=4096)
@@ -325,8 +281,6 @@ def main():
     ap.add_argument("--cuda", action="store_true",
                     help="ranks hand their state over in GPU memory (the baseline stays on the "
                          "host)")
-    ap.add_argument("--json")
-    ap.add_argument("--work")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--rank", type=int)
     ap.add_argument("--world", type=int)
@@ -338,50 +292,46 @@ def main():
         return worker(a)
     a.python = a.python or sys.executable
     a.lib = os.path.join(os.path.abspath(a.build_dir), "sync", "libdte.so")
-    root = a.work or tempfile.mkdtemp(prefix="dist-bench-")
-    if a.s3:
+    work = h.Scratch(a.work, prefix="dist-bench-", keep=a.keep or a.work is not None)
+    with work:
+        root = work.path
         write_initial(a, root)
-        rows = s3_requests(a, root)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(rows, f, indent=1)
-        if not a.work:
-            shutil.rmtree(root)
-        return
-    model_gib = a.tensors * a.rows * a.cols * 2 / 2**30
-    log("model %.2f GiB of BF16 (%d x %d x %d), FP32 state %.1f GiB, lr %g" % (
-        model_gib, a.tensors, a.rows, a.cols, model_gib * 6, a.lr))
-    write_initial(a, root)
-    results = {"model_gib": model_gib, "lr": a.lr}
-    log("single-process publisher")
-    results["single"] = run_world(a, 0, root)[0]
-    for w in [int(x) for x in a.worlds.split(",")]:
-        log("world %d" % w)
-        results[str(w)] = run_world(a, w, root)
+        if a.s3:
+            h.write_json(a.json, s3_requests(a, root))
+            return
+        model_gib = a.tensors * a.rows * a.cols * 2 / 2**30
+        log("model %.2f GiB of BF16 (%d x %d x %d), FP32 state %.1f GiB, lr %g" % (
+            model_gib, a.tensors, a.rows, a.cols, model_gib * 6, a.lr))
+        results = {"model_gib": model_gib, "lr": a.lr}
+        log("single-process publisher")
+        results["single"] = run_world(a, 0, root)[0]
+        worlds = [int(x) for x in a.worlds.split(",")]
+        for w in worlds:
+            log("world %d" % w)
+            results[str(w)] = run_world(a, w, root)
     base = results["single"]
     elements = a.tensors * a.rows * a.cols
     log("%d of %d BF16 elements changed in the reported step (%.2f%%)" % (
         base["changed"], elements, 100.0 * base["changed"] / elements))
-    print("| ranks | wall (max) | CPU per rank (max) | CPU all ranks | extra RSS per rank (max) "
-          "| state per rank | exchanged B / changed | stored B / changed | messages per rank |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    print("| single process | %.2f s | %.2f s | %.2f s | %.0f MiB | %.0f MiB | - | %.3f | - |" % (
-        base["wall"], base["cpu"], base["cpu"], base["extra_mib"], base["state_mib"],
-        base["stored_bytes"] / base["changed"]))
-    for w in [int(x) for x in a.worlds.split(",")]:
+    rows = [["single process", "%.2f s" % base["wall"], "%.2f s" % base["cpu"],
+             "%.2f s" % base["cpu"], "%.0f MiB" % base["extra_mib"],
+             "%.0f MiB" % base["state_mib"], "-", "%.3f" % (base["stored_bytes"] / base["changed"]),
+             "-"]]
+    for w in worlds:
         rs = results[str(w)]
         changed = rs[0]["changed"]
-        print("| %d | %.2f s | %.2f s | %.2f s | %.0f MiB | %.0f MiB | %.2f | %.3f | %d |" % (
-            w, max(r["wall"] for r in rs), max(r["cpu"] for r in rs), sum(r["cpu"] for r in rs),
-            max(r["extra_mib"] for r in rs), max(r["state_mib"] for r in rs),
-            sum(r["bytes_sent"] for r in rs) / changed, rs[0]["stored_bytes"] / changed,
-            max(r["messages_sent"] for r in rs)))
+        rows.append([w, "%.2f s" % max(r["wall"] for r in rs), "%.2f s" % max(r["cpu"] for r in rs),
+                     "%.2f s" % sum(r["cpu"] for r in rs),
+                     "%.0f MiB" % max(r["extra_mib"] for r in rs),
+                     "%.0f MiB" % max(r["state_mib"] for r in rs),
+                     "%.2f" % (sum(r["bytes_sent"] for r in rs) / changed),
+                     "%.3f" % (rs[0]["stored_bytes"] / changed),
+                     max(r["messages_sent"] for r in rs)])
         assert rs[0]["digest"] == base["digest"], "world %d committed another version" % w
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
-    if not a.work:
-        shutil.rmtree(root)
+    print(h.md_table(["ranks", "wall (max)", "CPU per rank (max)", "CPU all ranks",
+                      "extra RSS per rank (max)", "state per rank", "exchanged B / changed",
+                      "stored B / changed", "messages per rank"], rows))
+    h.write_json(a.json, results)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ Reported per learning rate, over the steps (median, p10, p90):
   step      bytes an FP8 receiver's step writes (changed bytes + 4 per
             changed scale) / a BF16 receiver's (2 per changed element)
 and the time of the steps, the commits and `dtectl stats --fp8`, and its
-peak RSS (/usr/bin/time -v).
+peak RSS (/usr/bin/time).
 
 Usage: /opt/dte/venv/bin/python tools/bench/fp8_changes_bench.py [--build-dir build]
        [--lrs 1e-6,1e-5] [--steps 150] [--threads 2] [--prompts 4 --group 4]
@@ -29,29 +29,26 @@ import argparse
 import copy
 import json
 import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "gen"))
+import harness as h
+
+sys.path.insert(0, os.path.join(h.ROOT, "tools", "gen"))
 import torch_gen  # noqa: E402
 from llama_model import LlamaDims, LlamaForCausalLM  # noqa: E402
 
 
 def log(msg):
-    print(f"[fp8_changes] {msg}", file=sys.stderr, flush=True)
+    h.log(f"[fp8_changes] {msg}")
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--build-dir", default=os.path.join(HERE, "..", "..", "build"))
+    h.add_build_dir_arg(p)
     p.add_argument("--work", help="work directory (default: a temporary one, removed)")
     p.add_argument("--lrs", default="1e-6,1e-5", help="RL learning rates, comma-separated")
     p.add_argument("--steps", type=int, default=150, help="committed RL steps per learning rate")
@@ -81,13 +78,6 @@ def generator_args(a, out):
         "--prompts", str(a.prompts), "--group", str(a.group)])
 
 
-def run(argv, **kw):
-    r = subprocess.run(list(map(str, argv)), capture_output=True, text=True, **kw)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, argv))} exited {r.returncode}: {r.stderr}")
-    return r
-
-
 def commit_steps(model0, corpus, gargs, lr, steps, dtectl, root):
     """The RL run at `lr`, each step committed; returns (store args, seconds
     of the RL steps, seconds of the commits)."""
@@ -108,9 +98,9 @@ def commit_steps(model0, corpus, gargs, lr, steps, dtectl, root):
             torch_gen.rl_step(model, opt, corpus, args, gen)
         torch_gen.save_step(step, model, opt, args, dims)
         t1 = time.perf_counter()
-        run([dtectl, "import" if step == 0 else "commit", *store, "-q",
-             os.path.join(args.out, "step-%06d" % step)])
-        shutil.rmtree(os.path.join(args.out, "step-%06d" % step))
+        h.run([dtectl, "import" if step == 0 else "commit", *store, "-q",
+               os.path.join(args.out, "step-%06d" % step)])
+        h.remove(os.path.join(args.out, "step-%06d" % step))
         train_s += t1 - t0
         commit_s += time.perf_counter() - t1
         if step % 25 == 0:
@@ -120,14 +110,10 @@ def commit_steps(model0, corpus, gargs, lr, steps, dtectl, root):
 
 
 def fp8_stats(dtectl, store, block):
-    """`dtectl stats --fp8 --by version --json` under /usr/bin/time -v:
-    (document, seconds, peak RSS bytes)."""
-    t0 = time.perf_counter()
-    r = run(["/usr/bin/time", "-v", dtectl, "stats", "--fp8", "--by", "version", "--json",
-             "--fp8-block", block, *store])
-    secs = time.perf_counter() - t0
-    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr).group(1))
-    return json.loads(r.stdout), secs, rss * 1024
+    """`dtectl stats --fp8 --by version --json`: (document, seconds, peak RSS bytes)."""
+    m = h.measure([dtectl, "stats", "--fp8", "--by", "version", "--json", "--fp8-block", block,
+                   *store])
+    return json.loads(m.stdout), m.seconds, m.peak_rss
 
 
 def distribution(xs):
@@ -179,11 +165,10 @@ def print_table(results):
 
 def main(argv):
     a = parse_args(argv)
-    work = a.work or tempfile.mkdtemp(prefix="fp8-changes-")
-    os.makedirs(work, exist_ok=True)
+    scratch = h.Scratch(a.work, prefix="fp8-changes-", keep=a.work is not None)
+    work = scratch.path
     # A private copy: a rebuild in the build directory cannot swap it mid-run.
-    dtectl = shutil.copy2(os.path.join(os.path.abspath(a.build_dir), "tools", "dtectl"),
-                          os.path.join(work, "dtectl"))
+    dtectl = h.Tools(a.build_dir, work, names=("dtectl",)).dtectl
     torch.set_num_threads(a.threads)
     gargs = generator_args(a, work)
     torch.manual_seed(a.seed)
@@ -211,13 +196,10 @@ def main(argv):
             log(f"lr {lr:g}: {a.steps} steps in {train_s:.0f} s, commits {commit_s:.0f} s, "
                 f"stats --fp8 {stats_s:.1f} s, peak RSS {rss / 2**20:.0f} MiB")
     finally:
-        if not a.work:
-            shutil.rmtree(work, ignore_errors=True)
+        scratch.clean()
     print_table(results)
     print(json.dumps(results, indent=1))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"args": vars(a), "results": results, "rows": runs}, f, indent=1)
+    h.write_json(a.json, {"args": vars(a), "results": results, "rows": runs})
 
 
 if __name__ == "__main__":

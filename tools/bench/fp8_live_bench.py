@@ -32,24 +32,18 @@ tensors (layer 0 and lm_head), the BF16 receiver's against v2 itself.
 Usage: /opt/dte/venv/bin/python tools/bench/fp8_live_bench.py [--build-dir build]
        [--size 1536MiB] [--reps 3] [--quick] [--work DIR] [--keep] [--json OUT]
 """
-import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import fs_bench_util as fu  # noqa: E402
-import live_bench as lb  # noqa: E402
+import harness as h
+import live_bench as lb
 
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
-sys.path.insert(0, lb.PY_PATH)
+sys.path.insert(0, h.PY_PATH)
 BLOCK = 128
 KINDS = ("bf16", "fp8-plain", "fp8-pow2")
 CHECKED = ("model.layers.0.", "lm_head.")
@@ -59,7 +53,7 @@ def model_args(size, quick):
     """dte-gen options: hidden 2048 (1024 --quick), intermediate 5632 (2816)."""
     hidden, inter = (1024, 2816) if quick else (2048, 5632)
     per_layer = 2 * (2 * hidden * hidden + 2 * hidden * hidden // 4 + 3 * hidden * inter)
-    layers = max(1, (lb.parse_size(size) - 4 * 32000 * hidden) // per_layer)
+    layers = max(1, (h.parse_size(size) - 4 * 32000 * hidden) // per_layer)
     return ["--hidden", str(hidden), "--intermediate", str(inter), "--layers", str(layers),
             "--vocab", "32000", *lb.GEOMETRY]
 
@@ -105,7 +99,7 @@ class Receiver:
                     w.array(k)[...] = q
                     w.array(dte.Fp8Options.scale_name(k))[...] = s
             return w
-        lb.log(f"filling the {kind} receiver from {d}")
+        h.log(f"filling the {kind} receiver from {d}")
         self.w = lb.with_version(d, fill)
         self.rx = None
 
@@ -150,7 +144,7 @@ class Bench:
         self.a, self.tools, self.store, self.cache = a, tools, store, cache
         self.mnt = os.path.join(a.work, "mnt")
         self.m = None
-        self.dropper = fu.CacheDropper([store, cache])
+        self.dropper = h.CacheDropper([store, cache])
 
     def mount(self, warm=False):
         """A fresh mount with v1 live after dropping the page cache; warm: with
@@ -158,13 +152,11 @@ class Bench:
         read of MNT/v00000001, as the previous step's apply leaves it)."""
         self.unmount()
         self.dropper.drop()
-        argv = [self.tools.dtefs, self.store, self.mnt, "--cache-dir", self.cache, "-f",
-                "--live-version", 1]
-        argv += ["--cache-size", self.a.warm_cache] if warm else []
-        self.m = fu.FuseMount("dtefs", argv, self.mnt, os.path.join(self.a.work, "dtefs.log"))
-        self.m.start()
+        self.m = h.dtefs_mount(self.tools, self.store, self.mnt, self.cache, "--live-version", 1,
+                               *(["--cache-size", self.a.warm_cache] if warm else []),
+                               log_path=os.path.join(self.a.work, "dtefs.log")).start()
         if warm:
-            fu.read_sequential(self.files(os.path.join(self.mnt, "v00000001")))
+            h.read_sequential(self.files(os.path.join(self.mnt, "v00000001")))
 
     def files(self, d):
         return [os.path.join(d, n) for n in sorted(os.listdir(d)) if n.endswith(".safetensors")]
@@ -176,7 +168,7 @@ class Bench:
 
     def apply(self, version):
         cpu, t0 = self.m.cpu_seconds(), time.perf_counter()
-        r = lb.run([self.tools.dtectl, "apply", self.mnt, "--version", version, "--json"])
+        r = h.run([self.tools.dtectl, "apply", self.mnt, "--version", version, "--json"])
         out = json.loads(r.stdout)
         return out | {"wall": time.perf_counter() - t0, "cpu": self.m.cpu_seconds() - cpu,
                       "load": os.getloadavg()[0]}
@@ -184,7 +176,7 @@ class Bench:
     def requant(self, rule, warm=False):
         self.mount(warm)
         t0 = time.perf_counter()
-        r = lb.run([self.tools.requant, os.path.join(self.mnt, "v00000002"), BLOCK, rule])
+        r = h.run([self.tools.requant, os.path.join(self.mnt, "v00000002"), BLOCK, rule])
         out = json.loads(r.stdout) | {"wall": time.perf_counter() - t0,
                                       "load": os.getloadavg()[0]}
         self.unmount()
@@ -211,12 +203,12 @@ def run_rep(b, a, receivers, res, save, rep, warm):
         rx.unregister()
         b.unmount()
         res[pre + kind].append({"fwd": fwd, "back": back})
-        lb.log(f"rep {rep} {pre}{kind}: {fwd['bytes'] / 2**20:.1f} MiB in {fwd['wall']:.3f} s, "
+        h.log(f"rep {rep} {pre}{kind}: {fwd['bytes'] / 2**20:.1f} MiB in {fwd['wall']:.3f} s, "
                f"back {back['wall']:.3f} s")
         save()
     for rule in ("plain", "pow2"):
         res[pre + "requant-" + rule].append(b.requant(rule, warm))
-        lb.log(f"rep {rep} {pre}requant {rule}: {res[pre + 'requant-' + rule][-1]}")
+        h.log(f"rep {rep} {pre}requant {rule}: {res[pre + 'requant-' + rule][-1]}")
         save()
 
 
@@ -279,8 +271,7 @@ def table(res, pre, keep):
 
 
 def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    fu.add_build_dir_arg(ap)
+    ap = h.parser(__doc__)
     ap.add_argument("--work", default="/var/tmp/dte-fp8-live-bench")
     ap.add_argument("--size", help="BF16 bytes of the model (default 1536MiB; --quick 128MiB)")
     ap.add_argument("--quick", action="store_true")
@@ -288,56 +279,48 @@ def parse_args():
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--warm-cache", default="4GiB",
                     help="dtefs --cache-size of the warm runs (more than the model)")
-    ap.add_argument("--json")
     a = ap.parse_args()
     a.size = a.size or ("128MiB" if a.quick else "1536MiB")
     a.reps = a.reps or (1 if a.quick else 3)
     a.model_args = model_args(a.size, a.quick)
-    a.cmdline = fu.command_line(__file__)
+    a.cmdline = h.command_line(__file__)
     a.work = os.path.abspath(a.work)
     return a
 
 
 def main():
     a = parse_args()
-    os.makedirs(a.work, exist_ok=True)
-    fu.install_cleanup()
+    work = h.Scratch(a.work, keep=a.keep, names=("store", "cache", "bin", "gen", "mnt",
+                                                  "model.json", "dtefs.log"))
     b, receivers = None, {}
-    try:
-        tools = lb.Tools(a.build_dir, os.path.join(a.work, "bin"))
-        tools.requant = shutil.copy2(os.path.join(a.build_dir, "tools", "bench", "fp8_requant"),
-                                     os.path.join(a.work, "bin"))
-        os.environ["DTE_LIBRARY"] = tools.libdte_so  # the dte package loads this copy
-        model_line = lb.check_model(tools, a.model_args, 1)
-        store, cache = os.path.join(a.work, "store"), os.path.join(a.work, "cache")
-        changed = lb.build_store(tools, a, store, cache, 2)
-        b = Bench(a, tools, store, cache)
-        b.mount()
-        res = {p + k: [] for p in ("", "warm-")
-               for k in (*KINDS, "requant-plain", "requant-pow2")}
-        res["unquantized_bytes"] = unquantized_bytes(b.mnt)
-        for kind in KINDS:
-            receivers[kind] = Receiver(os.path.join(b.mnt, "v00000001"), kind,
-                                       f"dte-fp8-bench-{os.getpid()}-{kind}")
-        b.unmount()
-
-        def save():
-            if a.json:
-                with open(a.json, "w") as f:
-                    json.dump({"results": res, "changed": changed, "model": model_line}, f,
-                              indent=1)
-        run_all(b, a, receivers, res, save)
-        a.drop_method = b.dropper.method
-        report(a, res, model_line, changed)
-    finally:
-        for rx in receivers.values():
-            rx.close()
-        if b is not None:
+    with work:
+        try:
+            tools = h.Tools(a.build_dir, work("bin"),
+                            names=("dtectl", "dtefs", "dtegen", "libdte", "requant"))
+            os.environ["DTE_LIBRARY"] = tools.libdte  # the dte package loads this copy
+            model_line = lb.check_model(tools, a.model_args, 1)
+            store, cache = work("store"), work("cache")
+            changed = lb.build_store(tools, a, store, cache, 2)
+            b = Bench(a, tools, store, cache)
+            b.mount()
+            res = {p + k: [] for p in ("", "warm-")
+                   for k in (*KINDS, "requant-plain", "requant-pow2")}
+            res["unquantized_bytes"] = unquantized_bytes(b.mnt)
+            for kind in KINDS:
+                receivers[kind] = Receiver(os.path.join(b.mnt, "v00000001"), kind,
+                                           f"dte-fp8-bench-{os.getpid()}-{kind}")
             b.unmount()
-        fu.unmount_all()
-        if not a.keep:
-            lb.remove(*(os.path.join(a.work, n) for n in ("store", "cache", "bin", "gen", "mnt",
-                                                          "model.json", "dtefs.log")))
+
+            def save():
+                h.write_json(a.json, {"results": res, "changed": changed, "model": model_line})
+            run_all(b, a, receivers, res, save)
+            a.drop_method = b.dropper.method
+            report(a, res, model_line, changed)
+        finally:
+            for rx in receivers.values():
+                rx.close()
+            if b is not None:
+                b.unmount()
 
 
 if __name__ == "__main__":

@@ -36,21 +36,16 @@ Usage: /opt/dte/venv/bin/python tools/bench/fp8_push_bench.py [--size 1GiB] [--s
        [--lr 7e-7] [--tp 1] [--kinds bf16,plain,pow2] [--json out]
 """
 
-import argparse
 import json
 import math
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, HERE)
-import push_bench  # noqa: E402  the model, its shapes and vLLM's sharding
+import harness as h
+import push_bench  # the model, its shapes and vLLM's sharding
 
+SOURCE = h.ROOT
 BLOCK = 128
 
 
@@ -83,25 +78,12 @@ class Run:
     group, and the receiver."""
 
     def __init__(self, a, dte, c, names, root, kind):
-        import torch
-        import safetensors.torch
         self.a, self.dte, self.names, self.root = a, dte, names, root
-        g = torch.Generator().manual_seed(1)
-        self.params = {n: torch.nn.Parameter(torch.randn(s, generator=g) * 0.02 if len(s) > 1
-                                             else torch.ones(s)) for n, s in names.items()}
-        self.opt = torch.optim.AdamW(self.params.values(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
-                                     weight_decay=0.0, fused=True)
-        ckpt = os.path.join(root, "v0")
-        os.makedirs(ckpt)
-        safetensors.torch.save_file(
-            {n: t.detach().to(torch.bfloat16) for n, t in self.params.items()},
-            os.path.join(ckpt, "model.safetensors"))
-        json.dump(c, open(os.path.join(ckpt, "config.json"), "w"))
         self.store = os.path.join(root, "store")
+        self.trainer = push_bench.Trainer(c, a.lr, root, self.store)
+        self.params = self.trainer.params
         self.group = dte.PushGroup("127.0.0.1:0", timeout=300.0)
         self.pub = dte.Publisher(store=self.store, push=self.group)
-        self.pub.import_checkpoint(ckpt)
-        shutil.rmtree(ckpt)
         self.fp8 = None if kind == "bf16" else dte.Fp8Options(block=BLOCK, scale_rule=kind)
         self.tensors = receiver_tensors(c, a.tp, self.fp8)
         self.rx = dte.PushReceiver(self.group.address, self.tensors, rank=0,
@@ -126,16 +108,9 @@ class Run:
 
     def step(self, step):
         import torch
-        gs = torch.Generator().manual_seed(100 + step)
-        for t in self.params.values():
-            t.grad = torch.randn(t.shape, generator=gs)
-        self.opt.step()
-        st = self.opt.state
-        state = {n: {"param": t, "exp_avg": st[t]["exp_avg"], "exp_avg_sq": st[t]["exp_avg_sq"],
-                     "step": st[t]["step"]} for n, t in self.params.items()}
+        state = self.trainer.step(step)
         written0 = self.rx.status().bytes
-        res = self.pub.publish_adamw(step=step, params=state, lr=self.a.lr, betas=(0.9, 0.95),
-                                     eps=1e-8, weight_decay=0.0)
+        res = self.trainer.publish(self.pub, step, state)
         assert res.push.pushed == 1 and not res.push.dropped, res.push
         # The tensors every kind holds in BF16 (embeddings, lm_head, norms),
         # to split the bytes written between them and the quantized ones.
@@ -156,7 +131,7 @@ class Run:
         """fp8_requant over the BF16 weights now: {"read_s", "quantize_s", ...}."""
         import safetensors.torch
         import torch
-        tool = os.path.join(build_dir, "tools", "bench", "fp8_requant")
+        tool = os.path.join(build_dir, h.Tools.PATHS["requant"])
         if not os.access(tool, os.X_OK):
             return None
         d = os.path.join(self.root, "requant")
@@ -164,9 +139,8 @@ class Run:
         safetensors.torch.save_file(
             {n: t.detach().to(torch.bfloat16) for n, t in self.params.items()},
             os.path.join(d, "model.safetensors"))
-        out = subprocess.run([tool, d, str(BLOCK), rule], check=True, capture_output=True,
-                             text=True).stdout
-        shutil.rmtree(d)
+        out = h.run([tool, d, BLOCK, rule]).stdout
+        h.remove(d)
         return json.loads(out.strip().splitlines()[-1])
 
     def close(self):
@@ -176,35 +150,33 @@ class Run:
 
 
 def parse_args():
-    p = argparse.ArgumentParser()
+    p = h.parser(__doc__)
     p.add_argument("--size", default="1GiB")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--lr", type=float, default=7e-7)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--kinds", default="bf16,plain,pow2")
-    p.add_argument("--build-dir", default=os.path.join(SOURCE, "build"))
-    p.add_argument("--work", default=None)
-    p.add_argument("--json", default=None)
+    p.add_argument("--work", default=None, help="where the temporary work directory goes")
     return p.parse_args()
 
 
 def print_summary(results):
     """Per step: each FP8 kind against the BF16 receiver."""
     bf16 = {r["step"]: r for r in results.get("bf16", {}).get("rows", [])}
-    print("| kind | step | changed | push + apply | sent | written | sent / BF16 | "
-          "written / BF16 | quantized tensors: written / BF16 | time / BF16 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for kind, res in results.items():
         for r in res["rows"]:
             b = bf16.get(r["step"])
             t = r["push_s"] + r["apply_s"]
-            ratios = ("%.3f | %.3f | %.3f | %.2f" % (
-                r["sent"] / b["sent"], r["written"] / b["written"],
-                r["written_quantized"] / b["written_quantized"], t / (b["push_s"] + b["apply_s"]))
-                if b else "- | - | - | -")
-            print("| %s | %d | %.2f%% | %.3f s | %.1f MB | %.1f MB | %s |" % (
-                kind, r["step"], 100 * r["changed_fraction"], t, r["sent"] / 1e6,
-                r["written"] / 1e6, ratios))
+            ratios = (["%.3f" % (r["sent"] / b["sent"]), "%.3f" % (r["written"] / b["written"]),
+                       "%.3f" % (r["written_quantized"] / b["written_quantized"]),
+                       "%.2f" % (t / (b["push_s"] + b["apply_s"]))] if b else ["-"] * 4)
+            rows.append([kind, r["step"], "%.2f%%" % (100 * r["changed_fraction"]), "%.3f s" % t,
+                         "%.1f MB" % (r["sent"] / 1e6), "%.1f MB" % (r["written"] / 1e6),
+                         *ratios])
+    print(h.md_table(["kind", "step", "changed", "push + apply", "sent", "written",
+                      "sent / BF16", "written / BF16", "quantized tensors: written / BF16",
+                      "time / BF16"], rows))
     for kind, res in results.items():
         q = res.get("requant")
         print("%s: catch-up %.2f s%s" % (kind, res["catch_up_s"], "" if not q else
@@ -219,17 +191,15 @@ def main():
     import dte
     import torch
     torch.set_num_threads(os.cpu_count())
-    units = {"GiB": 1 << 30, "MiB": 1 << 20}
-    c = push_bench.config_for(int(float(a.size[:-3]) * units[a.size[-3:]]))
+    c = push_bench.config_for(h.parse_size(a.size))
     names = push_bench.shapes(c)
     elements = sum(math.prod(s) for s in names.values())
     log("model: %d layers, %.2f GiB of BF16; receiver: tp=%d rank 0, fused" % (
         c["num_hidden_layers"], elements * 2 / 2**30, a.tp))
-    work = tempfile.mkdtemp(prefix="dte-fp8-push-bench-", dir=a.work)
     results = {}
-    try:
+    with h.Scratch(prefix="dte-fp8-push-bench-", parent=a.work) as work:
         for kind in a.kinds.split(","):
-            root = os.path.join(work, kind)
+            root = work(kind)
             os.makedirs(root)
             run = Run(a, dte, c, names, root, kind)
             log("%s: catch-up %.2f s" % (kind, run.catch_up_s))
@@ -243,12 +213,9 @@ def main():
                              "requant": None if kind == "bf16" else
                              run.requantize(a.build_dir, kind)}
             run.close()
-            shutil.rmtree(root)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            h.remove(root)
     print_summary(results)
-    if a.json:
-        json.dump({"config": c, "tp": a.tp, "results": results}, open(a.json, "w"), indent=1)
+    h.write_json(a.json, {"config": c, "tp": a.tp, "results": results})
 
 
 if __name__ == "__main__":

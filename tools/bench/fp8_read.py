@@ -20,102 +20,58 @@ BF16 time, the daemon's CPU seconds and its peak RSS (VmHWM).
 
 Usage: /opt/dte/venv/bin/python tools/bench/fp8_read.py [--size 1GiB] [--steps 3] [--max-busy 0.15]
        [--reps 3] [--scale plain|pow2] [--work DIR] [--keep] [--json OUT]
-Needs a build (DTE_BUILD_DIR, default build/) with dtefs, dtectl and dte-gen,
+Needs a build (--build-dir: DTE_BUILD_DIR, default build/) with dtefs, dtectl and dte-gen,
 and /dev/fuse.
 """
-import argparse
-import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import chain_bench  # noqa: E402
-import fs_bench_util as fu  # noqa: E402
-from chain_bench import Mount, cpu_seconds, drop_from_page_cache, run  # noqa: E402
+import harness as h
 
-GB = 1e9
+GB = h.GB
 
 
-def copy_tools(work):
-    """Copies dtefs, dtectl and dte-gen into work/bin, so that a rebuild in the
-    build directory cannot swap them in the middle of a run."""
-    bin_dir = os.path.join(work, "bin")
-    os.makedirs(bin_dir, exist_ok=True)
-    for name in ("DTEFS", "DTECTL", "DTEGEN"):
-        built = getattr(chain_bench, name)
-        if not os.access(built, os.X_OK):
-            sys.exit(f"{built} is not built")
-        setattr(chain_bench, name, shutil.copy2(built, bin_dir))
+def measure(tools, store, work, args, subdir, reader, load):
+    """One cold read of every file of MOUNT/subdir (h.Load: a quiet machine
+    first, read again while other processes used too much CPU); returns a
+    dict of figures."""
+    state = {}
 
-
-def build_store(work, size, steps):
-    """Commits steps 0..steps of a dte-gen model as one chain (reused if there)."""
-    store, cache = os.path.join(work, "store"), os.path.join(work, "dtectl-cache")
-    if os.path.isdir(os.path.join(store, "manifests")):
-        n = len(json.loads(run([chain_bench.DTECTL, "log", "--store", store, "--cache-dir", cache,
-                                "--json"]).stdout))
-        if n == steps + 1:
-            return store
-        sys.exit(f"{store} holds {n} versions, not {steps + 1}: remove it or use another --work")
-    gen = os.path.join(work, "gen")
-    t0 = time.monotonic()
-    run([chain_bench.DTEGEN, "--out", gen, "--size", size, "--steps", str(steps),
-         "--shard-size", "512MB", "-q"])
-    for step in range(steps + 1):
-        run([chain_bench.DTECTL, "import" if step == 0 else "commit", "--store", store,
-             "--cache-dir", cache, "-q", os.path.join(gen, f"step-{step:06d}")])
-    print(f"  committed v0..v{steps} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
-    shutil.rmtree(gen, ignore_errors=True)
-    return store
-
-
-def measure(store, work, args, subdir, reader, load):
-    """One cold read of every file of MOUNT/subdir; returns a dict of figures.
-    Waits for a quiet machine first and reads again (at most load.retries
-    more times) when other processes used more than load.max_other cores."""
-    for attempt in range(load.retries + 1):
-        res = measure_once(store, work, args, subdir, reader, load)
-        if res["other_cores"] <= load.max_other:
-            break
-    res["attempts"] = attempt + 1
-    return res
-
-
-def measure_once(store, work, args, subdir, reader, load):
-    mnt = os.path.join(work, "mnt")
-    cache = os.path.join(work, "dtefs-cache")
-    shutil.rmtree(cache, ignore_errors=True)
-    drop_from_page_cache([os.path.join(store, "blobs")])
-    with Mount(store, mnt, cache, ["--snapshot-every", 0, *args]) as m:
-        d = os.path.join(mnt, subdir)
-        paths = [os.path.join(d, n) for n in sorted(os.listdir(d))]
-        for p in paths:
+    def prepare():
+        if state.get("m"):
+            state.pop("m").unmount()
+        cache = os.path.join(work, "dtefs-cache")
+        h.remove(cache)
+        h.drop_from_page_cache([os.path.join(store, "blobs")])
+        state["m"] = m = h.dtefs_mount(tools, store, os.path.join(work, "mnt"), cache,
+                                       "--snapshot-every", 0, *args).start()
+        d = os.path.join(m.path, subdir)
+        state["paths"] = [os.path.join(d, n) for n in sorted(os.listdir(d))]
+        for p in state["paths"]:
             os.stat(p)  # builds the FP8 view (reads headers and JSON) before timing
-        load.quiet.wait()
-        cpu0 = cpu_seconds(m.proc.pid)
-        with fu.OtherLoad([m.proc.pid]) as other:
-            n, secs = reader(paths)
+        state["cpu0"] = m.cpu_seconds()
+
+    def body():
+        return reader(state["paths"])
+
+    attempts0 = load.runs + load.retried
+    try:
+        n, secs = load.timed(prepare, body, lambda: [state["m"].proc.pid])
+        m = state["m"]
         st = m.status()
-        return {"seconds": secs, "bytes": n, "cpu": cpu_seconds(m.proc.pid) - cpu0,
-                "peak_rss": fu.proc_status(m.proc.pid, "VmHWM"),
+        return {"seconds": secs, "bytes": n, "cpu": m.cpu_seconds() - state["cpu0"],
+                "peak_rss": h.proc_status(m.proc.pid, "VmHWM"),
                 "blocks_decoded": st["blocks_decoded"], "fp8": st["fp8"],
-                "read_errors": st["read_errors"], "other_cores": other.cores}
+                "read_errors": st["read_errors"], "other_cores": load.other[-1],
+                "attempts": load.runs + load.retried - attempts0}
+    finally:
+        if state.get("m"):
+            state.pop("m").unmount()
 
 
-class Load:
-    """How timed runs deal with the rest of a shared machine."""
-
-    def __init__(self, a):
-        self.quiet = fu.QuietWaiter(a.max_busy, a.quiet_timeout)
-        self.max_other, self.retries = a.max_other, a.retries
-
-
-def bench(store, work, version, scale, reps, load):
-    readers = {"sequential": fu.read_sequential, "parallel": fu.read_parallel}
+def bench(tools, store, work, version, scale, reps, load):
+    readers = {"sequential": h.read_sequential, "parallel": h.read_parallel}
     sides = {"bf16": f"v{version:08d}", "fp8": f"fp8/v{version:08d}"}
     args = ["--fp8-scale", scale]
     runs = {(r, s): [] for r in readers for s in sides}
@@ -123,11 +79,11 @@ def bench(store, work, version, scale, reps, load):
         for rname, reader in readers.items():
             order = list(sides) if rep % 2 == 0 else list(sides)[::-1]
             for side in order:
-                res = measure(store, work, args, sides[side], reader, load)
+                res = measure(tools, store, work, args, sides[side], reader, load)
                 if res["read_errors"]:
                     sys.exit(f"{side}: {res['read_errors']} read errors")
                 runs[(rname, side)].append(res)
-        print(f"  rep {rep + 1}/{reps} done", file=sys.stderr)
+        h.log(f"rep {rep + 1}/{reps} done")
     out = {}
     for (rname, side), rs in runs.items():
         secs = statistics.median(r["seconds"] for r in rs)
@@ -165,34 +121,27 @@ def table(results):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = h.parser(__doc__.split("\n\n")[0], work=None)
     p.add_argument("--size", default="1GiB")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--scale", default="plain", choices=["plain", "pow2"])
-    p.add_argument("--work")
-    p.add_argument("--keep", action="store_true")
-    p.add_argument("--json")
-    fu.add_quiet_args(p, max_busy=0.15, quiet_timeout=60.0, max_other=0.3, retries=2)
+    h.add_quiet_args(p, max_busy=0.15, quiet_timeout=60.0, max_other=0.3, retries=2)
     a = p.parse_args()
-    work = a.work or tempfile.mkdtemp(prefix="fp8-read-")
-    copy_tools(work)
-    fu.install_cleanup()
-    try:
-        store = build_store(work, a.size, a.steps)
-        load = Load(a)
-        results = bench(store, work, a.steps, a.scale, a.reps, load)
-    finally:
-        fu.unmount_all()
-        if not a.keep and not a.work:
-            shutil.rmtree(work, ignore_errors=True)
+    # A temporary work directory is removed afterwards; a given one is kept (its store reused).
+    work = h.Scratch(a.work, prefix="fp8-read-", keep=a.keep or a.work is not None)
+    with work:
+        tools = h.Tools(a.build_dir, work("bin"))
+        store = work("store")
+        h.commit_chain(tools, store, work("dtectl-cache"),
+                       ["--size", a.size, "--shard-size", "512MB"], a.steps, gen_dir=work("gen"),
+                       batch=a.steps + 1, stamp=work("model.json"))
+        load = h.Load(a)
+        results = bench(tools, store, work.path, a.steps, a.scale, a.reps, load)
     print(f"size {a.size}, version v{a.steps:08d} (anchor + {a.steps}), scale {a.scale}, "
-          f"{a.reps} reps, {os.cpu_count()} CPUs; waited {load.quiet.waited:.0f} s for a quiet "
-          f"machine, gave up {load.quiet.gave_up} times")
+          f"{a.reps} reps, {os.cpu_count()} CPUs; {load.report()}")
     print(table(results))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=2)
+    h.write_json(a.json, results)
 
 
 if __name__ == "__main__":

@@ -32,109 +32,32 @@ Usage: /opt/dte/venv/bin/python tools/bench/fs_bench.py [--build-dir DIR] [--wor
        [--repeat 5] [--readahead-kb 4096] [--keep] [--cold-only] [--json OUT]
 """
 import argparse
-import json
 import os
-import re
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fs_bench_util as fu  # noqa: E402
-from fs_bench_report import GB, deltas, report  # noqa: E402
+import harness as h
+from fs_bench_report import GB, deltas, report
 
 PT_SOURCE = "/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c"
-
-
-def run(cmd, **kw):
-    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if p.returncode != 0:
-        sys.exit(f"failed ({p.returncode}): {shlex.join(map(str, cmd))}\n{p.stderr}")
-    return p
-
-
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# --- setup: binaries, store, exports ---------------------------------------------------
-
-
-class Tools:
-    """The binaries under test, copied so a rebuild cannot swap them mid-run."""
-
-    def __init__(self, build_dir, bin_dir):
-        os.makedirs(bin_dir, exist_ok=True)
-        built = os.path.join(build_dir, "tools")
-        for name in ("dtectl", "dtefs", "dte-gen"):
-            if not os.access(os.path.join(built, name), os.X_OK):
-                sys.exit(f"{built}/{name} is not built (ninja -C {build_dir} dtectl dtefs dte-gen)")
-        self.dtectl = shutil.copy2(os.path.join(built, "dtectl"), bin_dir)
-        self.dtefs = shutil.copy2(os.path.join(built, "dtefs"), bin_dir)
-        self.dtegen = shutil.copy2(os.path.join(built, "dte-gen"), bin_dir)
-        self.dtefs_help = run([self.dtefs, "--help"]).stdout
-        self.passthrough = build_passthrough(bin_dir)
-
-    def dtefs_option(self, name):
-        """The --help line of a dtefs option, or None if this dtefs lacks it."""
-        for line in self.dtefs_help.splitlines():
-            if re.search(rf"(^|[\s,]){re.escape(name)}\b", line):
-                return " ".join(line.split())
-        return None
 
 
 def build_passthrough(bin_dir):
     if not os.path.exists(PT_SOURCE):
         sys.exit(f"{PT_SOURCE} not found (apt-get install libfuse3-dev)")
     out = os.path.join(bin_dir, "passthrough_ll")
-    flags = run(["pkg-config", "fuse3", "--cflags"]).stdout.split()
-    libs = run(["pkg-config", "fuse3", "--libs"]).stdout.split()
-    run(["cc", "-O2", *flags, PT_SOURCE, "-o", out, *libs])
+    flags = h.run(["pkg-config", "fuse3", "--cflags"]).stdout.split()
+    libs = h.run(["pkg-config", "fuse3", "--libs"]).stdout.split()
+    h.run(["cc", "-O2", *flags, PT_SOURCE, "-o", out, *libs])
     return out
-
-
-def dtectl(tools, store, cache, *args):
-    return [tools.dtectl, args[0], "--store", store, "--cache-dir", cache, "-q", *args[1:]]
-
-
-def build_store(tools, a, store, cache):
-    """Generates the sequence in batches (so at most a few checkpoints are on disk),
-    imports step 0 and commits the rest; reuses a store built with the same options."""
-    stamp_path = os.path.join(a.work, "model.json")
-    stamp = {"size": a.size, "steps": a.steps, "shard_size": a.shard_size, "seed": 0}
-    if os.path.exists(stamp_path) and os.path.isdir(store):
-        with open(stamp_path) as f:
-            if json.load(f) == stamp:
-                log("reusing the store from an earlier run with the same model options")
-                return
-    shutil.rmtree(store, ignore_errors=True)
-    shutil.rmtree(cache, ignore_errors=True)
-    if os.path.exists(stamp_path):
-        os.remove(stamp_path)
-    gen = os.path.join(a.work, "gen")
-    batch = 8
-    for start in range(0, a.steps + 1, batch):
-        stop = min(a.steps, start + batch - 1)
-        shutil.rmtree(gen, ignore_errors=True)
-        log(f"dte-gen steps {start}..{stop}")
-        run([tools.dtegen, "--out", gen, "--size", a.size, "--shard-size", a.shard_size,
-             "--start", str(start), "--steps", str(stop), "-q"])
-        for s in range(start, stop + 1):
-            step_dir = os.path.join(gen, f"step-{s:06d}")
-            run(dtectl(tools, store, cache, "import" if s == 0 else "commit", step_dir))
-    shutil.rmtree(gen, ignore_errors=True)
-    with open(stamp_path, "w") as f:
-        json.dump(stamp, f)
 
 
 def chain_depths(tools, store, cache):
     """{version: deltas past its anchor} from `dtectl log`."""
-    entries = json.loads(run([tools.dtectl, "log", "--store", store, "--cache-dir", cache,
-                              "--json"]).stdout)
-    by_version = {e["version"]: e for e in entries}
+    by_version = {e["version"]: e for e in tools.log(store, cache)}
     depth = {}
     for v in sorted(by_version):
         p = by_version[v]["parent"]
@@ -159,18 +82,15 @@ def export_versions(tools, store, cache, export_root, versions):
     for v, _ in versions:
         out = os.path.join(export_root, f"v{v:08d}")
         if not os.path.isdir(out):
-            run(dtectl(tools, store, cache, "export", "--version", str(v), out))
+            h.run(tools.dtectl_cmd("export", store, cache, "--version", v, out))
 
 
 # --- measurements ----------------------------------------------------------------------
 
 
 class Bench:
-    """Owns the two mounts and runs each measurement in its cold or warm state.
-
-    A timed run is repeated (at most --retries more times) when the rest of the
-    machine used more than --max-other cores while it ran; the last attempt
-    counts either way, and the attempts are tallied for the report."""
+    """Owns the two mounts and runs each measurement in its cold or warm state
+    (timed runs through h.Load: a quiet machine, contended runs repeated)."""
 
     def __init__(self, a, tools, store, cache, export_root):
         self.a, self.tools = a, tools
@@ -185,20 +105,18 @@ class Bench:
         self.argv = {"dtefs": dtefs_argv, "pt": pt_argv}
         self.mounts = {}
         self.readahead = {"dtefs": set(), "pt": set()}
-        self.dropper = fu.CacheDropper([store, export_root, cache])
-        self.quiet = fu.QuietWaiter(a.max_busy, a.quiet_timeout)
+        self.dropper = h.CacheDropper([store, export_root, cache])
+        self.load = h.Load(a)
         self.status = []  # .dte/status deltas of cold dtefs reads
-        self.runs = self.retried = self.contended = 0
-        self.other = []  # other load (cores) during each counted run
 
     def remount(self, fs):
         """A fresh mount of fs: its page cache and the daemon's caches are empty."""
         if fs in self.mounts:
             self.mounts.pop(fs).unmount()
         log_path = os.path.join(self.a.work, f"{fs}.log")
-        m = fu.FuseMount(fs, self.argv[fs], self.paths[fs], log_path).start()
+        m = h.FuseMount(fs, self.argv[fs], self.paths[fs], log_path).start()
         self.mounts[fs] = m
-        self.readahead[fs].add(fu.set_readahead_kb(m.path, self.a.readahead_kb))
+        self.readahead[fs].add(h.set_readahead_kb(m.path, self.a.readahead_kb))
         return m
 
     def unmount_all(self):
@@ -214,26 +132,10 @@ class Bench:
         return [os.path.join(self.dir_of(fs, version), n) for n in names]
 
     def dte_status(self):
-        with open(os.path.join(self.paths["dtefs"], ".dte", "status")) as f:
-            return json.load(f)
+        return self.mounts["dtefs"].status()
 
     def timed(self, prepare, body, pids):
-        """prepare(); waits for a quiet machine; returns body() and the other
-        load meanwhile, repeating while others used too much CPU."""
-        for attempt in range(self.a.retries + 1):
-            prepare()
-            self.quiet.wait()
-            with fu.OtherLoad(pids()) as other:
-                out = body()
-            if other.cores <= self.a.max_other:
-                break
-            if attempt < self.a.retries:
-                self.retried += 1
-        else:
-            self.contended += 1
-        self.runs += 1
-        self.other.append(other.cores)
-        return out
+        return self.load.timed(prepare, body, pids)
 
     def cold(self, fs, reader, paths, tag=None):
         """Times reader(paths) on a fresh mount of fs (no mount for "plain") after
@@ -348,7 +250,7 @@ def measure_load(b, fs, loader, version, shards):
 
 def one_repetition(b, rep, version, names, shards8, shards_all, loaders, res):
     order = ("dtefs", "pt") if rep % 2 == 0 else ("pt", "dtefs")
-    seq = fu.read_sequential
+    seq = h.read_sequential
     for fs in order:
         gbs, cpu = b.cold(fs, seq, b.files(fs, version, names), (version, "seq"))
         res[f"cold_{fs}"].append(gbs)
@@ -368,7 +270,7 @@ def one_repetition(b, rep, version, names, shards8, shards_all, loaders, res):
     for fs in order:
         modes = ("par", "one") if rep % 2 == 0 else ("one", "par")
         for mode in modes:
-            reader = fu.read_parallel if mode == "par" else seq
+            reader = h.read_parallel if mode == "par" else seq
             gbs, _ = b.cold(fs, reader, b.files(fs, version, shards8), (version, mode))
             res[f"{mode}8_{fs}"].append(gbs)
     for loader in loaders:
@@ -390,29 +292,8 @@ def cold_only_report(versions, results):
               f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]")
 
 
-def remove_work(a):
-    """Removes what this script created under --work (and --work itself if it made it)."""
-    for name in ("store", "cache", "export", "bin", "mnt", "gen", "model.json", "dtefs.log",
-                 "pt.log"):
-        p = os.path.join(a.work, name)
-        if name == "mnt" and os.path.isdir(p) and any(
-                os.path.ismount(os.path.join(p, m)) for m in os.listdir(p)):
-            log(f"not removing {p}: something is still mounted there")
-            continue
-        if os.path.isdir(p):
-            shutil.rmtree(p, ignore_errors=True)
-        elif os.path.exists(p):
-            os.remove(p)
-    if a.created_work:
-        try:
-            os.rmdir(a.work)
-        except OSError:
-            pass
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    fu.add_build_dir_arg(ap)
+    ap = h.parser(__doc__)
     ap.add_argument("--work", default="/var/tmp/dte-fs-bench",
                     help="work dir: store, exports, mounts (must be a disk, not tmpfs)")
     ap.add_argument("--size", default="512MiB")
@@ -422,34 +303,32 @@ def main():
     ap.add_argument("--repeat", type=int, default=5, help="repetitions; medians are reported")
     ap.add_argument("--readahead-kb", type=int, default=4096)
     ap.add_argument("--dtefs-args", default="", help="extra dtefs arguments")
-    fu.add_quiet_args(ap, max_busy=0.25, quiet_timeout=30.0, max_other=0.3, retries=3)
+    h.add_quiet_args(ap, max_busy=0.25, quiet_timeout=30.0, max_other=0.3, retries=3)
     ap.add_argument("--keep", action="store_true", help="keep the work dir (store, exports)")
     ap.add_argument("--cold-only", action="store_true",
                     help="only the cold sequential read against passthrough_ll")
-    ap.add_argument("--json")
     ap.add_argument("--load-child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.load_child:
         return load_child(a.load_child[0], a.load_child[1:])
-    a.cmdline = fu.command_line(__file__)
-    a.work = os.path.abspath(a.work)
-    a.created_work = not os.path.exists(a.work)
-    os.makedirs(a.work, exist_ok=True)
-    if run(["stat", "-f", "-c", "%T", a.work]).stdout.strip() == "tmpfs":
-        sys.exit(f"{a.work} is on tmpfs; give --work a directory on the store's disk")
-    fu.install_cleanup()
-    b = None
-    try:
-        tools = Tools(a.build_dir, os.path.join(a.work, "bin"))
-        store, cache = os.path.join(a.work, "store"), os.path.join(a.work, "cache")
-        build_store(tools, a, store, cache)
+    a.cmdline = h.command_line(__file__)
+    work = h.Scratch(a.work, keep=a.keep, disk=True,
+                     names=("store", "cache", "export", "bin", "mnt", "gen", "model.json",
+                            "dtefs.log", "pt.log"))
+    a.work = work.path
+    with work:
+        tools = h.Tools(a.build_dir, work("bin"))
+        tools.passthrough = build_passthrough(work("bin"))
+        store, cache = work("store"), work("cache")
+        h.commit_chain(tools, store, cache, ["--size", a.size, "--shard-size", a.shard_size],
+                       a.steps, gen_dir=work("gen"), stamp=work("model.json"))
         versions = pick_versions(chain_depths(tools, store, cache),
                                  [int(x) for x in a.depths.split(",")])
-        export_root = os.path.join(a.work, "export")
+        export_root = work("export")
         export_versions(tools, store, cache, export_root, versions)
-        names = sorted(os.listdir(os.path.join(export_root, f"v{versions[0][0]:08d}")))
-        shards_all = [n for n in names if n.endswith(".safetensors")]
         ref = os.path.join(export_root, f"v{versions[0][0]:08d}")
+        names = sorted(os.listdir(ref))
+        shards_all = [n for n in names if n.endswith(".safetensors")]
         shards8 = sorted(shards_all, key=lambda n: -os.path.getsize(os.path.join(ref, n)))[:8]
         if len(shards8) < 8 and not a.cold_only:
             sys.exit(f"only {len(shards8)} shards; use a smaller --shard-size")
@@ -463,24 +342,16 @@ def main():
                    for v, _ in versions}
         for rep in range(a.repeat):
             for v, d in versions:
-                log(f"repetition {rep + 1}/{a.repeat}, v{v} ({deltas(d)})")
+                h.log(f"repetition {rep + 1}/{a.repeat}, v{v} ({deltas(d)})")
                 one_repetition(b, rep, v, names, shards8, shards_all, b.loaders, results[v])
         b.unmount_all()
         if a.cold_only:
             cold_only_report(versions, results)
         else:
             report(a, b, tools, versions, model, results)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump({"versions": versions, "results": results, "status": b.status,
-                           "readahead": {k: sorted(v) for k, v in b.readahead.items()},
-                           "busy": b.quiet.seen, "other_cores": b.other}, f, indent=1)
-    finally:
-        if b is not None:
-            b.unmount_all()
-        fu.unmount_all()
-        if not a.keep:
-            remove_work(a)
+        h.write_json(a.json, {"versions": versions, "results": results, "status": b.status,
+                              "readahead": {k: sorted(v) for k, v in b.readahead.items()},
+                              "busy": b.load.quiet.seen, "other_cores": b.load.other})
 
 
 if __name__ == "__main__":

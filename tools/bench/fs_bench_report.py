@@ -7,7 +7,7 @@ import shlex
 import statistics
 import subprocess
 
-import fs_bench_util as fu
+import harness as h
 
 GB = 1e9
 
@@ -93,7 +93,7 @@ def status_row(b, version, depth, mode):
 def machine_notes(a, b, tools, versions, model):
     df = sh(["df", "-h", a.work]).strip().splitlines()[-1]
     fstype = sh(["stat", "-f", "-c", "%T", a.work]).strip()
-    dev, dev_ra = fu.block_device_readahead_kb(a.work)
+    dev, dev_ra = h.block_device_readahead_kb(a.work)
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     lines = [
         f"- machine: {platform.node()}, Linux {platform.release()}, {os.cpu_count()} cores, "
@@ -120,11 +120,9 @@ def machine_notes(a, b, tools, versions, model):
         f"versions measured: " + ", ".join(f"v{v} ({deltas(d)})" for v, d in versions),
         f"- safetensors loaders: " + "; ".join(f"{k}: `{b.loader_notes[k]}`" for k in b.loaders),
         f"- other load: before each timed run, waited for <= {100 * a.max_busy:.0f}% of all "
-        f"cores busy (up to {a.quiet_timeout:.0f} s; {b.quiet.waited:.0f} s waited in total, "
-        f"gave up {b.quiet.gave_up} times); a run during which other processes used more than "
-        f"{a.max_other} cores was repeated (up to {a.retries} times): {b.runs} runs counted, "
-        f"{b.retried} repeats, {b.contended} counted despite load; other load during counted "
-        f"runs median {med(b.other):.2f}, max {max(b.other):.2f} cores",
+        f"cores busy (up to {a.quiet_timeout:.0f} s), and a run during which other processes "
+        f"used more than {a.max_other} cores was repeated (up to {a.retries} times): "
+        f"{b.load.report()}",
         f"- GB = 10^9 bytes; every figure the median of {a.repeat} repetitions; ratio = dtefs "
         f"throughput / baseline throughput (time ratio inverted), median and [min-max] of the "
         f"per-repetition ratios (so not always the quotient of the two medians shown)",

@@ -40,20 +40,20 @@ Usage: /opt/dte/venv/bin/python tools/bench/gpu_sync.py [--device cuda|cpu]
        [--lr 5e-7] [--live] [--work DIR] [--json OUT]
 """
 
-import argparse
 import json
 import math
 import multiprocessing
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when loaded by path (tests)
+import harness as h  # noqa: E402
+
+SOURCE = h.ROOT
 
 # Qwen3-8B's config (its tensor shapes; untied head, q/k norms).
 QWEN3_8B = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096,
@@ -331,42 +331,23 @@ def publish_state(opt, params):
 
 
 def mount_store(a, store, work):
-    """A dtefs mount of the store for live apply, or (None, why not)."""
-    dtefs = os.path.join(a.build_dir, "tools", "dtefs")
+    """A started dtefs mount of the store for live apply, or (None, why not)."""
+    dtefs = os.path.join(a.build_dir, h.Tools.PATHS["dtefs"])
     if not os.path.exists("/dev/fuse") or not os.path.exists(dtefs):
         return None, "no /dev/fuse or no built dtefs (%s)" % dtefs
-    mnt, cache = os.path.join(work, "mnt"), os.path.join(work, "mnt-cache")
-    os.makedirs(mnt)
-    err = open(os.path.join(work, "dtefs.stderr"), "wb")
-    proc = subprocess.Popen([dtefs, store, mnt, "--cache-dir", cache, "--poll-ms", "50", "-f"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-    deadline = time.time() + 30
-    while not os.path.ismount(mnt):
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            return None, "dtefs did not mount: %s" % open(err.name, errors="replace").read()[-400:]
-        time.sleep(0.05)
-    return (mnt, proc), None
-
-
-def unmount(m):
-    mnt, proc = m
-    if subprocess.run(["fusermount3", "-u", mnt], capture_output=True).returncode != 0:
-        subprocess.run(["fusermount3", "-uz", mnt], capture_output=True)  # busy: detach
+    m = h.FuseMount("dtefs", [dtefs, store, os.path.join(work, "mnt"), "--cache-dir",
+                              os.path.join(work, "mnt-cache"), "--poll-ms", "50", "-f"],
+                    os.path.join(work, "mnt"), os.path.join(work, "dtefs.stderr"))
     try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        subprocess.run(["fusermount3", "-uz", mnt], capture_output=True)
+        return m.start(), None
+    except (RuntimeError, AssertionError) as e:
+        return None, "dtefs did not mount: %s" % e
 
 
 def wait_latest(mnt, version, timeout=120):
-    deadline = time.time() + timeout
     want = "v%08d" % version
-    while os.path.basename(os.readlink(os.path.join(mnt, "latest"))) != want:
-        if time.time() > deadline:
-            raise SystemExit("gpu_sync: the mount never showed %s" % want)
-        time.sleep(0.01)
+    h.wait_for(lambda: os.path.basename(os.readlink(os.path.join(mnt, "latest"))) == want,
+               timeout, "the mount to show " + want, 0.01)
 
 
 def baselines(views, params, clock, repeats):
@@ -497,7 +478,7 @@ def live_steps(a, dte, rx, pub, opt, params, views, store, work, step, n, report
         report["live_skipped"] = why
         log("gpu_sync: live apply not run: " + why)
         return step
-    mnt, registered = m[0], False
+    mnt, registered = m.path, False
     try:
         wait_latest(mnt, step)
         dte.apply(mnt, step)  # the live copy at the receiver's version
@@ -533,7 +514,7 @@ def live_steps(a, dte, rx, pub, opt, params, views, store, work, step, n, report
     finally:
         if registered:
             rx.order("end_live")
-        unmount(m)
+        m.unmount()
     return step
 
 
@@ -582,7 +563,7 @@ def summary(r):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = h.parser(__doc__)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if torch has one)")
     p.add_argument("--model", choices=("qwen3-8b", "tiny"), default="qwen3-8b")
     p.add_argument("--layers", default="auto",
@@ -595,9 +576,7 @@ def main():
     p.add_argument("--repeats", type=int, default=3, help="of each baseline")
     p.add_argument("--live", action="store_true", help="also deliver steps by live apply")
     p.add_argument("--link-gbps", type=float, default=400.0)
-    p.add_argument("--build-dir", default=os.path.join(SOURCE, "build"))
     p.add_argument("--work", default=None)
-    p.add_argument("--json", default=None)
     a = p.parse_args()
     os.environ.setdefault("DTE_LIBRARY", os.path.join(a.build_dir, "sync", "libdte.so"))
     if a.device is None:
@@ -609,8 +588,7 @@ def main():
             raise SystemExit("gpu_sync: --device cuda but torch sees no CUDA device")
         a.device = "cuda:%d" % torch.cuda.current_device()
     report = run(a)
-    if a.json:
-        json.dump(report, open(a.json, "w"), indent=1)
+    h.write_json(a.json, report)
     print(summary(report), flush=True)
 
 

@@ -48,8 +48,6 @@ import json
 import mmap
 import os
 import re
-import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -57,35 +55,13 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fs_bench_util as fu  # noqa: E402
+import harness as h
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PY_PATH = os.path.join(ROOT, "sync", "python")
+PY_PATH = h.PY_PATH
 GEOMETRY = ["--heads", "32", "--kv-heads", "8"]
 # --quick: a smoke test; no waiting for a quiet machine, no repeated runs.
 QUICK = {"size": "64MiB", "model": ["--hidden", "512"], "reps": 2}
-MIB = 2**20
-
-
-def run(cmd, **kw):
-    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
-    if p.returncode != 0:
-        raise RuntimeError(f"failed ({p.returncode}): {shlex.join(map(str, cmd))}\n{p.stderr}")
-    return p
-
-
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def parse_size(text):
-    m = re.fullmatch(r"(\d+)\s*([KMG]i?B)?", text)
-    if not m:
-        sys.exit(f"bad size {text!r}")
-    units = {None: 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20,
-             "GiB": 2**30}
-    return int(m.group(1)) * units[m.group(2)]
+MIB = h.MIB
 
 
 # --- model: tensors, vLLM TP shards ---------------------------------------------------
@@ -233,22 +209,9 @@ class Child:
 # --- setup ------------------------------------------------------------------------------
 
 
-class Tools:
-    """The binaries and libdte under test, copied so a rebuild cannot swap them mid-run."""
-
-    def __init__(self, build_dir, bin_dir):
-        os.makedirs(bin_dir, exist_ok=True)
-        paths = {n: os.path.join(build_dir, "tools", n) for n in ("dtectl", "dtefs", "dte-gen")}
-        paths["libdte.so"] = os.path.join(build_dir, "sync", "libdte.so")
-        for name, p in paths.items():
-            if not os.path.exists(p):
-                sys.exit(f"{p} is not built (ninja -C {build_dir} dtectl dtefs dte-gen dte)")
-            setattr(self, name.replace("-", "").replace(".", "_"), shutil.copy2(p, bin_dir))
-
-
 def check_model(tools, model_args, max_tp):
     """dte-gen's --dry-run line for the model; exits unless max_tp divides it."""
-    out = run([tools.dtegen, "--out", "/nonexistent", *model_args, "--dry-run"]).stdout
+    out = h.run([tools.dtegen, "--out", "/nonexistent", *model_args, "--dry-run"]).stdout
     m = re.search(r"hidden (\d+), (\d+) layers, intermediate (\d+), (\d+) heads x (\d+) "
                   r"\(kv (\d+)\), vocab (\d+)", out)
     if not m:
@@ -261,34 +224,11 @@ def check_model(tools, model_args, max_tp):
 
 
 def build_store(tools, a, store, cache, steps):
-    """Commits steps 0..steps, generated a few at a time; returns the percent of
-    BF16 elements each step changed. Reuses a store built with the same options."""
-    stamp_path = os.path.join(a.work, "model.json")
-    stamp = {"model": a.model_args, "steps": steps}
-    if os.path.exists(stamp_path) and os.path.isdir(store):
-        with open(stamp_path) as f:
-            old = json.load(f)
-        if {k: old.get(k) for k in stamp} == stamp:
-            log("reusing the store of an earlier run with the same model options")
-            return {int(k): v for k, v in old["changed"].items()}
-    remove(store, cache, stamp_path)
-    gen, changed = os.path.join(a.work, "gen"), {}
-    batch = max(1, min(4, (8 << 30) // parse_size(a.size)))
-    for start in range(0, steps + 1, batch):
-        stop = min(steps, start + batch - 1)
-        shutil.rmtree(gen, ignore_errors=True)
-        log(f"dte-gen steps {start}..{stop}")
-        out = run([tools.dtegen, "--out", gen, *a.model_args, "--start", start, "--steps",
-                   stop, "-q"]).stdout
-        changed.update(re.findall(r"^step (\d+) changed_bf16 ([\d.]+)%", out, re.M))
-        for s in range(start, stop + 1):
-            run([tools.dtectl, "import" if s == 0 else "commit", "--store", store, "--cache-dir",
-                 cache, "-q", os.path.join(gen, f"step-{s:06d}")])
-    shutil.rmtree(gen, ignore_errors=True)
-    changed = {int(k): float(v) for k, v in changed.items()}
-    with open(stamp_path, "w") as f:
-        json.dump(stamp | {"changed": changed}, f)
-    return changed
+    """Commits steps 0..steps (reused if built before with the same options);
+    returns the percent of BF16 elements each step changed."""
+    return h.commit_chain(tools, store, cache, a.model_args, steps, gen_dir=os.path.join(
+        a.work, "gen"), batch=max(1, min(4, (8 << 30) // h.parse_size(a.size))),
+        stamp=os.path.join(a.work, "model.json"))["changed"]
 
 
 # --- the mount and one apply ------------------------------------------------------------
@@ -301,28 +241,24 @@ class Bench:
         self.a, self.tools, self.store, self.cache, self.base = a, tools, store, cache, base
         self.mnt = os.path.join(a.work, "mnt")
         self.m = None
-        self.dropper = fu.CacheDropper([store, cache])
-        self.quiet = fu.QuietWaiter(a.max_busy, a.quiet_timeout)
+        self.dropper = h.CacheDropper([store, cache])
+        self.load = h.Load(a)
         last = base + max(a.distances)  # dtefs defaults: every 8 versions, keep 8
         self.snapshots = list(range(8, last + 1, 8))[-8:]
         self.expected = {}  # version -> sha256 of each file
-        self.runs = self.retried = self.contended = 0
-        self.other = []
 
     def mount(self, cache_size=None):
         """A fresh mount (empty block cache) with vBASE live; waits for the snapshots."""
         self.unmount()
-        argv = [self.tools.dtefs, self.store, self.mnt, "--cache-dir", self.cache, "-f",
-                "--live-version", self.base]
-        argv += ["--cache-size", cache_size] if cache_size else []
-        self.m = fu.FuseMount("dtefs", argv, self.mnt, os.path.join(self.a.work, "dtefs.log"))
-        self.m.start()
+        self.m = h.dtefs_mount(self.tools, self.store, self.mnt, self.cache, "--live-version",
+                               self.base, *(["--cache-size", cache_size] if cache_size else []),
+                               log_path=os.path.join(self.a.work, "dtefs.log")).start()
 
         def ready():
             s = self.status()["snapshots"]
             return (s is not None and s["building"] is None
                     and set(self.snapshots) <= set(s["versions"]))
-        fu.wait_for(ready, 3600, f"dtefs snapshots of {self.snapshots}", 0.2)
+        h.wait_for(ready, 3600, f"dtefs snapshots of {self.snapshots}", 0.2)
         return self.m
 
     def unmount(self):
@@ -331,8 +267,7 @@ class Bench:
             self.m = None
 
     def status(self):
-        with open(os.path.join(self.mnt, ".dte", "status")) as f:
-            return json.load(f)
+        return self.m.status()
 
     def vdir(self, v):
         return os.path.join(self.mnt, f"v{v:08d}")
@@ -345,40 +280,22 @@ class Bench:
         """`dtectl apply --version`; returns its JSON with the command's wall time,
         the daemon's CPU and memory around it."""
         pid = self.m.proc.pid
-        rss, hwm = fu.proc_status(pid, "VmRSS"), fu.proc_status(pid, "VmHWM")
-        with open(f"/proc/{pid}/clear_refs", "w") as f:
-            f.write("5\n")  # VmHWM := VmRSS
+        rss, hwm = h.proc_status(pid, "VmRSS"), h.proc_status(pid, "VmHWM")
+        h.reset_peak(pid)
         cpu, t0 = self.m.cpu_seconds(), time.perf_counter()
-        r = run([self.tools.dtectl, "apply", self.mnt, "--version", version, "--json"])
+        r = h.run([self.tools.dtectl, "apply", self.mnt, "--version", version, "--json"])
         wall = time.perf_counter() - t0
         out = json.loads(r.stdout)
         if out["to_version"] != version:
             raise RuntimeError(f"apply of v{version} reports {out}")
         return out | {"wall": wall, "cpu": self.m.cpu_seconds() - cpu, "rss_before": rss,
-                      "hwm_before": hwm, "peak": fu.proc_status(pid, "VmHWM"),
-                      "shmem": fu.proc_status(pid, "RssShmem"),
+                      "hwm_before": hwm, "peak": h.proc_status(pid, "VmHWM"),
+                      "shmem": h.proc_status(pid, "RssShmem"),
                       "cache_bytes": self.status()["cache"]["bytes"]}
 
     def timed(self, prepare, body, pids=lambda: [], undo=None):
-        """prepare(); waits for a quiet machine; returns body(), repeating (after
-        undo()) while other processes than the daemon and pids() used more than
-        --max-other cores."""
-        for attempt in range(self.a.retries + 1):
-            if attempt and undo:
-                undo()
-            prepare()
-            if self.a.quiet_timeout > 0:
-                self.quiet.wait()
-            with fu.OtherLoad([self.m.proc.pid, *pids()]) as other:
-                out = body()
-            if other.cores <= self.a.max_other:
-                break
-            self.retried += attempt < self.a.retries
-        else:
-            self.contended += 1
-        self.runs += 1
-        self.other.append(other.cores)
-        return out
+        """h.Load.timed, counting the daemon's CPU as this run's own."""
+        return self.load.timed(prepare, body, lambda: [self.m.proc.pid, *pids()], undo)
 
     def expect(self, v):
         """sha256 of every file of vV, read through the mount (after timing)."""
@@ -390,14 +307,6 @@ class Bench:
         got = got or [sha256_file(p) for p in self.files(os.path.join(self.mnt, "live"))]
         if got != self.expect(v):
             raise RuntimeError(f"BUG: live/ does not hold v{v} after the apply")
-
-
-def remove(*paths):
-    for p in paths:
-        if os.path.isdir(p) and not os.path.ismount(p):
-            shutil.rmtree(p, ignore_errors=True)
-        elif os.path.isfile(p):
-            os.remove(p)
 
 
 def sha256_file(path):
@@ -421,7 +330,7 @@ def reload_row(b, res):
 
     def read():  # (bytes, seconds, CPU seconds of the daemon and of this reader)
         cpu0, t0 = b.m.cpu_seconds(), os.times()
-        n, secs = fu.read_sequential(files())
+        n, secs = h.read_sequential(files())
         t1 = os.times()
         return n, secs, b.m.cpu_seconds() - cpu0 + t1.user + t1.system - t0.user - t0.system
 
@@ -467,7 +376,7 @@ def one_step_row(b, cached, cache_size, rep, res):
 
 
 def start_receivers(b, tp):
-    env = dict(os.environ, DTE_LIBRARY=b.tools.libdte_so)
+    env = dict(os.environ, DTE_LIBRARY=b.tools.libdte)
     out = []
     try:
         for rank in range(tp):
@@ -605,7 +514,7 @@ def run_all(b, a, res, save):
                     for stride in (1, 10) for d in a.mapped_distances]
     for rep in range(a.reps):
         for cfg in (configs if rep % 2 == 0 else configs[::-1]):
-            log(f"repetition {rep + 1}/{a.reps}: {cfg}")
+            h.log(f"repetition {rep + 1}/{a.reps}: {cfg}")
             if cfg[0] == "reload":
                 reload_row(b, res)
             elif cfg[0] == "one":
@@ -744,18 +653,14 @@ def report(a, b, res, model_line, changed):
         print("\n".join(distance_table(a, res)) + "\n")
     if "mapped" in a.sections:
         print("\n".join(mapped_table(a, res)) + "\n")
-    print(f"timed runs {b.runs}, repeated {b.retried}, contended after retries {b.contended}; "
-          f"other load during runs: median {statistics.median(b.other):.2f} cores, "
-          f"max {max(b.other):.2f}; waited {b.quiet.waited:.0f} s for quiet "
-          f"(gave up {b.quiet.gave_up} times); caches dropped with: {b.dropper.method}")
+    print(f"{b.load.report()}; caches dropped with: {b.dropper.method}")
 
 
 # --- main -------------------------------------------------------------------------------
 
 
 def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    fu.add_build_dir_arg(ap)
+    ap = h.parser(__doc__)
     ap.add_argument("--work", default="/var/tmp/dte-live-bench",
                     help="work dir: store, cache, mount (a disk, not tmpfs)")
     ap.add_argument("--size", help="BF16 bytes of the model (default 2GiB; --quick 64MiB)")
@@ -769,9 +674,8 @@ def parse_args():
     ap.add_argument("--mapped-distances", default="1,2,8")
     ap.add_argument("--sections", default="one,recv,mapped",
                     help="what to measure besides the reload baseline")
-    fu.add_quiet_args(ap, max_busy=0.3, quiet_timeout=10.0, max_other=0.5, retries=1)
+    h.add_quiet_args(ap, max_busy=0.3, quiet_timeout=10.0, max_other=0.5, retries=1)
     ap.add_argument("--keep", action="store_true", help="keep the work dir (store, snapshots)")
-    ap.add_argument("--json")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -791,7 +695,7 @@ def parse_args():
         sys.exit("--distances and --receivers must include 1")
     a.model_args = ["--size", a.size, *GEOMETRY, *(QUICK["model"] if a.quick else []),
                     "--shard-size", a.shard_size]
-    a.cmdline = fu.command_line(__file__)
+    a.cmdline = h.command_line(__file__)
     a.work = os.path.abspath(a.work)
     return a
 
@@ -803,39 +707,30 @@ def main():
         if kind == "receiver":
             return receiver_child(args[0], int(args[1]), int(args[2]), int(args[3]), args[4])
         return reader_child(args[1:], int(args[0]))
-    created = not os.path.exists(a.work)
-    os.makedirs(a.work, exist_ok=True)
-    fu.install_cleanup()
+    work = h.Scratch(a.work, keep=a.keep, names=("store", "cache", "bin", "gen", "mnt",
+                                                  "model.json", "dtefs.log"))
     b = None
-    try:
-        tools = Tools(a.build_dir, os.path.join(a.work, "bin"))
-        model_line = check_model(tools, a.model_args, max(a.receivers))
-        store, cache = os.path.join(a.work, "store"), os.path.join(a.work, "cache")
-        base = a.base
-        changed = build_store(tools, a, store, cache,
-                              base + max(a.distances + a.mapped_distances))
-        b = Bench(a, tools, store, cache, base)
-        log("first mount: building snapshots")
-        b.mount()
-        res = {"reload_cold": [], "reload_cpu": [], "reload_warm": [],
-               "copy_bandwidth": memory_bandwidth()}
+    with work:
+        try:
+            tools = h.Tools(a.build_dir, work("bin"), names=("dtectl", "dtefs", "dtegen", "libdte"))
+            model_line = check_model(tools, a.model_args, max(a.receivers))
+            store, cache = work("store"), work("cache")
+            changed = build_store(tools, a, store, cache,
+                                  a.base + max(a.distances + a.mapped_distances))
+            b = Bench(a, tools, store, cache, a.base)
+            h.log("first mount: building snapshots")
+            b.mount()
+            res = {"reload_cold": [], "reload_cpu": [], "reload_warm": [],
+                   "copy_bandwidth": memory_bandwidth()}
 
-        def save():  # after every configuration, so an interrupted run keeps its figures
-            if a.json:
-                with open(a.json, "w") as f:
-                    json.dump({"results": res, "other_cores": b.other, "changed": changed}, f,
-                              indent=1)
-        run_all(b, a, res, save)
-        report(a, b, res, model_line, changed)
-    finally:
-        if b is not None:
-            b.unmount()
-        fu.unmount_all()
-        if not a.keep:
-            remove(*(os.path.join(a.work, n) for n in ("store", "cache", "bin", "gen", "mnt",
-                                                       "model.json", "dtefs.log")))
-            if created and not os.listdir(a.work):
-                os.rmdir(a.work)
+            def save():  # after every configuration, so an interrupted run keeps its figures
+                h.write_json(a.json, {"results": res, "other_cores": b.load.other,
+                                      "changed": changed})
+            run_all(b, a, res, save)
+            report(a, b, res, model_line, changed)
+        finally:
+            if b is not None:
+                b.unmount()
 
 
 if __name__ == "__main__":

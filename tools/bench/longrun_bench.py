@@ -42,35 +42,20 @@ Usage: /opt/dte/venv/bin/python tools/bench/longrun_bench.py [--build-dir build]
        [--runs small,tiny,big,s3] [--json out.json]
 """
 
-import argparse
 import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "py"))
-sys.path.insert(0, HERE)
-import fs_bench_util as fu  # noqa: E402
+import harness as h
 
-GIB = 1 << 30
-MIB = 1 << 20
+MIB = h.MIB
 
 
 def log(msg):
-    print(f"[longrun] {msg}", file=sys.stderr, flush=True)
-
-
-def run(argv, env=None, timeout=3600):
-    r = subprocess.run(list(map(str, argv)), env=env, capture_output=True, text=True,
-                       timeout=timeout)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, argv))} exited {r.returncode}: {r.stderr}")
-    return r
+    h.log(f"[longrun] {msg}")
 
 
 def mean(xs):
@@ -89,47 +74,29 @@ class Run:
         self.store = store or os.path.join(self.root, "store")
         self.cache = os.path.join(self.root, "cache")
         self.env = env
-        self.commits = []  # per version: seconds, stored_bytes, full_table, full_bytes
+        self.commits = []  # per version: seconds and dtectl's JSON (stored_bytes, full_table, ...)
         self.memory = []   # (versions committed, dtefs VmHWM after ls + spread reads)
 
     def dtectl(self, *args, cache=None):
-        return [self.a.dtectl, args[0], "--store", self.store, "--cache-dir",
-                cache or self.cache, "-q", *args[1:]]
-
-    def generate(self, first, last):
-        gen = os.path.join(self.root, "gen")
-        shutil.rmtree(gen, ignore_errors=True)
-        run([self.a.gen, "-o", gen, "--size", self.size, "--start", first, "--steps", last,
-             "--seed", 7, "-q"], timeout=7200)
-        return gen
+        return self.a.tools.dtectl_cmd(args[0], self.store, cache or self.cache, *args[1:])
 
     def commit_all(self, checkpoints=()):
-        for first in range(0, self.steps + 1, self.a.batch):
-            last = min(first + self.a.batch - 1, self.steps)
-            gen = self.generate(first, last)
-            for step in range(first, last + 1):
-                d = os.path.join(gen, f"step-{step:06d}")
-                cmd = "import" if step == 0 else "commit"
-                t0 = time.monotonic()
-                extra = self.commit_args if cmd == "commit" else []
-                r = run(self.dtectl(cmd, d, "--json", *extra), env=self.env)
-                secs = time.monotonic() - t0
-                j = json.loads(r.stdout)
-                self.commits.append({"seconds": secs, "stored": j["stored_bytes"],
-                                     "dense": j["dense_bytes"], "full": j.get("full_table", False),
-                                     "full_bytes": j.get("full_bytes", 0),
-                                     "join": j.get("join_table", False),
-                                     "join_bytes": j.get("join_bytes", 0)})
-                shutil.rmtree(d)
-                if step in checkpoints:
-                    self.memory.append((step + 1, self.dtefs_memory()))
-            log(f"{self.name}: {last + 1}/{self.steps + 1} versions committed, last commit "
-                f"{self.commits[-1]['seconds']:.3f} s")
+        def after(step, rec):
+            if step in checkpoints:
+                self.memory.append((step + 1, self.dtefs_memory()))
+            if step % self.a.batch == self.a.batch - 1 or step == self.steps:
+                log(f"{self.name}: {step + 1}/{self.steps + 1} versions committed, last commit "
+                    f"{rec['seconds']:.3f} s")
+
+        self.commits = h.commit_chain(
+            self.a.tools, self.store, self.cache, ["--size", self.size, "--seed", 7], self.steps,
+            gen_dir=os.path.join(self.root, "gen"), batch=self.a.batch,
+            commit_args=self.commit_args, env=self.env, after=after)["commits"]
 
     def mount(self, cache, *args):
         mnt = os.path.join(self.root, "mnt")
-        argv = [self.a.dtefs, self.store, mnt, "--cache-dir", cache, "-f", *map(str, args)]
-        return fu.FuseMount("dtefs", argv, mnt, os.path.join(self.root, "dtefs.log")).start()
+        return h.dtefs_mount(self.a.tools, self.store, mnt, cache, *map(str, args),
+                             log_path=os.path.join(self.root, "dtefs.log")).start()
 
     def fresh_cache(self, tag):
         path = os.path.join(self.root, f"cache-{tag}")
@@ -149,7 +116,7 @@ class Run:
                 with open(os.path.join(m.path, n, shard), "rb") as f:
                     while f.read(MIB):
                         pass
-            return fu.proc_status(m.proc.pid, "VmHWM")
+            return h.proc_status(m.proc.pid, "VmHWM")
         finally:
             m.unmount()
 
@@ -161,7 +128,7 @@ class Run:
         try:
             t0 = time.monotonic()
             d = os.path.join(m.path, version_dir)
-            fu.read_sequential([os.path.join(d, n) for n in sorted(os.listdir(d))])
+            h.read_sequential([os.path.join(d, n) for n in sorted(os.listdir(d))])
             return time.monotonic() - t0
         finally:
             m.unmount()
@@ -170,7 +137,7 @@ class Run:
         out = os.path.join(self.root, "export")
         shutil.rmtree(out, ignore_errors=True)
         t0 = time.monotonic()
-        run(self.dtectl("export", "--version", version, out, cache=self.fresh_cache("export")))
+        h.run(self.dtectl("export", "--version", version, out, cache=self.fresh_cache("export")))
         secs = time.monotonic() - t0
         shutil.rmtree(out)
         return secs
@@ -212,16 +179,11 @@ class Run:
         """Bytes written to the store (deltas, full tables, join tables written
         and later deleted) over the deltas alone."""
         c = self.commits[1:]
-        deltas = sum(x["stored"] - x["full_bytes"] for x in c)
-        return sum(x["stored"] + x["join_bytes"] for x in c) / deltas if deltas else None
+        deltas = sum(x["stored_bytes"] - x.get("full_bytes", 0) for x in c)
+        return sum(x["stored_bytes"] + x.get("join_bytes", 0) for x in c) / deltas if deltas else None
 
     def timed(self, argv, reps=5):
-        ts = []
-        for _ in range(reps):
-            t0 = time.monotonic()
-            run(argv)
-            ts.append(time.monotonic() - t0)
-        return statistics.median(ts)
+        return statistics.median(h.repeat(lambda rep: h.timed(h.run, argv)[0], reps))
 
     def listing(self):
         m = self.mount(self.fresh_cache("ls"))
@@ -239,10 +201,10 @@ class Run:
         out = {"run": self.name, "size": self.size, "versions": len(self.commits),
                "commit_first50_s": mean(first), "commit_last50_s": mean(last),
                "commit_ratio": mean(last) / mean(first),
-               "full_tables": sum(1 for x in c if x["full"]),
-               "join_tables_written": sum(1 for x in c if x["join"])}
+               "full_tables": sum(1 for x in c if x.get("full_table")),
+               "join_tables_written": sum(1 for x in c if x.get("join_table"))}
         if not local:
-            out["store_bytes"] = sum(x["stored"] for x in self.commits)
+            out["store_bytes"] = sum(x["stored_bytes"] for x in self.commits)
             return out
         total, full, full_dense, joins = self.store_bytes()
         out.update({"store_bytes": total, "deltas_only_bytes": total - full,
@@ -272,76 +234,42 @@ class Run:
         return out
 
 
-def join_rows(a):
-    """The trade of the join budget at the default anchor budget: bytes
-    written against the cost of a fresh mount reading latest and the worst
-    recent version, for each --join-budgets value over --budget-steps
-    versions of a --joins-size model."""
+def trade_rows(a, option, values, size, prefer_join_tables):
+    """The trade of one budget (`option`: --join-budget or --anchor-budget)
+    over --budget-steps versions of a `size` model per value: store bytes
+    (and bytes written) against the cost of a fresh mount reading latest and
+    the worst version, against the anchor. The worst version is the one just
+    before the newest join table (prefer_join_tables, when there are two) or
+    else just before the last full table: the most deltas a read can meet."""
     rows = []
-    for b in a.join_budgets.split(","):
-        r = Run(a, f"joins-{b}", a.joins_size, a.budget_steps, commit_args=("--join-budget", b))
+    for b in values.split(","):
+        r = Run(a, f"{option.strip('-')}-{b}", size, a.budget_steps, commit_args=(option, b))
         r.commit_all()
         total, full, _, _ = r.store_bytes()
-        reps = a.reps
-        anchor = statistics.median(r.join("v00000000") for _ in range(reps))
-        latest = statistics.median(r.join("latest") for _ in range(reps))
-        worst = r.worst_recent()
-        if worst is None:  # no join tables: the version just before the last full table
-            fulls = [i + 1 for i, c in enumerate(r.commits[1:]) if c["full"]]
+        fulls = [i + 1 for i, c in enumerate(r.commits[1:]) if c.get("full_table")]
+        worst = r.worst_recent() if prefer_join_tables else None
+        if worst is None:
             worst = (fulls[-1] - 1) if fulls else len(r.commits) - 1
-        join_worst = statistics.median(r.join(f"v{worst:08d}") for _ in range(reps))
-        rows.append({"join_budget": float(b), "versions": len(r.commits),
-                     "full_tables": sum(1 for c in r.commits[1:] if c["full"]),
-                     "join_tables_written": sum(1 for c in r.commits[1:] if c["join"]),
-                     "store_ratio": total / (total - full), "written_ratio": r.written_ratio(),
-                     "join_anchor_s": anchor, "join_latest_ratio": latest / anchor,
-                     "join_worst_ratio": join_worst / anchor, "worst_version": worst})
-        log(json.dumps(rows[-1]))
-        shutil.rmtree(r.root, ignore_errors=True)
-    print("| `--join-budget` | full / join tables written | store / deltas only | "
-          "written / deltas | join latest / anchor | join worst recent / anchor |")
-    print("|---|---|---|---|---|---|")
-    for x in rows:
-        print(f"| {x['join_budget']:g} | {x['full_tables']} / {x['join_tables_written']} in "
-              f"{x['versions']} | {x['store_ratio']:.2f}x | {x['written_ratio']:.2f}x | "
-              f"{x['join_latest_ratio']:.2f}x | {x['join_worst_ratio']:.2f}x "
-              f"(v{x['worst_version']}) |")
-    return rows
-
-
-def budget_rows(a):
-    """The trade of the anchor budget: store bytes against the cost of a
-    fresh mount reading `latest` and the worst version (the one just before
-    a full table), for each --budgets value over --budget-steps versions."""
-    rows = []
-    for b in a.budgets.split(","):
-        r = Run(a, f"budget-{b}", a.small_size, a.budget_steps, commit_args=("--anchor-budget", b))
-        r.commit_all()
-        total, full, _, _ = r.store_bytes()
-        fulls = [i + 1 for i, c in enumerate(r.commits[1:]) if c["full"]]
-        worst = (fulls[-1] - 1) if fulls else len(r.commits) - 1
-        reps = a.reps
-        join = statistics.median(r.join("latest") for _ in range(reps))
-        join_worst = statistics.median(r.join(f"v{worst:08d}") for _ in range(reps))
-        anchor = statistics.median(r.join("v00000000") for _ in range(reps))
+        reads = {v: statistics.median(r.join(v) for _ in range(a.reps))
+                 for v in ("v00000000", "latest", f"v{worst:08d}")}
+        anchor = reads["v00000000"]
         rows.append({"budget": float(b), "versions": len(r.commits), "full_tables": len(fulls),
-                     "store_ratio": total / (total - full), "join_latest_ratio": join / anchor,
-                     "join_worst_ratio": join_worst / anchor, "worst_version": worst,
-                     "join_anchor_s": anchor})
+                     "join_tables_written": sum(1 for c in r.commits[1:] if c.get("join_table")),
+                     "store_ratio": total / (total - full), "written_ratio": r.written_ratio(),
+                     "join_anchor_s": anchor, "join_latest_ratio": reads["latest"] / anchor,
+                     "join_worst_ratio": reads[f"v{worst:08d}"] / anchor, "worst_version": worst})
         log(json.dumps(rows[-1]))
         shutil.rmtree(r.root, ignore_errors=True)
-    print("| --anchor-budget | full tables | store / deltas only | join latest / anchor | "
-          "join worst / anchor |")
-    print("|---|---|---|---|---|")
-    for x in rows:
-        print(f"| {x['budget']:g} | {x['full_tables']} in {x['versions']} | "
-              f"{x['store_ratio']:.2f}x | {x['join_latest_ratio']:.2f}x | "
-              f"{x['join_worst_ratio']:.2f}x (v{x['worst_version']}) |")
+    print(h.md_table([f"`{option}`", "full / join tables written", "store / deltas only",
+                      "written / deltas", "join latest / anchor", "join worst / anchor"], [
+        [f"{x['budget']:g}", f"{x['full_tables']} / {x['join_tables_written']} in {x['versions']}",
+         f"{x['store_ratio']:.2f}x", f"{x['written_ratio']:.2f}x", f"{x['join_latest_ratio']:.2f}x",
+         f"{x['join_worst_ratio']:.2f}x (v{x['worst_version']})"] for x in rows]))
     return rows
 
 
 def s3_env(a):
-    import s3_util
+    import s3_util  # tests/py, on the path through harness
     server = s3_util.MotoServer()
     server.create_bucket("longrun")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DTE_"))}
@@ -380,8 +308,7 @@ def print_report(rows):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--build-dir", default="build")
+    p = h.parser(__doc__.split("\n\n")[0])
     p.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
     p.add_argument("--runs", default="small,big,s3")
     p.add_argument("--small-size", default="4MiB")
@@ -401,12 +328,10 @@ def main():
     p.add_argument("--batch", type=int, default=100, help="steps generated at a time")
     p.add_argument("--spread", type=int, default=100, help="versions read for the memory figure")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--json", default=None)
     a = p.parse_args()
-    built = os.path.join(os.path.abspath(a.build_dir), "tools")
-    a.dtectl, a.dtefs, a.gen = (os.path.join(built, n) for n in ("dtectl", "dtefs", "dte-gen"))
+    a.tools = h.Tools(a.build_dir)
     a.work = a.work or tempfile.mkdtemp(prefix="dte-longrun-")
-    fu.install_cleanup()
+    h.install_cleanup()
     rows = []
     jb = ("--join-budget", a.join_budget) if a.join_budget is not None else ()
     try:
@@ -418,10 +343,10 @@ def main():
                 r.commit_all(marks)
                 rows.append(r.report())
             elif name == "budget":
-                budget_rows(a)
+                trade_rows(a, "--anchor-budget", a.budgets, a.small_size, False)
                 continue
             elif name == "joins":
-                join_rows(a)
+                trade_rows(a, "--join-budget", a.join_budgets, a.joins_size, True)
                 continue
             elif name == "tiny":
                 steps = a.tiny_steps
@@ -444,10 +369,8 @@ def main():
                     server.stop()
             log(json.dumps(rows[-1]))
     finally:
-        fu.unmount_all()
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(rows, f, indent=1)
+        h.unmount_all()
+        h.write_json(a.json, rows)
     print_report(rows)
 
 

@@ -37,7 +37,6 @@ Usage: /opt/dte/venv/bin/python tools/bench/push_bench.py [--size 1GiB] [--recei
        [--steps 4] [--lr 7e-7] [--dist [--world N] [--owners]] [--cuda] [--json out]
 """
 
-import argparse
 import dataclasses
 import json
 import math
@@ -46,31 +45,16 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.normpath(os.path.join(HERE, "..", ".."))
+import harness as h
+from harness import run_threads
+
+SOURCE = h.ROOT
 
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
-
-
-def status_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def trim_heap():
-    """Returns freed heap to the system, so the publish's own allocations
-    show in the resident set."""
-    import ctypes
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def config_for(size):
@@ -152,6 +136,47 @@ def local_layout(c, tp, rank):
     return parts, local
 
 
+class Trainer:
+    """The model of config c trained with torch.optim.AdamW (random gradients,
+    the same from the same seed), its version 0 imported into `store`."""
+
+    ADAMW = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}
+
+    def __init__(self, c, lr, root, store):
+        import safetensors.torch
+        import torch
+        sys.path.insert(0, h.PY_PATH)
+        import dte
+        self.lr = lr
+        g = torch.Generator().manual_seed(1)
+        self.params = {n: torch.nn.Parameter(torch.randn(s, generator=g) * 0.02 if len(s) > 1
+                                             else torch.ones(s)) for n, s in shapes(c).items()}
+        self.opt = torch.optim.AdamW(self.params.values(), lr=lr, fused=True, **self.ADAMW)
+        ckpt = os.path.join(root, "v0")
+        os.makedirs(ckpt)
+        safetensors.torch.save_file(
+            {n: t.detach().to(torch.bfloat16) for n, t in self.params.items()},
+            os.path.join(ckpt, "model.safetensors"))
+        json.dump(c, open(os.path.join(ckpt, "config.json"), "w"))
+        with dte.Publisher(store=store) as importer:
+            importer.import_checkpoint(ckpt)
+        h.remove(ckpt)
+
+    def step(self, step):
+        """Takes optimizer step `step`; returns the state publish_adamw takes."""
+        import torch
+        gs = torch.Generator().manual_seed(100 + step)
+        for t in self.params.values():
+            t.grad = torch.randn(t.shape, generator=gs)
+        self.opt.step()
+        st = self.opt.state
+        return {n: {"param": t, "exp_avg": st[t]["exp_avg"], "exp_avg_sq": st[t]["exp_avg_sq"],
+                    "step": st[t]["step"]} for n, t in self.params.items()}
+
+    def publish(self, pub, step, state):
+        return pub.publish_adamw(step=step, params=state, lr=self.lr, **self.ADAMW)
+
+
 # --- receiver process --------------------------------------------------------
 
 def receiver(a):
@@ -210,15 +235,13 @@ def receiver(a):
 # --- trainer -----------------------------------------------------------------
 
 def parse_args():
-    p = argparse.ArgumentParser()
+    p = h.parser(__doc__)
     p.add_argument("mode", nargs="?", default="bench")
     p.add_argument("--size", default="1GiB")
     p.add_argument("--receivers", default="1,2,4")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--lr", type=float, default=7e-7)
-    p.add_argument("--build-dir", default=os.path.join(SOURCE, "build"))
-    p.add_argument("--work", default=None)
-    p.add_argument("--json", default=None)
+    p.add_argument("--work", default=None, help="where the temporary work directory goes")
     p.add_argument("--dist", action="store_true",
                    help="publish with a distributed publisher of one rank, which pushes each "
                         "version read back from the store a tensor at a time")
@@ -242,28 +265,15 @@ class Bench:
     v0, the publisher(s) and push group(s), and the receiver processes."""
 
     def __init__(self, a, dte, c, names, work, n_rx):
-        import safetensors.torch
-        import torch
         self.a, self.dte, self.c, self.names, self.n_rx = a, dte, c, names, n_rx
         self.elements = sum(math.prod(s) for s in names.values())
         self.root = os.path.join(work, "rx%d" % n_rx)
         os.makedirs(self.root)
-        g = torch.Generator().manual_seed(1)
-        self.params = {n: torch.nn.Parameter(torch.randn(s, generator=g) * 0.02 if len(s) > 1
-                                             else torch.ones(s)) for n, s in names.items()}
-        self.opt = torch.optim.AdamW(self.params.values(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
-                                     weight_decay=0.0, fused=True)
-        ckpt = os.path.join(self.root, "v0")
-        os.makedirs(ckpt)
-        safetensors.torch.save_file(
-            {n: t.detach().to(torch.bfloat16) for n, t in self.params.items()},
-            os.path.join(ckpt, "model.safetensors"))
-        json.dump(c, open(os.path.join(ckpt, "config.json"), "w"))
         json.dump(c, open(os.path.join(self.root, "config.json"), "w"))
         self.store = os.path.join(self.root, "store")
+        self.trainer = Trainer(c, a.lr, self.root, self.store)
+        self.params = self.trainer.params
         self.group = dte.PushGroup("127.0.0.1:0", timeout=120.0)
-        with dte.Publisher(store=self.store) as importer:
-            importer.import_checkpoint(ckpt)
         self.open_publishers()
         self.start_receivers()
 
@@ -312,30 +322,17 @@ class Bench:
     def held(self, i):
         return max([x["version"] for x in self.records(i) if "version" in x], default=-1)
 
-    def train_step(self, step):
-        import torch
-        gs = torch.Generator().manual_seed(100 + step)
-        for t in self.params.values():
-            t.grad = torch.randn(t.shape, generator=gs)
-        self.opt.step()
-        st = self.opt.state
-        return {n: {"param": t, "exp_avg": st[t]["exp_avg"], "exp_avg_sq": st[t]["exp_avg_sq"],
-                    "step": st[t]["step"]} for n, t in self.params.items()}
-
     def publish(self, step, state):
         """(result, push reports, end time, push start time) of one publish."""
         a = self.a
         if not (a.dist and a.world > 1):
-            res = self.pub.publish_adamw(step=step, params=state, lr=a.lr, betas=(0.9, 0.95),
-                                         eps=1e-8, weight_decay=0.0)
+            res = self.trainer.publish(self.pub, step, state)
             t1 = time.time()
             return res, [dataclasses.asdict(res.push)], t1, t1 - res.push.seconds
         results, ends = [None] * a.world, [0.0] * a.world
 
         def publish_rank(r):
-            results[r] = self.pubs[r].publish_adamw(
-                step=step, params=rank_rows(state, r, a.world), lr=a.lr, betas=(0.9, 0.95),
-                eps=1e-8, weight_decay=0.0)
+            results[r] = self.trainer.publish(self.pubs[r], step, rank_rows(state, r, a.world))
             ends[r] = time.time()
         run_threads(publish_rank, range(a.world))
         pushes = [dataclasses.asdict(x.push) for x in results if x.push is not None]
@@ -344,14 +341,13 @@ class Bench:
 
     def push_row(self, step):
         """Trains and publishes step `step`; its row once every receiver holds it."""
-        state = self.train_step(step)
-        trim_heap()
-        rss0 = status_kib("VmRSS")
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current resident set
+        state = self.trainer.step(step)
+        h.trim_heap()
+        rss0 = h.proc_status("self", "VmRSS")
+        h.reset_peak()
         t0 = time.time()
         res, pushes, t1, push_start = self.publish(step, state)
-        extra_mib = (status_kib("VmHWM") - rss0) / 1024
+        extra_mib = (h.proc_status("self", "VmHWM") - rss0) / h.MIB
         for x in pushes:
             assert x["pushed"] == self.n_rx and not x["dropped"], x
         while not all(self.held(i) >= step for i in range(self.n_rx)):
@@ -414,17 +410,7 @@ class Bench:
         for g in self.groups:
             if g is not None:
                 g.close()
-        import shutil
-        shutil.rmtree(self.root)
-
-
-def run_threads(fn, args):
-    """fn(x) for every x of args, each on its own thread; returns when all did."""
-    threads = [threading.Thread(target=fn, args=(x,)) for x in args]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        h.remove(self.root)
 
 
 def rank_rows(state, r, world):
@@ -442,9 +428,7 @@ def rank_rows(state, r, world):
 def print_summary(rows):
     """The push of the last step (AdamW's first steps change more elements;
     the last is the steady state) against the baseline's median."""
-    print("| receivers | changed | publish | push | baseline | time ratio | push bytes | "
-          "baseline bytes | bytes ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    out = []
     for n_rx in sorted({r["receivers"] for r in rows}):
         pr = [r for r in rows if r["receivers"] == n_rx and "push_s" in r]
         br = [r for r in rows if r["receivers"] == n_rx and "baseline_s" in r]
@@ -452,9 +436,11 @@ def print_summary(rows):
         base = sorted(r["baseline_s"] for r in br)
         push_s, base_s = last["push_s"], base[len(base) // 2]
         pb, bb = last["push_bytes"], br[0]["baseline_bytes"]
-        print("| %d | %.2f%% | %.3f s | %.3f s | %.3f s | %.1fx | %.1f MB | %.1f MB | %.0fx |" % (
-            n_rx, 100 * last["changed_fraction"], last["publish_s"], push_s, base_s,
-            base_s / push_s, pb / 1e6, bb / 1e6, bb / pb))
+        out.append([n_rx, "%.2f%%" % (100 * last["changed_fraction"]), "%.3f s" % last["publish_s"],
+                    "%.3f s" % push_s, "%.3f s" % base_s, "%.1fx" % (base_s / push_s),
+                    "%.1f MB" % (pb / 1e6), "%.1f MB" % (bb / 1e6), "%.0fx" % (bb / pb)])
+    print(h.md_table(["receivers", "changed", "publish", "push", "baseline", "time ratio",
+                      "push bytes", "baseline bytes", "bytes ratio"], out))
 
 
 def main():
@@ -466,22 +452,19 @@ def main():
     import dte
     import torch
     torch.set_num_threads(os.cpu_count())
-    units = {"GiB": 1 << 30, "MiB": 1 << 20}
-    size = int(float(a.size[:-3]) * units[a.size[-3:]])
-    c = config_for(size)
+    c = config_for(h.parse_size(a.size))
     names = shapes(c)
     elements = sum(math.prod(s) for s in names.values())
     log("model: %d layers, %.2f GiB of BF16" % (c["num_hidden_layers"], elements * 2 / 2**30))
     rows = []
-    work = tempfile.mkdtemp(prefix="dte-push-bench-", dir=a.work)
-    for n_rx in [int(x) for x in a.receivers.split(",")]:
-        bench = Bench(a, dte, c, names, work, n_rx)
-        rows += [bench.push_row(step) for step in range(1, a.steps + 1)]
-        rows += bench.baseline_rows()
-        bench.close()
+    with h.Scratch(prefix="dte-push-bench-", parent=a.work) as work:
+        for n_rx in [int(x) for x in a.receivers.split(",")]:
+            bench = Bench(a, dte, c, names, work.path, n_rx)
+            rows += [bench.push_row(step) for step in range(1, a.steps + 1)]
+            rows += bench.baseline_rows()
+            bench.close()
     print_summary(rows)
-    if a.json:
-        json.dump({"config": c, "rows": rows}, open(a.json, "w"), indent=1)
+    h.write_json(a.json, {"config": c, "rows": rows})
 
 
 if __name__ == "__main__":

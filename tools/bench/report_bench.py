@@ -6,7 +6,7 @@ the same run.
 Builds a store of --versions versions of a small Llama-shaped model (67
 tensors over 8 layers, 238 K elements; ~1.6% of elements flip each
 version) with the Python publisher's import_checkpoint (in one process),
-then measures with /usr/bin/time -v:
+then measures wall time and peak RSS (/usr/bin/time) of:
   stats --by version --csv, stats --by layer-kind --csv   (what the report reads)
   report -o run.html
 at the sizes given by --at (prefixes of the same store, via --versions).
@@ -15,17 +15,13 @@ Usage: /opt/dte/venv/bin/python tools/bench/report_bench.py [--versions 10001] [
        [--build-dir build] [--work DIR]
 """
 
-import argparse
 import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.normpath(os.path.join(HERE, "..", ".."))
+import harness as h
+
+SOURCE = h.ROOT
 
 
 def build_store(root, versions, lib):
@@ -64,42 +60,31 @@ def build_store(root, versions, lib):
     return store, cache
 
 
-def timed(argv):
-    r = subprocess.run(["/usr/bin/time", "-v"] + argv, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        raise SystemExit("%s failed:\n%s" % (" ".join(argv), r.stderr))
-    wall = re.search(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)", r.stderr)
-    seconds = (int(wall.group(1) or 0) * 3600 + int(wall.group(2)) * 60 + float(wall.group(3)))
-    kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr).group(1))
-    return seconds, kib / 1024
-
-
 def main():
-    ap = argparse.ArgumentParser()
+    ap = h.parser(__doc__, json_arg=False)
     ap.add_argument("--versions", type=int, default=10001)
     ap.add_argument("--at", default="100,1000,10000")
-    ap.add_argument("--build-dir", default=os.path.join(SOURCE, "build"))
-    ap.add_argument("--work")
+    ap.add_argument("--work", help="where the temporary work directory goes")
     a = ap.parse_args()
-    dtectl = os.path.join(a.build_dir, "tools", "dtectl")
-    root = tempfile.mkdtemp(prefix="dte-report-bench-", dir=a.work)
-    try:
-        store, cache = build_store(root, a.versions, os.path.join(a.build_dir, "sync", "libdte.so"))
+    dtectl = h.Tools(a.build_dir, names=("dtectl",)).dtectl
+    with h.Scratch(prefix="dte-report-bench-", parent=a.work) as work:
+        store, cache = build_store(work.path, a.versions,
+                                   os.path.join(a.build_dir, "sync", "libdte.so"))
         common = ["--store", store, "--cache-dir", cache]
-        out = os.path.join(root, "run.html")
-        print("| versions | stats --by version | stats --by layer-kind | both | report | "
-              "report / both | report peak RSS | stats peak RSS |")
-        print("|---|---|---|---|---|---|---|---|")
+        rows = []
         for n in [int(x) for x in a.at.split(",")]:
             sel = ["--versions", "0..%d" % (n - 1)]
-            t1, m1 = timed([dtectl, "stats", "--csv", "--by", "version"] + common + sel)
-            t2, m2 = timed([dtectl, "stats", "--csv", "--by", "layer-kind"] + common + sel)
-            t3, m3 = timed([dtectl, "report", "-o", out] + common + sel)
-            print("| %d | %.2f s | %.2f s | %.2f s | %.2f s | %.2fx | %.0f MiB | %.0f MiB |" % (
-                n, t1, t2, t1 + t2, t3, t3 / (t1 + t2), m3, max(m1, m2)))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+            by_version = h.measure([dtectl, "stats", "--csv", "--by", "version"] + common + sel)
+            by_kind = h.measure([dtectl, "stats", "--csv", "--by", "layer-kind"] + common + sel)
+            rep = h.measure([dtectl, "report", "-o", work("run.html")] + common + sel)
+            both = by_version.seconds + by_kind.seconds
+            rows.append([n, "%.2f s" % by_version.seconds, "%.2f s" % by_kind.seconds,
+                         "%.2f s" % both, "%.2f s" % rep.seconds, "%.2fx" % (rep.seconds / both),
+                         "%.0f MiB" % (rep.peak_rss / h.MIB),
+                         "%.0f MiB" % (max(by_version.peak_rss, by_kind.peak_rss) / h.MIB)])
+            print(h.md_row(rows[-1]), file=sys.stderr, flush=True)
+    print(h.md_table(["versions", "stats --by version", "stats --by layer-kind", "both", "report",
+                      "report / both", "report peak RSS", "stats peak RSS"], rows))
 
 
 if __name__ == "__main__":

@@ -19,18 +19,16 @@ Usage: /opt/dte/venv/bin/python tools/bench/weights_bench.py [--elements 3355443
        [--steps 9] [--build-dir build] [--work /var/tmp/dte-weights] [--json OUT]
 """
 
-import argparse
 import filecmp
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "sync", "python"))
+import harness as h
+
+sys.path.insert(0, h.PY_PATH)
 
 
 def shapes(elements):
@@ -79,28 +77,25 @@ def run_path(a):
     import dte
     params, opt = build(a.elements)
     store = os.path.join(a.work, "rss-" + a.path)
-    shutil.rmtree(store, ignore_errors=True)
+    h.remove(store)
     save(params, os.path.join(a.work, "ckpt0"))
     with dte.Publisher(store, cache_dir=os.path.join(a.work, "cache-rss-" + a.path)) as pub:
         pub.import_checkpoint(os.path.join(a.work, "ckpt0"))
         for s in range(1, a.steps + 1):
             if s == 2:  # the optimizer's state exists from here on
-                with open("/proc/self/clear_refs", "w") as f:
-                    f.write("5")  # restart the peak (VmHWM) from what the process holds now
+                h.reset_peak()  # the peak (VmHWM) restarts from what the process holds now
             step(params, opt, s)
             if a.path == "adamw":
                 pub.publish_torch_adamw(opt, params, step=s)
             elif a.path == "weights":
                 pub.publish_weights(params, step=s)
-    with open("/proc/self/status") as f:
-        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-    print(json.dumps({"max_rss_kib": hwm}))
+    print(json.dumps({"max_rss_kib": h.proc_status("self", "VmHWM") // h.KIB}))
 
 
 def compare(a):
     import dte
     params, opt = build(a.elements)
-    shutil.rmtree(a.work, ignore_errors=True)
+    h.remove(a.work)
     save(params, os.path.join(a.work, "ckpt0"))
     stores = {p: os.path.join(a.work, "store-" + p) for p in ("adamw", "weights")}
     pubs = {p: dte.Publisher(s, cache_dir=os.path.join(a.work, "cache-" + p))
@@ -126,31 +121,27 @@ def compare(a):
         assert aw.changed - aw.uncertain <= wt.changed <= aw.changed, (s, aw, wt)
     for pub in pubs.values():
         pub.close()
-    dtectl = os.path.join(a.build_dir, "tools", "dtectl")
+    dtectl = h.Tools(a.build_dir, names=("dtectl",)).dtectl
     out = {}
     for p, s in stores.items():
         out[p] = os.path.join(a.work, "export-" + p)
-        subprocess.run([dtectl, "export", "--store", s, "--version", str(a.steps), out[p]],
-                       capture_output=True, check=True)
+        h.run([dtectl, "export", "--store", s, "--version", a.steps, out[p]])
     assert filecmp.cmp(os.path.join(out["adamw"], "model.safetensors"),
                        os.path.join(out["weights"], "model.safetensors"), shallow=False)
     return seconds, last
 
 
 def rss(a, path):
-    r = subprocess.run([sys.executable, __file__, "--path", path, "--elements", str(a.elements),
-                        "--steps", "3", "--work", a.work], capture_output=True, text=True,
-                       check=True, env=dict(os.environ))
+    r = h.run([sys.executable, __file__, "--path", path, "--elements", a.elements, "--steps", 3,
+               "--work", a.work, "--build-dir", a.build_dir])
     return json.loads(r.stdout.strip().splitlines()[-1])["max_rss_kib"]
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = h.parser(__doc__)
     ap.add_argument("--elements", type=int, default=1 << 25)
     ap.add_argument("--steps", type=int, default=9)
-    ap.add_argument("--build-dir", default=os.environ.get("DTE_BUILD_DIR", "build"))
-    ap.add_argument("--work", default="/var/tmp/dte-weights")
-    ap.add_argument("--json")
+    ap.add_argument("--work", default="/var/tmp/dte-weights", help="scratch directory (removed)")
     ap.add_argument("--path", choices=["adamw", "weights", "none"])
     a = ap.parse_args()
     a.build_dir = os.path.abspath(a.build_dir)
@@ -167,13 +158,10 @@ def main():
            "weights_state_bytes": last["weights"].state_bytes,
            "weights_parent_bytes": last["weights"].parent_bytes,
            "rss_kib": {p: rss(a, p) for p in ("none", "adamw", "weights")},
-           "command": " ".join([sys.executable, os.path.relpath(sys.argv[0], ROOT)] +
-                               sys.argv[1:])}
+           "command": h.command_line(__file__)}
     print(json.dumps(out, indent=1))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f)
-    shutil.rmtree(a.work, ignore_errors=True)
+    h.write_json(a.json, out)
+    h.remove(a.work)
 
 
 if __name__ == "__main__":
