@@ -9,10 +9,9 @@
  *
  * Handles (dte_publisher, dte_store, dte_tensor_table, dte_transport,
  * dte_dist_publisher, dte_push_server, dte_push_receiver, dte_live) are
- * opaque tokens, not
- * addresses: every call looks its handles up in the library's table of
- * open handles before using them. A NULL handle, a closed one, one of
- * another type or a value the library never gave is refused with
+ * opaque tokens, not addresses: every call looks its handles up in the
+ * library's table of open handles before using them. A NULL handle, a closed
+ * one, one of another type or a value the library never gave is refused with
  * DTE_INVALID_ARGUMENT and a message "FUNCTION: expected a TYPE handle, got
  * ..." saying what it got; it is never dereferenced, and tokens are never
  * reused within a process. Close each handle once (dte_*_close returns
@@ -448,9 +447,9 @@ int dte_push_receiver_get_status(dte_push_receiver* r, dte_push_receiver_status*
 /* Reading versions: what the Python module's StoreReader and Follower
  * read a store through (a local directory or s3://bucket/prefix, with the
  * S3 settings of docs/s3.md), as dtectl and dtefs read it (store/store.h).
- * Listings are checked (docs/s3.md, "Listings"): one that lacks a version
- * whose manifest exists when read directly, or names one that does not
- * exist, is never believed. */
+ * Listings are checked (docs/s3.md, "Listings are checked"): one that
+ * lacks a version whose manifest exists when read directly, or names one
+ * that does not exist, is never believed. */
 int dte_store_open(const char* store, const char* cache_dir, dte_store** out);
 int dte_store_close(dte_store* s);
 /* The newest committed version (Store::Latest); *has_version_out = 0 for an
