@@ -473,15 +473,24 @@ Result<std::optional<uint64_t>> Store::LatestListed() {
   return Latest();
 }
 
-Result<std::optional<uint64_t>> Store::Latest() {
+Result<std::map<uint64_t, std::string>> Store::ListCommitted() {
   ASSIGN_OR_RETURN(auto versions, ListVersions());
   ASSIGN_OR_RETURN(NewestRead newest, NewestThatExists(versions));
-  if (!newest.skipped) return newest.version;
-  // The listing named a version that is not there: a key changed in
-  // transit into another, or gc since. One fresh listing more decides.
-  ASSIGN_OR_RETURN(versions, ListVersions(/*fresh=*/true));
-  ASSIGN_OR_RETURN(newest, NewestThatExists(versions));
-  return newest.version;
+  if (newest.skipped) {
+    // The listing named a version that is not there: a key changed in
+    // transit into another, or gc since. One fresh listing more decides.
+    ASSIGN_OR_RETURN(versions, ListVersions(/*fresh=*/true));
+    ASSIGN_OR_RETURN(newest, NewestThatExists(versions));
+  }
+  versions.erase(newest.version ? versions.upper_bound(*newest.version) : versions.begin(),
+                 versions.end());
+  return versions;
+}
+
+Result<std::optional<uint64_t>> Store::Latest() {
+  ASSIGN_OR_RETURN(auto versions, ListCommitted());
+  if (versions.empty()) return std::optional<uint64_t>();
+  return std::optional<uint64_t>(versions.rbegin()->first);
 }
 
 Result<Store::NewestRead> Store::NewestThatExists(const std::map<uint64_t, std::string>& versions) {

@@ -160,13 +160,17 @@ class Store {
   Result<std::optional<uint64_t>> LatestListed() EXCLUDES(mu_);
   static constexpr double kListingReuseSeconds = 1.0;
   static constexpr int64_t kListingTtlSeconds = 60;
-  // The newest version of a listing (ListVersions) whose manifest exists
-  // when read directly: a key changed in transit can name a version that
-  // does not (then one fresh listing more is taken, and its newest that
-  // exists is the answer). One read per new latest version (this object
-  // remembers the last one it read). Within one object the answer never
-  // goes back while that version's manifest exists, as ListVersions lists
-  // again a full listing that lacks a version it knows.
+  // The committed versions: a listing (ListVersions) whose newest version's
+  // manifest exists when read directly. A key changed in transit can name a
+  // version that does not exist; then one fresh listing more is taken, and
+  // the versions it lists above the newest that exists are left out. One
+  // read per new newest version (this object remembers the last one it
+  // read). What dtectl log shows and the C ABI lists (dte_store_list_versions).
+  Result<std::map<uint64_t, std::string>> ListCommitted() EXCLUDES(mu_);
+  // The newest version of ListCommitted(), nullopt for an empty store.
+  // Within one object the answer never goes back while that version's
+  // manifest exists, as ListVersions lists again a full listing that lacks
+  // a version it knows: the rule dtefs's `latest` follows too.
   Result<std::optional<uint64_t>> Latest() EXCLUDES(mu_);
 
   // Join tables (joins/), version -> key. ListVersions lists them too (one

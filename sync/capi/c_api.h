@@ -7,11 +7,11 @@
  * Arrays are borrowed for the duration of the call only and must be
  * C-contiguous.
  *
- * Handles (dte_publisher, dte_store, dte_transport, dte_dist_publisher,
- * dte_push_server, dte_push_receiver, dte_live) are opaque tokens, not
- * addresses: every call looks its handles up in the library's table of
- * open handles before using them. A NULL handle, a closed one, one of
- * another type or a value the library never gave is refused with
+ * Handles (dte_publisher, dte_store, dte_tensor_table, dte_transport,
+ * dte_dist_publisher, dte_push_server, dte_push_receiver, dte_live) are
+ * opaque tokens, not addresses: every call looks its handles up in the
+ * library's table of open handles before using them. A NULL handle, a closed
+ * one, one of another type or a value the library never gave is refused with
  * DTE_INVALID_ARGUMENT and a message "FUNCTION: expected a TYPE handle, got
  * ..." saying what it got; it is never dereferenced, and tokens are never
  * reused within a process. Close each handle once (dte_*_close returns
@@ -48,8 +48,11 @@ extern "C" {
  * gains bytes (the bytes pushes wrote).
  * 8: dte_publisher_publish_weights and dte_publisher_weights_begin, _add and
  * _commit; dte_publish_result gains parent_bytes
- * and path. */
-#define DTE_C_API_VERSION 8
+ * and path.
+ * 9: reading a store's versions: dte_store_list_versions,
+ * dte_store_version_tensors and dte_safetensors_tensors (tensor tables,
+ * dte_tensor_table_entries and _close), dte_dtype_width. */
+#define DTE_C_API_VERSION 9
 
 /* Result codes (the store's error classes). */
 enum dte_code {
@@ -441,16 +444,63 @@ int dte_push_receiver_catch_up(dte_push_receiver* r, dte_store* s, int32_t has_v
 int dte_push_receiver_get_status(dte_push_receiver* r, dte_push_receiver_status* out,
                                  const char** error_out);
 
-/* Reading versions back (verification, tests). */
+/* Reading versions: what the Python module's StoreReader and Follower
+ * read a store through (a local directory or s3://bucket/prefix, with the
+ * S3 settings of docs/s3.md), as dtectl and dtefs read it (store/store.h).
+ * Listings are checked (docs/s3.md, "Listings are checked"): one that
+ * lacks a version whose manifest exists when read directly, or names one
+ * that does not exist, is never believed. */
 int dte_store_open(const char* store, const char* cache_dir, dte_store** out);
 int dte_store_close(dte_store* s);
-/* *has_version_out = 0 for an empty store. */
+/* The newest committed version (Store::Latest); *has_version_out = 0 for an
+ * empty store. Within one handle it never goes back while that version's
+ * manifest exists: a listing that lacks it is made again, and the version
+ * leaves only once its manifest is gone when read directly, as a dtefs
+ * mount's `latest`. */
 int dte_store_latest(dte_store* s, int* has_version_out, uint64_t* version_out);
+/* The committed versions (Store::ListCommitted), increasing; with
+ * has_after non-zero only those after `after`. *versions_out points at
+ * *count_out of them, valid until the next call on s. The listing passed
+ * the checks above and its newest version's manifest was read directly:
+ * that newest is what dte_store_latest answers. */
+int dte_store_list_versions(dte_store* s, int32_t has_after, uint64_t after,
+                            const uint64_t** versions_out, size_t* count_out);
 /* The bytes of tensor `name` at `version` (as stored, e.g. BF16), checked
  * against the version's block hashes and the tensor hash; `bytes` must be
  * the tensor's exact size. */
 int dte_store_read_tensor(dte_store* s, uint64_t version, const char* name, void* dst,
                           uint64_t bytes);
+
+/* Tensor tables: the tensors of a version, or of one safetensors file, as
+ * the store's own parsers read them (the manifest, store/manifest.h; a
+ * file's header, store/safetensors.h). */
+typedef struct dte_tensor_table dte_tensor_table;
+typedef struct dte_tensor_info {
+  const char* name;
+  const char* dtype; /* safetensors name: "BF16", "F32", "F8_E4M3", ... */
+  int32_t ndim;
+  const int64_t* shape; /* ndim entries */
+  uint64_t bytes;
+  const char* file; /* the safetensors file holding it (a plain file name) */
+  uint64_t offset;  /* of its first byte in that file */
+  const char* hash; /* XXH3-128 of its bytes, 32 hex digits; "" where not known */
+} dte_tensor_info;
+/* The tensors of committed `version` of s, from its manifest (hashes
+ * included), in file order; DTE_NOT_FOUND naming the version when it is not
+ * committed. */
+int dte_store_version_tensors(dte_store* s, uint64_t version, dte_tensor_table** out);
+/* The tensors of the safetensors file at `path` (a version's file on a dtefs
+ * mount, say), from its header, validated as an import validates it (no
+ * hashes: a header has none). */
+int dte_safetensors_tensors(const char* path, dte_tensor_table** out);
+/* *entries_out points at the table's *count_out tensors, valid until it is
+ * closed. */
+int dte_tensor_table_entries(dte_tensor_table* t, const dte_tensor_info** entries_out,
+                             size_t* count_out);
+int dte_tensor_table_close(dte_tensor_table* t);
+/* Bytes per element of safetensors dtype `dtype` (1, 2, 4 or 8);
+ * DTE_INVALID_ARGUMENT naming it for a dtype dte does not know. */
+int dte_dtype_width(const char* dtype, int32_t* width_out);
 
 /* Live apply (docs/live.md): ioctls on MOUNT/.dte/control of a dtefs mount
  * (sync/live/live_abi.h). Errors name the mount; a path that is not a dtefs

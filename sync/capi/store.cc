@@ -1,4 +1,5 @@
-// The C ABI of dte_store: a store opened to read versions' tensors.
+// The C ABI of dte_store: a store opened to read its versions, their
+// tensor tables and their tensors.
 #include "store/store.h"
 
 #include <memory>
@@ -30,7 +31,7 @@ int dte_store_open(const char* store, const char* cache_dir, dte_store** out) {
     o.index_optional = true;
     auto opened = dte::Store::Open(o);
     if (!opened.ok()) return Fail(opened.status());
-    *out = Issue(new dte_store{std::move(opened).value()});
+    *out = Issue(new dte_store{std::move(opened).value(), {}});
     return static_cast<int>(DTE_OK);
   });
 }
@@ -46,6 +47,45 @@ int dte_store_latest(dte_store* h, int* has_version_out, uint64_t* version_out) 
     if (!latest.ok()) return Fail(latest.status());
     *has_version_out = latest->has_value() ? 1 : 0;
     *version_out = latest->value_or(0);
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_store_list_versions(dte_store* h, int32_t has_after, uint64_t after,
+                            const uint64_t** versions_out, size_t* count_out) {
+  return WithHandle(h, __func__, [&](dte_store& s) {
+    if (versions_out == nullptr || count_out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_store_list_versions: arguments must be set");
+    }
+    auto committed = s.impl->ListCommitted();
+    if (!committed.ok()) return Fail(committed.status());
+    s.listed.clear();
+    for (auto it = has_after ? committed->upper_bound(after) : committed->begin();
+         it != committed->end(); ++it) {
+      s.listed.push_back(it->first);
+    }
+    *versions_out = s.listed.data();
+    *count_out = s.listed.size();
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_store_version_tensors(dte_store* h, uint64_t version, dte_tensor_table** out) {
+  return WithHandle(h, __func__, [&](dte_store& s) {
+    if (out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_store_version_tensors: out must be set");
+    }
+    auto v = s.impl->GetVersion(version);
+    if (!v.ok()) return Fail(v.status());
+    auto table = std::make_unique<dte_tensor_table>();
+    for (const dte::FileEntry& f : (*v)->manifest.files) {
+      for (const dte::TensorEntry& t : f.tensors) {
+        table->rows.push_back({t.name, dte::DTypeName(t.dtype), f.name, t.hash.Hex(), t.shape,
+                               t.bytes(), f.header_size + t.begin});
+      }
+    }
+    table->Seal();
+    *out = Issue(table.release());
     return static_cast<int>(DTE_OK);
   });
 }

@@ -182,7 +182,7 @@ def test_load_into_from_an_s3_store(tmp_path, moto, bucket, monkeypatch):
         assert differing(model, versions.states[1]) == []
         assert f.check(model).against == "manifest"
         it = f.versions(after=-1, timeout=0.5)
-        assert [next(it), next(it)] == [0, 1]  # listed through boto3
+        assert [next(it), next(it)] == [0, 1]  # the checked listing, through libdte
 
 
 def test_without_the_manifest_check_compares_with_a_read_through_the_mount(versions, mount,

@@ -1,16 +1,19 @@
 """Readers of an s3:// store (moto on loopback) through the fault proxy
 (s3_proxy.py) while single listings of manifests/ are damaged in transit:
-dte.StoreReader.latest() and dtectl log.
+dte.StoreReader (latest, versions), dte.Follower and dtectl log.
 
 What must hold: a reader's latest never goes back within its process
 (the store lists again a full listing that lacks a version it has seen),
 and never names a version that is not there (a key changed into another
 version's: the store reads the newest listed manifest and lists once more
-when it is missing); dtectl log shows every version through the same
-damage. Needs libdte.so ($DTE_BUILD_DIR/sync/libdte.so or $DTE_LIBRARY)
+when it is missing); versions() lists exactly the committed ones through
+the same damage, and through gc on another host; dtectl log shows every
+version. The Python readers hold no S3 client: everything goes through
+libdte. Needs libdte.so ($DTE_BUILD_DIR/sync/libdte.so or $DTE_LIBRARY)
 and dtectl.
 """
 
+import itertools
 import json
 import os
 import sys
@@ -69,6 +72,55 @@ def test_store_reader_latest_never_goes_back_nor_names_a_missing_version(store, 
     with dte.StoreReader(store) as r:
         assert r.latest() == VERSIONS - 1
     assert rule.fired == 1
+
+
+def test_store_reader_versions_are_exactly_the_committed_ones(store, proxy):
+    everything = list(range(VERSIONS))
+    with dte.StoreReader(store) as r:
+        assert r.versions() == everything
+        for damage in (NEWEST_DROPPED, NEWEST_CHANGED, ("list_drop_key", 1, 0x10)):
+            rule = damage_next_listing(proxy, damage)
+            assert r.versions() == everything, damage
+            assert rule.fired == 1, damage
+            assert r.versions(after=1) == everything[2:], damage
+            assert r.latest() == VERSIONS - 1, damage
+        assert r.versions(after=VERSIONS - 1) == []
+        assert r.versions(after=-1) == everything
+    # A first listing whose newest key names v00000007, which is not there.
+    rule = damage_next_listing(proxy, NEWEST_CHANGED)
+    with dte.StoreReader(store) as r:
+        assert r.versions() == everything
+        assert r.tensors(VERSIONS - 1).keys() == r.tensors(0).keys()
+    assert rule.fired == 1
+
+
+def test_a_follower_sees_each_committed_version_once_through_damaged_listings(store, proxy):
+    with dte.Follower(store) as f:
+        assert f.latest() == VERSIONS - 1
+        for damage in (NEWEST_CHANGED, NEWEST_DROPPED, ("list_drop_key", 1, 0x10)):
+            rule = damage_next_listing(proxy, damage)
+            got = list(itertools.islice(f.versions(after=-1, timeout=10), VERSIONS))
+            assert got == list(range(VERSIONS)), damage
+            assert rule.fired == 1, damage
+            rule = damage_next_listing(proxy, damage)
+            assert f.latest() == VERSIONS - 1, damage
+            assert rule.fired == 1, damage
+        with pytest.raises(dte.Timeout):
+            next(f.versions(timeout=0.3))  # nothing after the newest
+
+
+def test_versions_gc_removed_leave_and_latest_stays(store, proxy, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "DTE_S3_"))}
+    with dte.Follower(store) as f, dte.StoreReader(store) as r:
+        assert r.versions() == list(range(VERSIONS)) and f.latest() == VERSIONS - 1
+        Dtectl(store, tmp_path / "gc-cache", env=env).ok("gc", "--keep-last", 2,
+                                                        "--grace-seconds", 0)
+        assert r.versions() == [VERSIONS - 2, VERSIONS - 1]
+        assert r.latest() == f.latest() == VERSIONS - 1
+        with pytest.raises(dte.NotFound, match="v00000000"):
+            r.tensors(0)
+        assert list(itertools.islice(f.versions(after=-1, timeout=10), 2)) == \
+            [VERSIONS - 2, VERSIONS - 1]
 
 
 def test_dtectl_log_and_latest_through_a_changed_newest_key(store, proxy, ckpts, tmp_path):

@@ -1,5 +1,5 @@
 // Store listings cross-checked against the manifests (store/store.h,
-// ListVersions, ManifestExists, ConfirmedLatest): a listing that drops a
+// ListVersions, ListCommitted, ManifestExists, ConfirmedLatest): a listing that drops a
 // version, names one that is not there, or lists a delta without its parent
 // is listed again, never believed on its own.
 #include <gtest/gtest.h>
@@ -233,6 +233,22 @@ TEST_F(StoreListing, LatestOfAListingThatNamesAVersionNotThereListsAgain) {
   const int lists = objects_->manifest_lists();
   EXPECT_EQ(store_->Latest().value(), std::optional<uint64_t>(3));
   EXPECT_EQ(objects_->manifest_lists() - lists, 2);
+}
+
+// The committed versions (what dtectl log and the C ABI list): a listing
+// that names a version not there is listed again, and what the listings
+// name above the newest that exists is left out; one that lacks the newest
+// is listed again too.
+TEST_F(StoreListing, CommittedVersionsAreThoseOfAListingWhoseNewestExists) {
+  objects_->DamageNext(2, [](auto* keys) { keys->push_back(ManifestKey(9, 0)); });
+  int lists = objects_->manifest_lists();
+  EXPECT_EQ(store_->ListCommitted().value(), All());
+  EXPECT_EQ(objects_->manifest_lists() - lists, 2);
+  objects_->DamageNext(1, [](auto* keys) { Drop(keys, ManifestKey(3, 0)); });
+  lists = objects_->manifest_lists();
+  EXPECT_EQ(store_->ListCommitted().value(), All());
+  EXPECT_EQ(objects_->manifest_lists() - lists, 2);
+  EXPECT_EQ(store_->Latest().value(), std::optional<uint64_t>(3));
 }
 
 TEST_F(StoreListing, ManifestExistsReadsTheKeyItself) {

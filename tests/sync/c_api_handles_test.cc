@@ -34,7 +34,7 @@ using capi::KindName;
 constexpr HandleKind kKinds[] = {HandleKind::kPublisher,  HandleKind::kStore,
                                  HandleKind::kTransport,  HandleKind::kDistPublisher,
                                  HandleKind::kPushServer, HandleKind::kPushReceiver,
-                                 HandleKind::kLive};
+                                 HandleKind::kLive,       HandleKind::kTensorTable};
 
 // The exported functions of libdte.so named dte_*: its .dynsym entries that
 // are defined global functions.
@@ -71,6 +71,8 @@ const std::set<std::string> kNoHandle = {"dte_last_error",
                                          "dte_publisher_open",
                                          "dte_publisher_open_mcore",
                                          "dte_store_open",
+                                         "dte_safetensors_tensors",
+                                         "dte_dtype_width",
                                          "dte_transport_tcp",
                                          "dte_transport_callback",
                                          "dte_dist_publisher_open",
@@ -122,6 +124,9 @@ class CApiHandlesTest : public ::testing::Test {
     dte_store* st = nullptr;
     ASSERT_EQ(dte_store_open(store.c_str(), nullptr, &st), DTE_OK) << dte_last_error();
     (*out)[HandleKind::kStore] = st;
+    dte_tensor_table* table = nullptr;
+    ASSERT_EQ(dte_store_version_tensors(st, 0, &table), DTE_OK) << dte_last_error();
+    (*out)[HandleKind::kTensorTable] = table;
     dte_transport* t = nullptr;
     ASSERT_EQ(dte_transport_callback(0, 1, NoExchange, nullptr, &t), DTE_OK) << dte_last_error();
     (*out)[HandleKind::kTransport] = t;
@@ -165,6 +170,8 @@ class CApiHandlesTest : public ::testing::Test {
         return dte_publisher_close(static_cast<dte_publisher*>(h));
       case HandleKind::kStore:
         return dte_store_close(static_cast<dte_store*>(h));
+      case HandleKind::kTensorTable:
+        return dte_tensor_table_close(static_cast<dte_tensor_table*>(h));
       case HandleKind::kTransport:
         return dte_transport_close(static_cast<dte_transport*>(h));
       case HandleKind::kDistPublisher:
@@ -222,6 +229,10 @@ class CApiHandlesTest : public ::testing::Test {
   dte_push_receiver_status rx_status_{};
   dte_live_register register_{};
   char byte_ = 0;
+  const uint64_t* versions_ = nullptr;
+  size_t size_ = 0;
+  dte_tensor_table* table_ = nullptr;  // never set: every call is refused
+  const dte_tensor_info* entries_ = nullptr;
 };
 
 auto CApiHandlesTest::Cases() -> std::map<std::string, std::vector<Slot>> {
@@ -232,6 +243,7 @@ auto CApiHandlesTest::Cases() -> std::map<std::string, std::vector<Slot>> {
   auto pub = HandleKind::kPublisher, dist = HandleKind::kDistPublisher;
   auto server = HandleKind::kPushServer, rx = HandleKind::kPushReceiver;
   auto store = HandleKind::kStore, transport = HandleKind::kTransport, live = HandleKind::kLive;
+  auto table = HandleKind::kTensorTable;
   auto* t = Open<dte_transport>(transport);
   auto* dp = Open<DP>(dist);
   const char* names[] = {"rank"};
@@ -363,6 +375,21 @@ auto CApiHandlesTest::Cases() -> std::map<std::string, std::vector<Slot>> {
       {"dte_store_read_tensor",
        {{store,
          [=, this](void* h) { return dte_store_read_tensor((dte_store*)h, 0, "w", &byte_, 1); }}}},
+      {"dte_store_list_versions",
+       {{store,
+         [=, this](void* h) {
+           return dte_store_list_versions((dte_store*)h, 0, 0, &versions_, &size_);
+         }}}},
+      {"dte_store_version_tensors",
+       {{store,
+         [=, this](void* h) { return dte_store_version_tensors((dte_store*)h, 0, &table_); }}}},
+      {"dte_tensor_table_entries",
+       {{table,
+         [=, this](void* h) {
+           return dte_tensor_table_entries((dte_tensor_table*)h, &entries_, &size_);
+         }}}},
+      {"dte_tensor_table_close",
+       {{table, [](void* h) { return dte_tensor_table_close((dte_tensor_table*)h); }}}},
       {"dte_live_register_buffer",
        {{live, [=, this](void* h) { return dte_live_register_buffer((dte_live*)h, &register_); }}}},
       {"dte_live_unregister",

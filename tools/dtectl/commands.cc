@@ -101,19 +101,6 @@ Result<uint64_t> ParseVersionArg(Store& store, const std::string& arg) {
   return std::stoull(digits);
 }
 
-// The versions to show: a listing whose newest version's manifest is
-// there when read, else one fresh listing more (its newest key was changed
-// in transit into another version's; the store's own cross-check catches a
-// listing that lacks a version it knew).
-Result<std::map<uint64_t, std::string>> ShownVersions(Store& store) {
-  ASSIGN_OR_RETURN(auto versions, store.ListVersions());
-  if (versions.empty()) return versions;
-  const auto& [newest, key] = *versions.rbegin();
-  ASSIGN_OR_RETURN(bool there, store.ManifestExists(newest, key));
-  if (there) return versions;
-  return store.ListVersions(/*fresh=*/true);
-}
-
 // The versions log shows, ascending: the newest a.limit of those numbered
 // a.since or higher.
 std::vector<std::pair<uint64_t, std::string>> LogSelection(
@@ -215,7 +202,7 @@ int RunLog(const Common& c, const LogArgs& a) {
   // prints.
   auto store = OpenStore(c, "log", false, BlobReads::kCached);
   if (!store.ok()) return Fail("log", store.status());
-  auto versions = ShownVersions(**store);
+  auto versions = (*store)->ListCommitted();
   if (!versions.ok()) return Fail("log", versions.status());
   json out = json::array();
   int worst = 0;
@@ -337,7 +324,7 @@ int RunStats(const Common& c, const StatsArgs& a) {
   }
   auto store = OpenStore(c, "stats", false, BlobReads::kCached);
   if (!store.ok()) return Fail("stats", store.status());
-  auto listed = ShownVersions(**store);
+  auto listed = (*store)->ListCommitted();
   if (!listed.ok()) return Fail("stats", listed.status());
   auto selected = SelectVersions(*listed, range, (*store)->uri());
   if (!selected.ok()) return Fail("stats", selected.status());

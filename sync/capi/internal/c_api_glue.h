@@ -60,6 +60,8 @@ template <>
 constexpr HandleKind kKindOf<dte_push_receiver> = HandleKind::kPushReceiver;
 template <>
 constexpr HandleKind kKindOf<dte_live> = HandleKind::kLive;
+template <>
+constexpr HandleKind kKindOf<dte_tensor_table> = HandleKind::kTensorTable;
 
 // Enters a fresh object in the table; returns its handle.
 template <typename T>

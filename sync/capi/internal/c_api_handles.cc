@@ -32,6 +32,8 @@ const char* KindName(HandleKind kind) {
       return "dte_push_receiver";
     case HandleKind::kLive:
       return "dte_live";
+    case HandleKind::kTensorTable:
+      return "dte_tensor_table";
   }
   return "?";
 }

@@ -35,6 +35,7 @@ enum class HandleKind : uint8_t {
   kPushServer = 5,
   kPushReceiver = 6,
   kLive = 7,
+  kTensorTable = 8,
 };
 constexpr int kKindBits = 4;
 

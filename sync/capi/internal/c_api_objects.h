@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "store/store.h"
 #include "sync/capi/c_api.h"
@@ -35,6 +36,20 @@ struct dte_push_receiver {
 
 struct dte_store {
   std::unique_ptr<dte::Store> impl;
+  std::vector<uint64_t> listed;  // dte_store_list_versions
+};
+
+// The rows own the strings and shapes the entries point into; the entries
+// are made once every row is in (Seal), and neither changes after.
+struct dte_tensor_table {
+  struct Row {
+    std::string name, dtype, file, hash;  // hash: "" where not known
+    std::vector<int64_t> shape;
+    uint64_t bytes = 0, offset = 0;
+  };
+  std::vector<Row> rows;
+  std::vector<dte_tensor_info> entries;
+  void Seal();  // sync/capi/tensor_table.cc
 };
 
 struct dte_transport {

@@ -71,7 +71,7 @@ from dte._live import (LiveCounts, LiveReceiver, LiveStatus, SharedTensor, Share
 from dte._publisher import MetricsCollector, Params, Publisher
 from dte._push import (FusedReceiverLayout, PushGroup, PushGroupReceiver, PushGroupStatus,
                        PushReceiver, PushReceiverStatus, ReceiverLayout, ReceiverTensor)
-from dte._reader import StoreReader
+from dte._reader import StoreReader, TensorInfo
 from dte._results import DistStats, PublishResult, PushReport
 
 __all__ = ["AlreadyExists", "Busy", "CheckResult", "Corrupt", "DistStats", "DteError",
@@ -82,5 +82,5 @@ __all__ = ["AlreadyExists", "Busy", "CheckResult", "Corrupt", "DistStats", "DteE
            "PushGroupReceiver", "PushGroupStatus", "PushReceiver", "PushReceiverStatus",
            "PushReport",
            "ReceiverLayout", "ReceiverTensor", "SharedTensor", "SharedWeights", "Stale",
-           "StoreReader", "Timeout", "Unimplemented", "VersionConflict", "apply", "chunk_rows",
+           "StoreReader", "TensorInfo", "Timeout", "Unimplemented", "VersionConflict", "apply", "chunk_rows",
            "live_status"]

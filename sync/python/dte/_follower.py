@@ -41,7 +41,8 @@ class CheckResult:
 class Follower:
     """Follows the versions of `source`: a dtefs mount path (MOUNT/latest,
     MOUNT/vNNNNNNNN, live apply through .dte/control) or a store URI (a
-    directory or s3://; tensors through dte.StoreReader).
+    directory or s3://, read through dte.StoreReader: libdte's checked
+    listings, manifests and verified reads).
 
     live: None (default) uses live apply where the source is a mount and
     the model can be held in registered shared memory, True requires it,

@@ -4,7 +4,7 @@ import ctypes
 import os
 from typing import Any, Dict, Iterator, List, Tuple
 
-C_API_VERSION = 8  # DTE_C_API_VERSION of sync/capi/c_api.h
+C_API_VERSION = 9  # DTE_C_API_VERSION of sync/capi/c_api.h
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F64, DTYPE_OTHER = 0, 1, 2, 3, 255
 MEMORY_HOST, MEMORY_CUDA = 0, 1
 PATH_ADAMW, PATH_WEIGHTS = 0, 1  # dte_publish_result.path
@@ -90,6 +90,12 @@ class PushTensor(ctypes.Structure):
                 ("device", ctypes.c_int32)]
 
 
+class TensorTableEntry(ctypes.Structure):  # dte_tensor_info
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_char_p), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("bytes", ctypes.c_uint64),
+                ("file", ctypes.c_char_p), ("offset", ctypes.c_uint64), ("hash", ctypes.c_char_p)]
+
+
 class PushReceiverStatus(ctypes.Structure):
     _fields_ = [("has_version", ctypes.c_int32), ("version", ctypes.c_uint64),
                 ("inconsistent", ctypes.c_int32), ("connected", ctypes.c_int32),
@@ -163,8 +169,8 @@ def _load() -> ctypes.CDLL:
 
 
 def _publish_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
-    """(result type, argument types) of the publishers', transports' and
-    store reader's functions."""
+    """(result type, argument types) of the publishers', the transports',
+    the store reader's and the tensor tables' functions."""
     P = ctypes.c_void_p
     return {
         "dte_last_error": (ctypes.c_char_p, []),
@@ -221,6 +227,16 @@ def _publish_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
                                             ctypes.POINTER(ctypes.c_uint64)]),
         "dte_store_read_tensor": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.c_char_p,
                                                  ctypes.c_void_p, ctypes.c_uint64]),
+        "dte_store_list_versions": (ctypes.c_int, [P, ctypes.c_int32, ctypes.c_uint64,
+                                                   ctypes.POINTER(ctypes.POINTER(ctypes.c_uint64)),
+                                                   ctypes.POINTER(ctypes.c_size_t)]),
+        "dte_store_version_tensors": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.POINTER(P)]),
+        "dte_safetensors_tensors": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(P)]),
+        "dte_tensor_table_entries": (ctypes.c_int, [P,
+                                                    ctypes.POINTER(ctypes.POINTER(TensorTableEntry)),
+                                                    ctypes.POINTER(ctypes.c_size_t)]),
+        "dte_tensor_table_close": (ctypes.c_int, [P]),
+        "dte_dtype_width": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32)]),
     }
 
 

@@ -24,7 +24,7 @@ from dte._errors import AlreadyExists, InvalidArgument, IOFailure, NotFound
 from dte._fp8 import Fp8Options
 from dte._handle import _check, _Handle
 from dte._lib import lib
-from dte._sources import _WIDTH
+from dte._reader import dtype_width
 
 # safetensors dtype name -> numpy dtype of the view (BF16 and FP8 as raw bits).
 _NUMPY_DTYPES = {"BOOL": "?", "U8": "u1", "I8": "i1", "F8_E4M3": "u1", "F8_E5M2": "u1",
@@ -369,12 +369,13 @@ class LiveReceiver(_Handle):
         float8 dtypes)."""
         if not self._h:
             raise InvalidArgument("the receiver of %s is closed" % self.mount)
-        if dtype is not None and _WIDTH.get(dtype) != tensor.element_size():
+        width = None if dtype is None else dtype_width(dtype)
+        if dtype is not None and width != tensor.element_size():
             # The daemon writes elements of `dtype` into the tensor's memory:
             # a wider dtype would write past the tensor.
             raise InvalidArgument("tensor %s: dtype %s (%s-byte elements) does not match the "
                                   "tensor's %d-byte %s elements"
-                                  % (name, dtype, _WIDTH.get(dtype, "unknown"),
+                                  % (name, dtype, width or "unknown",
                                      tensor.element_size(), tensor.dtype))
         dtype = dtype or _TORCH_DTYPES.get(str(tensor.dtype))
         if dtype is None:

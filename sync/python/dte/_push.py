@@ -34,8 +34,7 @@ from dte._errors import IO_ERROR, NOT_FOUND, InvalidArgument, MissedPushes, Time
 from dte._fp8 import Fp8Options
 from dte._handle import _check, _Handle, _secret_arg, _text, _torch
 from dte._lib import lib
-from dte._reader import StoreReader
-from dte._sources import _WIDTH
+from dte._reader import StoreReader, dtype_width
 
 _TORCH_DTYPES = {"bfloat16": "BF16", "float32": "F32", "float16": "F16", "float64": "F64",
                  "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
@@ -280,12 +279,13 @@ def _tensor_entry(name: str, value: ReceiverTensor, keep: List[Any]) -> _lib.Pus
                                   "pair" % name) from None
         if not array.flags["C_CONTIGUOUS"] or not array.flags["WRITEABLE"]:
             raise InvalidArgument("tensor %s: the array must be C-contiguous and writeable" % name)
-        if _WIDTH.get(dtype) != array.itemsize:
+        width = dtype_width(dtype)
+        if width != array.itemsize:
             # Pushes write elements of `dtype` into the array's memory: a
             # wider dtype would write past it.
             raise InvalidArgument("tensor %s: dtype %s (%s-byte elements) does not match the "
                                   "array's %d-byte %s elements"
-                                  % (name, dtype, _WIDTH.get(dtype, "unknown"), array.itemsize,
+                                  % (name, dtype, width or "unknown", array.itemsize,
                                      array.dtype))
         ptr, shape = array.ctypes.data, tuple(array.shape)
         value = array
