@@ -55,7 +55,7 @@ struct MountOptions {
   uint64_t blob_chunk_bytes = uint64_t{4} << 20;
   bool prefetch_latest = false;
   // The version live/ shows at mount (nullopt: the newest); live apply moves
-  // it (fs/live.h).
+  // it (sync/live/live.h).
   std::optional<uint64_t> live_version;
   // fp8/: every version as a block-scaled FP8 checkpoint (fs/fp8_reader.h),
   // with these block sizes and scale rule; false hides the tree.

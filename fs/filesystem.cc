@@ -58,6 +58,19 @@ int ErrnoOf(const Status& s) {
   return EIO;
 }
 
+int LiveErrno(const Status& s) {
+  // As any request, except that a refused caller is not permitted (not a
+  // file mode matter) and a missing capability is not a read-only mount.
+  switch (s.code()) {
+    case Code::kPermissionDenied:
+      return EPERM;
+    case Code::kUnimplemented:
+      return EOPNOTSUPP;
+    default:
+      return ErrnoOf(s);
+  }
+}
+
 int64_t ParseRfc3339(const std::string& text) {
   std::tm tm{};
   if (std::sscanf(text.c_str(), "%d-%d-%dT%d:%d:%d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
@@ -141,7 +154,8 @@ NodeAttr Filesystem::LiveFileAttr(const Version& v, uint32_t file) {
   return a;
 }
 
-Result<dte_live_counts> Filesystem::ApplyLive(std::optional<uint64_t> version, PageCache* pages) {
+Result<dte_live_counts> Filesystem::ApplyLive(std::optional<uint64_t> version,
+                                              live::PageCache* pages) {
   std::shared_ptr<const Version> target;
   if (version) {
     auto v = VersionOf(*version);
@@ -158,7 +172,9 @@ Result<dte_live_counts> Filesystem::ApplyLive(std::optional<uint64_t> version, P
       return s;
     }
   }
-  return live_.Apply(target, pages);
+  Result<dte_live_counts> r = live_.Apply(target, pages);
+  if (r.ok()) live_apply_latency_.Observe(std::chrono::nanoseconds(r->elapsed_ns));
+  return r;
 }
 
 dte_live_status Filesystem::LiveStatus() {
@@ -214,7 +230,7 @@ Result<NodeAttr> Filesystem::GetAttr(uint64_t ino) {
   std::optional<InodeKey> key = inodes_.Find(ino);
   if (!key) return NotFound("inode " + std::to_string(ino));
   if (key->version == kLiveKey) {
-    std::shared_ptr<const LiveView> view = live_.View();
+    std::shared_ptr<const live::LiveView> view = live_.View();
     if (!view || key->file >= view->version->manifest.files.size()) {
       return NotFound("live file inode " + std::to_string(ino));
     }
@@ -244,7 +260,7 @@ Result<NodeAttr> Filesystem::Lookup(uint64_t parent, std::string_view name) {
     return NotFound(".dte/" + std::string(name));
   }
   if (parent == kLiveDirIno) {
-    std::shared_ptr<const LiveView> view = live_.View();
+    std::shared_ptr<const live::LiveView> view = live_.View();
     if (view) {
       const auto& files = view->version->manifest.files;
       for (uint32_t i = 0; i < files.size(); ++i) {
@@ -306,7 +322,7 @@ Result<std::vector<DirEntry>> Filesystem::ReadDir(uint64_t ino) {
   }
   if (ino == kLiveDirIno) {
     std::vector<DirEntry> out;
-    if (std::shared_ptr<const LiveView> view = live_.View()) {
+    if (std::shared_ptr<const live::LiveView> view = live_.View()) {
       for (uint32_t i = 0; i < view->version->manifest.files.size(); ++i) {
         out.push_back({view->version->manifest.files[i].name, LiveFileAttr(*view->version, i)});
       }
@@ -350,7 +366,7 @@ Result<std::unique_ptr<OpenFile>> Filesystem::Open(uint64_t ino, int flags) {
   std::optional<InodeKey> key = inodes_.Find(ino);
   if (!key) return NotFound("inode " + std::to_string(ino));
   if (key->version == kLiveKey) {
-    std::shared_ptr<const LiveView> view = live_.View();
+    std::shared_ptr<const live::LiveView> view = live_.View();
     if (!view || key->file >= view->version->manifest.files.size()) {
       return NotFound("live file inode " + std::to_string(ino));
     }
@@ -366,7 +382,7 @@ Result<std::unique_ptr<OpenFile>> Filesystem::Open(uint64_t ino, int flags) {
 }
 
 Status Filesystem::Read(const OpenFile& f, uint64_t offset, uint64_t len, std::string* out) {
-  std::shared_ptr<const LiveView> view = f.live ? live_.View() : nullptr;
+  std::shared_ptr<const live::LiveView> view = f.live ? live_.View() : nullptr;
   out->resize(ReadableBytes(f, offset, len, view ? view->version.get() : nullptr));
   Result<size_t> n = Read(f, offset, out->size(), out->data());
   if (!n.ok()) return n.status();
@@ -396,7 +412,7 @@ Result<size_t> Filesystem::Read(const OpenFile& f, uint64_t offset, uint64_t len
 
 Status Filesystem::ReadPieces(const OpenFile& f, uint64_t offset, uint64_t len,
                               std::vector<ReadPath::Piece>* out,
-                              std::shared_ptr<const LiveView> live_view) {
+                              std::shared_ptr<const live::LiveView> live_view) {
   reads_++;
   const auto start = std::chrono::steady_clock::now();
   struct Timed {
@@ -405,7 +421,7 @@ Status Filesystem::ReadPieces(const OpenFile& f, uint64_t offset, uint64_t len,
     ~Timed() { h.Observe(std::chrono::steady_clock::now() - start); }
   } timed{read_latency_, start};
   // A live/ file reads the guard's view, else the version live now.
-  std::shared_ptr<const LiveView> view;
+  std::shared_ptr<const live::LiveView> view;
   if (f.live) view = live_view ? std::move(live_view) : live_.View();
   if (f.live && !view) return NotFound("live: no live version");
   len = ReadableBytes(f, offset, len, view ? view->version.get() : nullptr);

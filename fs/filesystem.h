@@ -5,7 +5,7 @@
 //   /vNNNNNNNN/<file>     exactly the files of that version (read-only)
 //   /latest               symlink to the newest version's directory
 //   /live/<file>          the files of the live version, changed in place by
-//                         live apply (fs/live.h)
+//                         live apply (sync/live/live.h)
 //   /fp8/vNNNNNNNN/<file> every version as a block-scaled FP8 checkpoint
 //                         (fs/fp8_reader.h), unless EnableFp8 was not called
 //   /fp8/latest           symlink to the newest version's FP8 directory
@@ -44,15 +44,16 @@
 #include <string_view>
 #include <vector>
 
+#include "fs/dtefs_live_mount.h"
 #include "fs/fp8_reader.h"
 #include "fs/inode_table.h"
 #include "fs/latency.h"
 #include "fs/listing_guard.h"
-#include "fs/live.h"
 #include "fs/read_path.h"
 #include "store/base/thread_annotations.h"
 #include "store/snapshot.h"
 #include "store/store.h"
+#include "sync/live/live.h"
 
 namespace dte::fs {
 
@@ -151,20 +152,22 @@ class Filesystem {
   // file reads `live_view` (a Live::ReadGuard's), or else the view live now.
   Status ReadPieces(const OpenFile& f, uint64_t offset, uint64_t len,
                     std::vector<ReadPath::Piece>* out,
-                    std::shared_ptr<const LiveView> live_view = nullptr) EXCLUDES(mu_);
+                    std::shared_ptr<const live::LiveView> live_view = nullptr) EXCLUDES(mu_);
 
   std::string StatusJson() EXCLUDES(mu_);
   // How long reads took to materialize (fs/metrics.h).
   const LatencyHistogram& read_latency() const { return read_latency_; }
 
-  // Live apply (fs/live.h). The live version at mount is `version` when set
+  // Live apply (sync/live/live.h). The live version at mount is `version` when set
   // (SetInitialLive, before the first Refresh), else the newest.
-  Live& live() { return live_; }
+  live::Live& live() { return live_; }
   void SetInitialLive(std::optional<uint64_t> version) { initial_live_ = version; }
   // Makes `version` (nullopt: the newest) live.
-  Result<dte_live_counts> ApplyLive(std::optional<uint64_t> version, PageCache* pages)
+  Result<dte_live_counts> ApplyLive(std::optional<uint64_t> version, live::PageCache* pages)
       EXCLUDES(mu_);
   dte_live_status LiveStatus() EXCLUDES(mu_);
+  // Durations of the live applies that succeeded (fs/metrics.h).
+  const LatencyHistogram& live_apply_latency() const { return live_apply_latency_; }
   // The inode of live file number `file`.
   uint64_t LiveIno(uint32_t file) { return inodes_.Intern(kLiveKey, file); }
 
@@ -240,8 +243,10 @@ class Filesystem {
   Store* const store_;
   ReadPath reader_;
   InodeTable inodes_;
-  Live live_{store_, &reader_};
-  std::unique_ptr<Fp8Reader> fp8_;  // set before serving, then constant
+  DtefsLiveMount live_mount_{&reader_};
+  live::Live live_{store_, &live_mount_};
+  LatencyHistogram live_apply_latency_;  // of the applies that succeeded
+  std::unique_ptr<Fp8Reader> fp8_;       // set before serving, then constant
   ListingGuard guard_{[this](uint64_t version, const std::string& key) {
     return store_->ManifestExists(version, key);
   }};
@@ -279,6 +284,11 @@ Status ReadOnlyError(const std::string& what);
 // place Status codes become errno values; ReadOnlyError's kUnimplemented is
 // EROFS).
 int ErrnoOf(const Status& s);
+
+// The errno a live apply or registration failure is reported with: as
+// ErrnoOf, except that a refused caller is not permitted (EPERM) and a
+// missing capability is EOPNOTSUPP.
+int LiveErrno(const Status& s);
 
 // Seconds since the epoch of an RFC 3339 UTC time ("2026-11-22T01:02:03Z");
 // 0 if it does not parse.

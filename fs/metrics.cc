@@ -154,7 +154,7 @@ std::vector<metrics::Family> Collect(Filesystem* fs) {
   f.Histogram("dte_fs_read_duration_seconds", "Time to materialize a read's bytes",
               fs->read_latency());
   f.Histogram("dte_fs_apply_duration_seconds", "Time of a live apply, request to reply",
-              fs->live().apply_latency());
+              fs->live_apply_latency());
   return f.Take();
 }
 

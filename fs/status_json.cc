@@ -99,7 +99,7 @@ json PrefetchJson(const Prefetcher* prefetcher) {
           {"last_error", p.last_error}};
 }
 
-json LastPagesJson(const LivePageStats& pages) {
+json LastPagesJson(const live::LivePageStats& pages) {
   return {{"patched_pages", pages.patched_pages},
           {"read_path_pages", pages.read_path_pages},
           {"skipped_pages", pages.skipped_pages},
@@ -113,7 +113,7 @@ json LastPagesJson(const LivePageStats& pages) {
           {"read_ns", pages.read_ns}};
 }
 
-json LiveJson(const dte_live_status& live, const LivePageStats& pages) {
+json LiveJson(const dte_live_status& live, const live::LivePageStats& pages) {
   const json version = live.live_version == DTE_LIVE_LATEST ? json() : json(live.live_version);
   return {{"version", version},
           {"applying", live.applying != 0},

@@ -1,6 +1,6 @@
 // A version's changed elements, read from the store: the one reader of
 // what a version changed that the push (sync/push), the stats' diff
-// (store/ops/stats.h) and the live apply (fs/live.h) share. The push reads
+// (store/ops/stats.h) and the live apply (sync/live/live.h) share. The push reads
 // a version against its parent a tensor at a time (VersionChangesReader);
 // the diff and the live apply, which span any two versions (the live apply
 // composing the records along the chain between them), use its parts a

@@ -150,7 +150,7 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
   size = std::min<size_t>(size, kMaxRead);
   Filesystem* fs = Fs(req);
   // A live/ read holds off an apply's switch until its reply is written.
-  std::optional<Live::ReadGuard> guard;
+  std::optional<live::Live::ReadGuard> guard;
   if (f.live) guard.emplace(&fs->live());
   // The reply points at the cached blocks themselves (held until the reply
   // is written), so the bytes are copied once, by the kernel. A read cut

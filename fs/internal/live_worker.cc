@@ -36,7 +36,7 @@ bool NothingCached(int fd) {
 }
 
 // The kernel's page cache of the mount's live/ files.
-class FusePageCache : public PageCache {
+class FusePageCache : public live::PageCache {
  public:
   FusePageCache(Filesystem* fs, fuse_session* se, const std::string& mountpoint)
       : fs_(fs), se_(se), mountpoint_(mountpoint) {}
@@ -47,14 +47,14 @@ class FusePageCache : public PageCache {
     if (fd < 0) return ErrnoStatus("open " + path, errno);
     if (NothingCached(fd)) {  // the common case without a reader: no mapping, no page walk
       ::close(fd);
-      out->assign((size + kPageBytes - 1) / kPageBytes, 0);
+      out->assign((size + live::kPageBytes - 1) / live::kPageBytes, 0);
       return Status::Ok();
     }
     void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
     const int map_errno = errno;
     ::close(fd);
     if (m == MAP_FAILED) return ErrnoStatus("mmap " + path, map_errno);
-    out->assign((size + kPageBytes - 1) / kPageBytes, 0);
+    out->assign((size + live::kPageBytes - 1) / live::kPageBytes, 0);
     const int rc = ::mincore(m, size, out->data());
     const int mincore_errno = errno;
     ::munmap(m, size);
@@ -78,7 +78,7 @@ class FusePageCache : public PageCache {
   // Reads through the mount: the kernel copies resident pages straight
   // from the page cache, with no request to the daemon; a page evicted
   // since the residency check is read through the daemon (from the new
-  // view, and noted by it: fs/live_pages.cc).
+  // view, and noted by it: sync/live/live_pages.cc).
   Status Fetch(uint32_t file_index, uint64_t offset, size_t len, char* dst, size_t* got) override {
     *got = 0;
     ASSIGN_OR_RETURN(const int fd, FdOf(file_index));
@@ -104,7 +104,7 @@ class FusePageCache : public PageCache {
   Result<int> FdOf(uint32_t file_index) {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = fds_.find(file_index); it != fds_.end()) return it->second;
-    std::shared_ptr<const LiveView> view = fs_->live().View();
+    std::shared_ptr<const live::LiveView> view = fs_->live().View();
     if (!view || file_index >= view->version->manifest.files.size()) {
       return NotFound("live file " + std::to_string(file_index) + " is not in the live version");
     }

@@ -188,7 +188,7 @@ void PushServer::Impl::OnHello(Conn& c, const std::string& body) {
   auto refuse = [&](const std::string& why) {
     SendLocked(c, Frame(Msg::kWelcome, Json({{"error", why}})));
     c.close_after_flush = true;
-    EventLocked("receiver " + c.who + " refused: " + why);
+    events_.Add("receiver " + c.who + " refused: " + why);
   };
   nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j["rank"].is_number_integer() || !j["tp"].is_number_integer() ||
@@ -219,15 +219,15 @@ void PushServer::Impl::OnHello(Conn& c, const std::string& body) {
   }
   nlohmann::json welcome = {{"latest", nullptr}, {"part", part_}, {"parts", parts_}};
   if (part_ == 0 && parts_ > 1) welcome["senders"] = senders_;
-  if (latest_) {
-    auto plan = PlanLocked(layout);
+  if (const std::shared_ptr<const Version> latest = plans_.latest()) {
+    auto plan = plans_.Plan(layout);
     if (!plan.ok()) return refuse(plan.status().message());
     Status match = MatchLocked(c, **plan,
                                "receiver " + LayoutText(layout, rank) + " against " +
-                                   VersionName(latest_->manifest.version));
+                                   VersionName(latest->manifest.version));
     if (!match.ok()) return refuse(match.message());
-    welcome["latest"] = latest_->manifest.version;
-    c.info.behind = c.info.version != latest_->manifest.version;
+    welcome["latest"] = latest->manifest.version;
+    c.info.behind = c.info.version != latest->manifest.version;
   }
   c.hello_done = true;
   SendLocked(c, Frame(Msg::kWelcome, Json(welcome)));
@@ -240,7 +240,7 @@ void PushServer::Impl::OnMessage(Conn& c, const push_internal::Parsed& m) {
     }
     if (HoldHellosLocked()) {
       c.held_hello = m.body;  // answered by SetSenders
-      EventLocked("receiver " + c.who +
+      events_.Add("receiver " + c.who +
                   " waits for the push senders: part 0 does not know them yet");
       return;
     }
@@ -284,9 +284,10 @@ void PushServer::Impl::OnReceived(Conn& c, std::optional<uint64_t> version) {
 void PushServer::Impl::OnHeld(Conn& c, std::optional<uint64_t> version) {
   if (!version) return DropLocked(c, "sent a held message without a version");
   c.info.version = version;
-  c.info.behind = latest_ && *version != latest_->manifest.version;
+  const std::shared_ptr<const Version> latest = plans_.latest();
+  c.info.behind = latest && *version != latest->manifest.version;
   if (c.info.behind) {
-    SendLocked(c, Frame(Msg::kBehind, Json({{"latest", latest_->manifest.version}})));
+    SendLocked(c, Frame(Msg::kBehind, Json({{"latest", latest->manifest.version}})));
   }
 }
 

@@ -256,10 +256,7 @@ Status PushServer::Impl::Round::EncodeAgain(PackedBatch& pb, std::map<RankKey, s
 Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<const Version>& v,
                                           ChangesSource& changes) {
   Round r(store, v, changes, options_);
-  {
-    std::lock_guard lock(mu_);
-    r.fp8_prev = std::exchange(fp8_summaries_, {});
-  }
+  r.fp8_prev = fp8_summaries_.Take();
   r.fp8_held = push_internal::Fp8SummaryBytes(r.fp8_prev);
   RETURN_IF_ERROR(SelectTargets(r));
   r.IndexOps();
@@ -271,10 +268,7 @@ Result<PushReport> PushServer::Impl::Push(Store& store, const std::shared_ptr<co
   SendCounts(r);
   const Status streamed = SendData(r);
   EndData(r, streamed);
-  {
-    std::lock_guard lock(mu_);
-    fp8_summaries_ = r.Fp8SummariesAfter(streamed.ok());
-  }
+  fp8_summaries_.Put(r.Fp8SummariesAfter(streamed.ok()));
   if (!streamed.ok()) return streamed;
   r.report.pack_seconds = r.pack;
   AwaitConfirmations(r);
@@ -315,7 +309,7 @@ Status PushServer::Impl::SelectTargets(Round& r) {
 // A receiver that holds the parent: a target, once its layout has a plan
 // and its tensors match it (else it is dropped).
 void PushServer::Impl::TargetLocked(Round& r, uint64_t id, Conn& c) {
-  auto plan = PlanLocked(c.info.layout);
+  auto plan = plans_.Plan(c.info.layout);
   if (!plan.ok()) return DropLocked(c, plan.status().message());
   if (c.plan_to_own.empty() && !(*plan)->receiver_tensors[c.info.rank].empty()) {
     Status match = MatchLocked(c, **plan, "receiver " + c.who + " against " + r.vname);

@@ -143,15 +143,9 @@ std::vector<PushReceiverInfo> PushServer::Impl::Receivers() const {
   return out;
 }
 
-std::vector<std::string> PushServer::Impl::TakeEvents() {
-  std::lock_guard lock(mu_);
-  return std::exchange(events_, {});
-}
+std::vector<std::string> PushServer::Impl::TakeEvents() { return events_.Take(); }
 
-uint64_t PushServer::Impl::refused() const {
-  std::lock_guard lock(mu_);
-  return refused_;
-}
+uint64_t PushServer::Impl::refused() const { return events_.refused(); }
 
 void PushServer::Impl::DropAllLocked(const std::string& why) {
   for (auto& [id, c] : conns_) {
@@ -175,50 +169,23 @@ void PushServer::Impl::Wake() {
 }
 
 void PushServer::Impl::InstallLocked(const std::shared_ptr<const Version>& v, PlanInputs in) {
-  if (!inputs_ || inputs_->canonical.size() != in.canonical.size() ||
-      !std::equal(in.canonical.begin(), in.canonical.end(), inputs_->canonical.begin(),
-                  [](const PlanTensor& a, const PlanTensor& b) {
-                    return a.name == b.name && a.dtype == b.dtype && a.shape == b.shape;
-                  }) ||
-      inputs_->geometry.num_heads != in.geometry.num_heads ||
-      inputs_->geometry.num_kv_heads != in.geometry.num_kv_heads ||
-      inputs_->geometry.head_dim != in.geometry.head_dim) {
-    plans_.clear();
-    fp8_plans_.clear();
+  if (plans_.Install(v, std::move(in))) {
     for (auto& [id, c] : conns_) c->plan_to_own.clear();
   }
-  inputs_ = std::move(in);
-  latest_ = v;
-}
-
-Result<const TransferPlan*> PushServer::Impl::PlanLocked(const ShardLayout& layout) {
-  if (!inputs_) return InvalidArgument("the push server has no version yet");
-  auto key = push_internal::KeyOf(layout);
-  if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
-  auto plan =
-      MakeTransferPlan(inputs_->canonical, inputs_->geometry, ShardLayout{1, false, false}, layout);
-  if (!plan.ok()) {
-    return plan.status().WithContext("receiver layout " + LayoutText(layout, 0));
-  }
-  return &plans_.emplace(key, std::move(plan).value()).first->second;
 }
 
 Result<const Fp8ReceiverPlan*> PushServer::Impl::Fp8PlanLocked(const Conn& c,
                                                                const TransferPlan& plan) {
-  const auto key = std::make_tuple(push_internal::KeyOf(c.info.layout), c.info.rank, c.fp8_key);
-  if (auto it = fp8_plans_.find(key); it != fp8_plans_.end()) return &it->second;
-  auto made = MakeFp8ReceiverPlan(plan, c.info.rank, *c.fp8);
-  if (!made.ok()) return made.status();
-  return &fp8_plans_.emplace(key, std::move(made).value()).first->second;
+  return plans_.Fp8Plan(c.info.layout, c.info.rank, c.fp8_key, *c.fp8, plan);
 }
 
 Status PushServer::Impl::FitsLatestLocked(Conn& c) {
   if (!c.plan_to_own.empty()) return Status::Ok();
-  ASSIGN_OR_RETURN(const TransferPlan* plan, PlanLocked(c.info.layout));
+  ASSIGN_OR_RETURN(const TransferPlan* plan, plans_.Plan(c.info.layout));
   if (plan->receiver_tensors[c.info.rank].empty()) return Status::Ok();
   return MatchLocked(c, *plan,
                      "receiver " + LayoutText(c.info.layout, c.info.rank) + " against " +
-                         VersionName(latest_->manifest.version));
+                         VersionName(plans_.latest()->manifest.version));
 }
 
 Status PushServer::Impl::MatchLocked(Conn& c, const TransferPlan& plan, const std::string& what) {
@@ -237,7 +204,7 @@ Status PushServer::Impl::MatchLocked(Conn& c, const TransferPlan& plan, const st
 void PushServer::Impl::DropLocked(Conn& c, const std::string& why) {
   if (!c.drop.empty()) return;
   c.drop = why;
-  EventLocked("receiver " + c.who + " dropped: " + why);
+  events_.Add("receiver " + c.who + " dropped: " + why);
   shutdown(c.fd.get(), SHUT_RDWR);
   cv_.notify_all();
 }
@@ -245,21 +212,14 @@ void PushServer::Impl::DropLocked(Conn& c, const std::string& why) {
 void PushServer::Impl::RefuseLocked(Conn& c, const std::string& why) {
   if (!c.drop.empty()) return;
   c.drop = why;
-  ++refused_;
   const std::string line = c.who + " refused: " + why;
-  EventLocked(line);
+  events_.AddRefused(line);
   Log("push server on " + address() + ": " + line);
   shutdown(c.fd.get(), SHUT_RDWR);
 }
 
 void PushServer::Impl::Log(const std::string& line) {
   std::fprintf(stderr, "dte: %s\n", line.c_str());
-}
-
-void PushServer::Impl::EventLocked(std::string line) {
-  constexpr size_t kMaxEvents = 1000;
-  if (events_.size() == kMaxEvents) events_.erase(events_.begin());
-  events_.push_back(std::move(line));
 }
 
 uint64_t PushServer::Impl::QueuedBytes(const Conn& c) {

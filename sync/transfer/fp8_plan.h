@@ -1,6 +1,6 @@
 // FP8 receivers: which of a receiver rank's tensors are held as
 // block-scaled E4M3 (kernels/fp8.h, docs/fp8.md), and how a canonical
-// tensor's FP8 change set lands in them. Live apply (fs/live*) and the push
+// tensor's FP8 change set lands in them. Live apply (sync/live/live*) and the push
 // (sync/push) both use it; neither re-derives the block mapping.
 //
 // A receiver tensor is FP8 when every canonical tensor that lands in it is

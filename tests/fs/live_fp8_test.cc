@@ -1,4 +1,4 @@
-// Live apply into FP8 receivers (fs/live.h, docs/live.md "FP8 receivers")
+// Live apply into FP8 receivers (sync/live/live.h, docs/live.md "FP8 receivers")
 // without FUSE: receivers of a small Llama in /dev/shm, in vLLM's fused
 // layout at TP 1 and 2, under both scale rules, registered with their E4M3
 // bytes, scales and BF16 tensors. After every apply, forward and back, along
@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "fs/filesystem.h"
-#include "fs/live.h"
 #include "kernels/fp8.h"
 #include "store/ops/commit.h"
+#include "sync/live/live.h"
 #include "sync/transfer/fp8_plan.h"
 #include "tests/sync/transfer_test_util.h"
 #include "tests/testutil/checkpoint.h"
@@ -359,7 +359,7 @@ dte_live_register Request(const std::string& name, const std::string& dtype,
 TEST_F(LiveFp8Test, RegistrationRefusesWhatAnFp8ReceiverCannotHold) {
   const std::string name = "dte-fp8-test-" + std::to_string(getpid()) + "-refuse";
   Shm shm(name, 1 << 20);
-  Live& live = fs_->live();
+  live::Live& live = fs_->live();
   auto refused = [&](dte_live_register r, uint64_t owner, const std::string& want) {
     auto id = live.Register(owner, getuid(), r);
     ASSERT_FALSE(id.ok()) << want;

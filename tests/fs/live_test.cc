@@ -1,9 +1,9 @@
-// Unit tests of live apply (fs/live.h) without FUSE: the live view, the
+// Unit tests of live apply (sync/live/live.h) without FUSE: the live view, the
 // changed set in every direction and across an anchor, page pushes limited
 // to resident changed pages, refusals, and the one-apply-at-a-time rule.
 // Receivers need a Llama layout and real /dev/shm objects: they are covered
 // end to end by tests/py/test_fs_live.py.
-#include "fs/live.h"
+#include "sync/live/live.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -25,6 +25,10 @@
 namespace dte::fs {
 namespace {
 
+using live::kPageBytes;
+using live::Live;
+using live::LivePageStats;
+using live::PageCache;
 using test::SeriesStore;
 using test::WaitFor;
 

@@ -28,11 +28,11 @@ DEPS = {
     "sync/convert": {"store"},
     "sync/transfer": {"sync/transport", "sync/convert"},
     "sync/push": {"sync/transfer"},
-    "sync/live": {"store/base"},
+    "sync/live": {"sync/transfer"},
     "sync/metrics": {"store/base"},
     "sync/publish": {"sync/push", "store/ops", "sync/metrics"},
     "sync/capi": {"sync/publish", "sync/live"},
-    "fs": {"store", "sync/transfer", "sync/live", "sync/metrics"},
+    "fs": {"store", "sync/live", "sync/metrics"},
     "tools": {"fs", "sync/capi"},
 }
 
@@ -324,28 +324,28 @@ def test_a_planted_upward_include_is_named(tmp_path):
 
     write("store/base/status.h", "#pragma once\n")
     write("store/store.cc", '#include "store/base/status.h"\n#include <xxhash.h>\n')
-    write("sync/live/live_client.cc",
+    write("sync/metrics/listen.cc",
           '#include "store/base/status.h"\n\n#include "store/store.h"\n')
     write("sync/push/push_server.cc", '#include "sync/transfer/internal/p2p_pairs.h"\n')
     write("sync/metrics/registry.h", "#include <prometheus/registry.h>\n")
     write("fs/metrics.cc", '#include "sync/publish/publisher.h"\n#include <prometheus/gateway.h>\n')
     write("kernels/scatter.cc", '#include "tests/testutil/checkpoint.h"\n')
     write("sync/CMakeLists.txt",
-          "target_link_libraries(dte_live PUBLIC dte_store)  # a comment\n"
+          "target_link_libraries(dte_metrics PUBLIC dte_store)  # a comment\n"
           "target_link_libraries(dte_publish PRIVATE prometheus-cpp::core\n"
           "  nlohmann_json::nlohmann_json)\n")
     errors = include_errors(str(tmp_path), DEPS) + link_errors(str(tmp_path), DEPS)
     text = "\n".join(errors)
-    assert 'sync/live/live_client.cc:3: #include "store/store.h" points up or sideways' in text
-    assert "sync/live may use only kernels, store/base, not store" in text
+    assert 'sync/metrics/listen.cc:3: #include "store/store.h" points up or sideways' in text
+    assert "sync/metrics may use only kernels, store/base, not store" in text
     assert ('sync/push/push_server.cc:1: #include "sync/transfer/internal/p2p_pairs.h": '
             "sync/transfer/internal/ is private") in text
     assert 'fs/metrics.cc:1: #include "sync/publish/publisher.h" points up or sideways' in text
     assert "fs/metrics.cc:2: #include <prometheus/gateway.h>: only sync/metrics" in text
     assert "sync/metrics/registry.h:1: #include <prometheus/registry.h>: a public header" in text
     assert 'kernels/scatter.cc:1: #include "tests/testutil/checkpoint.h": not a module' in text
-    assert ("sync/CMakeLists.txt: dte_live links dte_store, which points up or sideways "
-            "(sync/live -> store)") in text
+    assert ("sync/CMakeLists.txt: dte_metrics links dte_store, which points up or sideways "
+            "(sync/metrics -> store)") in text
     assert ("sync/CMakeLists.txt: dte_publish links prometheus-cpp::core: only sync/metrics "
             "wraps it") in text
     assert ("sync/CMakeLists.txt: dte_publish links nlohmann_json::nlohmann_json, but no "

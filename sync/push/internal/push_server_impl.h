@@ -3,9 +3,21 @@
 // push_io.cc (the I/O thread: accepts, the handshake, hellos, receipts and
 // the queued frames) and push_round.cc (a push, one method per phase).
 //
-// Thread-safety: one I/O thread owns the sockets; everything below mu_ is
-// guarded by it; a push runs on its caller's thread and touches
-// connections only under mu_. Lock order: mu_ alone.
+// The state is split by what guards it:
+//   - the connections (conns_ and what a push round and the group share
+//     with the I/O thread: the receipts awaited, the senders), guarded by
+//     mu_ here, with cv_ for a push waiting on them;
+//   - the latest version and the transfer plans made from it: PushPlans
+//     (internal/push_plans.h), its own lock;
+//   - the FP8 receivers' summaries between pushes: HeldFp8Summaries
+//     (internal/held_fp8_summaries.h), its own lock;
+//   - the events and the refusal count: PushEvents
+//     (internal/push_events.h), its own lock.
+//
+// Thread-safety: one I/O thread owns the sockets; a push runs on its
+// caller's thread and touches connections only under mu_. Lock order: mu_,
+// then PushPlans's or PushEvents's lock (each a leaf: neither takes another
+// lock); HeldFp8Summaries's lock is taken with no other held.
 #pragma once
 
 #include <poll.h>
@@ -28,7 +40,10 @@
 #include <vector>
 
 #include "store/base/posix_file.h"
+#include "sync/push/internal/held_fp8_summaries.h"
+#include "sync/push/internal/push_events.h"
 #include "sync/push/internal/push_fp8_summary.h"
+#include "sync/push/internal/push_plans.h"
 #include "sync/push/internal/push_wire.h"
 #include "sync/push/push_server.h"
 #include "sync/transfer/fp8_plan.h"
@@ -40,13 +55,10 @@ namespace dte {
 namespace push_internal {
 
 using Clock = std::chrono::steady_clock;
-// A receiver layout as plans are kept: tp, fuse_qkv, fuse_gate_up.
-using LayoutKey = std::tuple<int, bool, bool>;
 // A layout, a receiver rank of it and, for FP8 receivers, the push's
 // variant of their FP8 options (0: none): the receivers that share messages.
 using RankKey = std::tuple<LayoutKey, int, int>;
 
-inline LayoutKey KeyOf(const ShardLayout& l) { return {l.tp, l.fuse_qkv, l.fuse_gate_up}; }
 inline std::string Json(const nlohmann::json& j) { return j.dump(); }
 
 }  // namespace push_internal
@@ -112,15 +124,16 @@ class PushServer::Impl {
   // One push's state, from its targets to its report (push_round.cc).
   struct Round;
 
-  // --- push_server.cc: connections and plans --------------------------------
+  // --- push_server.cc: connections and their plans ---------------------------
   void DropAllLocked(const std::string& why);
   // Part 0 of several answers hellos only once it can name every sender.
   bool HoldHellosLocked() const { return part_ == 0 && parts_ > 1 && senders_.empty(); }
   // Hellos held until then are answered now.
   void AnswerHeldLocked();
   void Wake();
+  // Installs v in plans_; connections matched against plans it drops are
+  // matched again.
   void InstallLocked(const std::shared_ptr<const Version>& v, PlanInputs in);
-  Result<const TransferPlan*> PlanLocked(const ShardLayout& layout);
   // The FP8 plan of an FP8 receiver's layout, rank and options.
   Result<const Fp8ReceiverPlan*> Fp8PlanLocked(const Conn& c, const TransferPlan& plan);
   // Lines c's tensors up with the plan (c.plan_to_own): the plan's
@@ -133,8 +146,6 @@ class PushServer::Impl {
   // anything of it is read or anything sent to it but the handshake.
   void RefuseLocked(Conn& c, const std::string& why);
   static void Log(const std::string& line);
-  // Kept for StatusJson/TakeEvents; the oldest go past kMaxEvents.
-  void EventLocked(std::string line);
   void SendLocked(Conn& c, std::string frame) {
     c.out.push_back({std::make_shared<const std::string>(std::move(frame)), 0});
   }
@@ -183,26 +194,23 @@ class PushServer::Impl {
   std::thread io_;
   std::atomic<bool> stop_{false};
 
+  push_internal::PushPlans plans_;
+  push_internal::PushEvents events_;
+  // FP8 receivers' block summaries of the last version pushed
+  // (push_fp8_summary.h): a push takes them and puts back its version's.
+  push_internal::HeldFp8Summaries fp8_summaries_;
+
+  // The connections' lock; everything below is guarded by it.
   mutable std::mutex mu_;
   // A receipt arrived, a receiver was dropped, or a queue was written out.
   std::condition_variable cv_;
   std::map<uint64_t, std::unique_ptr<Conn>> conns_;
   uint64_t next_id_ = 1;
-  std::optional<PlanInputs> inputs_;
-  std::shared_ptr<const Version> latest_;
-  std::map<LayoutKey, TransferPlan> plans_;
-  // FP8 receivers' plans by layout, rank and options (JSON); cleared with plans_.
-  std::map<std::tuple<LayoutKey, int, std::string>, Fp8ReceiverPlan> fp8_plans_;
-  std::vector<std::string> events_;
-  uint64_t refused_ = 0;  // connections refused at the handshake
   // Receivers dropped and closed while a push awaited them: id -> reason,
   // for that push's report (cleared by each push).
   std::map<uint64_t, std::string> gone_;
-  std::set<uint64_t> confirmed_;  // receivers that confirmed the current push
-  int part_ = 0, parts_ = 1;      // SetGroup
-  // FP8 receivers' block summaries of the last version pushed
-  // (push_fp8_summary.h): a push takes them and puts back its version's.
-  push_internal::Fp8Summaries fp8_summaries_;
+  std::set<uint64_t> confirmed_;      // receivers that confirmed the current push
+  int part_ = 0, parts_ = 1;          // SetGroup
   std::vector<std::string> senders_;  // every part's address, once known (SetSenders)
 };
 

@@ -1,38 +1,24 @@
-#include "fs/live.h"
+#include "sync/live/live.h"
 
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <thread>
 
-#include "fs/filesystem.h"
-#include "fs/internal/live_changes.h"
-#include "fs/internal/live_fp8.h"
+#include "sync/live/internal/live_changes.h"
+#include "sync/live/internal/live_fp8.h"
 
 // The apply's orchestration and the live view. Its steps live beside it:
-// fs/live_changes.cc (layout check, changed set), fs/live_scatter.cc
-// (receiver buffers), fs/live_pages.cc (the page cache of live/) and
-// fs/live_registry.cc (receivers).
-namespace dte::fs {
+// live_changes.cc (layout check, changed set), live_scatter.cc (receiver
+// buffers), live_pages.cc (the page cache of live/) and live_registry.cc
+// (receivers), each with its FP8 part in a *_fp8.cc.
+namespace dte::live {
 namespace {
 
 using internal::Clock;
 using internal::Nanos;
 
 }  // namespace
-
-int LiveErrno(const dte::Status& s) {
-  // As any request, except that a refused caller is not permitted (not a
-  // file mode matter) and a missing capability is not a read-only mount.
-  switch (s.code()) {
-    case Code::kPermissionDenied:
-      return EPERM;
-    case Code::kUnimplemented:
-      return EOPNOTSUPP;
-    default:
-      return ErrnoOf(s);
-  }
-}
 
 Live::~Live() = default;
 
@@ -44,7 +30,7 @@ void Live::InitIfUnset(const std::shared_ptr<const Version>& v) {
   }
   auto view = std::make_shared<LiveView>();
   view->version = v;
-  view->chain = reader_->ChainOf(v);
+  view->chain = mount_->ChainOf(v);
   MutexLock lock(&view_mu_);
   if (!view_) view_ = std::move(view);
 }
@@ -67,7 +53,7 @@ std::shared_ptr<const LiveView> Live::View() {
 void Live::RecordFailure(const dte::Status& s) {
   MutexLock lock(&status_mu_);
   failed_applies_++;
-  last_error_ = LiveErrno(s);
+  last_error_ = mount_->Errno(s);
   last_message_ = s.message();
 }
 
@@ -92,7 +78,7 @@ Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target
 
   auto to = std::make_shared<LiveView>();
   to->version = target;
-  to->chain = reader_->ChainOf(target);
+  to->chain = mount_->ChainOf(target);
   auto changes = ChangedSet(*from, *to, &counts);
   if (!changes.ok()) {
     return fail(changes.status().WithContext("apply of " + VersionName(counts.to_version) +
@@ -132,7 +118,6 @@ Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target
   }
   counts.pagecache_ns = Nanos(t);
   counts.elapsed_ns = Nanos(start);
-  apply_latency_.Observe(std::chrono::nanoseconds(counts.elapsed_ns));
   MutexLock lock(&status_mu_);
   applies_++;
   last_apply_time_ = static_cast<int64_t>(std::time(nullptr));
@@ -170,4 +155,4 @@ dte_live_status Live::GetStatus() {
   return st;
 }
 
-}  // namespace dte::fs
+}  // namespace dte::live

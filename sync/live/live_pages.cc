@@ -31,13 +31,12 @@
 #include <utility>
 #include <vector>
 
-#include "fs/internal/live_changes.h"
-#include "fs/log.h"
 #include "kernels/parallel.h"
 #include "kernels/remap_math.h"
 #include "kernels/width.h"
+#include "sync/live/internal/live_changes.h"
 
-namespace dte::fs {
+namespace dte::live {
 namespace {
 
 using internal::Clock;
@@ -106,8 +105,8 @@ void Patch(const std::vector<Segment>& segments, uint64_t a, uint64_t n, uint8_t
 class PageStep {
  public:
   PageStep(const LiveView& from, const LiveView& to, const std::vector<Live::Changes>& changes,
-           PageCache* pages, ReadPath* reader)
-      : from_(from), to_(to), changes_(changes), pages_(pages), reader_(reader) {}
+           PageCache* pages, LiveMount* mount)
+      : from_(from), to_(to), changes_(changes), pages_(pages), mount_(mount) {}
 
   void ListRuns();
   Status ReplaceRuns();
@@ -135,7 +134,7 @@ class PageStep {
   const LiveView& to_;
   const std::vector<Live::Changes>& changes_;
   PageCache* const pages_;
-  ReadPath* const reader_;
+  LiveMount* const mount_;
 
   std::vector<Run> runs_;
   std::vector<std::vector<Segment>> segments_;  // per file, sorted by offset
@@ -185,8 +184,8 @@ std::vector<uint8_t> PageStep::ResidentPages(uint32_t f, uint64_t npages) const 
   if (!s.ok() || resident.size() != npages) {
     // Unknown residency: replace every changed page (the kernel then
     // caches them all, which costs memory but never shows old bytes).
-    LogLine("dtefs: live apply: page residency of live/" + file.name + " unknown (" + s.message() +
-            "); pushing every changed page");
+    mount_->Log("dtefs: live apply: page residency of live/" + file.name + " unknown (" +
+                s.message() + "); pushing every changed page");
     resident.assign(npages, 1);
   }
   return resident;
@@ -253,8 +252,8 @@ void PageStep::AddRuns(uint32_t f, const std::vector<uint8_t>& how,
 Status PageStep::FromReadPath(uint32_t f, uint64_t offset, uint64_t len, std::string* buf) {
   buf->resize(len);
   Clock::time_point t = Clock::now();
-  dte::Status s = reader_->Read(to_.version, f, offset, len,
-                                reinterpret_cast<uint8_t*>(buf->data()), &to_.chain);
+  dte::Status s = mount_->Read(to_.version, f, offset, len, reinterpret_cast<uint8_t*>(buf->data()),
+                               &to_.chain);
   read_ns_ += Nanos(t);
   t = Clock::now();
   if (s.ok()) s = pages_->Store(f, offset, buf->data(), len);
@@ -316,9 +315,9 @@ Status PageStep::PatchRun(const Run& run, char* data, std::string* buf,
     if (!s.ok()) {
       // The cache cannot be read back: T's bytes, from the read path.
       if (s.code() != Code::kUnimplemented) {
-        LogLine("dtefs: live apply: fetching cached pages of live file " +
-                std::to_string(run.file) + " failed (" + s.message() +
-                "); filling them from the read path");
+        mount_->Log("dtefs: live apply: fetching cached pages of live file " +
+                    std::to_string(run.file) + " failed (" + s.message() +
+                    "); filling them from the read path");
       }
       RETURN_IF_ERROR(FromReadPath(run.file, off, end_at - off, buf));
       read_pages_ += PagesOf(off, end_at);
@@ -435,7 +434,7 @@ Status Live::PushPages(const LiveView& from, const LiveView& to,
       pages->Done();
     }
   } stop_watching{this, pages};
-  PageStep step(from, to, changes, pages, reader_);
+  PageStep step(from, to, changes, pages, mount_);
   step.ListRuns();
   RETURN_IF_ERROR(step.ReplaceRuns());
   std::vector<PageRange> noted;
@@ -446,4 +445,4 @@ Status Live::PushPages(const LiveView& from, const LiveView& to,
   return Status::Ok();
 }
 
-}  // namespace dte::fs
+}  // namespace dte::live

@@ -1,15 +1,15 @@
-// The changed set of a live apply (fs/live.h, step 2), shared by the files
+// The changed set of a live apply (sync/live/live.h, step 2), shared by the files
 // that compute it and the ones that write it: receiver buffers
-// (fs/live.cc) and the page cache of live/ (fs/live_pages.cc).
+// (live_scatter.cc) and the page cache of live/ (live_pages.cc).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <vector>
 
-#include "fs/live.h"
+#include "sync/live/live.h"
 
-namespace dte::fs {
+namespace dte::live {
 
 // The changes of one block of a tensor. Entry i sets element idx[i] (block
 // relative, increasing): to vals[i] (width bytes) where Whole(i), else to
@@ -42,4 +42,4 @@ inline uint64_t Nanos(Clock::time_point since) {
 }
 
 }  // namespace internal
-}  // namespace dte::fs
+}  // namespace dte::live

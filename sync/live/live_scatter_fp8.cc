@@ -1,4 +1,4 @@
-// Step 3 of a live apply for FP8 receivers (fs/live.h): each quantized
+// Step 3 of a live apply for FP8 receivers (sync/live/live.h): each quantized
 // tensor's FP8 change set remapped through the receiver's FP8 plan
 // (RemapFp8Changes), and only the changed E4M3 bytes and scales written,
 // every index checked against its buffer first. Host buffers are written in
@@ -9,12 +9,12 @@
 #include <cstring>
 #include <vector>
 
-#include "fs/internal/live_fp8.h"
 #include "kernels/cuda.h"
 #include "kernels/parallel.h"
 #include "kernels/remap_cuda.h"
+#include "sync/live/internal/live_fp8.h"
 
-namespace dte::fs {
+namespace dte::live {
 namespace {
 
 // A registered FP8 buffer as the writers see it.
@@ -136,4 +136,4 @@ bool Live::WriteFp8(const Receiver& rc, const std::vector<Fp8Sets>& sets, uint64
   return ok.load();
 }
 
-}  // namespace dte::fs
+}  // namespace dte::live

@@ -1,8 +1,8 @@
-// Steps 1 and 2 of a live apply (fs/live.h): the target must have the live
+// Steps 1 and 2 of a live apply (sync/live/live.h): the target must have the live
 // version's layout, and the changed set between them, composed from the
 // delta records along the chain (or compared block by block where it cannot
 // be), decoded and verified before anything is written.
-#include "fs/internal/live_changes.h"
+#include "sync/live/internal/live_changes.h"
 
 #include <algorithm>
 #include <cstring>
@@ -14,7 +14,7 @@
 #include "kernels/width.h"
 #include "store/changes.h"
 
-namespace dte::fs {
+namespace dte::live {
 namespace {
 
 // The unsigned integer of a W-byte element's bits.
@@ -176,8 +176,8 @@ void Negate(std::vector<uint8_t>* vals, int width) {
 // the records, or compared), and the per-tensor lists.
 class ChangeStep {
  public:
-  ChangeStep(const LiveView& from, const LiveView& to, ReadPath* reader)
-      : from_(from), to_(to), live_(*from.version), target_(*to.version), reader_(reader) {}
+  ChangeStep(const LiveView& from, const LiveView& to, LiveMount* mount)
+      : from_(from), to_(to), live_(*from.version), target_(*to.version), mount_(mount) {}
 
   void FindPath();
   void ListJobs();
@@ -208,7 +208,7 @@ class ChangeStep {
   const LiveView& to_;
   const Version& live_;
   const Version& target_;
-  ReadPath* const reader_;
+  LiveMount* const mount_;
 
   bool forward_ = false;  // the target is newer than the live version
   bool on_chain_ = false;
@@ -266,10 +266,9 @@ void ChangeStep::ListJobs() {
 Status ChangeStep::ReadBlobs() {
   for (auto& [key, bytes] : blobs_) {
     const BlobRef& ref = key.first->manifest.blobs[key.second];
-    ASSIGN_OR_RETURN(
-        bytes, reader_->materializer().ReadWholeBlob(
-                   ref.hash, ref.size,
-                   VersionName(key.first->manifest.version) + " delta blob " + BlobKey(ref.hash)));
+    ASSIGN_OR_RETURN(bytes, mount_->ReadWholeBlob(ref.hash, ref.size,
+                                                  VersionName(key.first->manifest.version) +
+                                                      " delta blob " + BlobKey(ref.hash)));
   }
   return Status::Ok();
 }
@@ -356,13 +355,13 @@ Status ChangeStep::Compare(const Job& job, int width, Live::BlockChange* out) co
   out->idx.clear();
   out->whole.clear();
   ASSIGN_OR_RETURN(auto tb,
-                   reader_->TensorBlock(to_.version, job.file, job.tensor, job.block, &to_.chain));
+                   mount_->TensorBlock(to_.version, job.file, job.tensor, job.block, &to_.chain));
   ASSIGN_OR_RETURN(
-      auto lb, reader_->TensorBlock(from_.version, job.file, job.tensor, job.block, &from_.chain));
-  const char* x = lb->data();
-  const char* y = tb->data();
+      auto lb, mount_->TensorBlock(from_.version, job.file, job.tensor, job.block, &from_.chain));
+  const char* x = lb.data();
+  const char* y = tb.data();
   DifferingElements(reinterpret_cast<const uint8_t*>(x), reinterpret_cast<const uint8_t*>(y),
-                    tb->size(), width, &out->idx);
+                    tb.size(), width, &out->idx);
   out->vals.resize(out->idx.size() * static_cast<size_t>(width));
   for (size_t k = 0; k < out->idx.size(); ++k) {
     std::memcpy(out->vals.data() + k * width, y + size_t{out->idx[k]} * width,
@@ -397,7 +396,7 @@ std::vector<Live::Changes> ChangeStep::Gather(dte_live_counts* counts) {
 
 Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const LiveView& to,
                                                     dte_live_counts* counts) {
-  ChangeStep step(from, to, reader_);
+  ChangeStep step(from, to, mount_);
   step.FindPath();
   step.ListJobs();
   RETURN_IF_ERROR(step.ReadBlobs());
@@ -405,4 +404,4 @@ Result<std::vector<Live::Changes>> Live::ChangedSet(const LiveView& from, const 
   return step.Gather(counts);
 }
 
-}  // namespace dte::fs
+}  // namespace dte::live

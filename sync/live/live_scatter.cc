@@ -1,4 +1,4 @@
-// Step 4 of a live apply (fs/live.h): the changed set written in place into
+// Step 4 of a live apply (sync/live/live.h): the changed set written in place into
 // every registered receiver buffer, remapped through the receiver's transfer
 // plan, each index checked against the buffer; a receiver whose shared
 // memory goes away under the mapping (SIGBUS) is dropped, not the daemon.
@@ -12,16 +12,15 @@
 #include <mutex>
 #include <vector>
 
-#include "fs/internal/live_changes.h"
-#include "fs/internal/live_fp8.h"
-#include "fs/log.h"
 #include "kernels/cuda.h"
 #include "kernels/parallel.h"
 #include "kernels/remap_cuda.h"
 #include "kernels/remap_math.h"
 #include "kernels/width.h"
+#include "sync/live/internal/live_changes.h"
+#include "sync/live/internal/live_fp8.h"
 
-namespace dte::fs {
+namespace dte::live {
 namespace {
 
 // What the apply helpers read of a BlockChange.
@@ -375,8 +374,8 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
     if (!WriteTargets(targets, &bytes) || !WriteFp8(rc, fp8, &bytes, &fp8_buffers)) {
       // Its memory went away under the mapping (or a device call failed):
       // the receiver is dropped and the apply goes on for the others.
-      LogLine("dtefs: live apply: dropped receiver (" + LayoutText(rc.layout, rc.rank) +
-              "): writing its buffers failed");
+      mount_->Log("dtefs: live apply: dropped receiver (" + LayoutText(rc.layout, rc.rank) +
+                  "): writing its buffers failed");
       failed.push_back(owner);
       continue;
     }
@@ -391,4 +390,4 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
   return Status::Ok();
 }
 
-}  // namespace dte::fs
+}  // namespace dte::live

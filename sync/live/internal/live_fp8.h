@@ -1,7 +1,8 @@
-// FP8 receivers of a live apply (fs/live.h, docs/live.md "FP8 receivers"):
-// the change sets an apply computes for them, shared by the file that
-// computes them (fs/live_fp8.cc) and the one that writes them
-// (fs/live_fp8_scatter.cc).
+// FP8 receivers of a live apply (sync/live/live.h, docs/live.md "FP8
+// receivers"): the change sets an apply computes for them, shared by the
+// file that computes them (live_changes_fp8.cc) and the one that writes
+// them (live_scatter_fp8.cc), and the helpers registration and writing
+// share.
 #pragma once
 
 #include <functional>
@@ -9,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "fs/live.h"
 #include "kernels/fp8.h"
+#include "sync/live/live.h"
 
-namespace dte::fs {
+namespace dte::live {
 
 // The FP8 change sets between the live version and the target of every
 // quantized canonical tensor that changed, for one block size and scale
@@ -37,8 +38,8 @@ uint32_t Fp8BlockOf(const dte_live_register& r);
 bool IsFp8Registration(const dte_live_register& r, const std::string& name, bool in_layout);
 
 // Runs write(); false if it raised SIGBUS (a receiver's shared memory went
-// away under the mapping) instead of killing the daemon (fs/live_scatter.cc).
+// away under the mapping) instead of killing the daemon (live_scatter.cc).
 bool UnderSigbusGuard(const std::function<void()>& write);
 
 }  // namespace internal
-}  // namespace dte::fs
+}  // namespace dte::live

@@ -39,9 +39,13 @@
 // elements, on the BF16 content of the touched FP8 block rows), and step 3
 // writes only the E4M3 bytes and scales that changed.
 //
-// The implementation is one file per concern: live.cc (Apply, the view,
-// status), live_changes.cc (steps 1-2), live_scatter.cc (receiver
-// buffers), live_pages.cc (the page cache), live_registry.cc (receivers).
+// The apply reads versions, and reports, through a LiveMount
+// (sync/live/live_mount.h), which the mount implements. The implementation
+// is one file per concern, FP8 receivers' part of each in a *_fp8.cc
+// beside it: live.cc (Apply, the view, status), live_changes.cc and
+// live_changes_fp8.cc (steps 1-2), live_scatter.cc and live_scatter_fp8.cc
+// (receiver buffers), live_pages.cc (the page cache), live_registry.cc and
+// live_registry_fp8.cc (receivers).
 //
 // Thread-safety: all methods may be called concurrently; applies are
 // serialized (a second one fails with Busy). Reads of live/ hold a
@@ -58,16 +62,16 @@
 #include <tuple>
 #include <vector>
 
-#include "fs/latency.h"
-#include "fs/read_path.h"
 #include "store/base/status.h"
 #include "store/base/thread_annotations.h"
 #include "store/store.h"
 #include "sync/live/live_abi.h"
+#include "sync/live/live_mount.h"
+#include "sync/live/page_cache.h"
 #include "sync/transfer/fp8_plan.h"
 #include "sync/transfer/transfer_plan.h"
 
-namespace dte::fs {
+namespace dte::live {
 
 // The version live/ shows, with its chain (reads and applies use it even
 // after the version left the store).
@@ -75,35 +79,6 @@ struct LiveView {
   std::shared_ptr<const Version> version;
   VersionChain chain;
   mutable std::atomic<int64_t> readers{0};  // Live::ReadGuard objects on this view
-};
-
-// The kernel's page cache of live/ files, as an apply sees it. The FUSE
-// adapter implements it with mincore(2) and fuse_lowlevel_notify_store;
-// tests with a fake.
-class PageCache {
- public:
-  virtual ~PageCache() = default;
-  // One entry per 4 KiB page of live file `file` (its name and size): non-zero
-  // where the page is resident. An error means "unknown": the apply then
-  // pushes nothing for that file and reports it.
-  virtual Status Resident(const std::string& file, uint64_t size, std::vector<uint8_t>* out) = 0;
-  // Replaces [offset, offset + len) of live file number `file_index` in the
-  // page cache with `data`. Called from several threads at once.
-  virtual Status Store(uint32_t file_index, uint64_t offset, const char* data, size_t len) = 0;
-  // Copies the page cache's current bytes of [offset, offset + len) of live
-  // file number `file_index` (offset page-aligned) into dst (room for len
-  // bytes) and sets *got: fewer bytes than asked (none) where a page is
-  // not resident any more, if the cache can tell; a cache that cannot
-  // reads such a page through the mount (from the new view: it is then a
-  // noted read, Live::NoteRead). An error (Unimplemented where the cache
-  // cannot be read) makes the apply fill those pages from the read path
-  // instead. Called from several threads at once.
-  virtual Status Fetch(uint32_t file_index, uint64_t offset, size_t len, char* dst, size_t* got) {
-    (void)file_index, (void)offset, (void)len, (void)dst, (void)got;
-    return Unimplemented("this page cache cannot be read back");
-  }
-  // The apply's page step is over (files a cache opened can be closed).
-  virtual void Done() {}
 };
 
 // What the page-cache step of the last apply did (.dte/status, "live" ->
@@ -118,11 +93,9 @@ struct LivePageStats {
   uint64_t resident_ns = 0;  // finding the resident pages
 };
 
-inline constexpr uint64_t kPageBytes = 4096;
-
 class Live {
  public:
-  Live(Store* store, ReadPath* reader) : store_(store), reader_(reader) {}
+  Live(Store* store, LiveMount* mount) : store_(store), mount_(mount) {}
   ~Live();
   Live(const Live&) = delete;
   Live& operator=(const Live&) = delete;
@@ -158,11 +131,11 @@ class Live {
   void NoteRead(const LiveView* view, uint32_t file, uint64_t offset, uint64_t len)
       EXCLUDES(noted_mu_);
 
-  // The changed set of an apply (fs/internal/live_changes.h).
+  // The changed set of an apply (sync/live/internal/live_changes.h).
   struct BlockChange;
   struct Changes;
   // The FP8 change sets of an apply for one block size and scale rule
-  // (fs/internal/live_fp8.h).
+  // (sync/live/internal/live_fp8.h).
   struct Fp8Sets;
 
   // Registers one buffer for `owner`, on behalf of a process of user `uid`.
@@ -197,11 +170,8 @@ class Live {
   dte_live_status GetStatus() EXCLUDES(receivers_mu_, view_mu_, status_mu_);
   // The page-cache step of the last successful apply.
   LivePageStats LastPageStats() EXCLUDES(status_mu_);
-  // Durations of the applies that succeeded (fs/metrics.h).
-  const LatencyHistogram& apply_latency() const { return apply_latency_; }
 
  private:
-  LatencyHistogram apply_latency_;
   // A registered buffer: host memory mapped from /dev/shm, or device memory
   // opened from a CUDA IPC handle.
   struct Buffer {
@@ -242,7 +212,7 @@ class Live {
   Result<const Plan*> PlanFor(const Version& v, const ShardLayout& layout) REQUIRES(receivers_mu_);
   Status Scatter(const Version& v, const std::vector<Changes>& changes,
                  const std::vector<Fp8Sets>& fp8, dte_live_counts* counts) EXCLUDES(receivers_mu_);
-  // What a registration's buffer holds (fs/live_fp8.cc for FP8 ones).
+  // What a registration's buffer holds (live_registry_fp8.cc for FP8 ones).
   struct BufferSpec {
     uint32_t receiver_tensor = 0;
     Buffer::Role role = Buffer::Role::kElements;
@@ -257,16 +227,16 @@ class Live {
   Result<BufferSpec> Fp8Spec(const dte_live_register& r, const std::string& name, const Plan& plan,
                              std::shared_ptr<const Fp8ReceiverPlan>* fp8, const std::string& what)
       REQUIRES(receivers_mu_);
-  // Writes the FP8 change sets into rc's FP8 buffers (fs/live_fp8_scatter.cc);
+  // Writes the FP8 change sets into rc's FP8 buffers (live_scatter_fp8.cc);
   // false when a write failed. Adds the bytes (E4M3 bytes and 4 per scale)
   // and the buffers written.
   static bool WriteFp8(const Receiver& rc, const std::vector<Fp8Sets>& sets, uint64_t* bytes,
                        uint64_t* buffers);
-  // The FP8 change sets the registered FP8 receivers need (fs/live_fp8.cc).
+  // The FP8 change sets the registered FP8 receivers need (live_changes_fp8.cc).
   Result<std::vector<Fp8Sets>> Fp8ChangedSets(const LiveView& from, const LiveView& to,
                                               const std::vector<Changes>& changes)
       EXCLUDES(receivers_mu_);
-  // Step 6 (fs/live_pages.cc).
+  // Step 6 (live_pages.cc).
   Status PushPages(const LiveView& from, const LiveView& to, const std::vector<Changes>& changes,
                    PageCache* pages, uint64_t* pushed, LivePageStats* stats) EXCLUDES(noted_mu_);
   struct NotedRead {
@@ -277,7 +247,7 @@ class Live {
   std::vector<NotedRead> StopWatchingReads() EXCLUDES(noted_mu_);
 
   Store* const store_;
-  ReadPath* const reader_;
+  LiveMount* const mount_;
 
   Mutex view_mu_;
   std::shared_ptr<const LiveView> view_ GUARDED_BY(view_mu_);
@@ -307,7 +277,4 @@ class Live {
   LivePageStats last_pages_ GUARDED_BY(status_mu_);
 };
 
-// The errno an apply or registration failure is reported with.
-int LiveErrno(const dte::Status& s);
-
-}  // namespace dte::fs
+}  // namespace dte::live

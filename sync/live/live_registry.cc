@@ -1,4 +1,4 @@
-// Receivers of a live apply (fs/live.h): registering, checking and mapping
+// Receivers of a live apply (sync/live/live.h): registering, checking and mapping
 // their buffers (shared memory or CUDA IPC) against the live version's
 // transfer plan for their layout, and forgetting them.
 #include <fcntl.h>
@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "fs/internal/live_changes.h"
-#include "fs/internal/live_fp8.h"
 #include "kernels/cuda.h"
+#include "sync/live/internal/live_changes.h"
+#include "sync/live/internal/live_fp8.h"
 #include "sync/transfer/plan_inputs.h"
 
-namespace dte::fs {
+namespace dte::live {
 namespace {
 
 std::string CString(const char* field, size_t size) {
@@ -295,4 +295,4 @@ void Live::Drop(uint64_t owner) {
   receivers_.erase(owner);
 }
 
-}  // namespace dte::fs
+}  // namespace dte::live
