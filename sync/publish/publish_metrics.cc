@@ -6,7 +6,6 @@
 
 #include "sync/metrics/gateway.h"
 #include "sync/metrics/server.h"
-#include "sync/publish/dist_publisher.h"
 #include "sync/publish/publisher.h"
 
 namespace dte {

@@ -2,13 +2,13 @@
 // a metrics::Registry (sync/metrics/registry.h): versions committed and
 // publishes failed, elements examined, flagged and changed, bytes of
 // optimizer state read and of blobs stored, publish and push durations,
-// and for a distributed publisher what this rank routed and encoded. Every
-// Publisher and DistPublisher records into its own (metrics()). A trainer
+// and for a ranged publish what this rank routed and encoded. Every
+// Publisher records into its own (metrics()). A trainer
 // serves the registry (Serve, or its own prometheus::Exposer), pushes it to
 // a Pushgateway (Push, or its own prometheus::Gateway), or reads the
 // exposition text (Text). Names and meanings: docs/engine.md, "Metrics".
 //
-// On a distributed publisher every rank records the committed version's
+// With several ranks every rank records the committed version's
 // figures (the same on every rank: scrape one rank, or aggregate with max);
 // the dte_publish_dist_* counters are the rank's own.
 //
@@ -51,7 +51,8 @@ class PublishMetrics {
   void Committed(const PublishResult& r, int64_t step, double seconds);
   // A publish that failed after `seconds`: nothing was committed.
   void Failed(double seconds);
-  // What a distributed publish did on this rank, committed or not.
+  // What a ranged publish (Publisher::PublishRanges) did on this rank,
+  // committed or not.
   void Routed(const DistPublishStats& s);
 
   // Runs `publish` (returning a Result<PublishResult>), times it and

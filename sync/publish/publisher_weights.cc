@@ -94,6 +94,9 @@ void Publisher::Draft::FinishWeightsSnapshot(uint32_t keep) {
 
 Status Publisher::BeginWeights(std::optional<int64_t> step) {
   weights_draft_.reset();
+  RETURN_IF_ERROR(NeedOneRank("publishing weights",
+                              "publish from one rank, which holds or gathers the full weights "
+                              "one tensor at a time"));
   auto d = Begin(step);
   if (!d.ok()) {
     metrics_->Failed(0);  // a publish that was refused: nothing committed

@@ -1,5 +1,5 @@
 // The header every rank of a distributed publish sends every other before
-// it (sync/publish/dist_publisher.h, "Agreement"): a JSON object
+// it (sync/publish/publisher.h, "Agreement"): a JSON object
 //   {"error": "", "fields": {...}, "latest": V|null, "last_version": V|null,
 //    "last_step": S|null, "push": "HOST:PORT" or "",
 //    "ranges": [[name, begin, end, state_step|null, lr|null, wd|null, tp, ep], ...]}

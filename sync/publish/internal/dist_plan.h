@@ -1,4 +1,4 @@
-// The state of one distributed publish (sync/publish/dist_publisher.h),
+// The state of one ranged publish (sync/publish/publisher.h, PublishRanges),
 // passed from phase to phase: what every rank derives, identically, from
 // the agreement (Plan), what this rank's detection found and routes
 // (Detected), and what it encoded for rank 0 (Encoded).
@@ -22,9 +22,9 @@
 #include "store/write/anchor_policy.h"
 #include "store/write/blob_sink.h"
 #include "sync/convert/convert.h"
-#include "sync/publish/dist_publisher.h"
 #include "sync/publish/internal/dist_header.h"
 #include "sync/publish/internal/dist_wire.h"
+#include "sync/publish/publisher.h"
 
 namespace dte::dist_internal {
 

@@ -1,5 +1,5 @@
 // The messages between the ranks of a distributed publish
-// (sync/publish/dist_publisher.h): little-endian fixed-width fields
+// (sync/publish/publisher.h): little-endian fixed-width fields
 // (Writer, Reader), the exchanges every rank makes together (AllToAll,
 // AllGather), and the changed elements bound for one owner (EntryWriter).
 //
@@ -18,7 +18,7 @@
 #include "store/base/status.h"
 #include "store/hash.h"
 #include "store/manifest.h"
-#include "sync/publish/dist_publisher.h"
+#include "sync/publish/publisher.h"
 #include "sync/transport/transport.h"
 
 namespace dte::dist_internal {
@@ -111,7 +111,8 @@ class Reader {
 
 // Every rank sends out[r] to rank r and gets in[r] from rank r: the sizes in
 // one round, then the non-empty payloads in a second, so both ends always
-// agree on every message's size.
+// agree on every message's size. In a world of one nothing is exchanged:
+// the one message is returned.
 Result<std::vector<std::string>> AllToAll(Transport& t, const std::vector<std::string>& out,
                                           const std::string& what, DistPublishStats* stats);
 

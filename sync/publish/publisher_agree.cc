@@ -1,16 +1,16 @@
-// DistPublisher's phases 1 (agreement) and 2 (ownership): every rank
+// The Publisher's ranged publish: phases 1 (agreement) and 2 (ownership): every rank
 // derives the same plan from every rank's header, or fails with the same
-// error (sync/publish/dist_publisher.h).
+// error (sync/publish/publisher.h).
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <utility>
 
 #include "kernels/adamw.h"
 #include "store/store.h"
-#include "sync/publish/dist_publisher.h"
 #include "sync/publish/internal/dist_header.h"
 #include "sync/publish/internal/dist_plan.h"
 #include "sync/publish/internal/dist_wire.h"
+#include "sync/publish/publisher.h"
 
 namespace dte {
 
@@ -396,7 +396,7 @@ Status PlanRanges(Plan& p) {
 
 }  // namespace
 
-std::string DistPublisher::OwnHeader(const Plan& p) {
+std::string Publisher::OwnHeader(const Plan& p) {
   Header mine;
   mine.fields = AgreedFields(p, store_->store_id());
   mine.last_version = last_version_;
@@ -424,7 +424,7 @@ std::string DistPublisher::OwnHeader(const Plan& p) {
   return EncodeHeader(mine);
 }
 
-Result<std::optional<PublishResult>> DistPublisher::Agree(Transport& t, Plan& p) {
+Result<std::optional<PublishResult>> Publisher::Agree(Transport& t, Plan& p) {
   ASSIGN_OR_RETURN(p.all, ExchangeHeaders(t, p, OwnHeader(p), &stats_));
   std::vector<std::string> senders;
   for (const Header& hr : p.all) senders.push_back(hr.push);
@@ -450,7 +450,7 @@ Result<std::optional<PublishResult>> DistPublisher::Agree(Transport& t, Plan& p)
 
 // The parent and its distance from the last full table, on every rank: one
 // rank that cannot read them fails them all.
-Status DistPublisher::LoadParent(Transport& t, Plan& p) {
+Status Publisher::LoadParent(Transport& t, Plan& p) {
   const Status loaded = ReadParent(p);
   Writer w;
   w.PutStatus(loaded);
@@ -472,7 +472,7 @@ Status DistPublisher::LoadParent(Transport& t, Plan& p) {
   return Status::Ok();
 }
 
-Status DistPublisher::ReadParent(Plan& p) {
+Status Publisher::ReadParent(Plan& p) {
   // Ranges in device memory: the device and its buffers, checked here so
   // that a rank without them fails every rank before anything is routed.
   for (const RangeState& r : p.ranges) {
@@ -489,7 +489,7 @@ Status DistPublisher::ReadParent(Plan& p) {
 }
 
 // 2. Ownership: largest first, to the least loaded rank.
-void DistPublisher::AssignOwners(Plan& p) const {
+void Publisher::AssignOwners(Plan& p) const {
   std::vector<size_t> order;
   for (size_t ti = 0; ti < p.tensors.size(); ++ti) {
     if (p.tensors[ti].named || p.full) order.push_back(ti);

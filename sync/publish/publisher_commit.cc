@@ -1,6 +1,6 @@
-// DistPublisher's phase 6 (commit): the owners send their records and
+// The Publisher's ranged publish: phase 6 (commit): the owners send their records and
 // blobs to rank 0, which writes the block table and, last, the manifest,
-// and tells every rank the outcome (sync/publish/dist_publisher.h).
+// and tells every rank the outcome (sync/publish/publisher.h).
 //
 // A part, rank r to rank 0 (little-endian, sync/publish/internal/dist_wire.h):
 //   status, flagged u64, kept u64, dropped u64,
@@ -16,13 +16,13 @@
 #include "store/store.h"
 #include "store/write/blob_sink.h"
 #include "store/write/version_writer.h"
-#include "sync/publish/dist_publisher.h"
 #include "sync/publish/internal/dist_plan.h"
 #include "sync/publish/internal/dist_wire.h"
+#include "sync/publish/publisher.h"
 
 namespace dte {
 
-using dist_internal::AllToAll;
+using dist_internal::AllToAllMove;
 using dist_internal::Detected;
 using dist_internal::Encoded;
 using dist_internal::Plan;
@@ -220,12 +220,13 @@ Result<PublishResult> DecodeOutcome(const std::string& text, const std::string& 
 
 // 6. Commit: the parts to rank 0, which commits; every rank learns the
 // outcome.
-Result<PublishResult> DistPublisher::Commit(Transport& t, const Plan& p, const Detected& d,
-                                            Encoded& e) {
+Result<PublishResult> Publisher::Commit(Transport& t, const Plan& p, const Detected& d,
+                                        Encoded& e) {
   parts_sent_ = std::chrono::steady_clock::now();
   std::vector<std::string> to(p.world);
   to[0] = EncodePart(d, e);
-  ASSIGN_OR_RETURN(auto in, AllToAll(t, to, p.at_step + ": collecting the parts", &stats_));
+  ASSIGN_OR_RETURN(auto in,
+                   AllToAllMove(t, std::move(to), p.at_step + ": collecting the parts", &stats_));
   Writer outcome;
   if (p.rank == 0) {
     PublishResult res;
@@ -233,7 +234,8 @@ Result<PublishResult> DistPublisher::Commit(Transport& t, const Plan& p, const D
     EncodeOutcome(s, res, &outcome);
   }
   to.assign(p.world, p.rank == 0 ? outcome.out() : std::string());
-  ASSIGN_OR_RETURN(in, AllToAll(t, to, p.at_step + ": learning the outcome", &stats_));
+  ASSIGN_OR_RETURN(in,
+                   AllToAllMove(t, std::move(to), p.at_step + ": learning the outcome", &stats_));
   ASSIGN_OR_RETURN(PublishResult res, DecodeOutcome(in[0], p.at_step));
   if (p.rank != 0) {
     // Learn the new version now: a listing cached by this rank's store must
@@ -245,8 +247,8 @@ Result<PublishResult> DistPublisher::Commit(Transport& t, const Plan& p, const D
 
 // Rank 0: the version from every rank's part, written block table first and
 // manifest last.
-Status DistPublisher::CommitParts(const Plan& p, const std::vector<std::string>& parts,
-                                  internal::BlobSink& sink, PublishResult* res) {
+Status Publisher::CommitParts(const Plan& p, const std::vector<std::string>& parts,
+                              internal::BlobSink& sink, PublishResult* res) {
   Assembly a(p);
   for (int r = 0; r < p.world; ++r) RETURN_IF_ERROR(ReadPart(parts[r], p, r, sink, a, res));
   if (p.full) RETURN_IF_ERROR(FinishFullTable(p, sink, a));

@@ -1,7 +1,7 @@
-// DistPublisher's phase 5 (encoding): the owner of each tensor reads its
+// The Publisher's ranged publish: phase 5 (encoding): the owner of each tensor reads its
 // parent blocks, applies the entries routed to it, hashes blocks and tensor
 // and encodes each block as dtectl commit does, into its own blobs
-// (sync/publish/dist_publisher.h).
+// (sync/publish/publisher.h).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -15,9 +15,9 @@
 #include "store/store.h"
 #include "store/write/blob_sink.h"
 #include "store/write/version_writer.h"
-#include "sync/publish/dist_publisher.h"
 #include "sync/publish/internal/dist_plan.h"
 #include "sync/publish/internal/dist_wire.h"
+#include "sync/publish/publisher.h"
 
 namespace dte {
 
@@ -285,8 +285,8 @@ Status OwnerEncoder::Finish() {
 }  // namespace
 
 // 5. Encoding this rank's tensors; any error goes to rank 0 in the part.
-void DistPublisher::Encode(const Plan& p, const Detected& d, std::vector<std::string>& routed,
-                           Encoded& e) {
+void Publisher::Encode(const Plan& p, const Detected& d, std::vector<std::string>& routed,
+                       Encoded& e) {
   const auto start = std::chrono::steady_clock::now();
   for (size_t ti = 0; ti < p.tensors.size(); ++ti) {
     if (p.tensors[ti].owner != p.rank) continue;
@@ -305,7 +305,7 @@ void DistPublisher::Encode(const Plan& p, const Detected& d, std::vector<std::st
   stats_.encode_ns = dist_internal::NanosSince(start);
 }
 
-Status DistPublisher::EncodeOwned(const Plan& p, Encoded& e) {
+Status Publisher::EncodeOwned(const Plan& p, Encoded& e) {
   OwnerEncoder encoder(p, e, store_.get(), &stats_);
   RETURN_IF_ERROR(encoder.Start());
   uint64_t kept_bytes = 0;

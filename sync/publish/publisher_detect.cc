@@ -1,6 +1,6 @@
-// DistPublisher's phases 3 (detection) and 4 (routing): the changed
+// The Publisher's ranged publish: phases 3 (detection) and 4 (routing): the changed
 // elements of this rank's pieces, found on the host or on their CUDA
-// device, go to their tensor's owner (sync/publish/dist_publisher.h).
+// device, go to their tensor's owner (sync/publish/publisher.h).
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -9,10 +9,10 @@
 #include "kernels/bf16_math.h"
 #include "kernels/cuda.h"
 #include "sync/convert/convert_matrix.h"
-#include "sync/publish/dist_publisher.h"
 #include "sync/publish/internal/dist_plan.h"
 #include "sync/publish/internal/dist_wire.h"
 #include "sync/publish/internal/engine_screen.h"
+#include "sync/publish/publisher.h"
 
 namespace dte {
 
@@ -203,7 +203,7 @@ Status FindOnDevice(DeviceFinder& device, const Plan& p, const Plan::Piece& pc,
 }  // namespace
 
 // 3. Detection: the candidates of this rank's pieces not proven unchanged.
-Detected DistPublisher::Detect(const Plan& p) {
+Detected Publisher::Detect(const Plan& p) {
   Detected d;
   d.routed.resize(p.world);
   const auto start = std::chrono::steady_clock::now();
@@ -213,7 +213,7 @@ Detected DistPublisher::Detect(const Plan& p) {
   return d;
 }
 
-Status DistPublisher::DetectPieces(const Plan& p, Detected& d) {
+Status Publisher::DetectPieces(const Plan& p, Detected& d) {
   ScreenBuffers buffers;
   for (const Plan::Piece& pc : p.pieces) {
     const Plan::Target& tg = p.targets[pc.target];
@@ -230,7 +230,7 @@ Status DistPublisher::DetectPieces(const Plan& p, Detected& d) {
 
 // 4. Routing: the entries go to their owners in two rounds (sizes, then
 // payloads).
-Result<std::vector<std::string>> DistPublisher::Route(Transport& t, const Plan& p, Detected& d) {
+Result<std::vector<std::string>> Publisher::Route(Transport& t, const Plan& p, Detected& d) {
   std::vector<std::string> out(p.world);
   for (int r = 0; r < p.world; ++r) out[r] = d.routed[r].Finish();
   d.routed.clear();
