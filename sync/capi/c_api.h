@@ -8,7 +8,7 @@
  * C-contiguous.
  *
  * Handles (dte_publisher, dte_store, dte_tensor_table, dte_transport,
- * dte_dist_publisher, dte_push_server, dte_push_receiver, dte_live) are
+ * dte_push_server, dte_push_receiver, dte_live) are
  * opaque tokens, not addresses: every call looks its handles up in the
  * library's table of open handles before using them. A NULL handle, a closed
  * one, one of another type or a value the library never gave is refused with
@@ -17,9 +17,9 @@
  * reused within a process. Close each handle once (dte_*_close returns
  * DTE_OK, or DTE_INVALID_ARGUMENT for a handle that is not open, a second
  * close included). A handle that another holds stays alive while held: a
- * push server set on a publisher until it is unset or the publisher is
- * closed, a dist publisher until the transports dte_transport_store made
- * from it are closed.
+ * push server or an exchange set on a publisher until it is unset or the
+ * publisher is closed, a publisher until the transports dte_transport_store
+ * made from it are closed.
  *
  * Thread-safety: a handle must be used by one thread at a time; different
  * handles may be used concurrently. The handle table is thread-safe: a close
@@ -218,11 +218,12 @@ int dte_publisher_publish_adamw_mcore(dte_publisher* p, const dte_adamw_step* st
                                       const dte_mcore_adamw_shard* shards, size_t count,
                                       dte_publish_result* out);
 
-/* Distributed publishing (sync/publish/dist_publisher.h): every rank of a sharded
- * trainer publishes the optimizer state it holds, over a transport between
- * the ranks, and one version is committed when every rank's part is in. */
+/* Publishing from several ranks (sync/publish/publisher.h): every rank of a
+ * sharded trainer publishes the optimizer state it holds, over an exchange
+ * between the ranks (a dte_transport), and one version is committed when
+ * every rank's part is in. A world of one is the simplest case: no
+ * exchange. */
 typedef struct dte_transport dte_transport;
-typedef struct dte_dist_publisher dte_dist_publisher;
 
 /* The project's TCP transport: every one of `size` ranks calls it with the
  * same fresh directory (on storage every rank sees); timeout_ms bounds
@@ -237,7 +238,7 @@ int dte_transport_tcp(int32_t rank, int32_t size, const char* rendezvous_dir, in
  * share nothing else): messages are objects under exchange/<job>/ of the
  * store (docs/formats/store-layout.md); every rank passes the same job, fresh
  * for each attempt. */
-int dte_transport_store(dte_dist_publisher* p, int32_t rank, int32_t size, const char* job,
+int dte_transport_store(dte_publisher* p, int32_t rank, int32_t size, const char* job,
                         int64_t timeout_ms, dte_transport** out);
 
 /* One message of an exchange. */
@@ -283,7 +284,8 @@ typedef struct dte_adamw_range {
   int32_t device;      /* with DTE_MEMORY_CUDA: the CUDA device ordinal */
 } dte_adamw_range;
 
-/* What the last publish did on this rank (sync/publish/dist_publisher.h). */
+/* What the last dte_publisher_publish_ranges did on this rank
+ * (sync/publish/publisher.h, DistPublishStats). */
 typedef struct dte_dist_stats {
   uint64_t entries_sent;           /* changed-element entries routed, to itself included */
   uint64_t bytes_sent;             /* payload bytes sent to other ranks */
@@ -299,21 +301,21 @@ typedef struct dte_dist_stats {
   uint64_t detect_device_bytes;    /* bytes detection copied from device to host */
 } dte_dist_stats;
 
-/* config_json NULL: the hf converter (ranges of Hugging Face tensors); else
- * the mcore converter as for dte_publisher_open_mcore. */
-int dte_dist_publisher_open(const char* store, const char* cache_dir, const char* config_json,
-                            const char* config_file, const dte_mcore_layout* layout,
-                            dte_dist_publisher** out);
-int dte_dist_publisher_close(dte_dist_publisher* p);
-int dte_dist_publisher_set_anchor_policy(dte_dist_publisher* p, double budget, uint64_t every);
-int dte_dist_publisher_set_join_budget(dte_dist_publisher* p, double join_budget);
-/* Every rank of the transport calls it with the same step; each returns the
- * same committed version, or fails. A failed transport stays failed: open a
- * new one to retry the step. */
-int dte_dist_publisher_last_stats(dte_dist_publisher* p, dte_dist_stats* out);
-int dte_dist_publisher_publish_adamw(dte_dist_publisher* p, dte_transport* t,
-                                     const dte_adamw_step* step, const dte_adamw_range* ranges,
-                                     size_t count, dte_publish_result* out);
+/* The ranks p publishes with (PublisherOptions::group): rank `rank` of
+ * `world`, exchanging over `exchange`, which p holds until it is set again or
+ * p is closed. world 1 (the default) needs no exchange (NULL); a larger
+ * world needs one before its publishes, of the same rank and size. Set it
+ * again with a new transport to retry after one failed. */
+int dte_publisher_set_group(dte_publisher* p, int32_t rank, int32_t world, dte_transport* exchange);
+/* Publishes the state this rank holds, as ranges (of Hugging Face tensors,
+ * or with the mcore converter of Megatron-Core shards). Every rank of the
+ * group calls it with the same step; each returns the same committed
+ * version, or fails. A failed exchange stays failed: set a new one to retry
+ * the step. */
+int dte_publisher_publish_ranges(dte_publisher* p, const dte_adamw_step* step,
+                                 const dte_adamw_range* ranges, size_t count,
+                                 dte_publish_result* out);
+int dte_publisher_last_stats(dte_publisher* p, dte_dist_stats* out);
 
 /* Same-cluster push (sync/push/push_server.h, docs/push.md). A push server runs on the
  * trainer; after each publish of a publisher it is set on, the version's
@@ -339,47 +341,39 @@ int dte_push_server_port(dte_push_server* s, int32_t* port_out);
 /* PushServer::address(): "HOST:PORT" receivers reach it at. */
 int dte_push_server_address(dte_push_server* s, const char** address_out);
 /* PushServer::SetGroup: this server sends part `part` of `parts` of each
- * push (a distributed publisher's rank; the publisher sets it again at each
+ * push (a publisher's rank of several; the publisher sets it again at each
  * publish). */
 int dte_push_server_set_group(dte_push_server* s, int32_t part, int32_t parts);
 /* PushServer::StatusJson: receivers and (take_events != 0) the events
  * since the last call that took them. */
 int dte_push_server_status_json(dte_push_server* s, int32_t take_events, const char** json_out);
 /* Push after each successful publish of p (s NULL: stop). p holds the
- * server until it is unset or p is closed. */
+ * server until it is unset or p is closed. With several ranks
+ * (Publisher::SetPush): on rank 0 only, which pushes every tensor read back
+ * from the store, or on every rank, each pushing the tensors it owns. */
 int dte_publisher_set_push(dte_publisher* p, dte_push_server* s);
 /* The push of p's last publish: PushReportJson, {"error": "..."} when it
  * could not run, or "null" without a push server. */
 int dte_publisher_last_push_json(dte_publisher* p, const char** json_out);
-/* The same for a distributed publisher (DistPublisher::SetPush: on rank 0
- * only, or on every rank, each pushing the tensors it owns; the version's
- * changes are read back from the store). */
-int dte_dist_publisher_set_push(dte_dist_publisher* p, dte_push_server* s);
-/* DistPublisher::SharePush: every rank together, after set_push (or with
- * no push server): rank 0's server learns every rank's before the first
- * publish. */
-int dte_dist_publisher_share_push(dte_dist_publisher* p, dte_transport* t);
-int dte_dist_publisher_last_push_json(dte_dist_publisher* p, const char** json_out);
+/* Publisher::SharePush: every rank together, after set_push (or with no
+ * push server) and set_group: rank 0's server learns every rank's before the
+ * first publish. */
+int dte_publisher_share_push(dte_publisher* p);
 
 /* Publisher metrics (sync/publish/publish_metrics.h; names and meanings in
  * docs/engine.md, "Metrics"): what p's publishes did, as Prometheus metrics.
  * The exposition text, valid until the next metrics call on p: */
 int dte_publisher_metrics_text(dte_publisher* p, const char** text_out);
-int dte_dist_publisher_metrics_text(dte_dist_publisher* p, const char** text_out);
 /* Serve them at http://ADDRESS/metrics until the next call or close:
  * address "HOST:PORT", or "PORT" alone for loopback (port 0: any free port;
  * "": stop). *port_out (may be NULL) gets the port. */
 int dte_publisher_serve_metrics(dte_publisher* p, const char* address, int32_t* port_out);
-int dte_dist_publisher_serve_metrics(dte_dist_publisher* p, const char* address, int32_t* port_out);
 /* Push their current values to the Pushgateway at `gateway` ("http://HOST:PORT"
  * or "HOST:PORT") as job `job`, grouped by the label_count labels
  * label_names[i]=label_values[i] (e.g. rank), replacing that group's values. */
 int dte_publisher_push_metrics(dte_publisher* p, const char* gateway, const char* job,
                                const char* const* label_names, const char* const* label_values,
                                size_t label_count);
-int dte_dist_publisher_push_metrics(dte_dist_publisher* p, const char* gateway, const char* job,
-                                    const char* const* label_names, const char* const* label_values,
-                                    size_t label_count);
 
 /* One tensor of a receiver, in its own layout, in host or CUDA device
  * memory. dtype is a safetensors name ("BF16", "F32", ...). */

@@ -1,4 +1,5 @@
-// The C ABI of dte_publisher: one process publishes a model's state.
+// The C ABI of dte_publisher: opening a publisher, and the publishes of
+// whole tensors and of weights (its ranks: publisher_ranks.cc).
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@ using dte::capi::Fail;
 using dte::capi::FailWith;
 using dte::capi::FillOptimizerState;
 using dte::capi::FillResult;
+using dte::capi::Find;
 using dte::capi::Guard;
 using dte::capi::Issue;
 using dte::capi::LastPushJson;
@@ -36,7 +38,7 @@ namespace {
 int OpenPublisher(const dte::PublisherOptions& o, dte_publisher** out) {
   auto opened = dte::Publisher::Open(o);
   if (!opened.ok()) return Fail(opened.status());
-  *out = Issue(new dte_publisher{nullptr, std::move(opened).value(), "null", ""});
+  *out = Issue(new dte_publisher{nullptr, nullptr, std::move(opened).value(), "null", ""});
   return DTE_OK;
 }
 
@@ -78,7 +80,16 @@ int dte_publisher_open_mcore(const char* store, const char* cache_dir, const cha
   });
 }
 
-int dte_publisher_close(dte_publisher* p) { return Close(p, __func__); }
+int dte_publisher_close(dte_publisher* h) {
+  // A store transport made from this publisher, set as its exchange, holds
+  // it in turn: let go of the exchange first, so that the two can go.
+  if (std::shared_ptr<dte_publisher> p = Find(h, __func__)) {
+    const dte::PublishGroup& g = p->impl->group();
+    p->impl->SetGroup({g.rank, g.world, nullptr}).IgnoreError();
+    p->exchange.reset();
+  }
+  return Close(h, __func__);
+}
 
 int dte_publisher_import(dte_publisher* h, const char* dir, uint64_t* version_out) {
   return WithHandle(h, __func__, [&](dte_publisher& p) {

@@ -87,11 +87,11 @@ int dte_transport_callback(int32_t rank, int32_t size, dte_exchange_fn fn, void*
   });
 }
 
-int dte_transport_store(dte_dist_publisher* h, int32_t rank, int32_t size, const char* job,
+int dte_transport_store(dte_publisher* h, int32_t rank, int32_t size, const char* job,
                         int64_t timeout_ms, dte_transport** out) {
   return Guard([&] {
     // The transport uses p's store: it keeps p alive.
-    std::shared_ptr<dte_dist_publisher> p = Find(h, "dte_transport_store");
+    std::shared_ptr<dte_publisher> p = Find(h, "dte_transport_store");
     if (p == nullptr) return static_cast<int>(DTE_INVALID_ARGUMENT);
     if (job == nullptr || *job == '\0' || out == nullptr || timeout_ms <= 0) {
       return FailWith(DTE_INVALID_ARGUMENT,

@@ -53,8 +53,6 @@ constexpr HandleKind kKindOf<dte_store> = HandleKind::kStore;
 template <>
 constexpr HandleKind kKindOf<dte_transport> = HandleKind::kTransport;
 template <>
-constexpr HandleKind kKindOf<dte_dist_publisher> = HandleKind::kDistPublisher;
-template <>
 constexpr HandleKind kKindOf<dte_push_server> = HandleKind::kPushServer;
 template <>
 constexpr HandleKind kKindOf<dte_push_receiver> = HandleKind::kPushReceiver;

@@ -24,8 +24,6 @@ const char* KindName(HandleKind kind) {
       return "dte_store";
     case HandleKind::kTransport:
       return "dte_transport";
-    case HandleKind::kDistPublisher:
-      return "dte_dist_publisher";
     case HandleKind::kPushServer:
       return "dte_push_server";
     case HandleKind::kPushReceiver:

@@ -26,12 +26,12 @@
 namespace dte::capi {
 
 // The kinds of handles, one per opaque type of sync/capi/c_api.h. Values fit in
-// kKindBits; 0 is no kind.
+// kKindBits; 0 is no kind, and 4 (dte_dist_publisher before C API 10) is
+// retired: a token of it is no handle at all.
 enum class HandleKind : uint8_t {
   kPublisher = 1,
   kStore = 2,
   kTransport = 3,
-  kDistPublisher = 4,
   kPushServer = 5,
   kPushReceiver = 6,
   kLive = 7,

@@ -11,14 +11,18 @@
 #include "store/store.h"
 #include "sync/capi/c_api.h"
 #include "sync/live/live_client.h"
-#include "sync/publish/dist_publisher.h"
 #include "sync/publish/publisher.h"
 #include "sync/push/push_receiver.h"
 #include "sync/push/push_server.h"
 #include "sync/transport/transport.h"
 
+struct dte_transport;
+
 struct dte_publisher {
   std::shared_ptr<dte_push_server> push;  // set by dte_publisher_set_push
+  // Set by dte_publisher_set_group; let go of by dte_publisher_close (a
+  // store transport of this publisher holds it in turn).
+  std::shared_ptr<dte_transport> exchange;
   std::unique_ptr<dte::Publisher> impl;
   std::string last_push = "null";  // dte_publisher_last_push_json
   std::string metrics;             // dte_publisher_metrics_text
@@ -53,15 +57,8 @@ struct dte_tensor_table {
 };
 
 struct dte_transport {
-  std::shared_ptr<dte_dist_publisher> store_of;  // dte_transport_store: whose store it uses
+  std::shared_ptr<dte_publisher> store_of;  // dte_transport_store: whose store it uses
   std::unique_ptr<dte::Transport> impl;
-};
-
-struct dte_dist_publisher {
-  std::shared_ptr<dte_push_server> push;  // set by dte_dist_publisher_set_push
-  std::unique_ptr<dte::DistPublisher> impl;
-  std::string last_push = "null";  // dte_dist_publisher_last_push_json
-  std::string metrics;             // dte_dist_publisher_metrics_text
 };
 
 struct dte_live {

@@ -1,6 +1,6 @@
-// The calls both publishers' handles (dte_publisher, dte_dist_publisher)
-// answer alike: anchor policy, push server, last push report and metrics.
-// `fn` names the C function in errors.
+// The calls of dte_publisher that sync/capi/publisher.cc and
+// publisher_ranks.cc share: anchor policy, push server, last push report
+// and metrics. `fn` names the C function in errors.
 #pragma once
 
 #include <map>
@@ -13,11 +13,11 @@
 
 namespace dte::capi {
 
-// Changes a publisher's anchor policy with edit(&policy): the setters of
-// both publishers' C functions. `fn` names the C function in errors.
-template <typename Handle, typename Edit>
-int EditAnchorPolicy(Handle* h, const char* fn, const Edit& edit) {
-  return WithHandle(h, fn, [&](Handle& p) {
+// Changes a publisher's anchor policy with edit(&policy): the setters'
+// C functions. `fn` names the C function in errors.
+template <typename Edit>
+int EditAnchorPolicy(dte_publisher* h, const char* fn, const Edit& edit) {
+  return WithHandle(h, fn, [&](dte_publisher& p) {
     dte::AnchorPolicy policy = p.impl->anchor_policy();
     edit(&policy);
     dte::Status s = p.impl->SetAnchorPolicy(policy);
@@ -25,12 +25,11 @@ int EditAnchorPolicy(Handle* h, const char* fn, const Edit& edit) {
   });
 }
 
-// dte_publisher_set_push and dte_dist_publisher_set_push: the publisher
+// dte_publisher_set_push: the publisher
 // holds the server (s NULL: none) until it is set again or closed, so a
 // server closed while set goes on until then.
-template <typename Handle>
-int SetPush(Handle* h, dte_push_server* s, const char* fn) {
-  return WithHandle(h, fn, [&](Handle& p) {
+inline int SetPush(dte_publisher* h, dte_push_server* s, const char* fn) {
+  return WithHandle(h, fn, [&](dte_publisher& p) {
     std::shared_ptr<dte_push_server> server;
     if (s != nullptr && (server = Find(s, fn)) == nullptr) {
       return static_cast<int>(DTE_INVALID_ARGUMENT);
@@ -42,9 +41,8 @@ int SetPush(Handle* h, dte_push_server* s, const char* fn) {
   });
 }
 
-template <typename Handle>
-int LastPushJson(Handle* h, const char* fn, const char** json_out) {
-  return WithHandle(h, fn, [&](Handle& p) {
+inline int LastPushJson(dte_publisher* h, const char* fn, const char** json_out) {
+  return WithHandle(h, fn, [&](dte_publisher& p) {
     if (json_out == nullptr) {
       return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": json_out must be set");
     }
@@ -53,10 +51,9 @@ int LastPushJson(Handle* h, const char* fn, const char** json_out) {
   });
 }
 
-// The metrics calls of both publishers. `fn` names the C function in errors.
-template <typename Handle>
-int MetricsText(Handle* h, const char* fn, const char** text_out) {
-  return WithHandle(h, fn, [&](Handle& p) {
+// The metrics calls. `fn` names the C function in errors.
+inline int MetricsText(dte_publisher* h, const char* fn, const char** text_out) {
+  return WithHandle(h, fn, [&](dte_publisher& p) {
     if (text_out == nullptr) {
       return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": text_out must be set");
     }
@@ -66,9 +63,8 @@ int MetricsText(Handle* h, const char* fn, const char** text_out) {
   });
 }
 
-template <typename Handle>
-int ServeMetrics(Handle* h, const char* fn, const char* address, int32_t* port_out) {
-  return WithHandle(h, fn, [&](Handle& p) {
+inline int ServeMetrics(dte_publisher* h, const char* fn, const char* address, int32_t* port_out) {
+  return WithHandle(h, fn, [&](dte_publisher& p) {
     if (address == nullptr) {
       return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": address must be set");
     }
@@ -79,11 +75,10 @@ int ServeMetrics(Handle* h, const char* fn, const char* address, int32_t* port_o
   });
 }
 
-template <typename Handle>
-int PushMetrics(Handle* h, const char* fn, const char* gateway, const char* job,
-                const char* const* label_names, const char* const* label_values,
-                size_t label_count) {
-  return WithHandle(h, fn, [&](Handle& p) {
+inline int PushMetrics(dte_publisher* h, const char* fn, const char* gateway, const char* job,
+                       const char* const* label_names, const char* const* label_values,
+                       size_t label_count) {
+  return WithHandle(h, fn, [&](dte_publisher& p) {
     if (gateway == nullptr || job == nullptr ||
         (label_count > 0 && (label_names == nullptr || label_values == nullptr))) {
       return FailWith(DTE_INVALID_ARGUMENT, std::string(fn) + ": arguments must be set");
