@@ -81,7 +81,7 @@ echo "== CUDA benchmark (tools/bench/cuda_bench)"
 
 if [[ -x $build/tests/sync_test && -f $build/sync/libdte.so && -x $build/tools/dtectl ]]; then
   echo "== Publishing from GPU memory and pushes into it (sync_test, tests/py -k 'cuda or gpu')"
-  "$build/tests/sync_test" --gtest_filter='PushTest.Cuda*:DistPublisherTest.StateOnTheGpu*' \
+  "$build/tests/sync_test" --gtest_filter='PushTest.Cuda*:PublisherRanksTest.StateOnTheGpu*' \
     --gtest_color=no | tee "$log"
   if grep -q '^\[  SKIPPED \]' "$log" || [[ $(grep -c '^\[       OK \]' "$log") -lt 2 ]]; then
     echo "gpu_check: a CUDA publish or push test did not run and pass" >&2

@@ -77,7 +77,7 @@ std::string JoinTableReason(const AnchorPolicy& policy, const AnchorDistance& pa
                             uint64_t dense_bytes);
 
 // What the version after a parent gets besides its delta records: the one
-// decision commit, the Publisher and the DistPublisher share. A policy
+// decision commit and the Publisher (of any world) share. A policy
 // anchor is asked first; only a version that is not one may get a join
 // table.
 struct TableDecision {

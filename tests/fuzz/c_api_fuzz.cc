@@ -3,9 +3,9 @@
 // Input: a selector byte, then the bytes under test.
 //   selector % 4 == 0: a dte_mcore_layout (24 bytes: tp, ep, etp as int32,
 //     vocab_divisible_by as int64, norms and experts as uint16), then the
-//     text of a config.json, as dte_publisher_open_mcore and
-//     dte_dist_publisher_open take them: ParseHfConfig, ValidateLayout and
-//     the padded vocabulary a valid layout gives.
+//     text of a config.json, as dte_publisher_open_mcore takes them:
+//     ParseHfConfig, ValidateLayout and the padded vocabulary a valid
+//     layout gives.
 //   selector % 4 == 1: a dtype name, as a dte_push_tensor gives it.
 //   selector % 4 == 2: operations on the table of handles every entry
 //     point looks its handles up in (sync/capi/internal/c_api_handles.h), with
@@ -50,7 +50,8 @@ T Take(std::string_view* in) {
 }
 
 void Config(std::string_view in) {
-  // The layout as sync/capi/internal/c_api_convert.cc's ToLayout fills it (enums are checked there).
+  // The layout as sync/capi/internal/c_api_convert.cc's ToLayout fills it (enums are checked
+  // there).
   ParallelLayout layout;
   layout.tp = Take<int32_t>(&in);
   layout.ep = Take<int32_t>(&in);

@@ -31,10 +31,9 @@ namespace {
 using capi::HandleKind;
 using capi::KindName;
 
-constexpr HandleKind kKinds[] = {HandleKind::kPublisher,  HandleKind::kStore,
-                                 HandleKind::kTransport,  HandleKind::kDistPublisher,
-                                 HandleKind::kPushServer, HandleKind::kPushReceiver,
-                                 HandleKind::kLive,       HandleKind::kTensorTable};
+constexpr HandleKind kKinds[] = {
+    HandleKind::kPublisher,    HandleKind::kStore, HandleKind::kTransport,  HandleKind::kPushServer,
+    HandleKind::kPushReceiver, HandleKind::kLive,  HandleKind::kTensorTable};
 
 // The exported functions of libdte.so named dte_*: its .dynsym entries that
 // are defined global functions.
@@ -66,22 +65,12 @@ std::set<std::string> ExportedFunctions(const std::string& path, std::string* er
 }
 
 // Exported functions that take no handle.
-const std::set<std::string> kNoHandle = {"dte_last_error",
-                                         "dte_c_api_version",
-                                         "dte_publisher_open",
-                                         "dte_publisher_open_mcore",
-                                         "dte_store_open",
-                                         "dte_safetensors_tensors",
-                                         "dte_dtype_width",
-                                         "dte_transport_tcp",
-                                         "dte_transport_callback",
-                                         "dte_dist_publisher_open",
-                                         "dte_push_server_start",
-                                         "dte_push_receiver_open",
-                                         "dte_push_receiver_open_fp8",
-                                         "dte_live_apply_version",
-                                         "dte_live_get_status",
-                                         "dte_live_open"};
+const std::set<std::string> kNoHandle = {
+    "dte_last_error",           "dte_c_api_version",      "dte_publisher_open",
+    "dte_publisher_open_mcore", "dte_store_open",         "dte_safetensors_tensors",
+    "dte_dtype_width",          "dte_transport_tcp",      "dte_transport_callback",
+    "dte_push_server_start",    "dte_push_receiver_open", "dte_push_receiver_open_fp8",
+    "dte_live_apply_version",   "dte_live_get_status",    "dte_live_open"};
 
 int NoExchange(void*, const dte_message*, size_t, const dte_message*, size_t, char*, size_t) {
   return 0;
@@ -130,11 +119,6 @@ class CApiHandlesTest : public ::testing::Test {
     dte_transport* t = nullptr;
     ASSERT_EQ(dte_transport_callback(0, 1, NoExchange, nullptr, &t), DTE_OK) << dte_last_error();
     (*out)[HandleKind::kTransport] = t;
-    dte_dist_publisher* dp = nullptr;
-    ASSERT_EQ(dte_dist_publisher_open(store.c_str(), nullptr, nullptr, nullptr, nullptr, &dp),
-              DTE_OK)
-        << dte_last_error();
-    (*out)[HandleKind::kDistPublisher] = dp;
     dte_push_server* server = nullptr;
     ASSERT_EQ(dte_push_server_start("127.0.0.1:0", nullptr, 2000, 0, -1, nullptr, nullptr, &server),
               DTE_OK)
@@ -174,8 +158,6 @@ class CApiHandlesTest : public ::testing::Test {
         return dte_tensor_table_close(static_cast<dte_tensor_table*>(h));
       case HandleKind::kTransport:
         return dte_transport_close(static_cast<dte_transport*>(h));
-      case HandleKind::kDistPublisher:
-        return dte_dist_publisher_close(static_cast<dte_dist_publisher*>(h));
       case HandleKind::kPushServer:
         return dte_push_server_close(static_cast<dte_push_server*>(h));
       case HandleKind::kPushReceiver:
@@ -237,15 +219,13 @@ class CApiHandlesTest : public ::testing::Test {
 
 auto CApiHandlesTest::Cases() -> std::map<std::string, std::vector<Slot>> {
   using P = dte_publisher;
-  using DP = dte_dist_publisher;
   using S = dte_push_server;
   using R = dte_push_receiver;
-  auto pub = HandleKind::kPublisher, dist = HandleKind::kDistPublisher;
+  auto pub = HandleKind::kPublisher;
   auto server = HandleKind::kPushServer, rx = HandleKind::kPushReceiver;
   auto store = HandleKind::kStore, transport = HandleKind::kTransport, live = HandleKind::kLive;
   auto table = HandleKind::kTensorTable;
   auto* t = Open<dte_transport>(transport);
-  auto* dp = Open<DP>(dist);
   const char* names[] = {"rank"};
   const char* values[] = {"0"};
   return {
@@ -298,51 +278,30 @@ auto CApiHandlesTest::Cases() -> std::map<std::string, std::vector<Slot>> {
          [=](void* h) {
            return dte_publisher_push_metrics((P*)h, "127.0.0.1:1", "job", names, values, 1);
          }}}},
+      {"dte_publisher_set_group",
+       {{pub, [=](void* h) { return dte_publisher_set_group((P*)h, 0, 1, t); }},
+        {transport,
+         [=, this](void* h) {
+           return dte_publisher_set_group(Open<P>(pub), 0, 1, (dte_transport*)h);
+         },
+         true}}},
+      {"dte_publisher_publish_ranges",
+       {{pub,
+         [=, this](void* h) {
+           return dte_publisher_publish_ranges((P*)h, &step_, nullptr, 0, &result_);
+         }}}},
+      {"dte_publisher_last_stats",
+       {{pub, [=, this](void* h) { return dte_publisher_last_stats((P*)h, &stats_); }}}},
+      {"dte_publisher_share_push",
+       {{pub, [](void* h) { return dte_publisher_share_push((P*)h); }}}},
       {"dte_transport_store",
-       {{dist,
+       {{pub,
          [=](void* h) {
            dte_transport* out = nullptr;
-           return dte_transport_store((DP*)h, 0, 1, "job", 1000, &out);
+           return dte_transport_store((P*)h, 0, 1, "job", 1000, &out);
          }}}},
       {"dte_transport_close",
        {{transport, [](void* h) { return dte_transport_close((dte_transport*)h); }}}},
-      {"dte_dist_publisher_close",
-       {{dist, [](void* h) { return dte_dist_publisher_close((DP*)h); }}}},
-      {"dte_dist_publisher_set_anchor_policy",
-       {{dist, [](void* h) { return dte_dist_publisher_set_anchor_policy((DP*)h, 1.0, 0); }}}},
-      {"dte_dist_publisher_set_join_budget",
-       {{dist, [](void* h) { return dte_dist_publisher_set_join_budget((DP*)h, 0.1); }}}},
-      {"dte_dist_publisher_last_stats",
-       {{dist, [=, this](void* h) { return dte_dist_publisher_last_stats((DP*)h, &stats_); }}}},
-      {"dte_dist_publisher_publish_adamw",
-       {{dist,
-         [=, this](void* h) {
-           return dte_dist_publisher_publish_adamw((DP*)h, t, &step_, nullptr, 0, &result_);
-         }},
-        {transport,
-         [=, this](void* h) {
-           return dte_dist_publisher_publish_adamw(dp, (dte_transport*)h, &step_, nullptr, 0,
-                                                   &result_);
-         }}}},
-      {"dte_dist_publisher_set_push",
-       {{dist, [=, this](void* h) { return dte_dist_publisher_set_push((DP*)h, Open<S>(server)); }},
-        {server, [=](void* h) { return dte_dist_publisher_set_push(dp, (S*)h); }, true}}},
-      {"dte_dist_publisher_share_push",
-       {{dist, [=](void* h) { return dte_dist_publisher_share_push((DP*)h, t); }},
-        {transport,
-         [=](void* h) { return dte_dist_publisher_share_push(dp, (dte_transport*)h); }}}},
-      {"dte_dist_publisher_last_push_json",
-       {{dist, [=, this](void* h) { return dte_dist_publisher_last_push_json((DP*)h, &text_); }}}},
-      {"dte_dist_publisher_metrics_text",
-       {{dist, [=, this](void* h) { return dte_dist_publisher_metrics_text((DP*)h, &text_); }}}},
-      {"dte_dist_publisher_serve_metrics",
-       {{dist,
-         [=, this](void* h) { return dte_dist_publisher_serve_metrics((DP*)h, "0", &i32_); }}}},
-      {"dte_dist_publisher_push_metrics",
-       {{dist,
-         [=](void* h) {
-           return dte_dist_publisher_push_metrics((DP*)h, "127.0.0.1:1", "job", names, values, 1);
-         }}}},
       {"dte_push_server_close", {{server, [](void* h) { return dte_push_server_close((S*)h); }}}},
       {"dte_push_server_port",
        {{server, [=, this](void* h) { return dte_push_server_port((S*)h, &i32_); }}}},

@@ -5,7 +5,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "sync/publish/dist_publisher.h"
 #include "sync/publish/publisher.h"
 #include "tests/testutil/metrics_text.h"
 

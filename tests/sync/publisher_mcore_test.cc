@@ -17,7 +17,6 @@
 #include "store/ops/export.h"
 #include "store/store.h"
 #include "sync/convert/convert.h"
-#include "sync/publish/dist_publisher.h"
 #include "sync/publish/publisher.h"
 #include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"
@@ -369,13 +368,14 @@ void ExpectDistributedEqualsHf(const ModelSpec& spec, const ParallelLayout& layo
   ASSERT_TRUE(hf && init);
   ASSERT_TRUE(hf->ImportCheckpoint(model.WriteCheckpoint("init")).ok());
   ASSERT_TRUE(init->ImportCheckpoint(model.WriteCheckpoint("init2")).ok());
-  std::vector<std::unique_ptr<DistPublisher>> pubs;
+  std::vector<std::unique_ptr<Publisher>> pubs;
   for (int r = 0; r < world; ++r) {
     PublisherOptions o;
     o.store = root + "/dist";
     o.converter = "mcore";
     o.mcore = McoreConverter{spec, layout};
-    auto p = DistPublisher::Open(o);
+    o.group = {r, world, nullptr};
+    auto p = Publisher::Open(o);
     ASSERT_TRUE(p.ok()) << p.status().message();
     pubs.push_back(std::move(p).value());
   }
@@ -387,8 +387,8 @@ void ExpectDistributedEqualsHf(const ModelSpec& spec, const ParallelLayout& layo
     std::vector<Result<PublishResult>> results(world, Internal("not run"));
     test::RunRanks(world, root, std::chrono::milliseconds(20000), [&](int rank, Transport* t) {
       ASSERT_NE(t, nullptr);
-      results[rank] =
-          pubs[rank]->PublishAdamW(*t, StepOf(step), RangesOf(model, holdings(model, rank), step));
+      results[rank] = test::PublishOver(*pubs[rank], *t, StepOf(step),
+                                        RangesOf(model, holdings(model, rank), step));
     });
     for (int rank = 0; rank < world; ++rank) {
       ASSERT_TRUE(results[rank].ok())
@@ -405,7 +405,7 @@ void ExpectDistributedEqualsHf(const ModelSpec& spec, const ParallelLayout& layo
   }
 }
 
-class DistPublisherMcore : public testing::Test {
+class PublisherRanksMcore : public testing::Test {
  protected:
   test::ScopedTempDir tmp_;
 };
@@ -413,7 +413,7 @@ class DistPublisherMcore : public testing::Test {
 // TP 2 x DP 2 with the distributed optimizer: each DP rank holds a flat
 // range of its TP rank's shards, cut across shard boundaries; norms are on
 // every TP rank.
-TEST_F(DistPublisherMcore, Tp2Dp2WithTheDistributedOptimizer) {
+TEST_F(PublisherRanksMcore, Tp2Dp2WithTheDistributedOptimizer) {
   ParallelLayout layout;
   layout.tp = 2;
   ExpectDistributedEqualsHf(
@@ -425,7 +425,7 @@ TEST_F(DistPublisherMcore, Tp2Dp2WithTheDistributedOptimizer) {
 }
 
 // TP 2 x PP 2: each pipeline stage holds its own layers.
-TEST_F(DistPublisherMcore, Tp2Pp2StagesHoldTheirLayers) {
+TEST_F(PublisherRanksMcore, Tp2Pp2StagesHoldTheirLayers) {
   ParallelLayout layout;
   layout.tp = 2;
   const ModelSpec spec = test::TinyLlama(8, 4);
@@ -443,7 +443,7 @@ TEST_F(DistPublisherMcore, Tp2Pp2StagesHoldTheirLayers) {
 
 // EP 2 for an MoE model: each rank holds its experts and a replica of the
 // dense parameters.
-TEST_F(DistPublisherMcore, Ep2ExpertsOnTheirRanks) {
+TEST_F(PublisherRanksMcore, Ep2ExpertsOnTheirRanks) {
   ParallelLayout layout;
   layout.ep = 2;
   ExpectDistributedEqualsHf(
@@ -452,7 +452,7 @@ TEST_F(DistPublisherMcore, Ep2ExpertsOnTheirRanks) {
 }
 
 // A unit given in part (one TP rank missing) fails every rank, naming it.
-TEST_F(DistPublisherMcore, AUnitGivenInPartFailsEveryRank) {
+TEST_F(PublisherRanksMcore, AUnitGivenInPartFailsEveryRank) {
   ParallelLayout layout;
   layout.tp = 2;
   McorePublish model(test::TinyLlama(8, 4), layout, tmp_.path());
@@ -460,13 +460,14 @@ TEST_F(DistPublisherMcore, AUnitGivenInPartFailsEveryRank) {
   ASSERT_TRUE(init && init->ImportCheckpoint(model.WriteCheckpoint("init")).ok());
   model.Step(1);
   model.Shard();
-  std::vector<std::unique_ptr<DistPublisher>> pubs;
+  std::vector<std::unique_ptr<Publisher>> pubs;
   for (int r = 0; r < 2; ++r) {
     PublisherOptions o;
     o.store = tmp_.path() + "/dist";
     o.converter = "mcore";
     o.mcore = McoreConverter{test::TinyLlama(8, 4), layout};
-    pubs.push_back(std::move(DistPublisher::Open(o)).value());
+    o.group = {r, 2, nullptr};
+    pubs.push_back(std::move(Publisher::Open(o)).value());
   }
   std::vector<Status> st(2);
   test::RunRanks(2, tmp_.path(), std::chrono::milliseconds(20000), [&](int rank, Transport* t) {
@@ -477,7 +478,7 @@ TEST_F(DistPublisherMcore, AUnitGivenInPartFailsEveryRank) {
         return h.as.name.find("layers.1.self_attention.linear_qkv.weight") != std::string::npos;
       });
     }
-    st[rank] = pubs[rank]->PublishAdamW(*t, StepOf(1), RangesOf(model, held, 1)).status();
+    st[rank] = test::PublishOver(*pubs[rank], *t, StepOf(1), RangesOf(model, held, 1)).status();
   });
   for (const Status& s : st) {
     EXPECT_FALSE(s.ok());

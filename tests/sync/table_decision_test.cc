@@ -1,5 +1,5 @@
 // DecideTables (store/write/anchor_policy.h): the one policy-anchor and
-// join-table decision commit, the Publisher and the DistPublisher share.
+// join-table decision commit and the Publisher (one rank or several) share.
 #include <gtest/gtest.h>
 
 #include <string>

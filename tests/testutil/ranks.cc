@@ -27,4 +27,12 @@ void RunRanks(int world, const std::string& dir, std::chrono::milliseconds timeo
   for (auto& th : threads) th.join();
 }
 
+Result<PublishResult> PublishOver(Publisher& p, Transport& t, const AdamWStep& h,
+                                  const std::vector<RangeState>& ranges) {
+  RETURN_IF_ERROR(p.SetGroup({t.rank(), t.size(), &t}));
+  auto r = p.PublishRanges(h, ranges);
+  p.SetGroup({t.rank(), t.size(), nullptr}).IgnoreError();
+  return r;
+}
+
 }  // namespace dte::test

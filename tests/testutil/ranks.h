@@ -1,5 +1,6 @@
 // Ranks of a job as threads of the test process, each with its own TCP
-// transport on loopback, for tests of what runs on every rank.
+// transport on loopback, for tests of what runs on every rank; and a
+// publish of one rank over its transport.
 //
 // Thread-safety: RunRanks blocks until every rank's function returns.
 #pragma once
@@ -7,8 +8,10 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "store/base/status.h"
+#include "sync/publish/publisher.h"
 #include "sync/transport/transport.h"
 
 namespace dte::test {
@@ -19,5 +22,10 @@ namespace dte::test {
 // when fn returns.
 void RunRanks(int world, const std::string& dir, std::chrono::milliseconds timeout,
               const std::function<void(int, Transport*)>& fn);
+
+// p.PublishRanges(h, ranges) as rank t.rank() of t.size(), exchanging over
+// t (Publisher::SetGroup); p lets go of t afterwards.
+Result<PublishResult> PublishOver(Publisher& p, Transport& t, const AdamWStep& h,
+                                  const std::vector<RangeState>& ranges);
 
 }  // namespace dte::test

@@ -1,12 +1,11 @@
-// The distributed publisher: ranks on TCP transports (threads of this
-// process, each with its own store handle) publish the versions the
-// single-process publisher publishes, block for block, for whole tensors,
+// The Publisher's ranges (PublishRanges) in worlds of one to eight ranks:
+// ranks on TCP transports (threads of this process, each with its own
+// store handle) publish the versions a world of one publishes from whole
+// tensors, block for block, for whole tensors,
 // FSDP2 row shards, flat ranges across tensor boundaries and replicas;
 // policy anchors; and every rank fails, writing nothing, when a rank
 // disagrees, leaves elements uncovered or dies, after which a retry
 // publishes the same version.
-#include "sync/publish/dist_publisher.h"
-
 #include <gtest/gtest.h>
 
 #include <array>
@@ -21,6 +20,7 @@
 #include "store/ops/verify.h"
 #include "store/store.h"
 #include "sync/publish/publish_metrics.h"
+#include "sync/publish/publisher.h"
 #include "sync/push/push_server.h"
 #include "tests/testutil/adamw_state.h"
 #include "tests/testutil/checkpoint.h"
@@ -120,7 +120,7 @@ struct RankOutcome {
   DistPublishStats stats;
 };
 
-class DistPublisherTest : public ::testing::Test {
+class PublisherRanksTest : public ::testing::Test {
  protected:
   void SetUp() override {
     // A 17-block tensor, one that ends mid-block, a small one and a frozen
@@ -160,7 +160,9 @@ class DistPublisherTest : public ::testing::Test {
   void OpenRanks(const std::string& name, int world) {
     pubs_.clear();
     for (int r = 0; r < world; ++r) {
-      auto p = DistPublisher::Open(Options(name));
+      PublisherOptions o = Options(name);
+      o.group = {r, world, nullptr};  // each publish sets its exchange (test::PublishOver)
+      auto p = Publisher::Open(o);
       ASSERT_TRUE(p.ok()) << p.status().message();
       pubs_.push_back(std::move(p).value());
     }
@@ -188,7 +190,7 @@ class DistPublisherTest : public ::testing::Test {
                      AdamWStep step = h;
                      std::vector<RangeState> ranges = layout(rank, world, states_);
                      if (before) before(rank, &step, &ranges);
-                     auto r = pubs_[rank]->PublishAdamW(*t, step, ranges);
+                     auto r = test::PublishOver(*pubs_[rank], *t, step, ranges);
                      out[rank].status = r.status();
                      if (r.ok()) out[rank].result = *r;
                      out[rank].stats = pubs_[rank]->last_stats();
@@ -285,17 +287,133 @@ class DistPublisherTest : public ::testing::Test {
   AnchorPolicy policy_;
   std::vector<State> states_;
   test::TestTensor frozen_;
-  std::vector<std::unique_ptr<DistPublisher>> pubs_;
+  std::vector<std::unique_ptr<Publisher>> pubs_;
   std::function<void()> on_step_;  // after RunAndCompare steps the state
 };
 
-TEST_F(DistPublisherTest, OneRankEqualsTheSingleProcessPublisher) {
+TEST_F(PublisherRanksTest, OneRankEqualsTheSingleProcessPublisher) {
   RunAndCompare(Replicated, 1, 2);
+}
+
+// The one Publisher in a world of one, with no exchange, publishing the
+// ranges one rank holds (every tensor in three row pieces), and in a world
+// of three ranks publishing their row shards: the same versions as the
+// world of one publishing whole tensors, and nothing sent by the one rank.
+TEST_F(PublisherRanksTest, AWorldOfOneAndThreeRanksPublishTheSameVersions) {
+  auto whole = ImportInto("whole");
+  auto one = ImportInto("one");
+  ImportInto("three");
+  OpenRanks("three", 3);
+  EXPECT_EQ(one->group().world, 1);
+  EXPECT_EQ(one->group().exchange, nullptr);
+  for (int64_t step = 1; step <= 2; ++step) {
+    const auto p = Params(step);
+    for (size_t i = 0; i < states_.size(); ++i) {
+      test::AdamWStepState(&states_[i], p, 100 * step + i);
+    }
+    std::vector<AdamWParamState> tensors;
+    std::vector<RangeState> pieces;
+    for (const auto& s : states_) {
+      tensors.push_back({s.name,
+                         {s.theta.data(), DType::kF32, s.shape},
+                         {s.m.data(), DType::kF32, s.shape},
+                         {s.v.data(), DType::kF32, s.shape},
+                         std::nullopt,
+                         std::nullopt,
+                         std::nullopt});
+    }
+    for (int r = 0; r < 3; ++r) {
+      for (RangeState& x : RowShards(r, 3, states_)) pieces.push_back(x);
+    }
+    auto w = whole->PublishAdamW(test::AdamWStepOf(p), tensors);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    auto o = one->PublishRanges(test::AdamWStepOf(p), pieces);
+    ASSERT_TRUE(o.ok()) << o.status().message();
+    EXPECT_EQ(o->version, w->version);
+    EXPECT_EQ(o->changed, w->changed);
+    EXPECT_EQ(one->last_stats().bytes_sent, 0u);
+    EXPECT_EQ(one->last_stats().messages_sent, 0u);
+    EXPECT_GE(one->last_stats().tensors_owned, states_.size());  // every tensor, for a full table
+    auto out = PublishAll(RowShards, test::AdamWStepOf(p));
+    for (int rank = 0; rank < 3; ++rank) {
+      ASSERT_TRUE(out[rank].status.ok()) << "rank " << rank << ": " << out[rank].status.message();
+      EXPECT_EQ(out[rank].result.version, w->version);
+    }
+    test::ExpectSameVersion(whole->store(), one->store(), w->version);
+    test::ExpectSameVersion(one->store(), pubs_[0]->store(), w->version);
+  }
+}
+
+// PublishAdamW of whole tensors on every rank of two: each rank's copy is a
+// replica, published once; the version is the world of one's.
+TEST_F(PublisherRanksTest, WholeTensorsOnEveryRankPublishAsReplicas) {
+  auto ref = ImportInto("ref");
+  ImportInto("two");
+  OpenRanks("two", 2);
+  const auto p = Params(1);
+  for (size_t i = 0; i < states_.size(); ++i) test::AdamWStepState(&states_[i], p, 100 + i);
+  std::vector<AdamWParamState> tensors;
+  for (const auto& s : states_) {
+    tensors.push_back({s.name,
+                       {s.theta.data(), DType::kF32, s.shape},
+                       {s.m.data(), DType::kF32, s.shape},
+                       {s.v.data(), DType::kF32, s.shape},
+                       std::nullopt,
+                       std::nullopt,
+                       std::nullopt});
+  }
+  auto r = ref->PublishAdamW(test::AdamWStepOf(p), tensors);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  std::vector<Result<PublishResult>> out(2, Internal("not run"));
+  test::RunRanks(2, tmp_.path(), std::chrono::milliseconds(timeout_ms_),
+                 [&](int rank, Transport* t) {
+                   ASSERT_NE(t, nullptr);
+                   ASSERT_TRUE(pubs_[rank]->SetGroup({rank, 2, t}).ok());
+                   out[rank] = pubs_[rank]->PublishAdamW(test::AdamWStepOf(p), tensors);
+                   ASSERT_TRUE(pubs_[rank]->SetGroup({rank, 2, nullptr}).ok());
+                 });
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(out[rank].ok()) << "rank " << rank << ": " << out[rank].status().message();
+    EXPECT_EQ(out[rank]->version, r->version);
+    EXPECT_EQ(out[rank]->changed, r->changed);
+  }
+  test::ExpectSameVersion(ref->store(), pubs_[0]->store(), r->version);
+}
+
+// What only a world of one does, or a rank of several cannot do alone, is
+// refused naming the rank; a bad group is refused at Open and SetGroup.
+TEST_F(PublisherRanksTest, CallsForAWorldOfOneAreRefusedOnARankOfSeveral) {
+  ImportInto("two");
+  OpenRanks("two", 2);
+  Publisher& rank1 = *pubs_[1];
+  auto imported = rank1.ImportCheckpoint(WriteCheckpoint());
+  ASSERT_FALSE(imported.ok());
+  EXPECT_NE(imported.status().message().find("is for a world of one, and this publisher is rank 1 "
+                                             "of 2"),
+            std::string::npos)
+      << imported.status().message();
+  Status begun = rank1.BeginWeights(1);
+  EXPECT_EQ(begun.code(), Code::kInvalidArgument);
+  EXPECT_NE(begun.message().find("publishing weights is for a world of one"), std::string::npos)
+      << begun.message();
+  auto ranged = rank1.PublishRanges(test::AdamWStepOf(Params(1)), {});
+  ASSERT_FALSE(ranged.ok());
+  EXPECT_NE(ranged.status().message().find("rank 1 of 2 has no exchange"), std::string::npos)
+      << ranged.status().message();
+  EXPECT_FALSE(rank1.SetGroup({2, 2, nullptr}).ok());
+  PublisherOptions o = Options("two");
+  o.group = {1, 2, nullptr};
+  o.screen = false;
+  auto unscreened = Publisher::Open(o);
+  ASSERT_FALSE(unscreened.ok());
+  EXPECT_NE(unscreened.status().message().find("screen"), std::string::npos)
+      << unscreened.status().message();
+  EXPECT_EQ(Versions("two"), 1u);
 }
 
 // Rank 0 holds its shards in GPU memory (found there), rank 1 in host
 // memory (the screen): the same versions as the single-process publisher.
-TEST_F(DistPublisherTest, StateOnTheGpuPublishesTheSameVersion) {
+TEST_F(PublisherRanksTest, StateOnTheGpuPublishesTheSameVersion) {
   if (!kernels::CudaDeviceAvailable()) {
     GTEST_SKIP() << "no CUDA device: the runtime reports none (or dte was built without CUDA); "
                     "the CPU tests cover the shared element math (AdamW.FindChanges*)";
@@ -332,21 +450,21 @@ TEST_F(DistPublisherTest, StateOnTheGpuPublishesTheSameVersion) {
   RunAndCompare(layout, 2, 3);
 }
 
-TEST_F(DistPublisherTest, ReplicasPublishOnce) { RunAndCompare(Replicated, 2, 2); }
+TEST_F(PublisherRanksTest, ReplicasPublishOnce) { RunAndCompare(Replicated, 2, 2); }
 
-TEST_F(DistPublisherTest, Fsdp2RowShardsOverTwoRanks) { RunAndCompare(RowShards, 2, 3); }
+TEST_F(PublisherRanksTest, Fsdp2RowShardsOverTwoRanks) { RunAndCompare(RowShards, 2, 3); }
 
-TEST_F(DistPublisherTest, UnevenRowShardsOverThreeRanks) { RunAndCompare(RowShards, 3, 2); }
+TEST_F(PublisherRanksTest, UnevenRowShardsOverThreeRanks) { RunAndCompare(RowShards, 3, 2); }
 
-TEST_F(DistPublisherTest, FlatRangesAcrossTensorBoundariesOverFourRanks) {
+TEST_F(PublisherRanksTest, FlatRangesAcrossTensorBoundariesOverFourRanks) {
   RunAndCompare(FlatBuffer, 4, 2);
 }
 
-TEST_F(DistPublisherTest, HybridShardedReplicasOverFourRanks) { RunAndCompare(Hybrid, 4, 2); }
+TEST_F(PublisherRanksTest, HybridShardedReplicasOverFourRanks) { RunAndCompare(Hybrid, 4, 2); }
 
-TEST_F(DistPublisherTest, FlatRangesOverEightRanks) { RunAndCompare(FlatBuffer, 8, 2); }
+TEST_F(PublisherRanksTest, FlatRangesOverEightRanks) { RunAndCompare(FlatBuffer, 8, 2); }
 
-TEST_F(DistPublisherTest, PolicyAnchorsCarryTheSameFullTable) {
+TEST_F(PublisherRanksTest, PolicyAnchorsCarryTheSameFullTable) {
   policy_.every = 2;  // v2 and v4 carry full tables
   RunAndCompare(FlatBuffer, 3, 4);
   auto v = pubs_[0]->store().GetVersion(4);
@@ -363,7 +481,7 @@ TEST_F(DistPublisherTest, PolicyAnchorsCarryTheSameFullTable) {
             ReadAll(tmp_.path() + "/export/model.safetensors"));
 }
 
-TEST_F(DistPublisherTest, JoinTablesAreBuiltFromEveryRanksPart) {
+TEST_F(PublisherRanksTest, JoinTablesAreBuiltFromEveryRanksPart) {
   policy_ = {0, 0, 1e-9};  // a join table whenever the parent has none: v2 and v4
   RunAndCompare(FlatBuffer, 3, 4);
   StoreOptions o;
@@ -397,7 +515,7 @@ TEST_F(DistPublisherTest, JoinTablesAreBuiltFromEveryRanksPart) {
   EXPECT_EQ(reader.counters().join_blocks.load(), (*v4)->records.size());
 }
 
-TEST_F(DistPublisherTest, DisagreementsFailEveryRankAndWriteNothing) {
+TEST_F(PublisherRanksTest, DisagreementsFailEveryRankAndWriteNothing) {
   ImportInto("dist");
   OpenRanks("dist", 3);
   const auto p = Params(1);
@@ -481,7 +599,7 @@ TEST_F(DistPublisherTest, DisagreementsFailEveryRankAndWriteNothing) {
   }
 }
 
-TEST_F(DistPublisherTest, ARankThatDiesFailsTheOthersAndARetrySucceeds) {
+TEST_F(PublisherRanksTest, ARankThatDiesFailsTheOthersAndARetrySucceeds) {
   ImportInto("dist");
   OpenRanks("dist", 3);
   timeout_ms_ = 3000;
@@ -534,7 +652,7 @@ class DyingTransport : public Transport {
 // others fail naming it; no version appears unless rank 0 had committed it
 // (only while the outcome is sent), and the retried step then publishes or
 // returns version 1 on every rank, equal to the single-process publisher's.
-TEST_F(DistPublisherTest, ARankDyingAtEveryExchangeLeavesNoHalfVersion) {
+TEST_F(PublisherRanksTest, ARankDyingAtEveryExchangeLeavesNoHalfVersion) {
   timeout_ms_ = 3000;
   for (int victim : {1, 0}) {
     for (int fail_at = 0; fail_at < 10; ++fail_at) {
@@ -548,21 +666,20 @@ TEST_F(DistPublisherTest, ARankDyingAtEveryExchangeLeavesNoHalfVersion) {
       const auto p = Params(1);
       for (size_t i = 0; i < states_.size(); ++i) test::AdamWStepState(&states_[i], p, 100 + i);
       std::vector<Status> first(3);
-      test::RunRanks(
-          3, tmp_.path(), std::chrono::milliseconds(timeout_ms_), [&](int rank, Transport* t) {
-            ASSERT_NE(t, nullptr);
-            if (rank == victim) {
-              auto dying = std::make_unique<DyingTransport>(t, fail_at);
-              first[rank] =
-                  pubs_[rank]
-                      ->PublishAdamW(*dying, test::AdamWStepOf(p), RowShards(rank, 3, states_))
-                      .status();
-              return;  // the transport closes: the rank is gone
-            }
-            first[rank] = pubs_[rank]
-                              ->PublishAdamW(*t, test::AdamWStepOf(p), RowShards(rank, 3, states_))
-                              .status();
-          });
+      test::RunRanks(3, tmp_.path(), std::chrono::milliseconds(timeout_ms_),
+                     [&](int rank, Transport* t) {
+                       ASSERT_NE(t, nullptr);
+                       if (rank == victim) {
+                         auto dying = std::make_unique<DyingTransport>(t, fail_at);
+                         first[rank] = test::PublishOver(*pubs_[rank], *dying, test::AdamWStepOf(p),
+                                                         RowShards(rank, 3, states_))
+                                           .status();
+                         return;  // the transport closes: the rank is gone
+                       }
+                       first[rank] = test::PublishOver(*pubs_[rank], *t, test::AdamWStepOf(p),
+                                                       RowShards(rank, 3, states_))
+                                         .status();
+                     });
       // Exchanges 8 and 9 send the outcome: rank 0 has committed by then.
       const size_t versions = Versions(name);
       EXPECT_EQ(versions, fail_at >= 8 ? 2u : 1u);
@@ -589,7 +706,7 @@ TEST_F(DistPublisherTest, ARankDyingAtEveryExchangeLeavesNoHalfVersion) {
 
 // Ranks that share only the store: the messages are objects of the store,
 // read and deleted; a rank that fails leaves its reason for the others.
-TEST_F(DistPublisherTest, RanksThatShareOnlyTheStorePublishThroughIt) {
+TEST_F(PublisherRanksTest, RanksThatShareOnlyTheStorePublishThroughIt) {
   auto ref = ImportInto("ref");
   ImportInto("dist");
   OpenRanks("dist", 3);
@@ -607,7 +724,7 @@ TEST_F(DistPublisherTest, RanksThatShareOnlyTheStorePublishThroughIt) {
         ASSERT_TRUE(t.ok()) << t.status().message();
         auto ranges = RowShards(rank, 3, states_);
         if (rank == failing) ranges[0].name = "model.missing.weight";
-        out[rank] = pubs_[rank]->PublishAdamW(**t, h, ranges);
+        out[rank] = test::PublishOver(*pubs_[rank], **t, h, ranges);
       });
     }
     for (auto& th : threads) th.join();
@@ -699,7 +816,7 @@ TEST(StoreTransport, AFailedRankIsNamedAndASilentOneTimesOut) {
   EXPECT_FALSE(c->Exchange({}, {}).ok());
 }
 
-TEST(DistPublisherRanges, RowAndChunkRanges) {
+TEST(PublisherRanges, RowAndChunkRanges) {
   FlatRange r = RowRange({10, 3, 4}, 2, 5);
   EXPECT_EQ(r.begin, 24u);
   EXPECT_EQ(r.end, 60u);
