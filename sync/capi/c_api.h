@@ -51,8 +51,22 @@ extern "C" {
  * and path.
  * 9: reading a store's versions: dte_store_list_versions,
  * dte_store_version_tensors and dte_safetensors_tensors (tensor tables,
- * dte_tensor_table_entries and _close), dte_dtype_width. */
-#define DTE_C_API_VERSION 9
+ * dte_tensor_table_entries and _close), dte_dtype_width.
+ *
+ * Changes in C API 10: one publisher handle for any number of ranks.
+ * dte_dist_publisher and its dte_dist_publisher_* functions are gone: open
+ * a dte_publisher (dte_publisher_open, _open_mcore), give it its rank, world
+ * and their exchange with dte_publisher_set_group (a world of one, the
+ * default, needs none), and call dte_publisher_publish_ranges (was
+ * dte_dist_publisher_publish_adamw; its transport is now the group's
+ * exchange), dte_publisher_last_stats and dte_publisher_share_push (no
+ * transport argument either). set_anchor_policy, set_join_budget, set_push,
+ * last_push_json and the metrics calls were dte_publisher_* already.
+ * dte_publisher_publish_adamw and _publish_adamw_mcore work in a world of
+ * several ranks too (each tensor or shard given is the rank's whole copy);
+ * import and the weights calls need a world of one. dte_transport_store
+ * takes a dte_publisher. */
+#define DTE_C_API_VERSION 10
 
 /* Result codes (the store's error classes). */
 enum dte_code {
