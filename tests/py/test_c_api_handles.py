@@ -1,9 +1,11 @@
 """The C ABI refuses handles that are not its own (sync/capi/c_api.h, "Handles").
 
-The reported crash: a distributed dte.Publisher (world_size=1, dte's TCP
-transport) whose import_checkpoint passed the distributed publisher's handle
-to dte_publisher_import, which read it as a single-process publisher; the
-second import after a publish died with SIGSEGV. Each scenario runs in a
+The reported crash (C API 9, which had two publisher handles): a
+distributed dte.Publisher (world_size=1, dte's TCP transport) whose
+import_checkpoint passed the distributed publisher's handle to
+dte_publisher_import, which read it as a single-process publisher; the
+second import after a publish died with SIGSEGV. There is one publisher
+handle now: the sequence imports, and other handles are refused. Each scenario runs in a
 child process, so a crash shows as its exit status instead of killing the
 test run.
 
@@ -73,29 +75,47 @@ def run_child(tmp_path, body):
     return p.stdout
 
 
-def test_import_checkpoint_on_a_distributed_publisher_is_refused(tmp_path):
-    # The reported sequence: import, one publish, import again.
+def test_import_checkpoint_on_a_world_of_one_with_a_transport_works(tmp_path):
+    # The reported sequence: import, one publish, import again, on the
+    # publisher that crashed (world_size=1, dte's TCP transport), which is
+    # now the one Publisher type: a world of one imports.
     out = run_child(tmp_path, """
         store = os.path.join(tmp, "store")
         pub = dte.Publisher(store, rank=0, world_size=1, rendezvous=rendezvous)
-        expect_error(lambda: pub.import_checkpoint(init), "distributed",
-                     "dte.Publisher(store).import_checkpoint")
+        assert pub.import_checkpoint(init) == 0
+        assert int(step(pub, 1)) == 1
+        assert pub.import_checkpoint(init) == 2
+        # The publisher goes on after the imports: the store holds the
+        # imported weights as latest, and the next step follows them.
+        w.data.copy_(safetensors.torch.load_file(os.path.join(init, "model.safetensors"))["w"])
+        opt.state.clear()
+        assert int(step(pub, 1)) == 3
+        assert dte.StoreReader(store).latest() == 3
+        pub.close()
+        print("ok")
+    """)
+    assert out.strip().endswith("ok"), out
+
+
+def test_import_checkpoint_on_a_rank_of_several_is_refused(tmp_path):
+    out = run_child(tmp_path, """
+        store = os.path.join(tmp, "store")
         with dte.Publisher(store) as first:
             assert first.import_checkpoint(init) == 0
-        assert int(step(pub, 1)) == 1
-        expect_error(lambda: pub.import_checkpoint(init), "distributed")
-        # The publisher goes on after the refusals.
-        assert int(step(pub, 2)) == 2
-        assert dte.StoreReader(store).latest() == 2
+        pub = dte.Publisher(store, rank=1, world_size=2, job="imports")
+        for _ in range(2):
+            expect_error(lambda: pub.import_checkpoint(init), "world of one", "rank 1 of 2",
+                         "dtectl import")
+        assert dte.StoreReader(store).latest() == 0
         pub.close()
         print("ok")
     """)
     assert out.count("refused:") == 2 and out.strip().endswith("ok"), out
 
 
-def test_the_c_abi_refuses_a_distributed_handle_as_a_publisher(tmp_path):
-    # The C ABI's own check, below the Python binding: the distributed
-    # publisher's handle given to dte_publisher_import.
+def test_the_c_abi_refuses_a_handle_of_another_kind_as_a_publisher(tmp_path):
+    # The C ABI's own check, below the Python binding: the publisher's TCP
+    # transport's handle given to dte_publisher_import.
     out = run_child(tmp_path, """
         store = os.path.join(tmp, "store")
         with dte.Publisher(store) as first:
@@ -104,20 +124,20 @@ def test_the_c_abi_refuses_a_distributed_handle_as_a_publisher(tmp_path):
         assert int(step(pub, 1)) == 1
         version = ctypes.c_uint64(77)
         for _ in range(2):
-            rc = lib.dte_publisher_import(pub._h, init.encode(), ctypes.byref(version))
+            rc = lib.dte_publisher_import(pub._transport, init.encode(), ctypes.byref(version))
             msg = lib.dte_last_error().decode()
             assert rc == 1 and version.value == 77, (rc, msg)
             assert msg.startswith("dte_publisher_import: expected a dte_publisher handle, got a "
-                                  "dte_dist_publisher"), msg
+                                  "dte_transport"), msg
         h = pub._h
         pub.close()
         # Closed: a call and a second close are refused, not a double free.
-        rc = lib.dte_dist_publisher_set_join_budget(h, 0.5)
+        rc = lib.dte_publisher_set_join_budget(h, 0.5)
         assert rc == 1 and "closed already" in lib.dte_last_error().decode()
-        rc = lib.dte_dist_publisher_close(h)
+        rc = lib.dte_publisher_close(h)
         assert rc == 1 and "closed already" in lib.dte_last_error().decode()
         # A closed Python object says so through the same check.
-        expect_error(lambda: pub.metrics_text(), "dte_dist_publisher_metrics_text", "NULL")
+        expect_error(lambda: pub.metrics_text(), "dte_publisher_metrics_text", "NULL")
         print("ok")
     """)
     assert out.strip().endswith("ok"), out

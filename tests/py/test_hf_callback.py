@@ -170,23 +170,24 @@ def test_gradient_accumulation_publishes_once_per_optimizer_step(tmp_path):
     assert [(r.version, r.path) for r in pub.results] == [(v, "adamw") for v in (1, 2, 3)]
 
 
-def test_weights_on_a_gpu_go_through_the_distributed_publisher(tmp_path, monkeypatch):
-    """A single process whose weights are on a GPU publishes through a
-    distributed publisher of world 1 (it reads CUDA memory); run here with
-    CPU weights taken for GPU ones."""
+def test_weights_on_a_gpu_go_through_the_publisher_of_every_rank(tmp_path, monkeypatch):
+    """A single process whose weights are on a GPU publishes through the
+    publisher every rank opens, a world of one here (it finds the changes of
+    CUDA tensors on their GPU); run here with CPU weights taken for GPU
+    ones."""
     monkeypatch.setattr(dte.hf, "_on_gpu", lambda named: True)
     kinds = []
     real = dte.hf.PublishCallback.on_optimizer_step
 
     def spy(self, *args, **kw):
-        kinds.append((self._pub.world_size, self._pub._dist))
+        kinds.append((type(self._pub), self._pub.rank, self._pub.world_size))
         return real(self, *args, **kw)
 
     monkeypatch.setattr(dte.hf.PublishCallback, "on_optimizer_step", spy)
     store = str(tmp_path / "store")
     _, pub, check, _ = train(tmp_path, store, steps=3)
     assert check.seen == [1, 2, 3] and [r.version for r in pub.results] == [1, 2, 3]
-    assert kinds == [(1, True)] * 3
+    assert kinds == [(dte.Publisher, 0, 1)] * 3
 
 
 @pytest.mark.parametrize("every", [2, "save_steps"])

@@ -126,9 +126,13 @@ def test_rejections_name_what_is_wrong_and_commit_nothing(tmp_path):
         assert pub.publish_weights(named, step=1).version == 1
         with pytest.raises(dte.InvalidArgument, match="step 3 does not follow step 1"):
             pub.publish_weights(named, step=3)
-    with dte.Publisher(store, world_size=1) as dist:
-        with pytest.raises(dte.InvalidArgument, match="single-process Publisher"):
-            dist.publish_weights(named)
+    # A world of one is the publisher above; a rank of several does not
+    # publish weights (refused before any exchange, so no peer is needed).
+    with dte.Publisher(store, rank=1, world_size=2, job="weights") as rank1:
+        with pytest.raises(dte.InvalidArgument,
+                           match="publishing weights is for a world of one, and this publisher "
+                                 "is rank 1 of 2"):
+            rank1.publish_weights(named)
     with dte.StoreReader(store) as r:
         assert r.latest() == 1
 

@@ -30,9 +30,9 @@ def _as_array(x: Array, what: str, name: str, keep: _Keep) -> _lib.Array:
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
-            raise InvalidArgument("tensor %s: %s is on %s; a single-process Publisher reads host "
-                                  "memory (a distributed one, world_size= and rank=, finds the "
-                                  "changes of CUDA tensors on their GPU)" % (name, what, x.device))
+            raise InvalidArgument("tensor %s: %s is on %s; the publisher reads host memory, and "
+                                  "finds the changes of CUDA optimizer state on its GPU"
+                                  % (name, what, x.device))
         x = x.detach()
         if not x.is_contiguous():
             x = x.contiguous()
@@ -133,8 +133,8 @@ def _fp32_view(x: Array, what: str, name: str,
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type not in ("cpu", "cuda"):
-            raise InvalidArgument("tensor %s: %s is on %s; the distributed publisher reads host or "
-                                  "CUDA memory" % (name, what, x.device))
+            raise InvalidArgument("tensor %s: %s is on %s; the publisher reads host or CUDA "
+                                  "memory" % (name, what, x.device))
         x = x.detach()
         if x.dtype != torch.float32:
             raise InvalidArgument("tensor %s: %s is %s; the publisher needs FP32 master weights "

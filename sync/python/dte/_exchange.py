@@ -1,6 +1,6 @@
-"""The distributed publisher's exchanges run from Python, through the C ABI's
-callback transport (dte_transport_callback): over a torch.distributed
-process group, or within one process when the world is that process alone."""
+"""The exchanges of a Publisher of several ranks run from Python, through
+the C ABI's callback transport (dte_transport_callback), over a
+torch.distributed process group. (A world of one needs no exchange.)"""
 
 from __future__ import annotations
 
@@ -48,12 +48,6 @@ class _Exchange:
             msg = ("%s" % e).encode("utf-8", "replace")[:max(error_size - 1, 0)]
             ctypes.memmove(error, msg + b"\0", len(msg) + 1)
             return 1
-
-
-class _SoloExchange(_Exchange):
-    """A world of one rank: every message is a self-message. Lets
-    Publisher(store, rank=0, world_size=1) publish as a distributed
-    publisher (CUDA tensors, rows=, DTensors) with no process group."""
 
 
 class _TorchExchange(_Exchange):

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import (TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union,
-                    cast)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple,
+                    Union, cast)
 
 from dte import _lib, _torch_adamw
 from dte._arrays import (ConverterSpec, ParamState, _as_array, _fill, _is_dtensor, _mcore_key,
                          _mcore_spec, _range_of, _step_value)
 from dte._errors import IOFailure, InvalidArgument
-from dte._exchange import _Exchange, _SoloExchange, _TorchExchange
+from dte._exchange import _Exchange, _TorchExchange
 from dte._handle import _check, _Handle, _secret_arg, _text, _torch
 from dte._lib import lib
 from dte._results import DistStats, PublishResult, PushReport
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from dte._push import PushGroup
 
 # params of publish_adamw: keyed by HF tensor name, or (mcore_name, tp_rank,
-# ep_rank) with a Megatron-Core converter; a distributed publisher also
-# takes a list of pieces per key.
+# ep_rank) with a Megatron-Core converter; a list of pieces per key where
+# the rank holds parts of a tensor.
 Params = Mapping[Any, Union[ParamState, Sequence[ParamState]]]
 
 
@@ -51,9 +51,10 @@ class Publisher(_Handle):
         "experts" ("sequential" or "grouped")}; then params are keyed by
         (mcore_name, tp_rank, ep_rank).
 
-        Distributed publishing (every rank of a sharded trainer publishes the
-        state it holds; docs/engine.md, "Distributed publish"): give
-        world_size (and rank), or a torch.distributed process group. The
+        Ranks: by default the publisher is a world of one, this process.
+        Several ranks (every rank of a sharded trainer publishes the state
+        it holds; docs/engine.md, "Distributed publish"): give world_size
+        (and rank), or a torch.distributed process group. The
         ranks exchange over `group` (a torch.distributed ProcessGroup; the
         default group when torch.distributed is initialized and no
         rendezvous is given), or over dte's TCP transport when `rendezvous`
@@ -63,8 +64,8 @@ class Publisher(_Handle):
         objects under exchange/JOB/ of the store; a restarted job takes a new
         name). timeout (seconds) bounds the TCP and store transports' waits;
         a process group's own timeout bounds its waits. world_size=1 (rank 0)
-        needs none of them: with no process group initialized, the one rank
-        exchanges with itself.
+        needs none of them: with no process group initialized it is the
+        default world of one, whose one rank exchanges nothing.
 
         secret: the job secret (str or bytes) the TCP transport's ranks, and
         a PushGroup given none of its own, prove on every connection; None:
@@ -74,64 +75,44 @@ class Publisher(_Handle):
         receivers are other processes: give them and it the secret).
 
         push: a dte.PushGroup; after each publish, the version's changed
-        elements go to its receivers (docs/push.md). A distributed publisher
-        takes one on every rank (each pushes the tensors it owns in each
+        elements go to its receivers (docs/push.md). With several ranks, give
+        one on every rank (each pushes the tensors it owns in each
         version, from the changes it kept while encoding them; receivers
         connect to rank 0's address and are told the others) or on rank 0
         only (which pushes every tensor, read back from the store)."""
         self._h = None
-        self._transport: Optional[ctypes.c_void_p] = None
+        self._transport: Optional[ctypes.c_void_p] = None  # dte's TCP transport (rendezvous=)
+        self._broken = False  # the TCP transport failed: this publisher cannot publish again
         self._push: Optional[PushGroup] = None
         self._exchange: Optional[_Exchange] = None
         self._job: Optional[str] = job
         self._tries: Dict[int, int] = {}  # failed attempts per step (store transport)
         self._timeout_ms = int(timeout * 1000)
-        self._dist = world_size is not None or group is not None
         self._mcore = not (isinstance(converter, str) and converter == "hf")
-        self.rank, self.world_size = 0, 1
-        cache = os.fsencode(cache_dir) if cache_dir else None
-        if self._dist:
-            self._open_dist(store, cache, converter, (rank, world_size, group, rendezvous))
-            self._set_policy(anchor_budget, anchor_every, join_budget)
-            self._join_dist(push, rendezvous, timeout, _secret_arg(secret))
-        else:
-            self._open_single(store, cache, converter)
-            self._set_policy(anchor_budget, anchor_every, join_budget)
-            if push is not None:
-                if not push._h:
-                    push._start(secret=_secret_arg(secret))
-                _check(lib.dte_publisher_set_push(self._h, push._handle()))
-                self._push = push  # the server must outlive this publisher's use of it
+        self.rank, self.world_size = self._choose_exchange(rank, world_size, group, rendezvous)
+        self._open(store, os.fsencode(cache_dir) if cache_dir else None, converter)
+        _check(lib.dte_publisher_set_group(self._h, self.rank, self.world_size, None))
+        _check(lib.dte_publisher_set_anchor_policy(self._h, float(anchor_budget),
+                                                   int(anchor_every)))
+        _check(lib.dte_publisher_set_join_budget(self._h, float(join_budget)))
+        self._join(push, rendezvous, timeout, _secret_arg(secret))
 
-    def _open_single(self, store: str | os.PathLike[str], cache: Optional[bytes],
-                     converter: ConverterSpec) -> None:
+    def _open(self, store: str | os.PathLike[str], cache: Optional[bytes],
+              converter: ConverterSpec) -> None:
         handle = ctypes.c_void_p()
         if self._mcore:
             text, source, layout = _mcore_spec(converter)
             _check(lib.dte_publisher_open_mcore(os.fsencode(store), cache, text, source,
                                                 ctypes.byref(layout), ctypes.byref(handle)))
         else:
-            assert isinstance(converter, str)
-            _check(lib.dte_publisher_open(os.fsencode(store), cache, converter.encode(),
-                                          ctypes.byref(handle)))
+            _check(lib.dte_publisher_open(os.fsencode(store), cache, b"hf", ctypes.byref(handle)))
         self._h = handle
 
-    def _set_policy(self, anchor_budget: float, anchor_every: int, join_budget: float) -> None:
-        if self._dist:
-            _check(lib.dte_dist_publisher_set_anchor_policy(self._h, float(anchor_budget),
-                                                            int(anchor_every)))
-            _check(lib.dte_dist_publisher_set_join_budget(self._h, float(join_budget)))
-        else:
-            _check(lib.dte_publisher_set_anchor_policy(self._h, float(anchor_budget),
-                                                       int(anchor_every)))
-            _check(lib.dte_publisher_set_join_budget(self._h, float(join_budget)))
-
-    def _choose_transport(self, rank: Optional[int], world_size: Optional[int], group: Any,
-                          rendezvous: Optional[str]) -> Tuple[int, int]:
-        """(rank, world_size) of a distributed publisher, once it is known
-        how its ranks exchange: the store (job=), dte's TCP transport
-        (rendezvous=), a torch.distributed group, or nothing at all for a
-        world of one."""
+    def _choose_exchange(self, rank: Optional[int], world_size: Optional[int], group: Any,
+                         rendezvous: Optional[str]) -> Tuple[int, int]:
+        """(rank, world_size), once it is known how the ranks exchange: the
+        store (job=), dte's TCP transport (rendezvous=), a torch.distributed
+        group, or nothing at all for a world of one."""
         if rendezvous is not None and self._job is not None:
             raise InvalidArgument("give rendezvous (TCP transport) or job (store transport), "
                                   "not both")
@@ -141,82 +122,61 @@ class Publisher(_Handle):
                                       % ("the store transport" if self._job is not None
                                          else "dte's TCP transport"))
             return int(rank), int(world_size)
-        if group is None and world_size == 1 and rank in (None, 0) and not _dist_initialized():
-            self._exchange = _SoloExchange()
-            return 0, 1
+        if group is None and (world_size is None or (world_size == 1 and rank in (None, 0)
+                                                     and not _dist_initialized())):
+            return 0, 1  # a world of one: no exchange
         import torch.distributed as dist
         if group is None and not dist.is_initialized():
-            raise InvalidArgument("distributed publishing of %s ranks needs a torch.distributed "
-                                  "process group (group=, or an initialized default group), a "
+            raise InvalidArgument("publishing from %s ranks needs a torch.distributed process "
+                                  "group (group=, or an initialized default group), a "
                                   "rendezvous directory for dte's TCP transport, or job= for "
                                   "the store transport" % world_size)
         ex = _TorchExchange(group)
-        self._exchange = ex
         rank = ex.rank if rank is None else rank
         world_size = ex.size if world_size is None else world_size
         if (rank, world_size) != (ex.rank, ex.size):
             raise InvalidArgument("rank %d of %d does not match the process group's rank %d of %d"
                                   % (rank, world_size, ex.rank, ex.size))
+        if ex.size > 1:
+            self._exchange = ex  # a group of one needs no exchange
         return int(rank), int(world_size)
 
-    def _open_dist(self, store: str | os.PathLike[str], cache: Optional[bytes],
-                   converter: ConverterSpec,
-                   where: Tuple[Optional[int], Optional[int], Any, Optional[str]]) -> None:
-        self.rank, self.world_size = self._choose_transport(*where)
-        text = source = None
-        layout: Optional[_lib.McoreLayout] = None
-        if self._mcore:
-            text, source, layout = _mcore_spec(converter)
-        elif converter != "hf":
-            raise InvalidArgument("converter must be \"hf\" or a Megatron-Core spec dict")
-        handle = ctypes.c_void_p()
-        _check(lib.dte_dist_publisher_open(os.fsencode(store), cache, text, source,
-                                           ctypes.byref(layout) if layout else None,
-                                           ctypes.byref(handle)))
-        self._h = handle
-        self._close_fn = "dte_dist_publisher_close"
-
-    def _join_dist(self, push: Optional[PushGroup], rendezvous: Optional[str], timeout: float,
-                   secret: Optional[bytes]) -> None:
+    def _join(self, push: Optional[PushGroup], rendezvous: Optional[str], timeout: float,
+              secret: Optional[bytes]) -> None:
         """Starts this rank's part of the push, and connects the TCP transport."""
         if push is not None:
             # As part `rank` of every rank's push; the ranks find out whether
             # every rank or rank 0 alone pushes (below, or at each publish),
             # and set it.
             push._start(self.rank, self.world_size, secret=secret)
-            _check(lib.dte_dist_publisher_set_push(self._h, push._h))
-            self._push = push
+            _check(lib.dte_publisher_set_push(self._h, push._h))
+            self._push = push  # the server must outlive this publisher's use of it
         if rendezvous is not None:
             t = ctypes.c_void_p()
             _check(lib.dte_transport_tcp(self.rank, self.world_size, os.fsencode(rendezvous),
                                          int(timeout * 1000), secret, ctypes.byref(t)))
             self._transport = t
+            _check(lib.dte_publisher_set_group(self._h, self.rank, self.world_size, t))
             # Connected by every rank together: the push servers' addresses
             # go round now, so receivers can join before the first publish.
-            _check(lib.dte_dist_publisher_share_push(self._h, t))
+            _check(lib.dte_publisher_share_push(self._h))
 
     def close(self) -> None:
         if self._push is not None and self._h:
-            (lib.dte_dist_publisher_set_push if self._dist else lib.dte_publisher_set_push)(
-                self._h, None)
+            lib.dte_publisher_set_push(self._h, None)
             self._push = None
         if self._transport:
+            if self._h:
+                lib.dte_publisher_set_group(self._h, self.rank, self.world_size, None)
             lib.dte_transport_close(self._transport)
             self._transport = None
         super().close()
 
     def import_checkpoint(self, directory: str | os.PathLike[str]) -> int:
         """Commits a Hugging Face checkpoint directory; returns its version.
-        Single-process publishers only: the ranks of a distributed one start
-        from a version imported before they open it."""
-        if self._dist:
-            raise InvalidArgument("import_checkpoint: a distributed Publisher (rank %d of %d) does "
-                                  "not import checkpoints; import version 0 once, before the ranks "
-                                  "open their publishers, from one process with "
-                                  "dte.Publisher(store).import_checkpoint(%r) or `dtectl import "
-                                  "--store STORE %s`" % (self.rank, self.world_size,
-                                                         os.fsdecode(directory),
-                                                         os.fsdecode(directory)))
+        A world of one only: the ranks of a larger one start from a version
+        imported before they publish (dte.Publisher(store).import_checkpoint
+        or `dtectl import`, from one process)."""
         version = ctypes.c_uint64()
         _check(lib.dte_publisher_import(self._h, os.fsencode(directory), ctypes.byref(version)))
         return version.value
@@ -234,15 +194,17 @@ class Publisher(_Handle):
         ep_rank) of every shard of the converter units published (a bare name
         means ranks 0, 0), and the values are the shards' state; the version
         is the one publishing the converted HF state would make.
-        Arrays are torch CPU tensors or numpy arrays; a distributed
-        publisher also takes torch CUDA tensors, whose changes it finds on
-        their GPU (docs/engine.md, "State on the GPU").
+        Arrays are torch CPU or CUDA tensors or numpy arrays; the changes of
+        CUDA tensors are found on their GPU (docs/engine.md, "State on the
+        GPU").
 
-        A distributed publisher (world_size given) takes what the rank holds:
-        a dict may add rows=(begin, end) (a dim-0 shard) or flat=(begin, end)
-        (a range of the flattened tensor), a value may be a list of such
-        pieces, and torch DTensors (FSDP2, HSDP) with Shard(0) and Replicate
-        placements give their rows themselves."""
+        A value may also be what the rank holds of the tensor, in a world of
+        any size: a dict may add rows=(begin, end) (a dim-0 shard) or
+        flat=(begin, end) (a range of the flattened tensor), a value may be
+        a list of such pieces, and torch DTensors (FSDP2, HSDP) with Shard(0)
+        and Replicate placements give their rows themselves. With several
+        ranks, a whole tensor is this rank's copy (a replica: published by
+        the lowest rank holding it)."""
         if order not in _lib.ORDERS:
             raise InvalidArgument("unknown order %r (one of %s)" % (order, ", ".join(_lib.ORDERS)))
         h = _lib.AdamWStep(float(lr), float(betas[0]), float(betas[1]), float(eps),
@@ -251,9 +213,9 @@ class Publisher(_Handle):
         if self._push is not None and not self._push._h:
             raise InvalidArgument("the PushGroup given as push= was closed; close the Publisher "
                                   "first, or open it without push=")
-        if self._dist:
-            return self._publish_ranges(h, params)
-        return self._publish_whole(h, params)
+        if all(_whole(v) for v in params.values()):
+            return self._publish(h.step, lambda out: self._publish_whole(h, params, out))
+        return self._publish(h.step, lambda out: self._publish_ranges(h, params, out))
 
     def publish_weights(self, weights: Mapping[str, Any], *,
                         step: Optional[int] = None) -> PublishResult:
@@ -272,12 +234,8 @@ class Publisher(_Handle):
         are copied to host memory one tensor at a time; the publish adds
         about two chunks of 16 blocks to that. The result's path is
         "weights"; parent_bytes says how much of the parent was read
-        (docs/engine.md, "Any optimizer: the weights path")."""
-        if self._dist:
-            raise InvalidArgument("publish_weights is for a single-process Publisher (rank %d of "
-                                  "%d is distributed): publish from one rank, which holds or "
-                                  "gathers the full weights one tensor at a time"
-                                  % (self.rank, self.world_size))
+        (docs/engine.md, "Any optimizer: the weights path"). A world of
+        one only: one rank holds or gathers the full weights."""
         if self._mcore:
             raise InvalidArgument("publish_weights takes Hugging Face tensors; this Publisher "
                                   "has a Megatron-Core converter")
@@ -297,8 +255,9 @@ class Publisher(_Handle):
             result.push = self._last_push()
         return result
 
-    def _publish_whole(self, h: _lib.AdamWStep, params: Params) -> PublishResult:
-        """A single-process publish: every tensor whole, in host memory."""
+    def _publish_whole(self, h: _lib.AdamWStep, params: Params, out: _lib.PublishResult) -> int:
+        """A publish of whole tensors in host memory (in a world of several
+        ranks, each this rank's copy); returns the C call's code."""
         keep: List[Any] = []
         entries: Any
         if self._mcore:
@@ -316,21 +275,14 @@ class Publisher(_Handle):
             keep.append(encoded)
             e.name = encoded
             _fill(e, label, cast(ParamState, value), keep)
-        out = _lib.PublishResult()
         publish = (lib.dte_publisher_publish_adamw_mcore if self._mcore
                    else lib.dte_publisher_publish_adamw)
-        _check(publish(self._h, ctypes.byref(h), entries, len(params), ctypes.byref(out)))
-        result = PublishResult.from_c(out)
-        if self._push is not None:
-            result.push = self._last_push()
-        return result
+        return int(publish(self._h, ctypes.byref(h), entries, len(params), ctypes.byref(out)))
 
     def _last_push(self) -> Optional[PushReport]:
         """The push report of the last publish (docs/push.md)."""
         text = ctypes.c_char_p()
-        last = (lib.dte_dist_publisher_last_push_json if self._dist
-                else lib.dte_publisher_last_push_json)
-        _check(last(self._h, ctypes.byref(text)))
+        _check(lib.dte_publisher_last_push_json(self._h, ctypes.byref(text)))
         return PushReport.from_json(_text(text))
 
     def metrics_text(self) -> str:
@@ -338,8 +290,7 @@ class Publisher(_Handle):
         text exposition format (names and meanings: docs/engine.md,
         "Metrics")."""
         text = ctypes.c_char_p()
-        fn = lib.dte_dist_publisher_metrics_text if self._dist else lib.dte_publisher_metrics_text
-        _check(fn(self._h, ctypes.byref(text)))
+        _check(lib.dte_publisher_metrics_text(self._h, ctypes.byref(text)))
         return _text(text)
 
     def serve_metrics(self, address: Union[str, int, None]) -> int:
@@ -347,25 +298,24 @@ class Publisher(_Handle):
         next call: "HOST:PORT", or a port alone for loopback (0: any free
         port; None or "": stop). Returns the port."""
         port = ctypes.c_int32()
-        fn = (lib.dte_dist_publisher_serve_metrics if self._dist
-              else lib.dte_publisher_serve_metrics)
-        _check(fn(self._h, str(address or "").encode(), ctypes.byref(port)))
+        _check(lib.dte_publisher_serve_metrics(self._h, str(address or "").encode(),
+                                               ctypes.byref(port)))
         return port.value
 
     def push_metrics(self, gateway: str, job: str,
                      labels: Optional[Mapping[str, Any]] = None) -> None:
         """Pushes the metrics' current values to the Prometheus Pushgateway at
         `gateway` ("http://HOST:PORT") as `job`, grouped by `labels` (a dict;
-        a distributed publisher adds {"rank": rank} unless given), replacing
-        what that group held."""
+        a publisher of several ranks adds {"rank": rank} unless given),
+        replacing what that group held."""
         labels = dict(labels or {})
-        if self._dist:
+        if self.world_size > 1:
             labels.setdefault("rank", str(self.rank))
         names = (ctypes.c_char_p * max(1, len(labels)))(*[str(k).encode() for k in labels])
         values = (ctypes.c_char_p * max(1, len(labels)))(
             *[str(v).encode() for v in labels.values()])
-        fn = lib.dte_dist_publisher_push_metrics if self._dist else lib.dte_publisher_push_metrics
-        _check(fn(self._h, str(gateway).encode(), str(job).encode(), names, values, len(labels)))
+        _check(lib.dte_publisher_push_metrics(self._h, str(gateway).encode(), str(job).encode(),
+                                              names, values, len(labels)))
 
     def metrics_collector(self) -> MetricsCollector:
         """A prometheus_client collector of these metrics, to register in the
@@ -374,17 +324,18 @@ class Publisher(_Handle):
         return MetricsCollector(self)
 
     def last_stats(self) -> DistStats:
-        """What the last distributed publish did on this rank (DistStats:
+        """What the last publish of ranges (pieces, DTensors, CUDA tensors,
+        or any publish_adamw of several ranks) did on this rank (DistStats:
         detect_ns is the host screen, or the device kernel and the copy of
         its kept entries; commit_ns its part sent to rank 0 until the
-        outcome)."""
-        if not self._dist:
-            raise InvalidArgument("last_stats is for distributed publishers")
+        outcome); zeros after a publish of whole host tensors in a world of
+        one."""
         out = _lib.DistStats()
-        _check(lib.dte_dist_publisher_last_stats(self._h, ctypes.byref(out)))
+        _check(lib.dte_publisher_last_stats(self._h, ctypes.byref(out)))
         return DistStats.from_c(out)
 
-    def _publish_ranges(self, h: _lib.AdamWStep, params: Params) -> PublishResult:
+    def _publish_ranges(self, h: _lib.AdamWStep, params: Params, out: _lib.PublishResult) -> int:
+        """A publish of the pieces this rank holds; returns the C call's code."""
         keep: List[Any] = []
         ranges: List[_lib.AdamWRange] = []
         for key, value in params.items():
@@ -409,28 +360,41 @@ class Publisher(_Handle):
         for device in sorted({r.device for r in ranges if r.memory == _lib.MEMORY_CUDA}):
             assert torch is not None
             torch.cuda.current_stream(device).synchronize()
+        return int(lib.dte_publisher_publish_ranges(self._h, ctypes.byref(h), entries,
+                                                    len(ranges), ctypes.byref(out)))
+
+    def _publish(self, step: int, call: Callable[[_lib.PublishResult], int]) -> PublishResult:
+        """Runs one publish call with this step's exchange set on the
+        publisher (none in a world of one without a transport), and the
+        result with its push report."""
         out = _lib.PublishResult()
-        t, per_call = self._transport_for(h.step)
+        t, per_call = self._transport_for(step)
+        if per_call:
+            _check(lib.dte_publisher_set_group(self._h, self.rank, self.world_size, t))
         try:
-            rc = lib.dte_dist_publisher_publish_adamw(self._h, t, ctypes.byref(h), entries,
-                                                      len(ranges), ctypes.byref(out))
+            rc = call(out)
         finally:
             if per_call:
+                lib.dte_publisher_set_group(self._h, self.rank, self.world_size, None)
                 lib.dte_transport_close(t)
         if rc != 0 and self._job is not None:
-            self._tries[h.step] = self._tries.get(h.step, 0) + 1
-        if rc != 0 and not per_call:
-            lib.dte_transport_close(self._transport)  # broken now
+            self._tries[step] = self._tries.get(step, 0) + 1
+        if rc != 0 and self._transport:
+            # A failed TCP transport stays broken.
+            lib.dte_publisher_set_group(self._h, self.rank, self.world_size, None)
+            lib.dte_transport_close(self._transport)
             self._transport = None
+            self._broken = True
         _check(rc)
         result = PublishResult.from_c(out)
         if self._push is not None:
             result.push = self._last_push()
         return result
 
-    def _transport_for(self, step: int) -> Tuple[ctypes.c_void_p, bool]:
-        """The transport of one distributed publish, and whether it is made
-        for this call (closed after it) rather than kept (TCP)."""
+    def _transport_for(self, step: int) -> Tuple[Optional[ctypes.c_void_p], bool]:
+        """The exchange of one publish, and whether it is made for this call
+        (set, then closed after it) rather than kept (TCP) or not needed (a
+        world of one)."""
         t = ctypes.c_void_p()
         if self._exchange is not None:
             _check(lib.dte_transport_callback(self.rank, self.world_size, self._exchange.fn, None,
@@ -443,7 +407,7 @@ class Publisher(_Handle):
             _check(lib.dte_transport_store(self._h, self.rank, self.world_size, prefix.encode(),
                                            self._timeout_ms, ctypes.byref(t)))
             return t, True
-        if not self._transport:
+        if self._broken:
             raise IOFailure("the TCP transport failed earlier; open a new Publisher with a "
                             "fresh rendezvous directory on every rank to retry")
         return self._transport, False
@@ -486,12 +450,7 @@ class Publisher(_Handle):
     def _publish_adamw_weights(self, named_params: Mapping[str, Any], step: int,
                                why: str) -> PublishResult:
         """publish_torch_adamw of a step the engine has no model of: the
-        weights compared with the parent version."""
-        if self._dist:
-            raise InvalidArgument("publish_torch_adamw: AdamW with %s has no engine model, so its "
-                                  "versions are found by comparing weights, which rank %d of a "
-                                  "distributed Publisher does not do: gather the weights and call "
-                                  "publish_weights from one rank" % (why, self.rank))
+        weights compared with the parent version (a world of one only)."""
         logged = self.__dict__.setdefault("_weights_reasons", set())
         if why not in logged:
             logged.add(why)
@@ -528,6 +487,27 @@ def _host_weights(x: Any, name: str) -> Any:
     if x.dtype not in (torch.bfloat16, torch.float32):
         x = x.to(torch.float32)
     return x.cpu()
+
+
+def _whole(value: Any) -> bool:
+    """Whether a params value is a whole tensor in host memory (published
+    through dte_publisher_publish_adamw), not pieces, rows= or flat= ranges,
+    DTensors or CUDA tensors (dte_publisher_publish_ranges)."""
+    if isinstance(value, list):
+        return False
+    if isinstance(value, Mapping):
+        if "rows" in value or "flat" in value:
+            return False
+        arrays: List[Any] = [value.get(k) for k in ("param", "exp_avg", "exp_avg_sq")]
+    else:
+        arrays = list(value)
+    torch = _torch()
+    for x in arrays:
+        if _is_dtensor(x):
+            return False
+        if torch is not None and isinstance(x, torch.Tensor) and x.device.type == "cuda":
+            return False
+    return True
 
 
 def _dist_initialized() -> bool:
