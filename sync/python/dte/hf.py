@@ -268,10 +268,11 @@ class PublishCallback(transformers.TrainerCallback):
         self._plan, self.path, self.reason = plan, plan.path, plan.why
 
     def _open(self, plan: _Plan) -> None:
-        """This rank's publisher: a distributed one for the AdamW path of
-        several ranks, sharded tensors or weights on a GPU (it finds the
-        changes of CUDA tensors on their GPU; a world of one needs no
-        process group), else a single-process one on rank 0."""
+        """This rank's publisher: on every rank, of the Trainer's world,
+        for the AdamW path of several ranks, sharded tensors or weights on
+        a GPU (it finds the changes of CUDA tensors on their GPU; a world of
+        one needs no process group), else on rank 0 alone, a world of
+        one."""
         if self._n == 1 and plan.path == "adamw" and (self._world > 1 or plan.sharded
                                                       or _on_gpu(plan.named)):
             self._named = (plan.named if plan.sharded
