@@ -13,11 +13,12 @@ From Megatron-Core shards, give the model and layout instead of "hf":
     pub = dte.Publisher(store=..., converter={"config": "init/config.json", "tp": 2, "ep": 1})
     pub.publish_adamw(step=step, params={(mcore_name, tp_rank, ep_rank): (master, m, v)}, ...)
 
-On every rank of a sharded trainer, each rank publishing the state it holds
-(whole tensors, rows=(begin, end) of dim 0, or flat=(begin, end) ranges):
+The same Publisher runs on every rank of a sharded trainer, each rank
+publishing the state it holds (whole tensors, rows=(begin, end) of dim 0, or
+flat=(begin, end) ranges); a world of one rank, the default, is its simplest
+case and takes the same pieces, DTensors and CUDA tensors:
 
     pub = dte.Publisher(store=..., rank=rank, world_size=world)  # torch.distributed group
-    # (world_size=1 needs no group: the one rank exchanges with itself)
     pub.publish_adamw(step=step, params={name: {"param": p, "exp_avg": m,
                                                 "exp_avg_sq": v, "rows": (r0, r1)}}, ...)
 
