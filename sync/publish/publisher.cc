@@ -175,6 +175,7 @@ Result<CommitResult> Publisher::ImportCheckpoint(const std::string& dir) {
 Result<PublishResult> Publisher::PublishAdamW(const AdamWStep& h,
                                               const std::vector<AdamWParamState>& params) {
   if (options_.group.world == 1) {
+    stats_ = DistPublishStats{};  // nothing ranged
     return metrics_->Record(h.step, [&] { return PublishHf(h, params); });
   }
   std::vector<RangeState> ranges;
@@ -193,6 +194,7 @@ Result<PublishResult> Publisher::PublishAdamW(const AdamWStep& h,
 Result<PublishResult> Publisher::PublishAdamWMcore(const AdamWStep& h,
                                                    const std::vector<McoreAdamWShard>& shards) {
   if (options_.group.world == 1) {
+    stats_ = DistPublishStats{};  // nothing ranged
     return metrics_->Record(h.step, [&] { return PublishMcore(h, shards); });
   }
   std::vector<RangeState> ranges;

@@ -267,7 +267,7 @@ FlatRange RowRange(const std::vector<int64_t>& shape, uint64_t row_begin, uint64
 // empty.
 FlatRange ChunkRows(uint64_t rows, int rank, int world);
 
-// What the last PublishRanges did on this rank (zero after another publish).
+// What the last publish did on this rank as a publish of ranges (Publisher::last_stats).
 struct DistPublishStats {
   uint64_t entries_sent = 0;       // (index, bits) entries this rank routed, itself included
   uint64_t bytes_sent = 0;         // payload bytes this rank sent over the transport
@@ -429,7 +429,8 @@ class Publisher {
   // What this publisher's publishes did, as Prometheus metrics
   // (sync/publish/publish_metrics.h): to serve, push or read.
   PublishMetrics& metrics() { return *metrics_; }
-  // What the last PublishRanges did on this rank.
+  // What the last publish did on this rank as a publish of ranges (zeros
+  // for whole tensors or weights in a world of one, which route nothing).
   const DistPublishStats& last_stats() const { return stats_; }
   // The step of the last successful publish, if any.
   std::optional<int64_t> last_step() const { return last_step_; }

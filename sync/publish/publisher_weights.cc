@@ -94,6 +94,7 @@ void Publisher::Draft::FinishWeightsSnapshot(uint32_t keep) {
 
 Status Publisher::BeginWeights(std::optional<int64_t> step) {
   weights_draft_.reset();
+  stats_ = DistPublishStats{};  // nothing ranged
   RETURN_IF_ERROR(NeedOneRank("publishing weights",
                               "publish from one rank, which holds or gathers the full weights "
                               "one tensor at a time"));
