@@ -9,7 +9,7 @@ key grammar, flipped inside it but out of the manifest grammar, or its
 version 3 exports. Before listings were checked, the damaged key in the
 sweep's listing made gc delete v00000003's blobs.
 
-Publish: a distributed publisher (world_size 1, dte's TCP transport) whose
+Publish: a publisher of a world of one with dte's TCP transport, whose
 listing of the latest version is damaged once publishes its step; a real
 other writer still gets "another writer changed it".
 
