@@ -24,6 +24,7 @@
 #include "sync/capi/c_api.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
+#include "tests/testutil/paths.h"
 
 namespace dte {
 namespace {
@@ -399,8 +400,7 @@ auto CApiHandlesTest::Cases() -> std::map<std::string, std::vector<Slot>> {
 }
 
 TEST_F(CApiHandlesTest, EveryExportedFunctionHasACase) {
-  const char* build = std::getenv("DTE_BUILD_DIR");
-  ASSERT_NE(build, nullptr) << "DTE_BUILD_DIR names the build with sync/libdte.so";
+  const char* build = test::BuildDir();
   std::string error;
   std::set<std::string> exported =
       ExportedFunctions(std::string(build) + "/sync/libdte.so", &error);
