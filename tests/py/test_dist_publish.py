@@ -20,6 +20,7 @@ Megatron-style TP x DP with the distributed optimizer, TP x PP, and EP for
 a Qwen3-MoE model) run as processes too and check themselves.
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -130,6 +131,7 @@ def check_clean(results, steps):
         assert values["dte_publish_dist_entries_sent_total"] > 0 or res["rank"] != 0
 
 
+@functools.lru_cache(maxsize=None)
 def _cuda_devices():
     try:
         out = subprocess.run([PYTHON, "-c", "import torch; print(torch.cuda.device_count())"],
