@@ -29,11 +29,12 @@ import time
 
 import pytest
 
+import dtectl_util
+
 SOURCE = os.environ.get("DTE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.environ.get("DTE_BUILD_DIR", os.path.join(SOURCE, "build"))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.py")
 PYTHON = sys.executable  # the interpreter running the tests, with its torch
-DTECTL = os.path.join(BUILD, "tools", "dtectl")
 
 pytest.importorskip("torch")  # not reached with the project's setup, which installs it
 
@@ -87,8 +88,7 @@ class Job:
 
 
 def dtectl(*args, env=None):
-    return subprocess.run([DTECTL, *args], capture_output=True, text=True,
-                          env=dict(os.environ, **(env or {})))
+    return dtectl_util.run(*args, env=env, timeout=300)
 
 
 def versions(store, env=None):

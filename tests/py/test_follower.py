@@ -31,9 +31,9 @@ def versions(tmp_path):
 
 
 @pytest.fixture
-def mount(tmp_path, versions):
-    with mounts(str(tmp_path)) as start:
-        yield start(versions.dtectl.store)
+def mount(mount, versions):
+    """conftest's mount, started on `versions`' store."""
+    return mount(versions.dtectl.store)
 
 
 def source_of(kind, versions, mount):
