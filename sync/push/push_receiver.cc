@@ -93,13 +93,15 @@ Status PushReceiver::Impl::WaitFor(uint64_t version, std::chrono::milliseconds t
       return Corruption("receiver is inconsistent after a failed catch-up: catch up again");
     }
     if (behind_ && pending_.empty() && (!held_ || *held_ < *behind_)) {
-      return NotFound("receiver holds " + HeldText() + " and missed pushes; the trainer is at " +
-                      VersionName(*behind_) + ": catch up from the store");
+      return FailedPrecondition("receiver holds " + HeldText() +
+                                " and missed pushes; the trainer is at " + VersionName(*behind_) +
+                                ": catch up from the store");
     }
     if (Clock::now() >= deadline) {
-      return IOError("timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
-                     VersionName(version) + " (holding " + HeldText() +
-                     (ConnectedLocked() ? ")" : ", not connected: " + error_ + ")"));
+      return DeadlineExceeded("timed out after " + std::to_string(timeout.count()) +
+                              " ms waiting for " + VersionName(version) + " (holding " +
+                              HeldText() +
+                              (ConnectedLocked() ? ")" : ", not connected: " + error_ + ")"));
     }
     cv_.wait_until(lock, deadline);
   }
