@@ -198,9 +198,9 @@ def test_receiver_keeps_its_version_when_the_trainer_dies(tmp_path):
             wait_for(lambda: not rx.status().connected, 10, "the receiver to notice")
             st = rx.status()
             assert st.version == 2 and not st.inconsistent, st
-            with pytest.raises(dte.Timeout) as e:
+            with pytest.raises(dte.DeadlineExceeded) as e:
                 rx.wait_for(3, timeout=0.5)
-            assert e.value.code == 5 and "holding v00000002, not connected" in str(e.value)
+            assert e.value.code == 12 and e.value.transient and "holding v00000002, not connected" in str(e.value)
             assert isinstance(e.value, TimeoutError)
             want = push_util.local_state(push_util.read_version(dte, store, 2, shapes), 1, 0,
                                          False)
