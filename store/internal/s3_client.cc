@@ -241,7 +241,7 @@ Status S3Client::ErrorStatus(const S3Reply& reply, const S3Call& call) const {
   if (http.error == TransportError::kChecksum) {
     status = Corruption(what + " does not match its checksum" + where);
   } else if (http.error == TransportError::kTimeout) {
-    status = DeadlineExceeded("no answer in time about " + what + where);
+    status = DeadlineExceeded("cannot reach " + what + where);
   } else if (http.error == TransportError::kConnect || http.error == TransportError::kReset) {
     status = Unavailable("cannot reach " + what + where);
   } else if (http.error != TransportError::kNone) {
