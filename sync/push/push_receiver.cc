@@ -142,7 +142,7 @@ Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version
     std::lock_guard lock(mu_);
     if (!version) version = behind_;
     if (!version) {
-      return InvalidArgument("catch-up: no version given and the server has not said one");
+      return FailedPrecondition("catch-up: no version given and the server has not said one");
     }
   }
   ASSIGN_OR_RETURN(auto v, store.GetVersion(*version));
