@@ -149,7 +149,9 @@ Result<std::unique_ptr<addrinfo, AddrInfoDeleter>> Resolve(const std::string& ad
   const int rc =
       getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
   if (rc != 0) {
-    return IOError("cannot resolve \"" + address + "\": " + std::string(gai_strerror(rc)));
+    // EAI_AGAIN: the name server did not answer this time.
+    return Status(rc == EAI_AGAIN ? Code::kUnavailable : Code::kIOError,
+                  "cannot resolve \"" + address + "\": " + std::string(gai_strerror(rc)));
   }
   return std::unique_ptr<addrinfo, AddrInfoDeleter>(found);
 }
