@@ -200,7 +200,8 @@ def test_receiver_keeps_its_version_when_the_trainer_dies(tmp_path):
             assert st.version == 2 and not st.inconsistent, st
             with pytest.raises(dte.DeadlineExceeded) as e:
                 rx.wait_for(3, timeout=0.5)
-            assert e.value.code == 12 and e.value.transient and "holding v00000002, not connected" in str(e.value)
+            assert e.value.code == 12 and e.value.transient
+            assert "holding v00000002, not connected" in str(e.value)
             assert isinstance(e.value, TimeoutError)
             want = push_util.local_state(push_util.read_version(dte, store, 2, shapes), 1, 0,
                                          False)
