@@ -69,6 +69,7 @@ std::set<std::string> ExportedFunctions(const std::string& path, std::string* er
 // Exported functions that take no handle.
 const std::set<std::string> kNoHandle = {"dte_last_error",
                                          "dte_c_api_version",
+                                         "dte_code_transient",
                                          "dte_publisher_open",
                                          "dte_publisher_open_mcore",
                                          "dte_store_open",

@@ -212,7 +212,7 @@ TEST_F(PushTest, ReceiverThatMissedAPushIsToldAndCatchesUpFromTheStore) {
   ASSERT_TRUE(server);
   auto r = Receiver(*server, FusedReceiverLayout(2), 1, state_, /*version=*/0, false);
   Status s = r->rx->WaitFor(1, 10s);
-  EXPECT_EQ(s.code(), Code::kNotFound) << s.message();
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s.message();
   EXPECT_NE(s.message().find("catch up"), std::string::npos) << s.message();
   EXPECT_EQ(r->rx->GetStatus().behind, 1u);
   ASSERT_TRUE(r->rx->CatchUp(*store_, std::nullopt).ok());
@@ -371,7 +371,7 @@ TEST_F(PushTest, PartsFromEverySenderMakeOneVersionAndAMissingPartChangesNothing
   }
   for (auto& r : rxs) {
     Status s = r->rx->WaitFor(3, 10s);
-    EXPECT_EQ(s.code(), Code::kNotFound) << s.message();
+    EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s.message();
     EXPECT_EQ(r->rx->GetStatus().version, 2u);
     EXPECT_FALSE(r->rx->GetStatus().inconsistent);
     ExpectHolds(*r, state);
@@ -468,7 +468,7 @@ TEST_F(PushTest, CudaReceiversHoldEachVersionBitForBit) {
   };
   for (int r = 0; r < 2; ++r) {
     Status s = rxs[r].rx->WaitFor(0, 10s);
-    ASSERT_EQ(s.code(), Code::kNotFound) << s.message();
+    ASSERT_EQ(s.code(), Code::kFailedPrecondition) << s.message();
     ASSERT_TRUE(rxs[r].rx->CatchUp(*store_, std::nullopt).ok());
     expect(r, state_, 0);
   }
