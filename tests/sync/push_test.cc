@@ -267,6 +267,31 @@ TEST_F(PushTest, StalledReceiverIsDroppedAndThePushCompletes) {
   EXPECT_EQ(server->Receivers().size(), 1u);
 }
 
+// Each of `servers` (the senders of one push in parts) pushes the tensors it
+// owns (tensor k of `specs`: part k % servers), all at once; `skip` sends
+// nothing. Returns each part's report.
+std::vector<Result<PushReport>> PushParts(const std::vector<std::unique_ptr<PushServer>>& servers,
+                                          Store& store, const std::shared_ptr<const Version>& v,
+                                          const std::vector<PlanTensor>& specs,
+                                          const std::vector<TensorChanges>& all, int skip) {
+  const int parts = static_cast<int>(servers.size());
+  std::vector<std::vector<TensorChanges>> mine(parts);
+  for (const TensorChanges& c : all) {
+    const size_t k = std::find_if(specs.begin(), specs.end(),
+                                  [&](const PlanTensor& t) { return t.name == c.name; }) -
+                     specs.begin();
+    mine[k % parts].push_back(c);
+  }
+  std::vector<Result<PushReport>> reports(parts, Internal("not run"));
+  std::vector<std::thread> threads;
+  for (int p = 0; p < parts; ++p) {
+    if (p == skip) continue;
+    threads.emplace_back([&, p] { reports[p] = servers[p]->Push(store, v, mine[p]); });
+  }
+  for (auto& t : threads) t.join();
+  return reports;
+}
+
 // A push in parts from three senders (the ranks of a distributed
 // publisher, each sending the tensors it owns): receivers connect to part
 // 0's server, are told of the others, and hold each version whole once every
@@ -309,24 +334,8 @@ TEST_F(PushTest, PartsFromEverySenderMakeOneVersionAndAMissingPartChangesNothing
         << LayoutText(r->layout, r->rank) << ": not connected";
   }
 
-  // Each sender pushes the tensors it owns (tensor k: part k % kParts), all
-  // at once; `skip` sends nothing.
   auto push_parts = [&](uint64_t v, const std::vector<TensorChanges>& all, int skip) {
-    std::vector<std::vector<TensorChanges>> mine(kParts);
-    for (const TensorChanges& c : all) {
-      const size_t k = std::find_if(specs_.begin(), specs_.end(),
-                                    [&](const PlanTensor& t) { return t.name == c.name; }) -
-                       specs_.begin();
-      mine[k % kParts].push_back(c);
-    }
-    std::vector<Result<PushReport>> reports(kParts, Internal("not run"));
-    std::vector<std::thread> threads;
-    for (int p = 0; p < kParts; ++p) {
-      if (p == skip) continue;
-      threads.emplace_back([&, p] { reports[p] = servers[p]->Push(*store_, V(v), mine[p]); });
-    }
-    for (auto& t : threads) t.join();
-    return reports;
+    return PushParts(servers, *store_, V(v), specs_, all, skip);
   };
 
   std::mt19937_64 rng(21);
