@@ -44,8 +44,14 @@ int ErrnoOf(const Status& s) {
       return EINVAL;
     case Code::kAlreadyExists:
       return EEXIST;
-    case Code::kBusy:
+    case Code::kUnavailable:
       return EBUSY;
+    case Code::kDeadlineExceeded:
+      return ETIMEDOUT;
+    case Code::kFailedPrecondition:
+      return EBADFD;  // "in bad state": the state is wrong for the request
+    case Code::kAborted:
+      return ECANCELED;
     case Code::kPermissionDenied:
       return EACCES;
     case Code::kUnimplemented:

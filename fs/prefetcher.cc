@@ -99,7 +99,7 @@ void Prefetcher::Run() {
     Status s = Prefetch(v);
     if (s.ok()) {
       done = v->key;
-    } else if (s.code() == Code::kBusy) {
+    } else if (s.code() == Code::kAborted) {
       wake_ = true;  // `latest` moved: start over with it at once
     } else if (!stop_) {
       Fail(v, s);
@@ -179,7 +179,7 @@ Status Prefetcher::FetchAll(const std::vector<ChunkId>& chunks, const std::strin
   for (std::thread& t : threads) t.join();
   MutexLock lock(&error_mu);
   if (!error.ok()) return error;
-  if (superseded) return Busy("prefetch of " + key + " superseded");
+  if (superseded) return Aborted("prefetch of " + key + " superseded");
   return Status::Ok();
 }
 

@@ -68,7 +68,7 @@ void Snapshotter::Run() {
 }
 
 bool Snapshotter::StoreWentAway(const Status& s) {
-  if (s.code() != Code::kIOError) return false;
+  if (s.code() != Code::kIOError && !s.transient()) return false;
   // Wait for a poll that started after the failure (two more finish) to say
   // whether the store answers.
   const uint64_t polls = fs_->PollCount();

@@ -295,9 +295,9 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& dir) {
     for (size_t at; (at = msg.find(dir)) != std::string::npos;) msg.erase(at, dir.size());
     if (s.IsIOError() && (msg.find("lock") != std::string::npos ||
                           msg.find("Resource temporarily") != std::string::npos)) {
-      return Busy("cache index " + dir +
-                  " is in use by another dte process (a running dtefs or dtectl); "
-                  "wait for it or use another --cache-dir");
+      return Unavailable("cache index " + dir +
+                         " is in use by another dte process (a running dtefs or dtectl); "
+                         "wait for it or use another --cache-dir");
     }
     return FromRocks(s, "opening cache index " + dir);
   }

@@ -30,7 +30,10 @@
 // (NoSuchBucket); AlreadyExists naming the key (412 on create);
 // PermissionDenied naming the key and bucket (403, AccessDenied,
 // SignatureDoesNotMatch, InvalidAccessKeyId and the other credential codes);
-// Corruption for ranges past the end of an object; IOError for everything else, the
+// Corruption for ranges past the end of an object; DeadlineExceeded for a
+// request that stalled or timed out, Unavailable for an endpoint that cannot
+// be reached or answers 429/502/503/504 or SlowDown, after the retries (both
+// transient, docs/errors.md); IOError for everything else, the
 // message naming the operation, the key, the S3 error code and the HTTP
 // status. Secrets (secret key, session token, access key id) never appear in
 // a message, and neither do signatures, Authorization headers or URLs with

@@ -436,7 +436,7 @@ Status SnapshotSet::WriteBlocks(const std::shared_ptr<const Version>& v, Materia
   for (const FileEntry& f : v->manifest.files) {
     for (const TensorEntry& t : f.tensors) {
       for (uint32_t b = 0; b < t.blocks; ++b) {
-        if (cancel.load()) return Busy("cancelled");
+        if (cancel.load()) return Aborted("cancelled");
         RETURN_IF_ERROR(reader->ReadBlock(v, f, t, b, buf.data()));
         const uint64_t len = std::min(bb, t.bytes() - uint64_t{b} * bb);
         RETURN_IF_ERROR(writer->Write(uint64_t{t.first_block} + b, buf.data(), len));

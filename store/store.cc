@@ -189,7 +189,7 @@ Status Store::Init() {
   if (ec) return IOError("cannot create cache directory " + CachePath() + ": " + ec.message());
   auto index = Index::Open(CachePath() + "/index");
   if (!index.ok()) {
-    if (index.status().code() == Code::kBusy && options_.index_optional) return Status::Ok();
+    if (index.status().code() == Code::kUnavailable && options_.index_optional) return Status::Ok();
     return index.status();
   }
   index_ = std::move(index).value();
@@ -338,12 +338,12 @@ void Store::DropJoin(uint64_t version) {
 Result<std::map<uint64_t, std::string>> Store::ListVersions(bool fresh) {
   const auto start = std::chrono::steady_clock::now();
   // A damaged listing (Corruption) is always made again; an unreachable
-  // store (IOError) only while patient listing is on.
+  // store (a transient code, or IOError) only while patient listing is on.
   auto retried = [this](const Result<std::map<uint64_t, std::string>>& r) {
     if (r.ok()) return false;
     if (r.status().code() == Code::kCorruption) NoteListingDamage(r.status().message());
     return r.status().code() == Code::kCorruption ||
-           (patient_listing_ && r.status().code() == Code::kIOError);
+           (patient_listing_ && (r.status().transient() || r.status().code() == Code::kIOError));
   };
   auto listed = ListVersionsOnce(fresh);
   if (!retried(listed)) return listed;

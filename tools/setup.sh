@@ -7,7 +7,7 @@ BUILD_DIR=${1:-build}
 TARGETS=("${@:2}")  # e.g. dtectl dtefs: only these and what they link
 
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git ccache
   librocksdb-dev libzstd-dev zstd libfuse3-dev fuse3 libcurl4-openssl-dev libssl-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev prometheus-cpp-dev
   clang libclang-rt-14-dev clang-format

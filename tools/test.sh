@@ -6,7 +6,14 @@
 # Usage: tools/test.sh   (env FUZZ_SECONDS, default 30 per target)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's wall time, so a slow phase shows in CI's log.
+phase_start=$SECONDS
+phase() {
+  echo "== PHASE $1: $((SECONDS - phase_start)) s"
+  phase_start=$SECONDS
+}
 tools/setup.sh build
+phase "setup and build"
 
 # A clang build: the libraries and tools with -Wthread-safety as errors (the
 # GUARDED_BY annotations are checked), and the libFuzzer targets.
@@ -14,7 +21,9 @@ cmake -S . -B build-clang -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTE_WERRO
   -DDTE_FUZZ=ON -DDTE_CUDA=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 ninja -C build-clang -j "$(nproc)" dtectl dte-gen safetensors_header_fuzz delta_block_fuzz \
   s3_xml_fuzz c_api_fuzz auth_handshake_fuzz
+phase "clang build"
 tests/fuzz/run_fuzzers.sh build-clang "${FUZZ_SECONDS:-30}"
+phase "fuzzing"
 
 # dtefs's namespace, inode table, block cache and read path under
 # ThreadSanitizer, readers racing commits, Refresh and gc: any data race or
@@ -22,7 +31,9 @@ tests/fuzz/run_fuzzers.sh build-clang "${FUZZ_SECONDS:-30}"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTE_WERROR=ON \
   -DDTE_TSAN=ON -DDTE_CUDA=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 ninja -C build-tsan -j "$(nproc)" fs_test
+phase "TSAN build"
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/tests/fs_test --gtest_brief=1
+phase "TSAN fs_test"
 
 cd build
 ctest --output-on-failure -j 2 --timeout 900

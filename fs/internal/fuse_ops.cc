@@ -331,8 +331,16 @@ fuse_lowlevel_ops MakeOps() {
 }  // namespace
 
 int ReadErrnoOf(const Status& s) {
-  const int e = ErrnoOf(s);
-  return e == ENOENT ? EIO : e;
+  // A file's bytes that cannot be had now (a blob gone, the store down or
+  // slow) are an I/O error to the reader, as with a disk.
+  switch (s.code()) {
+    case Code::kNotFound:
+    case Code::kUnavailable:
+    case Code::kDeadlineExceeded:
+      return EIO;
+    default:
+      return ErrnoOf(s);
+  }
 }
 
 const fuse_lowlevel_ops& FilesystemOps() {

@@ -13,20 +13,35 @@
 
 namespace dte {
 
+// The canonical error codes, after Abseil's (absl/status/status.h): each
+// says what kind of failure it is, so a caller can decide what to do without
+// reading the message. docs/errors.md lists them with their C values, Python
+// classes and errno on the mount. A deadline is not an I/O error, a missed
+// push is not a missing file. The values are stable: ranks send them to each
+// other (sync/publish/internal/dist_wire.h); 6 was kBusy, retired, and stays unused.
 enum class Code {
   kOk = 0,
-  kInvalidArgument,   // bad user input (a malformed checkpoint, a bad flag)
-  kNotFound,          // missing version, file, blob, store
-  kAlreadyExists,     // version number taken (a racing publisher won)
-  kCorruption,        // stored bytes do not match their hash or grammar
-  kIOError,           // the operating system or a remote store failed
-  kBusy,              // a lock is held by another process
-  kPermissionDenied,  // the store refused the credentials or the request (S3 403)
-  kUnimplemented,
-  kInternal,
+  kInvalidArgument = 1,      // bad user input (a malformed checkpoint, a bad flag)
+  kNotFound = 2,             // missing version, file, blob, store
+  kAlreadyExists = 3,        // version number taken (a racing publisher won)
+  kCorruption = 4,           // data loss: stored bytes do not match their hash or grammar
+  kIOError = 5,              // the operating system or a remote store failed, for good
+  kPermissionDenied = 7,     // the store refused the credentials or the request (S3 403)
+  kUnimplemented = 8,        // the operation or format is not supported
+  kInternal = 9,             // a broken invariant of dte itself
+  kFailedPrecondition = 10,  // the state is wrong for the operation (a receiver that missed
+                             // pushes, a version whose parent is gone); retrying alone cannot help
+  kAborted = 11,             // a concurrency conflict (a round abandoned, a racing apply);
+                             // retry the whole operation
+  kDeadlineExceeded = 12,    // a timeout: the operation did not finish in time
+  kUnavailable = 13,         // a peer, store or lock is temporarily unreachable; retry
 };
 
 const char* CodeName(Code code);
+
+// True for the codes worth retrying unchanged after a wait: kUnavailable,
+// kDeadlineExceeded and kAborted.
+bool IsTransient(Code code);
 
 class [[nodiscard]] Status {
  public:
@@ -35,6 +50,8 @@ class [[nodiscard]] Status {
 
   static Status Ok() { return Status(); }
   bool ok() const { return code_ == Code::kOk; }
+  // IsTransient(code()): worth retrying unchanged.
+  bool transient() const { return IsTransient(code_); }
   Code code() const { return code_; }
   const std::string& message() const { return message_; }
   // "message" for errors, "OK" otherwise.
@@ -57,10 +74,15 @@ inline Status NotFound(std::string m) { return {Code::kNotFound, std::move(m)}; 
 inline Status AlreadyExists(std::string m) { return {Code::kAlreadyExists, std::move(m)}; }
 inline Status Corruption(std::string m) { return {Code::kCorruption, std::move(m)}; }
 inline Status IOError(std::string m) { return {Code::kIOError, std::move(m)}; }
-inline Status Busy(std::string m) { return {Code::kBusy, std::move(m)}; }
 inline Status PermissionDenied(std::string m) { return {Code::kPermissionDenied, std::move(m)}; }
 inline Status Internal(std::string m) { return {Code::kInternal, std::move(m)}; }
 inline Status Unimplemented(std::string m) { return {Code::kUnimplemented, std::move(m)}; }
+inline Status FailedPrecondition(std::string m) {
+  return {Code::kFailedPrecondition, std::move(m)};
+}
+inline Status Aborted(std::string m) { return {Code::kAborted, std::move(m)}; }
+inline Status DeadlineExceeded(std::string m) { return {Code::kDeadlineExceeded, std::move(m)}; }
+inline Status Unavailable(std::string m) { return {Code::kUnavailable, std::move(m)}; }
 
 // Converts errno into a Status in exactly one place: "what: strerror(err)".
 Status ErrnoStatus(const std::string& what, int err);

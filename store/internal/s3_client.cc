@@ -51,6 +51,13 @@ bool IsPermissionCode(const std::string& code) {
   return std::find(std::begin(kCodes), std::end(kCodes), code) != std::end(kCodes);
 }
 
+// Answers of a store that is overloaded or down for a while (Unavailable):
+// retrying later can succeed.
+bool IsUnavailableReply(long http_status, const std::string& code) {
+  if (code == "SlowDown" || code == "ServiceUnavailable") return true;
+  return http_status == 429 || http_status == 502 || http_status == 503 || http_status == 504;
+}
+
 }  // namespace
 
 const char* TransportErrorName(TransportError error) {
@@ -233,6 +240,10 @@ Status S3Client::ErrorStatus(const S3Reply& reply, const S3Call& call) const {
   Status status;
   if (http.error == TransportError::kChecksum) {
     status = Corruption(what + " does not match its checksum" + where);
+  } else if (http.error == TransportError::kTimeout) {
+    status = DeadlineExceeded("cannot reach " + what + where);
+  } else if (http.error == TransportError::kConnect || http.error == TransportError::kReset) {
+    status = Unavailable("cannot reach " + what + where);
   } else if (http.error != TransportError::kNone) {
     status = IOError("cannot reach " + what + where);
   } else if (reply.code == "NoSuchBucket") {
@@ -250,6 +261,9 @@ Status S3Client::ErrorStatus(const S3Reply& reply, const S3Call& call) const {
     status = PermissionDenied("access denied to " + what + bucket + where + no_code +
                               "; check the credentials, the region, the clock and the bucket "
                               "policy");
+  } else if (IsUnavailableReply(http.status, reply.code)) {
+    status = Unavailable(std::string(call.op) + " of " + what + " failed" + where +
+                         ": the store is overloaded or down for now");
   } else {
     status = IOError(std::string(call.op) + " of " + what + " failed" + where);
   }

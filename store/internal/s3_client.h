@@ -82,7 +82,9 @@ class S3Client {
   // (NoSuchBucket), AlreadyExists (412), PermissionDenied naming the key and
   // bucket (403, or a credentials code such as AccessDenied,
   // SignatureDoesNotMatch or InvalidAccessKeyId), Corruption (a body that
-  // never matched its checksum), IOError otherwise; the message
+  // never matched its checksum), DeadlineExceeded (timed out or stalled),
+  // Unavailable (cannot connect, reset, 429/502/503/504, SlowDown), IOError
+  // otherwise; the message
   // names the operation, key, S3 code, HTTP status and attempts, with
   // every secret redacted.
   Status ErrorStatus(const S3Reply& reply, const S3Call& call) const;

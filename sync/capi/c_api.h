@@ -52,8 +52,14 @@ extern "C" {
  * 9: reading a store's versions: dte_store_list_versions,
  * dte_store_version_tensors and dte_safetensors_tensors (tensor tables,
  * dte_tensor_table_entries and _close), dte_dtype_width.
- *
- * Changes in C API 10: one publisher handle for any number of ranks.
+ * 10: the canonical error codes (docs/errors.md): DTE_FAILED_PRECONDITION,
+ * DTE_ABORTED, DTE_DEADLINE_EXCEEDED and DTE_UNAVAILABLE, and
+ * dte_code_transient. A timeout is DTE_DEADLINE_EXCEEDED (was DTE_IO_ERROR),
+ * a push receiver that missed pushes DTE_FAILED_PRECONDITION (was
+ * DTE_NOT_FOUND), an unreachable S3 endpoint or peer DTE_UNAVAILABLE (was
+ * DTE_IO_ERROR); DTE_BUSY (6) is retired: a held cache index or a running
+ * live apply is DTE_UNAVAILABLE.
+ * 11: one publisher handle for any number of ranks.
  * dte_dist_publisher and its dte_dist_publisher_* functions are gone: open
  * a dte_publisher (dte_publisher_open, _open_mcore), give it its rank, world
  * and their exchange with dte_publisher_set_group (a world of one, the
@@ -66,20 +72,26 @@ extern "C" {
  * several ranks too (each tensor or shard given is the rank's whole copy);
  * import and the weights calls need a world of one. dte_transport_store
  * takes a dte_publisher. */
-#define DTE_C_API_VERSION 10
+#define DTE_C_API_VERSION 11
 
-/* Result codes (the store's error classes). */
+/* Result codes, after Abseil's canonical codes (docs/errors.md). The values
+ * are stable: new codes are appended, a retired one keeps its number unused. */
 enum dte_code {
   DTE_OK = 0,
   DTE_INVALID_ARGUMENT = 1,
   DTE_NOT_FOUND = 2,
   DTE_ALREADY_EXISTS = 3, /* a racing publisher committed the version, or moved latest, first */
-  DTE_CORRUPTION = 4,
+  DTE_CORRUPTION = 4,     /* data loss: stored bytes do not match their hash or grammar */
   DTE_IO_ERROR = 5,
-  DTE_BUSY = 6,
+  /* 6: reserved, was DTE_BUSY (retired in C API 10; now DTE_UNAVAILABLE) */
   DTE_UNIMPLEMENTED = 7,
   DTE_INTERNAL = 8,
-  DTE_PERMISSION_DENIED = 9, /* the store or the daemon refused the request */
+  DTE_PERMISSION_DENIED = 9,    /* the store or the daemon refused the request */
+  DTE_FAILED_PRECONDITION = 10, /* the state is wrong for the call (a receiver that missed
+                                   pushes: catch up first) */
+  DTE_ABORTED = 11,             /* a concurrency conflict (a round abandoned): retry the call */
+  DTE_DEADLINE_EXCEEDED = 12,   /* a timeout */
+  DTE_UNAVAILABLE = 13,         /* a peer, store or lock is unreachable for now: retry */
 };
 
 /* Element types of arrays passed in. */
@@ -185,6 +197,9 @@ typedef struct dte_weights_tensor {
 
 const char* dte_last_error(void);
 int dte_c_api_version(void);
+/* 1 if a call that failed with `code` is worth retrying unchanged after a wait
+ * (DTE_UNAVAILABLE, DTE_DEADLINE_EXCEEDED, DTE_ABORTED), else 0. */
+int dte_code_transient(int code);
 
 /* store: a local directory or s3://bucket/prefix; cache_dir may be NULL or
  * ""; converter NULL means "hf". */
@@ -514,7 +529,7 @@ int dte_dtype_width(const char* dtype, int32_t* width_out);
  * (sync/live/live_abi.h). Errors name the mount; a path that is not a dtefs
  * mount with live apply fails with DTE_NOT_FOUND (no .dte/control) or
  * DTE_INVALID_ARGUMENT (ENOTTY); EPERM/EACCES give DTE_PERMISSION_DENIED,
- * EBUSY (another apply runs) DTE_BUSY.
+ * EBUSY (another apply runs) DTE_UNAVAILABLE, ETIMEDOUT DTE_DEADLINE_EXCEEDED.
  *
  * (The functions cannot be named after the structs they take, such as
  * dte_live_apply and dte_live_status: C gives typedefs and functions one

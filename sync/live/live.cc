@@ -59,7 +59,7 @@ void Live::RecordFailure(const dte::Status& s) {
 
 Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target,
                                     PageCache* pages) {
-  if (applying_.exchange(true)) return Busy("another live apply is running");
+  if (applying_.exchange(true)) return Unavailable("another live apply is running");
   struct Reset {
     std::atomic<bool>* flag;
     ~Reset() { *flag = false; }

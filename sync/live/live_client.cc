@@ -47,7 +47,13 @@ Code CodeOfErrno(int err) {
       return Code::kPermissionDenied;
     case EBUSY:
     case EAGAIN:
-      return Code::kBusy;
+      return Code::kUnavailable;
+    case ETIMEDOUT:
+      return Code::kDeadlineExceeded;
+    case EBADFD:
+      return Code::kFailedPrecondition;
+    case ECANCELED:
+      return Code::kAborted;
     case ENOENT:
       return Code::kNotFound;
     case EINVAL:

@@ -3,8 +3,10 @@
 //
 // Errors: every message starts with the mount point. A failed command's
 // message is the one the daemon wrote into the struct, else strerror(errno);
-// the Code follows the errno (EPERM/EACCES: kPermissionDenied, EBUSY:
-// kBusy, ENOENT: kNotFound, EINVAL: kInvalidArgument, else kIOError). A path
+// the Code follows the errno (EPERM/EACCES: kPermissionDenied, EBUSY/EAGAIN:
+// kUnavailable, ETIMEDOUT: kDeadlineExceeded, EBADFD: kFailedPrecondition,
+// ECANCELED: kAborted, ENOENT: kNotFound, EINVAL: kInvalidArgument, else
+// kIOError; docs/errors.md). A path
 // that is not a dtefs mount with live apply fails with kNotFound (no
 // .dte/control) or kInvalidArgument (the file takes no dte ioctls, ENOTTY).
 //

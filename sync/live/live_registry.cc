@@ -215,14 +215,14 @@ Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_regist
   RETURN_IF_ERROR(CheckKindAndRank(r, what));
   const ShardLayout layout{r.tp, r.fuse_qkv != 0, r.fuse_gate_up != 0};
   std::shared_ptr<const LiveView> view = View();
-  if (!view) return NotFound(what + ": the mount has no live version yet");
+  if (!view) return FailedPrecondition(what + ": the mount has no live version yet");
 
   MutexLock lock(&receivers_mu_);
   // An apply adds its changes to what a buffer holds, so the buffer must
   // hold the live version. Refused during an apply (its scatter may have
   // run already); otherwise, holding receivers_mu_, a later apply's
   // scatter includes this buffer.
-  if (applying_.load()) return Busy(what + ": a live apply is running; register after it");
+  if (applying_.load()) return Unavailable(what + ": a live apply is running; register after it");
   view = View();
   const uint64_t live = view->version->manifest.version;
   if (r.version != DTE_LIVE_LATEST && r.version != live) {

@@ -46,11 +46,10 @@ Status PushToGateway(const Registry& registry, const std::string& gateway, const
                           prometheus::Labels(labels.begin(), labels.end()));
     g.RegisterCollectable(registry.native());
     const int code = g.Push();
-    if (code < 200 || code >= 300) {
-      return IOError(what + ": " +
-                     (code < 0 ? "transfer failed (curl error " + std::to_string(-code) + ")"
-                               : "HTTP " + std::to_string(code)));
+    if (code < 0) {  // no answer: the gateway is down or unreachable for now
+      return Unavailable(what + ": transfer failed (curl error " + std::to_string(-code) + ")");
     }
+    if (code < 200 || code >= 300) return IOError(what + ": HTTP " + std::to_string(code));
   } catch (const std::exception& e) {
     return IOError(what + ": " + e.what());
   }

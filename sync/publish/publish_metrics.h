@@ -83,8 +83,8 @@ class PublishMetrics {
   // Pushes the current values to the Pushgateway at `gateway`
   // (http://HOST:PORT or HOST:PORT) as job `job` with grouping labels
   // `labels` (e.g. {{"rank", "0"}}), replacing what that group held.
-  // IOError naming the gateway, the job and the HTTP status or transfer
-  // error when the gateway does not accept it.
+  // Unavailable naming the gateway and the job when it cannot be reached,
+  // IOError naming them and the HTTP status when it does not accept it.
   Status Push(const std::string& gateway, const std::string& job,
               const std::map<std::string, std::string>& labels);
 

@@ -110,7 +110,7 @@ Status Publisher::BeginWeights(std::optional<int64_t> step) {
 }
 
 Status Publisher::AddWeights(const WeightsTensor& w) {
-  if (!weights_draft_) return InvalidArgument("AddWeights before BeginWeights");
+  if (!weights_draft_) return FailedPrecondition("AddWeights before BeginWeights");
   Draft& d = *weights_draft_;
   Status s = [&]() -> Status {
     ASSIGN_OR_RETURN(TensorAt at, d.Claim(w.name));
@@ -125,7 +125,7 @@ Status Publisher::AddWeights(const WeightsTensor& w) {
 }
 
 Result<PublishResult> Publisher::CommitWeights() {
-  if (!weights_draft_) return InvalidArgument("CommitWeights before BeginWeights");
+  if (!weights_draft_) return FailedPrecondition("CommitWeights before BeginWeights");
   std::unique_ptr<Draft> d = std::move(weights_draft_);
   return metrics_->Record(weights_step_.value_or(0), [&]() -> Result<PublishResult> {
     ASSIGN_OR_RETURN(PublishResult r, Finish(weights_step_, *d));

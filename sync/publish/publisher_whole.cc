@@ -204,9 +204,10 @@ Result<std::unique_ptr<Publisher::Draft>> Publisher::Begin(std::optional<int64_t
   ASSIGN_OR_RETURN(auto latest,
                    last_version_ ? store_->ConfirmedLatest(*last_version_) : store_->Latest());
   if (!latest) {
-    return NotFound("store " + store_->uri() +
-                    " has no version to publish a delta against; import the initial checkpoint "
-                    "first");
+    return FailedPrecondition(
+        "store " + store_->uri() +
+        " has no version to publish a delta against; import the initial checkpoint "
+        "first");
   }
   if (last_version_ && *latest != *last_version_) {
     return AlreadyExists("the latest version of store " + store_->uri() + " is " +

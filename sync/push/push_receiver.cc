@@ -93,13 +93,15 @@ Status PushReceiver::Impl::WaitFor(uint64_t version, std::chrono::milliseconds t
       return Corruption("receiver is inconsistent after a failed catch-up: catch up again");
     }
     if (behind_ && pending_.empty() && (!held_ || *held_ < *behind_)) {
-      return NotFound("receiver holds " + HeldText() + " and missed pushes; the trainer is at " +
-                      VersionName(*behind_) + ": catch up from the store");
+      return FailedPrecondition("receiver holds " + HeldText() +
+                                " and missed pushes; the trainer is at " + VersionName(*behind_) +
+                                ": catch up from the store");
     }
     if (Clock::now() >= deadline) {
-      return IOError("timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
-                     VersionName(version) + " (holding " + HeldText() +
-                     (ConnectedLocked() ? ")" : ", not connected: " + error_ + ")"));
+      return DeadlineExceeded("timed out after " + std::to_string(timeout.count()) +
+                              " ms waiting for " + VersionName(version) + " (holding " +
+                              HeldText() +
+                              (ConnectedLocked() ? ")" : ", not connected: " + error_ + ")"));
     }
     cv_.wait_until(lock, deadline);
   }
@@ -140,7 +142,7 @@ Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version
     std::lock_guard lock(mu_);
     if (!version) version = behind_;
     if (!version) {
-      return InvalidArgument("catch-up: no version given and the server has not said one");
+      return FailedPrecondition("catch-up: no version given and the server has not said one");
     }
   }
   ASSIGN_OR_RETURN(auto v, store.GetVersion(*version));

@@ -85,9 +85,9 @@ class PushReceiver {
   // Applies every push received so far, in order. Returns how many.
   Result<uint64_t> ApplyPending();
   // Applies pushes as they arrive until the held version is >= `version`.
-  // Fails with IOError on timeout, NotFound when the server says this
-  // receiver is behind, having missed pushes (catch up first; Python raises
-  // dte.MissedPushes), or the refusal.
+  // Fails with DeadlineExceeded on timeout, FailedPrecondition when the
+  // server says this receiver is behind, having missed pushes (catch up
+  // first; Python raises dte.MissedPushes), or the refusal.
   Status WaitFor(uint64_t version, std::chrono::milliseconds timeout);
   // Copies `version` (default: the one the server said it is at) from the
   // store into the tensors, then tells the server. While it copies, and if

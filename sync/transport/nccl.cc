@@ -56,7 +56,7 @@ Status WaitNotInProgress(ncclComm_t comm, const Deadline& deadline, const std::s
     ncclResult_t async = ncclSuccess;
     RETURN_IF_ERROR(FromNccl(ncclCommGetAsyncError(comm, &async), what, comm));
     if (async != ncclInProgress) return FromNccl(async, what, comm);
-    if (deadline.Expired()) return IOError("timed out " + what);
+    if (deadline.Expired()) return DeadlineExceeded("timed out " + what);
     std::this_thread::yield();
   }
 }
@@ -135,8 +135,8 @@ Status NcclTransport::WaitStream(const Deadline& deadline, const std::string& pe
     RETURN_IF_ERROR(FromNccl(ncclCommGetAsyncError(comm_, &async), "NCCL exchange", comm_));
     RETURN_IF_ERROR(FromNccl(async, "NCCL exchange", comm_));
     if (deadline.Expired()) {
-      return IOError("timed out after " + std::to_string(o_.base.timeout.count()) +
-                     " ms waiting for " + peers);
+      return DeadlineExceeded("timed out after " + std::to_string(o_.base.timeout.count()) +
+                              " ms waiting for " + peers);
     }
     std::this_thread::yield();
   }

@@ -30,7 +30,7 @@ Status WaitReady(int fd, short events, const Deadline& deadline, const std::stri
     pollfd p{fd, events, 0};
     const int n = poll(&p, 1, deadline.RemainingMs());
     if (n > 0) return Status::Ok();
-    if (n == 0) return IOError("timed out " + what);
+    if (n == 0) return DeadlineExceeded("timed out " + what);
     if (errno != EINTR) return ErrnoStatus("poll while " + what, errno);
   }
 }
@@ -60,7 +60,7 @@ Result<std::string> WaitForFile(const std::string& dir, const std::string& name,
   for (;;) {
     if (access(path.c_str(), F_OK) == 0) return ReadWholeFile(path);
     if (deadline.Expired()) {
-      return IOError("timed out waiting for " + who + " to publish " + path);
+      return DeadlineExceeded("timed out waiting for " + who + " to publish " + path);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -149,7 +149,9 @@ Result<std::unique_ptr<addrinfo, AddrInfoDeleter>> Resolve(const std::string& ad
   const int rc =
       getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
   if (rc != 0) {
-    return IOError("cannot resolve \"" + address + "\": " + std::string(gai_strerror(rc)));
+    // EAI_AGAIN: the name server did not answer this time.
+    return Status(rc == EAI_AGAIN ? Code::kUnavailable : Code::kIOError,
+                  "cannot resolve \"" + address + "\": " + std::string(gai_strerror(rc)));
   }
   return std::unique_ptr<addrinfo, AddrInfoDeleter>(found);
 }
@@ -187,7 +189,7 @@ std::string PeerName(int fd) {
 
 Result<ScopedFd> ListenTcp(const std::string& address, int backlog, int* bound_port) {
   ASSIGN_OR_RETURN(auto found, Resolve(address, /*passive=*/true));
-  Status last = IOError("no address to listen on for \"" + address + "\"");
+  Status last = Unavailable("no address to listen on for \"" + address + "\"");
   for (addrinfo* a = found.get(); a != nullptr; a = a->ai_next) {
     ScopedFd fd(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
     if (fd.get() < 0) {
@@ -217,7 +219,7 @@ Result<ScopedFd> ListenTcp(const std::string& address, int backlog, int* bound_p
 Result<ScopedFd> ConnectTcp(const std::string& address, const Deadline& deadline,
                             const std::string& who) {
   ASSIGN_OR_RETURN(auto found, Resolve(address, /*passive=*/false));
-  Status last = IOError("no address to connect to for " + who + " at " + address);
+  Status last = Unavailable("no address to connect to for " + who + " at " + address);
   for (addrinfo* a = found.get(); a != nullptr; a = a->ai_next) {
     ScopedFd fd(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
     if (fd.get() < 0) {
@@ -286,7 +288,7 @@ Status RecvAll(int fd, void* data, size_t len, const Deadline& deadline, const s
       p += n;
       len -= static_cast<size_t>(n);
     } else if (n == 0) {
-      return IOError(who + " closed the connection (exited or crashed?)");
+      return Unavailable(who + " closed the connection (exited or crashed?)");
     } else if (errno == EAGAIN || errno == EINTR) {
       RETURN_IF_ERROR(WaitReady(fd, POLLIN, deadline, "receiving from " + who));
     } else {

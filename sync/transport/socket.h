@@ -31,7 +31,7 @@ class Deadline {
 Status PublishFile(const std::string& dir, const std::string& name, const std::string& content);
 
 // Waits until dir/name exists and returns its content; on the deadline fails
-// with IOError "timed out ... waiting for <who>".
+// with DeadlineExceeded "timed out ... waiting for <who>".
 Result<std::string> WaitForFile(const std::string& dir, const std::string& name,
                                 const Deadline& deadline, const std::string& who);
 

@@ -137,15 +137,15 @@ class StoreTransport : public Transport {
     for (const Wait& w : waits) {
       if (w.done) continue;
       auto abort = objects_->Get(options_.prefix + "abort-" + std::to_string(w.buf->peer));
-      if (abort.ok()) return IOError(RankName(w.buf->peer) + " aborted the exchange: " + *abort);
+      if (abort.ok()) return Aborted(RankName(w.buf->peer) + " aborted the exchange: " + *abort);
     }
     if (std::chrono::steady_clock::now() < deadline) return Status::Ok();
     std::string who;
     for (const Wait& w : waits) {
       if (!w.done) who += (who.empty() ? "" : ", ") + RankName(w.buf->peer);
     }
-    return IOError("timed out after " + std::to_string(options_.base.timeout.count()) +
-                   " ms waiting for " + who + " (exited, crashed or stalled?)");
+    return DeadlineExceeded("timed out after " + std::to_string(options_.base.timeout.count()) +
+                            " ms waiting for " + who + " (exited, crashed or stalled?)");
   }
 
   ObjectStore* objects_;

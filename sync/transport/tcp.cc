@@ -120,7 +120,7 @@ Status TcpTransport::ReadAbort(int peer, int fd) {
   if (len > (1u << 16)) return Corruption(RankName(peer) + " sent a malformed abort");
   std::string msg(len, '\0');
   RETURN_IF_ERROR(transport_internal::RecvAll(fd, msg.data(), len, deadline, RankName(peer)));
-  return IOError(RankName(peer) + " aborted the exchange: " + msg);
+  return Aborted(RankName(peer) + " aborted the exchange: " + msg);
 }
 
 Status TcpTransport::ReadSome(int peer, PeerIo& io) {
@@ -133,7 +133,8 @@ Status TcpTransport::ReadSome(int peer, PeerIo& io) {
     ssize_t n = 0;
     if (left > 0) {
       n = recv(io.fd, p, left, 0);
-      if (n == 0) return IOError(RankName(peer) + " closed the connection (exited or crashed?)");
+      if (n == 0)
+        return Unavailable(RankName(peer) + " closed the connection (exited or crashed?)");
       if (n < 0) {
         if (errno == EAGAIN || errno == EINTR) return Status::Ok();
         return ErrnoStatus("recv from " + RankName(peer), errno);
@@ -212,8 +213,8 @@ Status TcpTransport::Progress(std::map<int, PeerIo>& ios, const Deadline& deadli
     if (n == 0) {
       std::string who;
       for (int p : peers) who += (who.empty() ? "" : ", ") + RankName(p);
-      return IOError("timed out after " + std::to_string(options_.timeout.count()) +
-                     " ms waiting for " + who);
+      return DeadlineExceeded("timed out after " + std::to_string(options_.timeout.count()) +
+                              " ms waiting for " + who);
     }
     for (size_t i = 0; n > 0 && i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;

@@ -51,8 +51,9 @@ class Transport {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   // Runs every send and receive as one group; returns when all are done.
-  // Buffers are borrowed until then. Errors name the peer (IOError for a
-  // closed connection or a timeout, Corruption for a size mismatch).
+  // Buffers are borrowed until then. Errors name the peer (Unavailable for
+  // a closed connection, DeadlineExceeded for a timeout, Aborted when a peer
+  // aborted the exchange, Corruption for a size mismatch).
   virtual Status Exchange(std::span<const SendBuffer> sends, std::span<const RecvBuffer> recvs) = 0;
 };
 

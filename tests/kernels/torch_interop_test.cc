@@ -1,7 +1,7 @@
 // Bit-exactness against PyTorch itself: runs tests/kernels/torch_interop.py
-// under $DTE_PYTHON (else the project's environment, /opt/dte/venv/bin/python)
-// and compares its outputs with the
-// kernels. A missing Python, numpy or torch is a failure, not a skip.
+// under the project's Python (tests/testutil/paths.h) once per build (the data
+// is kept in BUILD/torch_interop/) and compares its outputs with the kernels. A missing Python,
+// numpy or torch is a failure, not a skip.
 //
 // DTE_PYTHON names the interpreter (one with torch and numpy, e.g. a
 // virtualenv's bin/python), and DTE_TORCH_DEVICE=cuda makes the script run
@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -30,6 +32,7 @@
 #include "kernels/adamw.h"
 #include "kernels/adamw_resolve_math.h"
 #include "kernels/bf16.h"
+#include "tests/testutil/paths.h"
 
 extern char** environ;
 
@@ -38,21 +41,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const char* Python() {
-  const char* p = std::getenv("DTE_PYTHON");
-  return p != nullptr && *p != '\0' ? p : "/opt/dte/venv/bin/python";
-}
-
 bool OnCuda() {
   const char* d = std::getenv("DTE_TORCH_DEVICE");
   return d != nullptr && std::string(d) == "cuda";
 }
 
-fs::path ScriptPath() {
-  const char* src = std::getenv("DTE_SOURCE_DIR");
-  if (src != nullptr && *src != '\0') return fs::path(src) / "tests/kernels/torch_interop.py";
-  return fs::path(__FILE__).parent_path() / "torch_interop.py";  // run outside CTest
-}
+fs::path ScriptPath() { return fs::path(test::SourceDir()) / "tests/kernels/torch_interop.py"; }
 
 std::string ReadText(const fs::path& p) {
   std::ifstream in(p);
@@ -80,7 +74,7 @@ std::string RunScript(const fs::path& out_dir) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  const char* python = Python();
+  const char* python = test::ProjectPython();
   char* argv[] = {const_cast<char*>(python), const_cast<char*>(script.c_str()),
                   const_cast<char*>(out.c_str()), nullptr};
   pid_t pid = 0;
@@ -95,22 +89,54 @@ std::string RunScript(const fs::path& out_dir) {
          "):\n" + ReadText(log);
 }
 
-// Generates the reference data once for every test in this file. Problems are
-// reported by each test's SetUp rather than by SetUpTestSuite, where
-// GoogleTest would mark the tests skipped instead of failed.
+// The reference data, made once per build for this script, interpreter and
+// device: CTest runs each test in a process of its own and the script takes
+// seconds, so the first process makes it (under a lock, into a temporary
+// folder renamed when whole) and the others read it. Returns why it could not.
+std::string MakeReference(fs::path* dir) {
+  const std::string key_text =
+      ReadText(ScriptPath()) + '\n' + test::ProjectPython() + '\n' + (OnCuda() ? "cuda" : "cpu");
+  char key[24];
+  std::snprintf(key, sizeof(key), "%016zx", std::hash<std::string>{}(key_text));
+  const fs::path root = fs::path(test::BuildDir()) / "torch_interop";
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) return "cannot create " + root.string() + ": " + ec.message();
+  *dir = root / key;
+  const std::string lock_path = (root / "lock").string();
+  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock < 0 || ::flock(lock, LOCK_EX) != 0) {
+    const std::string why = std::strerror(errno);
+    if (lock >= 0) ::close(lock);
+    return "cannot lock " + lock_path + ": " + why;
+  }
+  std::string error;
+  if (!fs::exists(*dir / "done")) {
+    for (const auto& old : fs::directory_iterator(root, ec))  // other scripts' data
+      if (old.path().filename() != "lock") fs::remove_all(old.path(), ec);
+    const fs::path tmp = root / (std::string(key) + ".tmp");
+    fs::create_directories(tmp, ec);
+    error = RunScript(tmp);
+    if (error.empty()) {
+      std::ofstream(tmp / "done") << "ok\n";
+      fs::rename(tmp, *dir, ec);
+      if (ec) error = "cannot rename " + tmp.string() + ": " + ec.message();
+    }
+  }
+  ::close(lock);  // releases the lock
+  return error;
+}
+
+// Reference data for every test in this file. Problems are reported by each
+// test's SetUp rather than by SetUpTestSuite, where GoogleTest would mark the
+// tests skipped instead of failed.
 class TorchInterop : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/dte_torch_interop_XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) {
-      *error_ = std::string("mkdtemp failed: ") + std::strerror(errno);
-      return;
-    }
-    dir_ = new fs::path(tmpl);
-    *error_ = RunScript(*dir_);
+    dir_ = new fs::path;
+    *error_ = MakeReference(dir_);
   }
   static void TearDownTestSuite() {
-    if (dir_ != nullptr) fs::remove_all(*dir_);
     delete dir_;
     dir_ = nullptr;
     error_->clear();

@@ -33,10 +33,24 @@ def base_store(tmp_path_factory, ckpts):
     return d
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
+def mount(tmp_path):
+    """mount(store, *args, foreground=True, cache=None) -> a started dtefs
+    Mount of `store` under the test's tmp_path (fs_util.mounts); every mount
+    it started is unmounted at teardown. A module whose tests all mount one
+    store binds it by overriding this fixture with one that takes it."""
+    import fs_util
+
+    with fs_util.mounts(tmp_path) as start:
+        yield start
+
+
+@pytest.fixture(scope="session")
 def moto():
     """A moto S3 server on loopback (tests/testutil/moto_server.py), one per
-    test module."""
+    pytest session (CTest runs each module as a session of its own). Tests
+    make buckets of their own (`bucket`); test_fs_s3.py, whose tests stop
+    the server, starts one per test."""
     import s3_util
 
     server = s3_util.MotoServer()

@@ -42,6 +42,28 @@ def _clean_env(extra=None):
     return env
 
 
+def run(*args, env=None, check=False, timeout=120):
+    """dtectl with exactly `args` (no store or cache of its own: for commands
+    given a mount, or a --store each call) in the clean environment plus
+    `env`; with `check`, a non-zero exit fails the test naming the command."""
+    r = subprocess.run([str(binary()), *map(str, args)], env=_clean_env(env),
+                       capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert r.returncode == OK, f"dtectl {args}: exit {r.returncode}\n{r.stderr}"
+    return r
+
+
+def s3(server, uri, cache, endpoint=None, env=None):
+    """A Dtectl on the s3:// store `uri` of moto `server`, reached at
+    `endpoint` (a proxy's; default the server's), with no AWS_ variable but
+    the server's."""
+    d = Dtectl(uri, cache, env={**server.env(), "AWS_ENDPOINT_URL": endpoint or server.endpoint,
+                                **(env or {})})
+    for k in [k for k in d.env if k.startswith("AWS_") and k not in server.env()]:
+        del d.env[k]
+    return d
+
+
 class Dtectl:
     """Runs dtectl against one store and cache directory."""
 

@@ -20,6 +20,7 @@ Megatron-style TP x DP with the distributed optimizer, TP x PP, and EP for
 a Qwen3-MoE model) run as processes too and check themselves.
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -28,11 +29,12 @@ import time
 
 import pytest
 
+import dtectl_util
+
 SOURCE = os.environ.get("DTE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.environ.get("DTE_BUILD_DIR", os.path.join(SOURCE, "build"))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.py")
 PYTHON = sys.executable  # the interpreter running the tests, with its torch
-DTECTL = os.path.join(BUILD, "tools", "dtectl")
 
 pytest.importorskip("torch")  # not reached with the project's setup, which installs it
 
@@ -86,8 +88,7 @@ class Job:
 
 
 def dtectl(*args, env=None):
-    return subprocess.run([DTECTL, *args], capture_output=True, text=True,
-                          env=dict(os.environ, **(env or {})))
+    return dtectl_util.run(*args, env=env, timeout=300)
 
 
 def versions(store, env=None):
@@ -132,6 +133,7 @@ def check_clean(results, steps, whole=False):
         assert (values["dte_publish_dist_entries_sent_total"] > 0) != whole or res["rank"] != 0
 
 
+@functools.lru_cache(maxsize=None)
 def _cuda_devices():
     try:
         out = subprocess.run([PYTHON, "-c", "import torch; print(torch.cuda.device_count())"],

@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 import torch
 
+import dtectl_util
 import store_util
 
 SOURCE = os.environ.get("DTE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -142,8 +143,7 @@ def save_checkpoint(directory, model):
 
 
 def dtectl(*args):
-    exe = os.path.join(BUILD, "tools", "dtectl")
-    return subprocess.run([exe, *args], check=True, capture_output=True, text=True, timeout=300)
+    return dtectl_util.run(*args, check=True, timeout=300)
 
 
 def batches(seed):

@@ -4,7 +4,7 @@ process sees every version in order while they are committed; load_into
 makes a model equal to the version bit for bit (live apply, reads through
 the mount, reads through StoreReader from a directory and from s3://); a
 model changed after loading is detected; max_lag keeps or reloads or
-raises; wait_for times out with dte.Timeout."""
+raises; wait_for times out with dte.DeadlineExceeded."""
 
 import os
 import subprocess
@@ -31,9 +31,9 @@ def versions(tmp_path):
 
 
 @pytest.fixture
-def mount(tmp_path, versions):
-    with mounts(str(tmp_path)) as start:
-        yield start(versions.dtectl.store)
+def mount(mount, versions):
+    """conftest's mount, started on `versions`' store."""
+    return mount(versions.dtectl.store)
 
 
 def source_of(kind, versions, mount):
@@ -125,7 +125,7 @@ def test_wait_for_raises_timeout(versions, mount):
         with dte.Follower(source) as f:
             assert f.latest() == 0
             t = time.monotonic()
-            with pytest.raises(dte.Timeout, match="v00000005") as e:
+            with pytest.raises(dte.DeadlineExceeded, match="v00000005") as e:
                 f.wait_for(5, timeout=0.2)
             assert isinstance(e.value, TimeoutError)
             assert 0.2 <= time.monotonic() - t < 5
@@ -211,7 +211,7 @@ def test_versions_every_false_skips_to_the_newest(versions):
         versions.commit()
         newest = f.versions(after=0, every=False, timeout=0.3)
         assert next(newest) == 4  # 1..3 skipped
-        with pytest.raises(dte.Timeout):
+        with pytest.raises(dte.DeadlineExceeded):
             next(newest)
 
 

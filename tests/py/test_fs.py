@@ -42,12 +42,6 @@ def fs_store(tmp_path_factory, ckpts):
     return d
 
 
-@pytest.fixture
-def mount(tmp_path):
-    with fs_util.mounts(tmp_path) as start:
-        yield start
-
-
 def tensor_ranges(path):
     """[(name, file offset, end)] of a safetensors file, and its header size."""
     with open(path, "rb") as f:

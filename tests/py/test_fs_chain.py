@@ -40,12 +40,6 @@ def chain_store(tmp_path_factory, chain_ckpts):
     return d
 
 
-@pytest.fixture
-def mount(tmp_path):
-    with fs_util.mounts(tmp_path) as start:
-        yield start
-
-
 def snapshot_dir(store, cache):
     with open(os.path.join(store, "dte-store.json")) as f:
         return os.path.join(cache, json.load(f)["store_id"], "snapshots")

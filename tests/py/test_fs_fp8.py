@@ -41,12 +41,6 @@ def llama(tmp_path_factory):
     return root / "store", step_dir
 
 
-@pytest.fixture
-def mount(tmp_path):
-    with fs_util.mounts(tmp_path) as start:
-        yield start
-
-
 def quantized(name, dtype, shape, block, keep=(), partial=False):
     """The default policy of store/fp8_policy.h for a dense Llama, with the
     modules of `keep` (dtefs --fp8-keep) also left in BF16, and a weight

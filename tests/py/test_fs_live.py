@@ -21,6 +21,7 @@ import threading
 import numpy as np
 import pytest
 
+import dtectl_util
 from dtectl_util import Dtectl
 import fs_util
 from fs_util import BUILD_DIR
@@ -49,11 +50,11 @@ def live_store(tmp_path_factory, gen):
 
 
 @pytest.fixture
-def mount(tmp_path, live_store):
+def mount(mount, tmp_path, live_store):
+    """conftest's mount, bound to a copy of `live_store`'s store."""
     store = tmp_path / "store"
     subprocess.run(["cp", "-a", str(live_store.store), str(store)], check=True)
-    with fs_util.mounts(tmp_path) as start:
-        yield lambda *args, **kw: start(store, *args, **kw)
+    return lambda *args, **kw: mount(store, *args, **kw)
 
 
 def VersionName(v):
@@ -61,11 +62,7 @@ def VersionName(v):
 
 
 def dtectl(*args, check=True):
-    r = subprocess.run([str(BUILD_DIR / "tools" / "dtectl"), *map(str, args)],
-                       capture_output=True, text=True, timeout=120)
-    if check:
-        assert r.returncode == 0, f"dtectl {args}: {r.returncode} {r.stderr}"
-    return r
+    return dtectl_util.run(*args, check=check)
 
 
 def apply(mount_path, version=None):

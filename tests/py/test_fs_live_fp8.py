@@ -43,9 +43,9 @@ def store(tmp_path_factory, gen):
 
 
 @pytest.fixture
-def mount(tmp_path, store):
-    with fs_util.mounts(tmp_path) as start:
-        yield lambda *args, **kw: start(store, *args, **kw)
+def mount(mount, store):
+    """conftest's mount, bound to the module's store."""
+    return lambda *args, **kw: mount(store, *args, **kw)
 
 
 # A fused receiver tensor and the canonical tensors it holds.

@@ -36,12 +36,6 @@ CHUNK = 16 * MiB      # a parallel reader's unit of work
 JOIN_TIMEOUT = 120.0
 
 
-@pytest.fixture
-def mount(tmp_path):
-    with fs_util.mounts(tmp_path) as start:
-        yield start
-
-
 def make_store(root, size):
     """STEPS + 1 checkpoints of a `size` model (48 MiB shards) committed to a store."""
     gen = fs_util.BUILD_DIR / "tools" / "dte-gen"

@@ -25,9 +25,9 @@ import time
 
 import pytest
 
+import dtectl_util
 import s3_util
 import store_util
-from dtectl_util import Dtectl
 from fs_util import BUILD_DIR, Mount, binary, mounted, unmount_all
 from wait_util import wait_for
 
@@ -94,10 +94,7 @@ def follower(tmp_path):
 def publisher(moto, bucket, root):
     """dtectl on s3://bucket/policy, talking to the server directly."""
     moto.create_bucket(bucket)
-    d = Dtectl(f"s3://{bucket}/policy", root / "pubcache", env=moto.env())
-    for k in [k for k in d.env if k.startswith("AWS_") and k not in moto.env()]:
-        del d.env[k]
-    return d
+    return dtectl_util.s3(moto, f"s3://{bucket}/policy", root / "pubcache")
 
 
 def publish(d, gen, steps):

@@ -58,12 +58,6 @@ def steps(tmp_path_factory):
     return content, dirs
 
 
-@pytest.fixture
-def mount(tmp_path):
-    with fs_util.mounts(tmp_path) as start:
-        yield start
-
-
 def store_versions(store):
     """Versions whose manifest exists now (docs/formats/store-layout.md)."""
     names = os.listdir(os.path.join(store, "manifests"))

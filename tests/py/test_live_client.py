@@ -30,9 +30,7 @@ from dte import _lib  # noqa: E402
 
 def dtectl(*args, env=None):
     """dtectl without a store: apply and status must not need one."""
-    return subprocess.run([str(dtectl_util.binary()), *map(str, args)],
-                          env=dtectl_util._clean_env(env), capture_output=True, text=True,
-                          timeout=60)
+    return dtectl_util.run(*args, env=env, timeout=60)
 
 
 def one_line(stderr):

@@ -198,9 +198,10 @@ def test_receiver_keeps_its_version_when_the_trainer_dies(tmp_path):
             wait_for(lambda: not rx.status().connected, 10, "the receiver to notice")
             st = rx.status()
             assert st.version == 2 and not st.inconsistent, st
-            with pytest.raises(dte.Timeout) as e:
+            with pytest.raises(dte.DeadlineExceeded) as e:
                 rx.wait_for(3, timeout=0.5)
-            assert e.value.code == 5 and "holding v00000002, not connected" in str(e.value)
+            assert e.value.code == 12 and e.value.transient
+            assert "holding v00000002, not connected" in str(e.value)
             assert isinstance(e.value, TimeoutError)
             want = push_util.local_state(push_util.read_version(dte, store, 2, shapes), 1, 0,
                                          False)
@@ -388,9 +389,9 @@ def test_push_group_waits_for_the_receivers_it_expects_and_reports_those_missing
             rxs.pop().close()
             wait_for(lambda: len(group.status(events=False).receivers) == 1, 30,
                      "the close")
-            with pytest.raises(dte.Timeout) as e:
+            with pytest.raises(dte.DeadlineExceeded) as e:
                 group.wait_for_receivers(timeout=0.3)
-            assert e.value.code == 5 and "1 of 2 receivers after" in str(e.value)
+            assert e.value.code == 12 and "1 of 2 receivers after" in str(e.value)
             # Waiting left the event of the close for status() to take.
             events = group.status().events
             assert any("closed the connection" in x for x in events), events
@@ -470,6 +471,6 @@ def test_a_receiver_that_cannot_connect_names_the_server_address_once():
         error = wait_for(lambda: rx.status().error, 30, "a failed connection")
         assert "the push server at %s" % address in error, error
         assert error.count(address) == 1, error
-        with pytest.raises(dte.Timeout) as e:
+        with pytest.raises(dte.DeadlineExceeded) as e:
             rx.wait_for(1, timeout=0.2)
         assert str(e.value).count(address) == 1, str(e.value)

@@ -22,11 +22,12 @@ import dte  # noqa: E402
 from dte import _errors  # noqa: E402
 
 # Each C ABI code (sync/capi/c_api.h), its class and the builtin it also is.
-CODES = [(1, dte.InvalidArgument, ValueError), (2, dte.NotFound, LookupError),
-         (3, dte.VersionConflict, dte.AlreadyExists), (4, dte.Corrupt, dte.DteError),
-         (5, dte.IOFailure, dte.DteError), (6, dte.Busy, dte.DteError),
-         (7, dte.Unimplemented, NotImplementedError), (8, dte.InternalError, dte.DteError),
-         (9, dte.PermissionDenied, PermissionError)]
+CODES = [(1, dte.InvalidArgument, ValueError), (2, dte.NotFound, FileNotFoundError),
+         (3, dte.VersionConflict, FileExistsError), (4, dte.Corrupt, dte.DteError),
+         (5, dte.IOFailure, OSError), (7, dte.Unimplemented, NotImplementedError),
+         (8, dte.InternalError, dte.DteError), (9, dte.PermissionDenied, PermissionError),
+         (10, dte.FailedPrecondition, dte.DteError), (11, dte.Aborted, dte.DteError),
+         (12, dte.DeadlineExceeded, TimeoutError), (13, dte.Unavailable, ConnectionError)]
 
 
 @pytest.mark.parametrize("code,cls,also", CODES)
@@ -38,20 +39,19 @@ def test_every_code_has_its_class(code, cls, also):
 
 
 def test_a_call_refines_what_a_code_means_for_it_and_unknown_codes_stay_internal():
-    refine = {2: dte.MissedPushes, 5: dte.Timeout}
-    missed, timeout = _errors.error(2, "m", refine), _errors.error(5, "t", refine)
-    assert type(missed) is dte.MissedPushes and isinstance(missed, dte.NotFound)
-    assert type(timeout) is dte.Timeout and isinstance(timeout, TimeoutError)
-    assert (missed.code, timeout.code) == (2, 5)
+    refine = {10: dte.MissedPushes}
+    missed = _errors.error(10, "m", refine)
+    assert type(missed) is dte.MissedPushes and isinstance(missed, dte.FailedPrecondition)
+    assert missed.code == 10 and not missed.transient
     assert type(_errors.error(1, "x", refine)) is dte.InvalidArgument
     with pytest.raises(TypeError):
-        _errors.error(1, "x", {1: dte.Timeout})  # a Timeout is no InvalidArgument
+        _errors.error(1, "x", {1: dte.MissedPushes})  # a missed push is no InvalidArgument
     odd = _errors.error(42, "from a newer library")
     assert type(odd) is dte.InternalError and odd.code == 42
 
 
 def test_errors_from_the_library_and_from_python_raise_their_class(tmp_path):
-    with pytest.raises(LookupError, match="not found: store .*/none does not exist") as e:
+    with pytest.raises(FileNotFoundError, match="not found: store .*/none does not exist") as e:
         dte.StoreReader(str(tmp_path / "none"))
     assert type(e.value) is dte.NotFound and e.value.code == 2
     with pytest.raises(ValueError, match="secret must be"):

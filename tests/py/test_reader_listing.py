@@ -105,7 +105,7 @@ def test_a_follower_sees_each_committed_version_once_through_damaged_listings(st
             rule = damage_next_listing(proxy, damage)
             assert f.latest() == VERSIONS - 1, damage
             assert rule.fired == 1, damage
-        with pytest.raises(dte.Timeout):
+        with pytest.raises(dte.DeadlineExceeded):
             next(f.versions(timeout=0.3))  # nothing after the newest
 
 

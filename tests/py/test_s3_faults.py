@@ -25,7 +25,8 @@ import pytest
 import s3_util
 import store_util
 from ckpt_util import CheckpointSequence
-from dtectl_util import CORRUPT, ERROR, OK, Dtectl
+import dtectl_util
+from dtectl_util import CORRUPT, ERROR, OK
 
 ATTEMPTS = 4
 FAST_RETRIES = {"DTE_S3_MAX_ATTEMPTS": str(ATTEMPTS), "DTE_S3_RETRY_BASE_MS": "20",
@@ -42,13 +43,9 @@ def big(tmp_path_factory):
 
 
 def dtectl(moto, endpoint, uri, root, env=None):
-    """dtectl on `uri` at `endpoint`, fast retries, no AWS_ variable but the server's."""
-    d = Dtectl(uri, root / "cache", env={**moto.env(), "AWS_ENDPOINT_URL": endpoint,
-                                         "DTE_SPOOL_DIR": str(root / "spool"),
-                                         **FAST_RETRIES, **(env or {})})
-    for k in [k for k in d.env if k.startswith("AWS_") and k not in moto.env()]:
-        del d.env[k]
-    return d
+    """dtectl on `uri` at `endpoint`, fast retries."""
+    return dtectl_util.s3(moto, uri, root / "cache", endpoint, env={
+        "DTE_SPOOL_DIR": str(root / "spool"), **FAST_RETRIES, **(env or {})})
 
 
 class Setup:

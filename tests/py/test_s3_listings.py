@@ -23,6 +23,7 @@ import sys
 import pytest
 
 from ckpt_util import CheckpointSequence  # noqa: F401  (the ckpts fixture's type)
+import dtectl_util
 from dtectl_util import OK, Dtectl
 
 SOURCE = os.environ.get("DTE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -36,11 +37,8 @@ DAMAGES = [("list_damage_key", 0x10), ("list_damage_key", 0x40), ("list_drop_key
 
 
 def dtectl(moto, endpoint, uri, cache):
-    d = Dtectl(uri, cache, env={**moto.env(), "AWS_ENDPOINT_URL": endpoint, **FAST_RETRIES,
-                                "DTE_SPOOL_DIR": str(cache) + "-spool"})
-    for k in [k for k in d.env if k.startswith("AWS_") and k not in moto.env()]:
-        del d.env[k]
-    return d
+    return dtectl_util.s3(moto, uri, cache, endpoint,
+                          env={**FAST_RETRIES, "DTE_SPOOL_DIR": str(cache) + "-spool"})
 
 
 def gc(d):

@@ -267,7 +267,7 @@ TEST(Index, ConcurrentReaderNeverSeesHalfAVersion) {
 
 void ExpectBusyNaming(const Result<std::unique_ptr<Index>>& r, const std::string& dir) {
   ASSERT_FALSE(r.ok()) << "a second opener got the index";
-  EXPECT_EQ(r.status().code(), Code::kBusy) << r.status().message();
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().message();
   EXPECT_NE(r.status().message().find(dir), std::string::npos) << r.status().message();
 }
 
@@ -329,7 +329,7 @@ TEST(Index, OpenInForkedChildWhileParentHoldsItIsBusy) {
     char c = 0;
     if (::read(opened[0], &c, 1) != 1 || c != 'o') ::_exit(2);
     auto r = Index::Open(dir.path());
-    bool busy = !r.ok() && r.status().code() == Code::kBusy &&
+    bool busy = !r.ok() && r.status().code() == Code::kUnavailable &&
                 r.status().message().find(dir.path()) != std::string::npos;
     ::_exit(busy ? 0 : 1);
   }
@@ -356,7 +356,7 @@ TEST(Index, OpenFailureUnderAPathSayingLockIsNotBusy) {
   for (const std::string& path : {file, file + "/index"}) {
     auto r = Index::Open(path);
     ASSERT_FALSE(r.ok()) << path;
-    EXPECT_NE(r.status().code(), Code::kBusy) << r.status().message();
+    EXPECT_NE(r.status().code(), Code::kUnavailable) << r.status().message();
     EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
   }
 }

@@ -40,9 +40,9 @@ TEST(MemoryStore, FaultsAreCountedPerOperationKind) {
 
 TEST(MemoryStore, FailAllLastsUntilCleared) {
   MemoryStore store;
-  store.FailAll(StoreOp::kCreateExclusive, Busy("throttled"));
+  store.FailAll(StoreOp::kCreateExclusive, Unavailable("throttled"));
   for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(store.CreateExclusive("manifests/v1", "x").code(), Code::kBusy);
+    EXPECT_EQ(store.CreateExclusive("manifests/v1", "x").code(), Code::kUnavailable);
   }
   store.ClearFaults();
   EXPECT_TRUE(store.CreateExclusive("manifests/v1", "x").ok());

@@ -338,7 +338,7 @@ TEST(S3Curl, StalledTransfersTimeOutAndAreRetried) {
   const auto start = std::chrono::steady_clock::now();
   auto got = store->Get("m");
   const auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ASSERT_EQ(got.status().code(), Code::kIOError);
+  ASSERT_EQ(got.status().code(), Code::kDeadlineExceeded);
   EXPECT_TRUE(Contains(got.status().message(), "timed out or stalled")) << got.status().message();
   EXPECT_TRUE(Contains(got.status().message(), "after 2 attempts")) << got.status().message();
   EXPECT_EQ(server.connections(), 2);

@@ -92,7 +92,7 @@ TEST_F(S3StoreFake, GivesUpAfterMaxAttemptsNamingCodeStatusKeyAndOperation) {
     return FakeS3::Error(503, "SlowDown", "Please reduce your request rate.");
   };
   Status s = store_->Put("blobs/ab/y", "data");
-  ASSERT_EQ(s.code(), Code::kIOError);
+  ASSERT_EQ(s.code(), Code::kUnavailable);
   for (const char* part : {"SlowDown", "HTTP 503", "blobs/ab/y", "PutObject", "after 4 attempts",
                            "s3://bucket/pre/fix"}) {
     EXPECT_TRUE(Contains(s.message(), part)) << part << " not in: " << s.message();
@@ -256,7 +256,7 @@ TEST_F(S3StoreFake, LostCreateAnswerThenFailingRetriesIsStillSuccess) {
   // Nothing applied: the failure stands, after one read-back finds nothing.
   fake_->after = nullptr;
   Status s = store_->CreateExclusive("manifests/v5", "ours");
-  ASSERT_EQ(s.code(), Code::kIOError) << s.ToString();
+  ASSERT_EQ(s.code(), Code::kUnavailable) << s.ToString();
   EXPECT_TRUE(Contains(s.message(), "SlowDown")) << s.message();
   EXPECT_EQ(fake_->Objects().count("pre/fix/manifests/v5"), 0u);
   EXPECT_EQ(Count(fake_->Log(), "GET"), 2);

@@ -11,7 +11,7 @@
 #include <initializer_list>
 #include <sstream>
 
-#include "tests/testutil/python.h"
+#include "tests/testutil/paths.h"
 
 namespace dte {
 namespace {

@@ -261,7 +261,7 @@ TEST_F(SnapshotTest, CancelledBuildLeavesNothing) {
   Materializer reader(store_.get());
   std::atomic<bool> cancel{true};
   Status s = set_->Build(Get(kSnapshot), &reader, cancel);
-  EXPECT_EQ(s.code(), Code::kBusy) << s.message();
+  EXPECT_EQ(s.code(), Code::kAborted) << s.message();
   EXPECT_TRUE(std::filesystem::is_empty(SnapDir()));
   EXPECT_EQ(set_->Stats().count, 0u);
 }

@@ -24,6 +24,7 @@
 #include "sync/capi/c_api.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
+#include "tests/testutil/paths.h"
 
 namespace dte {
 namespace {
@@ -65,12 +66,22 @@ std::set<std::string> ExportedFunctions(const std::string& path, std::string* er
 }
 
 // Exported functions that take no handle.
-const std::set<std::string> kNoHandle = {
-    "dte_last_error",           "dte_c_api_version",      "dte_publisher_open",
-    "dte_publisher_open_mcore", "dte_store_open",         "dte_safetensors_tensors",
-    "dte_dtype_width",          "dte_transport_tcp",      "dte_transport_callback",
-    "dte_push_server_start",    "dte_push_receiver_open", "dte_push_receiver_open_fp8",
-    "dte_live_apply_version",   "dte_live_get_status",    "dte_live_open"};
+const std::set<std::string> kNoHandle = {"dte_last_error",
+                                         "dte_c_api_version",
+                                         "dte_code_transient",
+                                         "dte_publisher_open",
+                                         "dte_publisher_open_mcore",
+                                         "dte_store_open",
+                                         "dte_safetensors_tensors",
+                                         "dte_dtype_width",
+                                         "dte_transport_tcp",
+                                         "dte_transport_callback",
+                                         "dte_push_server_start",
+                                         "dte_push_receiver_open",
+                                         "dte_push_receiver_open_fp8",
+                                         "dte_live_apply_version",
+                                         "dte_live_get_status",
+                                         "dte_live_open"};
 
 int NoExchange(void*, const dte_message*, size_t, const dte_message*, size_t, char*, size_t) {
   return 0;
@@ -358,8 +369,7 @@ auto CApiHandlesTest::Cases() -> std::map<std::string, std::vector<Slot>> {
 }
 
 TEST_F(CApiHandlesTest, EveryExportedFunctionHasACase) {
-  const char* build = std::getenv("DTE_BUILD_DIR");
-  ASSERT_NE(build, nullptr) << "DTE_BUILD_DIR names the build with sync/libdte.so";
+  const char* build = test::BuildDir();
   std::string error;
   std::set<std::string> exported =
       ExportedFunctions(std::string(build) + "/sync/libdte.so", &error);

@@ -112,7 +112,7 @@ TEST_F(CApiTest, ErrorsCarryCodesAndMessages) {
   const dte_adamw_step step = Step();
   dte_adamw_param param = Param("w");
   dte_publish_result r{};
-  EXPECT_EQ(dte_publisher_publish_adamw(pub, &step, &param, 1, &r), DTE_NOT_FOUND);
+  EXPECT_EQ(dte_publisher_publish_adamw(pub, &step, &param, 1, &r), DTE_FAILED_PRECONDITION);
   EXPECT_NE(std::string(dte_last_error()).find("import"), std::string::npos);
   ASSERT_EQ(dte_publisher_import(pub, ckpt_.c_str(), nullptr), DTE_OK);
   param.exp_avg.dtype = DTE_DTYPE_F16;

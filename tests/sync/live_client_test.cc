@@ -61,7 +61,10 @@ TEST(LiveAbi, StructLayoutIsFixed) {
 TEST(LiveClient, CodeFollowsErrno) {
   EXPECT_EQ(CodeOfErrno(EPERM), Code::kPermissionDenied);
   EXPECT_EQ(CodeOfErrno(EACCES), Code::kPermissionDenied);
-  EXPECT_EQ(CodeOfErrno(EBUSY), Code::kBusy);
+  EXPECT_EQ(CodeOfErrno(EBUSY), Code::kUnavailable);
+  EXPECT_EQ(CodeOfErrno(ETIMEDOUT), Code::kDeadlineExceeded);
+  EXPECT_EQ(CodeOfErrno(EBADFD), Code::kFailedPrecondition);
+  EXPECT_EQ(CodeOfErrno(ECANCELED), Code::kAborted);
   EXPECT_EQ(CodeOfErrno(ENOENT), Code::kNotFound);
   EXPECT_EQ(CodeOfErrno(EINVAL), Code::kInvalidArgument);
   EXPECT_EQ(CodeOfErrno(ENOTTY), Code::kInvalidArgument);

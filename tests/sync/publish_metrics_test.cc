@@ -135,7 +135,7 @@ TEST(PublishMetrics, BadGatewaysAndGroupsAreRefusedNamingThem) {
   expect("http://localhost:9091", "trainer", {{"rank", ""}}, Code::kInvalidArgument,
          "grouping label rank");
   const std::string url = "http://127.0.0.1:" + std::to_string(ClosedPort());
-  expect(url, "trainer", {{"rank", "0"}}, Code::kIOError,
+  expect(url, "trainer", {{"rank", "0"}}, Code::kUnavailable,
          "push to " + url + " (job trainer): transfer failed");
 }
 

@@ -85,7 +85,7 @@ TEST_F(PushFp8Test, WeightsOffAReceiversBlockArriveAsBf16) {
   // Late receivers of the same blocks hold nothing: they catch up.
   for (size_t k = 0; k < fp8.size(); ++k) {
     auto late = Receiver(*server, whole, 0, rxs[k]->fp8, state_, std::nullopt, false);
-    EXPECT_EQ(late->rx->WaitFor(3, 10s).code(), Code::kNotFound);
+    EXPECT_EQ(late->rx->WaitFor(3, 10s).code(), Code::kFailedPrecondition);
     ASSERT_TRUE(late->rx->CatchUp(*store_, std::nullopt).ok());
     ExpectHolds(*late, state);
     ExpectBf16Where(*late, state, fp8[k]);

@@ -125,7 +125,7 @@ TEST_F(PushFp8Test, AVersionPublishedWithoutAPushLeavesTheSummariesUnused) {
   ASSERT_TRUE(server->SetLatest(*store_, V(2)).ok());
   for (auto& r : rxs) {
     ASSERT_TRUE(r->rx->WaitFor(1, 10s).ok());
-    ASSERT_TRUE(r->rx->WaitFor(2, 10s).code() == Code::kNotFound);
+    ASSERT_TRUE(r->rx->WaitFor(2, 10s).code() == Code::kFailedPrecondition);
     ASSERT_TRUE(r->rx->CatchUp(*store_, std::nullopt).ok());
   }
   AwaitReceiversAt(*server, rxs.size(), 2);
@@ -211,14 +211,14 @@ TEST_F(PushFp8Test, AVersionThatDropsAnFp8VariantLeavesNoSummaries) {
       EXPECT_NE(report->dropped[0].find(nan_tensor), std::string::npos) << report->dropped[0];
       ExpectHolds(*rxs[0], states[1]);  // untouched: still v1
       Status s = rxs[0]->rx->WaitFor(2, 10s);
-      EXPECT_EQ(s.code(), Code::kNotFound) << s.message();
+      EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s.message();
     } else {
       EXPECT_EQ(report->pushed, v == 3 ? 2u : 3u);
       EXPECT_TRUE(report->dropped.empty()) << report->dropped[0];
     }
     if (v == 3) {
       EXPECT_GE(report->fp8_parent_reads, ChangedQuantized(specs_, states[2], next, "down_proj"));
-      ASSERT_TRUE(rxs[0]->rx->WaitFor(3, 10s).code() == Code::kNotFound);
+      ASSERT_TRUE(rxs[0]->rx->WaitFor(3, 10s).code() == Code::kFailedPrecondition);
       ASSERT_TRUE(rxs[0]->rx->CatchUp(*store_, std::nullopt).ok());
       AwaitReceiversAt(*server, rxs.size(), 3);
     }
@@ -256,7 +256,7 @@ TEST_F(PushFp8Test, APushThatFailsMidWayLeavesNoSummaries) {
           << report.status().message();
       for (auto& r : rxs) {
         ExpectHolds(*r, states.back());
-        ASSERT_TRUE(r->rx->WaitFor(2, 10s).code() == Code::kNotFound);
+        ASSERT_TRUE(r->rx->WaitFor(2, 10s).code() == Code::kFailedPrecondition);
         ASSERT_TRUE(r->rx->CatchUp(*store_, std::nullopt).ok());
       }
       AwaitReceiversAt(*server, rxs.size(), 2);

@@ -167,7 +167,7 @@ TEST_F(PushFp8Test, ReceiversThatMissedPushesCatchUpToTheQuantizedVersion) {
                          false));
   for (auto& r : rxs) {
     Status s = r->rx->WaitFor(1, 10s);
-    EXPECT_EQ(s.code(), Code::kNotFound) << s.message();
+    EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s.message();
     ASSERT_TRUE(r->rx->CatchUp(*store_, std::nullopt).ok());
     ExpectHolds(*r, v1);
     EXPECT_EQ(r->rx->GetStatus().version, 1u);
@@ -475,7 +475,7 @@ TEST_F(PushFp8Test, CudaFp8ReceiversEqualTheQuantizedVersion) {
       ASSERT_TRUE(got == want.at(tensors[i].name)) << tensors[i].name << " differs";
     }
   };
-  ASSERT_EQ((*rx)->WaitFor(0, 10s).code(), Code::kNotFound);
+  ASSERT_EQ((*rx)->WaitFor(0, 10s).code(), Code::kFailedPrecondition);
   ASSERT_TRUE((*rx)->CatchUp(*store_, std::nullopt).ok());
   expect(state_);
   ASSERT_TRUE(test::WaitFor([&] {

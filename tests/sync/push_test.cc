@@ -212,7 +212,7 @@ TEST_F(PushTest, ReceiverThatMissedAPushIsToldAndCatchesUpFromTheStore) {
   ASSERT_TRUE(server);
   auto r = Receiver(*server, FusedReceiverLayout(2), 1, state_, /*version=*/0, false);
   Status s = r->rx->WaitFor(1, 10s);
-  EXPECT_EQ(s.code(), Code::kNotFound) << s.message();
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s.message();
   EXPECT_NE(s.message().find("catch up"), std::string::npos) << s.message();
   EXPECT_EQ(r->rx->GetStatus().behind, 1u);
   ASSERT_TRUE(r->rx->CatchUp(*store_, std::nullopt).ok());
@@ -267,6 +267,31 @@ TEST_F(PushTest, StalledReceiverIsDroppedAndThePushCompletes) {
   EXPECT_EQ(server->Receivers().size(), 1u);
 }
 
+// Each of `servers` (the senders of one push in parts) pushes the tensors it
+// owns (tensor k of `specs`: part k % servers), all at once; `skip` sends
+// nothing. Returns each part's report.
+std::vector<Result<PushReport>> PushParts(const std::vector<std::unique_ptr<PushServer>>& servers,
+                                          Store& store, const std::shared_ptr<const Version>& v,
+                                          const std::vector<PlanTensor>& specs,
+                                          const std::vector<TensorChanges>& all, int skip) {
+  const int parts = static_cast<int>(servers.size());
+  std::vector<std::vector<TensorChanges>> mine(parts);
+  for (const TensorChanges& c : all) {
+    const size_t k = std::find_if(specs.begin(), specs.end(),
+                                  [&](const PlanTensor& t) { return t.name == c.name; }) -
+                     specs.begin();
+    mine[k % parts].push_back(c);
+  }
+  std::vector<Result<PushReport>> reports(parts, Internal("not run"));
+  std::vector<std::thread> threads;
+  for (int p = 0; p < parts; ++p) {
+    if (p == skip) continue;
+    threads.emplace_back([&, p] { reports[p] = servers[p]->Push(store, v, mine[p]); });
+  }
+  for (auto& t : threads) t.join();
+  return reports;
+}
+
 // A push in parts from three senders (the ranks of a distributed
 // publisher, each sending the tensors it owns): receivers connect to part
 // 0's server, are told of the others, and hold each version whole once every
@@ -309,24 +334,8 @@ TEST_F(PushTest, PartsFromEverySenderMakeOneVersionAndAMissingPartChangesNothing
         << LayoutText(r->layout, r->rank) << ": not connected";
   }
 
-  // Each sender pushes the tensors it owns (tensor k: part k % kParts), all
-  // at once; `skip` sends nothing.
   auto push_parts = [&](uint64_t v, const std::vector<TensorChanges>& all, int skip) {
-    std::vector<std::vector<TensorChanges>> mine(kParts);
-    for (const TensorChanges& c : all) {
-      const size_t k = std::find_if(specs_.begin(), specs_.end(),
-                                    [&](const PlanTensor& t) { return t.name == c.name; }) -
-                       specs_.begin();
-      mine[k % kParts].push_back(c);
-    }
-    std::vector<Result<PushReport>> reports(kParts, Internal("not run"));
-    std::vector<std::thread> threads;
-    for (int p = 0; p < kParts; ++p) {
-      if (p == skip) continue;
-      threads.emplace_back([&, p] { reports[p] = servers[p]->Push(*store_, V(v), mine[p]); });
-    }
-    for (auto& t : threads) t.join();
-    return reports;
+    return PushParts(servers, *store_, V(v), specs_, all, skip);
   };
 
   std::mt19937_64 rng(21);
@@ -371,7 +380,7 @@ TEST_F(PushTest, PartsFromEverySenderMakeOneVersionAndAMissingPartChangesNothing
   }
   for (auto& r : rxs) {
     Status s = r->rx->WaitFor(3, 10s);
-    EXPECT_EQ(s.code(), Code::kNotFound) << s.message();
+    EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s.message();
     EXPECT_EQ(r->rx->GetStatus().version, 2u);
     EXPECT_FALSE(r->rx->GetStatus().inconsistent);
     ExpectHolds(*r, state);
@@ -468,7 +477,7 @@ TEST_F(PushTest, CudaReceiversHoldEachVersionBitForBit) {
   };
   for (int r = 0; r < 2; ++r) {
     Status s = rxs[r].rx->WaitFor(0, 10s);
-    ASSERT_EQ(s.code(), Code::kNotFound) << s.message();
+    ASSERT_EQ(s.code(), Code::kFailedPrecondition) << s.message();
     ASSERT_TRUE(rxs[r].rx->CatchUp(*store_, std::nullopt).ok());
     expect(r, state_, 0);
   }

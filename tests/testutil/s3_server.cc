@@ -17,7 +17,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "tests/testutil/python.h"
+#include "tests/testutil/paths.h"
 #include "tests/testutil/wait.h"
 
 namespace dte::test {
@@ -25,11 +25,7 @@ namespace {
 
 constexpr auto kStartTimeout = std::chrono::seconds(60);
 
-std::string ScriptPath() {
-  const char* src = std::getenv("DTE_SOURCE_DIR");
-  if (src != nullptr && *src != '\0') return std::string(src) + "/tests/testutil/moto_server.py";
-  return (std::filesystem::path(__FILE__).parent_path() / "moto_server.py").string();
-}
+std::string ScriptPath() { return std::string(SourceDir()) + "/tests/testutil/moto_server.py"; }
 
 // A port that was free a moment ago.
 Result<int> FreePort() {

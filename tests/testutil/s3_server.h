@@ -3,8 +3,8 @@
 // the child gets SIGKILL with its parent).
 //
 // It runs tests/testutil/moto_server.py (moto's server with conditional
-// writes serialized, see there) with the project's Python (tests/testutil/python.h). Tests that need it
-// must fail, not skip, when it cannot start: Get() returns the reason
+// writes serialized, see there) with the project's Python
+// (tests/testutil/paths.h). Tests that need it must fail, not skip, when it cannot start: Get() returns the reason
 // (moto missing, the port taken, no answer within a minute) with the tail of
 // the server's log.
 //

@@ -22,8 +22,14 @@ int ToCode(dte::Code code) {
       return DTE_CORRUPTION;
     case dte::Code::kIOError:
       return DTE_IO_ERROR;
-    case dte::Code::kBusy:
-      return DTE_BUSY;
+    case dte::Code::kFailedPrecondition:
+      return DTE_FAILED_PRECONDITION;
+    case dte::Code::kAborted:
+      return DTE_ABORTED;
+    case dte::Code::kDeadlineExceeded:
+      return DTE_DEADLINE_EXCEEDED;
+    case dte::Code::kUnavailable:
+      return DTE_UNAVAILABLE;
     case dte::Code::kPermissionDenied:
       return DTE_PERMISSION_DENIED;
     case dte::Code::kUnimplemented:

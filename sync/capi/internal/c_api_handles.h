@@ -26,7 +26,7 @@
 namespace dte::capi {
 
 // The kinds of handles, one per opaque type of sync/capi/c_api.h. Values fit in
-// kKindBits; 0 is no kind, and 4 (dte_dist_publisher before C API 10) is
+// kKindBits; 0 is no kind, and 4 (dte_dist_publisher before C API 11) is
 // retired: a token of it is no handle at all.
 enum class HandleKind : uint8_t {
   kPublisher = 1,

@@ -56,15 +56,22 @@ version its model holds (docs/integrations.md):
     follower = dte.Follower("/mnt/policy", max_lag=2)   # or a store URI
     version = follower.load_into(model)   # in place; verified against the hashes
 
-Failures raise a subclass of dte.DteError per kind (dte.InvalidArgument,
-also a ValueError; dte.NotFound; dte.VersionConflict; dte.Corrupt;
-dte.Timeout, also a TimeoutError; ...); .code keeps the C ABI's code.
+Failures raise a subclass of dte.DteError per canonical code, each also the
+fitting builtin (dte.InvalidArgument, also a ValueError; dte.NotFound, a
+FileNotFoundError; dte.DeadlineExceeded, a TimeoutError; dte.Unavailable, a
+ConnectionError; ... docs/errors.md); .code keeps the C ABI's code and
+.transient says whether retrying can succeed. dte.Timeout and dte.Busy are
+deprecated aliases of DeadlineExceeded and Unavailable.
 """
 
+import typing as _typing
+
 from dte._arrays import chunk_rows
-from dte._errors import (AlreadyExists, Busy, Corrupt, DteError, InternalError, InvalidArgument,
-                         IOFailure, MissedPushes, NotFound, PermissionDenied, Timeout,
-                         Unimplemented, VersionConflict)
+from dte._errors import (Aborted, AlreadyExists, Corrupt, DeadlineExceeded, DteError,
+                         FailedPrecondition, InternalError, InvalidArgument, IOFailure,
+                         MissedPushes, NotFound, PermissionDenied, Unavailable, Unimplemented,
+                         VersionConflict)
+from dte._errors import deprecated as _deprecated
 from dte._follower import CheckResult, Follower, Stale
 from dte._fp8 import Fp8Options
 from dte._live import (LiveCounts, LiveReceiver, LiveStatus, SharedTensor, SharedWeights, apply,
@@ -75,13 +82,17 @@ from dte._push import (FusedReceiverLayout, PushGroup, PushGroupReceiver, PushGr
 from dte._reader import StoreReader, TensorInfo
 from dte._results import DistStats, PublishResult, PushReport
 
-__all__ = ["AlreadyExists", "Busy", "CheckResult", "Corrupt", "DistStats", "DteError",
-           "Follower", "Fp8Options", "FusedReceiverLayout", "InternalError", "InvalidArgument",
-           "IOFailure",
-           "LiveCounts", "LiveReceiver", "LiveStatus", "MetricsCollector", "MissedPushes",
-           "NotFound", "Params", "PermissionDenied", "Publisher", "PublishResult", "PushGroup",
-           "PushGroupReceiver", "PushGroupStatus", "PushReceiver", "PushReceiverStatus",
-           "PushReport",
-           "ReceiverLayout", "ReceiverTensor", "SharedTensor", "SharedWeights", "Stale",
-           "StoreReader", "TensorInfo", "Timeout", "Unimplemented", "VersionConflict", "apply", "chunk_rows",
-           "live_status"]
+__all__ = ["Aborted", "AlreadyExists", "CheckResult", "Corrupt", "DeadlineExceeded", "DistStats",
+           "DteError", "FailedPrecondition", "Follower", "Fp8Options", "FusedReceiverLayout",
+           "InternalError", "InvalidArgument", "IOFailure", "LiveCounts", "LiveReceiver",
+           "LiveStatus", "MetricsCollector", "MissedPushes", "NotFound", "Params",
+           "PermissionDenied", "Publisher", "PublishResult", "PushGroup", "PushGroupReceiver",
+           "PushGroupStatus", "PushReceiver", "PushReceiverStatus", "PushReport", "ReceiverLayout",
+           "ReceiverTensor", "SharedTensor", "SharedWeights", "Stale", "StoreReader", "TensorInfo",
+           "Unavailable", "Unimplemented", "VersionConflict", "apply", "chunk_rows", "live_status"]
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """dte.Timeout and dte.Busy, retired: their replacements, with a
+    DeprecationWarning (removed in the next release)."""
+    return _deprecated(__name__, name)

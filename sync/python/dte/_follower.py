@@ -16,16 +16,16 @@ import os
 import time
 from typing import Any, Iterator, List, Optional, Union
 
-from dte._errors import Corrupt, DteError, InvalidArgument, NOT_FOUND, NotFound, Timeout
+from dte._errors import (Corrupt, DeadlineExceeded, DteError, FailedPrecondition, InvalidArgument,
+                         NotFound)
 from dte._follower_live import LiveHold, why_not_live
 from dte._sources import MountSource, StoreSource, TensorInfo, version_name
 from dte._tensors import Target, fill, targets, tensor_hash
 
 
-class Stale(DteError):
+class Stale(FailedPrecondition):
     """The model is more versions behind the newest than max_lag allows
     (Follower(on_lag="raise"))."""
-    code = NOT_FOUND
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,14 +96,14 @@ class Follower:
 
     def wait_for(self, min_version: int, timeout: Optional[float] = None) -> int:
         """Waits until the newest version is at least `min_version`; returns
-        it. Raises dte.Timeout after `timeout` seconds (None: no limit)."""
+        it. Raises dte.DeadlineExceeded after `timeout` seconds (None: no limit)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             v = self.latest()
             if v is not None and v >= min_version:
                 return v
             if deadline is not None and time.monotonic() >= deadline:
-                raise Timeout("%s: waited %.3g s for %s, newest is %s" % (
+                raise DeadlineExceeded("%s: waited %.3g s for %s, newest is %s" % (
                     self._source.describe(), timeout or 0.0, version_name(min_version),
                     "none" if v is None else version_name(v)))
             time.sleep(self.poll_interval)
@@ -114,7 +114,7 @@ class Follower:
         those after `after` (None: after the newest yielded before, or, the
         first time, from the newest there is). every=False yields only the
         newest at each step, skipping the ones a slow loop missed. Ends with
-        dte.Timeout when none comes within `timeout` seconds (None: never)."""
+        dte.DeadlineExceeded when none comes within `timeout` seconds (None: never)."""
         last = after if after is not None else self._seen
         if last is None:
             newest = self.latest()

@@ -4,7 +4,7 @@ import ctypes
 import os
 from typing import Any, Dict, Iterator, List, Tuple
 
-C_API_VERSION = 10  # DTE_C_API_VERSION of sync/capi/c_api.h
+C_API_VERSION = 11  # DTE_C_API_VERSION of sync/capi/c_api.h
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F64, DTYPE_OTHER = 0, 1, 2, 3, 255
 MEMORY_HOST, MEMORY_CUDA = 0, 1
 PATH_ADAMW, PATH_WEIGHTS = 0, 1  # dte_publish_result.path
@@ -175,6 +175,7 @@ def _publish_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
     return {
         "dte_last_error": (ctypes.c_char_p, []),
         "dte_c_api_version": (ctypes.c_int, []),
+        "dte_code_transient": (ctypes.c_int, [ctypes.c_int]),
         "dte_publisher_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
                                               ctypes.POINTER(P)]),
         "dte_publisher_close": (ctypes.c_int, [P]),

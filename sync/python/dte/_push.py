@@ -30,7 +30,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from dte import _lib
-from dte._errors import IO_ERROR, NOT_FOUND, InvalidArgument, MissedPushes, Timeout
+from dte._errors import FAILED_PRECONDITION, DeadlineExceeded, InvalidArgument, MissedPushes
 from dte._fp8 import Fp8Options
 from dte._handle import _check, _Handle, _secret_arg, _text, _torch
 from dte._lib import lib
@@ -228,7 +228,7 @@ class PushGroup(_Handle):
                            version: Optional[int] = None) -> PushGroupStatus:
         """Waits until the `receivers` given at construction are connected
         (and, with version, hold it); returns the status. Raises
-        dte.Timeout, saying how many are there, when `timeout` (seconds)
+        dte.DeadlineExceeded, saying how many are there, when `timeout` (seconds)
         runs out."""
         end = time.monotonic() + timeout
         while True:
@@ -238,7 +238,7 @@ class PushGroup(_Handle):
             if len(there) >= self._receivers:
                 return st
             if time.monotonic() >= end:
-                raise Timeout("%d of %d receivers%s after %.1f s" % (
+                raise DeadlineExceeded("%d of %d receivers%s after %.1f s" % (
                     len(there), self._receivers,
                     "" if version is None else " at v%d" % version, timeout))
             time.sleep(0.02)
@@ -353,9 +353,9 @@ class PushReceiver(_Handle):
     def wait_for(self, version: int, timeout: float = 60.0) -> None:
         """Applies pushes until the tensors hold `version` or newer. Raises
         MissedPushes when this receiver missed pushes (catch_up() first),
-        Timeout when `timeout` (seconds) ran out."""
+        DeadlineExceeded when `timeout` (seconds) ran out."""
         _check(lib.dte_push_receiver_wait_for(self._h, int(version), int(timeout * 1000)),
-               {NOT_FOUND: MissedPushes, IO_ERROR: Timeout})
+               {FAILED_PRECONDITION: MissedPushes})
 
     def catch_up(self, store: Union[str, os.PathLike[str], StoreReader],
                  version: Optional[int] = None, cache_dir: Optional[str] = None) -> None:
