@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Lists the functions longer than a limit in C++, CUDA and Python sources.
 
-  tools/function_lengths.py                   # sync/ fs/ tools/, over 120 lines
+  tools/function_lengths.py                   # every source folder, over 120 lines
   tools/function_lengths.py --max 60 fs/      # a folder, another limit
   tools/function_lengths.py --top 20 store/   # the 20 longest, whatever their length
 
@@ -28,7 +28,7 @@ import re
 import sys
 
 CXX_SUFFIXES = (".cc", ".cpp", ".cxx", ".h", ".hpp", ".cu", ".cuh")
-DEFAULT_PATHS = ("sync", "fs", "tools")
+DEFAULT_PATHS = ("kernels", "store", "sync", "fs", "tools", "tests")
 SKIP_DIRS = {"build", ".git", "__pycache__", "third_party", "node_modules"}
 
 # extern "C" reads extern " " once literals are blanked.

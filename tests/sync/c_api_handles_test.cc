@@ -193,6 +193,8 @@ class CApiHandlesTest : public ::testing::Test {
   }
 
   std::map<std::string, std::vector<Slot>> Cases();
+  std::map<std::string, std::vector<Slot>> PublisherCases();
+  std::map<std::string, std::vector<Slot>> OtherCases();
 
   // Calls slot with `h` and checks the answer starts with
   // "fn: expected a KIND handle, got " + `got`.
@@ -228,14 +230,19 @@ class CApiHandlesTest : public ::testing::Test {
   const dte_tensor_info* entries_ = nullptr;
 };
 
+// The cases of the publisher calls, then of the push, store, transport and
+// live calls.
 auto CApiHandlesTest::Cases() -> std::map<std::string, std::vector<Slot>> {
+  auto cases = PublisherCases();
+  cases.merge(OtherCases());
+  return cases;
+}
+
+auto CApiHandlesTest::PublisherCases() -> std::map<std::string, std::vector<Slot>> {
   using P = dte_publisher;
   using S = dte_push_server;
-  using R = dte_push_receiver;
-  auto pub = HandleKind::kPublisher;
-  auto server = HandleKind::kPushServer, rx = HandleKind::kPushReceiver;
-  auto store = HandleKind::kStore, transport = HandleKind::kTransport, live = HandleKind::kLive;
-  auto table = HandleKind::kTensorTable;
+  auto pub = HandleKind::kPublisher, server = HandleKind::kPushServer;
+  auto transport = HandleKind::kTransport;
   auto* t = Open<dte_transport>(transport);
   const char* names[] = {"rank"};
   const char* values[] = {"0"};
@@ -313,6 +320,16 @@ auto CApiHandlesTest::Cases() -> std::map<std::string, std::vector<Slot>> {
          }}}},
       {"dte_transport_close",
        {{transport, [](void* h) { return dte_transport_close((dte_transport*)h); }}}},
+  };
+}
+
+auto CApiHandlesTest::OtherCases() -> std::map<std::string, std::vector<Slot>> {
+  using S = dte_push_server;
+  using R = dte_push_receiver;
+  auto server = HandleKind::kPushServer, rx = HandleKind::kPushReceiver;
+  auto store = HandleKind::kStore, live = HandleKind::kLive;
+  auto table = HandleKind::kTensorTable;
+  return {
       {"dte_push_server_close", {{server, [](void* h) { return dte_push_server_close((S*)h); }}}},
       {"dte_push_server_port",
        {{server, [=, this](void* h) { return dte_push_server_port((S*)h, &i32_); }}}},
