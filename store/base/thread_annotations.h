@@ -7,9 +7,12 @@
 // use dte::Mutex (a thin annotated wrapper) with dte::MutexLock.
 //
 // Thread-safety: Mutex is a mutex. A MutexLock belongs to the scope (and so
-// the thread) that created it.
+// the thread) that created it. CondVar is a condition variable over a Mutex
+// its waiter holds.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 
 #if defined(__clang__)
@@ -43,6 +46,7 @@ class CAPABILITY("mutex") Mutex {
   void Unlock() RELEASE() { mu_.unlock(); }
 
  private:
+  friend class CondVar;
   std::mutex mu_;
 };
 
@@ -56,6 +60,38 @@ class SCOPED_CAPABILITY MutexLock {
 
  private:
   Mutex* const mu_;
+};
+
+// A condition variable whose waits hold a dte::Mutex across them (released
+// while blocked, held again on return, as std::condition_variable does).
+class CondVar {
+ public:
+  CondVar() = default;
+  CondVar(const CondVar&) = delete;
+  CondVar& operator=(const CondVar&) = delete;
+
+  void Signal() { cv_.notify_one(); }
+  void SignalAll() { cv_.notify_all(); }
+
+  // Waits until `done()` holds or `deadline` passes; returns done().
+  template <typename Clock, typename Duration, typename Pred>
+  bool WaitUntil(Mutex* mu, std::chrono::time_point<Clock, Duration> deadline, Pred done)
+      REQUIRES(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
+    const bool ok = cv_.wait_until(lock, deadline, done);
+    lock.release();  // mu stays held, as the caller's scope says
+    return ok;
+  }
+  // Waits until `done()` holds.
+  template <typename Pred>
+  void Wait(Mutex* mu, Pred done) REQUIRES(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
+    cv_.wait(lock, done);
+    lock.release();
+  }
+
+ private:
+  std::condition_variable cv_;
 };
 
 }  // namespace dte

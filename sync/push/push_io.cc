@@ -25,7 +25,7 @@ void PushServer::Impl::Loop() {
   while (!stop_) {
     int timeout_ms;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       timeout_ms = PollSetLocked(&fds, &ids);
     }
     const int n = poll(fds.data(), fds.size(), timeout_ms);
@@ -35,7 +35,7 @@ void PushServer::Impl::Loop() {
       uint64_t drained;
       [[maybe_unused]] ssize_t r = read(wake_.get(), &drained, sizeof drained);
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (fds[1].revents & POLLIN) AcceptLocked();
     for (size_t k = 2; k < fds.size(); ++k) {
       auto it = conns_.find(ids[k - 2]);
@@ -64,7 +64,7 @@ int PushServer::Impl::PollSetLocked(std::vector<pollfd>* fds, std::vector<uint64
     if (!c.drop.empty() || (c.close_after_flush && c.out.empty())) {
       if (c.awaiting) {
         gone_[it->first] = "receiver " + c.who + ": " + c.drop;
-        cv_.notify_all();
+        cv_.SignalAll();
       }
       it = conns_.erase(it);
       continue;
@@ -101,7 +101,7 @@ void PushServer::Impl::AcceptLocked() {
 void PushServer::Impl::ServeLocked(Conn& c, short revents, char* buf, size_t buf_size) {
   if (revents & POLLOUT) {
     WriteOutLocked(c);
-    cv_.notify_all();  // a push may be waiting for this queue to shrink
+    cv_.SignalAll();  // a push may be waiting for this queue to shrink
   }
   if (revents & (POLLIN | POLLHUP | POLLERR)) ReadInLocked(c, buf, buf_size);
 }
@@ -133,7 +133,7 @@ void PushServer::Impl::ReadInLocked(Conn& c, char* buf, size_t buf_size) {
     } else {
       DropLocked(c, why);
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     return;
   }
   if (r > 0) OnBytesLocked(c, buf, static_cast<size_t>(r));
@@ -141,7 +141,7 @@ void PushServer::Impl::ReadInLocked(Conn& c, char* buf, size_t buf_size) {
     auto m = c.in.Next(push_internal::kMaxControlBytes, c.who);
     if (!m.ok()) {
       DropLocked(c, m.status().message());
-      cv_.notify_all();
+      cv_.SignalAll();
       return;
     }
     if (!m->has_value()) return;
@@ -185,7 +185,7 @@ Result<std::vector<PlanTensor>> HelloTensors(const nlohmann::json& list) {
 }  // namespace
 
 void PushServer::Impl::OnHello(Conn& c, const std::string& body) {
-  auto refuse = [&](const std::string& why) {
+  auto refuse = [&](const std::string& why) REQUIRES(mu_) {
     SendLocked(c, Frame(Msg::kWelcome, Json({{"error", why}})));
     c.close_after_flush = true;
     events_.Add("receiver " + c.who + " refused: " + why);
@@ -260,12 +260,12 @@ void PushServer::Impl::OnMessage(Conn& c, const push_internal::Parsed& m) {
       std::string why = j.is_object() && j["error"].is_string() ? j["error"].get<std::string>()
                                                                 : "an error without a message";
       DropLocked(c, "it reported: " + why);
-      cv_.notify_all();
+      cv_.SignalAll();
       return;
     }
     default:
       DropLocked(c, std::string("sent an unexpected ") + push_internal::MsgName(m.type));
-      cv_.notify_all();
+      cv_.SignalAll();
   }
 }
 
@@ -278,7 +278,7 @@ void PushServer::Impl::OnReceived(Conn& c, std::optional<uint64_t> version) {
   c.info.version = version;
   c.info.behind = false;
   c.info.pushes++;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void PushServer::Impl::OnHeld(Conn& c, std::optional<uint64_t> version) {

@@ -288,7 +288,7 @@ Status PushServer::Impl::SelectTargets(Round& r) {
   ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(r.store, *r.v));
   r.canonical = in.canonical;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     InstallLocked(r.v, std::move(in));
     for (auto& [id, cp] : conns_) {
       Conn& c = *cp;
@@ -332,7 +332,7 @@ void PushServer::Impl::TargetLocked(Round& r, uint64_t id, Conn& c) {
 // Round 1: each target's counts, in its own tensor numbering.
 void PushServer::Impl::SendCounts(Round& r) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     gone_.clear();
     confirmed_.clear();
     for (Round::Target& t : r.targets) {
@@ -382,7 +382,7 @@ Status PushServer::Impl::SendData(Round& r) {
     std::map<RankKey, std::string> data = std::move(pb.data);
     if (!pb.encoded) RETURN_IF_ERROR(r.EncodeAgain(pb, &data));
     r.pack += SecondsSince(p0);
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     for (Round::Target& t : r.targets) {
       const int variant = std::get<2>(t.key);
       Conn* c = LiveLocked(t.id);
@@ -395,19 +395,19 @@ Status PushServer::Impl::SendData(Round& r) {
       SendAllLocked(r, &rk, std::make_shared<const std::string>(Frame(Msg::kData, bytes)));
     }
     Wake();
-    WaitForQueuesLocked(r, lock);
+    WaitForQueuesLocked(r);
   }
   return Status::Ok();
 }
 
 // Before the next batch, every target's queue drains below options'
 // queue_bytes; one that does not by the deadline is dropped.
-void PushServer::Impl::WaitForQueuesLocked(Round& r, std::unique_lock<std::mutex>& lock) {
-  auto over = [&](const Round::Target& t) {
+void PushServer::Impl::WaitForQueuesLocked(Round& r) {
+  auto over = [&](const Round::Target& t) REQUIRES(mu_) {
     auto it = conns_.find(t.id);
     return it != conns_.end() && QueuedBytes(*it->second) > options_.queue_bytes;
   };
-  cv_.wait_until(lock, r.deadline, [&] {
+  cv_.WaitUntil(&mu_, r.deadline, [&]() REQUIRES(mu_) {
     for (const Round::Target& t : r.targets) {
       if (over(t) && conns_.at(t.id)->drop.empty()) return false;
     }
@@ -422,7 +422,7 @@ void PushServer::Impl::WaitForQueuesLocked(Round& r, std::unique_lock<std::mutex
 
 void PushServer::Impl::EndData(Round& r, const Status& streamed) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (streamed.ok()) {
       SendAllLocked(r, nullptr, std::make_shared<const std::string>(Frame(Msg::kDataEnd, {})));
     } else {
@@ -440,17 +440,18 @@ void PushServer::Impl::EndData(Round& r, const Status& streamed) {
 // Waits for every target's receipt up to the deadline; counts those that
 // confirmed, drops and lists the rest.
 void PushServer::Impl::AwaitConfirmations(Round& r) {
-  std::unique_lock lock(mu_);
-  auto pending = [&] {
-    for (uint64_t id : r.sent) {
-      auto it = conns_.find(id);
-      if (it != conns_.end() && it->second->drop.empty() && it->second->awaiting) return true;
-    }
-    return false;
-  };
-  cv_.wait_until(lock, r.deadline, [&] { return !pending(); });
-  for (uint64_t id : r.sent) ReportTargetLocked(r, id);
-  lock.unlock();
+  {
+    MutexLock lock(&mu_);
+    auto pending = [&]() REQUIRES(mu_) {
+      for (uint64_t id : r.sent) {
+        auto it = conns_.find(id);
+        if (it != conns_.end() && it->second->drop.empty() && it->second->awaiting) return true;
+      }
+      return false;
+    };
+    cv_.WaitUntil(&mu_, r.deadline, [&]() REQUIRES(mu_) { return !pending(); });
+    for (uint64_t id : r.sent) ReportTargetLocked(r, id);
+  }
   Wake();
 }
 

@@ -71,7 +71,7 @@ Status PushServer::Impl::SetGroup(int part, int parts) {
                            std::to_string(parts));
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (part == part_ && parts == parts_) return Status::Ok();
     senders_.clear();
     part_ = part;
@@ -85,7 +85,7 @@ Status PushServer::Impl::SetGroup(int part, int parts) {
 
 Status PushServer::Impl::SetSenders(const std::vector<std::string>& senders) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (static_cast<int>(senders.size()) != parts_) {
       return InvalidArgument("push server part " + std::to_string(part_) + " of " +
                              std::to_string(parts_) + ": " + std::to_string(senders.size()) +
@@ -105,14 +105,14 @@ Status PushServer::Impl::SetSenders(const std::vector<std::string>& senders) {
 }
 
 std::pair<int, int> PushServer::Impl::group() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return {part_, parts_};
 }
 
 Status PushServer::Impl::SetLatest(Store& store, const std::shared_ptr<const Version>& v) {
   ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(store, *v));
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     InstallLocked(v, std::move(in));
     // Receivers that hold something else catch up to it; those whose
     // tensors no longer fit it (another model, or a split an FP8 receiver's
@@ -135,7 +135,7 @@ Status PushServer::Impl::SetLatest(Store& store, const std::shared_ptr<const Ver
 }
 
 std::vector<PushReceiverInfo> PushServer::Impl::Receivers() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<PushReceiverInfo> out;
   for (const auto& [id, c] : conns_) {
     if (c->hello_done && c->drop.empty()) out.push_back(c->info);
@@ -206,7 +206,7 @@ void PushServer::Impl::DropLocked(Conn& c, const std::string& why) {
   c.drop = why;
   events_.Add("receiver " + c.who + " dropped: " + why);
   shutdown(c.fd.get(), SHUT_RDWR);
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void PushServer::Impl::RefuseLocked(Conn& c, const std::string& why) {

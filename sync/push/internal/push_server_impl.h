@@ -24,12 +24,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -40,6 +38,7 @@
 #include <vector>
 
 #include "store/base/posix_file.h"
+#include "store/base/thread_annotations.h"
 #include "sync/push/internal/held_fp8_summaries.h"
 #include "sync/push/internal/push_events.h"
 #include "sync/push/internal/push_fp8_summary.h"
@@ -86,7 +85,7 @@ class PushServer::Impl {
   Result<PushReport> Push(Store& store, const std::shared_ptr<const Version>& v,
                           ChangesSource& changes);
 
-  std::vector<PushReceiverInfo> Receivers() const;
+  std::vector<PushReceiverInfo> Receivers() const EXCLUDES(mu_);
   std::vector<std::string> TakeEvents();
   uint64_t refused() const;
 
@@ -125,67 +124,71 @@ class PushServer::Impl {
   struct Round;
 
   // --- push_server.cc: connections and their plans ---------------------------
-  void DropAllLocked(const std::string& why);
+  void DropAllLocked(const std::string& why) REQUIRES(mu_);
   // Part 0 of several answers hellos only once it can name every sender.
-  bool HoldHellosLocked() const { return part_ == 0 && parts_ > 1 && senders_.empty(); }
+  bool HoldHellosLocked() const REQUIRES(mu_) {
+    return part_ == 0 && parts_ > 1 && senders_.empty();
+  }
   // Hellos held until then are answered now.
-  void AnswerHeldLocked();
+  void AnswerHeldLocked() REQUIRES(mu_);
   void Wake();
   // Installs v in plans_; connections matched against plans it drops are
   // matched again.
-  void InstallLocked(const std::shared_ptr<const Version>& v, PlanInputs in);
+  void InstallLocked(const std::shared_ptr<const Version>& v, PlanInputs in) REQUIRES(mu_);
   // The FP8 plan of an FP8 receiver's layout, rank and options.
-  Result<const Fp8ReceiverPlan*> Fp8PlanLocked(const Conn& c, const TransferPlan& plan);
+  Result<const Fp8ReceiverPlan*> Fp8PlanLocked(const Conn& c, const TransferPlan& plan)
+      REQUIRES(mu_);
   // Lines c's tensors up with the plan (c.plan_to_own): the plan's
   // receiver tensors, or an FP8 receiver's (with their scales).
-  Status MatchLocked(Conn& c, const TransferPlan& plan, const std::string& what);
+  Status MatchLocked(Conn& c, const TransferPlan& plan, const std::string& what) REQUIRES(mu_);
   // MatchLocked against the latest version, unless c is matched already.
-  Status FitsLatestLocked(Conn& c);
-  void DropLocked(Conn& c, const std::string& why);
+  Status FitsLatestLocked(Conn& c) REQUIRES(mu_);
+  void DropLocked(Conn& c, const std::string& why) REQUIRES(mu_);
   // A connection that did not prove it knows the job secret: closed before
   // anything of it is read or anything sent to it but the handshake.
-  void RefuseLocked(Conn& c, const std::string& why);
+  void RefuseLocked(Conn& c, const std::string& why) REQUIRES(mu_);
   static void Log(const std::string& line);
-  void SendLocked(Conn& c, std::string frame) {
+  void SendLocked(Conn& c, std::string frame) REQUIRES(mu_) {
     c.out.push_back({std::make_shared<const std::string>(std::move(frame)), 0});
   }
   // One frame for several receivers, not copied.
-  void SendLocked(Conn& c, const std::shared_ptr<const std::string>& frame) {
+  void SendLocked(Conn& c, const std::shared_ptr<const std::string>& frame) REQUIRES(mu_) {
     c.out.push_back({frame, 0});
   }
   static uint64_t QueuedBytes(const Conn& c);
   // The live connection `id` (hello done or not), or null.
-  Conn* LiveLocked(uint64_t id);
+  Conn* LiveLocked(uint64_t id) REQUIRES(mu_);
 
   // --- push_io.cc: the I/O thread ---------------------------------------------
   void Loop();
   // Drops connections past their hello deadline, closes finished ones, and
   // lists the rest for poll: returns poll's timeout.
-  int PollSetLocked(std::vector<pollfd>* fds, std::vector<uint64_t>* ids);
-  void AcceptLocked();
-  void ServeLocked(Conn& c, short revents, char* buf, size_t buf_size);
-  void WriteOutLocked(Conn& c);
-  void ReadInLocked(Conn& c, char* buf, size_t buf_size);
+  int PollSetLocked(std::vector<pollfd>* fds, std::vector<uint64_t>* ids) REQUIRES(mu_);
+  void AcceptLocked() REQUIRES(mu_);
+  void ServeLocked(Conn& c, short revents, char* buf, size_t buf_size) REQUIRES(mu_);
+  void WriteOutLocked(Conn& c) REQUIRES(mu_);
+  void ReadInLocked(Conn& c, char* buf, size_t buf_size) REQUIRES(mu_);
   // Bytes read from c: the handshake's first, then the protocol's frames.
-  void OnBytesLocked(Conn& c, const char* data, size_t n);
-  void OnHello(Conn& c, const std::string& body);
-  void OnMessage(Conn& c, const push_internal::Parsed& m);
-  void OnReceived(Conn& c, std::optional<uint64_t> version);
-  void OnHeld(Conn& c, std::optional<uint64_t> version);
+  void OnBytesLocked(Conn& c, const char* data, size_t n) REQUIRES(mu_);
+  void OnHello(Conn& c, const std::string& body) REQUIRES(mu_);
+  void OnMessage(Conn& c, const push_internal::Parsed& m) REQUIRES(mu_);
+  void OnReceived(Conn& c, std::optional<uint64_t> version) REQUIRES(mu_);
+  void OnHeld(Conn& c, std::optional<uint64_t> version) REQUIRES(mu_);
 
   // --- push_round.cc: a push's phases, in order -------------------------------
   // Installs the version and picks the receivers that hold its parent
   // (the others are told to catch up).
   Status SelectTargets(Round& r);
-  void TargetLocked(Round& r, uint64_t id, Conn& c);
+  void TargetLocked(Round& r, uint64_t id, Conn& c) REQUIRES(mu_);
   void SendCounts(Round& r);
   Status SendData(Round& r);
-  void WaitForQueuesLocked(Round& r, std::unique_lock<std::mutex>& lock);
+  void WaitForQueuesLocked(Round& r) REQUIRES(mu_);
   void EndData(Round& r, const Status& streamed);
   void AwaitConfirmations(Round& r);
-  void ReportTargetLocked(Round& r, uint64_t id);
+  void ReportTargetLocked(Round& r, uint64_t id) REQUIRES(mu_);
   // Queues a frame for every live target of `rk` (every target: null).
-  void SendAllLocked(Round& r, const RankKey* rk, const std::shared_ptr<const std::string>& frame);
+  void SendAllLocked(Round& r, const RankKey* rk, const std::shared_ptr<const std::string>& frame)
+      REQUIRES(mu_);
 
   PushServerOptions options_;
   std::string secret_;  // the job secret; empty: none (loopback only)
@@ -201,17 +204,19 @@ class PushServer::Impl {
   push_internal::HeldFp8Summaries fp8_summaries_;
 
   // The connections' lock; everything below is guarded by it.
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   // A receipt arrived, a receiver was dropped, or a queue was written out.
-  std::condition_variable cv_;
-  std::map<uint64_t, std::unique_ptr<Conn>> conns_;
-  uint64_t next_id_ = 1;
+  CondVar cv_;
+  std::map<uint64_t, std::unique_ptr<Conn>> conns_ GUARDED_BY(mu_);
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
   // Receivers dropped and closed while a push awaited them: id -> reason,
   // for that push's report (cleared by each push).
-  std::map<uint64_t, std::string> gone_;
-  std::set<uint64_t> confirmed_;      // receivers that confirmed the current push
-  int part_ = 0, parts_ = 1;          // SetGroup
-  std::vector<std::string> senders_;  // every part's address, once known (SetSenders)
+  std::map<uint64_t, std::string> gone_ GUARDED_BY(mu_);
+  std::set<uint64_t> confirmed_ GUARDED_BY(mu_);  // receivers that confirmed the current push
+  int part_ GUARDED_BY(mu_) = 0;                  // SetGroup
+  int parts_ GUARDED_BY(mu_) = 1;
+  // Every part's address, once known (SetSenders).
+  std::vector<std::string> senders_ GUARDED_BY(mu_);
 };
 
 }  // namespace dte
