@@ -71,8 +71,12 @@ extern "C" {
  * dte_publisher_publish_adamw and _publish_adamw_mcore work in a world of
  * several ranks too (each tensor or shard given is the rank's whole copy);
  * import and the weights calls need a world of one. dte_transport_store
- * takes a dte_publisher. */
-#define DTE_C_API_VERSION 11
+ * takes a dte_publisher.
+ * 12: inference servers (docs/push.md "Servers"): dte_push_receiver_open_server
+ * (a receiver that is a rank of a named server, with its stage budget),
+ * dte_push_receiver_path, _apply_agreed, _move_to and _server_status;
+ * dte_push_receiver_status gains staged_bytes. */
+#define DTE_C_API_VERSION 12
 
 /* Result codes, after Abseil's canonical codes (docs/errors.md). The values
  * are stable: new codes are appended, a retired one keeps its number unused. */
@@ -423,7 +427,8 @@ typedef struct dte_push_receiver_status {
   int32_t has_behind; /* the server said it is at `behind`: catch up */
   uint64_t behind;
   uint64_t pending, pushes, elements;
-  uint64_t bytes; /* bytes the pushes wrote (elements times their width) */
+  uint64_t bytes;        /* bytes the pushes wrote (elements times their width) */
+  uint64_t staged_bytes; /* memory of the pushes and moves staged, not applied */
 } dte_push_receiver_status;
 
 /* Starts a receiver: rank `rank` of a layout of degree tp (fuse_* nonzero:
@@ -454,15 +459,49 @@ int dte_push_receiver_open_fp8(const char* address, int32_t rank, int32_t tp, in
                                int64_t timeout_ms, const char* secret, uint64_t fp8_block_rows,
                                uint64_t fp8_block_cols, int32_t fp8_scale_rule,
                                dte_push_receiver** out);
+/* Either of the above (fp8 nonzero: an FP8 receiver), and a rank of the
+ * inference server named `server` of server_size ranks (NULL or "": none,
+ * server_size 1): such a rank applies only what every rank of its server
+ * staged (dte_push_receiver_apply_agreed), never with auto_apply.
+ * stage_bytes: the most bytes of pushes and moves staged (0: 4 GiB). */
+int dte_push_receiver_open_server(const char* address, int32_t rank, int32_t tp, int32_t fuse_qkv,
+                                  int32_t fuse_gate_up, int32_t has_version, uint64_t version,
+                                  const dte_push_tensor* tensors, size_t count, int32_t auto_apply,
+                                  int64_t timeout_ms, const char* secret, int32_t fp8,
+                                  uint64_t fp8_block_rows, uint64_t fp8_block_cols,
+                                  int32_t fp8_scale_rule, const char* server, int32_t server_size,
+                                  uint64_t stage_bytes, dte_push_receiver** out);
 int dte_push_receiver_close(dte_push_receiver* r);
+/* DTE_FAILED_PRECONDITION on a rank of a server of several ranks. */
 int dte_push_receiver_apply_pending(dte_push_receiver* r, uint64_t* applied_out);
-/* DTE_OK once the tensors hold `version` or newer; DTE_NOT_FOUND when the
- * receiver missed pushes (catch up), DTE_IO_ERROR on timeout. */
+/* DTE_OK once the tensors hold `version` or newer (a rank of a server:
+ * once `version` is staged); DTE_FAILED_PRECONDITION when the receiver
+ * missed pushes (catch up), DTE_DEADLINE_EXCEEDED on timeout. */
 int dte_push_receiver_wait_for(dte_push_receiver* r, uint64_t version, int64_t timeout_ms);
 /* Copies `version` (has_version 0: the one the server said) from the store
- * into the tensors and tells the server. */
+ * into the tensors and tells the server; a rank of a server that knows the
+ * version it holds stages it instead (as dte_push_receiver_move_to). */
 int dte_push_receiver_catch_up(dte_push_receiver* r, dte_store* s, int32_t has_version,
                                uint64_t version);
+/* Stages the move to `version` from the last version held or staged,
+ * either direction along one chain of the store: the elements that differ,
+ * from the store's deltas; applied like a push. */
+int dte_push_receiver_move_to(dte_push_receiver* r, dte_store* s, uint64_t version);
+/* The versions the receiver can be at without the store: the one it holds,
+ * then each staged one. Writes at most cap to out; *n_out: how many there
+ * are (0: the version held is unknown). */
+int dte_push_receiver_path(dte_push_receiver* r, uint64_t* out, size_t cap, size_t* n_out);
+/* A rank of a server: applies up to the version every rank's path holds
+ * (the furthest along rank 0's), given every rank's path, concatenated in
+ * `versions` with lengths[i] entries for rank i of `ranks` (the same on
+ * every rank). With none in common nothing is written and *applied_out is
+ * 0 (dte_push_receiver_server_status says why). */
+int dte_push_receiver_apply_agreed(dte_push_receiver* r, const uint64_t* versions,
+                                   const size_t* lengths, size_t ranks, uint64_t* applied_out);
+/* What the server's ranks last agreed on: has_version and version, or
+ * inconsistent with the reason in *error_out (may be NULL). */
+int dte_push_receiver_server_status(dte_push_receiver* r, int32_t* has_version, uint64_t* version,
+                                    int32_t* inconsistent, const char** error_out);
 /* error_out (may be NULL): the last error ("" if none). */
 int dte_push_receiver_get_status(dte_push_receiver* r, dte_push_receiver_status* out,
                                  const char** error_out);

@@ -203,6 +203,18 @@ void PushServer::Impl::OnHello(Conn& c, const std::string& body) {
   }
   auto tensors = HelloTensors(j["tensors"]);
   if (!tensors.ok()) return refuse(tensors.status().message());
+  if (j.contains("server")) {
+    if (!j["server"].is_string() || j["server"].get<std::string>().empty() ||
+        !j["server_size"].is_number_integer() || j["server_size"].get<int>() < 1 ||
+        rank >= j["server_size"].get<int>()) {
+      return refuse(
+          "hello names a server without a name, a server_size of at least 1, or "
+          "with rank " +
+          std::to_string(rank) + " outside it");
+    }
+    c.info.server = j["server"].get<std::string>();
+    c.info.server_size = j["server_size"].get<int>();
+  }
   c.info.rank = rank;
   c.info.layout = layout;
   c.who = "rank " + std::to_string(rank) + " (" + c.who + ")";
@@ -256,6 +268,8 @@ void PushServer::Impl::OnMessage(Conn& c, const push_internal::Parsed& m) {
       return;
     case Msg::kHeld:
       return OnHeld(c, version);
+    case Msg::kServer:
+      return OnServer(c, j);
     case Msg::kError: {
       std::string why = j.is_object() && j["error"].is_string() ? j["error"].get<std::string>()
                                                                 : "an error without a message";
@@ -288,6 +302,22 @@ void PushServer::Impl::OnHeld(Conn& c, std::optional<uint64_t> version) {
   c.info.behind = latest && *version != latest->manifest.version;
   if (c.info.behind) {
     SendLocked(c, Frame(Msg::kBehind, Json({{"latest", latest->manifest.version}})));
+  }
+}
+
+// A rank of a server reports what its ranks agreed on (ApplyAgreed).
+void PushServer::Impl::OnServer(Conn& c, const nlohmann::json& j) {
+  if (c.info.server.empty() || !j.is_object()) {
+    return DropLocked(c, "sent a server report but named no server in its hello");
+  }
+  c.info.server_inconsistent = j.value("inconsistent", false);
+  c.info.server_error = j["why"].is_string() ? j["why"].get<std::string>() : std::string();
+  if (j["version"].is_number_unsigned()) {
+    c.info.server_version = j["version"].get<uint64_t>();
+  } else if (c.info.server_inconsistent) {
+    c.info.server_version.reset();
+    events_.Add("server " + c.info.server + " is inconsistent (" + c.who +
+                "): " + c.info.server_error);
   }
 }
 

@@ -12,6 +12,8 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
+
 #include "store/store.h"
 #include "sync/push/internal/push_catchup.h"
 #include "sync/push/internal/push_plan.h"
@@ -82,12 +84,16 @@ void PushReceiver::Impl::Start() {
 Status PushReceiver::Impl::WaitFor(uint64_t version, std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   for (;;) {
-    {
+    if (!InServer()) {
       std::lock_guard apply(apply_mu_);
       RETURN_IF_ERROR(ApplyPendingLocked().status());
     }
     std::unique_lock lock(mu_);
-    if (held_ && *held_ >= version) return Status::Ok();
+    if (!InServer() && held_ && *held_ >= version) return Status::Ok();
+    if (InServer()) {
+      const std::vector<uint64_t> path = PathLocked();
+      if (std::find(path.begin(), path.end(), version) != path.end()) return Status::Ok();
+    }
     if (!refused_.empty()) return InvalidArgument(refused_);
     if (inconsistent_) {
       return Corruption("receiver is inconsistent after a failed catch-up: catch up again");
@@ -119,7 +125,85 @@ PushReceiverStatus PushReceiver::Impl::GetStatus() const {
   s.elements = elements_;
   s.bytes = bytes_;
   s.error = !refused_.empty() ? refused_ : error_;
+  s.server_version = server_version_;
+  s.server_inconsistent = server_inconsistent_;
+  s.server_error = server_error_;
+  s.staged_bytes = staged_bytes_;
   return s;
+}
+
+std::vector<uint64_t> PushReceiver::Impl::Path() const {
+  std::lock_guard lock(mu_);
+  return PathLocked();
+}
+
+std::vector<uint64_t> PushReceiver::Impl::PathLocked() const {
+  std::vector<uint64_t> path;
+  if (inconsistent_ || !held_) return path;
+  path.push_back(*held_);
+  for (const Pending& p : pending_) {
+    if (p.parent != path.back()) break;  // a stale push: ApplyPending drops it
+    path.push_back(p.version);
+  }
+  return path;
+}
+
+std::optional<uint64_t> AgreedVersion(const std::vector<std::vector<uint64_t>>& paths) {
+  if (paths.empty()) return std::nullopt;
+  for (auto v = paths[0].rbegin(); v != paths[0].rend(); ++v) {
+    bool everywhere = true;
+    for (size_t r = 1; r < paths.size() && everywhere; ++r) {
+      everywhere = std::find(paths[r].begin(), paths[r].end(), *v) != paths[r].end();
+    }
+    if (everywhere) return *v;
+  }
+  return std::nullopt;
+}
+
+Result<uint64_t> PushReceiver::Impl::ApplyAgreed(const std::vector<std::vector<uint64_t>>& paths) {
+  const std::string what = "push receiver rank " + std::to_string(options_.rank) + " of server " +
+                           (options_.server.empty() ? "(none)" : options_.server);
+  if (paths.size() != static_cast<size_t>(options_.server_size)) {
+    return InvalidArgument(what + ": " + std::to_string(paths.size()) + " paths for a server of " +
+                           std::to_string(options_.server_size) + " ranks");
+  }
+  std::lock_guard apply(apply_mu_);
+  const std::optional<uint64_t> agreed = AgreedVersion(paths);
+  if (!agreed) {
+    std::string text;
+    for (size_t r = 0; r < paths.size(); ++r) {
+      text += (r ? "; " : "") + std::string("rank ") + std::to_string(r) + " at";
+      if (paths[r].empty()) text += " an unknown version";
+      for (size_t k = 0; k < paths[r].size(); ++k) {
+        text += (k ? " -> " : " ") + VersionName(paths[r][k]);
+      }
+    }
+    {
+      std::lock_guard lock(mu_);
+      server_inconsistent_ = true;
+      server_error_ = "the ranks hold no version in common (" + text + "): nothing applied";
+    }
+    SendAll(Msg::kServer, {{"version", nullptr}, {"inconsistent", true}, {"why", text}});
+    return uint64_t{0};
+  }
+  {
+    std::lock_guard lock(mu_);
+    const std::vector<uint64_t> mine = PathLocked();
+    if (std::find(mine.begin(), mine.end(), *agreed) == mine.end()) {
+      return FailedPrecondition(what + ": the ranks agree on " + VersionName(*agreed) +
+                                ", which is not on this rank's path: the paths given are not "
+                                "the server's");
+    }
+  }
+  ASSIGN_OR_RETURN(uint64_t n, ApplyPendingLocked(*agreed));
+  {
+    std::lock_guard lock(mu_);
+    server_version_ = agreed;
+    server_inconsistent_ = false;
+    server_error_.clear();
+  }
+  SendAll(Msg::kServer, {{"version", *agreed}, {"inconsistent", false}});
+  return n;
 }
 
 // Every sender's link is up and welcomed.
@@ -137,14 +221,22 @@ std::string PushReceiver::Impl::HeldText() const {
 }
 
 Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version) {
-  std::lock_guard apply(apply_mu_);
+  bool staged = false;
   {
     std::lock_guard lock(mu_);
     if (!version) version = behind_;
     if (!version) {
       return FailedPrecondition("catch-up: no version given and the server has not said one");
     }
+    // A rank of a server that knows what it holds stages the catch-up: it
+    // applies with the other ranks.
+    staged = InServer() && !options_.fp8 && !PathLocked().empty();
   }
+  if (staged) {
+    Status s = MoveTo(store, *version);
+    if (s.code() != Code::kFailedPrecondition) return s;  // else not on one chain: copy it whole
+  }
+  std::lock_guard apply(apply_mu_);
   ASSIGN_OR_RETURN(auto v, store.GetVersion(*version));
   ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(store, *v));
   ASSIGN_OR_RETURN(
@@ -172,8 +264,12 @@ Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version
     std::lock_guard lock(mu_);
     inconsistent_ = false;
     held_ = *version;
-    // Pushes queued onto older versions are stale now; newer ones apply on top.
-    while (!pending_.empty() && pending_.front().version <= *version) pending_.pop_front();
+    // Pushes queued before the one onto this version are stale now; it and
+    // those after it apply on top.
+    while (!pending_.empty() && pending_.front().parent != *version) {
+      staged_bytes_ -= std::min(staged_bytes_, pending_.front().Staged());
+      pending_.pop_front();
+    }
     if (pending_.empty()) expected_parent_ = *version;
     if (behind_ && *behind_ <= *version) behind_.reset();
   }
@@ -234,6 +330,16 @@ Result<std::unique_ptr<PushReceiver>> PushReceiver::Open(const PushReceiverOptio
                              "CUDA)");
     }
   }
+  if (options.server_size < 1 || (options.server_size > 1 && options.server.empty())) {
+    return InvalidArgument("push receiver: server_size " + std::to_string(options.server_size) +
+                           (options.server.empty() ? " with no server name" : "") +
+                           ": a server of one or more ranks, named when of several");
+  }
+  if (options.server_size > 1 && options.auto_apply) {
+    return InvalidArgument("push receiver: auto_apply on a rank of server " + options.server +
+                           " (" + std::to_string(options.server_size) +
+                           " ranks): its ranks apply together (ApplyAgreed), never on their own");
+  }
   if (options.fp8) {
     std::vector<PlanTensor> tensors;
     for (const PushTensor& t : options.tensors) tensors.push_back({t.name, t.dtype, t.shape});
@@ -255,6 +361,16 @@ Status PushReceiver::WaitFor(uint64_t version, std::chrono::milliseconds timeout
 
 Status PushReceiver::CatchUp(Store& store, std::optional<uint64_t> version) {
   return impl_->CatchUp(store, version);
+}
+
+Status PushReceiver::MoveTo(Store& store, uint64_t version) {
+  return impl_->MoveTo(store, version);
+}
+
+std::vector<uint64_t> PushReceiver::Path() const { return impl_->Path(); }
+
+Result<uint64_t> PushReceiver::ApplyAgreed(const std::vector<std::vector<uint64_t>>& paths) {
+  return impl_->ApplyAgreed(paths);
 }
 
 PushReceiverStatus PushReceiver::GetStatus() const { return impl_->GetStatus(); }

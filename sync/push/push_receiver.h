@@ -61,6 +61,17 @@ struct PushReceiverOptions {
   // band of about this many bytes at a time (at least one row; for an FP8
   // tensor whole block rows): its memory is one band, whatever the model.
   uint64_t catch_up_band_bytes = uint64_t{16} << 20;
+  // The inference server this receiver is a rank of, and that server's
+  // ranks (docs/push.md "Servers"). A rank of a server of several applies
+  // only versions every rank of it has staged: ApplyAgreed with every
+  // rank's Path(), never ApplyPending or auto_apply. Empty: a receiver on
+  // its own (server_size 1).
+  std::string server;
+  int server_size = 1;
+  // The most bytes of pushes and moves staged (received, checked, not
+  // applied): about 11 per changed element. A push past it is refused (the
+  // receiver is dropped and catches up once it applied what it holds).
+  uint64_t stage_bytes = uint64_t{4} << 30;
 };
 
 struct PushReceiverStatus {
@@ -73,7 +84,21 @@ struct PushReceiverStatus {
   uint64_t elements = 0;           // elements written by pushes (FP8 bytes and scales included)
   uint64_t bytes = 0;              // bytes those elements hold
   std::string error;               // the last error (a refused hello, a bad push, a lost link)
+  // A rank of a server: the version its ranks last agreed on and applied
+  // (the same on every rank once ApplyAgreed returned), or that they hold
+  // no version in common (inconsistent, with the reason in server_error).
+  std::optional<uint64_t> server_version;
+  bool server_inconsistent = false;
+  std::string server_error;
+  uint64_t staged_bytes = 0;  // of the pending pushes and moves
 };
+
+// The version a server's ranks apply, given each rank's Path(): the
+// furthest along the first path that is on every path; nullopt when there
+// is none (the ranks hold different versions and have staged nothing that
+// joins them, or a rank's version is unknown). Every rank computes it from
+// the same paths and gets the same answer.
+std::optional<uint64_t> AgreedVersion(const std::vector<std::vector<uint64_t>>& paths);
 
 class PushReceiver {
  public:
@@ -82,17 +107,44 @@ class PushReceiver {
   static Result<std::unique_ptr<PushReceiver>> Open(const PushReceiverOptions& options);
   ~PushReceiver();
 
-  // Applies every push received so far, in order. Returns how many.
+  // Applies every push (and move) staged so far, in order. Returns how
+  // many. FailedPrecondition on a rank of a server of several (ApplyAgreed).
   Result<uint64_t> ApplyPending();
   // Applies pushes as they arrive until the held version is >= `version`.
   // Fails with DeadlineExceeded on timeout, FailedPrecondition when the
   // server says this receiver is behind, having missed pushes (catch up
   // first; Python raises dte.MissedPushes), or the refusal.
+  // On a rank of a server: waits until `version` is on Path() (staged), and
+  // applies nothing.
   Status WaitFor(uint64_t version, std::chrono::milliseconds timeout);
   // Copies `version` (default: the one the server said it is at) from the
   // store into the tensors, then tells the server. While it copies, and if
   // it fails, the receiver is inconsistent.
+  // On a rank of a server that holds a known version, the catch-up is
+  // staged as MoveTo does (the changed elements, applied with its server);
+  // otherwise copied into the tensors at once.
   Status CatchUp(Store& store, std::optional<uint64_t> version);
+
+  // Stages the move from the last version held or staged to `version`,
+  // either direction along one chain of the store: per version stepped
+  // over, the elements it changed, read from the store's deltas (going
+  // back, the parent's values). Nothing is written until it is applied
+  // (ApplyPending, or ApplyAgreed on a rank of a server). FailedPrecondition
+  // when the version held is unknown or the two are not on one chain (catch
+  // up whole then); Unimplemented for an FP8 receiver.
+  Status MoveTo(Store& store, uint64_t version);
+
+  // The versions this receiver can be at without the store: the one it
+  // holds, then each staged version in apply order. Empty when the held
+  // version is unknown or inconsistent.
+  std::vector<uint64_t> Path() const;
+  // On a rank of a server: applies up to AgreedVersion(paths), where paths
+  // holds every rank's Path() (gathered among the server's ranks, the same
+  // list on each), and tells the push server. With no agreed version, the
+  // server is inconsistent: nothing is written, the status says why, and
+  // 0 is returned. FailedPrecondition when the agreed version is not on
+  // this rank's own path (paths did not include it).
+  Result<uint64_t> ApplyAgreed(const std::vector<std::vector<uint64_t>>& paths);
 
   PushReceiverStatus GetStatus() const;
 

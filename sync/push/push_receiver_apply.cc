@@ -21,20 +21,28 @@ using transport_internal::Deadline;
 using namespace std::chrono_literals;
 
 Result<uint64_t> PushReceiver::Impl::ApplyPending() {
+  if (InServer()) {
+    return FailedPrecondition(
+        "push receiver rank " + std::to_string(options_.rank) + " of server " + options_.server +
+        " (" + std::to_string(options_.server_size) +
+        " ranks) applies only what every rank of its server staged: ApplyAgreed with every "
+        "rank's Path() (Python: apply_pending with the server's group)");
+  }
   std::lock_guard apply(apply_mu_);
   return ApplyPendingLocked();
 }
 
-// Writes every queued push in order; apply_mu_ held.
-Result<uint64_t> PushReceiver::Impl::ApplyPendingLocked() {
+// Writes queued pushes in order, all or up to *upto; apply_mu_ held.
+Result<uint64_t> PushReceiver::Impl::ApplyPendingLocked(std::optional<uint64_t> upto) {
   uint64_t n = 0;
   for (;;) {
     Pending p;
     {
       std::lock_guard lock(mu_);
-      if (pending_.empty()) break;
+      if (pending_.empty() || (upto && held_ == upto && !inconsistent_)) break;
       p = std::move(pending_.front());
       pending_.pop_front();
+      staged_bytes_ -= std::min(staged_bytes_, p.Staged());
       // Parents were checked when queued; only a catch-up in between can
       // leave a push that does not fit. The server learns the truth at the
       // next push (refused) and the reconnect's hello.
@@ -204,6 +212,15 @@ Status PushReceiver::Impl::OnPart(Link& link, const push_internal::CountsMsg& co
       auto whole = JoinPartsLocked();
       assembly_.reset();
       if (!whole.ok()) return whole.status();
+      const uint64_t staged = whole->Staged();
+      if (staged_bytes_ + staged > options_.stage_bytes) {
+        return FailedPrecondition("push of " + VersionName(counts.version) + ": staging its " +
+                                  std::to_string(staged) + " bytes beside the " +
+                                  std::to_string(staged_bytes_) +
+                                  " staged would pass stage_bytes " +
+                                  std::to_string(options_.stage_bytes) + ": apply them first");
+      }
+      staged_bytes_ += staged;
       pending_.push_back(std::move(whole).value());
       expected_parent_ = counts.version;
     }
@@ -211,7 +228,7 @@ Status PushReceiver::Impl::OnPart(Link& link, const push_internal::CountsMsg& co
   if (!complete) return Status::Ok();
   SendAll(Msg::kReceived, {{"version", counts.version}});
   cv_.notify_all();
-  if (options_.auto_apply) {
+  if (options_.auto_apply && !InServer()) {
     std::lock_guard apply(apply_mu_);
     RETURN_IF_ERROR(ApplyPendingLocked().status());
   }

@@ -116,6 +116,10 @@ void PushReceiver::Impl::SendHello(Link& link) {
                           {"tp", options_.layout.tp},
                           {"fuse_qkv", options_.layout.fuse_qkv},
                           {"fuse_gate_up", options_.layout.fuse_gate_up}};
+  if (!options_.server.empty()) {
+    hello["server"] = options_.server;
+    hello["server_size"] = options_.server_size;
+  }
   {
     std::lock_guard lock(mu_);
     // The version the server may push onto: the last one queued, else held.

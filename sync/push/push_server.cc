@@ -9,8 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <map>
 
 #include "store/store.h"
 #include "sync/push/internal/push_fp8.h"
@@ -295,7 +297,23 @@ std::string PushServer::StatusJson(bool take_events) {
                   {"behind", i.behind},
                   {"pushes", i.pushes},
                   {"elements", i.elements},
-                  {"bytes", i.bytes}});
+                  {"bytes", i.bytes},
+                  {"server", i.server},
+                  {"server_size", i.server_size}});
+  }
+  auto opt = [](const std::optional<uint64_t>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
+  nlohmann::json ss = nlohmann::json::array();
+  for (const PushServerGroup& g : Servers()) {
+    ss.push_back({{"name", g.name},
+                  {"size", g.size},
+                  {"ranks", g.ranks},
+                  {"complete", g.complete},
+                  {"version", opt(g.version)},
+                  {"staleness", opt(g.staleness)},
+                  {"inconsistent", g.inconsistent},
+                  {"error", g.error}});
   }
   return Json({{"port", port()},
                {"address", address()},
@@ -305,6 +323,7 @@ std::string PushServer::StatusJson(bool take_events) {
                {"parts", parts()},
                {"expected", impl_->expected()},
                {"receivers", rs},
+               {"servers", ss},
                {"events", take_events ? TakeEvents() : std::vector<std::string>{}}});
 }
 
@@ -350,6 +369,39 @@ Result<PushReport> PushServer::Push(Store& store, const std::shared_ptr<const Ve
 }
 
 std::vector<PushReceiverInfo> PushServer::Receivers() const { return impl_->Receivers(); }
+
+std::vector<PushServerGroup> PushServer::Servers() const {
+  std::map<std::string, PushServerGroup> by;
+  std::map<std::string, bool> unreported;
+  for (const PushReceiverInfo& i : Receivers()) {
+    if (i.server.empty()) continue;
+    PushServerGroup& g = by[i.server];
+    g.name = i.server;
+    g.size = std::max(g.size, i.server_size);
+    g.ranks.push_back(i.rank);
+    if (i.server_inconsistent) {
+      g.inconsistent = true;
+      g.error = i.server_error;
+    }
+    if (!i.server_version) {
+      unreported[i.server] = true;
+    } else if (!g.version || *i.server_version < *g.version) {
+      g.version = i.server_version;
+    }
+  }
+  const std::optional<uint64_t> latest = impl_->latest();
+  std::vector<PushServerGroup> out;
+  for (auto& [name, g] : by) {
+    std::sort(g.ranks.begin(), g.ranks.end());
+    std::vector<int> all(static_cast<size_t>(g.size));
+    for (int r = 0; r < g.size; ++r) all[static_cast<size_t>(r)] = r;
+    g.complete = g.ranks == all;
+    if (unreported.count(name)) g.version.reset();
+    if (g.version && latest && *latest >= *g.version) g.staleness = *latest - *g.version;
+    out.push_back(std::move(g));
+  }
+  return out;
+}
 
 std::vector<std::string> PushServer::TakeEvents() { return impl_->TakeEvents(); }
 

@@ -119,6 +119,30 @@ struct PushReceiverInfo {
   std::optional<uint64_t> version;        // what it holds or was sent; nullopt: unknown
   bool behind = false;                    // told to catch up
   uint64_t pushes = 0, elements = 0, bytes = 0;
+  // The inference server it is a rank of (its hello; empty: none), and
+  // what it last reported of that server: the version the server's ranks
+  // agreed on and applied, or that they hold none in common.
+  std::string server;
+  int server_size = 1;
+  std::optional<uint64_t> server_version;
+  bool server_inconsistent = false;
+  std::string server_error;
+};
+
+// An inference server as its connected ranks report it (docs/push.md
+// "Servers").
+struct PushServerGroup {
+  std::string name;
+  int size = 0;            // ranks it has (the ranks' hellos)
+  std::vector<int> ranks;  // connected ranks, increasing
+  bool complete = false;   // every rank of 0 .. size-1 is connected
+  // The version its ranks agreed on and applied (the lowest any connected
+  // rank reported; nullopt before every one reported); staleness: the
+  // server's latest version minus it.
+  std::optional<uint64_t> version;
+  std::optional<uint64_t> staleness;
+  bool inconsistent = false;  // a rank reported its ranks hold no version in common
+  std::string error;          // why
 };
 
 struct PushReport {
@@ -184,6 +208,8 @@ class PushServer {
                           ChangesSource& changes);
 
   std::vector<PushReceiverInfo> Receivers() const;
+  // The inference servers receivers said they are ranks of, by name.
+  std::vector<PushServerGroup> Servers() const;
   // Lines about receivers refused or dropped, oldest first (the newest
   // 1000), taken.
   std::vector<std::string> TakeEvents();
@@ -194,7 +220,9 @@ class PushServer {
   // "refused", "part", "parts", "expected" (options' receivers),
   // "receivers": [{"id", "rank", "tp", "fuse_qkv", "fuse_gate_up", "fp8"
   // (null, or {"block", "scale_rule", "skip_modules", "skip_substrings"}), "version"
-  // (null: unknown), "behind", "pushes", "elements", "bytes"}], "events":
+  // (null: unknown), "behind", "pushes", "elements", "bytes", "server",
+  // "server_size"}], "servers": [{"name", "size", "ranks", "complete",
+  // "version", "staleness", "inconsistent", "error"}], "events":
   // [...]} (the events are taken; with take_events false, "events" is
   // empty and they stay for a later call).
   std::string StatusJson(bool take_events = true);

@@ -81,14 +81,18 @@ class PushTest : public ::testing::Test {
   }
 
   // A receiver of `layout`/`rank` whose buffers hold `state` as `version`.
+  // With `server`: a rank of that server of layout.tp ranks.
   std::unique_ptr<Rx> Receiver(const PushServer& server, ShardLayout layout, int rank,
-                               const State& state, uint64_t version, bool auto_apply) {
+                               const State& state, uint64_t version, bool auto_apply,
+                               const std::string& in_server = "") {
     auto r = std::make_unique<Rx>();
     r->layout = layout;
     r->rank = rank;
     r->buffers = transfer_test::ShardModel(config_, specs_, state, layout, rank);
     PushReceiverOptions o = push_test::ReceiverOptions(server, layout, rank, version, auto_apply);
     o.secret = secret_;
+    o.server = in_server;
+    o.server_size = in_server.empty() ? 1 : layout.tp;
     for (const PlanTensor& t : push_test::ReceiverTensors(config_, specs_, layout, rank)) {
       o.tensors.push_back({t.name, t.dtype, t.shape, r->buffers.at(t.name).data()});
     }
@@ -702,6 +706,162 @@ namespace {
 
 // The round-2 encoding alone: entries spread over more than one segment,
 // with and without old values, decode and apply to the new bits.
+TEST(PushServers, AgreedVersionIsTheFurthestOnEveryPath) {
+  using Paths = std::vector<std::vector<uint64_t>>;
+  EXPECT_EQ(AgreedVersion(Paths{{1, 2, 3}, {1, 2}}), 2u);
+  EXPECT_EQ(AgreedVersion(Paths{{1, 2}, {1, 2, 3}}), 2u);
+  EXPECT_EQ(AgreedVersion(Paths{{2}, {1, 2}, {1, 2, 3}}), 2u);
+  EXPECT_EQ(AgreedVersion(Paths{{5, 4, 3}, {5, 6}}), 5u);  // one moves back, one forward
+  EXPECT_EQ(AgreedVersion(Paths{{5, 4, 3}, {5, 4, 3}}), 3u);
+  EXPECT_EQ(AgreedVersion(Paths{{1, 2}, {3}}), std::nullopt);
+  EXPECT_EQ(AgreedVersion(Paths{{1}, {}}), std::nullopt);  // a rank holds an unknown version
+  EXPECT_EQ(AgreedVersion(Paths{}), std::nullopt);
+}
+
+// A server of two ranks (TP 2, fused): a push that reaches only rank 0 is
+// staged there and applied by neither; rank 1's catch-up is staged, not
+// written; then both apply it together, and move back and forward again
+// by the store's deltas, every time holding one version bit for bit.
+TEST_F(PushTest, RanksOfAServerApplyOnlyWhatEveryRankStagedAndMoveBackTogether) {
+  auto server = StartServer(/*timeout=*/2s);
+  ASSERT_TRUE(server);
+  const ShardLayout tp2 = FusedReceiverLayout(2);
+  auto r0 = Receiver(*server, tp2, 0, state_, 0, false, "rollout-0");
+  auto r1 = Receiver(*server, tp2, 1, state_, 0, false, "rollout-0");
+  AwaitReceivers(*server, 2);
+  EXPECT_EQ(r0->rx->ApplyPending().status().code(), Code::kFailedPrecondition);
+  // Rank 1 goes away (its buffers keep v0); v1 reaches rank 0 only.
+  r1->rx.reset();
+  AwaitReceivers(*server, 1);
+  std::mt19937_64 rng(21);
+  State v1 = transfer_test::RandomChange(specs_, state_, 0.05, rng);
+  ASSERT_EQ(Commit(v1), 1u);
+  auto report = server->Push(*store_, V(1), Diff(state_, v1));
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  EXPECT_EQ(report->pushed, 1u);
+  ASSERT_TRUE(r0->rx->WaitFor(1, 10s).ok());  // staged
+  EXPECT_EQ(r0->rx->Path(), (std::vector<uint64_t>{0, 1}));
+  ExpectHolds(*r0, state_);
+  // Rank 1 is back at v0: the ranks agree on v0 and write nothing.
+  PushReceiverOptions o1 = push_test::ReceiverOptions(*server, tp2, 1, 0, false);
+  o1.server = "rollout-0";
+  o1.server_size = 2;
+  for (const PlanTensor& t : push_test::ReceiverTensors(config_, specs_, tp2, 1)) {
+    o1.tensors.push_back({t.name, t.dtype, t.shape, r1->buffers.at(t.name).data()});
+  }
+  r1->rx = push_test::OpenReceiver(o1);
+  ASSERT_TRUE(r1->rx);
+  AwaitReceivers(*server, 2);
+  auto paths = [&] { return std::vector<std::vector<uint64_t>>{r0->rx->Path(), r1->rx->Path()}; };
+  for (Rx* r : {r0.get(), r1.get()}) {
+    auto n = r->rx->ApplyAgreed(paths());
+    ASSERT_TRUE(n.ok()) << n.status().message();
+    EXPECT_EQ(*n, 0u);
+    EXPECT_EQ(r->rx->GetStatus().server_version, 0u);
+  }
+  ExpectHolds(*r0, state_);
+  ExpectHolds(*r1, state_);
+  // Its catch-up is staged (v1's changed elements for rank 1), not written.
+  ASSERT_TRUE(test::WaitFor([&] { return r1->rx->GetStatus().behind == 1u; }));
+  ASSERT_TRUE(r1->rx->CatchUp(*store_, std::nullopt).ok());
+  EXPECT_EQ(r1->rx->Path(), (std::vector<uint64_t>{0, 1}));
+  EXPECT_GT(r1->rx->GetStatus().staged_bytes, 0u);
+  ExpectHolds(*r1, state_);
+  const auto both = paths();
+  for (Rx* r : {r0.get(), r1.get()}) {
+    auto n = r->rx->ApplyAgreed(both);
+    ASSERT_TRUE(n.ok()) << n.status().message();
+    EXPECT_EQ(*n, 1u);
+    EXPECT_EQ(r->rx->GetStatus().version, 1u);
+    EXPECT_EQ(r->rx->GetStatus().server_version, 1u);
+    EXPECT_EQ(r->rx->GetStatus().staged_bytes, 0u);
+  }
+  ExpectHolds(*r0, v1);
+  ExpectHolds(*r1, v1);
+  ASSERT_TRUE(test::WaitFor([&] {
+    auto ss = server->Servers();
+    return ss.size() == 1 && ss[0].version == 1u && ss[0].complete;
+  })) << server->StatusJson(false);
+  EXPECT_EQ(server->Servers()[0].ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(server->Servers()[0].staleness, 0u);
+  // Rolled back to v0 in place, then forward to v1, by the store's deltas.
+  for (uint64_t target : {0u, 1u}) {
+    for (Rx* r : {r0.get(), r1.get()}) ASSERT_TRUE(r->rx->MoveTo(*store_, target).ok());
+    const auto moved = paths();
+    for (Rx* r : {r0.get(), r1.get()}) {
+      auto n = r->rx->ApplyAgreed(moved);
+      ASSERT_TRUE(n.ok()) << n.status().message();
+      EXPECT_EQ(*n, 1u);
+    }
+    ExpectHolds(*r0, target == 0 ? state_ : v1);
+    ExpectHolds(*r1, target == 0 ? state_ : v1);
+  }
+}
+
+// Ranks that hold different versions with nothing staged to join them: the
+// server is inconsistent and writes nothing, until a push and a staged
+// catch-up bring both to one version.
+TEST_F(PushTest, AServerWhoseRanksDisagreeIsInconsistentUntilMadeWhole) {
+  std::mt19937_64 rng(22);
+  State v1 = transfer_test::RandomChange(specs_, state_, 0.05, rng);
+  ASSERT_EQ(Commit(v1), 1u);
+  auto server = StartServer(/*timeout=*/2s);
+  ASSERT_TRUE(server);
+  const ShardLayout tp2 = FusedReceiverLayout(2);
+  auto r0 = Receiver(*server, tp2, 0, state_, 0, false, "rollout-1");  // an older load
+  auto r1 = Receiver(*server, tp2, 1, v1, 1, false, "rollout-1");
+  AwaitReceivers(*server, 2);
+  const std::vector<std::vector<uint64_t>> apart{r0->rx->Path(), r1->rx->Path()};
+  for (Rx* r : {r0.get(), r1.get()}) {
+    auto n = r->rx->ApplyAgreed(apart);
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(*n, 0u);
+    EXPECT_TRUE(r->rx->GetStatus().server_inconsistent);
+    EXPECT_NE(r->rx->GetStatus().server_error.find("rank 0 at v00000000"), std::string::npos)
+        << r->rx->GetStatus().server_error;
+  }
+  ExpectHolds(*r0, state_);
+  ExpectHolds(*r1, v1);
+  ASSERT_TRUE(test::WaitFor([&] {
+    auto ss = server->Servers();
+    return ss.size() == 1 && ss[0].inconsistent;
+  })) << server->StatusJson(false);
+  State v2 = transfer_test::RandomChange(specs_, v1, 0.05, rng);
+  ASSERT_EQ(Commit(v2), 2u);
+  auto report = server->Push(*store_, V(2), Diff(v1, v2));
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->pushed, 1u);  // rank 1; rank 0 is told it is behind
+  ASSERT_TRUE(r1->rx->WaitFor(2, 10s).ok());
+  ASSERT_TRUE(r0->rx->CatchUp(*store_, 2).ok());  // staged: v0 -> v1 -> v2
+  EXPECT_EQ(r0->rx->Path(), (std::vector<uint64_t>{0, 1, 2}));
+  const std::vector<std::vector<uint64_t>> joined{r0->rx->Path(), r1->rx->Path()};
+  for (Rx* r : {r0.get(), r1.get()}) {
+    auto n = r->rx->ApplyAgreed(joined);
+    ASSERT_TRUE(n.ok()) << n.status().message();
+    EXPECT_FALSE(r->rx->GetStatus().server_inconsistent);
+    EXPECT_EQ(r->rx->GetStatus().server_version, 2u);
+  }
+  ExpectHolds(*r0, v2);
+  ExpectHolds(*r1, v2);
+}
+
+TEST(PushServers, RanksOfAServerOfSeveralAreRefusedAutoApplyAndAnUnnamedServer) {
+  PushReceiverOptions o;
+  o.address = "127.0.0.1:1";
+  o.layout = {2, false, false};
+  o.server_size = 2;
+  auto unnamed = PushReceiver::Open(o);
+  EXPECT_EQ(unnamed.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(unnamed.status().message().find("no server name"), std::string::npos);
+  o.server = "rollout-2";
+  o.auto_apply = true;
+  auto automatic = PushReceiver::Open(o);
+  EXPECT_EQ(automatic.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(automatic.status().message().find("auto_apply on a rank of server rollout-2"),
+            std::string::npos)
+      << automatic.status().message();
+}
+
 TEST(PushWire, SegmentsRoundTripIntoTheTensor) {
   std::mt19937_64 rng(3);
   const uint64_t numel = (uint64_t{1} << 20) + 77;

@@ -35,7 +35,7 @@ struct dte_push_server {
 
 struct dte_push_receiver {
   std::unique_ptr<dte::PushReceiver> impl;
-  std::string error;
+  std::string error, server_error;
 };
 
 struct dte_store {

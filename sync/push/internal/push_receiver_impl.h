@@ -44,6 +44,13 @@ struct Pending {
   std::vector<Segment> segments;
   uint64_t elements = 0;
   uint64_t bytes = 0;  // elements times their width
+  // What it holds in memory while staged (indices, values, set flags).
+  uint64_t Staged() const {
+    uint64_t n = 0;
+    for (const Segment& s : segments)
+      n += s.entries.idx.size() * 8 + s.entries.vals.size() + s.entries.sets.size();
+    return n;
+  }
 };
 
 // The connection to one sender (part `part` of each push).
@@ -80,6 +87,9 @@ class PushReceiver::Impl {
   Status WaitFor(uint64_t version, std::chrono::milliseconds timeout);
 
   Status CatchUp(Store& store, std::optional<uint64_t> version);
+  Status MoveTo(Store& store, uint64_t version);
+  std::vector<uint64_t> Path() const;
+  Result<uint64_t> ApplyAgreed(const std::vector<std::vector<uint64_t>>& paths);
 
   PushReceiverStatus GetStatus() const;
 
@@ -103,9 +113,24 @@ class PushReceiver::Impl {
   // fits what the tensor holds.
   Status CheckEntryKind(const push_internal::CountsMsg& c, size_t k, const std::string& what) const;
 
+  bool InServer() const { return options_.server_size > 1; }
+  std::vector<uint64_t> PathLocked() const;
+
+  // --- push_receiver_move.cc --------------------------------------------------
+  // The pushes that lead from `from` to `to` along one chain of the store,
+  // one per version stepped over, built from its deltas for this rank.
+  Result<std::vector<Pending>> StepsFromStore(Store& store, uint64_t from, uint64_t to);
+  // One step: version `to`, a child or the parent of `from`.
+  Result<Pending> StepFromStore(Store& store, const std::shared_ptr<const Version>& from,
+                                const std::shared_ptr<const Version>& to);
+  // Queues staged steps after the last version held or staged (`tail`,
+  // checked again: Aborted when a push came in between); mu_ held.
+  Status QueueStepsLocked(std::optional<uint64_t> tail, std::vector<Pending> steps);
+
   // --- push_receiver_apply.cc -------------------------------------------------
-  // Writes every queued push in order; apply_mu_ held.
-  Result<uint64_t> ApplyPendingLocked();
+  // Writes queued pushes in order, every one, or (upto) until the version
+  // held is *upto; apply_mu_ held.
+  Result<uint64_t> ApplyPendingLocked(std::optional<uint64_t> upto = std::nullopt);
   static Status FromCuda(const kernels::CudaStatus& s, const std::string& what);
   // Writes one segment's entries into a tensor in device memory: indices,
   // values and set flags copied over, then the remap-and-apply kernel with
@@ -163,6 +188,11 @@ class PushReceiver::Impl {
   std::vector<std::string> senders_;            // as part 0's welcome named them
   std::optional<Assembly> assembly_;
   uint64_t pushes_ = 0, elements_ = 0, bytes_ = 0;
+  uint64_t staged_bytes_ = 0;  // pending_'s Staged() summed
+  // A rank of a server: what its ranks last agreed (ApplyAgreed).
+  std::optional<uint64_t> server_version_;
+  bool server_inconsistent_ = false;
+  std::string server_error_;
 };
 
 }  // namespace dte

@@ -88,6 +88,11 @@ class PushServer::Impl {
   std::vector<PushReceiverInfo> Receivers() const EXCLUDES(mu_);
   std::vector<std::string> TakeEvents();
   uint64_t refused() const;
+  // The version new receivers are told of; nullopt before the first.
+  std::optional<uint64_t> latest() const {
+    const std::shared_ptr<const Version> v = plans_.latest();
+    return v ? std::optional<uint64_t>(v->manifest.version) : std::nullopt;
+  }
 
  private:
   using Clock = push_internal::Clock;
@@ -174,6 +179,7 @@ class PushServer::Impl {
   void OnMessage(Conn& c, const push_internal::Parsed& m) REQUIRES(mu_);
   void OnReceived(Conn& c, std::optional<uint64_t> version) REQUIRES(mu_);
   void OnHeld(Conn& c, std::optional<uint64_t> version) REQUIRES(mu_);
+  void OnServer(Conn& c, const nlohmann::json& j) REQUIRES(mu_);
 
   // --- push_round.cc: a push's phases, in order -------------------------------
   // Installs the version and picks the receivers that hold its parent

@@ -18,7 +18,7 @@ void PutU32(uint8_t* p, uint32_t v) {
 }
 
 bool KnownType(uint32_t t) {
-  return t >= static_cast<uint32_t>(Msg::kHello) && t <= static_cast<uint32_t>(Msg::kCountsFp8);
+  return t >= static_cast<uint32_t>(Msg::kHello) && t <= static_cast<uint32_t>(Msg::kServer);
 }
 
 // A frame header's type and body length, checked.
@@ -63,6 +63,8 @@ const char* MsgName(Msg m) {
       return "data end";
     case Msg::kCountsFp8:
       return "FP8 counts";
+    case Msg::kServer:
+      return "server";
   }
   return "unknown";
 }

@@ -31,6 +31,10 @@ enum class Msg : uint32_t {
   // server -> receiver, round 1 for an FP8 receiver (wire 2): kCounts whose
   // entries also say what they write (EntryKind).
   kCountsFp8 = 11,
+  // receiver -> server, JSON {"version": N|null, "inconsistent": bool,
+  // "why": "..."}: the version its server's ranks agreed on and applied, or
+  // that they hold none in common (docs/push.md "Servers").
+  kServer = 12,
 };
 
 // What a counts entry writes into its receiver tensor. kCounts entries are

@@ -78,7 +78,8 @@ from dte._live import (LiveCounts, LiveReceiver, LiveStatus, SharedTensor, Share
                        live_status)
 from dte._publisher import MetricsCollector, Params, Publisher
 from dte._push import (FusedReceiverLayout, PushGroup, PushGroupReceiver, PushGroupStatus,
-                       PushReceiver, PushReceiverStatus, ReceiverLayout, ReceiverTensor)
+                       PushReceiver, PushReceiverStatus, PushServerState, ReceiverLayout,
+                       ReceiverTensor)
 from dte._reader import StoreReader, TensorInfo
 from dte._results import DistStats, PublishResult, PushReport
 
@@ -87,8 +88,8 @@ __all__ = ["Aborted", "AlreadyExists", "CheckResult", "Corrupt", "DeadlineExceed
            "InternalError", "InvalidArgument", "IOFailure", "LiveCounts", "LiveReceiver",
            "LiveStatus", "MetricsCollector", "MissedPushes", "NotFound", "Params",
            "PermissionDenied", "Publisher", "PublishResult", "PushGroup", "PushGroupReceiver",
-           "PushGroupStatus", "PushReceiver", "PushReceiverStatus", "PushReport", "ReceiverLayout",
-           "ReceiverTensor", "SharedTensor", "SharedWeights", "Stale", "StoreReader", "TensorInfo",
+           "PushGroupStatus", "PushReceiver", "PushReceiverStatus", "PushReport",
+           "PushServerState", "ReceiverLayout", "ReceiverTensor", "SharedTensor", "SharedWeights", "Stale", "StoreReader", "TensorInfo",
            "Unavailable", "Unimplemented", "VersionConflict", "apply", "chunk_rows", "live_status"]
 
 

@@ -4,7 +4,7 @@ import ctypes
 import os
 from typing import Any, Dict, Iterator, List, Tuple
 
-C_API_VERSION = 11  # DTE_C_API_VERSION of sync/capi/c_api.h
+C_API_VERSION = 12  # DTE_C_API_VERSION of sync/capi/c_api.h
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F64, DTYPE_OTHER = 0, 1, 2, 3, 255
 MEMORY_HOST, MEMORY_CUDA = 0, 1
 PATH_ADAMW, PATH_WEIGHTS = 0, 1  # dte_publish_result.path
@@ -101,7 +101,8 @@ class PushReceiverStatus(ctypes.Structure):
                 ("inconsistent", ctypes.c_int32), ("connected", ctypes.c_int32),
                 ("has_behind", ctypes.c_int32), ("behind", ctypes.c_uint64),
                 ("pending", ctypes.c_uint64), ("pushes", ctypes.c_uint64),
-                ("elements", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
+                ("elements", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
+                ("staged_bytes", ctypes.c_uint64)]
 
 
 # Live apply (sync/live/live_abi.h): the ioctl structs, field for field.
@@ -272,6 +273,29 @@ def _push_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
                                                       ctypes.c_int64, ctypes.c_char_p,
                                                       ctypes.c_uint64, ctypes.c_uint64,
                                                       ctypes.c_int32, ctypes.POINTER(P)]),
+        "dte_push_receiver_open_server": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int32,
+                                                         ctypes.c_int32, ctypes.c_int32,
+                                                         ctypes.c_int32, ctypes.c_int32,
+                                                         ctypes.c_uint64,
+                                                         ctypes.POINTER(PushTensor),
+                                                         ctypes.c_size_t, ctypes.c_int32,
+                                                         ctypes.c_int64, ctypes.c_char_p,
+                                                         ctypes.c_int32, ctypes.c_uint64,
+                                                         ctypes.c_uint64, ctypes.c_int32,
+                                                         ctypes.c_char_p, ctypes.c_int32,
+                                                         ctypes.c_uint64, ctypes.POINTER(P)]),
+        "dte_push_receiver_move_to": (ctypes.c_int, [P, P, ctypes.c_uint64]),
+        "dte_push_receiver_path": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_uint64),
+                                                  ctypes.c_size_t,
+                                                  ctypes.POINTER(ctypes.c_size_t)]),
+        "dte_push_receiver_apply_agreed": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_uint64),
+                                                          ctypes.POINTER(ctypes.c_size_t),
+                                                          ctypes.c_size_t,
+                                                          ctypes.POINTER(ctypes.c_uint64)]),
+        "dte_push_receiver_server_status": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_int32),
+                                                           ctypes.POINTER(ctypes.c_uint64),
+                                                           ctypes.POINTER(ctypes.c_int32),
+                                                           ctypes.POINTER(ctypes.c_char_p)]),
         "dte_push_receiver_close": (ctypes.c_int, [P]),
         "dte_push_receiver_apply_pending": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_uint64)]),
         "dte_push_receiver_wait_for": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.c_int64]),

@@ -89,6 +89,22 @@ class PushGroupReceiver:
     elements: int
     bytes: int              # bytes sent to it
     fp8: Optional[Fp8Options] = None  # an FP8 receiver's block and scale rule
+    server: str = ""        # the inference server it is a rank of ("": none)
+    server_size: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PushServerState:
+    """An inference server as its connected ranks report it (docs/push.md,
+    "Servers")."""
+    name: str
+    size: int                  # its ranks
+    ranks: List[int]           # the ranks connected
+    complete: bool             # every rank 0 .. size-1 is connected
+    version: Optional[int]     # what its ranks agreed on and applied; None: not yet reported
+    staleness: Optional[int]   # the trainer's latest version minus `version`
+    inconsistent: bool         # its ranks hold no version in common: it applies nothing
+    error: str                 # why it is inconsistent
 
 
 def _fp8_of(d: Optional[Dict[str, Any]]) -> Optional[Fp8Options]:
@@ -111,6 +127,7 @@ class PushGroupStatus:
     expected: int            # the `receivers` the group was given (0: none)
     receivers: List[PushGroupReceiver]
     events: List[str]        # receivers refused or dropped since the last call that took them
+    servers: List[PushServerState] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_json(cls, text: str) -> PushGroupStatus:
@@ -119,11 +136,17 @@ class PushGroupStatus:
             id=r["id"], rank=r["rank"], layout=ReceiverLayout(r["tp"], r["fuse_qkv"],
                                                               r["fuse_gate_up"]),
             version=r["version"], behind=r["behind"], pushes=r["pushes"],
-            elements=r["elements"], bytes=r["bytes"], fp8=_fp8_of(r.get("fp8")))
+            elements=r["elements"], bytes=r["bytes"], fp8=_fp8_of(r.get("fp8")),
+            server=r.get("server", ""), server_size=r.get("server_size", 1))
             for r in d["receivers"]]
+        servers = [PushServerState(
+            name=g["name"], size=g["size"], ranks=list(g["ranks"]), complete=g["complete"],
+            version=g["version"], staleness=g["staleness"], inconsistent=g["inconsistent"],
+            error=g["error"]) for g in d.get("servers", [])]
         return cls(port=d["port"], address=d["address"], authenticated=d["authenticated"],
                    refused=d["refused"], part=d["part"], parts=d["parts"],
-                   expected=d["expected"], receivers=receivers, events=list(d["events"]))
+                   expected=d["expected"], receivers=receivers, events=list(d["events"]),
+                   servers=servers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +161,14 @@ class PushReceiverStatus:
     elements: int           # elements they wrote (FP8 bytes and scales included)
     error: str              # the last problem, "" when none
     bytes: int = 0          # bytes they wrote (elements times their width)
+    server: str = ""        # the inference server it is a rank of ("": none)
+    # What the server's ranks last agreed on and applied (the same on every
+    # rank once apply_pending returned); inconsistent: they hold no version
+    # in common and apply nothing until they do (server_error says why).
+    server_version: Optional[int] = None
+    server_inconsistent: bool = False
+    server_error: str = ""
+    staged_bytes: int = 0   # memory of the pushes and moves staged
 
 
 class PushGroup(_Handle):
@@ -243,6 +274,31 @@ class PushGroup(_Handle):
                     "" if version is None else " at v%d" % version, timeout))
             time.sleep(0.02)
 
+    def wait_for_servers(self, version: int, timeout: float = 60.0,
+                         count: Optional[int] = None) -> PushGroupStatus:
+        """Waits until every inference server connected (at least `count` of
+        them, when given) has all its ranks connected and has applied
+        `version` or newer on every rank together; returns the status.
+        Raises dte.DeadlineExceeded naming the servers not there when
+        `timeout` (seconds) runs out."""
+        end = time.monotonic() + timeout
+        while True:
+            st = self.status(events=False)
+            late = [g for g in st.servers
+                    if not g.complete or g.inconsistent or g.version is None
+                    or g.version < version]
+            if not late and len(st.servers) >= (count or 1):
+                return st
+            if time.monotonic() >= end:
+                raise DeadlineExceeded("%d server(s) at v%d or newer of %s after %.1f s; late: %s"
+                                       % (len(st.servers) - len(late), version,
+                                          count or len(st.servers), timeout,
+                                          ", ".join("%s (ranks %s of %d, %s)" % (
+                                              g.name, g.ranks, g.size,
+                                              "inconsistent" if g.inconsistent else
+                                              "v%s" % g.version) for g in late) or "none"))
+            time.sleep(0.02)
+
     def status(self, events: bool = True) -> PushGroupStatus:
         """Where the server listens, who is connected, and the events (lines
         about receivers refused or dropped) since the last call that took
@@ -314,19 +370,49 @@ class PushReceiver(_Handle):
     pushes write the E4M3 bytes and scales that changed, catch_up the
     version quantized. Every tensor-parallel split of them must fall on
     block boundaries (else the server refuses the receiver, naming the
-    tensor, the split and the block)."""
+    tensor, the split and the block).
+
+    server, server_size: the inference server this receiver is a rank of
+    (docs/push.md, "Servers"). With server_size > 1, group must be the
+    torch.distributed process group of exactly that server's ranks (a gloo
+    group, e.g. vLLM's get_tp_group().cpu_group): apply_pending() then
+    gathers every rank's staged path over it and applies only the version
+    all of them staged, so every rank calls it at the same point between
+    batches and no forward pass runs on a mix of versions. stage_mib: the
+    most memory pushes and moves wait in, staged (default 4096)."""
 
     _close_fn = "dte_push_receiver_close"
 
     def __init__(self, address: str, tensors: Mapping[str, ReceiverTensor], *, rank: int = 0,
                  layout: Optional[ReceiverLayout] = None, version: Optional[int] = None,
                  auto_apply: bool = False, timeout: float = 30.0,
-                 secret: str | bytes | None = None, fp8: Optional[Fp8Options] = None) -> None:
+                 secret: str | bytes | None = None, fp8: Optional[Fp8Options] = None,
+                 server: Optional[str] = None, server_size: int = 1, group: Any = None,
+                 stage_mib: Optional[float] = None) -> None:
         layout = layout or ReceiverLayout()
         if not isinstance(layout, ReceiverLayout):
             raise InvalidArgument("layout must be a dte.ReceiverLayout, not %r" % (layout,))
         if fp8 is not None and not isinstance(fp8, Fp8Options):
             raise InvalidArgument("fp8 must be a dte.Fp8Options, not %r" % (fp8,))
+        server_size = int(server_size)
+        if server_size > 1:
+            if not server:
+                raise InvalidArgument("server_size %d needs a server name" % server_size)
+            if group is None:
+                raise InvalidArgument(
+                    "receiver rank %d of server %r (%d ranks) needs group=, the "
+                    "torch.distributed process group of exactly its server's ranks, to agree "
+                    "on the version they apply" % (rank, server, server_size))
+            torch = _torch()
+            if torch is None:
+                raise InvalidArgument("receiver rank %d of server %r needs torch.distributed "
+                                      "for its group, and torch is not installed"
+                                      % (rank, server))
+            found = torch.distributed.get_world_size(group)
+            if found != server_size:
+                raise InvalidArgument("group has %d ranks, but server %r has server_size %d"
+                                      % (found, server, server_size))
+        self._group = group if server_size > 1 else None
         self._keep: List[Any] = []
         entries = (_lib.PushTensor * max(len(tensors), 1))()
         for i, (name, value) in enumerate(tensors.items()):
@@ -336,22 +422,70 @@ class PushReceiver(_Handle):
                 int(layout.fuse_gate_up), int(version is not None),
                 int(version if version is not None else 0), entries, len(tensors),
                 int(bool(auto_apply)), int(timeout * 1000), _secret_arg(secret))
-        if fp8 is None:
-            _check(lib.dte_push_receiver_open(*args, ctypes.byref(handle)))
-        else:
-            _check(lib.dte_push_receiver_open_fp8(*args, fp8.block_rows, fp8.block_cols,
-                                                  fp8.rule_code, ctypes.byref(handle)))
+        _check(lib.dte_push_receiver_open_server(
+            *args, int(fp8 is not None), fp8.block_rows if fp8 else 0,
+            fp8.block_cols if fp8 else 0, fp8.rule_code if fp8 else 0,
+            server.encode() if server else None, server_size,
+            0 if stage_mib is None else int(stage_mib * (1 << 20)), ctypes.byref(handle)))
         self._h = handle
         self.rank, self.layout, self.fp8 = int(rank), layout, fp8
+        self.server, self.server_size = server or "", server_size
 
     def apply_pending(self) -> int:
-        """Writes every push received so far into the tensors; returns how many."""
+        """Writes every push (and move) staged so far into the tensors;
+        returns how many. On a rank of a server of several ranks this is a
+        collective over its group: every rank must call it (at the same
+        point between batches), and each applies up to the version every
+        rank staged; when they hold no version in common nothing is written
+        and status() says server_inconsistent."""
         n = ctypes.c_uint64()
-        _check(lib.dte_push_receiver_apply_pending(self._h, ctypes.byref(n)))
+        if self._group is None:
+            _check(lib.dte_push_receiver_apply_pending(self._h, ctypes.byref(n)))
+            return n.value
+        paths: List[Any] = [None] * self.server_size
+        import torch.distributed
+        torch.distributed.all_gather_object(paths, self.path(), group=self._group)
+        flat = [int(v) for p in paths for v in p]
+        versions = (ctypes.c_uint64 * max(len(flat), 1))(*flat)
+        lengths = (ctypes.c_size_t * self.server_size)(*[len(p) for p in paths])
+        _check(lib.dte_push_receiver_apply_agreed(self._h, versions, lengths, self.server_size,
+                                                  ctypes.byref(n)))
         return n.value
 
+    def path(self) -> List[int]:
+        """The versions this receiver can be at without the store: the one
+        its tensors hold, then each staged version in apply order ([] when
+        the version held is unknown)."""
+        cap = 64
+        while True:
+            out = (ctypes.c_uint64 * cap)()
+            n = ctypes.c_size_t()
+            _check(lib.dte_push_receiver_path(self._h, out, cap, ctypes.byref(n)))
+            if n.value <= cap:
+                return [int(out[i]) for i in range(n.value)]
+            cap = n.value
+
+    def move_to(self, store: Union[str, os.PathLike[str], StoreReader], version: int,
+                cache_dir: Optional[str] = None) -> int:
+        """Moves the tensors to `version`, back (a rollback) or forward,
+        writing only the elements that differ, read from the store's deltas:
+        staged, then applied as apply_pending() applies (on a rank of a
+        server, every rank calls move_to with the same version, and they
+        move together). Returns what apply_pending() returned. Raises
+        FailedPrecondition when the version held is unknown or the two are
+        not on one chain of the store (catch_up() then)."""
+        reader = store if isinstance(store, StoreReader) else StoreReader(store, cache_dir)
+        try:
+            _check(lib.dte_push_receiver_move_to(self._h, reader._h, int(version)))
+        finally:
+            if reader is not store:
+                reader.close()
+        return self.apply_pending()
+
     def wait_for(self, version: int, timeout: float = 60.0) -> None:
-        """Applies pushes until the tensors hold `version` or newer. Raises
+        """Applies pushes until the tensors hold `version` or newer (on a
+        rank of a server of several: until `version` is staged; then
+        apply_pending() on every rank applies it). Raises
         MissedPushes when this receiver missed pushes (catch_up() first),
         DeadlineExceeded when `timeout` (seconds) ran out."""
         _check(lib.dte_push_receiver_wait_for(self._h, int(version), int(timeout * 1000)),
@@ -361,7 +495,10 @@ class PushReceiver(_Handle):
                  version: Optional[int] = None, cache_dir: Optional[str] = None) -> None:
         """Copies `version` (default: the one the server said it is at) from
         the store (a path, an s3:// URI or a dte.StoreReader) into the
-        tensors and tells the server, which pushes again from there."""
+        tensors and tells the server, which pushes again from there. On a
+        rank of a server that knows the version it holds, the catch-up is
+        staged instead (the elements that differ, as move_to reads them) and
+        applied with the server's other ranks by apply_pending()."""
         reader = store if isinstance(store, StoreReader) else StoreReader(store, cache_dir)
         try:
             _check(lib.dte_push_receiver_catch_up(self._h, reader._h, int(version is not None),
@@ -375,11 +512,16 @@ class PushReceiver(_Handle):
         st = _lib.PushReceiverStatus()
         err = ctypes.c_char_p()
         _check(lib.dte_push_receiver_get_status(self._h, ctypes.byref(st), ctypes.byref(err)))
+        has, sv, bad, why = ctypes.c_int32(), ctypes.c_uint64(), ctypes.c_int32(), ctypes.c_char_p()
+        _check(lib.dte_push_receiver_server_status(self._h, ctypes.byref(has), ctypes.byref(sv),
+                                                   ctypes.byref(bad), ctypes.byref(why)))
         return PushReceiverStatus(
             version=st.version if st.has_version else None,
             inconsistent=bool(st.inconsistent), connected=bool(st.connected),
             behind=st.behind if st.has_behind else None, pending=st.pending, pushes=st.pushes,
-            elements=st.elements, error=_text(err), bytes=st.bytes)
+            elements=st.elements, error=_text(err), bytes=st.bytes, server=self.server,
+            server_version=sv.value if has.value else None, server_inconsistent=bool(bad.value),
+            server_error=_text(why), staged_bytes=st.staged_bytes)
 
     @property
     def version(self) -> Optional[int]:

@@ -1,0 +1,204 @@
+// A push receiver's moves from the store (sync/push/internal/push_receiver_impl.h):
+// the elements each version between two versions of one chain changed,
+// read from the store's deltas, remapped to this rank's tensors and staged
+// as pushes are, so a move forward (a staged catch-up) or back (a
+// rollback) is applied the way a push is: together with the server's other
+// ranks, writing only the elements that differ.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/width.h"
+#include "store/changes.h"
+#include "store/materialize.h"
+#include "store/store.h"
+#include "sync/push/internal/push_plan.h"
+#include "sync/push/internal/push_receiver_impl.h"
+#include "sync/transfer/plan_inputs.h"
+
+namespace dte {
+
+using push_internal::Msg;
+using push_internal::OpEntries;
+using push_internal::Pending;
+
+namespace {
+
+// The wrapping difference a - b of `width`-byte elements (what ApplyOpEntries
+// adds to an element holding b to make it a).
+void Difference(const uint8_t* a, const uint8_t* b, int width, uint8_t* out) {
+  kernels::DispatchWidth(width, [&](auto w) {
+    using U = typename kernels::ElementBits<decltype(w)::value>::type;
+    U x, y;
+    std::memcpy(&x, a, sizeof(U));
+    std::memcpy(&y, b, sizeof(U));
+    const U d = static_cast<U>(x - y);
+    std::memcpy(out, &d, sizeof(U));
+  });
+}
+
+// The versions from `from` to `to` along parent links, `to` first when
+// `to` descends from `from`; empty when it does not.
+Result<std::vector<std::shared_ptr<const Version>>> Descent(Store& store, uint64_t from,
+                                                            uint64_t to) {
+  std::vector<std::shared_ptr<const Version>> chain;
+  ASSIGN_OR_RETURN(auto v, store.GetVersion(to));
+  for (;;) {
+    chain.push_back(v);
+    if (v->manifest.version == from) return chain;
+    if (!v->manifest.parent || *v->manifest.parent < from)
+      return std::vector<std::shared_ptr<const Version>>{};
+    ASSIGN_OR_RETURN(v, store.GetVersion(*v->manifest.parent));
+  }
+}
+
+}  // namespace
+
+Status PushReceiver::Impl::MoveTo(Store& store, uint64_t version) {
+  const std::string what =
+      "move of push receiver rank " + std::to_string(options_.rank) + " to " + VersionName(version);
+  if (options_.fp8) {
+    return Unimplemented(what +
+                         ": an FP8 receiver moves by a catch-up (CatchUp), not by staged "
+                         "deltas");
+  }
+  std::optional<uint64_t> tail;
+  {
+    std::lock_guard lock(mu_);
+    const std::vector<uint64_t> path = PathLocked();
+    if (path.empty()) {
+      return FailedPrecondition(what + ": the version it holds is unknown (catch up whole)");
+    }
+    tail = path.back();
+  }
+  ASSIGN_OR_RETURN(std::vector<Pending> steps, StepsFromStore(store, *tail, version));
+  {
+    std::lock_guard lock(mu_);
+    RETURN_IF_ERROR(QueueStepsLocked(tail, std::move(steps)));
+  }
+  SendAll(Msg::kHeld, {{"version", version}});
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status PushReceiver::Impl::QueueStepsLocked(std::optional<uint64_t> tail,
+                                            std::vector<Pending> steps) {
+  const std::vector<uint64_t> path = PathLocked();
+  if (path.empty() || path.back() != tail || path.size() != pending_.size() + 1) {
+    return Aborted("a push or catch-up came in while the move from " + VersionName(*tail) +
+                   " was read from the store: move again");
+  }
+  uint64_t bytes = 0;
+  for (const Pending& p : steps) bytes += p.Staged();
+  if (staged_bytes_ + bytes > options_.stage_bytes) {
+    return FailedPrecondition("staging the move from " + VersionName(*tail) + " (" +
+                              std::to_string(bytes) + " bytes) beside the " +
+                              std::to_string(staged_bytes_) + " staged would pass stage_bytes " +
+                              std::to_string(options_.stage_bytes) + ": apply them first");
+  }
+  staged_bytes_ += bytes;
+  for (Pending& p : steps) {
+    expected_parent_ = p.version;
+    pending_.push_back(std::move(p));
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<Pending>> PushReceiver::Impl::StepsFromStore(Store& store, uint64_t from,
+                                                                uint64_t to) {
+  std::vector<Pending> steps;
+  if (from == to) return steps;
+  const bool forward = to > from;
+  ASSIGN_OR_RETURN(auto chain, forward ? Descent(store, from, to) : Descent(store, to, from));
+  if (chain.empty()) {
+    return FailedPrecondition("move of push receiver rank " + std::to_string(options_.rank) +
+                              " from " + VersionName(from) + " to " + VersionName(to) +
+                              ": they are not on one chain of the store (catch up whole)");
+  }
+  // chain: the newer version first, down to the older.
+  if (forward) std::reverse(chain.begin(), chain.end());
+  for (size_t k = 1; k < chain.size(); ++k) {
+    ASSIGN_OR_RETURN(Pending p, StepFromStore(store, chain[k - 1], chain[k]));
+    steps.push_back(std::move(p));
+  }
+  return steps;
+}
+
+// The step between a version and its child, either way: the child's changes
+// (VersionChangesReader) remapped to this rank's ops; going forward the
+// differences (or whole values) it records, going back the differences
+// negated and, for elements it set whole, the parent's values.
+Result<Pending> PushReceiver::Impl::StepFromStore(Store& store,
+                                                  const std::shared_ptr<const Version>& from,
+                                                  const std::shared_ptr<const Version>& to) {
+  const bool forward = to->manifest.parent == from->manifest.version;
+  const std::shared_ptr<const Version>& child = forward ? to : from;
+  const std::shared_ptr<const Version>& parent = forward ? from : to;
+  const std::string what = "move of push receiver rank " + std::to_string(options_.rank) +
+                           " from " + VersionName(from->manifest.version) + " to " +
+                           VersionName(to->manifest.version);
+  ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(store, *child));
+  ASSIGN_OR_RETURN(
+      TransferPlan plan,
+      MakeTransferPlan(in.canonical, in.geometry, ShardLayout{1, false, false}, options_.layout));
+  ASSIGN_OR_RETURN(auto own,
+                   push_internal::MatchReceiverTensors(plan, options_.rank, plan_tensors_, what));
+  ASSIGN_OR_RETURN(auto reader, VersionChangesReader::Open(store, child));
+  Materializer parents(&store);
+  Pending step;
+  step.parent = from->manifest.version;
+  step.version = to->manifest.version;
+  std::vector<uint64_t> dst, pos;
+  std::vector<uint8_t> parent_tensor;
+  for (size_t c = 0; c < plan.canonical.size(); ++c) {
+    const PlanTensor& ct = plan.canonical[c];
+    if (!reader->MayChange(ct.name)) continue;
+    ASSIGN_OR_RETURN(const TensorChanges* tc, reader->Read(ct.name));
+    const size_t n = tc->indices.size();
+    if (n == 0) continue;
+    const int width = DTypeWidth(ct.dtype);
+    const bool has_old = !tc->old_values.empty();
+    auto known = [&](size_t k) { return has_old && (tc->known.empty() || tc->known[k] != 0); };
+    // Going back over an element the child set whole: the parent's value.
+    bool need_parent = false;
+    for (size_t k = 0; k < n && !forward && !need_parent; ++k) need_parent = !known(k);
+    if (need_parent) {
+      parent_tensor.resize(ShapeElements(ct.shape) * width);
+      RETURN_IF_ERROR(push_internal::ReadTensorInto(parents, parent, ct.name, parent_tensor.data(),
+                                                    parent_tensor.size(), what));
+    }
+    for (size_t o = 0; o < plan.ops.size(); ++o) {
+      const TransferOp& op = plan.ops[o];
+      if (op.receiver != options_.rank || op.canonical != c) continue;
+      dst.resize(n);
+      pos.resize(n);
+      const size_t j = RemapOpIndices(op, tc->indices.data(), n, dst.data(), pos.data());
+      if (j == 0) continue;
+      Pending::Segment seg{own[op.receiver_tensor], o * 3, {}};
+      OpEntries& e = seg.entries;
+      e.idx.assign(dst.begin(), dst.begin() + static_cast<std::ptrdiff_t>(j));
+      e.vals.resize(j * width);
+      bool any_set = false;
+      for (size_t q = 0; q < j; ++q) {
+        const size_t k = pos[q];
+        const uint8_t* nv = tc->values.data() + k * width;
+        const uint8_t* ov = has_old ? tc->old_values.data() + k * width : nullptr;
+        uint8_t* out = e.vals.data() + q * width;
+        if (known(k)) {
+          forward ? Difference(nv, ov, width, out) : Difference(ov, nv, width, out);
+          continue;
+        }
+        if (e.sets.empty()) e.sets.assign(j, 0);
+        e.sets[q] = 1;
+        any_set = true;
+        std::memcpy(out, forward ? nv : parent_tensor.data() + tc->indices[k] * width, width);
+      }
+      if (!any_set) e.sets.clear();
+      step.elements += j;
+      step.bytes += j * width;
+      step.segments.push_back(std::move(seg));
+    }
+  }
+  return step;
+}
+
+}  // namespace dte
