@@ -74,6 +74,7 @@ Status PushReceiver::Impl::MoveTo(Store& store, uint64_t version) {
   {
     std::lock_guard lock(mu_);
     RETURN_IF_ERROR(QueueStepsLocked(tail, std::move(steps)));
+    if (behind_ && version >= *behind_) behind_.reset();
   }
   SendAll(Msg::kHeld, {{"version", version}});
   cv_.notify_all();

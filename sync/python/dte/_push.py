@@ -452,6 +452,24 @@ class PushReceiver(_Handle):
                                                   ctypes.byref(n)))
         return n.value
 
+    @property
+    def group(self) -> Any:
+        """The process group of the server's ranks (None: no server of
+        several). Set it to the new group after the ranks formed one again
+        (a rank restarted); the server's size must not change."""
+        return self._group
+
+    @group.setter
+    def group(self, group: Any) -> None:
+        if self.server_size <= 1:
+            raise InvalidArgument("this receiver is not a rank of a server of several")
+        import torch.distributed
+        found = torch.distributed.get_world_size(group)
+        if found != self.server_size:
+            raise InvalidArgument("group has %d ranks, but server %r has server_size %d"
+                                  % (found, self.server, self.server_size))
+        self._group = group
+
     def path(self) -> List[int]:
         """The versions this receiver can be at without the store: the one
         its tensors hold, then each staged version in apply order ([] when
