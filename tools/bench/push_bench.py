@@ -33,8 +33,17 @@ the rows add each rank's push time ("rank_push_s") and bytes.
 With --cuda the receivers hold their tensors in GPU memory (pushes are
 written by the CUDA kernel; the baseline copies each shard host to device).
 
+With --servers each receiver count runs a second time, the receivers as
+the ranks of one inference server (docs/push.md, "Servers"): in a gloo
+group, each calling apply_pending() between "batches" (every 0.5 ms), so
+a version lands when every rank staged it. Rows of that run say "server";
+the summary adds push (server) / push (receivers on their own) of the same
+run, and each rank's most staged bytes and peak resident set beside its
+weights' bytes.
+
 Usage: /opt/dte/venv/bin/python tools/bench/push_bench.py [--size 1GiB] [--receivers 1,2,4]
-       [--steps 4] [--lr 7e-7] [--dist [--world N] [--owners]] [--cuda] [--json out]
+       [--steps 4] [--lr 7e-7] [--dist [--world N] [--owners]] [--cuda] [--servers]
+       [--json out]
 """
 
 import dataclasses
@@ -187,9 +196,11 @@ def receiver(a):
     parts, local = local_layout(c, a.tp, a.rank)
     device = "cuda:%d" % (a.rank % torch.cuda.device_count()) if a.cuda else "cpu"
     tensors = {n: torch.zeros(s, dtype=torch.bfloat16, device=device) for n, s in local.items()}
+    out = open(a.out, "w", buffering=1)
+    if a.server:
+        return server_rank(a, dte, tensors, out)
     rx = dte.PushReceiver(a.address, tensors, rank=a.rank, layout=dte.FusedReceiverLayout(a.tp),
                           version=None, auto_apply=True, timeout=60.0)
-    out = open(a.out, "w", buffering=1)
     # Baseline listener: whole tensors in, the shard copied into the fused tensors.
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -232,6 +243,36 @@ def receiver(a):
     rx.close()
 
 
+def server_rank(a, dte, tensors, out):
+    """A rank of one inference server: apply_pending() between batches."""
+    import datetime
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + a.group_file, rank=a.rank,
+                            world_size=a.tp, timeout=datetime.timedelta(seconds=600))
+    rx = dte.PushReceiver(a.address, tensors, rank=a.rank, layout=dte.FusedReceiverLayout(a.tp),
+                          version=None, timeout=60.0, server="bench", server_size=a.tp,
+                          group=dist.group.WORLD)
+    weights = sum(t.numel() * 2 for t in tensors.values())
+    out.write(json.dumps({"baseline_port": 0}) + "\n")
+    staged = 0
+    target = 0
+    while target <= a.steps:
+        st = rx.status()
+        if st.behind is not None and st.behind not in rx.path():
+            rx.catch_up(a.store)
+        rx.apply_pending()
+        staged = max(staged, rx.status().staged_bytes)
+        held = rx.version
+        if held is not None and held >= target:
+            out.write(json.dumps({"version": held, "t": time.time()}) + "\n")
+            target = held + 1
+        time.sleep(0.0005)
+    out.write(json.dumps({"staged_max": staged, "weights": weights,
+                          "hwm": h.proc_status("self", "VmHWM")}) + "\n")
+    rx.close()
+    dist.destroy_process_group()
+
+
 # --- trainer -----------------------------------------------------------------
 
 def parse_args():
@@ -250,6 +291,10 @@ def parse_args():
                    help="--dist: every rank pushes the tensors it owns")
     p.add_argument("--cuda", action="store_true",
                    help="receivers hold their tensors in GPU memory (rank r on GPU r mod count)")
+    p.add_argument("--servers", action="store_true",
+                   help="also run each receiver count as the ranks of one server")
+    p.add_argument("--server", action="store_true", help="receiver mode: a rank of one server")
+    p.add_argument("--group-file")
     # receiver mode
     p.add_argument("--address")
     p.add_argument("--store")
@@ -264,10 +309,11 @@ class Bench:
     """One receiver count's run: the model and its optimizer, the store with
     v0, the publisher(s) and push group(s), and the receiver processes."""
 
-    def __init__(self, a, dte, c, names, work, n_rx):
+    def __init__(self, a, dte, c, names, work, n_rx, server=False):
         self.a, self.dte, self.c, self.names, self.n_rx = a, dte, c, names, n_rx
+        self.server = server
         self.elements = sum(math.prod(s) for s in names.values())
-        self.root = os.path.join(work, "rx%d" % n_rx)
+        self.root = os.path.join(work, "rx%d%s" % (n_rx, "-server" if server else ""))
         os.makedirs(self.root)
         json.dump(c, open(os.path.join(self.root, "config.json"), "w"))
         self.store = os.path.join(self.root, "store")
@@ -306,7 +352,9 @@ class Bench:
                 [sys.executable, __file__, "receiver", "--address", self.group.address,
                  "--store", self.store, "--config", os.path.join(self.root, "config.json"),
                  "--tp", str(self.n_rx), "--rank", str(r), "--steps", str(a.steps), "--out", out,
-                 "--build-dir", a.build_dir] + (["--cuda"] if a.cuda else [])))
+                 "--build-dir", a.build_dir] + (["--cuda"] if a.cuda else []) +
+                (["--server", "--group-file", os.path.join(self.root, "group")]
+                 if self.server else [])))
         while not all(self.held(i) >= 0 for i in range(self.n_rx)):
             if any(pr.poll() is not None for pr in self.procs):
                 raise SystemExit("a receiver exited")
@@ -354,7 +402,8 @@ class Bench:
             time.sleep(0.002)
         applied = max(x["t"] for i in range(self.n_rx) for x in self.records(i)
                       if x.get("version") == step)
-        row = {"receivers": self.n_rx, "step": step, "changed": res.changed,
+        row = {"receivers": self.n_rx, "mode": "server" if self.server else "receivers",
+               "step": step, "changed": res.changed,
                "changed_fraction": res.changed / self.elements, "publish_s": t1 - t0,
                "push_s": applied - push_start, "push_bytes": sum(x["bytes"] for x in pushes),
                "push_confirmed_s": max(x["seconds"] for x in pushes),
@@ -405,6 +454,7 @@ class Bench:
         for pr in self.procs:
             if pr.wait(600) != 0:
                 raise SystemExit("a receiver failed")
+        self.memory = [x for i in range(self.n_rx) for x in self.records(i) if "staged_max" in x]
         for x in self.pubs or [self.pub]:
             x.close()
         for g in self.groups:
@@ -430,7 +480,8 @@ def print_summary(rows):
     the last is the steady state) against the baseline's median."""
     out = []
     for n_rx in sorted({r["receivers"] for r in rows}):
-        pr = [r for r in rows if r["receivers"] == n_rx and "push_s" in r]
+        pr = [r for r in rows if r["receivers"] == n_rx and "push_s" in r
+              and r["mode"] == "receivers"]
         br = [r for r in rows if r["receivers"] == n_rx and "baseline_s" in r]
         last = max(pr, key=lambda r: r["step"])
         base = sorted(r["baseline_s"] for r in br)
@@ -441,6 +492,24 @@ def print_summary(rows):
                     "%.1f MB" % (pb / 1e6), "%.1f MB" % (bb / 1e6), "%.0fx" % (bb / pb)])
     print(h.md_table(["receivers", "changed", "publish", "push", "baseline", "time ratio",
                       "push bytes", "baseline bytes", "bytes ratio"], out))
+    servers = [r for r in rows if r.get("mode") == "server" and "push_s" in r]
+    if not servers:
+        return
+    out = []
+    for r in servers:
+        alone = next(x for x in rows if x.get("mode") == "receivers" and "push_s" in x
+                     and x["receivers"] == r["receivers"] and x["step"] == r["step"])
+        mem = next(x for x in rows if x.get("memory") and x["receivers"] == r["receivers"])
+        out.append([r["receivers"], r["step"], "%.2f%%" % (100 * r["changed_fraction"]),
+                    "%.3f s" % alone["push_s"], "%.3f s" % r["push_s"],
+                    "%.2f" % (r["push_s"] / alone["push_s"]),
+                    "%.1f MB" % (max(m["staged_max"] for m in mem["memory"]) / 1e6),
+                    "%.0f MB" % (max(m["hwm"] for m in mem["memory"]) / 1e6),
+                    "%.0f MB" % (max(m["weights"] for m in mem["memory"]) / 1e6)])
+    print()
+    print(h.md_table(["ranks", "step", "changed", "push (receivers)", "push (server)",
+                      "server / receivers", "staged per rank (max)", "rank peak RSS",
+                      "rank weights"], out))
 
 
 def main():
@@ -463,6 +532,11 @@ def main():
             rows += [bench.push_row(step) for step in range(1, a.steps + 1)]
             rows += bench.baseline_rows()
             bench.close()
+            if a.servers:
+                bench = Bench(a, dte, c, names, work.path, n_rx, server=True)
+                rows += [bench.push_row(step) for step in range(1, a.steps + 1)]
+                bench.close()
+                rows.append({"receivers": n_rx, "memory": bench.memory})
     print_summary(rows)
     h.write_json(a.json, {"config": c, "rows": rows})
 

@@ -85,7 +85,7 @@ def dist_exchanged_per_changed(results):
 
 def push_rows(results):
     rows = load(results, "push")["rows"]
-    pushes = [r for r in rows if "push_s" in r]
+    pushes = [r for r in rows if "push_s" in r and r.get("mode", "receivers") == "receivers"]
     last = max(pushes, key=lambda r: r["step"])
     baselines = [r for r in rows if "baseline_s" in r]
     return last, baselines
