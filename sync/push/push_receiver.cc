@@ -230,7 +230,7 @@ Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version
     }
     // A rank of a server that knows what it holds stages the catch-up: it
     // applies with the other ranks.
-    staged = InServer() && !options_.fp8 && !PathLocked().empty();
+    staged = InServer() && !PathLocked().empty();
   }
   if (staged) {
     Status s = MoveTo(store, *version);

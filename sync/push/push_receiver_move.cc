@@ -11,6 +11,7 @@
 #include "store/changes.h"
 #include "store/materialize.h"
 #include "store/store.h"
+#include "sync/push/internal/push_fp8.h"
 #include "sync/push/internal/push_plan.h"
 #include "sync/push/internal/push_receiver_impl.h"
 #include "sync/transfer/plan_inputs.h"
@@ -56,11 +57,6 @@ Result<std::vector<std::shared_ptr<const Version>>> Descent(Store& store, uint64
 Status PushReceiver::Impl::MoveTo(Store& store, uint64_t version) {
   const std::string what =
       "move of push receiver rank " + std::to_string(options_.rank) + " to " + VersionName(version);
-  if (options_.fp8) {
-    return Unimplemented(what +
-                         ": an FP8 receiver moves by a catch-up (CatchUp), not by staged "
-                         "deltas");
-  }
   std::optional<uint64_t> tail;
   {
     std::lock_guard lock(mu_);
@@ -141,8 +137,16 @@ Result<Pending> PushReceiver::Impl::StepFromStore(Store& store,
   ASSIGN_OR_RETURN(
       TransferPlan plan,
       MakeTransferPlan(in.canonical, in.geometry, ShardLayout{1, false, false}, options_.layout));
-  ASSIGN_OR_RETURN(auto own,
-                   push_internal::MatchReceiverTensors(plan, options_.rank, plan_tensors_, what));
+  std::optional<Fp8ReceiverPlan> fp8;
+  if (options_.fp8) {
+    auto made = MakeFp8ReceiverPlan(plan, options_.rank, *options_.fp8);
+    if (!made.ok()) return made.status().WithContext(what);
+    fp8 = std::move(made).value();
+  }
+  ASSIGN_OR_RETURN(
+      auto own,
+      fp8 ? push_internal::MatchFp8ReceiverTensors(plan, *fp8, plan_tensors_, what)
+          : push_internal::MatchReceiverTensors(plan, options_.rank, plan_tensors_, what));
   ASSIGN_OR_RETURN(auto reader, VersionChangesReader::Open(store, child));
   Materializer parents(&store);
   Pending step;
@@ -156,6 +160,10 @@ Result<Pending> PushReceiver::Impl::StepFromStore(Store& store,
     ASSIGN_OR_RETURN(const TensorChanges* tc, reader->Read(ct.name));
     const size_t n = tc->indices.size();
     if (n == 0) continue;
+    if (fp8 && fp8->canonical_fp8[c]) {
+      RETURN_IF_ERROR(StageFp8Tensor(parents, parent, forward, *fp8, c, ct, *tc, own, &step, what));
+      continue;
+    }
     const int width = DTypeWidth(ct.dtype);
     const bool has_old = !tc->old_values.empty();
     auto known = [&](size_t k) { return has_old && (tc->known.empty() || tc->known[k] != 0); };
@@ -200,6 +208,56 @@ Result<Pending> PushReceiver::Impl::StepFromStore(Store& store,
     }
   }
   return step;
+}
+
+// An FP8 tensor's step: its BF16 elements in the parent (read whole) and
+// the child (the parent with the child's changes), the FP8 change set from
+// the version moved from to the one moved to over the changed elements'
+// blocks, and, per FP8 op of this rank, the E4M3 bytes and scales that
+// differ, as whole values.
+Status PushReceiver::Impl::StageFp8Tensor(Materializer& reader,
+                                          const std::shared_ptr<const Version>& parent,
+                                          bool forward, const Fp8ReceiverPlan& fp8, size_t c,
+                                          const PlanTensor& ct, const TensorChanges& tc,
+                                          const std::vector<uint32_t>& own, Pending* step,
+                                          const std::string& what) {
+  push_internal::Fp8Versions v;
+  RETURN_IF_ERROR(push_internal::ReadFp8Versions(reader, parent, ct, tc, what, &v));
+  if (!forward) std::swap(v.parent, v.child);  // from the child back to its parent
+  push_internal::Fp8Changes changes;
+  RETURN_IF_ERROR(push_internal::ComputeFp8ChangesAt(fp8.canonical_layout[c], v, tc.indices.data(),
+                                                     tc.indices.size(), ct.name, &changes));
+  const size_t n = own.size() / 2;  // the plan's receiver tensors (own has 2n slots)
+  Fp8OpIndices at;
+  for (uint32_t k : fp8.ops_by_canonical[c]) {
+    const Fp8ReceiverOp& op = fp8.ops[k];
+    RemapFp8Changes(op, changes.set, &at);
+    if (!at.byte_index.empty()) {
+      Pending::Segment seg{own[op.receiver_tensor], size_t{op.op} * 3 + 1, {}};
+      seg.entries.idx = at.byte_index;
+      seg.entries.vals.resize(at.byte_index.size());
+      for (size_t q = 0; q < at.byte_pos.size(); ++q) {
+        seg.entries.vals[q] = changes.set.byte_value[at.byte_pos[q]];
+      }
+      seg.entries.sets.assign(at.byte_index.size(), 1);
+      step->elements += at.byte_index.size();
+      step->bytes += at.byte_index.size();
+      step->segments.push_back(std::move(seg));
+    }
+    if (!at.scale_index.empty()) {
+      Pending::Segment seg{own[n + op.receiver_tensor], size_t{op.op} * 3 + 2, {}};
+      seg.entries.idx = at.scale_index;
+      seg.entries.vals.resize(at.scale_index.size() * 4);
+      for (size_t q = 0; q < at.scale_pos.size(); ++q) {
+        std::memcpy(seg.entries.vals.data() + q * 4, &changes.set.scale_value[at.scale_pos[q]], 4);
+      }
+      seg.entries.sets.assign(at.scale_index.size(), 1);
+      step->elements += at.scale_index.size();
+      step->bytes += at.scale_index.size() * 4;
+      step->segments.push_back(std::move(seg));
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace dte

@@ -184,6 +184,37 @@ TEST_F(PushFp8Test, ReceiversThatMissedPushesCatchUpToTheQuantizedVersion) {
   }
 }
 
+// FP8 receivers moved forward two versions, back to v0 and forward to v1
+// by the store's deltas: each move writes only the E4M3 bytes and scales
+// that differ, and every one ends equal to that version quantized (scales
+// that grow included).
+TEST_F(PushFp8Test, Fp8ReceiversMoveBackAndForwardToTheQuantizedVersion) {
+  std::mt19937_64 rng(9);
+  State v1 = Step(state_, 0.05, true, rng);
+  ASSERT_EQ(Commit(v1), 1u);
+  State v2 = Step(v1, 0.05, true, rng);
+  ASSERT_EQ(Commit(v2), 2u);
+  auto server = StartServer();
+  ASSERT_TRUE(server);
+  std::vector<std::unique_ptr<Rx>> rxs;
+  for (int rank : {0, 1}) {
+    rxs.push_back(Receiver(*server, FusedReceiverLayout(2), rank,
+                           Fp8Options(4, 4, Fp8ScaleRule::kPowerOfTwo), state_, 0, false));
+  }
+  rxs.push_back(Receiver(*server, {1, false, false}, 0,
+                         PartialFp8Options(5, 7, Fp8ScaleRule::kPlain), state_, 0, false));
+  for (auto& r : rxs) {
+    for (uint64_t target : {2u, 0u, 1u}) {
+      ASSERT_TRUE(r->rx->MoveTo(*store_, target).ok());
+      auto n = r->rx->ApplyPending();
+      ASSERT_TRUE(n.ok()) << n.status().message();
+      EXPECT_EQ(*n, target == 2 ? 2u : target == 0 ? 2u : 1u);
+      ExpectHolds(*r, target == 2 ? v2 : target == 0 ? state_ : v1);
+      EXPECT_EQ(r->rx->GetStatus().version, target);
+    }
+  }
+}
+
 // A version pushed from its records in the store (a distributed
 // publisher's rank 0: differences over unknown old values, dense blocks
 // compared), with no cache and one tensor per batch, so every tensor is

@@ -23,6 +23,7 @@
 
 #include "kernels/cuda.h"
 #include "store/base/posix_file.h"
+#include "store/changes.h"
 #include "store/materialize.h"
 #include "sync/push/internal/push_fp8.h"
 #include "sync/push/internal/push_wire.h"
@@ -123,6 +124,11 @@ class PushReceiver::Impl {
   // One step: version `to`, a child or the parent of `from`.
   Result<Pending> StepFromStore(Store& store, const std::shared_ptr<const Version>& from,
                                 const std::shared_ptr<const Version>& to);
+  // An FP8 tensor's part of a step: the bytes and scales that differ.
+  Status StageFp8Tensor(Materializer& reader, const std::shared_ptr<const Version>& parent,
+                        bool forward, const Fp8ReceiverPlan& fp8, size_t c, const PlanTensor& ct,
+                        const TensorChanges& tc, const std::vector<uint32_t>& own, Pending* step,
+                        const std::string& what);
   // Queues staged steps after the last version held or staged (`tail`,
   // checked again: Aborted when a push came in between); mu_ held.
   Status QueueStepsLocked(std::optional<uint64_t> tail, std::vector<Pending> steps);
