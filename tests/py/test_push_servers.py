@@ -403,3 +403,20 @@ def test_the_trainer_killed_mid_push_leaves_one_version_and_a_new_trainer_moves_
     trainer.publish(2)
     server.until(2)
     server.stop()
+
+
+def test_a_rank_of_a_server_of_several_is_refused_without_its_group(tmp_path):
+    import torch.distributed as dist
+    with pytest.raises(dte.InvalidArgument, match="needs group="):
+        dte.PushReceiver("127.0.0.1:1", {}, server="rollout-9", server_size=2)
+    with pytest.raises(dte.InvalidArgument, match="server_size 2 needs a server name"):
+        dte.PushReceiver("127.0.0.1:1", {}, server_size=2, group=object())
+    dist.init_process_group("gloo", init_method="file://%s" % (tmp_path / "group"), rank=0,
+                            world_size=1)
+    try:
+        with pytest.raises(dte.InvalidArgument, match="group has 1 ranks, but server "
+                                                      "'rollout-9' has server_size 2"):
+            dte.PushReceiver("127.0.0.1:1", {}, server="rollout-9", server_size=2,
+                             group=dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()

@@ -79,6 +79,7 @@ const std::set<std::string> kNoHandle = {"dte_last_error",
                                          "dte_push_server_start",
                                          "dte_push_receiver_open",
                                          "dte_push_receiver_open_fp8",
+                                         "dte_push_receiver_open_server",
                                          "dte_live_apply_version",
                                          "dte_live_get_status",
                                          "dte_live_open"};
@@ -356,6 +357,23 @@ auto CApiHandlesTest::OtherCases() -> std::map<std::string, std::vector<Slot>> {
       {"dte_push_receiver_get_status",
        {{rx,
          [=, this](void* h) { return dte_push_receiver_get_status((R*)h, &rx_status_, &text_); }}}},
+      {"dte_push_receiver_move_to",
+       {{rx, [=, this](
+                 void* h) { return dte_push_receiver_move_to((R*)h, Open<dte_store>(store), 1); }},
+        {store,
+         [=, this](void* h) { return dte_push_receiver_move_to(Open<R>(rx), (dte_store*)h, 1); }}}},
+      {"dte_push_receiver_path",
+       {{rx, [=, this](void* h) { return dte_push_receiver_path((R*)h, &u64_, 1, &size_); }}}},
+      {"dte_push_receiver_apply_agreed",
+       {{rx,
+         [=, this](void* h) {
+           return dte_push_receiver_apply_agreed((R*)h, &u64_, &size_, 1, &u64_);
+         }}}},
+      {"dte_push_receiver_server_status",
+       {{rx,
+         [=, this](void* h) {
+           return dte_push_receiver_server_status((R*)h, &i32_, &u64_, &i32_, &text_);
+         }}}},
       {"dte_store_close", {{store, [](void* h) { return dte_store_close((dte_store*)h); }}}},
       {"dte_store_latest",
        {{store, [=, this](void* h) { return dte_store_latest((dte_store*)h, &has_, &u64_); }}}},

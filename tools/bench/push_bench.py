@@ -35,7 +35,7 @@ written by the CUDA kernel; the baseline copies each shard host to device).
 
 With --servers each receiver count runs a second time, the receivers as
 the ranks of one inference server (docs/push.md, "Servers"): in a gloo
-group, each calling apply_pending() between "batches" (every 0.5 ms), so
+group, each calling apply_pending() between "batches" (every 5 ms), so
 a version lands when every rank staged it. Rows of that run say "server";
 the summary adds push (server) / push (receivers on their own) of the same
 run, and each rank's most staged bytes and peak resident set beside its
@@ -266,7 +266,7 @@ def server_rank(a, dte, tensors, out):
         if held is not None and held >= target:
             out.write(json.dumps({"version": held, "t": time.time()}) + "\n")
             target = held + 1
-        time.sleep(0.0005)
+        time.sleep(0.005)  # a batch every 5 ms, about a decode step
     out.write(json.dumps({"staged_max": staged, "weights": weights,
                           "hwm": h.proc_status("self", "VmHWM")}) + "\n")
     rx.close()
