@@ -49,7 +49,7 @@ def canonical_shapes():
 
 def join_group(ctl, generation, rank, size):
     dist.init_process_group("gloo", init_method="file://%s/group-%d" % (ctl, generation),
-                            rank=rank, world_size=size, timeout=datetime.timedelta(seconds=60))
+                            rank=rank, world_size=size, timeout=datetime.timedelta(seconds=10))
 
 
 def leave_group():

@@ -358,11 +358,13 @@ def test_a_connection_cut_after_staging_changes_nothing_until_every_rank_applies
     server.stop()
 
 
-@pytest.mark.parametrize("when", ["before", "during", "after"])
-@pytest.mark.parametrize("restart_at", ["latest", "older"])
-def test_a_rank_killed_around_staging_and_restarted_rejoins_its_server(job, when, restart_at):
+@pytest.mark.parametrize("size,when,restart_at", [
+    (2, w, r) for w in ("before", "during", "after") for r in ("latest", "older")] + [
+    (4, w, "older") for w in ("before", "during", "after")])
+def test_a_rank_killed_around_staging_and_restarted_rejoins_its_server(job, size, when,
+                                                                        restart_at):
     trainer, make = job
-    server = make(2)
+    server = make(size)
     server.until(0)
     trainer.publish(1)
     server.until(1)
@@ -376,7 +378,7 @@ def test_a_rank_killed_around_staging_and_restarted_rejoins_its_server(job, when
         server.kill(1)
         trainer.proc.stdout.readline()
     else:
-        assert trainer.publish(2)[1]["pushed"] == 2  # staged on both, applied by none
+        assert trainer.publish(2)[1]["pushed"] == size  # staged on all, applied by none
         server.kill(1)
     # Rank 0 alone serves nothing newer; rank 1 comes back from the store.
     server.restart(1, 2 if restart_at == "latest" else 0)
