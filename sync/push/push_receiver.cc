@@ -181,9 +181,10 @@ Result<uint64_t> PushReceiver::Impl::ApplyAgreed(const std::vector<std::vector<u
     {
       std::lock_guard lock(mu_);
       server_inconsistent_ = true;
+      server_version_.reset();
       server_error_ = "the ranks hold no version in common (" + text + "): nothing applied";
     }
-    SendAll(Msg::kServer, {{"version", nullptr}, {"inconsistent", true}, {"why", text}});
+    ReportServer();
     return uint64_t{0};
   }
   {
@@ -202,8 +203,29 @@ Result<uint64_t> PushReceiver::Impl::ApplyAgreed(const std::vector<std::vector<u
     server_inconsistent_ = false;
     server_error_.clear();
   }
-  SendAll(Msg::kServer, {{"version", *agreed}, {"inconsistent", false}});
+  ReportServer();
   return n;
+}
+
+std::optional<nlohmann::json> PushReceiver::Impl::ServerReportLocked() const {
+  if (!server_version_ && !server_inconsistent_) return std::nullopt;
+  return nlohmann::json{
+      {"version", server_version_ ? nlohmann::json(*server_version_) : nlohmann::json(nullptr)},
+      {"inconsistent", server_inconsistent_},
+      {"why", server_error_}};
+}
+
+// Tells the push servers what the server's ranks agreed on, when it changed
+// (a link that reconnects is told again at its welcome).
+void PushReceiver::Impl::ReportServer() {
+  std::optional<nlohmann::json> report;
+  {
+    std::lock_guard lock(mu_);
+    report = ServerReportLocked();
+    if (!report || report->dump() == server_reported_) return;
+    server_reported_ = report->dump();
+  }
+  SendAll(Msg::kServer, *report);
 }
 
 // Every sender's link is up and welcomed.

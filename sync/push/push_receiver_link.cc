@@ -187,8 +187,10 @@ Status PushReceiver::Impl::OnWelcome(Link& link, nlohmann::json& j, const std::s
                                                          : pending_.back().version;
   const bool tell = now.has_value() && now != link.hello_version;
   const uint64_t held = now.value_or(0);
+  const std::optional<nlohmann::json> server = ServerReportLocked();
   lock.unlock();
   if (tell) Send(link, Msg::kHeld, {{"version", held}});
+  if (server) Send(link, Msg::kServer, *server);
   cv_.notify_all();
   return Status::Ok();
 }

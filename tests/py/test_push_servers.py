@@ -293,7 +293,7 @@ def test_a_rank_stalled_past_the_push_timeout_holds_its_server_back_and_catches_
     servers = trainer.status()["servers"]
     assert [(g["name"], g["size"], g["ranks"], g["complete"]) for g in servers] == [
         ("rollout-0", size, list(range(size)), True)], servers
-    server.run_batch()  # each rank reports its server's version again
+    # Rank 1's new link was told what its server agreed on at the welcome.
     wait_for(lambda: trainer.status()["servers"][0]["version"] == 2, 10, "the server at v2")
     assert trainer.status()["servers"][0]["staleness"] == 0
     # The batches before rank 1 was back stayed at v1 on every rank.

@@ -115,6 +115,10 @@ class PushReceiver::Impl {
   Status CheckEntryKind(const push_internal::CountsMsg& c, size_t k, const std::string& what) const;
 
   bool InServer() const { return options_.server_size > 1; }
+  // The server message for what the server's ranks last agreed on; nullopt
+  // before the first ApplyAgreed. mu_ held.
+  std::optional<nlohmann::json> ServerReportLocked() const;
+  void ReportServer();
   std::vector<uint64_t> PathLocked() const;
 
   // --- push_receiver_move.cc --------------------------------------------------
@@ -199,6 +203,7 @@ class PushReceiver::Impl {
   std::optional<uint64_t> server_version_;
   bool server_inconsistent_ = false;
   std::string server_error_;
+  std::string server_reported_;  // the last server message sent to every sender
 };
 
 }  // namespace dte
