@@ -152,6 +152,16 @@ class Live {
   // mount's FP8 view policy, so a receiver loaded from MOUNT/fp8 registers
   // the tensors it has. Applies to registrations made after the call.
   void SetFp8Policy(Fp8Policy policy) EXCLUDES(receivers_mu_);
+  // The inference servers whose ranks registered here (docs/live.md,
+  // "Servers"), by name.
+  struct Server {
+    std::string name;
+    int size = 1;
+    std::vector<int> ranks;  // registered, increasing
+    bool complete = false;   // every rank 0 .. size-1 registered
+    uint64_t version = 0;    // the live version, which their buffers hold
+  };
+  std::vector<Server> Servers() EXCLUDES(receivers_mu_, view_mu_);
   // Drops buffer `id` of owner (0: all of them).
   Status Unregister(uint64_t owner, uint64_t id) EXCLUDES(receivers_mu_);
   // Forgets every buffer of owner.
@@ -195,8 +205,12 @@ class Live {
   };
   struct Receiver {
     ShardLayout layout;
-    int rank = 0;
+    int rank = 0;  // also its rank in `server`
     uid_t uid = 0;
+    // The inference server it is a rank of (docs/live.md, "Servers"); empty:
+    // none (server_size 1).
+    std::string server;
+    int server_size = 1;
     uint32_t fp8_block = 0, fp8_rule = 0;        // as registered (dte_live_register)
     std::shared_ptr<const Fp8ReceiverPlan> fp8;  // made by its first FP8 buffer
     std::vector<std::unique_ptr<Buffer>> buffers;
@@ -210,6 +224,14 @@ class Live {
   Result<std::vector<Changes>> ChangedSet(const LiveView& from, const LiveView& to,
                                           dte_live_counts* counts);
   Result<const Plan*> PlanFor(const Version& v, const ShardLayout& layout) REQUIRES(receivers_mu_);
+  // A registration's server against the owner's earlier registrations and
+  // the other ranks of that server: the same size, a rank nobody else has.
+  Status CheckServer(uint64_t owner, const std::string& server, int size, int rank,
+                     const std::string& what) REQUIRES(receivers_mu_);
+  // The registered servers (version unset), and FailedPrecondition naming
+  // the first that lacks a rank.
+  std::vector<Server> ServersLocked() REQUIRES(receivers_mu_);
+  Status ServersComplete() REQUIRES(receivers_mu_);
   Status Scatter(const Version& v, const std::vector<Changes>& changes,
                  const std::vector<Fp8Sets>& fp8, dte_live_counts* counts) EXCLUDES(receivers_mu_);
   // What a registration's buffer holds (live_registry_fp8.cc for FP8 ones).

@@ -10,6 +10,9 @@
 #include <csignal>
 #include <cstring>
 #include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda.h"
@@ -23,12 +26,42 @@
 namespace dte::live {
 namespace {
 
-// What the apply helpers read of a BlockChange.
+// What the apply helpers read of a BlockChange, and how they write it.
+// Forward, with `save`, the old value of each set entry is kept there (by
+// entry) before it is written; with `undo`, the write goes back to the
+// live version: each difference is subtracted, each set entry takes its
+// saved value (a rank of a server written back, docs/live.md "Servers").
 struct EntryView {
   bool values;
   const uint8_t* vals;
   const uint8_t* whole;  // null: no set elements
+  uint8_t* save = nullptr;
+  bool undo = false;
+  bool Set(size_t i) const { return values || (whole != nullptr && whole[i] != 0); }
+  bool Plain() const { return save == nullptr && !undo; }
 };
+
+// Entry i of c at d, as EntryView says (the slow path of a saving or undoing
+// write; a plain one is ApplyElement alone).
+template <int W>
+inline void PutElement(uint8_t* d, const EntryView& c, size_t i) {
+  const bool set = c.Set(i);
+  if (c.undo) {
+    if (set) {
+      std::memcpy(d, c.save + i * W, W);
+      return;
+    }
+    using U = typename kernels::ElementBits<W>::type;
+    U a, b;
+    std::memcpy(&a, d, W);
+    std::memcpy(&b, c.vals + i * W, W);
+    a = static_cast<U>(a - b);
+    std::memcpy(d, &a, W);
+    return;
+  }
+  if (set && c.save != nullptr) std::memcpy(c.save + i * W, d, W);
+  kernels::ApplyElement<W>(d, c.vals + i * W, set);
+}
 
 // A SIGBUS while writing a receiver's shared memory (its object was
 // truncated under the mapping) must fail that receiver, not kill the daemon.
@@ -54,6 +87,10 @@ void InstallSigbusHandler() {
 template <int W>
 void ApplyAll(uint8_t* dst, const uint64_t* dst_idx, const uint64_t* pos, const uint8_t* vals,
               const EntryView& c, size_t n) {
+  if (!c.Plain()) {
+    for (size_t j = 0; j < n; ++j) PutElement<W>(dst + dst_idx[j] * W, c, pos[j]);
+    return;
+  }
   if (c.values || c.whole == nullptr) {
     for (size_t j = 0; j < n; ++j) {
       kernels::ApplyElement<W>(dst + dst_idx[j] * W, vals + pos[j] * W, c.values);
@@ -97,6 +134,10 @@ bool GuardedApply(uint8_t* dst, uint64_t elements, const uint64_t* dst_idx, cons
 template <int W>
 [[gnu::noinline]] void ApplyRunTyped(uint8_t* dst, uint64_t base, const uint32_t* idx,
                                      const EntryView& c, size_t begin, size_t end) {
+  if (!c.Plain()) {
+    for (size_t i = begin; i < end; ++i) PutElement<W>(dst + (base + idx[i]) * W, c, i);
+    return;
+  }
   if (c.values || c.whole == nullptr) {
     for (size_t i = begin; i < end; ++i) {
       kernels::ApplyElement<W>(dst + (base + idx[i]) * W, c.vals + i * W, c.values);
@@ -259,22 +300,48 @@ bool WriteRemapped(const Target& tg, const Live::BlockChange& bc, const EntryVie
   return true;
 }
 
-bool WriteHostBlock(const Target& tg, const Live::BlockChange& bc, Scratch* s, uint64_t* wrote) {
-  const EntryView view{bc.values, bc.vals.data(), bc.whole.empty() ? nullptr : bc.whole.data()};
+bool WriteHostBlock(const Target& tg, const Live::BlockChange& bc, uint8_t* save, bool undo,
+                    Scratch* s, uint64_t* wrote) {
+  const EntryView view{bc.values, bc.vals.data(), bc.whole.empty() ? nullptr : bc.whole.data(),
+                       save, undo};
   if (tg.shift) return WriteShift(tg, bc, view, wrote);
   if (tg.rows) return WriteRows(tg, bc, view, wrote);
   return WriteRemapped(tg, bc, view, s, wrote);
 }
 
-// Host buffers: every block of every target is one piece of work, spread
-// over the worker threads (the pieces write distinct elements). False when
-// a write failed.
-bool WriteHost(const std::vector<Target>& targets, uint64_t* bytes) {
+// What writing one receiver's host buffers back to the live version needs:
+// its pieces of work and, for each piece whose block holds set entries,
+// the old values of those entries (the differences are negated from the
+// changed set itself). `exact` is false once something was written that
+// this cannot undo (a CUDA IPC or FP8 buffer).
+struct UndoLog {
+  std::vector<std::pair<uint32_t, uint32_t>> work;  // (target, block)
+  std::vector<std::vector<uint8_t>> saved;          // by piece; empty: no set entries
+  bool exact = true;
+};
+
+std::vector<std::pair<uint32_t, uint32_t>> HostWork(const std::vector<Target>& targets) {
   std::vector<std::pair<uint32_t, uint32_t>> work;  // (target, block)
   for (uint32_t t = 0; t < targets.size(); ++t) {
     if (targets[t].buf.device) continue;
     for (uint32_t k = 0; k < targets[t].c->blocks.size(); ++k) work.emplace_back(t, k);
   }
+  return work;
+}
+
+// Host buffers: every block of every target is one piece of work, spread
+// over the worker threads (the pieces write distinct elements). With a
+// log, the old values of set entries are kept in it (undo: written back
+// from it). False when a write failed.
+bool WriteHost(const std::vector<Target>& targets, UndoLog* log, bool undo, uint64_t* bytes) {
+  std::vector<std::pair<uint32_t, uint32_t>> own;
+  if (log != nullptr && !undo) {
+    log->work = HostWork(targets);
+    log->saved.assign(log->work.size(), {});
+  } else if (log == nullptr) {
+    own = HostWork(targets);
+  }
+  const auto& work = log != nullptr ? log->work : own;
   std::atomic<bool> ok{true};
   std::atomic<uint64_t> written{0};
   kernels::ParallelFor(work.size(), 8, [&](size_t begin, size_t end) {
@@ -282,7 +349,14 @@ bool WriteHost(const std::vector<Target>& targets, uint64_t* bytes) {
     uint64_t wrote = 0;
     for (size_t w = begin; w < end && ok.load(std::memory_order_relaxed); ++w) {
       const Target& tg = targets[work[w].first];
-      if (!WriteHostBlock(tg, tg.c->blocks[work[w].second], &scratch, &wrote)) {
+      const Live::BlockChange& bc = tg.c->blocks[work[w].second];
+      uint8_t* save = nullptr;
+      if (log != nullptr && (bc.values || !bc.whole.empty())) {
+        std::vector<uint8_t>& saved = log->saved[w];
+        if (!undo) saved.resize(bc.idx.size() * static_cast<size_t>(tg.c->width));
+        save = saved.data();
+      }
+      if (!WriteHostBlock(tg, bc, save, undo, &scratch, &wrote)) {
         ok = false;
         break;
       }
@@ -331,13 +405,94 @@ bool WriteDevice(const Target& tg, uint64_t* bytes) {
   return ok && cs.ok();
 }
 
-// Every target of one receiver; false when a write failed.
-bool WriteTargets(const std::vector<Target>& targets, uint64_t* bytes) {
-  if (!WriteHost(targets, bytes)) return false;
+// Every target of one receiver (with a log: kept to undo); false when a
+// write failed.
+bool WriteTargets(const std::vector<Target>& targets, UndoLog* log, uint64_t* bytes) {
+  if (!WriteHost(targets, log, false, bytes)) return false;
   for (const Target& tg : targets) {
-    if (tg.buf.device && !WriteDevice(tg, bytes)) return false;
+    if (!tg.buf.device) continue;
+    if (log != nullptr) log->exact = false;
+    if (!WriteDevice(tg, bytes)) return false;
   }
   return true;
+}
+
+// A rank of a server written in this apply, kept until the apply is done.
+struct Written {
+  uint64_t owner;
+  std::string what;  // its layout and server, for the log
+  std::vector<Target> targets;
+  UndoLog log;
+};
+
+// Writing rank `what` of a server failed: the ranks in `written` are
+// written back to the live version. Returns the apply's error; *drop gets
+// the owners to forget: the failed one, and those that could not be
+// written back (a CUDA IPC or FP8 buffer, or memory gone meanwhile).
+Status ServerFailure(uint64_t owner, const std::string& what, std::vector<Written>* written,
+                     std::vector<uint64_t>* drop) {
+  drop->push_back(owner);
+  std::string lost;
+  for (auto w = written->rbegin(); w != written->rend(); ++w) {
+    uint64_t ignored = 0;
+    if (!w->log.exact || !WriteHost(w->targets, &w->log, true, &ignored)) {
+      drop->push_back(w->owner);
+      lost += (lost.empty() ? "" : ", ") + w->what;
+    }
+  }
+  std::string message = "writing the buffers of " + what +
+                        " failed (its memory went away under the mapping, or a device call "
+                        "failed): it was dropped, and the " +
+                        std::to_string(written->size()) +
+                        " server ranks written before it were written back";
+  if (!lost.empty()) {
+    message += "; dropped, as they could not be written back: " + lost;
+  }
+  return Status(Code::kAborted, message);
+}
+
+// "rank R of server S (layout)", or the layout alone for a receiver of no
+// server (R: a Live::Receiver).
+template <typename R>
+std::string ReceiverText(const R& rc) {
+  const std::string layout = LayoutText(rc.layout, rc.rank);
+  if (rc.server.empty()) return layout;
+  return "rank " + std::to_string(rc.rank) + " of server \"" + rc.server + "\" (" + layout + ")";
+}
+
+// The owners of `receivers` in the order the scatter writes them: the
+// ranks of servers first, by server and rank (a failure among them writes
+// back those before it), then the receivers of no server (a failure there
+// drops only that receiver).
+template <typename M>
+std::vector<uint64_t> ScatterOrder(const M& receivers) {
+  std::vector<std::tuple<bool, std::string, int, uint64_t>> keyed;
+  for (const auto& [owner, rc] : receivers) {
+    keyed.emplace_back(rc.server.empty(), rc.server, rc.rank, owner);
+  }
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<uint64_t> order;
+  for (const auto& k : keyed) order.push_back(std::get<3>(k));
+  return order;
+}
+
+// The targets of receiver rc (a Live::Receiver) over its layout's plan (a
+// Live::Plan); *touched: which of its receiver tensors they write.
+template <typename R, typename P>
+std::vector<Target> ReceiverTargets(const R& rc, const P& plan,
+                                    const std::vector<Live::Changes>& changes,
+                                    const std::vector<uint32_t>& first_canonical,
+                                    std::vector<uint8_t>* touched) {
+  std::vector<BufferRef> by_tensor(plan.plan.receiver_tensors[static_cast<size_t>(rc.rank)].size());
+  for (const auto& b : rc.buffers) {
+    if (b->role != decltype(b->role)::kElements) continue;  // FP8 buffers: WriteFp8
+    by_tensor[b->receiver_tensor] = {true, b->data, b->elements, b->kind == DTE_LIVE_CUDA_IPC};
+  }
+  std::vector<Target> targets =
+      TargetsOf(changes, first_canonical, plan.ops_by_canonical, plan.plan, rc.rank, by_tensor);
+  touched->assign(by_tensor.size(), 0);
+  for (const Target& tg : targets) (*touched)[tg.op->receiver_tensor] = 1;
+  return targets;
 }
 
 }  // namespace
@@ -351,6 +506,10 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
                      const std::vector<Fp8Sets>& fp8, dte_live_counts* counts) {
   InstallSigbusHandler();
   MutexLock lock(&receivers_mu_);
+  if (Status s = ServersComplete(); !s.ok()) {
+    return s.WithContext("apply of " + VersionName(v.manifest.version) +
+                         " refused, live state unchanged");
+  }
   // Canonical index of each (file, tensor): the order PlanFor lists them in.
   std::vector<uint32_t> first_canonical;
   uint32_t n = 0;
@@ -358,31 +517,40 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
     first_canonical.push_back(n);
     n += static_cast<uint32_t>(f.tensors.size());
   }
+  std::vector<Written> written;  // ranks of servers, kept to write back
   std::vector<uint64_t> failed;
-  for (auto& [owner, rc] : receivers_) {
+  for (uint64_t owner : ScatterOrder(receivers_)) {
+    Receiver& rc = receivers_.at(owner);
+    const bool server = !rc.server.empty();
+    const std::string what = ReceiverText(rc);
     auto plan = PlanFor(v, rc.layout);
-    if (!plan.ok()) return plan.status();
-    std::vector<BufferRef> by_tensor(
-        (*plan)->plan.receiver_tensors[static_cast<size_t>(rc.rank)].size());
-    for (const auto& b : rc.buffers) {
-      if (b->role != Buffer::Role::kElements) continue;  // FP8 buffers: WriteFp8
-      by_tensor[b->receiver_tensor] = {true, b->data, b->elements, b->kind == DTE_LIVE_CUDA_IPC};
-    }
-    const std::vector<Target> targets = TargetsOf(
-        changes, first_canonical, (*plan)->ops_by_canonical, (*plan)->plan, rc.rank, by_tensor);
+    std::vector<Target> targets;
+    std::vector<uint8_t> touched;
+    if (plan.ok()) targets = ReceiverTargets(rc, **plan, changes, first_canonical, &touched);
+    UndoLog log;
     uint64_t bytes = 0, fp8_buffers = 0;
-    if (!WriteTargets(targets, &bytes) || !WriteFp8(rc, fp8, &bytes, &fp8_buffers)) {
+    const bool ok = plan.ok() && WriteTargets(targets, server ? &log : nullptr, &bytes) &&
+                    WriteFp8(rc, fp8, &bytes, &fp8_buffers);
+    if (!ok && server) {
+      Status s = ServerFailure(owner, what, &written, &failed);
+      mount_->Log("dtefs: live apply: " + s.message());
+      for (uint64_t o : failed) receivers_.erase(o);
+      return s.WithContext("live apply of " + VersionName(v.manifest.version) +
+                           " failed, live state unchanged");
+    }
+    if (!ok) {
       // Its memory went away under the mapping (or a device call failed):
       // the receiver is dropped and the apply goes on for the others.
-      mount_->Log("dtefs: live apply: dropped receiver (" + LayoutText(rc.layout, rc.rank) +
-                  "): writing its buffers failed");
+      mount_->Log("dtefs: live apply: dropped receiver (" + what + "): writing its buffers failed");
       failed.push_back(owner);
       continue;
     }
-    std::vector<uint8_t> touched(by_tensor.size(), 0);
-    for (const Target& tg : targets) touched[tg.op->receiver_tensor] = 1;
     counts->bytes += bytes;
     if (!targets.empty() || fp8_buffers > 0) counts->receivers++;
+    if (server) {
+      log.exact = log.exact && fp8_buffers == 0;
+      written.push_back({owner, what, std::move(targets), std::move(log)});
+    }
     counts->buffers +=
         static_cast<uint64_t>(std::count(touched.begin(), touched.end(), 1)) + fp8_buffers;
   }

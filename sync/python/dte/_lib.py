@@ -106,9 +106,10 @@ class PushReceiverStatus(ctypes.Structure):
 
 
 # Live apply (sync/live/live_abi.h): the ioctl structs, field for field.
-LIVE_ABI_VERSION = 2
+LIVE_ABI_VERSION = 3
 LIVE_LATEST = 2**64 - 1  # DTE_LIVE_LATEST
 LIVE_MESSAGE_BYTES, LIVE_NAME_BYTES, LIVE_MAX_DIMS = 1024, 256, 8
+LIVE_SERVER_BYTES = 64
 LIVE_HOST_SHM, LIVE_CUDA_IPC = 0, 1
 
 
@@ -146,7 +147,9 @@ class LiveRegister(ctypes.Structure):
                 ("cuda_ipc_handle", ctypes.c_uint8 * 64), ("cuda_device", ctypes.c_int32),
                 ("fp8_scale_rule", ctypes.c_uint32), ("buffer_id", ctypes.c_uint64),
                 ("error", ctypes.c_int32), ("reserved2", ctypes.c_uint32),
-                ("message", ctypes.c_char * LIVE_MESSAGE_BYTES), ("version", ctypes.c_uint64)]
+                ("message", ctypes.c_char * LIVE_MESSAGE_BYTES), ("version", ctypes.c_uint64),
+                ("server", ctypes.c_char * LIVE_SERVER_BYTES), ("server_size", ctypes.c_int32),
+                ("reserved3", ctypes.c_uint32)]
 
 
 def _candidates() -> Iterator[str]:
