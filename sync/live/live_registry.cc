@@ -252,8 +252,8 @@ Status Live::CheckServer(uint64_t owner, const std::string& server, int size, in
                              " its ranks registered on this mount");
     }
     if (rc.rank == rank) {
-      return AlreadyExists(named + ": rank " + std::to_string(rank) +
-                           " is registered by another receiver");
+      return InvalidArgument(named + ": rank " + std::to_string(rank) +
+                             " is registered by another receiver");
     }
   }
   return Status::Ok();
