@@ -32,6 +32,14 @@
 // buffers of one owner share a layout, and Drop(owner) forgets them (the
 // file was released: the process exited or closed it).
 //
+// A receiver may be a rank of an inference server (docs/live.md,
+// "Servers"): an apply is refused before anything is written while a
+// registered server lacks a rank, and writes the ranks of servers first;
+// if writing one fails, the ranks written before it are written back to
+// the live version (differences subtracted, values set whole restored
+// from the old values read before the write), the failed rank is dropped
+// and the apply fails with nothing switched.
+//
 // An FP8 receiver (docs/live.md, "FP8 receivers") holds some tensors as
 // block-scaled E4M3 bytes and their scales (sync/transfer/fp8_plan.h). For
 // them step 2 also computes, per quantized tensor that changed, its FP8
@@ -137,6 +145,9 @@ class Live {
   // The FP8 change sets of an apply for one block size and scale rule
   // (sync/live/internal/live_fp8.h).
   struct Fp8Sets;
+  // What writing an FP8 receiver's host buffers back needs
+  // (sync/live/internal/live_fp8.h).
+  struct Fp8Undo;
 
   // Registers one buffer for `owner`, on behalf of a process of user `uid`.
   // Checks the layout against the live version (the name exists for that
@@ -251,9 +262,11 @@ class Live {
       REQUIRES(receivers_mu_);
   // Writes the FP8 change sets into rc's FP8 buffers (live_scatter_fp8.cc);
   // false when a write failed. Adds the bytes (E4M3 bytes and 4 per scale)
-  // and the buffers written.
+  // and the buffers written. With `log`, what the host buffers held where
+  // they are written is kept in it; with `undo` too, that is written back
+  // instead (Fp8Undo).
   static bool WriteFp8(const Receiver& rc, const std::vector<Fp8Sets>& sets, uint64_t* bytes,
-                       uint64_t* buffers);
+                       uint64_t* buffers, Fp8Undo* log = nullptr, bool undo = false);
   // The FP8 change sets the registered FP8 receivers need (live_changes_fp8.cc).
   Result<std::vector<Fp8Sets>> Fp8ChangedSets(const LiveView& from, const LiveView& to,
                                               const std::vector<Changes>& changes)

@@ -9,6 +9,8 @@
 #include <csetjmp>
 #include <csignal>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -313,7 +315,7 @@ bool WriteHostBlock(const Target& tg, const Live::BlockChange& bc, uint8_t* save
 // its pieces of work and, for each piece whose block holds set entries,
 // the old values of those entries (the differences are negated from the
 // changed set itself). `exact` is false once something was written that
-// this cannot undo (a CUDA IPC or FP8 buffer).
+// this cannot undo (a CUDA IPC buffer; FP8 buffers keep a Live::Fp8Undo).
 struct UndoLog {
   std::vector<std::pair<uint32_t, uint32_t>> work;  // (target, block)
   std::vector<std::vector<uint8_t>> saved;          // by piece; empty: no set entries
@@ -423,30 +425,38 @@ struct Written {
   std::string what;  // its layout and server, for the log
   std::vector<Target> targets;
   UndoLog log;
+  std::unique_ptr<Live::Fp8Undo> fp8;  // its FP8 buffers' old bytes and scales
+  std::function<bool()> fp8_back;      // writes them back; false if it cannot
 };
 
 // Writing rank `what` of a server failed: the ranks in `written` are
 // written back to the live version. Returns the apply's error; *drop gets
 // the owners to forget: the failed one, and those that could not be
-// written back (a CUDA IPC or FP8 buffer, or memory gone meanwhile).
+// written back (a CUDA IPC buffer, or memory gone meanwhile).
 Status ServerFailure(uint64_t owner, const std::string& what, std::vector<Written>* written,
                      std::vector<uint64_t>* drop) {
   drop->push_back(owner);
   std::string lost;
+  size_t back = 0;
   for (auto w = written->rbegin(); w != written->rend(); ++w) {
     uint64_t ignored = 0;
-    if (!w->log.exact || !WriteHost(w->targets, &w->log, true, &ignored)) {
+    if (!w->log.exact || !w->fp8->exact || !WriteHost(w->targets, &w->log, true, &ignored) ||
+        !w->fp8_back()) {
       drop->push_back(w->owner);
       lost += (lost.empty() ? "" : ", ") + w->what;
+      continue;
     }
+    back++;
   }
   std::string message = "writing the buffers of " + what +
                         " failed (its memory went away under the mapping, or a device call "
                         "failed): it was dropped, and the " +
-                        std::to_string(written->size()) +
-                        " server ranks written before it were written back";
+                        std::to_string(back) + " server ranks written before it were written back";
   if (!lost.empty()) {
-    message += "; dropped, as they could not be written back: " + lost;
+    message +=
+        "; the ranks written before it that could not be written back (CUDA IPC "
+        "buffers, or memory gone) were dropped: " +
+        lost;
   }
   return Status(Code::kAborted, message);
 }
@@ -528,9 +538,10 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
     std::vector<uint8_t> touched;
     if (plan.ok()) targets = ReceiverTargets(rc, **plan, changes, first_canonical, &touched);
     UndoLog log;
+    auto fp8_log = std::make_unique<Fp8Undo>();
     uint64_t bytes = 0, fp8_buffers = 0;
     const bool ok = plan.ok() && WriteTargets(targets, server ? &log : nullptr, &bytes) &&
-                    WriteFp8(rc, fp8, &bytes, &fp8_buffers);
+                    WriteFp8(rc, fp8, &bytes, &fp8_buffers, server ? fp8_log.get() : nullptr);
     if (!ok && server) {
       Status s = ServerFailure(owner, what, &written, &failed);
       mount_->Log("dtefs: live apply: " + s.message());
@@ -548,8 +559,13 @@ Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
     counts->bytes += bytes;
     if (!targets.empty() || fp8_buffers > 0) counts->receivers++;
     if (server) {
-      log.exact = log.exact && fp8_buffers == 0;
-      written.push_back({owner, what, std::move(targets), std::move(log)});
+      Fp8Undo* undo = fp8_log.get();
+      auto back = [&rc, &fp8, undo] {
+        uint64_t ignored = 0, buffers = 0;
+        return WriteFp8(rc, fp8, &ignored, &buffers, undo, true);
+      };
+      written.push_back(
+          {owner, what, std::move(targets), std::move(log), std::move(fp8_log), back});
     }
     counts->buffers +=
         static_cast<uint64_t>(std::count(touched.begin(), touched.end(), 1)) + fp8_buffers;
