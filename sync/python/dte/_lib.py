@@ -4,7 +4,7 @@ import ctypes
 import os
 from typing import Any, Dict, Iterator, List, Tuple
 
-C_API_VERSION = 12  # DTE_C_API_VERSION of sync/capi/c_api.h
+C_API_VERSION = 13  # DTE_C_API_VERSION of sync/capi/c_api.h
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F64, DTYPE_OTHER = 0, 1, 2, 3, 255
 MEMORY_HOST, MEMORY_CUDA = 0, 1
 PATH_ADAMW, PATH_WEIGHTS = 0, 1  # dte_publish_result.path
