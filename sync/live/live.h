@@ -51,9 +51,9 @@
 // (sync/live/live_mount.h), which the mount implements. The implementation
 // is one file per concern, FP8 receivers' part of each in a *_fp8.cc
 // beside it: live.cc (Apply, the view, status), live_changes.cc and
-// live_changes_fp8.cc (steps 1-2), live_scatter.cc and live_scatter_fp8.cc
-// (receiver buffers), live_pages.cc (the page cache), live_registry.cc and
-// live_registry_fp8.cc (receivers).
+// live_changes_fp8.cc (steps 1-2), live_scatter.cc, live_writes.cc and
+// live_scatter_fp8.cc (receiver buffers), live_pages.cc (the page cache),
+// live_registry.cc and live_registry_fp8.cc (receivers).
 //
 // Thread-safety: all methods may be called concurrently; applies are
 // serialized (a second one fails with Busy). Reads of live/ hold a
