@@ -2,6 +2,7 @@
 
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -34,6 +35,10 @@ class Families {
   }
   void Gauge(const char* name, const char* help, double value) {
     out_.push_back(metrics::GaugeFamily(name, help, value));
+  }
+  void Labelled(const char* name, const char* help, const char* label,
+                std::vector<std::pair<std::string, double>> series) {
+    out_.push_back(metrics::LabelledGaugeFamily(name, help, label, std::move(series)));
   }
   void Histogram(const char* name, const char* help, const LatencyHistogram& h) {
     const LatencyHistogram::Snapshot snap = h.Take();
@@ -141,6 +146,18 @@ void AddLive(const json& s, Families& f) {
   f.Gauge("dte_fs_live_receivers", "Registered live receivers", Number(live["receivers"]));
   f.Gauge("dte_fs_live_buffers", "Registered live receiver buffers", Number(live["buffers"]));
   f.Gauge("dte_fs_live_applying", "1 while a live apply runs", Flag(live["applying"]));
+  if (!live["servers"].is_array() || live["servers"].empty()) return;
+  std::vector<std::pair<std::string, double>> ranks, complete;
+  for (const json& s : live["servers"]) {
+    const std::string name = s["name"].is_string() ? s["name"].get<std::string>() : "";
+    ranks.emplace_back(name, Number(s["ranks"].size()));
+    complete.emplace_back(name, Flag(s["complete"]));
+  }
+  f.Labelled("dte_fs_live_server_ranks", "Ranks of an inference server registered on the mount",
+             "server", std::move(ranks));
+  f.Labelled("dte_fs_live_server_complete",
+             "1 when every rank of an inference server registered (an apply writes it)", "server",
+             std::move(complete));
 }
 
 // What a scrape of `fs` returns, read from its status of the moment.

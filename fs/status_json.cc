@@ -113,7 +113,21 @@ json LastPagesJson(const live::LivePageStats& pages) {
           {"read_ns", pages.read_ns}};
 }
 
-json LiveJson(const dte_live_status& live, const live::LivePageStats& pages) {
+// The inference servers whose ranks registered (docs/live.md, "Servers").
+json ServersJson(const std::vector<live::Live::Server>& servers) {
+  json out = json::array();
+  for (const live::Live::Server& s : servers) {
+    out.push_back({{"name", s.name},
+                   {"size", s.size},
+                   {"ranks", s.ranks},
+                   {"complete", s.complete},
+                   {"version", s.version == DTE_LIVE_LATEST ? json() : json(s.version)}});
+  }
+  return out;
+}
+
+json LiveJson(const dte_live_status& live, const live::LivePageStats& pages,
+              const std::vector<live::Live::Server>& servers) {
   const json version = live.live_version == DTE_LIVE_LATEST ? json() : json(live.live_version);
   return {{"version", version},
           {"applying", live.applying != 0},
@@ -133,7 +147,8 @@ json LiveJson(const dte_live_status& live, const live::LivePageStats& pages) {
             {"receivers", live.last.receivers},
             {"buffers", live.last.buffers},
             {"elapsed_ns", live.last.elapsed_ns}}},
-          {"last_pages", LastPagesJson(pages)}};
+          {"last_pages", LastPagesJson(pages)},
+          {"servers", ServersJson(servers)}};
 }
 
 // fp8/ views (null when the tree is off): the view settings, views built,
@@ -188,7 +203,7 @@ std::string Filesystem::StatusJson() {
   j["snapshots"] = SnapshotsJson(snapshots_.load());
   j["blob_cache"] = BlobCacheJson(store_->blob_cache());
   j["prefetch"] = PrefetchJson(prefetcher_.load());
-  j["live"] = LiveJson(LiveStatus(), live_.LastPageStats());
+  j["live"] = LiveJson(LiveStatus(), live_.LastPageStats(), live_.Servers());
   j["fp8"] = Fp8Json(fp8_.get());
   j["readahead_kb"] = nullptr;
   if (!bdi.empty()) {

@@ -75,8 +75,10 @@ extern "C" {
  * 12: inference servers (docs/push.md "Servers"): dte_push_receiver_open_server
  * (a receiver that is a rank of a named server, with its stage budget),
  * dte_push_receiver_path, _apply_agreed, _move_to and _server_status;
- * dte_push_receiver_status gains staged_bytes. */
-#define DTE_C_API_VERSION 12
+ * dte_push_receiver_status gains staged_bytes.
+ * 13: dte_live_register (live ABI 3) gains server and server_size: a live
+ * receiver that is a rank of an inference server (docs/live.md "Servers"). */
+#define DTE_C_API_VERSION 13
 
 /* Result codes, after Abseil's canonical codes (docs/errors.md). The values
  * are stable: new codes are appended, a retired one keeps its number unused. */

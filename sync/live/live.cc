@@ -74,6 +74,15 @@ Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target
   if (!from) return fail(NotFound("the mount has no live version yet"));
   counts.from_version = from->version->manifest.version;
   counts.to_version = target->manifest.version;
+  {
+    // Checked again in Scatter, under the same lock as the writes (a rank
+    // may leave meanwhile); here it spares the decode.
+    MutexLock lock(&receivers_mu_);
+    if (dte::Status s = ServersComplete(); !s.ok()) {
+      return fail(s.WithContext("apply of " + VersionName(counts.to_version) +
+                                " refused, live state unchanged"));
+    }
+  }
   if (dte::Status s = CheckLayout(*from->version, *target); !s.ok()) return fail(s);
 
   auto to = std::make_shared<LiveView>();

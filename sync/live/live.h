@@ -32,6 +32,14 @@
 // buffers of one owner share a layout, and Drop(owner) forgets them (the
 // file was released: the process exited or closed it).
 //
+// A receiver may be a rank of an inference server (docs/live.md,
+// "Servers"): an apply is refused before anything is written while a
+// registered server lacks a rank, and writes the ranks of servers first;
+// if writing one fails, the ranks written before it are written back to
+// the live version (differences subtracted, values set whole restored
+// from the old values read before the write), the failed rank is dropped
+// and the apply fails with nothing switched.
+//
 // An FP8 receiver (docs/live.md, "FP8 receivers") holds some tensors as
 // block-scaled E4M3 bytes and their scales (sync/transfer/fp8_plan.h). For
 // them step 2 also computes, per quantized tensor that changed, its FP8
@@ -43,9 +51,9 @@
 // (sync/live/live_mount.h), which the mount implements. The implementation
 // is one file per concern, FP8 receivers' part of each in a *_fp8.cc
 // beside it: live.cc (Apply, the view, status), live_changes.cc and
-// live_changes_fp8.cc (steps 1-2), live_scatter.cc and live_scatter_fp8.cc
-// (receiver buffers), live_pages.cc (the page cache), live_registry.cc and
-// live_registry_fp8.cc (receivers).
+// live_changes_fp8.cc (steps 1-2), live_scatter.cc, live_writes.cc and
+// live_scatter_fp8.cc (receiver buffers), live_pages.cc (the page cache),
+// live_registry.cc and live_registry_fp8.cc (receivers).
 //
 // Thread-safety: all methods may be called concurrently; applies are
 // serialized (a second one fails with Busy). Reads of live/ hold a
@@ -137,6 +145,9 @@ class Live {
   // The FP8 change sets of an apply for one block size and scale rule
   // (sync/live/internal/live_fp8.h).
   struct Fp8Sets;
+  // What writing an FP8 receiver's host buffers back needs
+  // (sync/live/internal/live_fp8.h).
+  struct Fp8Undo;
 
   // Registers one buffer for `owner`, on behalf of a process of user `uid`.
   // Checks the layout against the live version (the name exists for that
@@ -152,6 +163,16 @@ class Live {
   // mount's FP8 view policy, so a receiver loaded from MOUNT/fp8 registers
   // the tensors it has. Applies to registrations made after the call.
   void SetFp8Policy(Fp8Policy policy) EXCLUDES(receivers_mu_);
+  // The inference servers whose ranks registered here (docs/live.md,
+  // "Servers"), by name.
+  struct Server {
+    std::string name;
+    int size = 1;
+    std::vector<int> ranks;  // registered, increasing
+    bool complete = false;   // every rank 0 .. size-1 registered
+    uint64_t version = 0;    // the live version, which their buffers hold
+  };
+  std::vector<Server> Servers() EXCLUDES(receivers_mu_, view_mu_);
   // Drops buffer `id` of owner (0: all of them).
   Status Unregister(uint64_t owner, uint64_t id) EXCLUDES(receivers_mu_);
   // Forgets every buffer of owner.
@@ -195,8 +216,12 @@ class Live {
   };
   struct Receiver {
     ShardLayout layout;
-    int rank = 0;
+    int rank = 0;  // also its rank in `server`
     uid_t uid = 0;
+    // The inference server it is a rank of (docs/live.md, "Servers"); empty:
+    // none (server_size 1).
+    std::string server;
+    int server_size = 1;
     uint32_t fp8_block = 0, fp8_rule = 0;        // as registered (dte_live_register)
     std::shared_ptr<const Fp8ReceiverPlan> fp8;  // made by its first FP8 buffer
     std::vector<std::unique_ptr<Buffer>> buffers;
@@ -210,6 +235,14 @@ class Live {
   Result<std::vector<Changes>> ChangedSet(const LiveView& from, const LiveView& to,
                                           dte_live_counts* counts);
   Result<const Plan*> PlanFor(const Version& v, const ShardLayout& layout) REQUIRES(receivers_mu_);
+  // A registration's server against the owner's earlier registrations and
+  // the other ranks of that server: the same size, a rank nobody else has.
+  Status CheckServer(uint64_t owner, const std::string& server, int size, int rank,
+                     const std::string& what) REQUIRES(receivers_mu_);
+  // The registered servers (version unset), and FailedPrecondition naming
+  // the first that lacks a rank.
+  std::vector<Server> ServersLocked() REQUIRES(receivers_mu_);
+  Status ServersComplete() REQUIRES(receivers_mu_);
   Status Scatter(const Version& v, const std::vector<Changes>& changes,
                  const std::vector<Fp8Sets>& fp8, dte_live_counts* counts) EXCLUDES(receivers_mu_);
   // What a registration's buffer holds (live_registry_fp8.cc for FP8 ones).
@@ -229,9 +262,11 @@ class Live {
       REQUIRES(receivers_mu_);
   // Writes the FP8 change sets into rc's FP8 buffers (live_scatter_fp8.cc);
   // false when a write failed. Adds the bytes (E4M3 bytes and 4 per scale)
-  // and the buffers written.
+  // and the buffers written. With `log`, what the host buffers held where
+  // they are written is kept in it; with `undo` too, that is written back
+  // instead (Fp8Undo).
   static bool WriteFp8(const Receiver& rc, const std::vector<Fp8Sets>& sets, uint64_t* bytes,
-                       uint64_t* buffers);
+                       uint64_t* buffers, Fp8Undo* log = nullptr, bool undo = false);
   // The FP8 change sets the registered FP8 receivers need (live_changes_fp8.cc).
   Result<std::vector<Fp8Sets>> Fp8ChangedSets(const LiveView& from, const LiveView& to,
                                               const std::vector<Changes>& changes)

@@ -25,12 +25,13 @@
 extern "C" {
 #endif
 
-#define DTE_LIVE_ABI_VERSION 2
+#define DTE_LIVE_ABI_VERSION 3
 #define DTE_LIVE_CONTROL_FILE ".dte/control" /* relative to the mount point */
 #define DTE_LIVE_LATEST UINT64_MAX           /* dte_live_apply.version: the newest */
 #define DTE_LIVE_MESSAGE_BYTES 1024
 #define DTE_LIVE_NAME_BYTES 256
 #define DTE_LIVE_MAX_DIMS 8
+#define DTE_LIVE_SERVER_BYTES 64
 
 /* Counts of one apply. */
 typedef struct dte_live_counts {
@@ -125,8 +126,8 @@ typedef struct dte_live_register {
   uint8_t cuda_ipc_handle[64]; /* in */
   int32_t cuda_device;         /* in */
   uint32_t fp8_scale_rule;     /* in: enum dte_live_fp8_scale_rule, as fp8_block */
-  uint64_t buffer_id; /* out: for DTE_IOC_UNREGISTER */
-  int32_t error;      /* out: 0 or an errno value */
+  uint64_t buffer_id;          /* out: for DTE_IOC_UNREGISTER */
+  int32_t error;               /* out: 0 or an errno value */
   uint32_t reserved2;
   char message[DTE_LIVE_MESSAGE_BYTES]; /* out */
   /* in: the version the buffer holds now. An apply adds each change to what
@@ -135,6 +136,15 @@ typedef struct dte_live_register {
    * loading and registering), and with EBUSY while an apply runs.
    * DTE_LIVE_LATEST: not checked (the caller vouches for it). */
   uint64_t version;
+  /* in (ABI 3): the inference server this receiver is a rank of (its
+   * `rank` is the server's rank) and the server's size, the same in every
+   * registration of the server on this mount. An apply writes a server's
+   * buffers only when each of its ranks 0 .. server_size-1 registered, and
+   * is refused otherwise (docs/live.md, "Servers"). An empty name with a
+   * size of 0 or 1: a receiver of no server, as in ABI 2. */
+  char server[DTE_LIVE_SERVER_BYTES];
+  int32_t server_size;
+  uint32_t reserved3;
 } dte_live_register;
 
 #define DTE_IOC_MAGIC 0xD7

@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda.h"
@@ -49,6 +51,28 @@ Status CheckKindAndRank(const dte_live_register& r, const std::string& what) {
                            std::to_string(r.tp));
   }
   return Status::Ok();
+}
+
+// The server a registration names, and its size: ("", 1) for none. Refuses
+// a size below 1, a size above 1 without a name, a name that is not
+// NUL-terminated and a rank not below the size.
+Result<std::pair<std::string, int>> RequestServer(const dte_live_register& r,
+                                                  const std::string& what) {
+  std::string server = CString(r.server, sizeof r.server);
+  if (server.size() == sizeof r.server) {
+    return InvalidArgument(what + ": the server name is not NUL-terminated");
+  }
+  const int size = server.empty() && r.server_size == 0 ? 1 : r.server_size;
+  const std::string named = what + ": server \"" + server + "\"";
+  if (size < 1 || (server.empty() && size != 1)) {
+    return InvalidArgument(named + ": size " + std::to_string(r.server_size) +
+                           " (a server has a name and at least one rank)");
+  }
+  if (!server.empty() && r.rank >= size) {
+    return InvalidArgument(named + ": rank " + std::to_string(r.rank) +
+                           " is not below the server's size " + std::to_string(size));
+  }
+  return std::make_pair(std::move(server), size);
 }
 
 // The layout of a buffer of an owner that registered before: the owner's.
@@ -209,10 +233,37 @@ Result<Live::BufferSpec> Live::Spec(const dte_live_register& r, const std::strin
                     DTypeWidth(it->dtype), ShapeElements(it->shape)};
 }
 
+Status Live::CheckServer(uint64_t owner, const std::string& server, int size, int rank,
+                         const std::string& what) {
+  const std::string named = what + ": server \"" + server + "\"";
+  for (const auto& [other, rc] : receivers_) {
+    if (other == owner) {
+      if (rc.server != server || rc.server_size != size) {
+        return InvalidArgument(named + " of size " + std::to_string(size) +
+                               " differs from this receiver's server \"" + rc.server +
+                               "\" of size " + std::to_string(rc.server_size));
+      }
+      continue;
+    }
+    if (server.empty() || rc.server != server) continue;
+    if (rc.server_size != size) {
+      return InvalidArgument(named + ": size " + std::to_string(size) +
+                             " disagrees with the size " + std::to_string(rc.server_size) +
+                             " its ranks registered on this mount");
+    }
+    if (rc.rank == rank) {
+      return InvalidArgument(named + ": rank " + std::to_string(rank) +
+                             " is registered by another receiver");
+    }
+  }
+  return Status::Ok();
+}
+
 Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_register& r) {
   ASSIGN_OR_RETURN(const std::string name, RequestName(r));
   const std::string what = "register \"" + name + "\"";
   RETURN_IF_ERROR(CheckKindAndRank(r, what));
+  ASSIGN_OR_RETURN(auto server, RequestServer(r, what));
   const ShardLayout layout{r.tp, r.fuse_qkv != 0, r.fuse_gate_up != 0};
   std::shared_ptr<const LiveView> view = View();
   if (!view) return FailedPrecondition(what + ": the mount has no live version yet");
@@ -230,6 +281,7 @@ Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_regist
                            " but the live version is " + VersionName(live) +
                            "; load it again from MOUNT/live/ and register");
   }
+  RETURN_IF_ERROR(CheckServer(owner, server.first, server.second, r.rank, what));
   std::shared_ptr<const Fp8ReceiverPlan> fp8;
   if (auto existing = receivers_.find(owner); existing != receivers_.end()) {
     const Receiver& rc = existing->second;
@@ -264,10 +316,51 @@ Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_regist
     rc.uid = uid;
     rc.fp8_block = internal::Fp8BlockOf(r);
     rc.fp8_rule = r.fp8_scale_rule;
+    rc.server = std::move(server.first);
+    rc.server_size = server.second;
   }
   rc.fp8 = std::move(fp8);
   rc.buffers.push_back(std::move(buf));
   return id;
+}
+
+std::vector<Live::Server> Live::ServersLocked() {
+  std::map<std::string, Server> by_name;
+  for (const auto& [owner, rc] : receivers_) {
+    if (rc.server.empty()) continue;
+    Server& s = by_name[rc.server];
+    s.name = rc.server;
+    s.size = rc.server_size;
+    s.ranks.push_back(rc.rank);
+  }
+  std::vector<Server> out;
+  for (auto& [name, s] : by_name) {
+    std::sort(s.ranks.begin(), s.ranks.end());
+    // CheckServer keeps a server's ranks distinct and below its size.
+    s.complete = s.ranks.size() == static_cast<size_t>(s.size);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+Status Live::ServersComplete() {
+  for (const Server& s : ServersLocked()) {
+    if (s.complete) continue;
+    std::string ranks;
+    for (int r : s.ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    return FailedPrecondition("server \"" + s.name + "\" is incomplete on this mount: ranks [" +
+                              ranks + "] of its " + std::to_string(s.size) +
+                              " registered; every server keeps the version it holds");
+  }
+  return Status::Ok();
+}
+
+std::vector<Live::Server> Live::Servers() {
+  std::shared_ptr<const LiveView> view = View();
+  MutexLock lock(&receivers_mu_);
+  std::vector<Server> out = ServersLocked();
+  for (Server& s : out) s.version = view ? view->version->manifest.version : DTE_LIVE_LATEST;
+  return out;
 }
 
 Status Live::Unregister(uint64_t owner, uint64_t id) {

@@ -56,33 +56,62 @@ bool ScatterDevice(const Dst& dst, const kernels::RemapPlan& plan,
   return cs.ok();
 }
 
+// Where an op's host writes keep the old bytes and scales (save) or take
+// them back from (undo).
+struct Keep {
+  std::vector<uint8_t>* bytes = nullptr;  // null: nothing kept
+  std::vector<float>* scales = nullptr;
+  bool undo = false;
+};
+
+// The host part of WriteOp, under the SIGBUS guard.
+bool WriteHostOp(const kernels::Fp8ChangeSet& cs, const Dst& q, const Dst& s,
+                 const Fp8OpIndices& idx, const Keep& keep) {
+  const bool kq = q && !q.device, ks = s && !s.device;
+  if (keep.bytes != nullptr && !keep.undo) {
+    keep.bytes->resize(kq ? idx.byte_index.size() : 0);
+    keep.scales->resize(ks ? idx.scale_index.size() : 0);
+  }
+  return internal::UnderSigbusGuard([&] {
+    for (size_t j = 0; kq && j < idx.byte_index.size(); ++j) {
+      uint8_t* d = q.data + idx.byte_index[j];
+      if (keep.bytes != nullptr && keep.undo) {
+        *d = (*keep.bytes)[j];
+        continue;
+      }
+      if (keep.bytes != nullptr) (*keep.bytes)[j] = *d;
+      *d = cs.byte_value[idx.byte_pos[j]];
+    }
+    for (size_t j = 0; ks && j < idx.scale_index.size(); ++j) {
+      uint8_t* d = s.data + 4 * idx.scale_index[j];
+      if (keep.scales != nullptr && keep.undo) {
+        std::memcpy(d, &(*keep.scales)[j], 4);
+        continue;
+      }
+      if (keep.scales != nullptr) std::memcpy(&(*keep.scales)[j], d, 4);
+      std::memcpy(d, &cs.scale_value[idx.scale_pos[j]], 4);
+    }
+  });
+}
+
 // The changed bytes of one op into `q` and its changed scales into `s`
-// (either may be absent). Adds the bytes written to *wrote.
+// (either may be absent), host buffers as `keep` says. Adds the bytes
+// written to *wrote.
 bool WriteOp(const Fp8ReceiverOp& op, const kernels::Fp8ChangeSet& cs, const Dst& q, const Dst& s,
-             Fp8OpIndices* idx, uint64_t* wrote) {
+             const Keep& keep, Fp8OpIndices* idx, uint64_t* wrote) {
   RemapFp8Changes(op, cs, idx);
   if ((q && !InBounds(idx->byte_index, q.elements)) ||
       (s && !InBounds(idx->scale_index, s.elements))) {
     return false;
   }
   bool ok = true;
-  if (q && q.device) ok = ScatterDevice(q, op.bytes, cs.byte_index, cs.byte_value, idx->byte_pos);
-  if (ok && s && s.device) {
+  if (q && q.device && !keep.undo)
+    ok = ScatterDevice(q, op.bytes, cs.byte_index, cs.byte_value, idx->byte_pos);
+  if (ok && s && s.device && !keep.undo) {
     ok = ScatterDevice(s, op.scales, cs.scale_index, cs.scale_value, idx->scale_pos);
   }
   if (!ok) return false;
-  ok = internal::UnderSigbusGuard([&] {
-    if (q && !q.device) {
-      for (size_t j = 0; j < idx->byte_index.size(); ++j) {
-        q.data[idx->byte_index[j]] = cs.byte_value[idx->byte_pos[j]];
-      }
-    }
-    if (s && !s.device) {
-      for (size_t j = 0; j < idx->scale_index.size(); ++j) {
-        std::memcpy(s.data + 4 * idx->scale_index[j], &cs.scale_value[idx->scale_pos[j]], 4);
-      }
-    }
-  });
+  ok = WriteHostOp(cs, q, s, *idx, keep);
   if (q) *wrote += idx->byte_index.size();
   if (s) *wrote += 4 * idx->scale_index.size();
   return ok;
@@ -91,7 +120,7 @@ bool WriteOp(const Fp8ReceiverOp& op, const kernels::Fp8ChangeSet& cs, const Dst
 }  // namespace
 
 bool Live::WriteFp8(const Receiver& rc, const std::vector<Fp8Sets>& sets, uint64_t* bytes,
-                    uint64_t* buffers) {
+                    uint64_t* buffers, Fp8Undo* log, bool undo) {
   if (!rc.fp8) return true;
   auto set =
       std::find_if(sets.begin(), sets.end(), [&](const Fp8Sets& s) { return s.For(*rc.fp8); });
@@ -106,9 +135,10 @@ bool Live::WriteFp8(const Receiver& rc, const std::vector<Fp8Sets>& sets, uint64
   // The ops with a buffer to write and changes for it; distinct ops write
   // distinct elements and blocks (block-aligned boxes), so they run in
   // parallel.
-  std::vector<uint32_t> work;
+  std::vector<uint32_t> own;
+  std::vector<uint32_t>& work = log != nullptr ? log->work : own;
   std::vector<uint8_t> touched(2 * plan.tensors.size(), 0);
-  for (uint32_t k = 0; k < plan.ops.size(); ++k) {
+  for (uint32_t k = 0; k < plan.ops.size() && !undo; ++k) {
     const Fp8ReceiverOp& op = plan.ops[k];
     const kernels::Fp8ChangeSet& cs = set->by_canonical[op.canonical];
     if (cs.byte_index.empty() && cs.scale_index.empty()) continue;
@@ -116,6 +146,14 @@ bool Live::WriteFp8(const Receiver& rc, const std::vector<Fp8Sets>& sets, uint64
     work.push_back(k);
     touched[2 * op.receiver_tensor] |= q[op.receiver_tensor] ? 1 : 0;
     touched[2 * op.receiver_tensor + 1] |= s[op.receiver_tensor] ? 1 : 0;
+    if (log != nullptr && ((q[op.receiver_tensor] && q[op.receiver_tensor].device) ||
+                           (s[op.receiver_tensor] && s[op.receiver_tensor].device))) {
+      log->exact = false;
+    }
+  }
+  if (log != nullptr && !undo) {
+    log->bytes.assign(work.size(), {});
+    log->scales.assign(work.size(), {});
   }
   std::atomic<bool> ok{true};
   std::atomic<uint64_t> written{0};
@@ -124,8 +162,9 @@ bool Live::WriteFp8(const Receiver& rc, const std::vector<Fp8Sets>& sets, uint64
     uint64_t wrote = 0;
     for (size_t w = begin; w < end && ok.load(std::memory_order_relaxed); ++w) {
       const Fp8ReceiverOp& op = plan.ops[work[w]];
+      const Keep keep = log == nullptr ? Keep{} : Keep{&log->bytes[w], &log->scales[w], undo};
       if (!WriteOp(op, set->by_canonical[op.canonical], q[op.receiver_tensor],
-                   s[op.receiver_tensor], &idx, &wrote)) {
+                   s[op.receiver_tensor], keep, &idx, &wrote)) {
         ok = false;
       }
     }

@@ -11,6 +11,16 @@ namespace dte::metrics {
 namespace {
 
 prometheus::MetricFamily OneFamily(const Family& f) {
+  if (!f.label.empty()) {
+    prometheus::MetricFamily out{f.name, f.help, prometheus::MetricType::Gauge, {}};
+    for (const auto& [value, x] : f.series) {
+      prometheus::ClientMetric m;
+      m.label.push_back({f.label, value});
+      m.gauge.value = x;
+      out.metric.push_back(std::move(m));
+    }
+    return out;
+  }
   prometheus::ClientMetric m;
   prometheus::MetricType type = prometheus::MetricType::Gauge;
   switch (f.type) {
@@ -57,6 +67,14 @@ Family CounterFamily(std::string name, std::string help, double value) {
 
 Family GaugeFamily(std::string name, std::string help, double value) {
   return Scalar(std::move(name), std::move(help), Family::Type::kGauge, value);
+}
+
+Family LabelledGaugeFamily(std::string name, std::string help, std::string label,
+                           std::vector<std::pair<std::string, double>> series) {
+  Family f = Scalar(std::move(name), std::move(help), Family::Type::kGauge, 0);
+  f.label = std::move(label);
+  f.series = std::move(series);
+  return f;
 }
 
 Family HistogramFamily(std::string name, std::string help, std::vector<double> bounds,

@@ -1,5 +1,6 @@
 // Metrics read at each scrape rather than kept: a Collector returns the
-// Families of the moment (one unlabelled series each), for a program whose
+// Families of the moment (one unlabelled series each, or a gauge with one
+// series per value of one label), for a program whose
 // figures already live elsewhere (dtefs's .dte/status). Served by
 // metrics::Server; Text gives what a scrape of them returns.
 //
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dte::metrics {
@@ -26,10 +28,17 @@ struct Family {
   std::vector<double> bounds;
   std::vector<uint64_t> counts;
   double sum = 0;
+  // A labelled gauge (LabelledGaugeFamily): `label` names the label, and
+  // each (label value, value) of `series` is one series; `value` unused.
+  std::string label;
+  std::vector<std::pair<std::string, double>> series;
 };
 
 Family CounterFamily(std::string name, std::string help, double value);
 Family GaugeFamily(std::string name, std::string help, double value);
+// One series per (value of `label`, value); values are escaped by Text.
+Family LabelledGaugeFamily(std::string name, std::string help, std::string label,
+                           std::vector<std::pair<std::string, double>> series);
 Family HistogramFamily(std::string name, std::string help, std::vector<double> bounds,
                        std::vector<uint64_t> counts, double sum);
 

@@ -74,6 +74,12 @@ class Shm {
   }
   const std::string& name() const { return name_; }
   uint8_t* data() const { return data_; }
+  // The object's memory goes away under every mapping of it.
+  void Truncate() const {
+    const int fd = shm_open(("/" + name_).c_str(), O_RDWR, 0600);
+    EXPECT_EQ(ftruncate(fd, 0), 0);
+    close(fd);
+  }
 
  private:
   std::string name_;
@@ -126,6 +132,7 @@ struct Receiver {
   Fp8ScaleRule rule;
   std::vector<BufferSpec> buffers;
   std::unique_ptr<Shm> shm;
+  std::string server;  // a rank of this server of tp ranks; empty: none
 
   // Lays the buffers out from `want` (names) and the plan (dtypes, shapes).
   void Build(const std::map<std::string, Bytes>& want, const std::string& shm_name) {
@@ -166,6 +173,8 @@ struct Receiver {
     r.offset = b.offset;
     r.version = version;
     r.fp8_scale_rule = rule == Fp8ScaleRule::kPowerOfTwo ? DTE_LIVE_FP8_POW2 : DTE_LIVE_FP8_PLAIN;
+    std::snprintf(r.server, sizeof r.server, "%s", server.c_str());
+    r.server_size = server.empty() ? 1 : tp;
     return r;
   }
 
@@ -277,9 +286,10 @@ class LiveFp8Test : public ::testing::Test {
   }
 
   // A receiver of rank `rank` of `tp` holding version `v`, registered.
-  std::unique_ptr<Receiver> Register(int tp, int rank, Fp8ScaleRule rule, uint64_t v) {
+  std::unique_ptr<Receiver> Register(int tp, int rank, Fp8ScaleRule rule, uint64_t v,
+                                     const std::string& server = "") {
     auto rx = std::make_unique<Receiver>();
-    *rx = Receiver{++owners_, tp, rank, rule, {}, nullptr};
+    *rx = Receiver{++owners_, tp, rank, rule, {}, nullptr, server};
     rx->Build(Expected(states_[v], tp, rank, rule),
               "dte-fp8-test-" + std::to_string(getpid()) + "-" + std::to_string(rx->owner));
     for (const BufferSpec& b : rx->buffers) {
@@ -427,6 +437,26 @@ TEST_F(LiveFp8Test, AnApplyAnFp8ReceiverCannotTakeWritesNothing) {
   EXPECT_EQ(fs_->live().View()->version->manifest.version, 0u);
   ASSERT_TRUE(fs_->ApplyLive(2, nullptr).ok());
   rx->ExpectHolds(Want(2, *rx), "apply 0 -> 2");
+}
+
+// A rank of a server that fails mid-apply (its object truncated): the rank
+// written before it gets its E4M3 bytes and scales back, bit for bit
+// (docs/live.md, "Servers"), across steps that move block scales.
+TEST_F(LiveFp8Test, AFailedRankWritesBackTheFp8RankWrittenBeforeIt) {
+  auto rank0 = Register(2, 0, Fp8ScaleRule::kPlain, 0, "s");
+  auto rank1 = Register(2, 1, Fp8ScaleRule::kPlain, 0, "s");
+  ASSERT_NE(Want(2, *rank0), Want(0, *rank0));
+  rank1->shm->Truncate();
+  auto r = fs_->ApplyLive(2, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kAborted);
+  EXPECT_NE(r.status().message().find("the 1 server ranks written before it were written back"),
+            std::string::npos)
+      << r.status().message();
+  EXPECT_EQ(r.status().message().find("could not be written back"), std::string::npos)
+      << r.status().message();
+  rank0->ExpectHolds(Want(0, *rank0), "written back");
+  EXPECT_EQ(fs_->live().GetStatus().live_version, 0u);
 }
 
 }  // namespace

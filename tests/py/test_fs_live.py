@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.request
 
 import numpy as np
 import pytest
@@ -152,7 +153,8 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import dte
 spec = json.loads(sys.argv[3])
-r = dte.LiveReceiver(sys.argv[2], tp=spec["tp"], rank=spec["rank"])
+r = dte.LiveReceiver(sys.argv[2], tp=spec["tp"], rank=spec["rank"], server=spec.get("server"),
+                     server_size=spec.get("server_size", 1))
 for b in spec["buffers"]:
     r.register(b["name"], b["shm"], b["offset"], "BF16", b["shape"], spec.get("version"))
 print("ready", flush=True)
@@ -276,36 +278,46 @@ def test_uncached_pages_come_from_the_new_version(mount, gen):
 
 
 class Receivers:
-    """tp receiver processes, each holding its shards of `state` in /dev/shm
-    and registered with the mount through dte.LiveReceiver."""
+    """Receiver processes of tp ranks (`ranks`: the ones to start; all by
+    default), each holding its shards of `state` in /dev/shm and registered
+    with the mount through dte.LiveReceiver; with `server`, as the ranks of
+    that inference server (of size tp)."""
 
-    def __init__(self, mount_path, state, tp, version):
-        sys.path.insert(0, PY_PATH)
-        import dte
-        self.tp, self.weights, self.procs = tp, [], []
+    def __init__(self, mount_path, state, tp, version, ranks=None, server=None):
+        self.mount_path, self.tp, self.server = mount_path, tp, server
+        self.ranks, self.weights, self.procs = [], [], []
         try:
-            for rank in range(tp):
-                shards = shard(state, tp, rank)
-                w = dte.SharedWeights(f"dte-test-{os.getpid()}-{tp}-{rank}",
-                                      {k: ("BF16", list(a.shape)) for k, a in shards.items()})
-                self.weights.append(w)
-                for k, a in shards.items():
-                    w.array(k)[...] = a
-                spec = {"tp": tp, "rank": rank, "version": version, "buffers": [
-                    {"name": k, "shm": w.name, "offset": w.offset(k), "shape": list(a.shape)}
-                    for k, a in shards.items()]}
-                p = subprocess.Popen([sys.executable, "-c", RECEIVER, PY_PATH, mount_path,
-                                      json.dumps(spec)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-                self.procs.append(p)
-                assert p.stdout.readline().strip() == "ready"
+            for rank in range(tp) if ranks is None else ranks:
+                self.start(rank, state, version)
         except BaseException:
             self.close()
             raise
 
+    def start(self, rank, state, version):
+        """Starts the receiver of `rank`, its buffers holding `state` (of `version`)."""
+        sys.path.insert(0, PY_PATH)
+        import dte
+        shards = shard(state, self.tp, rank)
+        w = dte.SharedWeights(f"dte-test-{os.getpid()}-{self.tp}-{rank}",
+                              {k: ("BF16", list(a.shape)) for k, a in shards.items()})
+        self.weights.append(w)
+        self.ranks.append(rank)
+        for k, a in shards.items():
+            w.array(k)[...] = a
+        spec = {"tp": self.tp, "rank": rank, "version": version, "buffers": [
+            {"name": k, "shm": w.name, "offset": w.offset(k), "shape": list(a.shape)}
+            for k, a in shards.items()]}
+        if self.server is not None:
+            spec.update(server=self.server, server_size=self.tp)
+        p = subprocess.Popen([sys.executable, "-c", RECEIVER, PY_PATH, self.mount_path,
+                              json.dumps(spec)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        self.procs.append(p)
+        assert p.stdout.readline().strip() == "ready"
+
     def check(self, want, what):
         """Every rank's buffers equal `want` sharded directly, bit for bit."""
-        for rank, w in enumerate(self.weights):
+        for rank, w in zip(self.ranks, self.weights):
             for k, a in shard(want, self.tp, rank).items():
                 assert np.array_equal(w.array(k), a), (what, rank, k)
 
@@ -384,6 +396,108 @@ def test_receivers_follow_versions_published_from_adamw(tmp_path, gen):
             rx.check(load_raw(os.path.join(m.path, "live", "model.safetensors")), "live/")
         finally:
             rx.close()
+
+
+def server_status(m):
+    return m.status()["live"]["servers"]
+
+
+def test_a_server_moves_when_every_rank_registered_and_never_in_part(mount, gen):
+    """A server of two ranks registered from two processes: an apply with
+    only rank 0 there is refused naming the server, and changes nothing;
+    with both, applies forward and back move both ranks exactly."""
+    sys.path.insert(0, PY_PATH)
+    import dte
+    import prom_util
+
+    port = prom_util.free_port()
+    m = mount("--live-version", 1, "--metrics", "127.0.0.1:%d" % port)
+    states = {v: load_raw(gen(v) / "model.safetensors") for v in range(STEPS + 1)}
+    rx = Receivers(m.path, states[1], 2, 1, ranks=[0], server="rollout-3")
+    try:
+        assert server_status(m) == [{"name": "rollout-3", "size": 2, "ranks": [0],
+                                     "complete": False, "version": 1}]
+        failed = m.status()["live"]["failed_applies"]
+        r = dtectl("apply", m.path, "--version", 3, check=False)
+        assert r.returncode != 0
+        assert ('server "rollout-3" is incomplete on this mount: ranks [0] of its 2 registered'
+                in r.stderr), r.stderr
+        st = dte.live_status(m.path)
+        assert st.live_version == 1 and st.failed_applies == failed + 1
+        assert "rollout-3" in st.last_message
+        assert st.servers == [dte.LiveServer("rollout-3", 2, (0,), False, 1)]
+        rx.check(states[1], "refused")
+        assert sha256(m.path + "/live/model.safetensors") == sha256(gen(1) / "model.safetensors")
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
+            text = f.read().decode()
+        assert 'dte_fs_live_server_ranks{server="rollout-3"} 1' in text, text
+        assert 'dte_fs_live_server_complete{server="rollout-3"} 0' in text, text
+
+        rx.start(1, states[1], 1)
+        assert server_status(m) == [{"name": "rollout-3", "size": 2, "ranks": [0, 1],
+                                     "complete": True, "version": 1}]
+        for target in (3, 1, 4, 0):  # forward, a rollback, forward, back to the anchor
+            res = apply(m.path, target)
+            assert res["receivers"] == 2, res
+            rx.check(states[target], target)
+            assert dte.live_status(m.path).servers == [
+                dte.LiveServer("rollout-3", 2, (0, 1), True, target)]
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
+            text = f.read().decode()
+        assert 'dte_fs_live_server_ranks{server="rollout-3"} 2' in text, text
+        assert 'dte_fs_live_server_complete{server="rollout-3"} 1' in text, text
+        # A rank that leaves makes the server incomplete again.
+        rx.procs[1].stdin.close()
+        rx.procs[1].wait(timeout=30)
+        wait_for(lambda: server_status(m)[0]["ranks"] == [0], 10, "rank 1 to go")
+        assert dtectl("apply", m.path, "--version", 2, check=False).returncode != 0
+        rx.check(states[0], "after rank 1 left")
+        assert dte.live_status(m.path).live_version == 0
+    finally:
+        rx.close()
+
+
+def test_bad_server_registrations_are_refused(mount, gen):
+    sys.path.insert(0, PY_PATH)
+    import dte
+
+    m = mount()
+    w = dte.SharedWeights(f"dte-test-server-{os.getpid()}",
+                          {"model.norm.weight": ("BF16", [HIDDEN])})
+
+    def register(**kw):
+        r = dte.LiveReceiver(m.path, **kw)
+        try:
+            r.register("model.norm.weight", w.name, 0, "BF16", [HIDDEN])
+        except BaseException:
+            r.close()
+            raise
+        return r
+
+    try:
+        with pytest.raises(dte.InvalidArgument,
+                           match='server "s": rank 1 is not below the server\'s size 1'):
+            register(tp=2, rank=1, server="s", server_size=1)
+        with pytest.raises(dte.InvalidArgument, match='server "s": size 0'):
+            register(tp=2, rank=0, server="s", server_size=0)
+        with pytest.raises(dte.InvalidArgument, match='server "": size 2'):
+            register(tp=2, rank=0, server_size=2)
+        first = register(tp=2, rank=0, server="s", server_size=2)
+        try:
+            with pytest.raises(dte.InvalidArgument,
+                               match='server "s": size 4 disagrees with the size 2 its ranks'):
+                register(tp=4, rank=1, server="s", server_size=4)
+            with pytest.raises(dte.InvalidArgument,
+                               match='server "s": rank 0 is registered by another receiver'):
+                register(tp=2, rank=0, server="s", server_size=2)
+            assert server_status(m) == [{"name": "s", "size": 2, "ranks": [0],
+                                         "complete": False, "version": STEPS}]
+        finally:
+            first.close()
+        wait_for(lambda: server_status(m) == [], 10, "the server to go")
+    finally:
+        w.close()
+        w.unlink()
 
 
 def test_bad_registrations_are_refused(mount, gen):

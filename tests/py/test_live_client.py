@@ -137,14 +137,15 @@ def test_python_checks_arguments_before_the_daemon(fake_mount):
 
 def test_ctypes_mirror_matches_live_abi():
     sizes = {_lib.LiveCounts: 104, _lib.LiveApply: 1152, _lib.LiveStatus: 1200,
-             _lib.LiveRegister: 1744}
+             _lib.LiveRegister: 1816}
     for struct, size in sizes.items():
         assert ctypes.sizeof(struct) == size, struct.__name__
     assert _lib.LiveApply.counts.offset == 24
     assert _lib.LiveStatus.last.offset == 72
     offsets = {"name": 24, "dtype": 280, "ndim": 288, "shape": 296, "shm_name": 360,
                "offset": 616, "cuda_ipc_handle": 624, "cuda_device": 688, "buffer_id": 696,
-               "error": 704, "message": 712, "version": 1736}
+               "error": 704, "message": 712, "version": 1736, "server": 1744,
+               "server_size": 1808}
     for field, offset in offsets.items():
         assert getattr(_lib.LiveRegister, field).offset == offset, field
     assert _lib.LIVE_LATEST == 0xFFFFFFFFFFFFFFFF

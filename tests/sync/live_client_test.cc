@@ -49,13 +49,15 @@ TEST(LiveAbi, StructLayoutIsFixed) {
   EXPECT_EQ(offsetof(dte_live_apply, counts), 24u);
   EXPECT_EQ(sizeof(dte_live_status), 1200u);
   EXPECT_EQ(offsetof(dte_live_status, last), 72u);
-  EXPECT_EQ(sizeof(dte_live_register), 1744u);
+  EXPECT_EQ(sizeof(dte_live_register), 1816u);
   EXPECT_EQ(offsetof(dte_live_register, name), 24u);
   EXPECT_EQ(offsetof(dte_live_register, shape), 296u);
   EXPECT_EQ(offsetof(dte_live_register, shm_name), 360u);
   EXPECT_EQ(offsetof(dte_live_register, buffer_id), 696u);
   EXPECT_EQ(offsetof(dte_live_register, message), 712u);
   EXPECT_EQ(offsetof(dte_live_register, version), 1736u);
+  EXPECT_EQ(offsetof(dte_live_register, server), 1744u);
+  EXPECT_EQ(offsetof(dte_live_register, server_size), 1808u);
 }
 
 TEST(LiveClient, CodeFollowsErrno) {

@@ -75,6 +75,16 @@ TEST(MetricsFamily, HistogramCountsBecomeCumulativeBuckets) {
   EXPECT_EQ(MetricValue(text, "t_h_sum"), 9.25);
 }
 
+TEST(MetricsFamily, ALabelledGaugeHasOneSeriesPerLabelValue) {
+  const std::string text =
+      Text({LabelledGaugeFamily("t_ranks", "Ranks", "server", {{"a", 2}, {"b\"c", 1}}),
+            GaugeFamily("t_x", "X", 3)});
+  EXPECT_EQ(text.find("# TYPE t_ranks gauge"), text.rfind("# TYPE t_ranks gauge")) << text;
+  EXPECT_EQ(MetricValue(text, "t_ranks{server=\"a\"}"), 2) << text;
+  EXPECT_EQ(MetricValue(text, "t_ranks{server=\"b\\\"c\"}"), 1) << text;
+  EXPECT_EQ(MetricValue(text, "t_x"), 3) << text;
+}
+
 TEST(MetricsServer, ServesRegistriesAndCollectorsAsTheyAreAtEachScrape) {
   Registry r;
   Counter c = r.AddCounter("t_kept_total", "Kept");

@@ -28,6 +28,17 @@ struct Live::Fp8Sets {
   }
 };
 
+// What writing an FP8 receiver's host buffers back to the live version
+// needs (docs/live.md, "Servers"): the ops of its FP8 plan an apply wrote
+// and, per op, the E4M3 bytes and scales its buffers held where it wrote
+// them, in the order it wrote them.
+struct Live::Fp8Undo {
+  std::vector<uint32_t> work;  // ops written
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<std::vector<float>> scales;
+  bool exact = true;  // false: a CUDA IPC buffer was written (not kept)
+};
+
 namespace internal {
 
 // The registration's FP8 block (0 means the default, 128).

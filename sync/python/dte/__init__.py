@@ -74,8 +74,8 @@ from dte._errors import (Aborted, AlreadyExists, Corrupt, DeadlineExceeded, DteE
 from dte._errors import deprecated as _deprecated
 from dte._follower import CheckResult, Follower, Stale
 from dte._fp8 import Fp8Options
-from dte._live import (LiveCounts, LiveReceiver, LiveStatus, SharedTensor, SharedWeights, apply,
-                       live_status)
+from dte._live import (LiveCounts, LiveReceiver, LiveServer, LiveStatus, SharedTensor,
+                       SharedWeights, apply, live_status)
 from dte._publisher import MetricsCollector, Params, Publisher
 from dte._push import (FusedReceiverLayout, PushGroup, PushGroupReceiver, PushGroupStatus,
                        PushReceiver, PushReceiverStatus, PushServerState, ReceiverLayout,
@@ -86,7 +86,7 @@ from dte._results import DistStats, PublishResult, PushReport
 __all__ = ["Aborted", "AlreadyExists", "CheckResult", "Corrupt", "DeadlineExceeded", "DistStats",
            "DteError", "FailedPrecondition", "Follower", "Fp8Options", "FusedReceiverLayout",
            "InternalError", "InvalidArgument", "IOFailure", "LiveCounts", "LiveReceiver",
-           "LiveStatus", "MetricsCollector", "MissedPushes", "NotFound", "Params",
+           "LiveServer", "LiveStatus", "MetricsCollector", "MissedPushes", "NotFound", "Params",
            "PermissionDenied", "Publisher", "PublishResult", "PushGroup", "PushGroupReceiver",
            "PushGroupStatus", "PushReceiver", "PushReceiverStatus", "PushReport",
            "PushServerState", "ReceiverLayout", "ReceiverTensor", "SharedTensor", "SharedWeights", "Stale", "StoreReader", "TensorInfo",

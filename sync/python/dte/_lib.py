@@ -4,7 +4,7 @@ import ctypes
 import os
 from typing import Any, Dict, Iterator, List, Tuple
 
-C_API_VERSION = 12  # DTE_C_API_VERSION of sync/capi/c_api.h
+C_API_VERSION = 13  # DTE_C_API_VERSION of sync/capi/c_api.h
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F64, DTYPE_OTHER = 0, 1, 2, 3, 255
 MEMORY_HOST, MEMORY_CUDA = 0, 1
 PATH_ADAMW, PATH_WEIGHTS = 0, 1  # dte_publish_result.path
@@ -106,9 +106,10 @@ class PushReceiverStatus(ctypes.Structure):
 
 
 # Live apply (sync/live/live_abi.h): the ioctl structs, field for field.
-LIVE_ABI_VERSION = 2
+LIVE_ABI_VERSION = 3
 LIVE_LATEST = 2**64 - 1  # DTE_LIVE_LATEST
 LIVE_MESSAGE_BYTES, LIVE_NAME_BYTES, LIVE_MAX_DIMS = 1024, 256, 8
+LIVE_SERVER_BYTES = 64
 LIVE_HOST_SHM, LIVE_CUDA_IPC = 0, 1
 
 
@@ -146,7 +147,9 @@ class LiveRegister(ctypes.Structure):
                 ("cuda_ipc_handle", ctypes.c_uint8 * 64), ("cuda_device", ctypes.c_int32),
                 ("fp8_scale_rule", ctypes.c_uint32), ("buffer_id", ctypes.c_uint64),
                 ("error", ctypes.c_int32), ("reserved2", ctypes.c_uint32),
-                ("message", ctypes.c_char * LIVE_MESSAGE_BYTES), ("version", ctypes.c_uint64)]
+                ("message", ctypes.c_char * LIVE_MESSAGE_BYTES), ("version", ctypes.c_uint64),
+                ("server", ctypes.c_char * LIVE_SERVER_BYTES), ("server_size", ctypes.c_int32),
+                ("reserved3", ctypes.c_uint32)]
 
 
 def _candidates() -> Iterator[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import dataclasses
+import json
 import mmap
 import os
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
@@ -69,6 +70,18 @@ class LiveCounts:
 
 
 @dataclasses.dataclass(frozen=True)
+class LiveServer:
+    """An inference server whose ranks registered on a dtefs mount
+    (docs/live.md, "Servers"): an apply writes its buffers only when it is
+    complete, and is refused while it is not."""
+    name: str
+    size: int
+    ranks: Tuple[int, ...]        # registered
+    complete: bool                # every rank 0 .. size-1 registered
+    version: Optional[int]        # the live version, which its buffers hold
+
+
+@dataclasses.dataclass(frozen=True)
 class LiveStatus:
     """The live state of a dtefs mount."""
     live_version: Optional[int]    # None: none yet
@@ -82,6 +95,7 @@ class LiveStatus:
     last_error: int                 # an errno, 0: none
     last_message: str
     last: LiveCounts                # the counts of the last successful apply
+    servers: List[LiveServer] = dataclasses.field(default_factory=list)
 
 
 def apply(mount: str | os.PathLike[str], version: Optional[int] = None) -> LiveCounts:
@@ -95,8 +109,22 @@ def apply(mount: str | os.PathLike[str], version: Optional[int] = None) -> LiveC
     return LiveCounts.from_c(out)
 
 
+def _servers(mount: str | os.PathLike[str]) -> List[LiveServer]:
+    """The servers of MOUNT/.dte/status ("live" -> "servers"), which the
+    fixed-size status ioctl has no room for."""
+    try:
+        with open(os.path.join(os.fsdecode(mount), ".dte", "status"), "rb") as f:
+            servers = json.loads(f.read()).get("live", {}).get("servers", [])
+    except (OSError, ValueError) as e:
+        raise IOFailure("cannot read the servers of %s from .dte/status: %s"
+                        % (os.fsdecode(mount), e)) from None
+    return [LiveServer(name=s["name"], size=int(s["size"]), ranks=tuple(s["ranks"]),
+                       complete=bool(s["complete"]), version=s["version"]) for s in servers]
+
+
 def live_status(mount: str | os.PathLike[str]) -> LiveStatus:
-    """The live state of the dtefs mount."""
+    """The live state of the dtefs mount, with the inference servers whose
+    ranks registered there."""
     s = _lib.LiveStatus()
     _check(lib.dte_live_get_status(os.fsencode(mount), ctypes.byref(s)))
     return LiveStatus(live_version=_version(s.live_version),
@@ -105,7 +133,7 @@ def live_status(mount: str | os.PathLike[str]) -> LiveStatus:
                       failed_applies=s.failed_applies,
                       last_apply_time=s.last_apply_time or None, last_error=s.last_error,
                       last_message=s.last_message.decode("utf-8", "replace"),
-                      last=LiveCounts.from_c(s.last))
+                      last=LiveCounts.from_c(s.last), servers=_servers(mount))
 
 
 class SharedTensor(NamedTuple):
@@ -287,6 +315,13 @@ class LiveReceiver(_Handle):
     afterwards: an apply adds the changes to what it holds. Closing the
     receiver (or exiting) unregisters them all. Not thread-safe.
 
+    A rank of an inference server whose ranks all register on this mount
+    names it: server="rollout-3", server_size=8 (rank: its rank there). An
+    apply writes the server's buffers only when every rank 0 ..
+    server_size-1 registered, and is refused while one is missing, so the
+    server's ranks never hold two versions (docs/live.md, "Servers").
+    server=None: a receiver of no server.
+
     An FP8 receiver (fp8=Fp8Options(...)) registers its quantized tensors
     with dtype "F8_E4M3" and their scales "<module>.weight_scale_inv" as
     "F32" of the block grid's shape, and the others as the layout has them;
@@ -297,13 +332,18 @@ class LiveReceiver(_Handle):
 
     def __init__(self, mount: str | os.PathLike[str], *, tp: int = 1, rank: int = 0,
                  fuse_qkv: bool = True, fuse_gate_up: bool = True,
-                 fp8: Optional[Fp8Options] = None) -> None:
+                 fp8: Optional[Fp8Options] = None, server: Optional[str] = None,
+                 server_size: int = 1) -> None:
         self._h = None
         self.mount = os.fsdecode(mount)
         self.tp, self.rank = int(tp), int(rank)
         if self.tp < 1 or not 0 <= self.rank < self.tp:
             raise InvalidArgument("bad receiver layout: rank %d of tp %d (tp >= 1, 0 <= rank < tp)"
                                   % (self.rank, self.tp))
+        # The daemon checks the server against its other ranks' registrations.
+        self.server, self.server_size = server, int(server_size)
+        self._server = b"" if server is None else _fixed(server, _lib.LIVE_SERVER_BYTES,
+                                                          "server name")
         self.fuse_qkv, self.fuse_gate_up = bool(fuse_qkv), bool(fuse_gate_up)
         if fp8 is not None and not isinstance(fp8, Fp8Options):
             raise InvalidArgument("fp8 must be a dte.Fp8Options, not %r" % (fp8,))
@@ -354,6 +394,7 @@ class LiveReceiver(_Handle):
         r.version = _lib.LIVE_LATEST if version is None else int(version)
         fp8 = self.fp8 or Fp8Options()
         r.fp8_block, r.fp8_scale_rule = fp8.block_rows, fp8.rule_code
+        r.server, r.server_size = self._server, self.server_size
         return r
 
     def register_cuda(self, name: str, tensor: Any, version: Optional[int] = None,
