@@ -33,13 +33,13 @@ the rows add each rank's push time ("rank_push_s") and bytes.
 With --cuda the receivers hold their tensors in GPU memory (pushes are
 written by the CUDA kernel; the baseline copies each shard host to device).
 
-With --servers each receiver count runs a second time, the receivers as
-the ranks of one inference server (docs/push.md, "Servers"): in a gloo
-group, each calling apply_pending() between "batches" (every 5 ms), so
-a version lands when every rank staged it. Rows of that run say "server";
-the summary adds push (server) / push (receivers on their own) of the same
-run, and each rank's most staged bytes and peak resident set beside its
-weights' bytes.
+With --servers each receiver count runs twice more, the receivers calling
+apply_pending() between "batches" (every 5 ms): on their own (rows
+"batches"), then as the ranks of one inference server (docs/push.md,
+"Servers"; rows "server"), in a gloo group, so a version lands when every
+rank staged it. The summary adds push (server) / push (on their own) per
+step of the same run, and each server rank's most staged bytes and peak
+resident set beside its weights' bytes.
 
 Usage: /opt/dte/venv/bin/python tools/bench/push_bench.py [--size 1GiB] [--receivers 1,2,4]
        [--steps 4] [--lr 7e-7] [--dist [--world N] [--owners]] [--cuda] [--servers]
@@ -197,8 +197,8 @@ def receiver(a):
     device = "cuda:%d" % (a.rank % torch.cuda.device_count()) if a.cuda else "cpu"
     tensors = {n: torch.zeros(s, dtype=torch.bfloat16, device=device) for n, s in local.items()}
     out = open(a.out, "w", buffering=1)
-    if a.server:
-        return server_rank(a, dte, tensors, out)
+    if a.server or a.batches:
+        return batch_rank(a, dte, tensors, out)
     rx = dte.PushReceiver(a.address, tensors, rank=a.rank, layout=dte.FusedReceiverLayout(a.tp),
                           version=None, auto_apply=True, timeout=60.0)
     # Baseline listener: whole tensors in, the shard copied into the fused tensors.
@@ -243,26 +243,30 @@ def receiver(a):
     rx.close()
 
 
-def server_rank(a, dte, tensors, out):
-    """A rank of one inference server: apply_pending() between batches."""
+def batch_rank(a, dte, tensors, out):
+    """A rank that calls apply_pending() between batches: on its own
+    (--batches), or as a rank of one inference server (--server)."""
     import datetime
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method="file://" + a.group_file, rank=a.rank,
-                            world_size=a.tp, timeout=datetime.timedelta(seconds=600))
+    server = {}
+    if a.server:
+        dist.init_process_group("gloo", init_method="file://" + a.group_file, rank=a.rank,
+                                world_size=a.tp, timeout=datetime.timedelta(seconds=600))
+        server = {"server": "bench", "server_size": a.tp, "group": dist.group.WORLD}
     rx = dte.PushReceiver(a.address, tensors, rank=a.rank, layout=dte.FusedReceiverLayout(a.tp),
-                          version=None, timeout=60.0, server="bench", server_size=a.tp,
-                          group=dist.group.WORLD)
+                          version=None, timeout=60.0, **server)
     weights = sum(t.numel() * 2 for t in tensors.values())
     out.write(json.dumps({"baseline_port": 0}) + "\n")
     staged = 0
     target = 0
     while target <= a.steps:
         st = rx.status()
+        staged = max(staged, st.staged_bytes)
         if st.behind is not None and st.behind not in rx.path():
             rx.catch_up(a.store)
         rx.apply_pending()
-        staged = max(staged, rx.status().staged_bytes)
-        held = rx.version
+        path = rx.path()
+        held = path[0] if path else None
         if held is not None and held >= target:
             out.write(json.dumps({"version": held, "t": time.time()}) + "\n")
             target = held + 1
@@ -270,7 +274,8 @@ def server_rank(a, dte, tensors, out):
     out.write(json.dumps({"staged_max": staged, "weights": weights,
                           "hwm": h.proc_status("self", "VmHWM")}) + "\n")
     rx.close()
-    dist.destroy_process_group()
+    if a.server:
+        dist.destroy_process_group()
 
 
 # --- trainer -----------------------------------------------------------------
@@ -294,6 +299,8 @@ def parse_args():
     p.add_argument("--servers", action="store_true",
                    help="also run each receiver count as the ranks of one server")
     p.add_argument("--server", action="store_true", help="receiver mode: a rank of one server")
+    p.add_argument("--batches", action="store_true",
+                   help="receiver mode: apply_pending() between batches, on its own")
     p.add_argument("--group-file")
     # receiver mode
     p.add_argument("--address")
@@ -309,11 +316,11 @@ class Bench:
     """One receiver count's run: the model and its optimizer, the store with
     v0, the publisher(s) and push group(s), and the receiver processes."""
 
-    def __init__(self, a, dte, c, names, work, n_rx, server=False):
+    def __init__(self, a, dte, c, names, work, n_rx, mode="receivers"):
         self.a, self.dte, self.c, self.names, self.n_rx = a, dte, c, names, n_rx
-        self.server = server
+        self.mode = mode  # "receivers" (auto_apply), "batches" or "server"
         self.elements = sum(math.prod(s) for s in names.values())
-        self.root = os.path.join(work, "rx%d%s" % (n_rx, "-server" if server else ""))
+        self.root = os.path.join(work, "rx%d-%s" % (n_rx, mode))
         os.makedirs(self.root)
         json.dump(c, open(os.path.join(self.root, "config.json"), "w"))
         self.store = os.path.join(self.root, "store")
@@ -354,7 +361,8 @@ class Bench:
                  "--tp", str(self.n_rx), "--rank", str(r), "--steps", str(a.steps), "--out", out,
                  "--build-dir", a.build_dir] + (["--cuda"] if a.cuda else []) +
                 (["--server", "--group-file", os.path.join(self.root, "group")]
-                 if self.server else [])))
+                 if self.mode == "server" else []) +
+                (["--batches"] if self.mode == "batches" else [])))
         while not all(self.held(i) >= 0 for i in range(self.n_rx)):
             if any(pr.poll() is not None for pr in self.procs):
                 raise SystemExit("a receiver exited")
@@ -402,7 +410,7 @@ class Bench:
             time.sleep(0.002)
         applied = max(x["t"] for i in range(self.n_rx) for x in self.records(i)
                       if x.get("version") == step)
-        row = {"receivers": self.n_rx, "mode": "server" if self.server else "receivers",
+        row = {"receivers": self.n_rx, "mode": self.mode,
                "step": step, "changed": res.changed,
                "changed_fraction": res.changed / self.elements, "publish_s": t1 - t0,
                "push_s": applied - push_start, "push_bytes": sum(x["bytes"] for x in pushes),
@@ -497,9 +505,9 @@ def print_summary(rows):
         return
     out = []
     for r in servers:
-        alone = next(x for x in rows if x.get("mode") == "receivers" and "push_s" in x
+        alone = next(x for x in rows if x.get("mode") == "batches" and "push_s" in x
                      and x["receivers"] == r["receivers"] and x["step"] == r["step"])
-        mem = next(x for x in rows if x.get("memory") and x["receivers"] == r["receivers"])
+        mem = next(x for x in rows if x.get("of") == "server" and x["receivers"] == r["receivers"])
         out.append([r["receivers"], r["step"], "%.2f%%" % (100 * r["changed_fraction"]),
                     "%.3f s" % alone["push_s"], "%.3f s" % r["push_s"],
                     "%.2f" % (r["push_s"] / alone["push_s"]),
@@ -507,8 +515,8 @@ def print_summary(rows):
                     "%.0f MB" % (max(m["hwm"] for m in mem["memory"]) / 1e6),
                     "%.0f MB" % (max(m["weights"] for m in mem["memory"]) / 1e6)])
     print()
-    print(h.md_table(["ranks", "step", "changed", "push (receivers)", "push (server)",
-                      "server / receivers", "staged per rank (max)", "rank peak RSS",
+    print(h.md_table(["ranks", "step", "changed", "push (on their own)", "push (server)",
+                      "server / on their own", "staged per rank (max)", "rank peak RSS",
                       "rank weights"], out))
 
 
@@ -533,10 +541,11 @@ def main():
             rows += bench.baseline_rows()
             bench.close()
             if a.servers:
-                bench = Bench(a, dte, c, names, work.path, n_rx, server=True)
-                rows += [bench.push_row(step) for step in range(1, a.steps + 1)]
-                bench.close()
-                rows.append({"receivers": n_rx, "memory": bench.memory})
+                for mode in ("batches", "server"):
+                    bench = Bench(a, dte, c, names, work.path, n_rx, mode)
+                    rows += [bench.push_row(step) for step in range(1, a.steps + 1)]
+                    bench.close()
+                    rows.append({"receivers": n_rx, "memory": bench.memory, "of": mode})
     print_summary(rows)
     h.write_json(a.json, {"config": c, "rows": rows})
 

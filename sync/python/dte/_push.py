@@ -351,6 +351,11 @@ def _tensor_entry(name: str, value: ReceiverTensor, keep: List[Any]) -> _lib.Pus
     return _lib.PushTensor(encoded, dt, len(shape), dims, ptr or None, device)
 
 
+# Versions a rank of a server sends its server's other ranks per
+# apply_pending() call, its path's length included.
+_PATH_ROW = 64
+
+
 class PushReceiver(_Handle):
     """One inference rank's receiver. tensors: {name: tensor} in the rank's
     own layout (e.g. dict(model.named_parameters()) of a vLLM worker), CPU
@@ -437,14 +442,26 @@ class PushReceiver(_Handle):
         collective over its group: every rank must call it (at the same
         point between batches), and each applies up to the version every
         rank staged; when they hold no version in common nothing is written
-        and status() says server_inconsistent."""
+        and status() says server_inconsistent. The ranks exchange one row
+        of 64 int64 each (a gloo all_gather), whatever the model."""
         n = ctypes.c_uint64()
         if self._group is None:
             _check(lib.dte_push_receiver_apply_pending(self._h, ctypes.byref(n)))
             return n.value
-        paths: List[Any] = [None] * self.server_size
+        # One fixed-size int64 row per rank: its path's length, then the
+        # path (the first _PATH_ROW - 1 versions: agreeing on a prefix is
+        # as safe, the rest is applied at a later call).
+        import torch
         import torch.distributed
-        torch.distributed.all_gather_object(paths, self.path(), group=self._group)
+        mine = self.path()[:_PATH_ROW - 1]
+        if mine and mine[-1] >= 2**63:
+            raise InvalidArgument("version %d does not fit the server's exchange" % mine[-1])
+        row = torch.zeros(_PATH_ROW, dtype=torch.int64)
+        row[0] = len(mine)
+        row[1:1 + len(mine)] = torch.tensor(mine, dtype=torch.int64)
+        rows = [torch.empty_like(row) for _ in range(self.server_size)]
+        torch.distributed.all_gather(rows, row, group=self._group)
+        paths = [r[1:1 + int(r[0])].tolist() for r in rows]
         flat = [int(v) for p in paths for v in p]
         versions = (ctypes.c_uint64 * max(len(flat), 1))(*flat)
         lengths = (ctypes.c_size_t * self.server_size)(*[len(p) for p in paths])
