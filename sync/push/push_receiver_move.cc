@@ -153,7 +153,7 @@ Result<Pending> PushReceiver::Impl::StepFromStore(Store& store,
   step.parent = from->manifest.version;
   step.version = to->manifest.version;
   std::vector<uint64_t> dst, pos;
-  std::vector<uint8_t> parent_tensor;
+  std::vector<uint8_t> parent_tensor, parent_values;
   for (size_t c = 0; c < plan.canonical.size(); ++c) {
     const PlanTensor& ct = plan.canonical[c];
     if (!reader->MayChange(ct.name)) continue;
@@ -168,12 +168,34 @@ Result<Pending> PushReceiver::Impl::StepFromStore(Store& store,
     const bool has_old = !tc->old_values.empty();
     auto known = [&](size_t k) { return has_old && (tc->known.empty() || tc->known[k] != 0); };
     // Going back over an element the child set whole: the parent's value.
-    bool need_parent = false;
-    for (size_t k = 0; k < n && !forward && !need_parent; ++k) need_parent = !known(k);
-    if (need_parent) {
-      parent_tensor.resize(ShapeElements(ct.shape) * width);
+    // Going back over elements the child set whole: the parent's values,
+    // read element by element when they are few (a block each), else the
+    // tensor whole.
+    std::vector<size_t> unknown;
+    for (size_t k = 0; k < n && !forward; ++k) {
+      if (!known(k)) unknown.push_back(k);
+    }
+    const uint64_t numel = ShapeElements(ct.shape);
+    const bool whole = unknown.size() * (uint64_t{256} << 10) > numel * width;
+    parent_values.assign(unknown.size() * width, 0);
+    if (whole) {
+      parent_tensor.resize(numel * width);
       RETURN_IF_ERROR(push_internal::ReadTensorInto(parents, parent, ct.name, parent_tensor.data(),
                                                     parent_tensor.size(), what));
+    }
+    if (!unknown.empty()) {
+      ASSIGN_OR_RETURN(const push_internal::TensorBytes at,
+                       push_internal::LocateTensor(*parent, ct.name, numel * width, what));
+      for (size_t u = 0; u < unknown.size(); ++u) {
+        const uint64_t i = tc->indices[unknown[u]];
+        uint8_t* dst = parent_values.data() + u * width;
+        if (whole) {
+          std::memcpy(dst, parent_tensor.data() + i * width, width);
+        } else {
+          RETURN_IF_ERROR(parents.ReadFile(parent, *at.file, at.offset + i * width, width, dst)
+                              .WithContext(what));
+        }
+      }
     }
     for (size_t o = 0; o < plan.ops.size(); ++o) {
       const TransferOp& op = plan.ops[o];
@@ -199,7 +221,13 @@ Result<Pending> PushReceiver::Impl::StepFromStore(Store& store,
         if (e.sets.empty()) e.sets.assign(j, 0);
         e.sets[q] = 1;
         any_set = true;
-        std::memcpy(out, forward ? nv : parent_tensor.data() + tc->indices[k] * width, width);
+        if (forward) {
+          std::memcpy(out, nv, width);
+        } else {
+          const size_t u = static_cast<size_t>(std::lower_bound(unknown.begin(), unknown.end(), k) -
+                                               unknown.begin());
+          std::memcpy(out, parent_values.data() + u * width, width);
+        }
       }
       if (!any_set) e.sets.clear();
       step.elements += j;

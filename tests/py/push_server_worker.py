@@ -6,7 +6,9 @@ loads --load-version from the store into a /dev/shm object (--shm; its
 layout written to DIR/layout-RANK.json, so the test's watcher can read the
 rank's weights), opens a dte.PushReceiver on them as a rank of server
 --server, and serves "batches" the test hands out: rank 0 waits for
-DIR/go-N and broadcasts its text ("batch" or "stop"); in a batch every
+DIR/go-N and broadcasts its text ("batch", "move V" or "stop"; a move
+stages the move to V from the store and applies it, every rank
+together); in a batch every
 rank catches up (staged) when told it is behind, then calls
 apply_pending() (the server's ranks agree on the version), and rank 0
 writes DIR/done-N (JSON: each rank's version, the server's version and
@@ -21,9 +23,9 @@ each applies what it received and catches up by writing at once, as a
 fleet without servers does; the test uses it to show its watcher sees the
 mix that servers prevent.
 
-trainer: publishes from stdin commands "step K" (K-th change: the latest
-version plus a fixed random change, published with publish_weights) with a
-push group on --address; prints "published V PUSH-JSON"; "status 0"
+trainer: resumes from the store's latest version and publishes an AdamW
+step (publish_adamw) per stdin command "step K", with a push group on
+--address; prints "published V PUSH-JSON"; "status 0"
 prints "status GROUP-STATUS-JSON".
 """
 
@@ -117,6 +119,8 @@ def rank(a):
             dist.broadcast_object_list(cmd, src=0)
             if cmd[0] == "stop":
                 break
+            if cmd[0].startswith("move "):  # every rank moves to that version together
+                rx.move_to(a.store, int(cmd[0].split()[1]))
             mine = batch(a, rx)
             everyone = [None] * a.size
             dist.all_gather_object(everyone, mine)
@@ -144,7 +148,18 @@ def rank(a):
 
 
 def trainer(a):
+    """Resumes from the store's latest version: an AdamW (fused, as TRL's
+    default) step per "step K" command, published with publish_adamw."""
     shapes = canonical_shapes()
+    model = push_util.TinyGqaLM()
+    with dte.StoreReader(a.store) as r:
+        latest = r.latest()
+    weights = push_util.read_version(dte, a.store, latest, shapes)
+    with torch.no_grad():
+        for n, p in model.named().items():
+            p.copy_(weights[n].float())
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-6, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.0, fused=True)
     group = dte.PushGroup(a.address, timeout=a.timeout)
     pub = dte.Publisher(store=a.store, push=group)
     print("ready", flush=True)
@@ -154,14 +169,11 @@ def trainer(a):
             print("status " + json.dumps(dataclasses.asdict(group.status(events=False))),
                   flush=True)
             continue
-        with dte.StoreReader(a.store) as r:
-            latest = r.latest()
-        weights = push_util.read_version(dte, a.store, latest, shapes)
-        g = torch.Generator().manual_seed(int(k))
-        for t in weights.values():
-            mask = torch.rand(t.shape, generator=g) < 0.05
-            t[mask] = (t.float()[mask] + 0.01).to(torch.bfloat16)
-        r = pub.publish_weights(weights)
+        push_util.train_step(model, opt, 1000 + int(k))
+        params = push_util.adamw_params(model, opt)
+        step = int(next(iter(params.values()))["step"])  # this optimizer's (1 after a restart)
+        r = pub.publish_adamw(step=step, params=params, lr=5e-6,
+                              betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
         print("published %d %s" % (r.version, json.dumps(dataclasses.asdict(r.push)
                                                          if r.push else None)), flush=True)
     pub.close()

@@ -176,10 +176,10 @@ class Server:
     def restart(self, rank, version):
         self.start(rank, version, first_batch=self.batch)
 
-    def run_batch(self, timeout=90):
+    def run_batch(self, timeout=90, command="batch"):
         """Runs one batch; the watcher then reads every rank's weights."""
         n = self.batch
-        (self.ctl / ("go-%d" % n)).write_text("batch")
+        (self.ctl / ("go-%d" % n)).write_text(command)
         done = self.ctl / ("done-%d" % n)
 
         def finished():
@@ -422,3 +422,24 @@ def test_a_rank_of_a_server_of_several_is_refused_without_its_group(tmp_path):
                              group=dist.group.WORLD)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_server_rolls_back_in_place_and_forward_again_together(job, size):
+    """AdamW steps (whose records hold some elements whole), the trainer
+    stopped, then every rank moved back two versions and forward one, from
+    the store's deltas."""
+    trainer, make = job
+    server = make(size)
+    server.until(0)
+    wait_for(lambda: trainer.status()["servers"][0]["complete"], 20, "every rank connected")
+    for k in (1, 2, 3):
+        report = trainer.publish(k)[1]
+        assert report["pushed"] == size, report
+    server.until(3)
+    trainer.stop()  # else the next push says they are behind, and they catch up again
+    for target in (1, 2):
+        result, held = server.run_batch(command="move %d" % target)
+        assert held == [target] * size and result["serving"], (held, result)
+        assert all(r["server_version"] == target for r in result["ranks"]), result
+    server.stop()

@@ -271,8 +271,18 @@ def batch_rank(a, dte, tensors, out):
             out.write(json.dumps({"version": held, "t": time.time()}) + "\n")
             target = held + 1
         time.sleep(0.005)  # a batch every 5 ms, about a decode step
+    moves = {}
+    if a.server:
+        # One step back in place (a rollback) and forward again, from the
+        # store's deltas, every rank together: staged, then applied.
+        for name, v in (("back_s", a.steps - 1), ("forward_s", a.steps)):
+            dist.barrier()
+            t0 = time.time()
+            rx.move_to(a.store, v)
+            moves[name] = time.time() - t0
+            assert rx.version == v, (rx.version, v)
     out.write(json.dumps({"staged_max": staged, "weights": weights,
-                          "hwm": h.proc_status("self", "VmHWM")}) + "\n")
+                          "hwm": h.proc_status("self", "VmHWM"), **moves}) + "\n")
     rx.close()
     if a.server:
         dist.destroy_process_group()
@@ -514,6 +524,16 @@ def print_summary(rows):
                     "%.1f MB" % (max(m["staged_max"] for m in mem["memory"]) / 1e6),
                     "%.0f MB" % (max(m["hwm"] for m in mem["memory"]) / 1e6),
                     "%.0f MB" % (max(m["weights"] for m in mem["memory"]) / 1e6)])
+    for x in rows:
+        if x.get("of") == "server" and "back_s" in x["memory"][0]:
+            last = max((r for r in servers if r["receivers"] == x["receivers"]),
+                       key=lambda r: r["step"])
+            back = max(m["back_s"] for m in x["memory"])
+            fwd = max(m["forward_s"] for m in x["memory"])
+            out_moves = "%d ranks: one step back in place %.3f s, forward again %.3f s " \
+                "(the slowest rank), against the push of that step %.3f s: %.2fx" % (
+                    x["receivers"], back, fwd, last["push_s"], back / last["push_s"])
+            print(out_moves)
     print()
     print(h.md_table(["ranks", "step", "changed", "push (on their own)", "push (server)",
                       "server / on their own", "staged per rank (max)", "rank peak RSS",
