@@ -32,7 +32,13 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTE_WERROR
   -DDTE_TSAN=ON -DDTE_CUDA=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 ninja -C build-tsan -j "$(nproc)" fs_test
 phase "TSAN build"
-TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/tests/fs_test --gtest_brief=1
+# The tests that fail a live apply by truncating a receiver's memory under
+# its mapping run in the main build only: the daemon's recovery from that
+# SIGBUS (siglongjmp out of the handler, sync/live/live_writes.cc) is not
+# something ThreadSanitizer's signal handling supports.
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/tests/fs_test --gtest_brief=1 \
+  --gtest_filter='-LiveServerTest.AFailedRank*:LiveFp8Test.AFailedRank*'
+
 phase "TSAN fs_test"
 
 cd build
