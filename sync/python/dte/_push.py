@@ -454,8 +454,8 @@ class PushReceiver(_Handle):
         import torch
         import torch.distributed
         mine = self.path()[:_PATH_ROW - 1]
-        if mine and mine[-1] >= 2**63:
-            raise InvalidArgument("version %d does not fit the server's exchange" % mine[-1])
+        if mine and max(mine) >= 2**63:
+            raise InvalidArgument("version %d does not fit the server's exchange" % max(mine))
         row = torch.zeros(_PATH_ROW, dtype=torch.int64)
         row[0] = len(mine)
         row[1:1 + len(mine)] = torch.tensor(mine, dtype=torch.int64)
