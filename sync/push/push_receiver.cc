@@ -260,22 +260,12 @@ Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version
   }
   std::lock_guard apply(apply_mu_);
   ASSIGN_OR_RETURN(auto v, store.GetVersion(*version));
-  ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(store, *v));
-  ASSIGN_OR_RETURN(
-      TransferPlan plan,
-      MakeTransferPlan(in.canonical, in.geometry, ShardLayout{1, false, false}, options_.layout));
   const std::string what = "catch-up to " + VersionName(*version) + " of receiver " +
                            LayoutText(options_.layout, options_.rank);
-  std::optional<Fp8ReceiverPlan> fp8;
-  if (options_.fp8) {
-    auto made = MakeFp8ReceiverPlan(plan, options_.rank, *options_.fp8);
-    if (!made.ok()) return made.status().WithContext(what);
-    fp8 = std::move(made).value();
-  }
-  ASSIGN_OR_RETURN(
-      auto own,
-      fp8 ? push_internal::MatchFp8ReceiverTensors(plan, *fp8, plan_tensors_, what)
-          : push_internal::MatchReceiverTensors(plan, options_.rank, plan_tensors_, what));
+  ASSIGN_OR_RETURN(RankPlan rp, PlanOf(store, *v, what));
+  const TransferPlan& plan = rp.plan;
+  const std::optional<Fp8ReceiverPlan>& fp8 = rp.fp8;
+  const std::vector<uint32_t>& own = rp.own;
   {
     std::lock_guard lock(mu_);
     inconsistent_ = true;
@@ -298,6 +288,24 @@ Status PushReceiver::Impl::CatchUp(Store& store, std::optional<uint64_t> version
   SendAll(Msg::kHeld, {{"version", *version}});
   cv_.notify_all();
   return Status::Ok();
+}
+
+Result<PushReceiver::Impl::RankPlan> PushReceiver::Impl::PlanOf(Store& store, const Version& v,
+                                                                const std::string& what) const {
+  RankPlan rp;
+  ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(store, v));
+  ASSIGN_OR_RETURN(rp.plan, MakeTransferPlan(in.canonical, in.geometry,
+                                             ShardLayout{1, false, false}, options_.layout));
+  if (options_.fp8) {
+    auto made = MakeFp8ReceiverPlan(rp.plan, options_.rank, *options_.fp8);
+    if (!made.ok()) return made.status().WithContext(what);
+    rp.fp8 = std::move(made).value();
+  }
+  ASSIGN_OR_RETURN(
+      rp.own,
+      rp.fp8 ? push_internal::MatchFp8ReceiverTensors(rp.plan, *rp.fp8, plan_tensors_, what)
+             : push_internal::MatchReceiverTensors(rp.plan, options_.rank, plan_tensors_, what));
+  return rp;
 }
 
 // One receiver tensor at a time (a host copy of it when it lives on a

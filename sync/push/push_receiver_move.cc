@@ -133,20 +133,10 @@ Result<Pending> PushReceiver::Impl::StepFromStore(Store& store,
   const std::string what = "move of push receiver rank " + std::to_string(options_.rank) +
                            " from " + VersionName(from->manifest.version) + " to " +
                            VersionName(to->manifest.version);
-  ASSIGN_OR_RETURN(PlanInputs in, PlanInputsOf(store, *child));
-  ASSIGN_OR_RETURN(
-      TransferPlan plan,
-      MakeTransferPlan(in.canonical, in.geometry, ShardLayout{1, false, false}, options_.layout));
-  std::optional<Fp8ReceiverPlan> fp8;
-  if (options_.fp8) {
-    auto made = MakeFp8ReceiverPlan(plan, options_.rank, *options_.fp8);
-    if (!made.ok()) return made.status().WithContext(what);
-    fp8 = std::move(made).value();
-  }
-  ASSIGN_OR_RETURN(
-      auto own,
-      fp8 ? push_internal::MatchFp8ReceiverTensors(plan, *fp8, plan_tensors_, what)
-          : push_internal::MatchReceiverTensors(plan, options_.rank, plan_tensors_, what));
+  ASSIGN_OR_RETURN(RankPlan rp, PlanOf(store, *child, what));
+  const TransferPlan& plan = rp.plan;
+  const std::optional<Fp8ReceiverPlan>& fp8 = rp.fp8;
+  const std::vector<uint32_t>& own = rp.own;
   ASSIGN_OR_RETURN(auto reader, VersionChangesReader::Open(store, child));
   Materializer parents(&store);
   Pending step;

@@ -114,6 +114,15 @@ class PushReceiver::Impl {
   // fits what the tensor holds.
   Status CheckEntryKind(const push_internal::CountsMsg& c, size_t k, const std::string& what) const;
 
+  // This rank's transfer plan of version v, its FP8 plan (an FP8
+  // receiver's) and its own tensors lined up with the plan's (a catch-up's
+  // and a move's); `what` prefixes errors.
+  struct RankPlan {
+    TransferPlan plan;
+    std::optional<Fp8ReceiverPlan> fp8;
+    std::vector<uint32_t> own;
+  };
+  Result<RankPlan> PlanOf(Store& store, const Version& v, const std::string& what) const;
   bool InServer() const { return options_.server_size > 1; }
   // The server message for what the server's ranks last agreed on; nullopt
   // before the first ApplyAgreed. mu_ held.
