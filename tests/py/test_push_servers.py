@@ -16,10 +16,8 @@ watcher exists to catch."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -27,6 +25,7 @@ import torch
 
 import push_util
 from prom_util import free_port
+from s3_util import TcpRelay
 from wait_util import wait_for
 
 import dte
@@ -77,68 +76,6 @@ class Trainer:
     def stop(self):
         self.proc.stdin.close()
         assert self.proc.wait(60) == 0, self.proc.stderr.read()
-
-
-class Proxy:
-    """A TCP proxy in front of `target` whose connections cut() closes."""
-
-    def __init__(self, target):
-        self.target = target
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
-        self.conns = []
-        self.refusing = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            if self.refusing:
-                c.close()
-                continue
-            host, port = self.target.rsplit(":", 1)
-            u = socket.create_connection((host, int(port)))
-            self.conns += [c, u]
-            for a, b in ((c, u), (u, c)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a, b):
-        try:
-            while True:
-                data = a.recv(65536)
-                if not data:
-                    break
-                b.sendall(data)
-        except OSError:
-            pass
-        for s in (a, b):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def hold(self):
-        """Cuts every connection and refuses new ones until release()."""
-        self.refusing = True
-        self.cut()
-
-    def release(self):
-        self.refusing = False
-
-    def cut(self):
-        for c in self.conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self.conns = []
 
 
 class Server:
@@ -312,14 +249,14 @@ def test_a_rank_cut_off_during_a_push_holds_its_server_back(job, servers):
     on a mix; receivers on their own (the watcher's control) are seen
     mixed, rank 0 at v1 beside rank 1 at v0, until rank 1 caught up."""
     trainer, make = job
-    proxy = Proxy(trainer.address)
-    server = make(2, addresses={1: proxy.address}, independent=not servers)
+    relay = TcpRelay(int(trainer.address.rsplit(":", 1)[1]))
+    server = make(2, addresses={1: "127.0.0.1:%d" % relay.port}, independent=not servers)
     server.until(0)
-    proxy.hold()
+    relay.cut()  # closes rank 1's link and refuses it until restore()
     wait_for(lambda: len(trainer.status()["receivers"]) == 1, 20, "rank 1 to be dropped")
     assert trainer.publish(1)[1]["pushed"] == 1
     batches = [server.run_batch() if servers else unchecked_batch(server) for _ in range(3)]
-    proxy.release()
+    relay.restore()
     if servers:
         assert [held for _, held in batches] == [[0, 0]] * 3, server.observed
         server.until(1)
@@ -348,12 +285,13 @@ def unchecked_batch(server):
 
 def test_a_connection_cut_after_staging_changes_nothing_until_every_rank_applies(job, tmp_path):
     trainer, make = job
-    proxy = Proxy(trainer.address)
-    server = make(2, addresses={1: proxy.address})
+    relay = TcpRelay(int(trainer.address.rsplit(":", 1)[1]))
+    server = make(2, addresses={1: "127.0.0.1:%d" % relay.port})
     server.until(0)
     version, report = trainer.publish(1)
     assert report["pushed"] == 2, report  # staged on both
-    proxy.cut()
+    relay.cut()
+    relay.restore()
     server.until(1)
     server.stop()
 
