@@ -28,6 +28,7 @@
 #include "tests/sync/transfer_test_util.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
+#include "tests/testutil/shm_object.h"
 
 namespace dte::fs {
 namespace {
@@ -58,34 +59,7 @@ uint16_t Bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-// An owned /dev/shm object mapped into the test.
-class Shm {
- public:
-  Shm(const std::string& name, size_t size) : name_(name), size_(size) {
-    const int fd = shm_open(("/" + name).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    EXPECT_GE(fd, 0) << name;
-    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
-    data_ = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    close(fd);
-  }
-  ~Shm() {
-    munmap(data_, size_);
-    shm_unlink(("/" + name_).c_str());
-  }
-  const std::string& name() const { return name_; }
-  uint8_t* data() const { return data_; }
-  // The object's memory goes away under every mapping of it.
-  void Truncate() const {
-    const int fd = shm_open(("/" + name_).c_str(), O_RDWR, 0600);
-    EXPECT_EQ(ftruncate(fd, 0), 0);
-    close(fd);
-  }
-
- private:
-  std::string name_;
-  size_t size_;
-  uint8_t* data_ = nullptr;
-};
+using Shm = test::ShmObject;
 
 // A registered buffer: its name, dtype and shape as registered, its place.
 struct BufferSpec {

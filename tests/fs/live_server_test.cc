@@ -24,6 +24,7 @@
 #include "tests/sync/transfer_test_util.h"
 #include "tests/testutil/checkpoint.h"
 #include "tests/testutil/memory_store.h"
+#include "tests/testutil/shm_object.h"
 
 namespace dte::fs {
 namespace {
@@ -58,27 +59,12 @@ class Rank {
  public:
   Rank(int rank, const State& want, const std::string& prefix) : rank_(rank) {
     for (const auto& [name, bytes] : want) {
-      Object o;
-      o.shm = prefix + "-" + std::to_string(objects_.size());
-      o.size = bytes.size();
-      const int fd = shm_open(("/" + o.shm).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-      EXPECT_GE(fd, 0) << o.shm;
-      EXPECT_EQ(ftruncate(fd, static_cast<off_t>(o.size)), 0);
-      o.data =
-          static_cast<uint8_t*>(mmap(nullptr, o.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-      close(fd);
-      std::memcpy(o.data, bytes.data(), o.size);
-      objects_[name] = o;
+      auto o = std::make_unique<test::ShmObject>(prefix + "-" + std::to_string(objects_.size()),
+                                                 bytes.size());
+      std::memcpy(o->data(), bytes.data(), bytes.size());
+      objects_[name] = std::move(o);
     }
   }
-  ~Rank() {
-    for (auto& [name, o] : objects_) {
-      munmap(o.data, o.size);
-      shm_unlink(("/" + o.shm).c_str());
-    }
-  }
-  Rank(const Rank&) = delete;
-  Rank& operator=(const Rank&) = delete;
 
   // Registers every tensor as rank `rank_` of server "s" of kTp ranks.
   void Register(live::Live& live, uint64_t owner, uint64_t version) const {
@@ -94,7 +80,7 @@ class Rank {
       const std::vector<uint64_t>& shape = shapes.at(name);
       r.ndim = static_cast<uint32_t>(shape.size());
       for (size_t d = 0; d < shape.size(); ++d) r.shape[d] = static_cast<int64_t>(shape[d]);
-      std::snprintf(r.shm_name, sizeof r.shm_name, "%s", o.shm.c_str());
+      std::snprintf(r.shm_name, sizeof r.shm_name, "%s", o->name().c_str());
       r.version = version;
       std::snprintf(r.server, sizeof r.server, "s");
       r.server_size = kTp;
@@ -105,16 +91,12 @@ class Rank {
 
   // Its memory goes away under every mapping: the next write SIGBUSes.
   void Truncate() {
-    for (auto& [name, o] : objects_) {
-      const int fd = shm_open(("/" + o.shm).c_str(), O_RDWR, 0600);
-      EXPECT_EQ(ftruncate(fd, 0), 0);
-      close(fd);
-    }
+    for (auto& [name, o] : objects_) o->Truncate();
   }
 
   void ExpectHolds(const State& want, const std::string& what) const {
     for (const auto& [name, o] : objects_) {
-      EXPECT_EQ(std::memcmp(o.data, want.at(name).data(), o.size), 0)
+      EXPECT_EQ(std::memcmp(o->data(), want.at(name).data(), o->size()), 0)
           << what << ": rank " << rank_ << " tensor " << name;
     }
   }
@@ -123,13 +105,8 @@ class Rank {
   std::map<std::string, std::string> dtypes;
 
  private:
-  struct Object {
-    std::string shm;
-    size_t size = 0;
-    uint8_t* data = nullptr;
-  };
   int rank_;
-  std::map<std::string, Object> objects_;
+  std::map<std::string, std::unique_ptr<test::ShmObject>> objects_;
 };
 
 class LiveServerTest : public ::testing::Test {
