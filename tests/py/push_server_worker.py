@@ -32,8 +32,10 @@ prints "status GROUP-STATUS-JSON".
 import argparse
 import dataclasses
 import datetime
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 
@@ -181,6 +183,7 @@ def trainer(a):
 
 
 def main():
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's stop() asks on a hang
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["rank", "trainer"])
     p.add_argument("--address", required=True)

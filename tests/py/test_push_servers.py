@@ -173,7 +173,16 @@ class Server:
     def stop(self):
         (self.ctl / ("go-%d" % self.batch)).write_text("stop")
         for r, p in self.procs.items():
-            assert p.wait(60) == 0, "rank %d: %s" % (r, p.stderr.read())
+            try:
+                rc = p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGUSR1)  # the worker dumps every thread's stack
+                time.sleep(1)
+                p.kill()
+                p.wait()
+                raise AssertionError("rank %d did not stop within 60 s: %s"
+                                     % (r, p.stderr.read()))
+            assert rc == 0, "rank %d: %s" % (r, p.stderr.read())
         for r in range(self.size):
             path = "/dev/shm/dte-servers-%d-%d-r%d" % (os.getpid(), self.size, r)
             if os.path.exists(path):
