@@ -123,6 +123,8 @@ def rank(a):
                 break
             if cmd[0].startswith("move "):  # every rank moves to that version together
                 rx.move_to(a.store, int(cmd[0].split()[1]))
+            elif cmd[0] != "batch":
+                raise SystemExit("rank %d: batch %d: unknown command %r" % (a.rank, n, cmd[0]))
             mine = batch(a, rx)
             everyone = [None] * a.size
             dist.all_gather_object(everyone, mine)

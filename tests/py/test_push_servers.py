@@ -116,7 +116,7 @@ class Server:
     def run_batch(self, timeout=90, command="batch"):
         """Runs one batch; the watcher then reads every rank's weights."""
         n = self.batch
-        (self.ctl / ("go-%d" % n)).write_text(command)
+        self.go(n, command)
         done = self.ctl / ("done-%d" % n)
 
         def finished():
@@ -170,8 +170,15 @@ class Server:
         raise AssertionError("server not at v%d after %d batches: %s" % (
             version, batches, self.observed[-5:]))
 
+    def go(self, n, command):
+        """Hands out batch n: written whole, then renamed, so that rank 0
+        never reads a half-written command."""
+        tmp = self.ctl / ("go-%d.tmp" % n)
+        tmp.write_text(command)
+        os.rename(tmp, self.ctl / ("go-%d" % n))
+
     def stop(self):
-        (self.ctl / ("go-%d" % self.batch)).write_text("stop")
+        self.go(self.batch, "stop")
         for r, p in self.procs.items():
             try:
                 rc = p.wait(60)
@@ -282,7 +289,7 @@ def test_a_rank_cut_off_during_a_push_holds_its_server_back(job, servers):
 def unchecked_batch(server):
     """A batch whose observation is recorded, not asserted."""
     n = server.batch
-    (server.ctl / ("go-%d" % n)).write_text("batch")
+    server.go(n, "batch")
     done = server.ctl / ("done-%d" % n)
     wait_for(done.exists, 60, "batch %d" % n)
     result = json.loads(done.read_text())
