@@ -160,25 +160,40 @@ NodeAttr Filesystem::LiveFileAttr(const Version& v, uint32_t file) {
   return a;
 }
 
-Result<dte_live_counts> Filesystem::ApplyLive(std::optional<uint64_t> version,
-                                              live::PageCache* pages) {
-  std::shared_ptr<const Version> target;
+// The version a live apply targets (nullopt: the newest); failures are
+// counted as failed applies.
+Result<std::shared_ptr<const Version>> Filesystem::LiveTarget(std::optional<uint64_t> version) {
   if (version) {
     auto v = VersionOf(*version);
-    if (!v.ok()) {
-      live_.RecordFailure(v.status());
-      return v.status();
-    }
-    target = *v;
-  } else {
-    target = Latest();
-    if (!target) {
-      Status s = NotFound("live apply: the store has no versions");
-      live_.RecordFailure(s);
-      return s;
-    }
+    if (!v.ok()) live_.RecordFailure(v.status());
+    return v;
   }
+  std::shared_ptr<const Version> target = Latest();
+  if (!target) {
+    Status s = NotFound("live apply: the store has no versions");
+    live_.RecordFailure(s);
+    return s;
+  }
+  return target;
+}
+
+Result<dte_live_counts> Filesystem::ApplyLive(std::optional<uint64_t> version,
+                                              live::PageCache* pages) {
+  ASSIGN_OR_RETURN(std::shared_ptr<const Version> target, LiveTarget(version));
   Result<dte_live_counts> r = live_.Apply(target, pages);
+  if (r.ok()) live_apply_latency_.Observe(std::chrono::nanoseconds(r->elapsed_ns));
+  return r;
+}
+
+Result<dte_live_counts> Filesystem::PrepareLive(uint64_t owner, std::optional<uint64_t> version,
+                                                uint32_t* id) {
+  ASSIGN_OR_RETURN(std::shared_ptr<const Version> target, LiveTarget(version));
+  return live_.Prepare(owner, target, id);
+}
+
+Result<dte_live_counts> Filesystem::CommitLive(uint64_t owner, uint32_t id,
+                                               live::PageCache* pages) {
+  Result<dte_live_counts> r = live_.Commit(owner, id, pages);
   if (r.ok()) live_apply_latency_.Observe(std::chrono::nanoseconds(r->elapsed_ns));
   return r;
 }

@@ -165,6 +165,12 @@ class Filesystem {
   // Makes `version` (nullopt: the newest) live.
   Result<dte_live_counts> ApplyLive(std::optional<uint64_t> version, live::PageCache* pages)
       EXCLUDES(mu_);
+  // The two phases of an apply for control file `owner` (live::Live::Prepare
+  // and Commit; docs/live.md, "Servers on several hosts").
+  Result<dte_live_counts> PrepareLive(uint64_t owner, std::optional<uint64_t> version, uint32_t* id)
+      EXCLUDES(mu_);
+  Result<dte_live_counts> CommitLive(uint64_t owner, uint32_t id, live::PageCache* pages)
+      EXCLUDES(mu_);
   dte_live_status LiveStatus() EXCLUDES(mu_);
   // Durations of the live applies that succeeded (fs/metrics.h).
   const LatencyHistogram& live_apply_latency() const { return live_apply_latency_; }
@@ -180,6 +186,7 @@ class Filesystem {
   // Version `version` as shown (parsed on demand); NotFound if it is not
   // shown, else the load's error (reported once per manifest key).
   Result<std::shared_ptr<const Version>> VersionOf(uint64_t version) EXCLUDES(mu_);
+  Result<std::shared_ptr<const Version>> LiveTarget(std::optional<uint64_t> version) EXCLUDES(mu_);
 
   // New versions one refresh loads and checks before showing them (the
   // newest ones; older ones of a long listing are shown unchecked and

@@ -126,8 +126,18 @@ json ServersJson(const std::vector<live::Live::Server>& servers) {
   return out;
 }
 
+// The prepared apply held (docs/live.md, "Servers on several hosts"), or null.
+json PreparedJson(const std::optional<live::Live::PreparedInfo>& p) {
+  if (!p) return json();
+  return {{"id", p->id},
+          {"from", p->from_version},
+          {"to", p->to_version},
+          {"servers", ServersJson(p->servers)}};
+}
+
 json LiveJson(const dte_live_status& live, const live::LivePageStats& pages,
-              const std::vector<live::Live::Server>& servers) {
+              const std::vector<live::Live::Server>& servers,
+              const std::optional<live::Live::PreparedInfo>& prepared) {
   const json version = live.live_version == DTE_LIVE_LATEST ? json() : json(live.live_version);
   return {{"version", version},
           {"applying", live.applying != 0},
@@ -148,7 +158,8 @@ json LiveJson(const dte_live_status& live, const live::LivePageStats& pages,
             {"buffers", live.last.buffers},
             {"elapsed_ns", live.last.elapsed_ns}}},
           {"last_pages", LastPagesJson(pages)},
-          {"servers", ServersJson(servers)}};
+          {"servers", ServersJson(servers)},
+          {"prepared", PreparedJson(prepared)}};
 }
 
 // fp8/ views (null when the tree is off): the view settings, views built,
@@ -203,7 +214,7 @@ std::string Filesystem::StatusJson() {
   j["snapshots"] = SnapshotsJson(snapshots_.load());
   j["blob_cache"] = BlobCacheJson(store_->blob_cache());
   j["prefetch"] = PrefetchJson(prefetcher_.load());
-  j["live"] = LiveJson(LiveStatus(), live_.LastPageStats(), live_.Servers());
+  j["live"] = LiveJson(LiveStatus(), live_.LastPageStats(), live_.Servers(), live_.Prepared());
   j["fp8"] = Fp8Json(fp8_.get());
   j["readahead_kb"] = nullptr;
   if (!bdi.empty()) {

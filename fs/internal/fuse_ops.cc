@@ -223,10 +223,28 @@ void OpIoctl(fuse_req_t req, fuse_ino_t ino, int cmd, void*, fuse_file_info* fi,
                               "live apply: ABI version " + std::to_string(a.abi_version) +
                                   ", this daemon speaks " + std::to_string(DTE_LIVE_ABI_VERSION));
       }
+      if (a.flags != 0 && a.flags != DTE_LIVE_APPLY_PREPARE && a.flags != DTE_LIVE_APPLY_COMMIT &&
+          a.flags != DTE_LIVE_APPLY_ABORT) {
+        return ReplyLiveError(req, EINVAL, &a,
+                              "live apply: unknown flags " + std::to_string(a.flags) +
+                                  " (0, or one of PREPARE, COMMIT, ABORT)");
+      }
+      if (a.flags == DTE_LIVE_APPLY_ABORT) {  // cheap: answered here
+        Status s = fs->live().Abort(fi->fh, a.prepared);
+        if (!s.ok()) return ReplyLiveError(req, LiveErrno(s), &a, s.message());
+        a.error = 0;
+        a.message[0] = '\0';
+        fuse_reply_ioctl(req, 0, &a, sizeof a);
+        return;
+      }
       auto* state = static_cast<MountState*>(fuse_req_userdata(req));
-      const std::optional<uint64_t> version =
-          a.version == DTE_LIVE_LATEST ? std::nullopt : std::optional<uint64_t>(a.version);
-      if (!state->live_worker || !state->live_worker->Submit(req, version)) {
+      LiveWorker::Request q;
+      q.req = req;
+      q.flags = a.flags;
+      q.version = a.version == DTE_LIVE_LATEST ? std::nullopt : std::optional<uint64_t>(a.version);
+      q.owner = fi->fh;
+      q.prepared = a.prepared;
+      if (!state->live_worker || !state->live_worker->Submit(q)) {
         return ReplyLiveError(req, EBUSY, &a, "live apply: another apply is running");
       }
       return;  // the worker replies when the apply is done

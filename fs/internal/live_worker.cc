@@ -126,11 +126,12 @@ class FusePageCache : public live::PageCache {
 
 }  // namespace
 
-void ReplyApply(fuse_req_t req, const Result<dte_live_counts>& r) {
+void ReplyApply(fuse_req_t req, const Result<dte_live_counts>& r, uint32_t prepared) {
   dte_live_apply out = {};
   out.abi_version = DTE_LIVE_ABI_VERSION;
   if (r.ok()) {
     out.counts = *r;
+    out.prepared = prepared;
     fuse_reply_ioctl(req, 0, &out, sizeof out);
     return;
   }
@@ -149,13 +150,12 @@ LiveWorker::~LiveWorker() {
   thread_.join();
 }
 
-bool LiveWorker::Submit(fuse_req_t req, std::optional<uint64_t> version) {
+bool LiveWorker::Submit(const Request& r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (busy_ || stop_) return false;
     busy_ = true;
-    req_ = req;
-    version_ = version;
+    req_ = r;
   }
   cv_.notify_all();
   return true;
@@ -165,13 +165,20 @@ void LiveWorker::Run() {
   FusePageCache pages(fs_, se_, mountpoint_);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stop_ || req_ != nullptr; });
-    if (req_ == nullptr) return;  // stopping with nothing queued
-    fuse_req_t req = req_;
-    const std::optional<uint64_t> version = version_;
+    cv_.wait(lock, [this] { return stop_ || req_.req != nullptr; });
+    if (req_.req == nullptr) return;  // stopping with nothing queued
+    const Request q = req_;
     lock.unlock();
-    Result<dte_live_counts> r = fs_->ApplyLive(version, &pages);
-    if (r.ok()) {
+    uint32_t id = 0;
+    Result<dte_live_counts> r =
+        q.flags == DTE_LIVE_APPLY_PREPARE  ? fs_->PrepareLive(q.owner, q.version, &id)
+        : q.flags == DTE_LIVE_APPLY_COMMIT ? fs_->CommitLive(q.owner, q.prepared, &pages)
+                                           : fs_->ApplyLive(q.version, &pages);
+    if (r.ok() && q.flags == DTE_LIVE_APPLY_PREPARE) {
+      LogLine("dtefs: live apply " + std::to_string(id) + " " + VersionName(r->from_version) +
+              " -> " + VersionName(r->to_version) + " prepared: " + std::to_string(r->entries) +
+              " entries in " + std::to_string(r->decode_ns / 1000000) + " ms");
+    } else if (r.ok()) {
       LogLine("dtefs: live apply " + VersionName(r->from_version) + " -> " +
               VersionName(r->to_version) + ": " + std::to_string(r->entries) + " entries, " +
               std::to_string(r->receivers) + " receivers, " + std::to_string(r->pages) +
@@ -179,9 +186,9 @@ void LiveWorker::Run() {
     } else {
       LogLine("dtefs: live apply failed: " + r.status().message());
     }
-    ReplyApply(req, r);
+    ReplyApply(q.req, r, id);
     lock.lock();
-    req_ = nullptr;
+    req_ = Request{};
     busy_ = false;
   }
 }

@@ -37,9 +37,18 @@ class LiveWorker {
   LiveWorker(const LiveWorker&) = delete;
   LiveWorker& operator=(const LiveWorker&) = delete;
 
-  // Queues an apply of `version` (nullopt: the newest) whose reply goes to
-  // req. False (nothing queued) if an apply is queued or running.
-  bool Submit(fuse_req_t req, std::optional<uint64_t> version);
+  // One DTE_IOC_APPLY request: an apply, or the prepare or commit phase of
+  // one (flags, DTE_LIVE_APPLY_*) for control file `owner`.
+  struct Request {
+    fuse_req_t req = nullptr;
+    uint32_t flags = 0;
+    std::optional<uint64_t> version;  // nullopt: the newest
+    uint64_t owner = 0;
+    uint32_t prepared = 0;  // COMMIT: the prepared apply's id
+  };
+  // Queues a request whose reply goes to r.req. False (nothing queued) if
+  // one is queued or running.
+  bool Submit(const Request& r);
 
  private:
   void Run();
@@ -51,8 +60,7 @@ class LiveWorker {
   std::condition_variable cv_;
   bool stop_ = false;
   bool busy_ = false;
-  fuse_req_t req_ = nullptr;
-  std::optional<uint64_t> version_;
+  Request req_;
   std::thread thread_;
 };
 
@@ -68,8 +76,8 @@ void ReplyLiveError(fuse_req_t req, int err, T* out, const std::string& message)
   fuse_reply_ioctl(req, -err, out, sizeof *out);
 }
 
-// Replies to a DTE_IOC_APPLY request: the counts on success, else -errno
-// with the message in the struct.
-void ReplyApply(fuse_req_t req, const Result<dte_live_counts>& r);
+// Replies to a DTE_IOC_APPLY request: the counts (and a prepare's id) on
+// success, else -errno with the message in the struct.
+void ReplyApply(fuse_req_t req, const Result<dte_live_counts>& r, uint32_t prepared = 0);
 
 }  // namespace dte::fs

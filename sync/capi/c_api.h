@@ -77,8 +77,11 @@ extern "C" {
  * dte_push_receiver_path, _apply_agreed, _move_to and _server_status;
  * dte_push_receiver_status gains staged_bytes.
  * 13: dte_live_register (live ABI 3) gains server and server_size: a live
- * receiver that is a rank of an inference server (docs/live.md "Servers"). */
-#define DTE_C_API_VERSION 13
+ * receiver that is a rank of an inference server (docs/live.md "Servers").
+ * 14: live ABI 4: the two phases of an apply over several mounts
+ * (docs/live.md "Servers on several hosts"): dte_live_prepare, _commit and
+ * _abort on a dte_live; dte_live_status gains `prepared`. */
+#define DTE_C_API_VERSION 14
 
 /* Result codes, after Abseil's canonical codes (docs/errors.md). The values
  * are stable: new codes are appended, a retired one keeps its number unused. */
@@ -594,6 +597,16 @@ int dte_live_open(const char* mount, dte_live** out);
 int dte_live_register_buffer(dte_live* l, dte_live_register* inout);
 /* Drops buffer `id`; 0 drops every buffer of this receiver. */
 int dte_live_unregister(dte_live* l, uint64_t id);
+/* The two phases of an apply (live ABI 4): prepare decides and checks the
+ * changes to `version` (DTE_LIVE_LATEST: the newest) and holds them for this
+ * handle, writing nothing, and sets *prepared_out to the id commit and abort
+ * take; closing the handle aborts it. Commit writes it (DTE_ABORTED with
+ * nothing written if a server's registered ranks changed since). `out`
+ * (may be NULL) receives the counts. */
+int dte_live_prepare(dte_live* l, uint64_t version, uint32_t* prepared_out,
+                     dte_live_counts* out);
+int dte_live_commit(dte_live* l, uint32_t prepared, dte_live_counts* out);
+int dte_live_abort(dte_live* l, uint32_t prepared);
 int dte_live_close(dte_live* l);
 
 #ifdef __cplusplus

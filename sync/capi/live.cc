@@ -72,4 +72,36 @@ int dte_live_unregister(dte_live* h, uint64_t id) {
   });
 }
 
+int dte_live_prepare(dte_live* h, uint64_t version, uint32_t* prepared_out, dte_live_counts* out) {
+  return WithHandle(h, __func__, [&](dte_live& l) {
+    if (prepared_out == nullptr) {
+      return FailWith(DTE_INVALID_ARGUMENT, "dte_live_prepare: prepared_out must be set");
+    }
+    std::optional<uint64_t> v;
+    if (version != DTE_LIVE_LATEST) v = version;
+    auto r = l.impl.Prepare(v);
+    if (!r.ok()) return Fail(r.status());
+    *prepared_out = r->prepared;
+    if (out != nullptr) *out = r->counts;
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_live_commit(dte_live* h, uint32_t prepared, dte_live_counts* out) {
+  return WithHandle(h, __func__, [&](dte_live& l) {
+    auto r = l.impl.Commit(prepared);
+    if (!r.ok()) return Fail(r.status());
+    if (out != nullptr) *out = r->counts;
+    return static_cast<int>(DTE_OK);
+  });
+}
+
+int dte_live_abort(dte_live* h, uint32_t prepared) {
+  return WithHandle(h, __func__, [&](dte_live& l) {
+    dte::Status s = l.impl.Abort(prepared);
+    if (!s.ok()) return Fail(s);
+    return static_cast<int>(DTE_OK);
+  });
+}
+
 int dte_live_close(dte_live* l) { return Close(l, __func__); }

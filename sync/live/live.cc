@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "sync/live/internal/live_changes.h"
@@ -19,8 +21,6 @@ using internal::Clock;
 using internal::Nanos;
 
 }  // namespace
-
-Live::~Live() = default;
 
 void Live::InitIfUnset(const std::shared_ptr<const Version>& v) {
   if (!v) return;
@@ -57,55 +57,78 @@ void Live::RecordFailure(const dte::Status& s) {
   last_message_ = s.message();
 }
 
-Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target,
-                                    PageCache* pages) {
-  if (applying_.exchange(true)) return Unavailable("another live apply is running");
-  struct Reset {
-    std::atomic<bool>* flag;
-    ~Reset() { *flag = false; }
-  } reset{&applying_};
-  const Clock::time_point start = Clock::now();
+// Steps 1-2 of an apply, kept between Prepare and Commit.
+struct Live::Staged {
+  uint64_t owner = 0;  // Prepare's control file
+  uint32_t id = 0;
+  Clock::time_point start;
   dte_live_counts counts = {};
-  std::shared_ptr<const LiveView> from = View();
-  auto fail = [&](dte::Status s) -> Result<dte_live_counts> {
-    RecordFailure(s);
-    return s;
-  };
-  if (!from) return fail(NotFound("the mount has no live version yet"));
-  counts.from_version = from->version->manifest.version;
+  std::shared_ptr<const LiveView> from, to;
+  std::vector<Changes> changes;
+  std::vector<Fp8Sets> fp8;
+  std::vector<Server> servers;  // the registered ranks at Prepare
+};
+
+Live::Live(Store* store, LiveMount* mount) : store_(store), mount_(mount) {}
+Live::~Live() = default;
+
+Result<std::unique_ptr<Live::Staged>> Live::Stage(const std::shared_ptr<const Version>& target,
+                                                  bool whole_servers) {
+  auto st = std::make_unique<Staged>();
+  st->start = Clock::now();
+  dte_live_counts& counts = st->counts;
+  st->from = View();
+  if (!st->from) return NotFound("the mount has no live version yet");
+  counts.from_version = st->from->version->manifest.version;
   counts.to_version = target->manifest.version;
+  const std::string refused =
+      "apply of " + VersionName(counts.to_version) + " refused, live state unchanged";
   {
     // Checked again in Scatter, under the same lock as the writes (a rank
     // may leave meanwhile); here it spares the decode.
     MutexLock lock(&receivers_mu_);
-    if (dte::Status s = ServersComplete(); !s.ok()) {
-      return fail(s.WithContext("apply of " + VersionName(counts.to_version) +
-                                " refused, live state unchanged"));
+    if (whole_servers) {
+      if (dte::Status s = ServersComplete(); !s.ok()) return s.WithContext(refused);
     }
+    st->servers = ServersLocked();
   }
-  if (dte::Status s = CheckLayout(*from->version, *target); !s.ok()) return fail(s);
+  RETURN_IF_ERROR(CheckLayout(*st->from->version, *target));
 
   auto to = std::make_shared<LiveView>();
   to->version = target;
   to->chain = mount_->ChainOf(target);
-  auto changes = ChangedSet(*from, *to, &counts);
-  if (!changes.ok()) {
-    return fail(changes.status().WithContext("apply of " + VersionName(counts.to_version) +
-                                             " refused, live state unchanged"));
-  }
-  auto fp8 = Fp8ChangedSets(*from, *to, *changes);
-  if (!fp8.ok()) {
-    return fail(fp8.status().WithContext("apply of " + VersionName(counts.to_version) +
-                                         " refused, live state unchanged"));
-  }
-  counts.decode_ns = Nanos(start);
+  st->to = to;
+  auto changes = ChangedSet(*st->from, *to, &counts);
+  if (!changes.ok()) return changes.status().WithContext(refused);
+  st->changes = std::move(changes).value();
+  auto fp8 = Fp8ChangedSets(*st->from, *to, st->changes);
+  if (!fp8.ok()) return fp8.status().WithContext(refused);
+  st->fp8 = std::move(fp8).value();
+  counts.decode_ns = Nanos(st->start);
+  return st;
+}
 
+Result<dte_live_counts> Live::Finish(Staged* st, PageCache* pages,
+                                     const std::vector<Server>* expect) {
+  struct Reset {
+    std::atomic<bool>* flag;
+    ~Reset() { *flag = false; }
+  } reset{&applying_};
+  dte_live_counts counts = st->counts;
+  auto fail = [&](dte::Status s) -> Result<dte_live_counts> {
+    RecordFailure(s);
+    return s;
+  };
   // Nothing has been written so far. From here on the apply completes.
   Clock::time_point t = Clock::now();
-  if (dte::Status s = Scatter(*target, *changes, *fp8, &counts); !s.ok()) return fail(s);
+  if (dte::Status s = Scatter(*st->to->version, st->changes, st->fp8, &counts, expect); !s.ok()) {
+    return fail(s);
+  }
   counts.scatter_ns = Nanos(t);
 
   t = Clock::now();
+  const std::shared_ptr<const LiveView>& from = st->from;
+  const std::shared_ptr<const LiveView>& to = st->to;
   // Reads of the new view are noted from the switch on (PushPages).
   if (pages) WatchReads(to.get());
   {
@@ -119,14 +142,14 @@ Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target
   }
   LivePageStats page_stats;
   if (pages) {
-    dte::Status s = PushPages(*from, *to, *changes, pages, &counts.pages, &page_stats);
+    dte::Status s = PushPages(*from, *to, st->changes, pages, &counts.pages, &page_stats);
     if (!s.ok()) {
       return fail(s.WithContext("live apply of " + VersionName(counts.to_version) +
                                 ": replacing cached pages"));
     }
   }
   counts.pagecache_ns = Nanos(t);
-  counts.elapsed_ns = Nanos(start);
+  counts.elapsed_ns = Nanos(st->start);
   MutexLock lock(&status_mu_);
   applies_++;
   last_apply_time_ = static_cast<int64_t>(std::time(nullptr));
@@ -135,6 +158,89 @@ Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target
   last_ = counts;
   last_pages_ = page_stats;
   return counts;
+}
+
+namespace {
+
+dte::Status Busy(const std::optional<Live::PreparedInfo>& held) {
+  if (!held) return Unavailable("another live apply is running");
+  return Unavailable("another live apply is running: apply " + std::to_string(held->id) + " of " +
+                     VersionName(held->to_version) +
+                     " is prepared (committed, aborted or dropped when its control file closes)");
+}
+
+}  // namespace
+
+Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target,
+                                    PageCache* pages) {
+  if (applying_.exchange(true)) return Busy(Prepared());
+  auto st = Stage(target, true);
+  if (!st.ok()) {
+    applying_ = false;
+    RecordFailure(st.status());
+    return st.status();
+  }
+  return Finish(st->get(), pages, nullptr);
+}
+
+Result<dte_live_counts> Live::Prepare(uint64_t owner, const std::shared_ptr<const Version>& target,
+                                      uint32_t* id) {
+  if (applying_.exchange(true)) return Busy(Prepared());
+  auto st = Stage(target, false);
+  if (!st.ok()) {
+    applying_ = false;
+    RecordFailure(st.status());
+    return st.status();
+  }
+  (*st)->owner = owner;
+  const dte_live_counts counts = (*st)->counts;
+  MutexLock lock(&prepared_mu_);
+  (*st)->id = next_prepared_id_++;
+  if (next_prepared_id_ == 0) next_prepared_id_ = 1;
+  *id = (*st)->id;
+  prepared_ = std::move(st).value();
+  mount_->Log("dtefs: live apply " + std::to_string(*id) + " of " + VersionName(counts.to_version) +
+              " prepared");
+  return counts;
+}
+
+Result<std::unique_ptr<Live::Staged>> Live::TakePrepared(uint64_t owner, uint32_t id,
+                                                         const char* what) {
+  MutexLock lock(&prepared_mu_);
+  if (!prepared_ || prepared_->id != id || prepared_->owner != owner) {
+    return FailedPrecondition(std::string(what) + " of live apply " + std::to_string(id) +
+                              ": no such apply is prepared through this control file" +
+                              (prepared_ ? " (apply " + std::to_string(prepared_->id) + " of " +
+                                               VersionName(prepared_->counts.to_version) + " is)"
+                                         : ""));
+  }
+  return std::move(prepared_);
+}
+
+Result<dte_live_counts> Live::Commit(uint64_t owner, uint32_t id, PageCache* pages) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Staged> st, TakePrepared(owner, id, "commit"));
+  const std::vector<Server> expect = st->servers;
+  return Finish(st.get(), pages, &expect);
+}
+
+Status Live::Abort(uint64_t owner, uint32_t id) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Staged> st, TakePrepared(owner, id, "abort"));
+  mount_->Log("dtefs: live apply " + std::to_string(id) + " of " +
+              VersionName(st->counts.to_version) + " aborted");
+  applying_ = false;
+  return Status::Ok();
+}
+
+std::optional<Live::PreparedInfo> Live::Prepared() {
+  MutexLock lock(&prepared_mu_);
+  if (!prepared_) return std::nullopt;
+  PreparedInfo info;
+  info.id = prepared_->id;
+  info.from_version = prepared_->counts.from_version;
+  info.to_version = prepared_->counts.to_version;
+  info.servers = prepared_->servers;
+  for (Server& s : info.servers) s.version = info.from_version;
+  return info;
 }
 
 LivePageStats Live::LastPageStats() {
@@ -146,6 +252,7 @@ dte_live_status Live::GetStatus() {
   dte_live_status st = {};
   st.abi_version = DTE_LIVE_ABI_VERSION;
   st.applying = applying_ ? 1 : 0;
+  if (std::optional<PreparedInfo> p = Prepared()) st.prepared = p->id;
   std::shared_ptr<const LiveView> view = View();
   st.live_version = view ? view->version->manifest.version : DTE_LIVE_LATEST;
   st.latest_version = DTE_LIVE_LATEST;

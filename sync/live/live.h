@@ -40,6 +40,16 @@
 // from the old values read before the write), the failed rank is dropped
 // and the apply fails with nothing switched.
 //
+// A server whose ranks register on several mounts (several hosts) is
+// moved by a two-phase apply a coordinator drives over its mounts
+// (docs/live.md, "Servers on several hosts"): Prepare runs steps 1-2 and
+// holds their result for the control file that asked, without the
+// completeness check (no mount sees the whole server; the coordinator checks
+// the union of what each prepare reports); Commit runs step 3 on it, first
+// checking that the servers' registered ranks are the ones Prepare saw;
+// Abort, or closing that control file (Drop), forgets it. While an apply is
+// prepared no other apply runs and no buffer registers (both Busy).
+//
 // An FP8 receiver (docs/live.md, "FP8 receivers") holds some tensors as
 // block-scaled E4M3 bytes and their scales (sync/transfer/fp8_plan.h). For
 // them step 2 also computes, per quantized tensor that changed, its FP8
@@ -66,6 +76,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -103,7 +114,7 @@ struct LivePageStats {
 
 class Live {
  public:
-  Live(Store* store, LiveMount* mount) : store_(store), mount_(mount) {}
+  Live(Store* store, LiveMount* mount);
   ~Live();
   Live(const Live&) = delete;
   Live& operator=(const Live&) = delete;
@@ -183,6 +194,23 @@ class Live {
   Result<dte_live_counts> Apply(const std::shared_ptr<const Version>& target, PageCache* pages)
       EXCLUDES(receivers_mu_, view_mu_, status_mu_);
 
+  // The two phases of an apply (see the top of this file). Prepare fills
+  // *id (never 0) and returns the counts of steps 1-2; it refuses (Busy)
+  // while another apply runs or is prepared. Commit and Abort take the id
+  // from the same owner; any other is FailedPrecondition.
+  Result<dte_live_counts> Prepare(uint64_t owner, const std::shared_ptr<const Version>& target,
+                                  uint32_t* id) EXCLUDES(receivers_mu_, view_mu_, status_mu_);
+  Result<dte_live_counts> Commit(uint64_t owner, uint32_t id, PageCache* pages)
+      EXCLUDES(receivers_mu_, view_mu_, status_mu_);
+  Status Abort(uint64_t owner, uint32_t id);
+  // The prepared apply, if one is held (.dte/status, "live" -> "prepared").
+  struct PreparedInfo {
+    uint32_t id = 0;
+    uint64_t from_version = 0, to_version = 0;
+    std::vector<Server> servers;  // the registered ranks Prepare saw; version: from_version
+  };
+  std::optional<PreparedInfo> Prepared() EXCLUDES(prepared_mu_);
+
   // Counts a failed apply (also one refused before it reached Apply).
   void RecordFailure(const dte::Status& s) EXCLUDES(status_mu_);
 
@@ -230,6 +258,21 @@ class Live {
     TransferPlan plan;
     std::vector<std::vector<uint32_t>> ops_by_canonical;  // indices into plan.ops
   };
+  // Steps 1-2 of an apply (the changed set and its FP8 sets), held between
+  // the two phases; defined in live.cc.
+  struct Staged;
+  // Steps 1-2 into a Staged, with the server check when `whole_servers`.
+  Result<std::unique_ptr<Staged>> Stage(const std::shared_ptr<const Version>& target,
+                                        bool whole_servers)
+      EXCLUDES(receivers_mu_, view_mu_, status_mu_);
+  // Step 3 on it (`expect`: the servers' ranks must be these; null: every
+  // server complete), the switch and the page cache. Clears applying_.
+  Result<dte_live_counts> Finish(Staged* staged, PageCache* pages,
+                                 const std::vector<Server>* expect)
+      EXCLUDES(receivers_mu_, view_mu_, status_mu_);
+  // Takes the prepared apply if owner holds id (FailedPrecondition otherwise).
+  Result<std::unique_ptr<Staged>> TakePrepared(uint64_t owner, uint32_t id, const char* what)
+      EXCLUDES(prepared_mu_);
   Status CheckLayout(const Version& from, const Version& to);
   // Fills counts->entries, blocks and compared_blocks.
   Result<std::vector<Changes>> ChangedSet(const LiveView& from, const LiveView& to,
@@ -244,7 +287,11 @@ class Live {
   std::vector<Server> ServersLocked() REQUIRES(receivers_mu_);
   Status ServersComplete() REQUIRES(receivers_mu_);
   Status Scatter(const Version& v, const std::vector<Changes>& changes,
-                 const std::vector<Fp8Sets>& fp8, dte_live_counts* counts) EXCLUDES(receivers_mu_);
+                 const std::vector<Fp8Sets>& fp8, dte_live_counts* counts,
+                 const std::vector<Server>* expect) EXCLUDES(receivers_mu_);
+  // Null when the registered servers' sizes and ranks are `expect`'s, else
+  // Aborted naming the first that changed.
+  Status ServersAre(const std::vector<Server>& expect) REQUIRES(receivers_mu_);
   // What a registration's buffer holds (live_registry_fp8.cc for FP8 ones).
   struct BufferSpec {
     uint32_t receiver_tensor = 0;
@@ -287,7 +334,11 @@ class Live {
   Mutex view_mu_;
   std::shared_ptr<const LiveView> view_ GUARDED_BY(view_mu_);
 
-  std::atomic<bool> applying_{false};
+  std::atomic<bool> applying_{false};  // an apply runs or is prepared
+
+  Mutex prepared_mu_;
+  std::unique_ptr<Staged> prepared_ GUARDED_BY(prepared_mu_);
+  uint32_t next_prepared_id_ GUARDED_BY(prepared_mu_) = 1;
 
   // Reads of the view an apply is replacing pages for (NoteRead).
   std::atomic<const LiveView*> watched_{nullptr};

@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define DTE_LIVE_ABI_VERSION 3
+#define DTE_LIVE_ABI_VERSION 4
 #define DTE_LIVE_CONTROL_FILE ".dte/control" /* relative to the mount point */
 #define DTE_LIVE_LATEST UINT64_MAX           /* dte_live_apply.version: the newest */
 #define DTE_LIVE_MESSAGE_BYTES 1024
@@ -51,15 +51,28 @@ typedef struct dte_live_counts {
                                composed from delta entries (docs/live.md) */
 } dte_live_counts;
 
+/* dte_live_apply.flags (ABI 4): the two phases of an apply that a
+ * coordinator drives over several mounts, for servers whose ranks register
+ * on several hosts (docs/live.md, "Servers on several hosts"). PREPARE
+ * decides and checks the changes of `version` and holds them for this open
+ * control file, writing nothing, with no server completeness check;
+ * `prepared` is set to its id. COMMIT writes the prepared apply `prepared`
+ * (refused with ECANCELED if a server's registered ranks changed since);
+ * ABORT forgets it. Closing the control file aborts it too. While one is
+ * prepared, other applies and registrations fail with EBUSY. */
+#define DTE_LIVE_APPLY_PREPARE 1u
+#define DTE_LIVE_APPLY_COMMIT 2u
+#define DTE_LIVE_APPLY_ABORT 4u
+
 /* DTE_IOC_APPLY: make `version` the live version, everywhere, in place.
  * Returns when every registered buffer and every cached page of live/ holds
  * the target version. */
 typedef struct dte_live_apply {
   uint32_t abi_version; /* in: DTE_LIVE_ABI_VERSION */
-  uint32_t flags;       /* in: 0 */
-  uint64_t version;     /* in: target version, or DTE_LIVE_LATEST */
+  uint32_t flags;       /* in: 0 (one apply), or one DTE_LIVE_APPLY_* phase */
+  uint64_t version;     /* in: target version, or DTE_LIVE_LATEST (0 or PREPARE) */
   int32_t error;        /* out: 0 or an errno value */
-  uint32_t reserved;
+  uint32_t prepared;    /* out (PREPARE): the prepared apply's id; in (COMMIT, ABORT) */
   dte_live_counts counts;               /* out */
   char message[DTE_LIVE_MESSAGE_BYTES]; /* out: why it failed, NUL-terminated */
 } dte_live_apply;
@@ -76,7 +89,7 @@ typedef struct dte_live_status {
   uint64_t failed_applies; /* out */
   int64_t last_apply_time; /* out: seconds since the epoch of the last apply; 0: none */
   int32_t last_error;      /* out: errno of the last apply (0: it succeeded) */
-  uint32_t reserved;
+  uint32_t prepared;       /* out (ABI 4): id of the prepared apply held, 0: none */
   dte_live_counts last;                      /* out: counts of the last successful apply */
   char last_message[DTE_LIVE_MESSAGE_BYTES]; /* out: the last failure's message */
 } dte_live_status;

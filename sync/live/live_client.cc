@@ -90,14 +90,49 @@ Status Control::Failed(const char* what, int err, const char* message) const {
   return Status(CodeOfErrno(err), mount_ + ": " + what + ": " + std::strerror(err) + hint);
 }
 
-Result<dte_live_apply> Control::Apply(std::optional<uint64_t> version) {
+namespace {
+
+// One DTE_IOC_APPLY of the given phase.
+Result<dte_live_apply> ApplyIoctl(int fd, uint32_t flags, std::optional<uint64_t> version,
+                                  uint32_t prepared, int* err) {
   dte_live_apply a{};
   a.abi_version = DTE_LIVE_ABI_VERSION;
+  a.flags = flags;
   a.version = version.value_or(DTE_LIVE_LATEST);
-  int err = Ioctl(fd(), DTE_IOC_APPLY, &a);
-  if (err == 0 && a.error != 0) err = a.error;
+  a.prepared = prepared;
+  *err = Ioctl(fd, DTE_IOC_APPLY, &a);
+  if (*err == 0 && a.error != 0) *err = a.error;
+  return a;
+}
+
+}  // namespace
+
+Result<dte_live_apply> Control::Apply(std::optional<uint64_t> version) {
+  int err = 0;
+  dte_live_apply a = *ApplyIoctl(fd(), 0, version, 0, &err);
   if (err != 0) return Failed("apply", err, OutString(a.message).c_str());
   return a;
+}
+
+Result<dte_live_apply> Control::Prepare(std::optional<uint64_t> version) {
+  int err = 0;
+  dte_live_apply a = *ApplyIoctl(fd(), DTE_LIVE_APPLY_PREPARE, version, 0, &err);
+  if (err != 0) return Failed("prepare apply", err, OutString(a.message).c_str());
+  return a;
+}
+
+Result<dte_live_apply> Control::Commit(uint32_t prepared) {
+  int err = 0;
+  dte_live_apply a = *ApplyIoctl(fd(), DTE_LIVE_APPLY_COMMIT, std::nullopt, prepared, &err);
+  if (err != 0) return Failed("commit apply", err, OutString(a.message).c_str());
+  return a;
+}
+
+Status Control::Abort(uint32_t prepared) {
+  int err = 0;
+  dte_live_apply a = *ApplyIoctl(fd(), DTE_LIVE_APPLY_ABORT, std::nullopt, prepared, &err);
+  if (err != 0) return Failed("abort apply", err, OutString(a.message).c_str());
+  return Status::Ok();
 }
 
 Result<dte_live_status> Control::GetStatus() {

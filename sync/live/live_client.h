@@ -43,6 +43,13 @@ class Control {
   // DTE_IOC_APPLY: makes `version` (nullopt: the newest) the live version;
   // returns when every registered buffer and cached page holds it.
   Result<dte_live_apply> Apply(std::optional<uint64_t> version);
+  // The two phases of an apply (DTE_LIVE_APPLY_*; docs/live.md, "Servers on
+  // several hosts"): Prepare returns the counts so far with `prepared` set
+  // to the id Commit and Abort take. The prepared apply belongs to this
+  // control file: destroying it aborts the apply.
+  Result<dte_live_apply> Prepare(std::optional<uint64_t> version);
+  Result<dte_live_apply> Commit(uint32_t prepared);
+  Status Abort(uint32_t prepared);
   // DTE_IOC_STATUS.
   Result<dte_live_status> GetStatus();
   // DTE_IOC_REGISTER: fills r->abi_version, clears the out fields, and

@@ -273,7 +273,8 @@ Result<uint64_t> Live::Register(uint64_t owner, uid_t uid, const dte_live_regist
   // hold the live version. Refused during an apply (its scatter may have
   // run already); otherwise, holding receivers_mu_, a later apply's
   // scatter includes this buffer.
-  if (applying_.load()) return Unavailable(what + ": a live apply is running; register after it");
+  if (applying_.load())
+    return Unavailable(what + ": a live apply is running or prepared; register after it");
   view = View();
   const uint64_t live = view->version->manifest.version;
   if (r.version != DTE_LIVE_LATEST && r.version != live) {
@@ -355,6 +356,34 @@ Status Live::ServersComplete() {
   return Status::Ok();
 }
 
+Status Live::ServersAre(const std::vector<Server>& expect) {
+  const std::vector<Server> now = ServersLocked();
+  auto text = [](const Server& s) {
+    std::string ranks;
+    for (int r : s.ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    return "ranks [" + ranks + "] of " + std::to_string(s.size);
+  };
+  for (const Server& e : expect) {
+    auto it =
+        std::find_if(now.begin(), now.end(), [&](const Server& s) { return s.name == e.name; });
+    if (it == now.end() || it->size != e.size || it->ranks != e.ranks) {
+      return Aborted("server \"" + e.name +
+                     "\" changed on this mount since the apply was prepared (" + text(e) +
+                     " then, " + (it == now.end() ? "none" : text(*it)) +
+                     " now); every server keeps the version it holds");
+    }
+  }
+  for (const Server& s : now) {
+    auto it = std::find_if(expect.begin(), expect.end(),
+                           [&](const Server& e) { return e.name == s.name; });
+    if (it == expect.end()) {
+      return Aborted("server \"" + s.name +
+                     "\" registered on this mount since the apply was prepared");
+    }
+  }
+  return Status::Ok();
+}
+
 std::vector<Live::Server> Live::Servers() {
   std::shared_ptr<const LiveView> view = View();
   MutexLock lock(&receivers_mu_);
@@ -384,8 +413,17 @@ Status Live::Unregister(uint64_t owner, uint64_t id) {
 }
 
 void Live::Drop(uint64_t owner) {
-  MutexLock lock(&receivers_mu_);
-  receivers_.erase(owner);
+  {
+    MutexLock lock(&receivers_mu_);
+    receivers_.erase(owner);
+  }
+  // A prepared apply of this control file is forgotten with it (its
+  // coordinator went away).
+  std::optional<PreparedInfo> held = Prepared();
+  if (held && Abort(owner, held->id).ok()) {
+    mount_->Log("dtefs: live apply " + std::to_string(held->id) +
+                " dropped: the control file that prepared it was closed");
+  }
 }
 
 }  // namespace dte::live

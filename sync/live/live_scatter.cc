@@ -111,10 +111,11 @@ std::vector<Target> ReceiverTargets(const R& rc, const P& plan,
 }  // namespace
 
 Status Live::Scatter(const Version& v, const std::vector<Changes>& changes,
-                     const std::vector<Fp8Sets>& fp8, dte_live_counts* counts) {
+                     const std::vector<Fp8Sets>& fp8, dte_live_counts* counts,
+                     const std::vector<Server>* expect) {
   internal::InstallSigbusHandler();
   MutexLock lock(&receivers_mu_);
-  if (Status s = ServersComplete(); !s.ok()) {
+  if (Status s = expect ? ServersAre(*expect) : ServersComplete(); !s.ok()) {
     return s.WithContext("apply of " + VersionName(v.manifest.version) +
                          " refused, live state unchanged");
   }

@@ -5,7 +5,10 @@
 // after rank 0 was written, and rank 0 is written back to the live version,
 // bit for bit, both for differences (sparse steps) and for values set whole
 // (a dense step: compared blocks). Refusals of an incomplete server write
-// nothing.
+// nothing. A server over two mounts (two Filesystems of copies of the store,
+// as on two hosts) moves by the two phases: prepared on both, nothing is
+// written until each commits; an abort, the preparing control file's close,
+// or a rank that left since the prepare leave every buffer as it was.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -14,6 +17,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -145,6 +149,10 @@ class LiveServerTest : public ::testing::Test {
     fs_ = std::make_unique<Filesystem>(store_.get(), uint64_t{64} << 20);
     fs_->SetInitialLive(0);
     ASSERT_TRUE(fs_->Refresh().ok());
+    // The second "host": its own Filesystem (mount) of the same versions.
+    fs2_ = std::make_unique<Filesystem>(store_.get(), uint64_t{64} << 20);
+    fs2_->SetInitialLive(0);
+    ASSERT_TRUE(fs2_->Refresh().ok());
   }
 
   Status Commit(const State& s, uint64_t version) {
@@ -177,8 +185,9 @@ class LiveServerTest : public ::testing::Test {
                                      FusedReceiverLayout(kTp), rank);
   }
 
-  // Rank `rank` holding version v, registered as owner `owner`.
-  std::unique_ptr<Rank> Start(int rank, uint64_t v, uint64_t owner) {
+  // Rank `rank` holding version v, registered as owner `owner` (on fs, by
+  // default the first mount).
+  std::unique_ptr<Rank> Start(int rank, uint64_t v, uint64_t owner, Filesystem* fs = nullptr) {
     auto r = std::make_unique<Rank>(
         rank, Want(v, rank),
         "dte-server-test-" + std::to_string(getpid()) + "-" + std::to_string(owner));
@@ -190,14 +199,14 @@ class LiveServerTest : public ::testing::Test {
       r->shapes[t.name] = t.shape;
       r->dtypes[t.name] = DTypeName(t.dtype);
     }
-    r->Register(fs_->live(), owner, v);
+    r->Register((fs ? fs : fs_.get())->live(), owner, v);
     return r;
   }
 
   test::ScopedTempDir dir_;
   std::unique_ptr<Store> store_;
   std::vector<State> states_;
-  std::unique_ptr<Filesystem> fs_;
+  std::unique_ptr<Filesystem> fs_, fs2_;
 };
 
 TEST_F(LiveServerTest, AnIncompleteServerRefusesTheApplyAndNothingIsWritten) {
@@ -260,6 +269,111 @@ TEST_F(LiveServerTest, AFailedRankAfterDifferencesOnlyWritesBackExactly) {
   EXPECT_EQ(r.status().code(), Code::kAborted) << r.status().message();
   rank0->ExpectHolds(Want(0, 0), "written back");
   EXPECT_EQ(fs_->live().GetStatus().live_version, 0u);
+}
+
+constexpr uint64_t kCoordinator = 100;  // the coordinator's control file, on each mount
+
+TEST_F(LiveServerTest, AServerOverTwoMountsMovesByPrepareThenCommit) {
+  auto rank0 = Start(0, 0, 1);
+  auto rank1 = Start(1, 0, 2, fs2_.get());
+  // Neither mount sees the whole server: a one-phase apply is refused.
+  EXPECT_EQ(fs_->ApplyLive(2, nullptr).status().code(), Code::kFailedPrecondition);
+  for (uint64_t target : {2, 1, 0, 2}) {
+    uint32_t id0 = 0, id1 = 0;
+    auto p0 = fs_->PrepareLive(kCoordinator, target, &id0);
+    ASSERT_TRUE(p0.ok()) << p0.status().message();
+    auto p1 = fs2_->PrepareLive(kCoordinator, target, &id1);
+    ASSERT_TRUE(p1.ok()) << p1.status().message();
+    EXPECT_NE(id0, 0u);
+    EXPECT_EQ(p0->to_version, target);
+    EXPECT_GT(p0->entries + p0->compared_blocks, 0u);
+    // Prepared: what the coordinator checks, and nothing written.
+    std::optional<live::Live::PreparedInfo> info = fs_->live().Prepared();
+    ASSERT_TRUE(info);
+    EXPECT_EQ(info->id, id0);
+    ASSERT_EQ(info->servers.size(), 1u);
+    EXPECT_EQ(info->servers[0].ranks, std::vector<int>{0});
+    EXPECT_EQ(fs_->live().GetStatus().prepared, id0);
+    const uint64_t held = fs_->live().GetStatus().live_version;
+    rank0->ExpectHolds(Want(held, 0), "prepared");
+    rank1->ExpectHolds(Want(held, 1), "prepared");
+    // No other apply and no registration while it is prepared.
+    auto busy = fs_->ApplyLive(1, nullptr);
+    EXPECT_EQ(busy.status().code(), Code::kUnavailable);
+    EXPECT_NE(busy.status().message().find("apply " + std::to_string(id0) + " of " +
+                                           VersionName(target) + " is prepared"),
+              std::string::npos)
+        << busy.status().message();
+    uint32_t other = 0;
+    EXPECT_EQ(fs_->PrepareLive(kCoordinator + 1, 1, &other).status().code(), Code::kUnavailable);
+    // Only its control file commits it.
+    EXPECT_EQ(fs_->CommitLive(kCoordinator + 1, id0, nullptr).status().code(),
+              Code::kFailedPrecondition);
+    auto c0 = fs_->CommitLive(kCoordinator, id0, nullptr);
+    ASSERT_TRUE(c0.ok()) << c0.status().message();
+    auto c1 = fs2_->CommitLive(kCoordinator, id1, nullptr);
+    ASSERT_TRUE(c1.ok()) << c1.status().message();
+    EXPECT_EQ(c0->receivers, 1u);
+    rank0->ExpectHolds(Want(target, 0), "committed " + std::to_string(target));
+    rank1->ExpectHolds(Want(target, 1), "committed " + std::to_string(target));
+    EXPECT_EQ(fs_->live().GetStatus().live_version, target);
+    EXPECT_EQ(fs2_->live().GetStatus().live_version, target);
+    EXPECT_EQ(fs_->live().GetStatus().prepared, 0u);
+    EXPECT_FALSE(fs_->live().Prepared());
+  }
+}
+
+TEST_F(LiveServerTest, AnAbortedOrDroppedPreparedApplyWritesNothing) {
+  auto rank0 = Start(0, 0, 1);
+  uint32_t id = 0;
+  ASSERT_TRUE(fs_->PrepareLive(kCoordinator, 2, &id).ok());
+  EXPECT_EQ(fs_->live().Abort(kCoordinator, id + 1).code(), Code::kFailedPrecondition);
+  ASSERT_TRUE(fs_->live().Abort(kCoordinator, id).ok());
+  EXPECT_EQ(fs_->CommitLive(kCoordinator, id, nullptr).status().code(), Code::kFailedPrecondition);
+  rank0->ExpectHolds(Want(0, 0), "aborted");
+  // The coordinator's control file closes (it exited): the apply is dropped.
+  ASSERT_TRUE(fs_->PrepareLive(kCoordinator, 2, &id).ok());
+  fs_->live().Drop(kCoordinator);
+  EXPECT_FALSE(fs_->live().Prepared());
+  rank0->ExpectHolds(Want(0, 0), "dropped");
+  EXPECT_EQ(fs_->live().GetStatus().live_version, 0u);
+  // The mount takes the next one.
+  ASSERT_TRUE(fs_->PrepareLive(kCoordinator + 1, 1, &id).ok());
+  ASSERT_TRUE(fs_->CommitLive(kCoordinator + 1, id, nullptr).ok());
+  rank0->ExpectHolds(Want(1, 0), "the next apply");
+}
+
+TEST_F(LiveServerTest, ACommitRefusesWhenARankLeftSinceThePrepare) {
+  auto rank0 = Start(0, 0, 1);
+  auto rank1 = Start(1, 0, 2);
+  uint32_t id = 0;
+  ASSERT_TRUE(fs_->PrepareLive(kCoordinator, 2, &id).ok());
+  fs_->live().Drop(2);  // rank 1's process exited
+  auto c = fs_->CommitLive(kCoordinator, id, nullptr);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kAborted);
+  EXPECT_NE(c.status().message().find("server \"s\" changed on this mount since the apply was "
+                                      "prepared (ranks [0, 1] of 2 then, ranks [0] of 2 now)"),
+            std::string::npos)
+      << c.status().message();
+  rank0->ExpectHolds(Want(0, 0), "refused commit");
+  EXPECT_EQ(fs_->live().GetStatus().live_version, 0u);
+  EXPECT_FALSE(fs_->live().Prepared());
+  EXPECT_EQ(fs_->live().GetStatus().applying, 0u);
+}
+
+TEST_F(LiveServerTest, ACommitWhoseRankFailsWritesBackAndKeepsTheVersion) {
+  auto rank0 = Start(0, 0, 1);
+  auto rank1 = Start(1, 0, 2);
+  rank1->Truncate();
+  uint32_t id = 0;
+  ASSERT_TRUE(fs_->PrepareLive(kCoordinator, 2, &id).ok());
+  auto c = fs_->CommitLive(kCoordinator, id, nullptr);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kAborted) << c.status().message();
+  rank0->ExpectHolds(Want(0, 0), "written back");
+  EXPECT_EQ(fs_->live().GetStatus().live_version, 0u);
+  EXPECT_FALSE(fs_->live().Prepared());
 }
 
 }  // namespace

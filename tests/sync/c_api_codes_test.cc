@@ -11,7 +11,7 @@ namespace dte {
 namespace {
 
 TEST(CApiCodes, ValuesAreTheDocumentedOnes) {
-  EXPECT_EQ(DTE_C_API_VERSION, 13);
+  EXPECT_EQ(DTE_C_API_VERSION, 14);
   EXPECT_EQ(dte_c_api_version(), 13);
   EXPECT_EQ(DTE_OK, 0);
   EXPECT_EQ(DTE_INVALID_ARGUMENT, 1);

@@ -76,6 +76,8 @@ from dte._follower import CheckResult, Follower, Stale
 from dte._fp8 import Fp8Options
 from dte._live import (LiveCounts, LiveReceiver, LiveServer, LiveStatus, SharedTensor,
                        SharedWeights, apply, live_status)
+from dte._live_servers import (PreparedApply, ServerSpan, apply_servers, live_servers,
+                               prepare_apply)
 from dte._publisher import MetricsCollector, Params, Publisher
 from dte._push import (FusedReceiverLayout, PushGroup, PushGroupReceiver, PushGroupStatus,
                        PushReceiver, PushReceiverStatus, PushServerState, ReceiverLayout,
@@ -87,10 +89,11 @@ __all__ = ["Aborted", "AlreadyExists", "CheckResult", "Corrupt", "DeadlineExceed
            "DteError", "FailedPrecondition", "Follower", "Fp8Options", "FusedReceiverLayout",
            "InternalError", "InvalidArgument", "IOFailure", "LiveCounts", "LiveReceiver",
            "LiveServer", "LiveStatus", "MetricsCollector", "MissedPushes", "NotFound", "Params",
-           "PermissionDenied", "Publisher", "PublishResult", "PushGroup", "PushGroupReceiver",
+           "PermissionDenied", "PreparedApply", "Publisher", "PublishResult", "PushGroup", "PushGroupReceiver",
            "PushGroupStatus", "PushReceiver", "PushReceiverStatus", "PushReport",
-           "PushServerState", "ReceiverLayout", "ReceiverTensor", "SharedTensor", "SharedWeights", "Stale", "StoreReader", "TensorInfo",
-           "Unavailable", "Unimplemented", "VersionConflict", "apply", "chunk_rows", "live_status"]
+           "PushServerState", "ReceiverLayout", "ReceiverTensor", "ServerSpan", "SharedTensor", "SharedWeights", "Stale", "StoreReader", "TensorInfo",
+           "Unavailable", "Unimplemented", "VersionConflict", "apply", "apply_servers", "chunk_rows", "live_servers",
+           "live_status", "prepare_apply"]
 
 
 def __getattr__(name: str) -> _typing.Any:

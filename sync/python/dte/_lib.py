@@ -4,7 +4,7 @@ import ctypes
 import os
 from typing import Any, Dict, Iterator, List, Tuple
 
-C_API_VERSION = 13  # DTE_C_API_VERSION of sync/capi/c_api.h
+C_API_VERSION = 14  # DTE_C_API_VERSION of sync/capi/c_api.h
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F64, DTYPE_OTHER = 0, 1, 2, 3, 255
 MEMORY_HOST, MEMORY_CUDA = 0, 1
 PATH_ADAMW, PATH_WEIGHTS = 0, 1  # dte_publish_result.path
@@ -106,7 +106,7 @@ class PushReceiverStatus(ctypes.Structure):
 
 
 # Live apply (sync/live/live_abi.h): the ioctl structs, field for field.
-LIVE_ABI_VERSION = 3
+LIVE_ABI_VERSION = 4
 LIVE_LATEST = 2**64 - 1  # DTE_LIVE_LATEST
 LIVE_MESSAGE_BYTES, LIVE_NAME_BYTES, LIVE_MAX_DIMS = 1024, 256, 8
 LIVE_SERVER_BYTES = 64
@@ -122,7 +122,7 @@ class LiveCounts(ctypes.Structure):
 class LiveApply(ctypes.Structure):
     _fields_ = [("abi_version", ctypes.c_uint32), ("flags", ctypes.c_uint32),
                 ("version", ctypes.c_uint64), ("error", ctypes.c_int32),
-                ("reserved", ctypes.c_uint32), ("counts", LiveCounts),
+                ("prepared", ctypes.c_uint32), ("counts", LiveCounts),
                 ("message", ctypes.c_char * LIVE_MESSAGE_BYTES)]
 
 
@@ -132,7 +132,7 @@ class LiveStatus(ctypes.Structure):
                 ("receivers", ctypes.c_uint64), ("buffers", ctypes.c_uint64),
                 ("applies", ctypes.c_uint64), ("failed_applies", ctypes.c_uint64),
                 ("last_apply_time", ctypes.c_int64), ("last_error", ctypes.c_int32),
-                ("reserved", ctypes.c_uint32), ("last", LiveCounts),
+                ("prepared", ctypes.c_uint32), ("last", LiveCounts),
                 ("last_message", ctypes.c_char * LIVE_MESSAGE_BYTES)]
 
 
@@ -311,6 +311,10 @@ def _push_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "dte_live_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(P)]),
         "dte_live_register_buffer": (ctypes.c_int, [P, ctypes.POINTER(LiveRegister)]),
         "dte_live_unregister": (ctypes.c_int, [P, ctypes.c_uint64]),
+        "dte_live_prepare": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint32),
+                                             ctypes.POINTER(LiveCounts)]),
+        "dte_live_commit": (ctypes.c_int, [P, ctypes.c_uint32, ctypes.POINTER(LiveCounts)]),
+        "dte_live_abort": (ctypes.c_int, [P, ctypes.c_uint32]),
         "dte_live_close": (ctypes.c_int, [P]),
     }
 
