@@ -12,7 +12,7 @@ namespace {
 
 TEST(CApiCodes, ValuesAreTheDocumentedOnes) {
   EXPECT_EQ(DTE_C_API_VERSION, 14);
-  EXPECT_EQ(dte_c_api_version(), 13);
+  EXPECT_EQ(dte_c_api_version(), 14);
   EXPECT_EQ(DTE_OK, 0);
   EXPECT_EQ(DTE_INVALID_ARGUMENT, 1);
   EXPECT_EQ(DTE_NOT_FOUND, 2);

@@ -399,6 +399,15 @@ auto CApiHandlesTest::OtherCases() -> std::map<std::string, std::vector<Slot>> {
        {{live, [=, this](void* h) { return dte_live_register_buffer((dte_live*)h, &register_); }}}},
       {"dte_live_unregister",
        {{live, [](void* h) { return dte_live_unregister((dte_live*)h, 0); }}}},
+      {"dte_live_prepare",
+       {{live,
+         [](void* h) {
+           uint32_t id = 0;
+           return dte_live_prepare((dte_live*)h, DTE_LIVE_LATEST, &id, nullptr);
+         }}}},
+      {"dte_live_commit",
+       {{live, [](void* h) { return dte_live_commit((dte_live*)h, 1, nullptr); }}}},
+      {"dte_live_abort", {{live, [](void* h) { return dte_live_abort((dte_live*)h, 1); }}}},
       {"dte_live_close", {{live, [](void* h) { return dte_live_close((dte_live*)h); }}}},
   };
 }

@@ -206,8 +206,8 @@ def apply_servers(mounts: Sequence[Any], version: Optional[int] = None,
             if not s.complete:
                 missing = sorted(set(range(s.size)) - set(s.ranks))
                 raise FailedPrecondition(
-                    "apply of v%08d refused, nothing written: server %r lacks ranks %s on "
-                    "these mounts (registered: %s)" % (version, s.name, missing, ", ".join(
+                    "apply of %s refused, nothing written: server %r lacks ranks %s on "
+                    "these mounts (registered: %s)" % (_name(version), s.name, missing, ", ".join(
                         "%s: %s" % (m, list(r)) for m, r in s.mounts.items())))
     except BaseException:
         for p in prepared:
@@ -231,11 +231,15 @@ def apply_servers(mounts: Sequence[Any], version: Optional[int] = None,
             if failures:
                 back = ("; NOT moved back (their servers are inconsistent until an apply "
                         "makes them whole): " + "; ".join(failures))
-            raise Aborted("apply of v%08d failed on %s: %s%s" % (version, p.mount, e, back)) \
+            raise Aborted("apply of %s failed on %s: %s%s" % (_name(version), p.mount, e, back)) \
                 from None
     for p in prepared:
         p.close()
     return counts
+
+
+def _name(version: Optional[int]) -> str:
+    return "the newest version" if version is None else "v%08d" % version
 
 
 def _quietly(fn: Callable[[], Any]) -> None:
