@@ -362,7 +362,7 @@ TEST_F(LiveServerTest, ACommitRefusesWhenARankLeftSinceThePrepare) {
   EXPECT_EQ(fs_->live().GetStatus().applying, 0u);
 }
 
-TEST_F(LiveServerTest, ACommitWhoseRankFailsWritesBackAndKeepsTheVersion) {
+TEST_F(LiveServerTest, AFailedRankInACommitWritesBackAndKeepsTheVersion) {
   auto rank0 = Start(0, 0, 1);
   auto rank1 = Start(1, 0, 2);
   rank1->Truncate();
