@@ -186,10 +186,15 @@ void LiveWorker::Run() {
     } else {
       LogLine("dtefs: live apply failed: " + r.status().message());
     }
-    ReplyApply(q.req, r, id);
+    // Free before the reply: the caller may send the next request as soon
+    // as it has it (a coordinator's next phase), and must not find the
+    // worker still busy with this one.
     lock.lock();
     req_ = Request{};
     busy_ = false;
+    lock.unlock();
+    ReplyApply(q.req, r, id);
+    lock.lock();
   }
 }
 

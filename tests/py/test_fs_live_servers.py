@@ -158,6 +158,12 @@ def test_a_rank_whose_memory_goes_away_fails_the_commit_and_the_server_stays(fle
 def test_a_rank_that_leaves_between_prepare_and_commit_aborts_that_commit(fleet):
     prepared = [dte.prepare_apply(p, 2) for p in fleet.paths]
     assert [[s.ranks for s in p.servers] for p in prepared] == [[(0,)], [(1,)]]
+    for p in prepared:
+        st = dte.live_status(p.mount)
+        assert st.prepared == p.id and st.applying and st.live_version == 1, st
+    with pytest.raises(dte.Unavailable, match="apply %d of v00000002 is prepared" % prepared[0].id):
+        dte.apply(fleet.paths[0], 3)
+    fleet.watch(1)
     fleet.ranks[1].procs[0].stdin.close()  # rank 1 exits: its registration goes
     fleet.ranks[1].procs[0].wait(timeout=30)
     wait_for(lambda: dte.live_servers(fleet.paths)[0].ranks == (0,), 10, "rank 1 to go")

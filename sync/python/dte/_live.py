@@ -96,6 +96,9 @@ class LiveStatus:
     last_message: str
     last: LiveCounts                # the counts of the last successful apply
     servers: List[LiveServer] = dataclasses.field(default_factory=list)
+    # The id of the prepared apply the mount holds (docs/live.md, "Servers
+    # on several hosts"); None: none.
+    prepared: Optional[int] = None
 
 
 def apply(mount: str | os.PathLike[str], version: Optional[int] = None) -> LiveCounts:
@@ -133,7 +136,8 @@ def live_status(mount: str | os.PathLike[str]) -> LiveStatus:
                       failed_applies=s.failed_applies,
                       last_apply_time=s.last_apply_time or None, last_error=s.last_error,
                       last_message=s.last_message.decode("utf-8", "replace"),
-                      last=LiveCounts.from_c(s.last), servers=_servers(mount))
+                      last=LiveCounts.from_c(s.last), servers=_servers(mount),
+                      prepared=s.prepared or None)
 
 
 class SharedTensor(NamedTuple):
