@@ -319,11 +319,13 @@ class LiveReceiver(_Handle):
     afterwards: an apply adds the changes to what it holds. Closing the
     receiver (or exiting) unregisters them all. Not thread-safe.
 
-    A rank of an inference server whose ranks all register on this mount
-    names it: server="rollout-3", server_size=8 (rank: its rank there). An
-    apply writes the server's buffers only when every rank 0 ..
-    server_size-1 registered, and is refused while one is missing, so the
-    server's ranks never hold two versions (docs/live.md, "Servers").
+    A rank of an inference server names it: server="rollout-3",
+    server_size=8 (rank: its rank there). An apply writes the server's
+    buffers only when every rank 0 .. server_size-1 registered on this
+    mount, and is refused while one is missing, so the
+    server's ranks never hold two versions (docs/live.md, "Servers"). A
+    server whose ranks register on several mounts (several hosts) moves by
+    dte.apply_servers over them (docs/live.md, "Servers on several hosts").
     server=None: a receiver of no server.
 
     An FP8 receiver (fp8=Fp8Options(...)) registers its quantized tensors
