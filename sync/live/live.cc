@@ -171,27 +171,27 @@ dte::Status Busy(const std::optional<Live::PreparedInfo>& held) {
 
 }  // namespace
 
-Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target,
-                                    PageCache* pages) {
+Result<std::unique_ptr<Live::Staged>> Live::Begin(const std::shared_ptr<const Version>& target,
+                                                  bool whole_servers) {
   if (applying_.exchange(true)) return Busy(Prepared());
-  auto st = Stage(target, true);
+  auto st = Stage(target, whole_servers);
   if (!st.ok()) {
     applying_ = false;
     RecordFailure(st.status());
-    return st.status();
   }
-  return Finish(st->get(), pages, nullptr);
+  return st;
+}
+
+Result<dte_live_counts> Live::Apply(const std::shared_ptr<const Version>& target,
+                                    PageCache* pages) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Staged> st, Begin(target, true));
+  return Finish(st.get(), pages, nullptr);
 }
 
 Result<dte_live_counts> Live::Prepare(uint64_t owner, const std::shared_ptr<const Version>& target,
                                       uint32_t* id) {
-  if (applying_.exchange(true)) return Busy(Prepared());
-  auto st = Stage(target, false);
-  if (!st.ok()) {
-    applying_ = false;
-    RecordFailure(st.status());
-    return st.status();
-  }
+  auto st = Begin(target, false);
+  if (!st.ok()) return st.status();
   (*st)->owner = owner;
   const dte_live_counts counts = (*st)->counts;
   MutexLock lock(&prepared_mu_);
@@ -219,8 +219,7 @@ Result<std::unique_ptr<Live::Staged>> Live::TakePrepared(uint64_t owner, uint32_
 
 Result<dte_live_counts> Live::Commit(uint64_t owner, uint32_t id, PageCache* pages) {
   ASSIGN_OR_RETURN(std::unique_ptr<Staged> st, TakePrepared(owner, id, "commit"));
-  const std::vector<Server> expect = st->servers;
-  return Finish(st.get(), pages, &expect);
+  return Finish(st.get(), pages, &st->servers);
 }
 
 Status Live::Abort(uint64_t owner, uint32_t id) {

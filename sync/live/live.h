@@ -265,6 +265,11 @@ class Live {
   Result<std::unique_ptr<Staged>> Stage(const std::shared_ptr<const Version>& target,
                                         bool whole_servers)
       EXCLUDES(receivers_mu_, view_mu_, status_mu_);
+  // Claims applying_ (Busy if taken) and stages; a failure releases it and
+  // is counted.
+  Result<std::unique_ptr<Staged>> Begin(const std::shared_ptr<const Version>& target,
+                                        bool whole_servers)
+      EXCLUDES(receivers_mu_, view_mu_, status_mu_, prepared_mu_);
   // Step 3 on it (`expect`: the servers' ranks must be these; null: every
   // server complete), the switch and the page cache. Clears applying_.
   Result<dte_live_counts> Finish(Staged* staged, PageCache* pages,

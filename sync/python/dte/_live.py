@@ -112,17 +112,27 @@ def apply(mount: str | os.PathLike[str], version: Optional[int] = None) -> LiveC
     return LiveCounts.from_c(out)
 
 
-def _servers(mount: str | os.PathLike[str]) -> List[LiveServer]:
-    """The servers of MOUNT/.dte/status ("live" -> "servers"), which the
-    fixed-size status ioctl has no room for."""
+def _live_json(mount: str | os.PathLike[str], what: str) -> Dict[str, Any]:
+    """The "live" object of MOUNT/.dte/status (what the fixed-size status
+    ioctl has no room for); `what` names the reader's purpose in errors."""
     try:
         with open(os.path.join(os.fsdecode(mount), ".dte", "status"), "rb") as f:
-            servers = json.loads(f.read()).get("live", {}).get("servers", [])
+            live: Dict[str, Any] = json.loads(f.read()).get("live", {})
+            return live
     except (OSError, ValueError) as e:
-        raise IOFailure("cannot read the servers of %s from .dte/status: %s"
-                        % (os.fsdecode(mount), e)) from None
+        raise IOFailure("cannot read %s of %s from .dte/status: %s"
+                        % (what, os.fsdecode(mount), e)) from None
+
+
+def _server_list(servers: Sequence[Mapping[str, Any]]) -> List[LiveServer]:
+    """LiveServers of the server objects of .dte/status."""
     return [LiveServer(name=s["name"], size=int(s["size"]), ranks=tuple(s["ranks"]),
                        complete=bool(s["complete"]), version=s["version"]) for s in servers]
+
+
+def _servers(mount: str | os.PathLike[str]) -> List[LiveServer]:
+    """The servers of MOUNT/.dte/status ("live" -> "servers")."""
+    return _server_list(_live_json(mount, "the servers").get("servers", []))
 
 
 def live_status(mount: str | os.PathLike[str]) -> LiveStatus:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import json
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -37,12 +36,7 @@ from dte import _lib
 from dte._errors import Aborted, FailedPrecondition, InvalidArgument, IOFailure
 from dte._handle import _check, _Handle
 from dte._lib import lib
-from dte._live import LiveCounts, LiveServer, _servers
-
-
-def _server_list(servers: Sequence[Dict[str, Any]]) -> List[LiveServer]:
-    return [LiveServer(name=s["name"], size=int(s["size"]), ranks=tuple(s["ranks"]),
-                       complete=bool(s["complete"]), version=s["version"]) for s in servers]
+from dte._live import LiveCounts, LiveServer, _live_json, _server_list, _servers
 
 
 class PreparedApply(_Handle):
@@ -80,14 +74,11 @@ class PreparedApply(_Handle):
     def _prepared_servers(self) -> List[LiveServer]:
         """The servers' ranks the prepare saw (.dte/status, "live" ->
         "prepared"), which the commit checks again."""
-        path = os.path.join(self.mount, ".dte", "status")
         try:
-            with open(path, "rb") as f:
-                prepared = json.loads(f.read()).get("live", {}).get("prepared")
-        except (OSError, ValueError) as e:
+            prepared = _live_json(self.mount, "the prepared apply").get("prepared")
+        except IOFailure:
             self.close()
-            raise IOFailure("cannot read the prepared apply of %s from %s: %s"
-                            % (self.mount, path, e)) from None
+            raise
         if not prepared or int(prepared["id"]) != self.id:
             self.close()
             raise IOFailure("%s: .dte/status shows no prepared apply %d" % (self.mount, self.id))
